@@ -1,0 +1,111 @@
+"""python -m broker: run the MQTT broker in the foreground."""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+
+from . import config as config_mod
+from .server import install_uvloop, serve
+
+log = logging.getLogger("broker")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m broker",
+        description="MQTT 3.1/3.1.1/5.0 broker. Settings: defaults < --config FILE < "
+                    "MQTT_BROKER_* environment < command-line flags.")
+    p.add_argument("--host", help="address to listen on (default 0.0.0.0)")
+    p.add_argument("--port", type=int, help="MQTT TCP port (default 1883)")
+    p.add_argument("--config", metavar="FILE", help="TOML configuration file (see config/broker.toml)")
+    p.add_argument("--data-dir", metavar="DIR", help="where state on disk goes (default ./data)")
+    p.add_argument("--kafka-bootstrap", metavar="HOST:PORT",
+                   help="forward accepted messages to this Kafka (enables the sink)")
+    p.add_argument("--sink", action="store_true",
+                   help="enable the Kafka sink; with no bootstrap servers an embedded Kafka starts")
+    p.add_argument("--no-sink", action="store_true", help="disable the Kafka sink even if configured")
+    p.add_argument("--log-level", help="DEBUG, INFO, WARNING or ERROR (default INFO)")
+    p.add_argument("--log-format", choices=["text", "json"], help="log line format (default text)")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="override one setting, e.g. --set mqtt.receive_maximum=100 (repeatable)")
+    return p.parse_args(argv)
+
+
+def build_config(args) -> config_mod.Config:
+    cfg = config_mod.load(args.config)
+    for item in args.set:
+        key, sep, raw = item.partition("=")
+        section, dot, name = key.partition(".")
+        if not sep or not dot:
+            raise ValueError(f"--set {item!r}: expected SECTION.KEY=VALUE, e.g. mqtt.maximum_qos=1")
+        value = config_mod._parse_env(raw)
+        if section == "mqtt":
+            config_mod._apply(cfg.mqtt, {name: value}, "mqtt.")
+        elif section == "broker":
+            config_mod._apply(cfg, {name: value}, "broker.")
+        elif section in ("sink", "history"):
+            getattr(cfg, section)[name] = value
+        else:
+            raise ValueError(f"--set {item!r}: unknown section {section!r} (mqtt, broker, sink, history)")
+    for name in ("host", "port", "data_dir", "log_level", "log_format"):
+        v = getattr(args, name)
+        if v is not None:
+            setattr(cfg, name, v)
+    if args.kafka_bootstrap:
+        cfg.sink["bootstrap_servers"] = args.kafka_bootstrap
+        cfg.sink["enabled"] = True
+    if args.sink:
+        cfg.sink["enabled"] = True
+    if args.no_sink:
+        cfg.sink["enabled"] = False
+    return cfg
+
+
+def setup_logging(level: str, fmt: str) -> None:
+    if fmt == "json":
+        import json
+
+        class JSONFormatter(logging.Formatter):
+            def format(self, r):
+                return json.dumps({"time": self.formatTime(r), "level": r.levelname,
+                                   "logger": r.name, "message": r.getMessage()})
+        h = logging.StreamHandler()
+        h.setFormatter(JSONFormatter())
+        logging.basicConfig(level=level.upper(), handlers=[h])
+    else:
+        logging.basicConfig(level=level.upper(), stream=sys.stderr,
+                            format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    try:
+        cfg = build_config(args)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    setup_logging(cfg.log_level, cfg.log_format)
+    sink = None
+    if cfg.sink.get("enabled"):
+        from sink.service import Sink
+        sink = Sink.from_config(cfg.sink, cfg.data_dir)
+        sink.start()
+    uv = install_uvloop()
+    log.info("starting broker (event loop: %s)", "uvloop" if uv else "asyncio")
+    try:
+        asyncio.run(serve(cfg, sink=sink))
+    except OSError as exc:
+        log.error("cannot listen on %s:%s: %s (is another broker running? use --port)",
+                  cfg.host, cfg.port, exc)
+        return 1
+    finally:
+        if sink is not None:
+            sink.close()
+    log.info("stopped")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

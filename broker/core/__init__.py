@@ -1,0 +1,1 @@
+"""Sans-I/O broker core: topics, retained store, sessions, router, connection state."""

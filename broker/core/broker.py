@@ -1,0 +1,231 @@
+"""The broker core: sessions, routing of accepted messages, wills, expiry, timers.
+
+Sans-I/O. The asyncio server (broker/server.py) creates a Connection per socket,
+feeds it bytes, flushes `dirty` connections once per event-loop turn and calls
+`tick()` about once a second.
+"""
+from __future__ import annotations
+
+import logging
+import time
+
+from ..config import MQTTConfig
+from ..protocol import properties as PR
+from .message import Message
+from .retain import RetainedStore
+from .router import Router
+from .session import NEVER, Session
+
+log = logging.getLogger("broker")
+
+
+class AllowAll:
+    """Default access control: anonymous access, every topic."""
+
+    def authenticate(self, client_id: str, username: str | None, password: bytes | None) -> int:
+        return 0
+
+    def allow_publish(self, client_id: str, username: str | None, topic: str) -> bool:
+        return True
+
+    def allow_subscribe(self, client_id: str, username: str | None, topic_filter: str) -> bool:
+        return True
+
+
+class Broker:
+    def __init__(self, mqtt: MQTTConfig | None = None, sink=None, auth=None,
+                 clock=time.monotonic, wall=time.time):
+        self.cfg = mqtt or MQTTConfig()
+        self.sink = sink                 # object with submit(record) -> bool, or None
+        # hold PUBACK/PUBREC until the sink's barrier says the message is on disk
+        self.sink_durable = bool(sink is not None and getattr(sink, "durable", False))
+        self.auth = auth or AllowAll()
+        self.clock = clock
+        self.wall = wall
+        self.sessions: dict[str, Session] = {}
+        self.router = Router()
+        self.retained = RetainedStore()
+        self.connections: set = set()
+        self.dirty: list = []            # connections with bytes to write
+        self.schedule_flush = None       # set by the server: called when dirty becomes non-empty
+        self.delayed_wills: dict[str, Session] = {}
+        self.stats = {"messages_received": 0, "messages_sent": 0, "publish_dropped": 0,
+                      "dropped_queue_full": 0, "dropped_expired": 0, "dropped_too_large": 0,
+                      "sink_refused": 0, "connections_total": 0}
+        self._id_counter = 0
+
+    # ------------------------------------------------------------ sessions
+    def new_client_id(self) -> str:
+        self._id_counter += 1
+        return f"auto-{int(self.wall() * 1000):x}-{self._id_counter}"
+
+    def open_session(self, client_id: str, clean_start: bool) -> tuple[Session, bool]:
+        """[MQTT-3.1.2-4..6]: Clean Start discards any existing session."""
+        old = self.sessions.get(client_id)
+        if old is not None and clean_start:
+            self.end_session(old)
+            old = None
+        if old is not None:
+            self.delayed_wills.pop(client_id, None)  # reconnected in time: will not sent
+            old.will = None
+            old.will_at = None
+            old.expires_at = None
+            return old, True
+        s = Session(client_id, self.cfg.max_queued_messages, self.cfg.queue_qos0_messages,
+                    self.stats)
+        self.sessions[client_id] = s
+        return s, False
+
+    def end_session(self, session: Session) -> None:
+        """The session ends: remove its subscriptions; a pending will is published now."""
+        if self.sessions.get(session.client_id) is session:
+            del self.sessions[session.client_id]
+        for sub in session.subscriptions.values():
+            self.router.remove(sub)
+        session.subscriptions.clear()
+        if self.delayed_wills.pop(session.client_id, None) is session and session.will:
+            self.publish_will(session)  # [MQTT-3.1.3-9]: will delay elapsed or session ended
+
+    def connection_closed(self, session: Session, publish_will: bool, now: float) -> None:
+        """The network connection of a session went away."""
+        session.link = None
+        will = session.will
+        if publish_will and will is not None:
+            delay = (will.properties or {}).get(PR.WILL_DELAY_INTERVAL, 0)
+            if delay and session.expiry_interval:
+                session.will_at = now + delay
+                self.delayed_wills[session.client_id] = session
+            else:
+                self.publish_will(session)
+        elif not publish_will:
+            session.will = None
+        if session.expiry_interval == 0:
+            self.end_session(session)
+        elif session.expiry_interval != NEVER:
+            session.expires_at = now + session.expiry_interval
+
+    def publish_will(self, session: Session) -> None:
+        will = session.will
+        session.will = None
+        session.will_at = None
+        if will is None:
+            return
+        props = dict(will.properties) if will.properties else None
+        expires_at = None
+        if props:
+            props.pop(PR.WILL_DELAY_INTERVAL, None)
+            exp = props.pop(PR.MESSAGE_EXPIRY_INTERVAL, None)
+            if exp is not None:
+                expires_at = self.clock() + exp
+            props = props or None
+        if not self.auth.allow_publish(session.client_id, session.username, will.topic):
+            return
+        msg = Message(will.topic, will.payload, will.qos, will.retain, props, expires_at,
+                      session.client_id, self.wall())
+        if self.sink is not None and not self.to_sink(msg, session.client_id, session.username,
+                                                      session.link_level):
+            return
+        if will.retain:
+            self.retain(msg)
+        self.route(msg, None)
+
+    # ------------------------------------------------------------ messages
+    def retain(self, msg: Message) -> None:
+        """[MQTT-3.3.1-5..7]: store/replace; an empty payload deletes and is not stored."""
+        if not self.cfg.retain_available:
+            return
+        self.retained.set(msg.topic, msg if msg.payload else None)
+
+    def route(self, msg: Message, sender) -> int:
+        """Deliver to every matching subscription; returns how many sessions got it."""
+        normal, shared = self.router.match(msg.topic)
+        if not normal and not shared:
+            return 0
+        now = self.clock()
+        mqos = msg.qos
+        n = 0
+        for session, subs in normal:
+            if len(subs) == 1:
+                s = subs[0]
+                if s.no_local and session is sender:  # [MQTT-3.8.3-3]
+                    continue
+                qos = s.qos if s.qos < mqos else mqos  # [MQTT-3.8.4-8] downgrade
+                retain = msg.retain and s.retain_as_published  # [MQTT-3.3.1-12], [MQTT-3.3.1-13]
+                sub_ids = (s.sub_id,) if s.sub_id else None
+            else:
+                # Overlapping subscriptions: one copy at the highest granted QoS carrying
+                # every matching Subscription Identifier [MQTT-3.3.4-2], [MQTT-3.3.4-3].
+                qos = -1
+                retain = False
+                ids = []
+                for s in subs:
+                    if s.no_local and session is sender:
+                        continue
+                    if s.qos > qos:
+                        qos = s.qos
+                    retain = retain or (msg.retain and s.retain_as_published)
+                    if s.sub_id:
+                        ids.append(s.sub_id)
+                if qos < 0:
+                    continue
+                if qos > mqos:
+                    qos = mqos
+                sub_ids = tuple(ids) or None
+            session.deliver(msg, qos, retain, sub_ids, now)
+            n += 1
+        for key, members in shared:
+            s = self.router.pick(key, members)  # 4.8.2: one member of each group
+            qos = s.qos if s.qos < mqos else mqos
+            s.session.deliver(msg, qos, msg.retain and s.retain_as_published,
+                              (s.sub_id,) if s.sub_id else None, now)
+            n += 1
+        return n
+
+    def to_sink(self, msg: Message, client_id: str, username: str | None, protocol: int) -> bool:
+        """Hand an accepted message to the sink; False when the sink refuses (spool full)."""
+        from sink.record import SinkRecord  # the sink is optional: imported only when used
+        p = msg.props
+        rec = SinkRecord(topic=msg.topic, payload=msg.payload, qos=msg.qos, retain=msg.retain,
+                         client_id=client_id, username=username, protocol=protocol,
+                         accepted_at_ms=int(msg.accepted_at * 1000))
+        if p:
+            rec.payload_format = p.get(PR.PAYLOAD_FORMAT_INDICATOR)
+            rec.content_type = p.get(PR.CONTENT_TYPE)
+            rec.response_topic = p.get(PR.RESPONSE_TOPIC)
+            rec.correlation_data = p.get(PR.CORRELATION_DATA)
+            rec.user_properties = p.get(PR.USER_PROPERTY)
+        if msg.expires_at is not None:
+            rec.message_expiry = msg.remaining_expiry(self.clock())
+        if self.sink.submit(rec):
+            return True
+        self.stats["sink_refused"] += 1
+        return False
+
+    # ------------------------------------------------------------ output
+    def mark_dirty(self, conn) -> None:
+        if not self.dirty and self.schedule_flush is not None:
+            self.schedule_flush()
+        self.dirty.append(conn)
+
+    # ------------------------------------------------------------ timers
+    def tick(self, now: float | None = None) -> None:
+        """Keep alive, delayed wills, session and message expiry. Call about once a second."""
+        now = self.clock() if now is None else now
+        for conn in list(self.connections):
+            conn.check_timeouts(now)
+        for cid, s in list(self.delayed_wills.items()):
+            if s.will_at is not None and s.will_at <= now:
+                del self.delayed_wills[cid]
+                self.publish_will(s)
+        for s in list(self.sessions.values()):
+            if s.link is None and s.expires_at is not None and s.expires_at <= now:
+                log.debug("session %s expired", s.client_id)
+                self.end_session(s)
+            elif s.queue and s.link is None:
+                s.purge_expired(now)
+
+    def shutdown(self) -> None:
+        """Server shutting down: DISCONNECT 0x8B to v5 clients; wills only if configured."""
+        for conn in list(self.connections):
+            conn.server_disconnect(0x8B, "server shutting down",
+                                   publish_will=self.cfg.publish_will_on_shutdown)

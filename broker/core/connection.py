@@ -1,0 +1,511 @@
+"""One client connection: CONNECT rules, inbound PUBLISH flows, SUBSCRIBE, keep alive.
+
+Sans-I/O: `data_received(bytes)` in; encoded packets accumulate in `out` and the
+server writes them; `close_requested` asks the server to close the socket after
+writing. Packets are checked against the MQTT 5.0 rules (section 3 and 4.13).
+"""
+from __future__ import annotations
+
+import logging
+
+from ..protocol import packets as P
+from ..protocol import properties as PR
+from ..protocol import reason_codes as rc
+from ..protocol.codec import Decoder, encode, encode_ack
+from ..protocol.errors import MalformedPacket, MQTTError, ProtocolError
+from .message import Message
+from .session import NEVER, Subscription
+from .topics import parse_shared, valid_topic_filter
+
+log = logging.getLogger("broker.connection")
+
+_NEW, _CONNECTED, _CLOSED = 0, 1, 2
+
+
+class Connection:
+    def __init__(self, broker, peer: str = "?"):
+        self.broker = broker
+        self.peer = peer
+        cfg = broker.cfg
+        self.decoder = Decoder(P.MQTT_5, cfg.maximum_packet_size)
+        self.state = _NEW
+        self.level = P.MQTT_5
+        self.client_id = ""
+        self.username: str | None = None
+        self.session = None
+        self.keep_alive = 0
+        self.last_rx = broker.clock()
+        self.connected_at = self.last_rx
+        # the client's limits (CONNECT properties)
+        self.receive_max = 65535
+        self.max_packet_size = 268435460
+        self.alias_max = 0
+        self.request_problem_info = True
+        # topic aliases: inbound alias -> topic, outbound topic -> alias
+        self.in_aliases: dict[int, str] = {}
+        self.out_aliases: dict[str, int] = {}
+        self.out: list = []
+        self.is_dirty = False
+        self.close_requested = False
+        self.held_acks: list = []  # acks waiting for the sink's durable barrier
+        self.pending_acks = 0      # QoS>0 PUBLISHes accepted but not yet acknowledged
+        self.clean_disconnect = False
+        self.connect_seen = False
+        self.transport = None      # set by the server glue
+        broker.connections.add(self)
+        broker.stats["connections_total"] += 1
+
+    # ------------------------------------------------------------ output
+    def write(self, data) -> None:
+        self.out.append(data)
+        if not self.is_dirty:
+            self.is_dirty = True
+            self.broker.mark_dirty(self)
+
+    def take_output(self) -> list:
+        out = self.out
+        self.out = []
+        self.is_dirty = False
+        return out
+
+    def release_acks(self, acks: list) -> None:
+        """The sink made the messages durable: now send their PUBACK/PUBREC."""
+        if self.state == _CLOSED:
+            return
+        for a in acks:
+            self.write(a)
+        self.pending_acks -= len(acks)
+
+    def outbound_alias(self, topic: str) -> tuple[int, bool]:
+        """(alias, whether the topic must be sent) for a PUBLISH towards this client."""
+        a = self.out_aliases.get(topic)
+        if a is not None:
+            return a, False
+        if len(self.out_aliases) < self.alias_max and self.broker.cfg.outbound_topic_aliases:
+            a = len(self.out_aliases) + 1
+            self.out_aliases[topic] = a
+            return a, True
+        return 0, True
+
+    def outbound_aliases_reset(self) -> None:
+        self.out_aliases.clear()  # [MQTT-3.3.2-7]: aliases do not outlive the connection
+
+    # ------------------------------------------------------------ input
+    def data_received(self, data: bytes) -> None:
+        if self.state == _CLOSED:
+            return
+        self.last_rx = self.broker.clock()
+        packets, error = self.decoder.feed(data)
+        if error is not None and self.state == _NEW and not packets:
+            self.connect_seen = data[:1] == b"\x10"
+            self.level = _sniff_level(data)
+        for pkt in packets:
+            if self.state == _CLOSED or self.close_requested:
+                return
+            try:
+                self.handle(pkt)
+            except MQTTError as exc:
+                self.violation(exc)
+                return
+        if error is not None and self.state != _CLOSED:
+            self.violation(error)
+
+    def handle(self, pkt) -> None:
+        t = pkt.type
+        if t == P.PUBLISH:
+            if self.state != _CONNECTED:
+                raise ProtocolError("PUBLISH before CONNECT")
+            self.on_publish(pkt)
+        elif self.state == _NEW:
+            if t != P.CONNECT:  # [MQTT-3.1.0-1]
+                raise ProtocolError("the first packet must be CONNECT")
+            self.on_connect(pkt)
+        elif t in (P.PUBACK, P.PUBCOMP):
+            self.session.acked(pkt.packet_id, self.broker.clock())
+        elif t == P.PUBREC:
+            code = self.session.received(pkt.packet_id, pkt.reason_code, self.broker.clock())
+            if code is not None:
+                self.write(encode_ack(P.PUBREL, pkt.packet_id, code, None, self.level))
+        elif t == P.PUBREL:
+            self.on_pubrel(pkt)
+        elif t == P.SUBSCRIBE:
+            self.on_subscribe(pkt)
+        elif t == P.UNSUBSCRIBE:
+            self.on_unsubscribe(pkt)
+        elif t == P.PINGREQ:
+            self.write(b"\xd0\x00")
+        elif t == P.DISCONNECT:
+            self.on_disconnect(pkt)
+        elif t == P.CONNECT:  # [MQTT-3.1.0-2]
+            raise ProtocolError("second CONNECT on a connection")
+        elif t == P.AUTH:
+            raise ProtocolError("AUTH without an authentication method (none is configured)")
+        else:
+            raise ProtocolError(f"{P.TYPE_NAMES[t]} is not sent by clients")
+
+    # ------------------------------------------------------------ CONNECT
+    def on_connect(self, c: P.Connect) -> None:
+        self.connect_seen = True
+        b = self.broker
+        cfg = b.cfg
+        self.level = c.protocol_level
+        v5 = self.level == P.MQTT_5
+        props = c.properties or {}
+        client_id = c.client_id
+        assigned = None
+        if not client_id:
+            if not v5 and not c.clean_start:  # [MQTT-3.1.3-8] (3.1.1)
+                return self.refuse(rc.CLIENT_IDENTIFIER_NOT_VALID,
+                                   "an empty client id needs clean session")
+            if self.level == P.MQTT_31:
+                return self.refuse(rc.CLIENT_IDENTIFIER_NOT_VALID, "MQTT 3.1 needs a client id")
+            client_id = assigned = b.new_client_id()  # [MQTT-3.1.3-6]
+        if len(client_id) > cfg.max_client_id_length:
+            return self.refuse(rc.CLIENT_IDENTIFIER_NOT_VALID, "client id too long")
+        if PR.AUTHENTICATION_METHOD in props:
+            return self.refuse(rc.BAD_AUTHENTICATION_METHOD,
+                               "enhanced authentication is not configured on this broker")
+        code = b.auth.authenticate(client_id, c.username, c.password)
+        if code:
+            return self.refuse(code, "not authorized" if code == rc.NOT_AUTHORIZED
+                               else "bad user name or password")
+        if c.will is not None:
+            w = c.will
+            if not w.topic or "+" in w.topic or "#" in w.topic:
+                raise MalformedPacket("will topic is not a valid topic name", rc.TOPIC_NAME_INVALID)
+            if w.qos > cfg.maximum_qos:
+                return self.refuse(rc.QOS_NOT_SUPPORTED, "will QoS above the maximum QoS")
+            if w.retain and not cfg.retain_available:
+                return self.refuse(rc.RETAIN_NOT_SUPPORTED, "retained messages are not available")
+        self.client_id = client_id
+        self.username = c.username
+        self.receive_max = props.get(PR.RECEIVE_MAXIMUM, 65535)
+        self.max_packet_size = props.get(PR.MAXIMUM_PACKET_SIZE, 268435460)
+        self.alias_max = props.get(PR.TOPIC_ALIAS_MAXIMUM, 0)
+        self.request_problem_info = bool(props.get(PR.REQUEST_PROBLEM_INFORMATION, 1))
+        if v5:
+            expiry = min(props.get(PR.SESSION_EXPIRY_INTERVAL, 0), cfg.session_expiry_maximum)
+        else:
+            expiry = 0 if c.clean_start else NEVER  # 3.1.1: clean session 0 lasts
+        keep_alive = c.keep_alive
+        server_ka = None
+        if v5 and cfg.server_keep_alive:
+            keep_alive = server_ka = cfg.server_keep_alive
+        elif keep_alive > cfg.max_keep_alive or (keep_alive == 0 and cfg.max_keep_alive < 65535):
+            keep_alive = cfg.max_keep_alive
+            server_ka = keep_alive if v5 else None
+        self.keep_alive = keep_alive
+
+        # [MQTT-3.1.4-3]: a client already connected with this id is taken over
+        old = b.sessions.get(client_id)
+        if old is not None and old.link is not None:
+            old.link.server_disconnect(rc.SESSION_TAKEN_OVER, "another connection used this client id",
+                                       publish_will=True)
+        session, present = b.open_session(client_id, c.clean_start)
+        session.expiry_interval = expiry
+        session.username = c.username
+        session.link_level = self.level
+        session.will = c.will
+        self.session = session
+        self.state = _CONNECTED
+
+        ack_props = None
+        if v5:
+            ack_props = {}
+            if assigned:
+                ack_props[PR.ASSIGNED_CLIENT_IDENTIFIER] = assigned
+            if cfg.receive_maximum != 65535:
+                ack_props[PR.RECEIVE_MAXIMUM] = cfg.receive_maximum
+            if cfg.maximum_qos < 2:
+                ack_props[PR.MAXIMUM_QOS] = cfg.maximum_qos
+            if not cfg.retain_available:
+                ack_props[PR.RETAIN_AVAILABLE] = 0
+            if cfg.maximum_packet_size < 268435455:
+                ack_props[PR.MAXIMUM_PACKET_SIZE] = cfg.maximum_packet_size
+            if cfg.topic_alias_maximum:
+                ack_props[PR.TOPIC_ALIAS_MAXIMUM] = cfg.topic_alias_maximum
+            if not cfg.wildcard_subscription_available:
+                ack_props[PR.WILDCARD_SUBSCRIPTION_AVAILABLE] = 0
+            if not cfg.subscription_identifiers_available:
+                ack_props[PR.SUBSCRIPTION_IDENTIFIER_AVAILABLE] = 0
+            if not cfg.shared_subscription_available:
+                ack_props[PR.SHARED_SUBSCRIPTION_AVAILABLE] = 0
+            if server_ka is not None:
+                ack_props[PR.SERVER_KEEP_ALIVE] = server_ka
+            if PR.SESSION_EXPIRY_INTERVAL in props and expiry != props[PR.SESSION_EXPIRY_INTERVAL]:
+                ack_props[PR.SESSION_EXPIRY_INTERVAL] = expiry
+        # [MQTT-3.2.2-2], [MQTT-3.2.2-3]: session present only when resuming
+        self.write(encode(P.Connack(present, 0, ack_props or None), self.level))
+        session.link = self
+        log.debug("client %s connected from %s (level %d, session present %s)",
+                  client_id, self.peer, self.level, present)
+        if present:
+            session.resume(b.clock())
+
+    def refuse(self, code: int, why: str) -> None:
+        """CONNACK with a failure code, then close [MQTT-3.2.2-6]."""
+        log.info("refused connection from %s: %s (0x%02X)", self.peer, why, code)
+        if self.level == P.MQTT_5:
+            self.write(encode(P.Connack(False, code, {PR.REASON_STRING: why}), P.MQTT_5))
+        else:
+            self.write(encode(P.Connack(False, rc.v4_connack_code(code)), self.level))
+        self.close(publish_will=False)
+
+    # ------------------------------------------------------------ PUBLISH in
+    def on_publish(self, p: P.Publish) -> None:
+        b = self.broker
+        cfg = b.cfg
+        qos = p.qos
+        props = p.properties
+        topic = p.topic
+        if qos > cfg.maximum_qos:  # [MQTT-3.2.2-11]
+            raise ProtocolError(f"QoS {qos} above the maximum QoS {cfg.maximum_qos}",
+                                rc.QOS_NOT_SUPPORTED)
+        if p.retain and not cfg.retain_available:  # [MQTT-3.2.2-14]
+            raise ProtocolError("retained messages are not available", rc.RETAIN_NOT_SUPPORTED)
+        expires_at = None
+        if props is not None:
+            props = self.check_publish_properties(props)
+            if PR.TOPIC_ALIAS in p.properties:
+                topic = self.resolve_alias(topic, p.properties[PR.TOPIC_ALIAS])
+            if PR.MESSAGE_EXPIRY_INTERVAL in p.properties:
+                expires_at = b.clock() + p.properties[PR.MESSAGE_EXPIRY_INTERVAL]
+        if not topic:
+            raise ProtocolError("PUBLISH with an empty topic and no topic alias")
+        if "+" in topic or "#" in topic:  # [MQTT-3.3.2-2]
+            raise ProtocolError("topic name contains a wildcard", rc.TOPIC_NAME_INVALID)
+        pid = p.packet_id
+        session = self.session
+        if qos:
+            if qos == 2 and pid in session.inflight_in:
+                # [MQTT-4.3.3-10]: a repeat before PUBREL is acknowledged, not delivered again
+                self.write(encode_ack(P.PUBREC, pid, 0, None, self.level))
+                return
+            if len(session.inflight_in) + self.pending_acks >= cfg.receive_maximum:
+                raise ProtocolError("more unacknowledged QoS 1/2 PUBLISHes than Receive Maximum",
+                                    rc.RECEIVE_MAXIMUM_EXCEEDED)  # [MQTT-3.3.4-9]
+            if qos == 1 and pid in session.inflight_in:
+                self.ack(qos, pid, rc.PACKET_IDENTIFIER_IN_USE)
+                return
+        b.stats["messages_received"] += 1
+        if (props is not None and props.get(PR.PAYLOAD_FORMAT_INDICATOR) == 1
+                and cfg.validate_payload_format):
+            try:
+                p.payload.decode("utf-8")
+            except UnicodeDecodeError:
+                if qos == 0:
+                    raise ProtocolError("payload is not UTF-8 as its Payload Format Indicator says",
+                                        rc.PAYLOAD_FORMAT_INVALID)
+                return self.ack(qos, pid, rc.PAYLOAD_FORMAT_INVALID)
+        if not b.auth.allow_publish(self.client_id, self.username, topic):
+            b.stats["publish_dropped"] += 1
+            return self.ack(qos, pid, rc.NOT_AUTHORIZED) if qos else None
+        msg = Message(topic, p.payload, qos, p.retain, props, expires_at, self.client_id, b.wall())
+        if b.sink is not None and not b.to_sink(msg, self.client_id, self.username, self.level):
+            b.stats["publish_dropped"] += 1
+            return self.ack(qos, pid, rc.QUOTA_EXCEEDED) if qos else None
+        if p.retain:
+            b.retain(msg)
+        n = b.route(msg, session)
+        if qos:
+            if qos == 2:
+                session.inflight_in.add(pid)
+            self.ack(qos, pid, rc.SUCCESS if n else rc.NO_MATCHING_SUBSCRIBERS)
+
+    def ack(self, qos: int, pid: int, code: int) -> None:
+        if self.level != P.MQTT_5:
+            code = 0
+        data = encode_ack(P.PUBACK if qos == 1 else P.PUBREC, pid, code, None, self.level)
+        if self.broker.sink is not None and code < 0x80 and self.broker.sink_durable:
+            self.held_acks.append(data)  # released by the server once the spool is durable
+            self.pending_acks += 1
+        else:
+            self.write(data)
+
+    def check_publish_properties(self, props: dict) -> dict | None:
+        """Validate a client PUBLISH's properties; return those forwarded unaltered."""
+        if PR.SUBSCRIPTION_IDENTIFIER in props:  # [MQTT-3.3.4-6]
+            raise ProtocolError("a client PUBLISH must not carry a Subscription Identifier")
+        rt = props.get(PR.RESPONSE_TOPIC)
+        if rt is not None and (not rt or "+" in rt or "#" in rt):  # [MQTT-3.3.2-14]
+            raise ProtocolError("Response Topic must be a topic name without wildcards")
+        if PR.TOPIC_ALIAS in props or PR.MESSAGE_EXPIRY_INTERVAL in props:
+            props = {k: v for k, v in props.items()
+                     if k != PR.TOPIC_ALIAS and k != PR.MESSAGE_EXPIRY_INTERVAL}
+            return props or None
+        return props
+
+    def resolve_alias(self, topic: str, alias: int) -> str:
+        """Inbound Topic Alias (3.3.2.3.4)."""
+        if alias == 0 or alias > self.broker.cfg.topic_alias_maximum:  # [MQTT-3.3.2-8], [-9]
+            raise ProtocolError(f"topic alias {alias} is outside 1..{self.broker.cfg.topic_alias_maximum}",
+                                rc.TOPIC_ALIAS_INVALID)
+        if topic:
+            self.in_aliases[alias] = topic  # set or replace the mapping [MQTT-3.3.2-12]
+            return topic
+        known = self.in_aliases.get(alias)
+        if known is None:
+            raise ProtocolError(f"topic alias {alias} has no mapping on this connection")
+        return known
+
+    def on_pubrel(self, pkt: P.Ack) -> None:
+        try:
+            self.session.inflight_in.remove(pkt.packet_id)
+            code = rc.SUCCESS
+        except KeyError:
+            code = rc.PACKET_IDENTIFIER_NOT_FOUND  # 0x92
+        self.write(encode_ack(P.PUBCOMP, pkt.packet_id, code, None, self.level))
+
+    # ------------------------------------------------------------ SUBSCRIBE
+    def on_subscribe(self, s: P.Subscribe) -> None:
+        b = self.broker
+        cfg = b.cfg
+        v5 = self.level == P.MQTT_5
+        sub_id = None
+        if s.properties and PR.SUBSCRIPTION_IDENTIFIER in s.properties:
+            sub_id = s.properties[PR.SUBSCRIPTION_IDENTIFIER][0]
+        codes = []
+        retained_out = []
+        session = self.session
+        for filt, o in s.topics:
+            code = self.subscribe_one(filt, o, sub_id, retained_out)
+            codes.append(code if v5 or code < 0x80 else 0x80)
+        self.write(encode(P.Suback(s.packet_id, codes), self.level))
+        now = b.clock()
+        for msg, qos, sid in retained_out:  # [MQTT-3.3.1-9]: sent with RETAIN=1
+            if msg.expires_at is not None and msg.expires_at <= now:
+                continue
+            session.deliver(msg, min(qos, msg.qos), True, sid, now)
+
+    def subscribe_one(self, filt: str, o: P.SubscriptionOptions, sub_id, retained_out) -> int:
+        b = self.broker
+        cfg = b.cfg
+        try:
+            shared = parse_shared(filt)
+        except ValueError:
+            return rc.TOPIC_FILTER_INVALID
+        group, topic_filter = shared if shared else (None, filt)
+        if not valid_topic_filter(topic_filter) or topic_filter.count("/") >= cfg.max_topic_levels:
+            return rc.TOPIC_FILTER_INVALID
+        if group is not None:
+            if not cfg.shared_subscription_available:
+                return rc.SHARED_SUBSCRIPTIONS_NOT_SUPPORTED
+            if o.no_local:  # [MQTT-3.8.3-4]
+                raise ProtocolError("No Local on a shared subscription")
+        if not cfg.wildcard_subscription_available and ("+" in topic_filter or "#" in topic_filter):
+            return rc.WILDCARD_SUBSCRIPTIONS_NOT_SUPPORTED
+        if sub_id is not None and not cfg.subscription_identifiers_available:
+            return rc.SUBSCRIPTION_IDENTIFIERS_NOT_SUPPORTED
+        if not b.auth.allow_subscribe(self.client_id, self.username, filt):
+            return rc.NOT_AUTHORIZED
+        qos = min(o.qos, cfg.maximum_qos)
+        session = self.session
+        existed = filt in session.subscriptions
+        v5 = self.level == P.MQTT_5
+        sub = Subscription(filt, topic_filter, group, qos, o.no_local and v5,
+                           o.retain_as_published and v5, o.retain_handling if v5 else 0,
+                           sub_id, session)
+        if existed:
+            b.router.remove(session.subscriptions[filt])
+        session.subscriptions[filt] = sub
+        b.router.add(sub)
+        # Retain Handling: 0 send, 1 send if new, 2 don't; never for shared [MQTT-3.8.4-4..5]
+        if group is None and (o.retain_handling == 0 or (o.retain_handling == 1 and not existed)):
+            sid = (sub_id,) if sub_id else None
+            for msg in b.retained.match(topic_filter):
+                retained_out.append((msg, qos, sid))
+        return qos
+
+    def on_unsubscribe(self, u: P.Unsubscribe) -> None:
+        codes = []
+        session = self.session
+        for filt in u.topics:
+            sub = session.subscriptions.pop(filt, None)
+            if sub is None:
+                codes.append(rc.NO_SUBSCRIPTION_EXISTED)
+            else:
+                self.broker.router.remove(sub)
+                codes.append(rc.SUCCESS)
+        self.write(encode(P.Unsuback(u.packet_id, codes), self.level))
+
+    # ------------------------------------------------------------ DISCONNECT / errors
+    def on_disconnect(self, d: P.Disconnect) -> None:
+        props = d.properties or {}
+        session = self.session
+        if PR.SESSION_EXPIRY_INTERVAL in props:
+            if session.expiry_interval == 0 and props[PR.SESSION_EXPIRY_INTERVAL]:
+                raise ProtocolError("Session Expiry Interval set on DISCONNECT after 0 at CONNECT")
+            session.expiry_interval = props[PR.SESSION_EXPIRY_INTERVAL]  # [MQTT-3.14.2-2]
+        # [MQTT-3.14.4-3]: a normal DISCONNECT discards the will; 0x04 keeps it
+        self.close(publish_will=d.reason_code == rc.DISCONNECT_WITH_WILL)
+
+    def violation(self, exc: MQTTError) -> None:
+        """A malformed packet or protocol error ends only this connection (4.13)."""
+        code = exc.reason_code
+        log.info("closing %s (%s): %s (0x%02X %s)", self.client_id or "connection", self.peer, exc,
+                 code, rc.name(code))
+        if self.state == _NEW:
+            if code == rc.UNSUPPORTED_PROTOCOL_VERSION:
+                # the client may not understand v5: answer with a 3.1.1 CONNACK, code 1
+                self.write(b"\x20\x02\x00\x01")
+            elif self.connect_seen and self.level == P.MQTT_5:
+                self.write(encode(P.Connack(False, code, {PR.REASON_STRING: str(exc)}), P.MQTT_5))
+            self.close(publish_will=False)
+        else:
+            self.server_disconnect(code, str(exc), publish_will=True)
+
+    def server_disconnect(self, code: int, why: str, publish_will: bool = True) -> None:
+        """DISCONNECT with a reason code (v5) and close; 3.1.x connections are just closed."""
+        if self.state == _CLOSED:
+            return
+        if self.level == P.MQTT_5 and self.state == _CONNECTED:
+            props = {PR.REASON_STRING: why} if why and self.request_problem_info else None
+            self.write(encode(P.Disconnect(code, props), P.MQTT_5))
+        self.close(publish_will)
+
+    def close(self, publish_will: bool) -> None:
+        """End the connection: the server closes the socket after writing `out`."""
+        if self.state == _CLOSED:
+            return
+        self.close_requested = True
+        self.clean_disconnect = not publish_will
+        self.finish(publish_will)
+        if not self.is_dirty:
+            self.is_dirty = True
+            self.broker.mark_dirty(self)
+
+    def connection_lost(self) -> None:
+        """The socket closed (by either side)."""
+        self.finish(publish_will=True)
+
+    def finish(self, publish_will: bool) -> None:
+        if self.state == _CLOSED:
+            return
+        was_connected = self.state == _CONNECTED
+        self.state = _CLOSED
+        b = self.broker
+        b.connections.discard(self)
+        session = self.session
+        if was_connected and session is not None and session.link is self:
+            b.connection_closed(session, publish_will, b.clock())
+
+    def check_timeouts(self, now: float) -> None:
+        if self.state == _NEW:
+            if now - self.connected_at > self.broker.cfg.connect_timeout:
+                log.info("no CONNECT from %s within %ss", self.peer, self.broker.cfg.connect_timeout)
+                self.close(publish_will=False)
+        elif self.keep_alive and now - self.last_rx > self.keep_alive * 1.5:  # [MQTT-3.1.2-22]
+            self.server_disconnect(rc.KEEP_ALIVE_TIMEOUT, "keep alive timeout", publish_will=True)
+
+
+def _sniff_level(data: bytes) -> int:
+    """Protocol level of a CONNECT that failed to decode, to answer in the client's version."""
+    i = 1
+    while i < len(data) and i < 5 and data[i] & 0x80:
+        i += 1
+    i += 1
+    if i + 2 <= len(data):
+        n = (data[i] << 8) | data[i + 1]
+        if i + 2 + n < len(data):
+            return data[i + 2 + n]
+    return P.MQTT_311

@@ -1,0 +1,75 @@
+"""An accepted application message, shared by every session it is delivered to."""
+from __future__ import annotations
+
+import math
+
+from ..protocol import properties as PR
+from ..protocol.codec import encode_publish
+from ..protocol.properties import encode_properties
+
+
+class Message:
+    """Immutable once routed. `props` holds the properties forwarded unaltered
+    (Topic Alias and Subscription Identifiers removed); `forms` caches the encoded
+    PUBLISH per distinct outgoing form so each form is encoded once."""
+
+    __slots__ = ("topic", "topic_bytes", "payload", "qos", "retain", "props", "expires_at",
+                 "sender", "forms", "accepted_at")
+
+    def __init__(self, topic: str, payload: bytes, qos: int, retain: bool, props: dict | None,
+                 expires_at: float | None, sender: str | None, accepted_at: float = 0.0):
+        self.topic = topic
+        self.topic_bytes = topic.encode()
+        self.payload = payload
+        self.qos = qos
+        self.retain = retain
+        self.props = props
+        self.expires_at = expires_at
+        self.sender = sender
+        self.forms: dict = {}
+        self.accepted_at = accepted_at
+
+    def remaining_expiry(self, now: float) -> int | None:
+        """Seconds left (rounded up), 0 when expired, None when it never expires."""
+        if self.expires_at is None:
+            return None
+        left = self.expires_at - now
+        return math.ceil(left) if left > 0 else 0
+
+    def encoded(self, level: int, qos: int, retain: bool, sub_ids: tuple | None,
+                expiry: int | None, alias: int = 0, send_topic: bool = True) -> tuple[bytes, int]:
+        """(PUBLISH bytes with packet id 0, offset of the packet id or -1).
+
+        The result is cached per form: one encode serves every subscriber that
+        receives the same form; callers patch only the packet identifier.
+        """
+        v5 = level == 5
+        key = (v5, qos, retain, sub_ids, expiry, alias, send_topic) if v5 else (False, qos, retain)
+        form = self.forms.get(key)
+        if form is not None:
+            return form
+        topic = self.topic_bytes if send_topic else b""
+        block = None
+        if v5:
+            if self.props is None and sub_ids is None and expiry is None and not alias:
+                block = b"\x00"
+            else:
+                props = dict(self.props) if self.props else {}
+                if expiry is not None:
+                    props[PR.MESSAGE_EXPIRY_INTERVAL] = expiry  # [MQTT-3.3.2-6]
+                if alias:
+                    props[PR.TOPIC_ALIAS] = alias
+                if sub_ids:
+                    props[PR.SUBSCRIPTION_IDENTIFIER] = list(sub_ids)  # [MQTT-3.3.4-3]
+                block = encode_properties(props)
+        data = encode_publish(topic, self.payload, qos, retain, False, 1 if qos else None,
+                              block, level)
+        off = -1
+        if qos:
+            # header byte + remaining-length bytes + 2 + topic
+            rl = len(data) - 1
+            vbi = 1 if rl < 128 else 2 if rl < 16384 else 3 if rl < 2097152 else 4
+            off = 1 + vbi + 2 + len(topic)
+        form = (data, off)
+        self.forms[key] = form
+        return form

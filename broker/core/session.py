@@ -1,0 +1,180 @@
+"""Session state (4.1): subscriptions, in-flight windows, the offline queue.
+
+Plain data plus the outbound delivery rules; no sockets. While a client is
+connected `link` is its Connection (anything with level, receive_max,
+max_packet_size, topic alias state and write()).
+"""
+from __future__ import annotations
+
+from collections import deque
+
+from ..protocol import packets as P
+from ..protocol.codec import encode_ack
+
+NEVER = 0xFFFFFFFF  # Session Expiry Interval meaning "does not expire"
+
+
+class Subscription:
+    __slots__ = ("filter", "topic_filter", "group", "qos", "no_local", "retain_as_published",
+                 "retain_handling", "sub_id", "session")
+
+    def __init__(self, filt: str, topic_filter: str, group: str | None, qos: int, no_local: bool,
+                 retain_as_published: bool, retain_handling: int, sub_id: int | None, session):
+        self.filter = filt                # as subscribed, including any $share/{group}/ prefix
+        self.topic_filter = topic_filter  # the filter that matches topics
+        self.group = group
+        self.qos = qos
+        self.no_local = no_local
+        self.retain_as_published = retain_as_published
+        self.retain_handling = retain_handling
+        self.sub_id = sub_id
+        self.session = session
+
+
+class Session:
+    __slots__ = ("client_id", "subscriptions", "inflight_out", "queue", "inflight_in",
+                 "expiry_interval", "expires_at", "will", "will_at", "link", "next_pid",
+                 "max_queued", "queue_qos0", "stats", "username", "link_level")
+
+    def __init__(self, client_id: str, max_queued: int = 1000, queue_qos0: bool = False,
+                 stats: dict | None = None):
+        self.client_id = client_id
+        self.username: str | None = None
+        self.link_level = 5  # protocol level of the last connection (for the sink record)
+        self.subscriptions: dict[str, Subscription] = {}
+        # packet id -> [message, qos, retain, sub_ids, released]; insertion order = send order
+        self.inflight_out: dict[int, list] = {}
+        self.queue: deque = deque()          # (message, qos, retain, sub_ids) waiting to be sent
+        self.inflight_in: set[int] = set()   # QoS 2 packet ids received, PUBREL not yet seen
+        self.expiry_interval = 0
+        self.expires_at: float | None = None
+        self.will = None
+        self.will_at: float | None = None
+        self.link = None
+        self.next_pid = 1
+        self.max_queued = max_queued
+        self.queue_qos0 = queue_qos0
+        self.stats = stats if stats is not None else {}
+
+    # ------------------------------------------------------------ outbound
+    def deliver(self, msg, qos: int, retain: bool, sub_ids, now: float) -> None:
+        """Hand a matching message to this session: send now, or queue it."""
+        link = self.link
+        if link is None:
+            if qos or self.queue_qos0:
+                self._enqueue(msg, qos, retain, sub_ids)
+            return
+        if qos == 0:
+            self._send(msg, 0, retain, sub_ids, now)
+        elif self.queue or len(self.inflight_out) >= link.receive_max:
+            # [MQTT-3.3.4-7]: never more unacknowledged QoS>0 PUBLISHes than the client's Receive Maximum
+            self._enqueue(msg, qos, retain, sub_ids)
+        else:
+            self._send(msg, qos, retain, sub_ids, now)
+
+    def _enqueue(self, msg, qos, retain, sub_ids) -> None:
+        if len(self.queue) >= self.max_queued:
+            # Overflow policy: the newest message is dropped (as Mosquitto does), counted.
+            self.stats["dropped_queue_full"] = self.stats.get("dropped_queue_full", 0) + 1
+            return
+        self.queue.append((msg, qos, retain, sub_ids))
+
+    def _alloc_pid(self) -> int:
+        pid = self.next_pid
+        inflight = self.inflight_out
+        while pid in inflight:
+            pid = pid + 1 if pid < 65535 else 1
+        self.next_pid = pid + 1 if pid < 65535 else 1
+        return pid
+
+    def _send(self, msg, qos: int, retain: bool, sub_ids, now: float) -> bool:
+        link = self.link
+        expiry = None
+        if msg.expires_at is not None:
+            expiry = msg.remaining_expiry(now)
+            if expiry == 0:  # [MQTT-3.3.2-5]: expired before onward delivery started
+                self.stats["dropped_expired"] = self.stats.get("dropped_expired", 0) + 1
+                return False
+        alias, send_topic = link.outbound_alias(msg.topic) if link.alias_max else (0, True)
+        data, off = msg.encoded(link.level, qos, retain, sub_ids, expiry, alias, send_topic)
+        if len(data) > link.max_packet_size:
+            # [MQTT-3.1.2-25]: too large for this client; discard as if sent
+            self.stats["dropped_too_large"] = self.stats.get("dropped_too_large", 0) + 1
+            return False
+        if qos:
+            pid = self._alloc_pid()
+            self.inflight_out[pid] = [msg, qos, retain, sub_ids, False]
+            b = bytearray(data)
+            b[off] = pid >> 8
+            b[off + 1] = pid & 0xFF
+            data = b
+        link.write(data)
+        return True
+
+    def pump(self, now: float) -> None:
+        """Send queued messages while the client's Receive Maximum allows."""
+        link = self.link
+        if link is None:
+            return
+        queue = self.queue
+        limit = link.receive_max
+        while queue:
+            msg, qos, retain, sub_ids = queue[0]
+            if qos and len(self.inflight_out) >= limit:
+                break
+            queue.popleft()
+            self._send(msg, qos, retain, sub_ids, now)
+
+    def resume(self, now: float) -> None:
+        """On reconnection: resend unacknowledged PUBLISH (DUP=1) and PUBREL, then the queue.
+
+        [MQTT-4.4.0-1]: in the original order; [MQTT-3.3.1-1]: DUP=1 on retransmission.
+        """
+        link = self.link
+        link.outbound_aliases_reset()
+        for pid, entry in list(self.inflight_out.items()):
+            msg, qos, retain, sub_ids, released = entry
+            if released:
+                link.write(encode_ack(P.PUBREL, pid, 0, None, link.level))
+                continue
+            expiry = msg.remaining_expiry(now) if msg.expires_at is not None else None
+            data, off = msg.encoded(link.level, qos, retain, sub_ids, expiry)
+            b = bytearray(data)
+            b[0] |= 0x08
+            b[off] = pid >> 8
+            b[off + 1] = pid & 0xFF
+            link.write(b)
+        self.pump(now)
+
+    def acked(self, pid: int, now: float) -> bool:
+        """PUBACK or PUBCOMP for an outbound message: free its slot."""
+        if self.inflight_out.pop(pid, None) is None:
+            return False
+        if self.queue:
+            self.pump(now)
+        return True
+
+    def received(self, pid: int, reason_code: int, now: float) -> int | None:
+        """PUBREC: returns the reason code for our PUBREL (0x92 when unknown), or None
+        when the PUBREC reported a failure and the flow ends [MQTT-4.3.3-?]."""
+        entry = self.inflight_out.get(pid)
+        if entry is None:
+            return 0x92
+        if reason_code >= 0x80:
+            del self.inflight_out[pid]
+            self.pump(now)
+            return None
+        entry[4] = True
+        return 0
+
+    def purge_expired(self, now: float) -> int:
+        """Drop queued messages whose Message Expiry Interval has passed."""
+        q = self.queue
+        if not q:
+            return 0
+        keep = deque(e for e in q if e[0].expires_at is None or e[0].expires_at > now)
+        dropped = len(q) - len(keep)
+        if dropped:
+            self.queue = keep
+            self.stats["dropped_expired"] = self.stats.get("dropped_expired", 0) + dropped
+        return dropped

@@ -1,0 +1,1 @@
+"""Sans-I/O MQTT wire format: packets, properties, reason codes, codec."""

@@ -1,0 +1,407 @@
+"""Bytes <-> packets for protocol levels 3 (MQIsdp), 4 (3.1.1) and 5.
+
+`Decoder.feed(data)` takes bytes as they arrive and returns the complete packets;
+the `encode_*` functions return wire bytes. Errors raise MalformedPacket /
+ProtocolError carrying the MQTT 5 reason code.
+"""
+from __future__ import annotations
+
+import struct
+
+from . import packets as P
+from . import reason_codes as rc
+from .errors import MalformedPacket, ProtocolError
+from .properties import (decode_binary, decode_properties, decode_utf8, decode_vbi,
+                         encode_binary, encode_properties, encode_utf8, encode_vbi)
+
+_H = struct.Struct(">H")
+_pack_H = _H.pack
+
+# Fixed header flags that must be exactly this value (2.1.3); PUBLISH is checked on its own.
+_REQUIRED_FLAGS = {P.CONNECT: 0, P.CONNACK: 0, P.PUBACK: 0, P.PUBREC: 0, P.PUBREL: 2,
+                   P.PUBCOMP: 0, P.SUBSCRIBE: 2, P.SUBACK: 0, P.UNSUBSCRIBE: 2, P.UNSUBACK: 0,
+                   P.PINGREQ: 0, P.PINGRESP: 0, P.DISCONNECT: 0, P.AUTH: 0}
+
+PROTOCOL_NAMES = {3: "MQIsdp", 4: "MQTT", 5: "MQTT"}
+
+
+class Decoder:
+    """Incremental decoder: packets split across reads and several packets per read.
+
+    `level` is the connection's protocol level (set after CONNECT); `max_packet_size`
+    bounds inbound packets (DISCONNECT 0x95 when exceeded).
+    """
+
+    __slots__ = ("buf", "level", "max_packet_size")
+
+    def __init__(self, level: int = P.MQTT_5, max_packet_size: int = 268435460):
+        self.buf = b""
+        self.level = level
+        self.max_packet_size = max_packet_size
+
+    def feed(self, data: bytes) -> tuple[list, Exception | None]:
+        """Return (packets decoded, error or None). Packets before an error are returned."""
+        buf = self.buf + data if self.buf else data
+        n = len(buf)
+        pos = 0
+        out = []
+        level = self.level
+        limit = self.max_packet_size
+        try:
+            while n - pos >= 2:
+                b1 = buf[pos + 1]
+                if b1 < 0x80:
+                    length = b1
+                    hdr = 2
+                else:
+                    length = b1 & 0x7F
+                    shift = 7
+                    hdr = 2
+                    while True:
+                        if pos + hdr >= n:
+                            if hdr >= 5:
+                                raise MalformedPacket("remaining length longer than four bytes")
+                            length = -1
+                            break
+                        b = buf[pos + hdr]
+                        length |= (b & 0x7F) << shift
+                        hdr += 1
+                        if not b & 0x80:
+                            break
+                        shift += 7
+                        if hdr >= 5:
+                            raise MalformedPacket("remaining length longer than four bytes")
+                    if length < 0:
+                        break
+                end = pos + hdr + length
+                if end - pos > limit:  # [MQTT-3.1.2-24] / 4.13: Packet too large
+                    raise MalformedPacket(f"packet of {end - pos} bytes exceeds the maximum "
+                                          f"packet size {limit}", rc.PACKET_TOO_LARGE)
+                if end > n:
+                    break
+                first = buf[pos]
+                if first >> 4 == P.PUBLISH:
+                    out.append(decode_publish(first, buf[pos + hdr:end], level))
+                else:
+                    pkt = decode_packet(first, buf[pos + hdr:end], level)
+                    if pkt.type == P.CONNECT:
+                        level = self.level = pkt.protocol_level
+                    out.append(pkt)
+                pos = end
+        except (MalformedPacket, ProtocolError) as exc:
+            self.buf = b""
+            return out, exc
+        self.buf = buf[pos:] if pos < n else b""
+        return out, None
+
+
+def decode_publish(first: int, body: bytes, level: int) -> P.Publish:
+    """PUBLISH (3.3): the hot path, so decoded inline."""
+    qos = (first >> 1) & 3
+    if qos == 3:  # [MQTT-3.3.1-4]
+        raise MalformedPacket("PUBLISH with QoS 3")
+    dup = bool(first & 8)
+    if dup and qos == 0:  # [MQTT-3.3.1-2]
+        raise MalformedPacket("PUBLISH with DUP=1 and QoS 0")
+    if len(body) < 2:
+        raise MalformedPacket("PUBLISH too short for its topic")
+    tlen = (body[0] << 8) | body[1]
+    pos = 2 + tlen
+    if pos > len(body):
+        raise MalformedPacket("topic runs past the end of the PUBLISH")
+    try:
+        topic = str(body[2:pos], "utf-8")  # [MQTT-3.3.2-1]
+    except UnicodeDecodeError:
+        raise MalformedPacket("topic name is not well-formed UTF-8") from None
+    if "\x00" in topic:
+        raise MalformedPacket("topic name contains U+0000")
+    packet_id = None
+    if qos:
+        if pos + 2 > len(body):
+            raise MalformedPacket("PUBLISH too short for its packet identifier")
+        packet_id = (body[pos] << 8) | body[pos + 1]
+        if packet_id == 0:  # [MQTT-2.2.1-3]
+            raise MalformedPacket("packet identifier 0")
+        pos += 2
+    props = None
+    if level == P.MQTT_5:
+        if pos < len(body) and body[pos] == 0:
+            pos += 1
+        else:
+            props, pos = decode_properties(body, pos, "PUBLISH")
+    return P.Publish(topic, bytes(body[pos:]), qos, bool(first & 1), dup, packet_id, props)
+
+
+def _packet_id(body, pos: int) -> tuple[int, int]:
+    if pos + 2 > len(body):
+        raise MalformedPacket("packet too short for its packet identifier")
+    pid = (body[pos] << 8) | body[pos + 1]
+    if pid == 0:
+        raise MalformedPacket("packet identifier 0")
+    return pid, pos + 2
+
+
+def decode_packet(first: int, body: bytes, level: int):
+    ptype = first >> 4
+    flags = first & 0x0F
+    if ptype == 0:
+        raise MalformedPacket("packet type 0 is reserved")
+    if flags != _REQUIRED_FLAGS[ptype]:  # [MQTT-2.1.3-1]
+        raise MalformedPacket(f"invalid fixed header flags for {P.TYPE_NAMES[ptype]}")
+    if ptype == P.CONNECT:
+        return decode_connect(body)
+    v5 = level == P.MQTT_5
+    if ptype in (P.PUBACK, P.PUBREC, P.PUBREL, P.PUBCOMP):
+        pid, pos = _packet_id(body, 0)
+        code, props = 0, None
+        if v5 and pos < len(body):  # 3.4.2.1: reason code and properties may be omitted
+            code = body[pos]
+            pos += 1
+            if pos < len(body):
+                props, pos = decode_properties(body, pos, P.TYPE_NAMES[ptype])
+        if pos != len(body):
+            raise MalformedPacket(f"{P.TYPE_NAMES[ptype]} has trailing bytes")
+        return P.Ack(ptype, pid, code, props)
+    if ptype == P.SUBSCRIBE:
+        return decode_subscribe(body, v5)
+    if ptype == P.UNSUBSCRIBE:
+        pid, pos = _packet_id(body, 0)
+        props = None
+        if v5:
+            props, pos = decode_properties(body, pos, "UNSUBSCRIBE")
+        topics = []
+        while pos < len(body):
+            t, pos = decode_utf8(body, pos)
+            topics.append(t)
+        if not topics:  # [MQTT-3.10.3-2]
+            raise ProtocolError("UNSUBSCRIBE with no topic filter")
+        return P.Unsubscribe(pid, topics, props)
+    if ptype in (P.PINGREQ, P.PINGRESP):
+        if body:
+            raise MalformedPacket(f"{P.TYPE_NAMES[ptype]} with a payload")
+        return P.PingReq() if ptype == P.PINGREQ else P.PingResp()
+    if ptype == P.DISCONNECT:
+        code, props = 0, None
+        if v5 and body:
+            code = body[0]
+            if len(body) > 1:
+                props, pos = decode_properties(body, 1, "DISCONNECT")
+                if pos != len(body):
+                    raise MalformedPacket("DISCONNECT has trailing bytes")
+        elif body:
+            raise MalformedPacket("DISCONNECT with a payload")
+        return P.Disconnect(code, props)
+    if ptype == P.AUTH:
+        if not v5:
+            raise MalformedPacket("AUTH exists only in MQTT 5")
+        code, props = 0, None
+        if body:
+            code = body[0]
+            props, _ = decode_properties(body, 1, "AUTH")
+        return P.Auth(code, props)
+    if ptype == P.CONNACK:
+        if len(body) < 2:
+            raise MalformedPacket("CONNACK too short")
+        props = decode_properties(body, 2, "CONNACK")[0] if v5 else None
+        return P.Connack(bool(body[0] & 1), body[1], props)
+    if ptype in (P.SUBACK, P.UNSUBACK):
+        pid, pos = _packet_id(body, 0)
+        props = None
+        if v5:
+            props, pos = decode_properties(body, pos, P.TYPE_NAMES[ptype])
+        codes = list(body[pos:])
+        return (P.Suback if ptype == P.SUBACK else P.Unsuback)(pid, codes, props)
+    raise MalformedPacket(f"unknown packet type {ptype}")
+
+
+def decode_connect(body: bytes) -> P.Connect:
+    """CONNECT (3.1). Errors before the protocol level is known are raised as for v5."""
+    name, pos = decode_utf8(body, 0)
+    if pos >= len(body):
+        raise MalformedPacket("CONNECT too short")
+    level = body[pos]
+    if (name, level) not in (("MQTT", 4), ("MQTT", 5), ("MQIsdp", 3)):
+        if name not in ("MQTT", "MQIsdp"):  # [MQTT-3.1.2-1]
+            raise MalformedPacket(f"unknown protocol name {name!r}")
+        # [MQTT-3.1.2-2]: CONNACK 0x84 / return code 1, then close
+        raise ProtocolError(f"unsupported protocol level {level}", rc.UNSUPPORTED_PROTOCOL_VERSION)
+    pos += 1
+    if pos + 3 > len(body):
+        raise MalformedPacket("CONNECT too short")
+    flags = body[pos]
+    keep_alive = (body[pos + 1] << 8) | body[pos + 2]
+    pos += 3
+    if flags & 1:  # [MQTT-3.1.2-3] reserved flag
+        raise MalformedPacket("CONNECT reserved flag is set")
+    will_flag = flags & 0x04
+    will_qos = (flags >> 3) & 3
+    will_retain = bool(flags & 0x20)
+    if not will_flag and (will_qos or will_retain):  # [MQTT-3.1.2-11], [MQTT-3.1.2-13]
+        raise MalformedPacket("Will QoS/Retain set without the Will Flag")
+    if will_qos == 3:  # [MQTT-3.1.2-12]
+        raise MalformedPacket("Will QoS 3")
+    if level == P.MQTT_311 and not flags & 0x80 and flags & 0x40:  # [MQTT-3.1.2-22] (3.1.1)
+        raise MalformedPacket("password flag without user name flag")
+    props = None
+    if level == P.MQTT_5:
+        props, pos = decode_properties(body, pos, "CONNECT")
+    client_id, pos = decode_utf8(body, pos)
+    will = None
+    if will_flag:
+        wprops = None
+        if level == P.MQTT_5:
+            wprops, pos = decode_properties(body, pos, "WILL")
+        wtopic, pos = decode_utf8(body, pos)
+        wpayload, pos = decode_binary(body, pos)
+        will = P.Will(wtopic, wpayload, will_qos, will_retain, wprops)
+    username = password = None
+    if flags & 0x80:
+        username, pos = decode_utf8(body, pos)
+    if flags & 0x40:
+        password, pos = decode_binary(body, pos)
+    if pos != len(body):
+        raise MalformedPacket("CONNECT has trailing bytes")
+    return P.Connect(client_id, level, name, bool(flags & 2), keep_alive, username, password,
+                     will, props)
+
+
+def decode_subscribe(body: bytes, v5: bool) -> P.Subscribe:
+    pid, pos = _packet_id(body, 0)
+    props = None
+    if v5:
+        props, pos = decode_properties(body, pos, "SUBSCRIBE")
+    topics = []
+    while pos < len(body):
+        filt, pos = decode_utf8(body, pos)
+        if pos >= len(body):
+            raise MalformedPacket("SUBSCRIBE topic filter without options")
+        o = body[pos]
+        pos += 1
+        if v5:
+            if o & 0xC0:  # [MQTT-3.8.3-5]
+                raise MalformedPacket("SUBSCRIBE options reserved bits set")
+            if (o >> 4) & 3 == 3:
+                raise ProtocolError("Retain Handling 3")
+        elif o & 0xFC:  # [MQTT-3-8.3-4] (3.1.1)
+            raise MalformedPacket("SUBSCRIBE requested QoS reserved bits set")
+        if o & 3 == 3:
+            raise MalformedPacket("SUBSCRIBE requested QoS 3")
+        topics.append((filt, P.SubscriptionOptions(o & 3, bool(o & 4), bool(o & 8), (o >> 4) & 3)))
+    if not topics:  # [MQTT-3.8.3-2]
+        raise ProtocolError("SUBSCRIBE with no topic filter")
+    return P.Subscribe(pid, topics, props)
+
+
+# ---------------------------------------------------------------- encoding
+
+def _frame(first: int, body: bytes) -> bytes:
+    n = len(body)
+    if n < 128:
+        return bytes((first, n)) + body
+    return bytes((first,)) + encode_vbi(n) + body
+
+
+def encode_publish(topic: bytes, payload: bytes, qos: int, retain: bool, dup: bool,
+                   packet_id: int | None, props: bytes | None, level: int) -> bytes:
+    """PUBLISH from pre-encoded parts: `topic` is UTF-8 bytes, `props` an encoded block (v5)."""
+    first = 0x30 | (qos << 1) | (8 if dup else 0) | (1 if retain else 0)
+    head = _pack_H(len(topic)) + topic
+    if qos:
+        head += _pack_H(packet_id)
+    if level == P.MQTT_5:
+        head += props if props else b"\x00"
+    n = len(head) + len(payload)
+    if n < 128:
+        return bytes((first, n)) + head + payload
+    return bytes((first,)) + encode_vbi(n) + head + payload
+
+
+def encode(pkt, level: int = P.MQTT_5) -> bytes:
+    """Encode any packet object."""
+    t = pkt.type
+    v5 = level == P.MQTT_5
+    if t == P.PUBLISH:
+        return encode_publish(pkt.topic.encode(), pkt.payload, pkt.qos, pkt.retain, pkt.dup,
+                              pkt.packet_id, encode_properties(pkt.properties) if v5 else None,
+                              level)
+    if t in (P.PUBACK, P.PUBREC, P.PUBREL, P.PUBCOMP):
+        return encode_ack(t, pkt.packet_id, pkt.reason_code, pkt.properties, level)
+    if t == P.CONNACK:
+        body = bytes((1 if pkt.session_present else 0, pkt.reason_code))
+        if v5:
+            body += encode_properties(pkt.properties)
+        return _frame(0x20, body)
+    if t == P.SUBACK or t == P.UNSUBACK:
+        body = _pack_H(pkt.packet_id)
+        if v5:
+            body += encode_properties(pkt.properties)
+        if v5 or t == P.SUBACK:
+            body += bytes(pkt.reason_codes)
+        return _frame(0x90 if t == P.SUBACK else 0xB0, body)
+    if t == P.PINGREQ:
+        return b"\xc0\x00"
+    if t == P.PINGRESP:
+        return b"\xd0\x00"
+    if t == P.DISCONNECT:
+        if not v5 or (pkt.reason_code == 0 and not pkt.properties):
+            return b"\xe0\x00"
+        body = bytes((pkt.reason_code,))
+        if pkt.properties:
+            body += encode_properties(pkt.properties)
+        return _frame(0xE0, body)
+    if t == P.AUTH:
+        return _frame(0xF0, bytes((pkt.reason_code,)) + encode_properties(pkt.properties))
+    if t == P.CONNECT:
+        return encode_connect(pkt)
+    if t == P.SUBSCRIBE:
+        body = _pack_H(pkt.packet_id)
+        if v5:
+            body += encode_properties(pkt.properties)
+        for filt, o in pkt.topics:
+            body += encode_utf8(filt) + bytes((o.qos | (4 if o.no_local else 0) |
+                                               (8 if o.retain_as_published else 0) |
+                                               (o.retain_handling << 4),))
+        return _frame(0x82, body)
+    if t == P.UNSUBSCRIBE:
+        body = _pack_H(pkt.packet_id)
+        if v5:
+            body += encode_properties(pkt.properties)
+        for filt in pkt.topics:
+            body += encode_utf8(filt)
+        return _frame(0xA2, body)
+    raise ValueError(f"cannot encode {pkt!r}")
+
+
+def encode_ack(ptype: int, packet_id: int, reason_code: int = 0, props: dict | None = None,
+               level: int = P.MQTT_5) -> bytes:
+    first = (ptype << 4) | (2 if ptype == P.PUBREL else 0)
+    if level != P.MQTT_5 or (reason_code == 0 and not props):  # 3.4.2.1: short form
+        return bytes((first, 2, packet_id >> 8, packet_id & 0xFF))
+    # reason code plus a property block (empty when no properties), as common clients send
+    body = bytes((packet_id >> 8, packet_id & 0xFF, reason_code)) + encode_properties(props)
+    return _frame(first, body)
+
+
+def encode_connect(c: P.Connect) -> bytes:
+    level = c.protocol_level
+    flags = (2 if c.clean_start else 0)
+    if c.will:
+        flags |= 4 | (c.will.qos << 3) | (0x20 if c.will.retain else 0)
+    if c.username is not None:
+        flags |= 0x80
+    if c.password is not None:
+        flags |= 0x40
+    body = encode_utf8(PROTOCOL_NAMES.get(level, c.protocol_name)) + bytes((level, flags))
+    body += _pack_H(c.keep_alive)
+    if level == P.MQTT_5:
+        body += encode_properties(c.properties)
+    body += encode_utf8(c.client_id)
+    if c.will:
+        if level == P.MQTT_5:
+            body += encode_properties(c.will.properties)
+        body += encode_utf8(c.will.topic) + encode_binary(c.will.payload)
+    if c.username is not None:
+        body += encode_utf8(c.username)
+    if c.password is not None:
+        body += encode_binary(c.password)
+    return _frame(0x10, body)

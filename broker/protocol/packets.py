@@ -1,0 +1,140 @@
+"""Plain data for the 15 MQTT control packets. No behaviour, no I/O."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+CONNECT, CONNACK, PUBLISH, PUBACK, PUBREC, PUBREL, PUBCOMP = 1, 2, 3, 4, 5, 6, 7
+SUBSCRIBE, SUBACK, UNSUBSCRIBE, UNSUBACK, PINGREQ, PINGRESP, DISCONNECT, AUTH = range(8, 16)
+
+TYPE_NAMES = {1: "CONNECT", 2: "CONNACK", 3: "PUBLISH", 4: "PUBACK", 5: "PUBREC", 6: "PUBREL",
+              7: "PUBCOMP", 8: "SUBSCRIBE", 9: "SUBACK", 10: "UNSUBSCRIBE", 11: "UNSUBACK",
+              12: "PINGREQ", 13: "PINGRESP", 14: "DISCONNECT", 15: "AUTH"}
+
+MQTT_31, MQTT_311, MQTT_5 = 3, 4, 5
+
+
+@dataclass(slots=True)
+class Will:
+    topic: str
+    payload: bytes
+    qos: int = 0
+    retain: bool = False
+    properties: dict | None = None
+
+
+@dataclass(slots=True)
+class Connect:
+    client_id: str
+    protocol_level: int = MQTT_5
+    protocol_name: str = "MQTT"
+    clean_start: bool = True
+    keep_alive: int = 60
+    username: str | None = None
+    password: bytes | None = None
+    will: Will | None = None
+    properties: dict | None = None
+    type = CONNECT
+
+
+@dataclass(slots=True)
+class Connack:
+    session_present: bool = False
+    reason_code: int = 0
+    properties: dict | None = None
+    type = CONNACK
+
+
+class Publish:
+    """PUBLISH. `topic` is a str; empty when only a Topic Alias names it."""
+    __slots__ = ("topic", "payload", "qos", "retain", "dup", "packet_id", "properties")
+    type = PUBLISH
+
+    def __init__(self, topic: str, payload: bytes = b"", qos: int = 0, retain: bool = False,
+                 dup: bool = False, packet_id: int | None = None, properties: dict | None = None):
+        self.topic = topic
+        self.payload = payload
+        self.qos = qos
+        self.retain = retain
+        self.dup = dup
+        self.packet_id = packet_id
+        self.properties = properties
+
+    def __eq__(self, other):
+        return isinstance(other, Publish) and all(
+            getattr(self, k) == getattr(other, k) for k in self.__slots__)
+
+    def __repr__(self):
+        return ("Publish(" + ", ".join(f"{k}={getattr(self, k)!r}" for k in self.__slots__) + ")")
+
+
+@dataclass(slots=True)
+class Ack:
+    """PUBACK, PUBREC, PUBREL and PUBCOMP share one shape (3.4-3.7)."""
+    type: int
+    packet_id: int
+    reason_code: int = 0
+    properties: dict | None = None
+
+
+@dataclass(slots=True)
+class SubscriptionOptions:
+    qos: int = 0
+    no_local: bool = False
+    retain_as_published: bool = False
+    retain_handling: int = 0
+
+
+@dataclass(slots=True)
+class Subscribe:
+    packet_id: int
+    topics: list[tuple[str, SubscriptionOptions]]
+    properties: dict | None = None
+    type = SUBSCRIBE
+
+
+@dataclass(slots=True)
+class Suback:
+    packet_id: int
+    reason_codes: list[int]
+    properties: dict | None = None
+    type = SUBACK
+
+
+@dataclass(slots=True)
+class Unsubscribe:
+    packet_id: int
+    topics: list[str]
+    properties: dict | None = None
+    type = UNSUBSCRIBE
+
+
+@dataclass(slots=True)
+class Unsuback:
+    packet_id: int
+    reason_codes: list[int] = field(default_factory=list)
+    properties: dict | None = None
+    type = UNSUBACK
+
+
+@dataclass(slots=True)
+class PingReq:
+    type = PINGREQ
+
+
+@dataclass(slots=True)
+class PingResp:
+    type = PINGRESP
+
+
+@dataclass(slots=True)
+class Disconnect:
+    reason_code: int = 0
+    properties: dict | None = None
+    type = DISCONNECT
+
+
+@dataclass(slots=True)
+class Auth:
+    reason_code: int = 0
+    properties: dict | None = None
+    type = AUTH
