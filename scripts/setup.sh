@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Set up everything on a fresh machine: system packages (when root), .venv with pinned deps.
+# Idempotent: a second run only checks.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  need=()
+  command -v java >/dev/null 2>&1 || need+=(openjdk-17-jre-headless)
+  command -v mosquitto_pub >/dev/null 2>&1 || need+=(mosquitto-clients)
+  command -v mosquitto >/dev/null 2>&1 || [ -x /usr/sbin/mosquitto ] || need+=(mosquitto)
+  if [ ${#need[@]} -gt 0 ]; then
+    echo "setup: installing ${need[*]}"
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null) \
+      || echo "setup: WARNING: could not install ${need[*]}; tests that need them say so"
+  fi
+  # Debian starts mosquitto as a service on 1883 when installed; the project uses its own ports.
+fi
+
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  echo "setup: creating .venv"
+  "$PY" -m venv .venv
+fi
+stamp=.venv/.requirements.sha
+want=$(cat requirements.txt requirements-dev.txt | sha256sum | cut -d' ' -f1)
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+  echo "setup: installing pinned Python packages into .venv"
+  .venv/bin/python -m pip install -q --upgrade pip
+  .venv/bin/python -m pip install -q -r requirements-dev.txt
+  echo "$want" > "$stamp"
+fi

@@ -1,0 +1,424 @@
+"""The history job: Kafka (records written by the broker's forwarder) -> Parquet history table.
+
+    python -m sink.job [--kafka-bootstrap HOST:PORT] [--table DIR] [--checkpoint DIR]
+                       [--config FILE] [--kafka-topic T] [--trigger-seconds N]
+                       [--source auto|kafka|python] [--available-now]
+
+Exactly once, and no duplicate message ids:
+- Spark's file sink (Parquet, partitioned by ``date``) + a checkpoint. Every micro-batch's
+  offsets are logged before it runs and its files are listed in ``<table>/_spark_metadata``
+  only when the batch commits; ``spark.read.parquet(table)`` reads only listed files. A job
+  killed mid-batch (even SIGKILL) re-runs that batch with the same offsets on restart; a
+  half-written batch is never visible and never counted twice.
+- Duplicate message ids (producer retries, a replayed broker spool, a re-read after Kafka lost
+  its log) are removed by ``dropDuplicatesWithinWatermark("message_id")``: the state store
+  (RocksDB, in the checkpoint, so it is exactly-once too) remembers every id for
+  ``dedup_window`` (default 24 hours) after it was first ingested. The watermark is on
+  ``ingested_at`` (processing time), so late records are never dropped as "too late".
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+log = logging.getLogger("sink.job")
+
+DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
+DEFAULT_TABLE = "./data/history"
+DEFAULT_TOPIC = "mqtt.messages"
+DEFAULT_TRIGGER_SECONDS = 5.0
+DEFAULT_DEDUP_WINDOW = "24 hours"
+SOURCES = ("auto", "kafka", "python")
+QUERY_NAME = "mqtt_history"
+SOURCE_MARKER = "sink_source"  # file in the checkpoint: which Kafka reader it was made with
+
+
+class UsageError(Exception):
+    """A problem the person running the job must fix (bad flag, config, path...)."""
+
+
+@dataclass
+class JobConfig:
+    bootstrap: str = DEFAULT_BOOTSTRAP
+    table: str = DEFAULT_TABLE
+    checkpoint: str | None = None
+    topics: list[str] = field(default_factory=lambda: [DEFAULT_TOPIC])
+    trigger_seconds: float = DEFAULT_TRIGGER_SECONDS
+    source: str = "auto"
+    max_records_per_trigger: int | None = None
+    available_now: bool = False
+    dedup_window: str = DEFAULT_DEDUP_WINDOW
+    starting_offsets: str = "earliest"
+
+    @property
+    def checkpoint_dir(self) -> str:
+        if self.checkpoint:
+            return self.checkpoint
+        table = Path(self.table)
+        return str(table.parent / f"{table.name}_checkpoint")
+
+    def kafka_options(self) -> dict[str, str]:
+        """Options understood by both Spark's kafka source and sink.source (same names)."""
+        opts = {"kafka.bootstrap.servers": self.bootstrap, "startingOffsets": self.starting_offsets}
+        if len(self.topics) == 1 and self.topics[0].startswith("re:"):
+            opts["subscribePattern"] = self.topics[0][3:]
+        else:
+            opts["subscribe"] = ",".join(self.topics)
+        if self.max_records_per_trigger:
+            opts["maxOffsetsPerTrigger"] = str(self.max_records_per_trigger)
+        return opts
+
+    def validate(self) -> "JobConfig":
+        if self.source not in SOURCES:
+            raise UsageError(f"source must be one of {', '.join(SOURCES)}, not {self.source!r}")
+        if not self.topics or any(not t for t in self.topics):
+            raise UsageError("no Kafka topic given: use --kafka-topic T or [history] kafka_topics")
+        if any(t.startswith("re:") for t in self.topics) and len(self.topics) > 1:
+            raise UsageError("a topic pattern (re:<regex>) cannot be combined with other topics")
+        if self.trigger_seconds <= 0:
+            raise UsageError(f"trigger seconds must be > 0, not {self.trigger_seconds}")
+        if self.max_records_per_trigger is not None and self.max_records_per_trigger <= 0:
+            raise UsageError("max_records_per_trigger must be a positive number")
+        host, _, port = self.bootstrap.split(",")[0].rpartition(":")
+        if not host or not port.isdigit():
+            raise UsageError(f"Kafka bootstrap must look like HOST:PORT, not {self.bootstrap!r}")
+        return self
+
+
+def _topics(value) -> list[str]:
+    if isinstance(value, str):
+        value = value.split(",")
+    if not isinstance(value, list):
+        raise UsageError(f"kafka_topics must be a list of topic names or a string, not {value!r}")
+    return [str(t).strip() for t in value if str(t).strip()]
+
+
+def load_config(path: str | None) -> dict:
+    if not path:
+        return {}
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except FileNotFoundError:
+        raise UsageError(f"config file {path} does not exist (check --config)") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise UsageError(f"config file {path} is not valid TOML: {exc}") from None
+    out = {}
+    sink = data.get("sink", {})
+    if "bootstrap_servers" in sink:
+        bs = sink["bootstrap_servers"]
+        out["bootstrap"] = ",".join(bs) if isinstance(bs, list) else str(bs)
+    hist = data.get("history", {})
+    known = {"table", "checkpoint", "kafka_topics", "trigger_seconds", "source",
+             "max_records_per_trigger", "dedup_window", "starting_offsets"}
+    unknown = set(hist) - known
+    if unknown:
+        raise UsageError(f"unknown key(s) in [history] of {path}: {', '.join(sorted(unknown))} "
+                         f"(known: {', '.join(sorted(known))})")
+    for key in ("table", "checkpoint", "source", "dedup_window", "starting_offsets"):
+        if key in hist:
+            out[key] = str(hist[key])
+    if "kafka_topics" in hist:
+        out["topics"] = _topics(hist["kafka_topics"])
+    try:
+        if "trigger_seconds" in hist:
+            out["trigger_seconds"] = float(hist["trigger_seconds"])
+        if "max_records_per_trigger" in hist:
+            out["max_records_per_trigger"] = int(hist["max_records_per_trigger"]) or None
+    except (TypeError, ValueError) as exc:
+        raise UsageError(f"[history] in {path}: {exc}") from None
+    return out
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m sink.job",
+        description="Copy MQTT messages from Kafka into the Parquet history table "
+                    "(Spark Structured Streaming, exactly once, duplicate message ids dropped).",
+        epilog="Flags override the config file, which overrides the defaults. "
+               "Query the table with: python -m sink.query \"SELECT ... FROM messages\"")
+    p.add_argument("--kafka-bootstrap", metavar="HOST:PORT",
+                   help=f"Kafka bootstrap servers (default {DEFAULT_BOOTSTRAP}, or "
+                        "[sink] bootstrap_servers)")
+    p.add_argument("--table", metavar="DIR", help=f"history table directory (default {DEFAULT_TABLE})")
+    p.add_argument("--checkpoint", metavar="DIR",
+                   help="checkpoint directory (default: <table>_checkpoint beside the table)")
+    p.add_argument("--config", metavar="FILE", help="TOML config; reads [history] and [sink]")
+    p.add_argument("--kafka-topic", metavar="T", action="append",
+                   help=f"Kafka topic to read (repeat or comma-separate for several; "
+                        f"re:<regex> for a pattern; default {DEFAULT_TOPIC})")
+    p.add_argument("--trigger-seconds", metavar="N", type=float,
+                   help=f"micro-batch interval in seconds (default {DEFAULT_TRIGGER_SECONDS:g})")
+    p.add_argument("--source", choices=SOURCES,
+                   help="Kafka reader: Spark's connector (kafka), our Python source (python), or "
+                        "auto: the connector when it is on the classpath (default auto)")
+    p.add_argument("--available-now", action="store_true",
+                   help="process the records that are in Kafka now, then exit")
+    p.add_argument("--log-level", default=os.environ.get("SINK_LOG_LEVEL", "INFO"),
+                   help="log level of the job (default INFO)")
+    return p
+
+
+def config_from_args(argv=None) -> tuple[JobConfig, argparse.Namespace]:
+    args = build_parser().parse_args(argv)
+    values = load_config(args.config)
+    flags = {"bootstrap": args.kafka_bootstrap, "table": args.table,
+             "checkpoint": args.checkpoint, "trigger_seconds": args.trigger_seconds,
+             "source": args.source}
+    values.update({k: v for k, v in flags.items() if v is not None})
+    if args.kafka_topic:
+        values["topics"] = _topics(",".join(args.kafka_topic))
+    cfg = JobConfig(**values, available_now=args.available_now)
+    return cfg.validate(), args
+
+
+# ---- building the query ------------------------------------------------------------------
+
+def _native_kafka_available(spark, cfg: JobConfig):
+    """Try Spark's kafka source. Returns the streaming DataFrame, or None when the
+    spark-sql-kafka connector is not on the classpath (KAFKA_DATA_SOURCE_NOT_ENABLED)."""
+    from pyspark.errors import AnalysisException
+    reader = spark.readStream.format("kafka").option("includeHeaders", "true") \
+        .option("failOnDataLoss", "false")
+    for k, v in cfg.kafka_options().items():
+        reader = reader.option(k, v)
+    try:
+        return reader.load()
+    except AnalysisException as exc:
+        cond = getattr(exc, "getCondition", lambda: None)() or ""
+        if cond == "KAFKA_DATA_SOURCE_NOT_ENABLED" or "KAFKA_DATA_SOURCE_NOT_ENABLED" in str(exc):
+            return None
+        raise
+
+
+def _python_kafka(spark, cfg: JobConfig):
+    from sink.source import FORMAT_NAME, KafkaPythonSource
+    spark.dataSource.register(KafkaPythonSource)
+    reader = spark.readStream.format(FORMAT_NAME)
+    for k, v in cfg.kafka_options().items():
+        reader = reader.option(k, v)
+    return reader.load()
+
+
+def _recorded_source(checkpoint: str) -> str | None:
+    try:
+        return Path(checkpoint, SOURCE_MARKER).read_text().strip() or None
+    except OSError:
+        return None
+
+
+def kafka_stream(spark, cfg: JobConfig):
+    """(streaming DataFrame of Kafka records, "kafka"|"python")."""
+    wanted = cfg.source
+    recorded = _recorded_source(cfg.checkpoint_dir)
+    if recorded and wanted != "auto" and wanted != recorded:
+        raise UsageError(
+            f"the checkpoint {cfg.checkpoint_dir} was written with --source {recorded}; its "
+            f"offsets cannot be used with --source {wanted}. Use --source {recorded}, or a new "
+            "--checkpoint (the message_id de-duplication does not span checkpoints)")
+    if wanted == "auto" and recorded:
+        wanted = recorded
+    if wanted in ("auto", "kafka"):
+        df = _native_kafka_available(spark, cfg)
+        if df is not None:
+            return df, "kafka"
+        if wanted == "kafka":
+            raise UsageError(
+                "--source kafka needs Spark's Kafka connector, which is not on the classpath "
+                "(KAFKA_DATA_SOURCE_NOT_ENABLED). Start with spark-submit --packages "
+                "org.apache.spark:spark-sql-kafka-0-10_2.13:<spark version>, or use --source "
+                "python (or auto)")
+        log.info("Spark's Kafka connector is not on the classpath: using the Python Kafka "
+                 "source (sink.source)")
+    return _python_kafka(spark, cfg), "python"
+
+
+def build_history_stream(kafka_df, dedup_window: str = DEFAULT_DEDUP_WINDOW):
+    """Kafka records -> history rows with duplicate message ids removed."""
+    from sink.schema import to_history
+    return (to_history(kafka_df)
+            .withWatermark("ingested_at", dedup_window)
+            .dropDuplicatesWithinWatermark(["message_id"]))
+
+
+def start_query(spark, cfg: JobConfig):
+    """Start the streaming query (file sink + checkpoint). Returns (query, source used)."""
+    from sink.schema import PARTITION_COLUMN
+    spark.conf.set("spark.sql.session.timeZone", "UTC")  # `date` is the UTC day
+    Path(cfg.table).mkdir(parents=True, exist_ok=True)
+    Path(cfg.checkpoint_dir).mkdir(parents=True, exist_ok=True)
+    kafka_df, used = kafka_stream(spark, cfg)
+    Path(cfg.checkpoint_dir, SOURCE_MARKER).write_text(used + "\n")
+    history = build_history_stream(kafka_df, cfg.dedup_window)
+    writer = (history.writeStream
+              .format("parquet")
+              .option("path", cfg.table)
+              .option("checkpointLocation", cfg.checkpoint_dir)
+              .partitionBy(PARTITION_COLUMN)
+              .outputMode("append")
+              .queryName(QUERY_NAME))
+    if cfg.available_now:
+        writer = writer.trigger(availableNow=True)
+    else:
+        writer = writer.trigger(processingTime=f"{cfg.trigger_seconds:g} seconds")
+    query = writer.start()
+    log.info("history job started: source=%s topics=%s bootstrap=%s table=%s checkpoint=%s %s",
+             used, ",".join(cfg.topics), cfg.bootstrap, cfg.table, cfg.checkpoint_dir,
+             "available-now" if cfg.available_now else f"trigger={cfg.trigger_seconds:g}s")
+    return query, used
+
+
+# ---- progress ------------------------------------------------------------------------------
+
+def _offsets(value) -> dict[str, int]:
+    """{"topic-p": offset} from either source's offset JSON."""
+    if not value:
+        return {}
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return {}
+    if isinstance(value, dict) and "t" in value and isinstance(value["t"], dict):
+        value = value["t"]  # sink.source format
+    out = {}
+    for topic, parts in (value or {}).items():
+        if isinstance(parts, dict):
+            for p, off in parts.items():
+                if isinstance(off, int):
+                    out[f"{topic}-{p}"] = off
+    return out
+
+
+def backlog(progress: dict) -> int | None:
+    """Records in Kafka not yet processed, from a StreamingQueryProgress dict."""
+    total, known = 0, False
+    for src in progress.get("sources", []):
+        end, latest = _offsets(src.get("endOffset")), _offsets(src.get("latestOffset"))
+        if latest:
+            known = True
+            total += sum(max(0, off - end.get(k, 0)) for k, off in latest.items())
+    return total if known else None
+
+
+def describe_progress(p: dict) -> str:
+    rows = p.get("numInputRows", 0)
+    lag = backlog(p)
+    dur = p.get("durationMs", {}).get("triggerExecution")
+    return (f"batch {p.get('batchId')}: {rows} rows, "
+            f"{p.get('processedRowsPerSecond', 0.0) or 0.0:.0f} rows/s processed, "
+            f"{p.get('inputRowsPerSecond', 0.0) or 0.0:.0f} rows/s arriving, "
+            f"took {dur if dur is not None else '?'} ms, "
+            f"backlog {lag if lag is not None else 'unknown'} records")
+
+
+def run(spark, cfg: JobConfig, stop_event: threading.Event | None = None,
+        poll_seconds: float = 1.0) -> int:
+    """Run the query until it ends (available-now) or stop_event is set. Returns an exit code."""
+    stop_event = stop_event or threading.Event()
+    query, _ = start_query(spark, cfg)
+    last_batch, last_idle_log = -1, time.monotonic()
+
+    def report():
+        nonlocal last_batch, last_idle_log
+        for p in query.recentProgress:
+            if p.get("batchId", -1) <= last_batch:
+                continue
+            last_batch = p["batchId"]
+            if p.get("numInputRows", 0) or cfg.available_now:
+                log.info("%s", describe_progress(p))
+            elif time.monotonic() - last_idle_log > 60:
+                last_idle_log = time.monotonic()
+                log.info("idle: %s", describe_progress(p))
+
+    try:
+        while query.isActive and not stop_event.is_set():
+            query.awaitTermination(poll_seconds)
+            report()
+        if stop_event.is_set() and query.isActive:
+            log.info("stopping: waiting for the query to stop (committed batches are kept; an "
+                     "unfinished batch is redone on the next start)")
+            query.stop()
+        report()
+        exc = query.exception()
+        if exc is not None:
+            log.error("the history query failed: %s", _short_error(exc))
+            return 1
+        log.info("history job stopped (last batch %s)", last_batch)
+        return 0
+    finally:
+        if query.isActive:
+            query.stop()
+
+
+def _short_error(exc) -> str:
+    """The useful lines of a StreamingQueryException (our own messages, not the JVM stack)."""
+    text = str(exc)
+    for marker in ("ConnectionError:", "TimeoutError:", "ValueError:", "RuntimeError:"):
+        idx = text.find(marker)
+        if idx >= 0:
+            return text[idx:].splitlines()[0]
+    return text.splitlines()[0] if text else repr(exc)
+
+
+def check_kafka(bootstrap: str, timeout: float = 10.0) -> None:
+    """Fail fast, with a clear message, when Kafka is not reachable."""
+    import socket
+    last = None
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for server in bootstrap.split(","):
+            host, _, port = server.strip().rpartition(":")
+            try:
+                with socket.create_connection((host, int(port)), timeout=1.0):
+                    return
+            except OSError as exc:
+                last = exc
+        time.sleep(0.5)
+    raise UsageError(f"cannot reach Kafka at {bootstrap} ({last}). Is Kafka running? "
+                     "Set the address with --kafka-bootstrap or [sink] bootstrap_servers")
+
+
+def main(argv=None) -> int:
+    try:
+        cfg, args = config_from_args(argv)
+    except UsageError as exc:
+        print(f"sink.job: error: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    stop = threading.Event()
+
+    def on_signal(signum, _frame):
+        if stop.is_set():
+            log.warning("second %s: exiting now", signal.Signals(signum).name)
+            os._exit(130)
+        log.info("%s received: stopping after the current step", signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    try:
+        check_kafka(cfg.bootstrap)
+        from sink.spark import get_spark
+        spark = get_spark("mqtt-history-job")
+        try:
+            return run(spark, cfg, stop)
+        finally:
+            spark.stop()
+    except UsageError as exc:
+        log.error("%s", exc)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

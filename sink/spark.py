@@ -1,0 +1,79 @@
+"""One place that builds the SparkSession used by the history job, sink.query and the tests.
+
+Local mode pitfalls handled here (all seen on our machines):
+- Python workers must run *this* interpreter (PYSPARK_PYTHON / PYSPARK_DRIVER_PYTHON), otherwise
+  Spark only reports that "the Python worker failed to connect back".
+- Workers import ``sink.source`` (the Python Kafka data source), so the project root goes on
+  their PYTHONPATH.
+- Bind to 127.0.0.1 (no network besides loopback), UI off, few shuffle partitions.
+- Session time zone is UTC, so ``date`` (the partition column) is the UTC day of accepted_at.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+PROJECT_ROOT = str(Path(__file__).resolve().parent.parent)
+
+#: Settings every session gets (the job, sink.query, tests); callers may override via ``conf``.
+DEFAULT_CONF = {
+    "spark.sql.session.timeZone": "UTC",
+    "spark.sql.shuffle.partitions": "2",
+    "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
+    "spark.sql.streaming.stateStore.providerClass":
+        "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
+    # Python data source: ship rows to the JVM in big Arrow batches.
+    "spark.sql.execution.arrow.maxRecordsPerBatch": "10000",
+}
+
+LOCAL_CONF = {
+    "spark.driver.host": "127.0.0.1",
+    "spark.driver.bindAddress": "127.0.0.1",
+    "spark.driver.memory": "1g",
+}
+
+
+def prepare_python_env() -> None:
+    """Make local-mode Python workers use this interpreter and find the ``sink`` package."""
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if PROJECT_ROOT not in paths:
+        os.environ["PYTHONPATH"] = os.pathsep.join([PROJECT_ROOT, *paths])
+    # Spark prints its own log4j lines to stderr; keep them at WARN unless asked otherwise.
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+
+
+def get_spark(app_name: str = "mqtt-history", master: str | None = None,
+              conf: dict[str, str] | None = None, log_level: str = "WARN"):
+    """Return a SparkSession (the active one if it exists, else a new one).
+
+    ``master`` defaults to $SPARK_MASTER or, when not launched by spark-submit, ``local[2]``.
+    Under spark-submit the master and deploy settings come from the command line.
+    """
+    prepare_python_env()
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.appName(app_name)
+    submitted = "SPARK_SUBMIT" in os.environ or os.environ.get("PYSPARK_GATEWAY_PORT")
+    master = master or os.environ.get("SPARK_MASTER")
+    if master is None and not submitted:
+        master = "local[2]"
+    if master:
+        builder = builder.master(master)
+    settings = dict(DEFAULT_CONF)
+    if master and master.startswith("local"):
+        settings.update(LOCAL_CONF)
+    settings.update(conf or {})
+    for key, value in settings.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel(log_level)
+    # Runtime-settable confs: make sure they hold even if the session already existed.
+    spark.conf.set("spark.sql.session.timeZone", "UTC")
+    return spark

@@ -1,0 +1,37 @@
+"""Fixtures for the end-to-end tests: one SparkSession per test run, embedded Kafka (Tansu)."""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "e2e: end-to-end test (starts Spark and/or Kafka; slow)")
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """One local SparkSession for the whole run (starting one takes 8-14 s)."""
+    from sink.spark import get_spark
+    session = get_spark("mqtt-history-tests")
+    yield session
+    session.stop()
+
+
+@pytest.fixture
+def kafka(tmp_path):
+    """A fresh embedded Kafka (Tansu, memory only) per test."""
+    from sink.kafka_embedded import EmbeddedKafka
+    k = EmbeddedKafka(log_file=str(tmp_path / "tansu.log"))
+    k.start()
+    try:
+        yield k
+    finally:
+        k.stop()

@@ -1,0 +1,298 @@
+"""End-to-end tests of the Spark half of the sink: Kafka -> sink.job -> history table -> sink.query.
+
+Run: .venv/bin/python -m pytest tests/e2e -m e2e -q
+"""
+from __future__ import annotations
+
+import datetime as dt
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from sink.job import JobConfig, SOURCE_MARKER, run
+from sink.query import run_sql
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
+
+ROOT = Path(__file__).resolve().parents[2]
+TOPIC = "mqtt.messages"
+UTC = dt.timezone.utc
+
+
+# ---- producing records the way the broker's forwarder does -----------------------------------
+
+def contract_headers(m: dict) -> list[tuple[str, bytes]]:
+    h = [("mqtt.message_id", m["message_id"].encode()),
+         ("mqtt.client_id", m["client_id"].encode())]
+    if m.get("username") is not None:
+        h.append(("mqtt.username", m["username"].encode()))
+    h += [("mqtt.qos", str(m["qos"]).encode()),
+          ("mqtt.retain", b"1" if m["retain"] else b"0"),
+          ("mqtt.protocol", str(m["protocol"]).encode())]
+    if m.get("payload_format") is not None:
+        h.append(("mqtt.payload_format", str(m["payload_format"]).encode()))
+    if m.get("content_type") is not None:
+        h.append(("mqtt.content_type", m["content_type"].encode()))
+    if m.get("response_topic") is not None:
+        h.append(("mqtt.response_topic", m["response_topic"].encode()))
+    if m.get("correlation_data") is not None:
+        h.append(("mqtt.correlation_data", m["correlation_data"]))
+    if m.get("message_expiry") is not None:
+        h.append(("mqtt.message_expiry", str(m["message_expiry"]).encode()))
+    for k, v in m.get("user_properties", []):
+        h.append((f"mqtt.user.{k}", v.encode()))
+    return h
+
+
+def producer(bootstrap: str):
+    from kafka import KafkaProducer
+    return KafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
+
+
+def produce(bootstrap: str, messages: list[dict], topic: str = TOPIC, prod=None) -> None:
+    own = prod is None
+    prod = prod or producer(bootstrap)
+    futures = [prod.send(topic, key=m["topic"].encode(), value=m["payload"],
+                         headers=contract_headers(m), timestamp_ms=m["accepted_ms"])
+               for m in messages]
+    prod.flush()
+    for f in futures:
+        f.get(timeout=30)
+    if own:
+        prod.close()
+
+
+def simple_message(i: int, prefix: str = "m", when_ms: int | None = None) -> dict:
+    return {"message_id": f"{prefix}-{i:06d}", "topic": f"devices/d{i % 5}/temp",
+            "payload": f"{{\"n\": {i}}}".encode(), "client_id": f"dev-{i % 5}",
+            "username": "svc", "qos": i % 3, "retain": False, "protocol": 5,
+            "accepted_ms": when_ms if when_ms is not None else int(time.time() * 1000)}
+
+
+def history_job(bootstrap: str, tmp_path: Path, **kw) -> JobConfig:
+    return JobConfig(bootstrap=bootstrap, table=str(tmp_path / "history"),
+                     trigger_seconds=1, **kw)
+
+
+def ids_and_count(spark, table: str) -> tuple[int, set]:
+    rows = run_sql(spark, table, "SELECT message_id FROM messages")
+    return len(rows), {r.message_id for r in rows}
+
+
+# ---- 1: every column right, duplicates dropped ------------------------------------------------
+
+def test_history_columns_and_dedup(spark, kafka, tmp_path):
+    t0 = int(dt.datetime(2024, 5, 1, 23, 59, 59, 250000, tzinfo=UTC).timestamp() * 1000)
+    t1 = int(dt.datetime(2024, 5, 2, 0, 0, 1, tzinfo=UTC).timestamp() * 1000)
+    props = [("a", "1"), ("b", "2"), ("a", "3"), ("unit", "°C"), ("a", "4"),
+             ("x-empty", ""), ("b", "5"), ("k7", "v7"), ("k8", "v8"), ("a", "6")]
+    full = {"message_id": "full-1", "topic": "devices/d1/raw", "payload": b"\xff\xfe\x00\x80bin",
+            "client_id": "dev-1", "username": "alice", "qos": 2, "retain": True, "protocol": 5,
+            "payload_format": 0, "content_type": "application/octet-stream",
+            "response_topic": "devices/d1/reply", "correlation_data": b"\x00\x01corr\xff",
+            "message_expiry": 3600, "user_properties": props, "accepted_ms": t0}
+    anon = {"message_id": "anon-1", "topic": "lobby/chat", "payload": "héllo wörld".encode(),
+            "client_id": "guest", "username": None, "qos": 0, "retain": False, "protocol": 4,
+            "accepted_ms": t1}
+    empty = {"message_id": "empty-1", "topic": "devices/d1/state", "payload": b"",
+             "client_id": "dev-1", "username": "alice", "qos": 1, "retain": True, "protocol": 3,
+             "payload_format": 1, "content_type": "text/plain", "accepted_ms": t1 + 5}
+    bulk = [simple_message(i, "bulk", t1 + 10 + i) for i in range(200)]
+    produce(kafka.bootstrap, [full, anon, empty] + bulk)
+    # The same message again (a producer retry / replayed spool): must be stored once.
+    produce(kafka.bootstrap, [full, bulk[7]])
+
+    cfg = history_job(kafka.bootstrap, tmp_path, available_now=True)  # source auto
+    assert run(spark, cfg) == 0
+    assert Path(cfg.checkpoint_dir, SOURCE_MARKER).read_text().strip() == "python"
+
+    rows = run_sql(spark, cfg.table, "SELECT * FROM messages")
+    assert len(rows) == 203
+    assert len({r.message_id for r in rows}) == 203
+    by_id = {r.message_id: r for r in rows}
+
+    r = by_id["full-1"]
+    assert r.topic == "devices/d1/raw"
+    assert bytes(r.payload) == b"\xff\xfe\x00\x80bin"
+    assert r.payload_text is None
+    assert (r.qos, r.retain, r.client_id, r.username, r.protocol) == (2, True, "dev-1", "alice", 5)
+    assert r.accepted_at == dt.datetime(2024, 5, 1, 23, 59, 59, 250000)  # UTC session
+    assert r.date == dt.date(2024, 5, 1)
+    assert (r.content_type, r.payload_format, r.response_topic) == \
+        ("application/octet-stream", 0, "devices/d1/reply")
+    assert bytes(r.correlation_data) == b"\x00\x01corr\xff"
+    assert r.message_expiry == 3600
+    assert [(p.key, p.value) for p in r.user_properties] == props
+    assert r.kafka_topic == TOPIC and r.kafka_partition >= 0 and r.kafka_offset >= 0
+    assert r.ingested_at is not None and r.ingested_at > r.accepted_at
+
+    a = by_id["anon-1"]
+    assert a.username is None and a.payload_text == "héllo wörld"
+    assert bytes(a.payload) == "héllo wörld".encode()
+    assert (a.qos, a.retain, a.protocol) == (0, False, 4)
+    assert a.date == dt.date(2024, 5, 2)
+    assert (a.content_type, a.payload_format, a.response_topic, a.correlation_data,
+            a.message_expiry) == (None, None, None, None, None)
+    assert a.user_properties == []
+
+    e = by_id["empty-1"]
+    assert bytes(e.payload) == b"" and e.payload_text == ""
+    assert (e.protocol, e.payload_format, e.content_type) == (3, 1, "text/plain")
+
+    # Kafka coordinates are unique and the table is partitioned by UTC date.
+    assert len({(r.kafka_partition, r.kafka_offset) for r in rows}) == 203
+    dates = run_sql(spark, cfg.table,
+                    "SELECT date, count(*) AS n FROM messages GROUP BY date ORDER BY date")
+    assert [(d.date, d.n) for d in dates] == [(dt.date(2024, 5, 1), 1), (dt.date(2024, 5, 2), 202)]
+    assert sorted(p.name for p in Path(cfg.table).glob("date=*")) == \
+        ["date=2024-05-01", "date=2024-05-02"]
+
+    # Running again with nothing new adds nothing; a late duplicate is still dropped.
+    produce(kafka.bootstrap, [anon])
+    assert run(spark, cfg) == 0
+    assert ids_and_count(spark, cfg.table)[0] == 203
+
+
+# ---- 2: SIGKILL mid-stream, restart from the checkpoint: no duplicates, no gaps ---------------
+
+def _start_job(bootstrap: str, tmp_path: Path, log_path: Path) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
+    cmd = [sys.executable, "-m", "sink.job", "--kafka-bootstrap", bootstrap,
+           "--table", str(tmp_path / "history"), "--trigger-seconds", "1", "--source", "python"]
+    out = open(log_path, "ab")
+    # Own process group: SIGKILL then takes the JVM and the Python workers too (a crash).
+    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL, start_new_session=True)
+
+
+def _kill_group(proc: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _wait_group_gone(pgid: int, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.2)
+    os.killpg(pgid, signal.SIGKILL)
+
+
+def _wait_for(predicate, timeout: float, what: str, log_path: Path | None = None):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(1)
+    tail = log_path.read_text(errors="replace")[-3000:] if log_path else ""
+    raise AssertionError(f"timed out waiting for {what}\n{tail}")
+
+
+def _committed_rows(log_path: Path) -> int:
+    import re
+    return sum(int(n) for n in re.findall(r"batch \d+: (\d+) rows", log_path.read_text(errors="replace")))
+
+
+def test_restart_after_sigkill_no_duplicates_no_gaps(spark, kafka, tmp_path):
+    n_total = 2400
+    log_path = tmp_path / "job.log"
+    table = str(tmp_path / "history")
+    messages = [simple_message(i, "k") for i in range(n_total)]
+    done = threading.Event()
+    errors: list = []
+
+    def background_producer():
+        try:
+            prod = producer(kafka.bootstrap)
+            for start in range(0, n_total, 40):  # ~400 records/s
+                chunk = messages[start:start + 40]
+                for m in chunk:
+                    m["accepted_ms"] = int(time.time() * 1000)
+                produce(kafka.bootstrap, chunk, prod=prod)
+                if start % 400 == 0:  # a retried send: same message id again
+                    produce(kafka.bootstrap, chunk[:1], prod=prod)
+                time.sleep(0.1)
+            prod.close()
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+        finally:
+            done.set()
+
+    job = _start_job(kafka.bootstrap, tmp_path, log_path)
+    try:
+        _wait_for(lambda: "history job started" in log_path.read_text(errors="replace"),
+                  120, "the job to start", log_path)
+        writer = threading.Thread(target=background_producer, daemon=True)
+        writer.start()
+        # Let a few batches commit, then crash the job in the middle of the stream.
+        _wait_for(lambda: _committed_rows(log_path) >= 300, 120, "first batches", log_path)
+        assert not done.is_set(), "producer finished before the kill; slow it down"
+        _kill_group(job, signal.SIGKILL)
+        job.wait(30)
+        _wait_group_gone(job.pid)
+        killed_at, _ = ids_and_count(spark, table)
+        assert 0 < killed_at < n_total
+
+        job = _start_job(kafka.bootstrap, tmp_path, log_path)
+        writer.join(120)
+        assert done.is_set() and not errors, errors
+        _wait_for(lambda: ids_and_count(spark, table)[0] >= n_total, 180,
+                  "all records in the table", log_path)
+        time.sleep(3)  # a few more triggers: nothing more may appear
+        job.send_signal(signal.SIGTERM)
+        assert job.wait(60) == 0, log_path.read_text(errors="replace")[-3000:]
+    finally:
+        if job.poll() is None:
+            _kill_group(job, signal.SIGKILL)
+            job.wait(30)
+        _wait_group_gone(job.pid)
+
+    count, ids = ids_and_count(spark, table)
+    assert ids == {m["message_id"] for m in messages}  # no gaps
+    assert count == n_total                             # no duplicates
+    text = log_path.read_text(errors="replace")
+    assert "history job stopped" in text
+    assert "backlog" in text and "rows/s" in text
+
+
+# ---- 3: the embedded Kafka restarts (loses its log: offsets go backwards) -----------------------
+
+def test_kafka_restart_offsets_go_backwards(spark, kafka, tmp_path, capfd):
+    cfg = history_job(kafka.bootstrap, tmp_path, available_now=True, source="python")
+    base = int(time.time() * 1000)
+    first = [simple_message(i, "before", base + i) for i in range(40)]
+    produce(kafka.bootstrap, first)
+    assert run(spark, cfg) == 0
+    assert ids_and_count(spark, cfg.table)[0] == 40
+
+    # Restart: the topic comes back empty and offsets start at 0 again. More records than
+    # before, so the new log's offsets overtake the committed ones (detected by topic id).
+    kafka.restart()
+    second = [simple_message(i, "after", base + 1000 + i) for i in range(100)]
+    produce(kafka.bootstrap, second)
+    assert run(spark, cfg) == 0
+    count, ids = ids_and_count(spark, cfg.table)
+    assert count == 140
+    assert ids == {m["message_id"] for m in first + second}
+
+    # Restart again, fewer records than committed (the new end is below the committed start).
+    kafka.restart()
+    third = [simple_message(i, "again", base + 2000 + i) for i in range(3)]
+    produce(kafka.bootstrap, third)
+    assert run(spark, cfg) == 0
+    count, ids = ids_and_count(spark, cfg.table)
+    assert count == 143 and {m["message_id"] for m in third} <= ids
+    err = capfd.readouterr().err
+    assert "offsets went backwards" in err

@@ -1,0 +1,227 @@
+"""The session state machine without sockets: bytes in, bytes out, a fake clock."""
+from broker.config import MQTTConfig
+from broker.core.broker import Broker
+from broker.core.connection import Connection
+from broker.core.topics import TopicTrie, matches, parse_shared, valid_topic_filter
+from broker.core.retain import RetainedStore
+from broker.protocol import packets as P
+from broker.protocol import properties as PR
+from broker.protocol.codec import Decoder, encode, encode_ack
+
+
+class Clock:
+    def __init__(self):
+        self.t = 1000.0
+
+    def __call__(self):
+        return self.t
+
+
+class Client:
+    """A sans-I/O peer: encodes packets into a Connection and decodes what it writes."""
+
+    def __init__(self, broker, level=5):
+        self.conn = Connection(broker)
+        self.level = level
+        self.dec = Decoder(level)
+        self.pending = []
+
+    def send(self, pkt):
+        self.conn.data_received(encode(pkt, self.level))
+
+    def received(self):
+        pkts, err = self.dec.feed(b"".join(bytes(x) for x in self.conn.take_output()))
+        assert err is None
+        pkts, self.pending = self.pending + pkts, []
+        return pkts
+
+    def connect(self, cid, clean=True, props=None, **kw):
+        self.send(P.Connect(cid, self.level, clean_start=clean, properties=props, **kw))
+        ack, *self.pending = self.received()
+        assert ack.type == P.CONNACK
+        return ack
+
+
+def make(**cfg):
+    clock = Clock()
+    b = Broker(MQTTConfig(**cfg), clock=clock, wall=clock)
+    return b, clock
+
+
+def test_publish_subscribe_qos_downgrade():
+    b, _ = make()
+    sub, pub = Client(b), Client(b)
+    sub.connect("s")
+    pub.connect("p")
+    sub.send(P.Subscribe(1, [("a/+", P.SubscriptionOptions(1))]))
+    assert sub.received()[0].reason_codes == [1]
+    pub.send(P.Publish("a/b", b"x", 2, packet_id=5))
+    (rec,) = pub.received()
+    assert rec.type == P.PUBREC and rec.reason_code == 0
+    (msg,) = sub.received()
+    assert msg.qos == 1 and msg.topic == "a/b" and not msg.dup
+
+
+def test_qos2_repeat_before_pubrel_not_delivered_twice():
+    b, _ = make()
+    sub, pub = Client(b), Client(b)
+    sub.connect("s")
+    pub.connect("p")
+    sub.send(P.Subscribe(1, [("t", P.SubscriptionOptions(2))]))
+    sub.received()
+    pub.send(P.Publish("t", b"once", 2, packet_id=9))
+    pub.send(P.Publish("t", b"once", 2, dup=True, packet_id=9))
+    assert [p.type for p in pub.received()] == [P.PUBREC, P.PUBREC]
+    assert len(sub.received()) == 1
+    pub.send(P.Ack(P.PUBREL, 9))
+    pub.send(P.Ack(P.PUBREL, 9))
+    comps = pub.received()
+    assert [(c.type, c.reason_code) for c in comps] == [(P.PUBCOMP, 0), (P.PUBCOMP, 0x92)]
+
+
+def test_receive_maximum_towards_client_and_resume_with_dup():
+    b, clock = make()
+    sub, pub = Client(b), Client(b)
+    sub.connect("s", clean=True, props={PR.RECEIVE_MAXIMUM: 2, PR.SESSION_EXPIRY_INTERVAL: 100})
+    pub.connect("p")
+    sub.send(P.Subscribe(1, [("t", P.SubscriptionOptions(1))]))
+    sub.received()
+    for i in range(5):
+        pub.send(P.Publish("t", b"%d" % i, 1, packet_id=i + 1))
+    got = sub.received()
+    assert [p.payload for p in got] == [b"0", b"1"]  # window of 2
+    sub.send(P.PingReq())
+    assert sub.received()[0].type == P.PINGRESP  # other packets still flow
+    sub.send(P.Ack(P.PUBACK, got[0].packet_id))
+    (third,) = sub.received()
+    assert third.payload == b"2"
+    # connection drops with 2 unacknowledged; resume resends them with DUP=1, in order
+    sub.conn.connection_lost()
+    sub2 = Client(b)
+    ack = sub2.connect("s", clean=False, props={PR.RECEIVE_MAXIMUM: 10})
+    assert ack.session_present
+    again = sub2.received()
+    assert [(p.payload, p.dup) for p in again] == [(b"1", True), (b"2", True), (b"3", False),
+                                                   (b"4", False)]
+
+
+def test_topic_alias_inbound_and_outbound():
+    b, _ = make(topic_alias_maximum=5)
+    sub, pub = Client(b), Client(b)
+    sub.connect("s", props={PR.TOPIC_ALIAS_MAXIMUM: 1})
+    pub.connect("p")
+    sub.send(P.Subscribe(1, [("#", P.SubscriptionOptions(0))]))
+    sub.received()
+    pub.send(P.Publish("x/y", b"1", properties={PR.TOPIC_ALIAS: 3}))
+    pub.send(P.Publish("", b"2", properties={PR.TOPIC_ALIAS: 3}))
+    pub.send(P.Publish("x/z", b"3"))
+    m1, m2, m3 = sub.received()
+    assert (m1.topic, m1.properties) == ("x/y", {PR.TOPIC_ALIAS: 1})
+    assert (m2.topic, m2.properties) == ("", {PR.TOPIC_ALIAS: 1})  # alias saves the topic bytes
+    assert m3.topic == "x/z" and not m3.properties  # client maximum 1: no second alias
+    pub.send(P.Publish("", b"4", properties={PR.TOPIC_ALIAS: 6}))  # above the maximum
+    (d,) = pub.received()
+    assert d.type == P.DISCONNECT and d.reason_code == 0x94
+
+
+def test_message_expiry_remaining_interval_and_drop():
+    b, clock = make()
+    sub, pub = Client(b), Client(b)
+    sub.connect("s", clean=True, props={PR.SESSION_EXPIRY_INTERVAL: 1000})
+    sub.send(P.Subscribe(1, [("t", P.SubscriptionOptions(1))]))
+    sub.received()
+    sub.conn.connection_lost()
+    pub.connect("p")
+    pub.send(P.Publish("t", b"short", 1, packet_id=1, properties={PR.MESSAGE_EXPIRY_INTERVAL: 5}))
+    pub.send(P.Publish("t", b"long", 1, packet_id=2, properties={PR.MESSAGE_EXPIRY_INTERVAL: 60}))
+    clock.t += 10
+    sub2 = Client(b)
+    sub2.connect("s", clean=False)
+    (m,) = sub2.received()
+    assert m.payload == b"long"
+    assert m.properties[PR.MESSAGE_EXPIRY_INTERVAL] == 50  # [MQTT-3.3.2-6]
+
+
+def test_retained_store_replace_delete():
+    b, _ = make()
+    pub = Client(b)
+    pub.connect("p")
+    pub.send(P.Publish("r/1", b"a", retain=True))
+    pub.send(P.Publish("r/1", b"b", retain=True))
+    pub.send(P.Publish("r/2", b"c", retain=True))
+    pub.send(P.Publish("r/2", b"", retain=True))
+    pub.send(P.Publish("r/3", b"", retain=True))
+    pub.send(P.Publish("r/1", b"not retained"))
+    assert b.retained.count == 1
+    sub = Client(b)
+    sub.connect("s")
+    sub.send(P.Subscribe(1, [("r/#", P.SubscriptionOptions(0))]))
+    suback, m = sub.received()
+    assert (m.topic, m.payload, m.retain) == ("r/1", b"b", True)
+
+
+def test_will_delay_and_takeover():
+    b, clock = make()
+    watcher = Client(b)
+    watcher.connect("w")
+    watcher.send(P.Subscribe(1, [("will/#", P.SubscriptionOptions(0))]))
+    watcher.received()
+    dev = Client(b)
+    dev.connect("d", props={PR.SESSION_EXPIRY_INTERVAL: 100},
+                will=P.Will("will/d", b"gone", 0, False, {PR.WILL_DELAY_INTERVAL: 5}))
+    dev.conn.connection_lost()
+    b.tick(clock.t + 1)
+    assert watcher.received() == []
+    b.tick(clock.t + 6)
+    (w,) = watcher.received()
+    assert w.payload == b"gone"
+    # takeover: the old connection gets DISCONNECT 0x8E
+    one = Client(b)
+    one.connect("dup")
+    two = Client(b)
+    two.connect("dup")
+    (d,) = one.received()
+    assert d.type == P.DISCONNECT and d.reason_code == 0x8E and one.conn.close_requested
+
+
+def test_v311_and_v5_interoperate():
+    b, _ = make()
+    old, new = Client(b, level=4), Client(b)
+    old.connect("old")
+    new.connect("new")
+    old.send(P.Subscribe(1, [("t", P.SubscriptionOptions(1))]))
+    new.send(P.Subscribe(1, [("t", P.SubscriptionOptions(1))]))
+    old.received(), new.received()
+    new.send(P.Publish("t", b"from5", 1, packet_id=1, properties={PR.USER_PROPERTY: [("a", "b")]}))
+    got_old = [p for p in old.received() if p.type == P.PUBLISH]
+    assert got_old[0].payload == b"from5" and got_old[0].properties is None
+    old.send(P.Publish("t", b"from4", 1, packet_id=1))
+    got_new = [p for p in new.received() if p.type == P.PUBLISH]
+    assert [p.payload for p in got_new] == [b"from5", b"from4"]
+
+
+def test_topics():
+    assert valid_topic_filter("a/+/#") and valid_topic_filter("+") and valid_topic_filter("#")
+    assert not valid_topic_filter("a/#/b") and not valid_topic_filter("a+") and not valid_topic_filter("")
+    assert parse_shared("$share/g/a/#") == ("g", "a/#")
+    assert parse_shared("a/b") is None
+    assert matches("sport/#", "sport") and matches("+/+", "/finance") and not matches("#", "$SYS/x")
+    t = TopicTrie()
+    for f in ("a/b", "a/+", "#", "+/b", "a/#", "$SYS/#", "+/+/c"):
+        t.add(f, f, f)
+    found = sorted(v for d in t.match("a/b") for v in d.values())
+    assert found == sorted(["a/b", "a/+", "#", "+/b", "a/#"])
+    assert sorted(v for d in t.match("$SYS/x") for v in d.values()) == ["$SYS/#"]
+    assert sorted(v for d in t.match("a") for v in d.values()) == ["#", "a/#"]
+    assert t.remove("a/+", "a/+") and not t.remove("a/+", "a/+")
+
+
+def test_retained_match():
+    r = RetainedStore()
+    for topic in ("a", "a/b", "a/b/c", "$SYS/x", "b/b"):
+        r.set(topic, topic)
+    assert sorted(r.match("a/#")) == ["a", "a/b", "a/b/c"]
+    assert sorted(r.match("+/b")) == ["a/b", "b/b"]
+    assert "$SYS/x" not in r.match("#") and r.match("$SYS/+") == ["$SYS/x"]
+    r.set("a/b", None)
+    assert sorted(r.match("#")) == ["a", "a/b/c", "b/b"] and r.count == 4
