@@ -45,10 +45,10 @@ def build_config(args) -> config_mod.Config:
             config_mod._apply(cfg.mqtt, {name: value}, "mqtt.")
         elif section == "broker":
             config_mod._apply(cfg, {name: value}, "broker.")
-        elif section in ("sink", "history"):
+        elif section in ("sink", "history", "metrics"):
             getattr(cfg, section)[name] = value
         else:
-            raise ValueError(f"--set {item!r}: unknown section {section!r} (mqtt, broker, sink, history)")
+            raise ValueError(f"--set {item!r}: unknown section {section!r} (mqtt, broker, sink, history, metrics)")
     for name in ("host", "port", "data_dir", "log_level", "log_format"):
         v = getattr(args, name)
         if v is not None:

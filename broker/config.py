@@ -28,6 +28,7 @@ class MQTTConfig:
     max_topic_levels: int = 128
     publish_will_on_shutdown: bool = False
     connect_timeout: float = 10.0        # seconds to receive CONNECT after the TCP connection
+    max_connections: int = 0             # 0: unlimited
 
 
 @dataclass
@@ -38,6 +39,8 @@ class Config:
     log_level: str = "INFO"
     log_format: str = "text"
     mqtt: MQTTConfig = field(default_factory=MQTTConfig)
+    listeners: list = field(default_factory=list)  # [[listeners]]: extra TLS / WebSocket listeners
+    metrics: dict = field(default_factory=dict)   # [metrics]: Prometheus /metrics, /health, $SYS
     sink: dict = field(default_factory=dict)      # [sink]: see config/broker.toml
     history: dict = field(default_factory=dict)   # [history]: the Spark job
     extra: dict = field(default_factory=dict)     # other tables, kept for optional components
@@ -74,6 +77,8 @@ def load(path: str | None = None, env: dict | None = None) -> Config:
         _apply(cfg, broker, "broker.")
         if "mqtt" in data:
             _apply(cfg.mqtt, data.pop("mqtt"), "mqtt.")
+        cfg.listeners = data.pop("listeners", [])
+        cfg.metrics = data.pop("metrics", {})
         cfg.sink = data.pop("sink", {})
         cfg.history = data.pop("history", {})
         cfg.extra = data

@@ -1,5 +1,5 @@
-"""asyncio glue: listeners, one Protocol per socket feeding a sans-I/O Connection,
-one write per connection per event-loop turn, timers, signals and shutdown."""
+"""asyncio glue: listeners (TCP, TLS, WebSocket), one Protocol per socket feeding a
+sans-I/O Connection, one write per connection per event-loop turn, timers, signals."""
 from __future__ import annotations
 
 import asyncio
@@ -10,38 +10,57 @@ import socket
 from .config import Config
 from .core.broker import Broker
 from .core.connection import Connection
+from .transport import tls
 
 log = logging.getLogger("broker.server")
 
+WRITE_HIGH_WATER = 1 << 20  # bytes buffered for a client before QoS 0 is dropped / QoS 1-2 queued
+
 
 class MQTTProtocol(asyncio.Protocol):
-    __slots__ = ("server", "conn", "transport")
+    __slots__ = ("server", "conn", "listener")
 
-    def __init__(self, server: "Server"):
+    def __init__(self, server: "Server", listener: dict):
         self.server = server
+        self.listener = listener
         self.conn: Connection | None = None
-        self.transport = None
 
     def connection_made(self, transport) -> None:
-        self.transport = transport
+        server = self.server
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             try:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             except OSError:
                 pass
+        transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)
         peer = transport.get_extra_info("peername")
-        self.conn = Connection(self.server.broker, f"{peer[0]}:{peer[1]}" if peer else "?")
-        self.conn.transport = transport
+        conn = self.conn = Connection(server.broker, f"{peer[0]}:{peer[1]}" if peer else "?")
+        conn.transport = transport
+        max_conn = server.config.mqtt.max_connections
+        if max_conn and len(server.broker.connections) > max_conn:
+            log.warning("refusing %s: max_connections (%d) reached", conn.peer, max_conn)
+            conn.finish(publish_will=False)
+            transport.close()
+            return
+        if self.listener.get("use_identity_as_username"):
+            conn.identity = tls.peer_identity(transport.get_extra_info("ssl_object"))
 
     def data_received(self, data: bytes) -> None:
         conn = self.conn
+        self.server.bytes_in += len(data)
         conn.data_received(data)
         if conn.held_acks:
             self.server.hold_acks(conn)
 
     def eof_received(self):
         return False
+
+    def pause_writing(self) -> None:
+        self.conn.paused = True
+
+    def resume_writing(self) -> None:
+        self.conn.resume_writing()
 
     def connection_lost(self, exc) -> None:
         if self.conn is not None:
@@ -57,9 +76,13 @@ class Server:
         self.broker.schedule_flush = self._schedule_flush
         self.loop: asyncio.AbstractEventLoop | None = None
         self.servers: list = []
+        self.ports: dict[str, int] = {}
+        self.tls_contexts: list = []
+        self.bytes_in = 0
+        self.bytes_out = 0
         self._flush_scheduled = False
         self._ticker = None
-        self.stopped = None
+        self.sys = None
 
     # ------------------------------------------------------------ output
     def _schedule_flush(self) -> None:
@@ -72,15 +95,19 @@ class Server:
         self._flush_scheduled = False
         dirty = self.broker.dirty
         self.broker.dirty = []
+        n = 0
         for conn in dirty:
             out = conn.take_output()
             t = conn.transport
             if t is None:
                 continue
             if out:
-                t.write(out[0] if len(out) == 1 else b"".join(out))
+                data = out[0] if len(out) == 1 else b"".join(out)
+                n += len(data)
+                t.write(data)
             if conn.close_requested:
                 t.close()
+        self.bytes_out += n
 
     def hold_acks(self, conn: Connection) -> None:
         """PUBACK/PUBREC wait until the sink says the messages are on disk."""
@@ -93,24 +120,73 @@ class Server:
             fut.add_done_callback(lambda f: conn.release_acks(acks))
 
     # ------------------------------------------------------------ lifecycle
+    def listener_specs(self) -> list[dict]:
+        cfg = self.config
+        specs = [{"type": "tcp", "host": cfg.host, "port": cfg.port, "name": "mqtt"}]
+        for i, spec in enumerate(cfg.listeners):
+            spec = dict(spec)
+            spec.setdefault("type", "tcp")
+            spec.setdefault("host", cfg.host)
+            spec.setdefault("name", f"{spec['type']}{i}")
+            if spec["type"] not in ("tcp", "tls", "ws", "wss"):
+                raise ValueError(f"listener {spec['name']}: type must be tcp, tls, ws or wss")
+            if "port" not in spec:
+                raise ValueError(f"listener {spec['name']}: port is required")
+            specs.append(spec)
+        return specs
+
     async def start(self) -> None:
         self.loop = asyncio.get_running_loop()
-        self.stopped = self.loop.create_future()
-        cfg = self.config
-        srv = await self.loop.create_server(lambda: MQTTProtocol(self), cfg.host, cfg.port,
-                                            reuse_address=True, backlog=4096)
-        self.servers.append(srv)
-        for s in srv.sockets:
-            log.info("listening for MQTT on %s:%s", *s.getsockname()[:2])
+        for spec in self.listener_specs():
+            kind = spec["type"]
+            ctx = None
+            if kind in ("tls", "wss"):
+                ctx = tls.make_context(spec)
+                self.tls_contexts.append((ctx, spec))
+            if kind in ("ws", "wss"):
+                from .transport.websocket import start_listener
+                srv = await start_listener(self, spec, ctx)
+            else:
+                srv = await self.loop.create_server(
+                    lambda spec=spec: MQTTProtocol(self, spec), spec["host"], spec["port"],
+                    reuse_address=True, backlog=4096, ssl=ctx)
+            self.servers.append(srv)
+            port = list(srv.sockets)[0].getsockname()[1]
+            self.ports[spec["name"]] = port
+            log.info("listening for MQTT (%s) on %s:%s%s", kind, spec["host"], port,
+                     spec.get("path", "/mqtt") if kind in ("ws", "wss") else "")
+        m = self.config.metrics
+        if m.get("enabled", False):
+            from .observability.metrics import start_http
+            srv = await start_http(self, m.get("host", "127.0.0.1"), int(m.get("port", 9100)))
+            self.servers.append(srv)
+            self.ports["metrics"] = srv.sockets[0].getsockname()[1]
+        if m.get("sys_interval", 10):
+            from .observability.sys_topics import SysPublisher
+            self.sys = SysPublisher(self, float(m.get("sys_interval", 10)))
         self._ticker = self.loop.call_later(1.0, self._tick)
 
     @property
     def port(self) -> int:
-        return self.servers[0].sockets[0].getsockname()[1]
+        return self.ports["mqtt"]
+
+    def reload_tls(self) -> None:
+        """SIGHUP: reload certificates; open connections keep theirs."""
+        for ctx, spec in self.tls_contexts:
+            try:
+                tls.load(ctx, spec)
+                log.info("reloaded TLS certificate %s", spec.get("certfile"))
+            except ValueError as exc:
+                log.error("%s (keeping the previous certificate)", exc)
 
     def _tick(self) -> None:
         try:
             self.broker.tick()
+            if self.sys is not None:
+                now = self.loop.time()
+                if now - self.sys.last >= self.sys.interval:
+                    self.sys.last = now
+                    self.sys.publish()
         except Exception:  # never let a timer bug stop the broker
             log.exception("timer tick failed")
         self._ticker = self.loop.call_later(1.0, self._tick)
@@ -123,11 +199,7 @@ class Server:
             self._ticker.cancel()
         self.broker.shutdown()
         self.flush()
-        for srv in self.servers:
-            await srv.wait_closed() if False else None
         await asyncio.sleep(0.05)
-        if not self.stopped.done():
-            self.stopped.set_result(None)
 
 
 def install_uvloop() -> bool:
@@ -146,5 +218,6 @@ async def serve(config: Config, sink=None, auth=None) -> None:
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    loop.add_signal_handler(signal.SIGHUP, server.reload_tls)
     await stop.wait()
     await server.stop()

@@ -49,9 +49,11 @@ class Broker:
         self.dirty: list = []            # connections with bytes to write
         self.schedule_flush = None       # set by the server: called when dirty becomes non-empty
         self.delayed_wills: dict[str, Session] = {}
-        self.stats = {"messages_received": 0, "messages_sent": 0, "publish_dropped": 0,
+        self.stats = {"publish_dropped": 0,
                       "dropped_queue_full": 0, "dropped_expired": 0, "dropped_too_large": 0,
                       "sink_refused": 0, "connections_total": 0}
+        self.received_by_qos = [0, 0, 0]
+        self.sent_by_qos = [0, 0, 0]
         self._id_counter = 0
 
     # ------------------------------------------------------------ sessions
@@ -72,7 +74,7 @@ class Broker:
             old.expires_at = None
             return old, True
         s = Session(client_id, self.cfg.max_queued_messages, self.cfg.queue_qos0_messages,
-                    self.stats)
+                    self.stats, self.sent_by_qos)
         self.sessions[client_id] = s
         return s, False
 

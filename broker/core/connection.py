@@ -52,6 +52,8 @@ class Connection:
         self.clean_disconnect = False
         self.connect_seen = False
         self.transport = None      # set by the server glue
+        self.paused = False        # the transport's write buffer is full (backpressure)
+        self.identity: str | None = None  # verified TLS client certificate name, if used
         broker.connections.add(self)
         broker.stats["connections_total"] += 1
 
@@ -75,6 +77,12 @@ class Connection:
         for a in acks:
             self.write(a)
         self.pending_acks -= len(acks)
+
+    def resume_writing(self) -> None:
+        """The transport drained: send what waited in the session's queue."""
+        self.paused = False
+        if self.session is not None and self.session.link is self:
+            self.session.pump(self.broker.clock())
 
     def outbound_alias(self, topic: str) -> tuple[int, bool]:
         """(alias, whether the topic must be sent) for a PUBLISH towards this client."""
@@ -165,7 +173,11 @@ class Connection:
         if PR.AUTHENTICATION_METHOD in props:
             return self.refuse(rc.BAD_AUTHENTICATION_METHOD,
                                "enhanced authentication is not configured on this broker")
-        code = b.auth.authenticate(client_id, c.username, c.password)
+        if self.identity is not None:
+            c.username = self.identity  # TLS client certificate authenticates (listener option)
+            code = 0
+        else:
+            code = b.auth.authenticate(client_id, c.username, c.password)
         if code:
             return self.refuse(code, "not authorized" if code == rc.NOT_AUTHORIZED
                                else "bad user name or password")
@@ -287,7 +299,7 @@ class Connection:
             if qos == 1 and pid in session.inflight_in:
                 self.ack(qos, pid, rc.PACKET_IDENTIFIER_IN_USE)
                 return
-        b.stats["messages_received"] += 1
+        b.received_by_qos[qos] += 1
         if (props is not None and props.get(PR.PAYLOAD_FORMAT_INDICATOR) == 1
                 and cfg.validate_payload_format):
             try:
@@ -301,6 +313,10 @@ class Connection:
             b.stats["publish_dropped"] += 1
             return self.ack(qos, pid, rc.NOT_AUTHORIZED) if qos else None
         msg = Message(topic, p.payload, qos, p.retain, props, expires_at, self.client_id, b.wall())
+        if p.raw is not None and props is p.properties and p.raw[0] & 0x08 == 0:
+            # QoS 0 as received, nothing altered: subscribers on the same form get these bytes
+            msg.forms[(True, 0, p.retain, None, None, 0, True) if self.level == 5
+                      else (False, 0, p.retain)] = (p.raw, -1)
         if b.sink is not None and not b.to_sink(msg, self.client_id, self.username, self.level):
             b.stats["publish_dropped"] += 1
             return self.ack(qos, pid, rc.QUOTA_EXCEEDED) if qos else None

@@ -34,10 +34,10 @@ class Subscription:
 class Session:
     __slots__ = ("client_id", "subscriptions", "inflight_out", "queue", "inflight_in",
                  "expiry_interval", "expires_at", "will", "will_at", "link", "next_pid",
-                 "max_queued", "queue_qos0", "stats", "username", "link_level")
+                 "max_queued", "queue_qos0", "stats", "username", "link_level", "sent")
 
     def __init__(self, client_id: str, max_queued: int = 1000, queue_qos0: bool = False,
-                 stats: dict | None = None):
+                 stats: dict | None = None, sent: list | None = None):
         self.client_id = client_id
         self.username: str | None = None
         self.link_level = 5  # protocol level of the last connection (for the sink record)
@@ -55,6 +55,7 @@ class Session:
         self.max_queued = max_queued
         self.queue_qos0 = queue_qos0
         self.stats = stats if stats is not None else {}
+        self.sent = sent if sent is not None else [0, 0, 0]  # PUBLISH sent, by QoS
 
     # ------------------------------------------------------------ outbound
     def deliver(self, msg, qos: int, retain: bool, sub_ids, now: float) -> None:
@@ -64,7 +65,13 @@ class Session:
             if qos or self.queue_qos0:
                 self._enqueue(msg, qos, retain, sub_ids)
             return
-        if qos == 0:
+        if link.paused:
+            # the client reads slower than we write: QoS 0 is dropped, QoS 1/2 waits (bounded)
+            if qos:
+                self._enqueue(msg, qos, retain, sub_ids)
+            else:
+                self.stats["dropped_slow_consumer"] = self.stats.get("dropped_slow_consumer", 0) + 1
+        elif qos == 0:
             self._send(msg, 0, retain, sub_ids, now)
         elif self.queue or len(self.inflight_out) >= link.receive_max:
             # [MQTT-3.3.4-7]: never more unacknowledged QoS>0 PUBLISHes than the client's Receive Maximum
@@ -100,6 +107,8 @@ class Session:
         if len(data) > link.max_packet_size:
             # [MQTT-3.1.2-25]: too large for this client; discard as if sent
             self.stats["dropped_too_large"] = self.stats.get("dropped_too_large", 0) + 1
+            if alias and send_topic:  # the alias was never sent: undo it [MQTT-3.3.2-11], 3.3.4
+                link.out_aliases.pop(msg.topic, None)
             return False
         if qos:
             pid = self._alloc_pid()
@@ -109,6 +118,7 @@ class Session:
             b[off + 1] = pid & 0xFF
             data = b
         link.write(data)
+        self.sent[qos] += 1
         return True
 
     def pump(self, now: float) -> None:
@@ -118,7 +128,7 @@ class Session:
             return
         queue = self.queue
         limit = link.receive_max
-        while queue:
+        while queue and not link.paused:
             msg, qos, retain, sub_ids = queue[0]
             if qos and len(self.inflight_out) >= limit:
                 break

@@ -81,7 +81,7 @@ class Decoder:
                     break
                 first = buf[pos]
                 if first >> 4 == P.PUBLISH:
-                    out.append(decode_publish(first, buf[pos + hdr:end], level))
+                    out.append(decode_publish(buf, pos, pos + hdr, end, level))
                 else:
                     pkt = decode_packet(first, buf[pos + hdr:end], level)
                     if pkt.type == P.CONNECT:
@@ -95,41 +95,45 @@ class Decoder:
         return out, None
 
 
-def decode_publish(first: int, body: bytes, level: int) -> P.Publish:
-    """PUBLISH (3.3): the hot path, so decoded inline."""
+def decode_publish(buf: bytes, start: int, body: int, end: int, level: int) -> P.Publish:
+    """PUBLISH (3.3) occupying buf[start:end], variable header at `body`: the hot path,
+    so it indexes the read buffer directly instead of slicing the packet out first."""
+    first = buf[start]
     qos = (first >> 1) & 3
     if qos == 3:  # [MQTT-3.3.1-4]
         raise MalformedPacket("PUBLISH with QoS 3")
-    dup = bool(first & 8)
+    dup = first & 8
     if dup and qos == 0:  # [MQTT-3.3.1-2]
         raise MalformedPacket("PUBLISH with DUP=1 and QoS 0")
-    if len(body) < 2:
+    if end - body < 2:
         raise MalformedPacket("PUBLISH too short for its topic")
-    tlen = (body[0] << 8) | body[1]
-    pos = 2 + tlen
-    if pos > len(body):
+    pos = body + 2 + ((buf[body] << 8) | buf[body + 1])
+    if pos > end:
         raise MalformedPacket("topic runs past the end of the PUBLISH")
     try:
-        topic = str(body[2:pos], "utf-8")  # [MQTT-3.3.2-1]
+        topic = str(buf[body + 2:pos], "utf-8")  # [MQTT-3.3.2-1]
     except UnicodeDecodeError:
         raise MalformedPacket("topic name is not well-formed UTF-8") from None
     if "\x00" in topic:
         raise MalformedPacket("topic name contains U+0000")
     packet_id = None
     if qos:
-        if pos + 2 > len(body):
+        if pos + 2 > end:
             raise MalformedPacket("PUBLISH too short for its packet identifier")
-        packet_id = (body[pos] << 8) | body[pos + 1]
+        packet_id = (buf[pos] << 8) | buf[pos + 1]
         if packet_id == 0:  # [MQTT-2.2.1-3]
             raise MalformedPacket("packet identifier 0")
         pos += 2
     props = None
     if level == P.MQTT_5:
-        if pos < len(body) and body[pos] == 0:
+        if pos < end and buf[pos] == 0:
             pos += 1
         else:
-            props, pos = decode_properties(body, pos, "PUBLISH")
-    return P.Publish(topic, bytes(body[pos:]), qos, bool(first & 1), dup, packet_id, props)
+            rest = buf[pos:end]
+            props, used = decode_properties(rest, 0, "PUBLISH")
+            pos += used
+    return P.Publish(topic, buf[pos:end], qos, bool(first & 1), bool(dup), packet_id, props,
+                     None if qos else buf[start:end])
 
 
 def _packet_id(body, pos: int) -> tuple[int, int]:

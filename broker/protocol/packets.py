@@ -46,11 +46,14 @@ class Connack:
 
 class Publish:
     """PUBLISH. `topic` is a str; empty when only a Topic Alias names it."""
-    __slots__ = ("topic", "payload", "qos", "retain", "dup", "packet_id", "properties")
+    __slots__ = ("topic", "payload", "qos", "retain", "dup", "packet_id", "properties", "raw")
     type = PUBLISH
+    _fields = ("topic", "payload", "qos", "retain", "dup", "packet_id", "properties")
 
     def __init__(self, topic: str, payload: bytes = b"", qos: int = 0, retain: bool = False,
-                 dup: bool = False, packet_id: int | None = None, properties: dict | None = None):
+                 dup: bool = False, packet_id: int | None = None, properties: dict | None = None,
+                 raw: bytes | None = None):
+        self.raw = raw  # the packet as received (QoS 0 only): forwarded as is when the form matches
         self.topic = topic
         self.payload = payload
         self.qos = qos
@@ -61,10 +64,10 @@ class Publish:
 
     def __eq__(self, other):
         return isinstance(other, Publish) and all(
-            getattr(self, k) == getattr(other, k) for k in self.__slots__)
+            getattr(self, k) == getattr(other, k) for k in self._fields)
 
     def __repr__(self):
-        return ("Publish(" + ", ".join(f"{k}={getattr(self, k)!r}" for k in self.__slots__) + ")")
+        return ("Publish(" + ", ".join(f"{k}={getattr(self, k)!r}" for k in self._fields) + ")")
 
 
 @dataclass(slots=True)

@@ -1,0 +1,103 @@
+"""Prometheus metrics and /health over a small asyncio HTTP endpoint.
+
+Counters are read from the core at scrape time (a custom collector), so the hot path
+pays only for plain integer increments.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+log = logging.getLogger("broker.metrics")
+
+
+class BrokerCollector:
+    def __init__(self, server):
+        self.server = server
+
+    def collect(self):
+        b = self.server.broker
+        st = b.stats
+        yield GaugeMetricFamily("mqtt_connections", "Open client connections", value=len(b.connections))
+        yield GaugeMetricFamily("mqtt_sessions", "Sessions (connected and offline)", value=len(b.sessions))
+        yield GaugeMetricFamily("mqtt_subscriptions", "Subscriptions", value=b.router.count)
+        yield GaugeMetricFamily("mqtt_retained_messages", "Retained messages", value=b.retained.count)
+        queued = sum(len(s.queue) for s in b.sessions.values())
+        inflight = sum(len(s.inflight_out) for s in b.sessions.values())
+        yield GaugeMetricFamily("mqtt_queued_messages", "Messages queued for sessions", value=queued)
+        yield GaugeMetricFamily("mqtt_inflight_messages", "Unacknowledged outbound QoS 1/2", value=inflight)
+        c = CounterMetricFamily("mqtt_messages_received", "PUBLISH received from clients", labels=["qos"])
+        for q in range(3):
+            c.add_metric([str(q)], b.received_by_qos[q])
+        yield c
+        c = CounterMetricFamily("mqtt_messages_sent", "PUBLISH sent to clients", labels=["qos"])
+        for q in range(3):
+            c.add_metric([str(q)], b.sent_by_qos[q])
+        yield c
+        yield CounterMetricFamily("mqtt_bytes_received", "Bytes received", value=self.server.bytes_in)
+        yield CounterMetricFamily("mqtt_bytes_sent", "Bytes sent", value=self.server.bytes_out)
+        yield CounterMetricFamily("mqtt_connections_accepted", "Connections accepted",
+                                  value=st["connections_total"])
+        d = CounterMetricFamily("mqtt_messages_dropped", "Messages dropped", labels=["reason"])
+        for reason in ("queue_full", "expired", "too_large", "sink_refused", "not_authorized",
+                       "slow_consumer"):
+            key = reason if reason in ("sink_refused",) else f"dropped_{reason}"
+            d.add_metric([reason], st.get(key, 0))
+        yield d
+        sink = self.server.sink
+        if sink is not None:
+            try:
+                stats = sink.stats()
+            except Exception:  # a metrics scrape must never fail because of the sink
+                stats = {}
+            for k, v in stats.items():
+                if isinstance(v, bool):
+                    v = int(v)
+                if isinstance(v, (int, float)):
+                    yield GaugeMetricFamily(f"mqtt_sink_{k}", f"Kafka sink: {k}", value=v)
+
+
+async def start_http(server, host: str, port: int):
+    """Serve GET /metrics (Prometheus text format) and GET /health (JSON)."""
+    registry = CollectorRegistry()
+    registry.register(BrokerCollector(server))
+    started = time.time()
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+        try:
+            line = await asyncio.wait_for(reader.readline(), 5)
+            while (await asyncio.wait_for(reader.readline(), 5)) not in (b"\r\n", b"\n", b""):
+                pass
+            parts = line.decode("latin-1").split()
+            path = parts[1].split("?")[0] if len(parts) > 1 else "/"
+            if path == "/metrics":
+                body, ctype, status = generate_latest(registry), "text/plain; version=0.0.4", "200 OK"
+            elif path in ("/health", "/healthz"):
+                b = server.broker
+                info = {"status": "ok", "uptime_seconds": round(time.time() - started, 1),
+                        "connections": len(b.connections), "sessions": len(b.sessions)}
+                if server.sink is not None:
+                    try:
+                        info["sink"] = {k: v for k, v in server.sink.stats().items()
+                                        if isinstance(v, (int, float, bool, str))}
+                    except Exception as exc:
+                        info["sink"] = {"error": str(exc)}
+                body, ctype, status = json.dumps(info).encode(), "application/json", "200 OK"
+            else:
+                body, ctype, status = b"try /metrics or /health\n", "text/plain", "404 Not Found"
+            writer.write(f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}"
+                         f"\r\nConnection: close\r\n\r\n".encode() + body)
+            await writer.drain()
+        except (asyncio.TimeoutError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    srv = await asyncio.start_server(handle, host, port)
+    log.info("metrics on http://%s:%s/metrics, health on /health", host, srv.sockets[0].getsockname()[1])
+    return srv

@@ -1,0 +1,1 @@
+"""Listeners: plain TCP (in server.py), TLS contexts, MQTT over WebSockets."""

@@ -1,0 +1,45 @@
+"""TLS server contexts, reloadable in place (SIGHUP) without dropping connections."""
+from __future__ import annotations
+
+import logging
+import ssl
+
+log = logging.getLogger("broker.tls")
+
+
+def make_context(listener: dict) -> ssl.SSLContext:
+    certfile = listener.get("certfile")
+    keyfile = listener.get("keyfile")
+    if not certfile:
+        raise ValueError(f"TLS listener on port {listener.get('port')} needs certfile (and keyfile)")
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    load(ctx, listener)
+    return ctx
+
+
+def load(ctx: ssl.SSLContext, listener: dict) -> None:
+    """(Re)load certificates into ctx; new handshakes use them, open connections are untouched."""
+    try:
+        ctx.load_cert_chain(listener["certfile"], listener.get("keyfile"))
+        cafile = listener.get("cafile")
+        if cafile:
+            ctx.load_verify_locations(cafile)
+        ctx.verify_mode = (ssl.CERT_REQUIRED if listener.get("require_client_cert")
+                           else ssl.CERT_OPTIONAL if cafile else ssl.CERT_NONE)
+    except (OSError, ssl.SSLError) as exc:
+        raise ValueError(f"cannot load TLS certificate {listener.get('certfile')}: {exc}") from None
+
+
+def peer_identity(ssl_object) -> str | None:
+    """The common name of a verified client certificate, if any."""
+    if ssl_object is None:
+        return None
+    cert = ssl_object.getpeercert()
+    if not cert:
+        return None
+    for rdn in cert.get("subject", ()):
+        for key, value in rdn:
+            if key == "commonName":
+                return value
+    return None
