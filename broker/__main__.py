@@ -45,10 +45,10 @@ def build_config(args) -> config_mod.Config:
             config_mod._apply(cfg.mqtt, {name: value}, "mqtt.")
         elif section == "broker":
             config_mod._apply(cfg, {name: value}, "broker.")
-        elif section in ("sink", "history", "metrics"):
+        elif section in ("sink", "history", "metrics", "persistence"):
             getattr(cfg, section)[name] = value
         else:
-            raise ValueError(f"--set {item!r}: unknown section {section!r} (mqtt, broker, sink, history, metrics)")
+            raise ValueError(f"--set {item!r}: unknown section {section!r} (mqtt, broker, sink, history, metrics, persistence)")
     for name in ("host", "port", "data_dir", "log_level", "log_format"):
         v = getattr(args, name)
         if v is not None:
@@ -92,10 +92,16 @@ def main(argv=None) -> int:
         from sink.service import Sink
         sink = Sink.from_config(cfg.sink, cfg.data_dir)
         sink.start()
+    store = None
+    if cfg.persistence.get("enabled", True):
+        import os
+        from .store.sqlite import Store
+        path = cfg.persistence.get("path") or os.path.join(cfg.data_dir, "state.db")
+        store = Store(path, synchronous=str(cfg.persistence.get("synchronous", "NORMAL")).upper())
     uv = install_uvloop()
     log.info("starting broker (event loop: %s)", "uvloop" if uv else "asyncio")
     try:
-        asyncio.run(serve(cfg, sink=sink))
+        asyncio.run(serve(cfg, sink=sink, store=store))
     except OSError as exc:
         log.error("cannot listen on %s:%s: %s (is another broker running? use --port)",
                   cfg.host, cfg.port, exc)

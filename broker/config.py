@@ -41,6 +41,7 @@ class Config:
     mqtt: MQTTConfig = field(default_factory=MQTTConfig)
     listeners: list = field(default_factory=list)  # [[listeners]]: extra TLS / WebSocket listeners
     metrics: dict = field(default_factory=dict)   # [metrics]: Prometheus /metrics, /health, $SYS
+    persistence: dict = field(default_factory=dict)  # [persistence]: sessions/retained in SQLite
     sink: dict = field(default_factory=dict)      # [sink]: see config/broker.toml
     history: dict = field(default_factory=dict)   # [history]: the Spark job
     extra: dict = field(default_factory=dict)     # other tables, kept for optional components
@@ -79,6 +80,7 @@ def load(path: str | None = None, env: dict | None = None) -> Config:
             _apply(cfg.mqtt, data.pop("mqtt"), "mqtt.")
         cfg.listeners = data.pop("listeners", [])
         cfg.metrics = data.pop("metrics", {})
+        cfg.persistence = data.pop("persistence", {})
         cfg.sink = data.pop("sink", {})
         cfg.history = data.pop("history", {})
         cfg.extra = data

@@ -69,10 +69,11 @@ class MQTTProtocol(asyncio.Protocol):
 
 
 class Server:
-    def __init__(self, config: Config, sink=None, auth=None):
+    def __init__(self, config: Config, sink=None, auth=None, store=None):
         self.config = config
         self.sink = sink
-        self.broker = Broker(config.mqtt, sink=sink, auth=auth)
+        self.store = store
+        self.broker = Broker(config.mqtt, sink=sink, auth=auth, store=store)
         self.broker.schedule_flush = self._schedule_flush
         self.loop: asyncio.AbstractEventLoop | None = None
         self.servers: list = []
@@ -82,6 +83,7 @@ class Server:
         self.bytes_out = 0
         self._flush_scheduled = False
         self._ticker = None
+        self._gc = 0
         self.sys = None
 
     # ------------------------------------------------------------ output
@@ -93,6 +95,9 @@ class Server:
     def flush(self) -> None:
         """Write what every dirty connection accumulated this turn, in one call each."""
         self._flush_scheduled = False
+        store = self.store
+        if store is not None and store.ops:
+            store.commit()  # state changes reach the store before the acknowledgements go out
         dirty = self.broker.dirty
         self.broker.dirty = []
         n = 0
@@ -137,6 +142,8 @@ class Server:
 
     async def start(self) -> None:
         self.loop = asyncio.get_running_loop()
+        if self.store is not None:
+            self.store.load(self.broker)
         for spec in self.listener_specs():
             kind = spec["type"]
             ctx = None
@@ -182,6 +189,11 @@ class Server:
     def _tick(self) -> None:
         try:
             self.broker.tick()
+            if self.store is not None:
+                self.store.commit()
+                self._gc += 1
+                if self._gc % 60 == 0:
+                    self.store.collect_garbage()
             if self.sys is not None:
                 now = self.loop.time()
                 if now - self.sys.last >= self.sys.interval:
@@ -199,6 +211,8 @@ class Server:
             self._ticker.cancel()
         self.broker.shutdown()
         self.flush()
+        if self.store is not None:
+            self.store.close()
         await asyncio.sleep(0.05)
 
 
@@ -211,8 +225,8 @@ def install_uvloop() -> bool:
     return True
 
 
-async def serve(config: Config, sink=None, auth=None) -> None:
-    server = Server(config, sink=sink, auth=auth)
+async def serve(config: Config, sink=None, auth=None, store=None) -> None:
+    server = Server(config, sink=sink, auth=auth, store=store)
     await server.start()
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()

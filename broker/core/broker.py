@@ -34,8 +34,9 @@ class AllowAll:
 
 class Broker:
     def __init__(self, mqtt: MQTTConfig | None = None, sink=None, auth=None,
-                 clock=time.monotonic, wall=time.time):
+                 clock=time.monotonic, wall=time.time, store=None):
         self.cfg = mqtt or MQTTConfig()
+        self.store = store               # persistent state (broker/store/sqlite.py), or None
         self.sink = sink                 # object with submit(record) -> bool, or None
         # hold PUBACK/PUBREC until the sink's barrier says the message is on disk
         self.sink_durable = bool(sink is not None and getattr(sink, "durable", False))
@@ -85,6 +86,8 @@ class Broker:
         for sub in session.subscriptions.values():
             self.router.remove(sub)
         session.subscriptions.clear()
+        if session.store is not None:
+            session.store.delete_session(session.client_id)
         if self.delayed_wills.pop(session.client_id, None) is session and session.will:
             self.publish_will(session)  # [MQTT-3.1.3-9]: will delay elapsed or session ended
 
@@ -103,8 +106,13 @@ class Broker:
             session.will = None
         if session.expiry_interval == 0:
             self.end_session(session)
-        elif session.expiry_interval != NEVER:
+            return
+        if session.expiry_interval != NEVER:
             session.expires_at = now + session.expiry_interval
+        if session.store is not None:
+            session.store.save_session(session)
+            if self.schedule_flush is not None:
+                self.schedule_flush()  # commit soon even though nothing is written
 
     def publish_will(self, session: Session) -> None:
         will = session.will
@@ -112,6 +120,8 @@ class Broker:
         session.will_at = None
         if will is None:
             return
+        if session.store is not None and self.sessions.get(session.client_id) is session:
+            session.store.save_session(session)  # the will is gone from the stored session too
         props = dict(will.properties) if will.properties else None
         expires_at = None
         if props:
@@ -137,6 +147,8 @@ class Broker:
         if not self.cfg.retain_available:
             return
         self.retained.set(msg.topic, msg if msg.payload else None)
+        if self.store is not None:
+            self.store.retain_set(msg.topic, msg if msg.payload else None)
 
     def route(self, msg: Message, sender) -> int:
         """Deliver to every matching subscription; returns how many sessions got it."""

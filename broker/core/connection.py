@@ -218,6 +218,10 @@ class Connection:
         session.username = c.username
         session.link_level = self.level
         session.will = c.will
+        if b.store is not None and expiry and session.store is None:
+            session.store = b.store  # outlives the connection: keep it on disk
+        if session.store is not None:
+            session.store.save_session(session)
         self.session = session
         self.state = _CONNECTED
 
@@ -326,6 +330,8 @@ class Connection:
         if qos:
             if qos == 2:
                 session.inflight_in.add(pid)
+                if session.store is not None:
+                    session.store.qos2_add(session.client_id, pid)
             self.ack(qos, pid, rc.SUCCESS if n else rc.NO_MATCHING_SUBSCRIBERS)
 
     def ack(self, qos: int, pid: int, code: int) -> None:
@@ -368,6 +374,8 @@ class Connection:
         try:
             self.session.inflight_in.remove(pkt.packet_id)
             code = rc.SUCCESS
+            if self.session.store is not None:
+                self.session.store.qos2_remove(self.session.client_id, pkt.packet_id)
         except KeyError:
             code = rc.PACKET_IDENTIFIER_NOT_FOUND  # 0x92
         self.write(encode_ack(P.PUBCOMP, pkt.packet_id, code, None, self.level))
@@ -425,6 +433,8 @@ class Connection:
             b.router.remove(session.subscriptions[filt])
         session.subscriptions[filt] = sub
         b.router.add(sub)
+        if session.store is not None:
+            session.store.save_subscription(session.client_id, sub)
         # Retain Handling: 0 send, 1 send if new, 2 don't; never for shared [MQTT-3.8.4-4..5]
         if group is None and (o.retain_handling == 0 or (o.retain_handling == 1 and not existed)):
             sid = (sub_id,) if sub_id else None
@@ -442,6 +452,8 @@ class Connection:
             else:
                 self.broker.router.remove(sub)
                 codes.append(rc.SUCCESS)
+                if session.store is not None:
+                    session.store.delete_subscription(session.client_id, filt)
         self.write(encode(P.Unsuback(u.packet_id, codes), self.level))
 
     # ------------------------------------------------------------ DISCONNECT / errors

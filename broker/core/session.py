@@ -34,7 +34,8 @@ class Subscription:
 class Session:
     __slots__ = ("client_id", "subscriptions", "inflight_out", "queue", "inflight_in",
                  "expiry_interval", "expires_at", "will", "will_at", "link", "next_pid",
-                 "max_queued", "queue_qos0", "stats", "username", "link_level", "sent")
+                 "max_queued", "queue_qos0", "stats", "username", "link_level", "sent",
+                 "store")
 
     def __init__(self, client_id: str, max_queued: int = 1000, queue_qos0: bool = False,
                  stats: dict | None = None, sent: list | None = None):
@@ -56,6 +57,7 @@ class Session:
         self.queue_qos0 = queue_qos0
         self.stats = stats if stats is not None else {}
         self.sent = sent if sent is not None else [0, 0, 0]  # PUBLISH sent, by QoS
+        self.store = None  # the persistent store while this session outlives its connection
 
     # ------------------------------------------------------------ outbound
     def deliver(self, msg, qos: int, retain: bool, sub_ids, now: float) -> None:
@@ -84,7 +86,8 @@ class Session:
             # Overflow policy: the newest message is dropped (as Mosquitto does), counted.
             self.stats["dropped_queue_full"] = self.stats.get("dropped_queue_full", 0) + 1
             return
-        self.queue.append((msg, qos, retain, sub_ids))
+        seq = self.store.enqueue(self.client_id, msg, qos, retain, sub_ids) if self.store else None
+        self.queue.append((msg, qos, retain, sub_ids, seq))
 
     def _alloc_pid(self) -> int:
         pid = self.next_pid
@@ -94,13 +97,16 @@ class Session:
         self.next_pid = pid + 1 if pid < 65535 else 1
         return pid
 
-    def _send(self, msg, qos: int, retain: bool, sub_ids, now: float) -> bool:
+    def _send(self, msg, qos: int, retain: bool, sub_ids, now: float, seq=None) -> bool:
+        """Send one PUBLISH; `seq` is its row in the store when it came from the queue."""
         link = self.link
         expiry = None
         if msg.expires_at is not None:
             expiry = msg.remaining_expiry(now)
             if expiry == 0:  # [MQTT-3.3.2-5]: expired before onward delivery started
                 self.stats["dropped_expired"] = self.stats.get("dropped_expired", 0) + 1
+                if seq is not None:
+                    self.store.remove(seq)
                 return False
         alias, send_topic = link.outbound_alias(msg.topic) if link.alias_max else (0, True)
         data, off = msg.encoded(link.level, qos, retain, sub_ids, expiry, alias, send_topic)
@@ -109,14 +115,24 @@ class Session:
             self.stats["dropped_too_large"] = self.stats.get("dropped_too_large", 0) + 1
             if alias and send_topic:  # the alias was never sent: undo it [MQTT-3.3.2-11], 3.3.4
                 link.out_aliases.pop(msg.topic, None)
+            if seq is not None:
+                self.store.remove(seq)
             return False
         if qos:
             pid = self._alloc_pid()
-            self.inflight_out[pid] = [msg, qos, retain, sub_ids, False]
+            store = self.store
+            if store is not None:
+                if seq is None:
+                    seq = store.enqueue(self.client_id, msg, qos, retain, sub_ids, pid)
+                else:
+                    store.set_pid(seq, pid)
+            self.inflight_out[pid] = [msg, qos, retain, sub_ids, False, seq]
             b = bytearray(data)
             b[off] = pid >> 8
             b[off + 1] = pid & 0xFF
             data = b
+        elif seq is not None:
+            self.store.remove(seq)  # a queued QoS 0 message, now sent
         link.write(data)
         self.sent[qos] += 1
         return True
@@ -129,11 +145,11 @@ class Session:
         queue = self.queue
         limit = link.receive_max
         while queue and not link.paused:
-            msg, qos, retain, sub_ids = queue[0]
+            msg, qos, retain, sub_ids, seq = queue[0]
             if qos and len(self.inflight_out) >= limit:
                 break
             queue.popleft()
-            self._send(msg, qos, retain, sub_ids, now)
+            self._send(msg, qos, retain, sub_ids, now, seq)
 
     def resume(self, now: float) -> None:
         """On reconnection: resend unacknowledged PUBLISH (DUP=1) and PUBREL, then the queue.
@@ -143,7 +159,7 @@ class Session:
         link = self.link
         link.outbound_aliases_reset()
         for pid, entry in list(self.inflight_out.items()):
-            msg, qos, retain, sub_ids, released = entry
+            msg, qos, retain, sub_ids, released, seq = entry
             if released:
                 link.write(encode_ack(P.PUBREL, pid, 0, None, link.level))
                 continue
@@ -158,8 +174,11 @@ class Session:
 
     def acked(self, pid: int, now: float) -> bool:
         """PUBACK or PUBCOMP for an outbound message: free its slot."""
-        if self.inflight_out.pop(pid, None) is None:
+        entry = self.inflight_out.pop(pid, None)
+        if entry is None:
             return False
+        if entry[5] is not None:
+            self.store.remove(entry[5])
         if self.queue:
             self.pump(now)
         return True
@@ -172,9 +191,13 @@ class Session:
             return 0x92
         if reason_code >= 0x80:
             del self.inflight_out[pid]
+            if entry[5] is not None:
+                self.store.remove(entry[5])
             self.pump(now)
             return None
         entry[4] = True
+        if entry[5] is not None:
+            self.store.set_released(entry[5])
         return 0
 
     def purge_expired(self, now: float) -> int:
@@ -182,7 +205,12 @@ class Session:
         q = self.queue
         if not q:
             return 0
-        keep = deque(e for e in q if e[0].expires_at is None or e[0].expires_at > now)
+        keep = deque()
+        for e in q:
+            if e[0].expires_at is None or e[0].expires_at > now:
+                keep.append(e)
+            elif e[4] is not None:
+                self.store.remove(e[4])
         dropped = len(q) - len(keep)
         if dropped:
             self.queue = keep

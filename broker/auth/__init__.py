@@ -1,0 +1,173 @@
+"""Authentication (password file) and authorization (ACL file) for the broker.
+
+Configured by the ``[auth]`` table of the TOML config (see config/broker.toml)::
+
+    [auth]
+    password_file = "/etc/broker/passwd"   # python -m broker.auth passwd FILE add USER
+    acl_file = "/etc/broker/acl"           # python -m broker.auth check-acl FILE
+    allow_anonymous = false                # default: false with a password file, else true
+
+``from_config(cfg.extra.get("auth", {}))`` returns an ``AccessControl`` for the broker core (or
+None when nothing is configured: everyone may do everything, as before).
+
+CONNECT outcome (MQTT 5 reason code / MQTT 3.1.1 return code):
+
+* no user name, allow_anonymous = true          -> accepted
+* no user name, allow_anonymous = false         -> 0x87 Not authorized / 5 (as mosquitto)
+* user name, password file, password right      -> accepted
+* user name, password file, wrong/no password,
+  or user not in the file                       -> 0x86 Bad User Name or Password / 4
+* user name, no password file (anonymous allowed) -> accepted; the user name is NOT verified,
+  so ``user`` sections of the ACL trust whatever name the client claims.
+
+Topic access: see broker/auth/acl.py. Without an ACL file every connected client may publish
+and subscribe to everything.
+
+Both files are re-read when they change (checked at most every ``reload_interval`` seconds)
+and by ``AccessControl.reload()`` (e.g. on SIGHUP). A reload that finds an invalid file keeps
+the previous contents and logs every problem as FILE:LINE: what is wrong; at startup the same
+problems stop the broker.
+"""
+from __future__ import annotations
+
+import logging
+import time
+
+from .acl import ACL, AuthFileError, covers, file_signature, overlaps
+from .passwords import PasswordFile, hash_password, verify_password
+
+__all__ = ["AccessControl", "from_config", "ACL", "AuthFileError", "PasswordFile",
+           "hash_password", "verify_password", "covers", "overlaps",
+           "BAD_USER_NAME_OR_PASSWORD", "NOT_AUTHORIZED"]
+
+log = logging.getLogger("broker.auth")
+
+BAD_USER_NAME_OR_PASSWORD = 0x86
+NOT_AUTHORIZED = 0x87
+
+KEYS = {
+    "allow_anonymous": "true/false: clients without a user name may connect",
+    "password_file": "path of the password file",
+    "acl_file": "path of the ACL file",
+    "cache_seconds": "seconds a password check result is remembered (0 = off)",
+    "reload_interval": "seconds between checks whether the files changed",
+    "decision_cache_size": "ACL decisions remembered per (client, user, topic) (0 = off)",
+}
+
+
+class AccessControl:
+    """The broker core's access-control object: authenticate / allow_publish / allow_subscribe."""
+
+    def __init__(self, password_file: str | None = None, acl_file: str | None = None,
+                 allow_anonymous: bool | None = None, cache_seconds: float = 120.0,
+                 reload_interval: float = 2.0, decision_cache_size: int = 100_000,
+                 clock=time.monotonic):
+        if allow_anonymous is None:
+            allow_anonymous = not password_file
+        if not allow_anonymous and not password_file:
+            raise ValueError("auth.allow_anonymous = false needs auth.password_file "
+                             "(otherwise no client could connect)")
+        self.allow_anonymous = allow_anonymous
+        self.clock = clock
+        self.reload_interval = reload_interval
+        self.passwords = PasswordFile(password_file, reload_interval, cache_seconds, clock=clock) \
+            if password_file else None
+        self.acl_file = acl_file or None
+        self.acl: ACL | None = ACL.load(acl_file) if acl_file else None   # errors stop the broker
+        self._acl_sig = file_signature(acl_file) if acl_file else None
+        self._acl_checked = clock()
+        self.decision_cache_size = decision_cache_size
+        self._pub_cache: dict = {}
+        self._sub_cache: dict = {}
+
+    # ---------------------------------------------------------------- reload
+    def reload(self) -> None:
+        """Re-read both files now (SIGHUP). Invalid files keep the previous contents."""
+        if self.passwords is not None:
+            self.passwords.reload()
+        if self.acl_file:
+            self._reload_acl()
+
+    def _reload_acl(self) -> None:
+        sig = file_signature(self.acl_file)
+        self._acl_sig = sig
+        try:
+            acl = ACL.load(self.acl_file)
+        except AuthFileError as exc:
+            log.error("ACL file not reloaded, keeping the previous rules:\n%s", exc)
+            return
+        self.acl = acl
+        self._pub_cache = {}
+        self._sub_cache = {}
+        log.info("ACL file %s loaded: %s", self.acl_file, acl.summary())
+
+    def _maybe_reload_acl(self) -> None:
+        now = self.clock()
+        if now - self._acl_checked >= self.reload_interval:
+            self._acl_checked = now
+            if file_signature(self.acl_file) != self._acl_sig:
+                self._reload_acl()
+
+    # ---------------------------------------------------------------- the core's interface
+    def authenticate(self, client_id: str, username: str | None, password: bytes | None) -> int:
+        if username is None:
+            return 0 if self.allow_anonymous else NOT_AUTHORIZED
+        if self.passwords is None:
+            return 0            # anonymous allowed and nothing to check the name against
+        if password is not None and not isinstance(password, bytes):
+            password = bytes(password)
+        return 0 if self.passwords.check(username, password) else BAD_USER_NAME_OR_PASSWORD
+
+    def allow_publish(self, client_id: str, username: str | None, topic: str) -> bool:
+        if self.acl is None:
+            return True
+        self._maybe_reload_acl()
+        return self._decide(self._pub_cache, self.acl.can_write, client_id, username, topic)
+
+    def allow_subscribe(self, client_id: str, username: str | None, topic_filter: str) -> bool:
+        if self.acl is None:
+            return True
+        self._maybe_reload_acl()
+        return self._decide(self._sub_cache, self.acl.can_subscribe, client_id, username,
+                            topic_filter)
+
+    def _decide(self, cache: dict, fn, client_id, username, topic) -> bool:
+        if not self.decision_cache_size:
+            return fn(client_id, username, topic)
+        key = (client_id, username, topic)
+        r = cache.get(key)
+        if r is None:
+            r = fn(client_id, username, topic)
+            if len(cache) >= self.decision_cache_size:
+                cache.clear()
+            cache[key] = r
+        return r
+
+
+def from_config(table: dict | None) -> AccessControl | None:
+    """AccessControl from the [auth] table; None when it configures nothing (allow all).
+
+    Raises ValueError (AuthFileError) with a message for the person running the broker.
+    """
+    table = dict(table or {})
+    unknown = sorted(set(table) - set(KEYS))
+    if unknown:
+        raise ValueError(f"unknown setting auth.{unknown[0]} (known: {', '.join(KEYS)})")
+    for key in ("password_file", "acl_file"):
+        if key in table and not isinstance(table[key], str):
+            raise ValueError(f"setting auth.{key} must be a file path string, not {table[key]!r}")
+    allow = table.get("allow_anonymous")
+    if allow is not None and not isinstance(allow, bool):
+        raise ValueError(f"setting auth.allow_anonymous must be true or false, not {allow!r}")
+    kw = {}
+    for key in ("cache_seconds", "reload_interval", "decision_cache_size"):
+        if key in table:
+            v = table[key]
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
+                raise ValueError(f"setting auth.{key} must be a number >= 0, not {v!r}")
+            kw[key] = int(v) if key == "decision_cache_size" else float(v)
+    pw = table.get("password_file") or None
+    acl = table.get("acl_file") or None
+    if pw is None and acl is None and allow in (None, True):
+        return None
+    return AccessControl(password_file=pw, acl_file=acl, allow_anonymous=allow, **kw)

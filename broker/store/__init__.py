@@ -1,0 +1,1 @@
+"""Persistent state: sessions, subscriptions, queued/in-flight messages, retained messages."""
