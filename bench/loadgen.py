@@ -71,7 +71,8 @@ def props() -> bytes:
 
 
 def connect_packet(client_id: str, keepalive: int = 0) -> bytes:
-    vh = mqtt_str("MQTT") + bytes([MQTT_VERSION, 0x02]) + struct.pack(">H", keepalive) + props()
+    vh = (mqtt_str("MQTT") + bytes([MQTT_VERSION, 0x02])
+          + struct.pack(">H", keepalive) + props())
     return packet(0x10, vh + mqtt_str(client_id))
 
 
@@ -123,9 +124,11 @@ class Client(asyncio.Protocol):
 
     def connection_lost(self, exc):
         if not self.connack.done():
-            self.connack.set_exception(ConnectionError(f"{self.client_id}: connection lost before CONNACK: {exc}"))
+            self.connack.set_exception(
+                ConnectionError(f"{self.client_id}: connection lost before CONNACK: {exc}"))
         if self.suback is not None and not self.suback.done():
-            self.suback.set_exception(ConnectionError(f"{self.client_id}: connection lost before SUBACK"))
+            self.suback.set_exception(
+                ConnectionError(f"{self.client_id}: connection lost before SUBACK"))
         if not self.closed.done():
             self.closed.set_result(exc)
 
@@ -203,7 +206,8 @@ class Client(asyncio.Protocol):
         if self.transport is None or self.transport.is_closing():
             return
         try:
-            self.transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, n)
+            sock = self.transport.get_extra_info("socket")
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, n)
         except (OSError, AttributeError):
             pass
 
@@ -339,17 +343,21 @@ class LagCap:
         self.parked = []  # (publisher, pid)
         self.parks = 0
         self.kicks = 0
+        self.baseline = 0  # messages considered stranded by the broker
 
-    async def stall_breaker(self, stall=0.002):
-        """Some brokers (mosquitto 2.0.11 with QoS 2) only move queued
-        messages to in-flight when new traffic arrives; if nothing has been
-        delivered for `stall` s while ids are parked, release them anyway."""
+    async def stall_breaker(self, stall=0.02):
+        """If nothing has been delivered for `stall` s while ids are parked,
+        the broker is sitting on messages it will not deliver without new
+        traffic (mosquitto 2.0.11 strands queued QoS 2 messages this way):
+        treat the current lag as stranded, rebase the cap on it and go on.
+        Stranded messages show up as delivered_total < acked_total."""
         last = -1
         while True:
             await asyncio.sleep(stall)
             rec = sum(s.received for s in self.subs)
             if self.parked and rec == last:
                 self.kicks += 1
+                self.baseline = self.lag()
                 self.unpark(force=True)
             last = rec
 
@@ -357,7 +365,7 @@ class LagCap:
         return sum(p.sent for p in self.pubs) * self.n_sub - sum(s.received for s in self.subs)
 
     def over(self):
-        return self.max_lag > 0 and self.lag() >= self.max_lag
+        return self.max_lag > 0 and self.lag() - self.baseline >= self.max_lag
 
     def unpark(self, force=False):
         if not self.parked or (self.over() and not force):
@@ -446,8 +454,25 @@ class LatencyPublisher(Client):
 
 
 class Meter:
+    broker_core = None
+
     def __init__(self, broker_pid):
         self.broker_pid = broker_pid
+
+    @classmethod
+    def core_busy(cls):
+        """Busy time (s) of the broker's core, all processes together."""
+        if cls.broker_core is None:
+            return None
+        try:
+            with open("/proc/stat") as f:
+                for line in f:
+                    if line.startswith(f"cpu{cls.broker_core} "):
+                        v = [int(x) for x in line.split()[1:]]
+                        return (v[0] + v[1] + v[2] + v[5] + v[6]) / os.sysconf("SC_CLK_TCK")
+        except (OSError, ValueError, IndexError):
+            pass
+        return None
 
     def broker_cpu(self):
         if not self.broker_pid:
@@ -472,7 +497,7 @@ class Meter:
 
     def snap(self):
         ru = resource.getrusage(resource.RUSAGE_SELF)
-        return time.perf_counter(), ru.ru_utime + ru.ru_stime, self.broker_cpu(), ru.ru_utime, self.steal()
+        return time.perf_counter(), ru.ru_utime + ru.ru_stime, self.broker_cpu(), ru.ru_utime, self.steal(), self.core_busy()
 
     @staticmethod
     def util(a, b):
@@ -481,6 +506,10 @@ class Meter:
                "steal": (b[4] - a[4]) / wall}
         if a[2] is not None and b[2] is not None:
             out["broker_cpu"] = (b[2] - a[2]) / wall
+            if a[5] is not None and b[5] is not None:
+                # whatever else ran on the broker's core (other processes,
+                # interrupts/softirq of loopback traffic): noisy-neighbour hint
+                out["broker_core_other"] = max(0.0, (b[5] - a[5]) / wall - out["broker_cpu"])
         return out
 
 
@@ -568,7 +597,9 @@ async def run_throughput(a, loop, qos, n_pub, n_sub, sub_topic, pub_topic_fmt):
     def sent():
         return sum(p.sent for p in pubs)
 
-    breaker = asyncio.ensure_future(cap.stall_breaker()) if cap is not None and a.max_lag > 0 else None
+    breaker = None
+    if cap is not None and a.max_lag > 0:
+        breaker = asyncio.ensure_future(cap.stall_breaker())
     for p in pubs:
         p.start()
     await asyncio.sleep(a.warmup)
@@ -586,17 +617,21 @@ async def run_throughput(a, loop, qos, n_pub, n_sub, sub_topic, pub_topic_fmt):
     for s in subs:
         s.set_lowat(1)
     res = Meter.util(m0, m1)
+    res["subs_disconnected"] = sum(1 for s in subs if s.closed.done())
+    res["pubs_disconnected"] = sum(1 for p in pubs if p.closed.done())
     # drain: QoS1/2 wait for the publishers' windows to be acknowledged and
     # for the subscribers to get everything that was acknowledged.
     if qos:
         deadline = time.perf_counter() + a.drain
         while time.perf_counter() < deadline and any(p.inflight > 0 for p in pubs):
             await asyncio.sleep(0.02)
-        complete = await settle(received, target=sum(p.done for p in pubs) * n_sub, timeout=a.drain)
+        complete = await settle(received, target=sum(p.done for p in pubs) * n_sub,
+                                timeout=a.drain)
     else:
         # QoS 0: publishers are not flow controlled by acks, so a backlog in
         # socket buffers / broker queues may still be draining; do not wait long.
-        complete = await settle(received, target=sent() * n_sub, timeout=min(a.drain, 1.0), quiet=0.3)
+        complete = await settle(received, target=sent() * n_sub,
+                                timeout=min(a.drain, 1.0), quiet=0.3)
     total_sent = sent()
     total_recv = received()
     res.update({
@@ -623,9 +658,11 @@ async def run_throughput(a, loop, qos, n_pub, n_sub, sub_topic, pub_topic_fmt):
 async def run_latency(a, loop):
     meter = Meter(a.broker_pid)
     topic = f"bench/{os.getpid() % 100000:05d}/lat"
-    sub = await connect(loop, lambda: Subscriber(f"blsub-{os.getpid()}", latency=True), a.host, a.port)
+    sub = await connect(loop, lambda: Subscriber(f"blsub-{os.getpid()}", latency=True),
+                        a.host, a.port)
     await sub.subscribe(topic, 0)
-    pub = await connect(loop, lambda: LatencyPublisher(f"blpub-{os.getpid()}", topic), a.host, a.port)
+    pub = await connect(loop, lambda: LatencyPublisher(f"blpub-{os.getpid()}", topic),
+                        a.host, a.port)
     await asyncio.sleep(0.05)
     rate = a.rate
     tick = a.tick
@@ -680,8 +717,10 @@ async def run_latency(a, loop):
 async def run_conns(a, loop):
     t0 = time.perf_counter()
     clients = await gather_limited(
-        [connect(loop, lambda i=i: Client(f"bidle{i}-{os.getpid()}"), a.host, a.port, timeout=120)
-         for i in range(a.conns)], limit=a.conn_concurrency)
+        [connect(loop, lambda i=i: Client(f"bidle{i}-{os.getpid()}"), a.host, a.port,
+                 timeout=120)
+         for i in range(a.conns)],
+        limit=a.conn_concurrency)
     t_conn = time.perf_counter() - t0
     print(f"READY {len(clients)}", flush=True)
     # wait for the orchestrator to measure RSS
@@ -737,8 +776,10 @@ def main(argv=None):
     p.add_argument("--conns", type=int, default=5000)
     p.add_argument("--conn-concurrency", type=int, default=100)
     p.add_argument("--broker-pid", type=int, default=0)
+    p.add_argument("--broker-core", type=int, default=None)
     a = p.parse_args(argv)
     MQTT_VERSION = a.mqtt
+    Meter.broker_core = a.broker_core
     try:
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))

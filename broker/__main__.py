@@ -47,8 +47,10 @@ def build_config(args) -> config_mod.Config:
             config_mod._apply(cfg, {name: value}, "broker.")
         elif section in ("sink", "history", "metrics", "persistence"):
             getattr(cfg, section)[name] = value
+        elif section == "auth":
+            cfg.extra.setdefault("auth", {})[name] = value
         else:
-            raise ValueError(f"--set {item!r}: unknown section {section!r} (mqtt, broker, sink, history, metrics, persistence)")
+            raise ValueError(f"--set {item!r}: unknown section {section!r} (mqtt, broker, sink, history, metrics, persistence, auth)")
     for name in ("host", "port", "data_dir", "log_level", "log_format"):
         v = getattr(args, name)
         if v is not None:
@@ -83,6 +85,8 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     try:
         cfg = build_config(args)
+        from .auth import from_config as auth_from_config
+        auth = auth_from_config(cfg.extra.get("auth"))
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -101,7 +105,7 @@ def main(argv=None) -> int:
     uv = install_uvloop()
     log.info("starting broker (event loop: %s)", "uvloop" if uv else "asyncio")
     try:
-        asyncio.run(serve(cfg, sink=sink, store=store))
+        asyncio.run(serve(cfg, sink=sink, store=store, auth=auth))
     except OSError as exc:
         log.error("cannot listen on %s:%s: %s (is another broker running? use --port)",
                   cfg.host, cfg.port, exc)

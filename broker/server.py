@@ -14,6 +14,7 @@ from .transport import tls
 
 log = logging.getLogger("broker.server")
 
+LARGE_READ = 16384         # a read this big is flushed at once instead of at the end of the turn
 WRITE_HIGH_WATER = 1 << 20  # bytes buffered for a client before QoS 0 is dropped / QoS 1-2 queued
 
 
@@ -52,6 +53,11 @@ class MQTTProtocol(asyncio.Protocol):
         conn.data_received(data)
         if conn.held_acks:
             self.server.hold_acks(conn)
+        if len(data) >= LARGE_READ:
+            # The loop may hand us many large reads from one socket in a row (libuv reads
+            # up to 32 x 64 KiB per wake-up): write out now so output never piles up for a
+            # whole turn, which bounds memory and latency under fan-out.
+            self.server.flush()
 
     def eof_received(self):
         return False
@@ -178,13 +184,16 @@ class Server:
         return self.ports["mqtt"]
 
     def reload_tls(self) -> None:
-        """SIGHUP: reload certificates; open connections keep theirs."""
+        """SIGHUP: reload certificates (open connections keep theirs) and auth files."""
         for ctx, spec in self.tls_contexts:
             try:
                 tls.load(ctx, spec)
                 log.info("reloaded TLS certificate %s", spec.get("certfile"))
             except ValueError as exc:
                 log.error("%s (keeping the previous certificate)", exc)
+        reload_auth = getattr(self.broker.auth, "reload", None)
+        if reload_auth is not None:
+            reload_auth()
 
     def _tick(self) -> None:
         try:

@@ -78,7 +78,13 @@ def ack(c: RawClient, pub: P.Publish) -> None:
         c.send(P.Ack(P.PUBACK, pub.packet_id))
     elif pub.qos == 2:
         c.send(P.Ack(P.PUBREC, pub.packet_id))
-        rel = c.recv_type(P.PUBREL)
+        other = []  # packets that arrive before the PUBREL stay queued, in order
+        while True:
+            rel = c.recv()
+            if rel.type == P.PUBREL:
+                break
+            other.append(rel)
+        c.pending[:0] = other
         assert rel.packet_id == pub.packet_id
         c.send(P.Ack(P.PUBCOMP, pub.packet_id))
 
@@ -89,15 +95,28 @@ def publish_ok(c: RawClient, topic: str, payload: bytes = b"x", qos: int = 0, pi
     c.publish(topic, payload, qos=qos, pid=pid, **kw)
     if qos == 0:
         return None
-    a = c.recv_type(P.PUBACK if qos == 1 else P.PUBREC)
+    a = recv_skipping(c, P.PUBACK if qos == 1 else P.PUBREC)
     assert a.packet_id == pid
     if expect_code is not None:
         assert a.reason_code == expect_code, f"reason 0x{a.reason_code:02X}, expected 0x{expect_code:02X}"
     if qos == 2:
         c.send(P.Ack(P.PUBREL, pid))
-        comp = c.recv_type(P.PUBCOMP)
+        comp = recv_skipping(c, P.PUBCOMP)
         assert comp.packet_id == pid and comp.reason_code == 0
     return a
+
+
+def recv_skipping(c: RawClient, ptype: int):
+    """The next packet of `ptype`; PUBLISHes arriving first (the client's own subscription)
+    stay queued in order for later reads."""
+    other = []
+    while True:
+        pkt = c.recv()
+        if pkt.type == ptype:
+            c.pending[:0] = other
+            return pkt
+        assert pkt.type == P.PUBLISH, f"expected {P.TYPE_NAMES[ptype]}, got {pkt!r}"
+        other.append(pkt)
 
 
 def recv_publish(c: RawClient, timeout: float = 5.0) -> P.Publish:

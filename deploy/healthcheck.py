@@ -1,0 +1,40 @@
+"""Container health check: the broker answers an MQTT CONNECT with a CONNACK.
+
+Any CONNACK counts, including "not authorized" when anonymous clients are refused: it proves
+the listener accepts connections and the event loop is serving. Exit 0 = healthy, 1 = not.
+
+    python deploy/healthcheck.py [HOST] [PORT]      (default 127.0.0.1 1883, or $MQTT_BROKER_PORT)
+"""
+import os
+import socket
+import sys
+
+
+def main() -> int:
+    host = sys.argv[1] if len(sys.argv) > 1 else "127.0.0.1"
+    port = int(sys.argv[2] if len(sys.argv) > 2 else os.environ.get("MQTT_BROKER_PORT", 1883))
+    cid = f"healthcheck-{os.getpid()}".encode()
+    # MQTT 3.1.1 CONNECT: protocol "MQTT" level 4, clean session, keep alive 10 s
+    var = b"\x00\x04MQTT\x04\x02\x00\x0a" + len(cid).to_bytes(2, "big") + cid
+    packet = bytes([0x10, len(var)]) + var
+    try:
+        with socket.create_connection((host, port), timeout=4) as s:
+            s.sendall(packet)
+            ack = b""
+            while len(ack) < 4:
+                chunk = s.recv(4 - len(ack))
+                if not chunk:
+                    break
+                ack += chunk
+            if len(ack) == 4 and ack[0] == 0x20 and ack[1] == 2:
+                if ack[3] == 0:
+                    s.sendall(b"\xe0\x00")          # DISCONNECT
+                return 0
+            print(f"unexpected answer {ack!r}", file=sys.stderr)
+    except OSError as exc:
+        print(f"cannot reach the broker at {host}:{port}: {exc}", file=sys.stderr)
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

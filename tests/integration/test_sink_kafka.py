@@ -1,0 +1,344 @@
+"""Sink -> real Kafka (Tansu via EmbeddedKafka): record contract, outage + restart, crash recovery."""
+from __future__ import annotations
+
+import asyncio
+import collections
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from kafka import KafkaConsumer, TopicPartition
+
+from sink.kafka_embedded import EmbeddedKafka, free_port
+from sink.record import SinkRecord, from_kafka, to_kafka
+from sink.service import Sink
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def kafka(tmp_path):
+    k = EmbeddedKafka(log_file=str(tmp_path / "tansu.log")).start()
+    yield k
+    k.stop()
+
+
+def consume(bootstrap: str, topic: str, n: int, timeout: float = 30.0, ids=None) -> list:
+    """Every record of `topic` (manual assignment of all partitions, from the beginning) until at
+    least n arrived (or, with ids, every message id in ids arrived) or timeout. Per partition in
+    offset order."""
+    c = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, consumer_timeout_ms=500)
+    try:
+        deadline = time.monotonic() + timeout
+        parts = None
+        while time.monotonic() < deadline:
+            c.topics()                       # refresh metadata
+            parts = c.partitions_for_topic(topic)
+            if parts:
+                break
+            time.sleep(0.2)
+        assert parts, f"topic {topic} never appeared"
+        tps = [TopicPartition(topic, p) for p in sorted(parts)]
+        c.assign(tps)
+        c.seek_to_beginning()
+        out = []
+        want = set(ids) if ids is not None else None
+        while time.monotonic() < deadline:
+            if want is None and len(out) >= n or want is not None and not want:
+                break
+            for _, recs in c.poll(300).items():
+                out.extend(recs)
+                if want is not None:
+                    want.difference_update(mid(r) for r in recs)
+        # a little longer, to catch extra (unexpected) records
+        end = time.monotonic() + 0.5
+        while time.monotonic() < end:
+            for _, recs in c.poll(100).items():
+                out.extend(recs)
+        return out
+    finally:
+        c.close()
+
+
+def rec(topic: str, i: int, qos: int = 1, **kw) -> SinkRecord:
+    return SinkRecord(topic=topic, payload=i.to_bytes(4, "big"), qos=qos, retain=False, client_id="c1",
+                      username=None, protocol=5, accepted_at_ms=int(time.time() * 1000), **kw)
+
+
+def mid(r) -> str:
+    return dict(r.headers)["mqtt.message_id"].decode()
+
+
+def wait_for(cond, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def assert_per_topic_order(records, expected: dict[str, list[str]]):
+    """Every expected id arrived, nothing unexpected, and per MQTT topic the last occurrence of each
+    message id is in submit order (a replay may re-send earlier records: duplicates, never gaps)."""
+    seen = collections.defaultdict(list)
+    for r in records:
+        seen[r.key.decode()].append(mid(r))
+    assert set(seen) == set(expected), (len(records),)
+    for topic, ids in expected.items():
+        got = seen[topic]
+        assert set(got) == set(ids), (topic, len(set(ids) - set(got)), "missing")
+        last = {m: i for i, m in enumerate(got)}
+        assert sorted(ids, key=last.__getitem__) == ids, f"order broken for {topic}"
+
+
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("mode", ["process", "thread", "none"])
+def test_headers_and_payload_round_trip(kafka, tmp_path, mode):
+    cfg = {"bootstrap_servers": kafka.bootstrap, "forwarder": "thread" if mode == "none" else mode,
+           "durability": "none" if mode == "none" else "spool", "stats_interval": 1}
+    s = Sink.from_config(cfg, str(tmp_path))
+    s.start()
+    sent = []
+    try:
+        async def go():
+            for i in range(60):
+                r = SinkRecord(
+                    topic=f"dev/{i % 4}/ü", payload=bytes((i + j) % 256 for j in range(i * 37 % 700)),
+                    qos=i % 3, retain=bool(i % 2), client_id=f"client-{i % 5}",
+                    username=None if i % 3 == 0 else f"user{i}", protocol=(3, 4, 5)[i % 3],
+                    accepted_at_ms=1_700_000_000_000 + i,
+                    payload_format=(i % 2) if i % 4 == 0 else None,
+                    content_type="application/octet-stream" if i % 5 == 0 else None,
+                    response_topic="reply/x" if i % 6 == 0 else None,
+                    correlation_data=bytes([0, 255, i]) if i % 7 == 0 else None,
+                    message_expiry=i * 10 if i % 8 == 0 else None,
+                    user_properties=[(f"p{j % 3}", f"v{j}-ä") for j in range(i % 12)] + [("p0", "v0-ä")] or None)
+                assert s.submit(r)
+                assert r.message_id
+                sent.append(r)
+            f = s.barrier()
+            if f is not None:
+                await f
+        asyncio.run(go())
+        got = consume(kafka.bootstrap, "mqtt.messages", len(sent))
+    finally:
+        s.close()
+    assert len(got) == len(sent)
+    by_id = {mid(r): r for r in got}
+    for r in sent:
+        k = by_id[r.message_id]
+        key, value, headers, ts = to_kafka(r)
+        assert (k.key, k.value, k.timestamp) == (key, value, ts)
+        assert list(k.headers) == headers                  # names, values and order exactly
+        assert from_kafka(k.key, k.value, k.headers, k.timestamp) == r
+    assert len({r.message_id for r in sent}) == len(sent)
+
+
+@pytest.mark.timeout(60)
+def test_rules_and_exclude(kafka, tmp_path):
+    cfg = {"bootstrap_servers": kafka.bootstrap, "forwarder": "thread",
+           "rules": [{"filter": "sensors/+/temp", "topic": "mqtt.temps"}, {"filter": "sensors/#", "topic": "mqtt.sensors"}],
+           "exclude": ["debug/#", "$SYS/#"]}
+    s = Sink.from_config(cfg, str(tmp_path))
+    s.start()
+    try:
+        for t in ["sensors/a/temp", "sensors/a/hum", "sensors", "debug/x", "$SYS/broker/load", "other"]:
+            assert s.submit(rec(t, 1))
+        st = s.stats()
+        assert st["accepted"] == 4 and st["excluded"] == 2
+        assert [r.key for r in consume(kafka.bootstrap, "mqtt.temps", 1)] == [b"sensors/a/temp"]
+        assert sorted(r.key for r in consume(kafka.bootstrap, "mqtt.sensors", 2)) == [b"sensors", b"sensors/a/hum"]
+        assert [r.key for r in consume(kafka.bootstrap, "mqtt.messages", 1)] == [b"other"]
+    finally:
+        s.close()
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("mode", ["process", "thread"])
+def test_kafka_outage_and_empty_restart(kafka, tmp_path, mode, caplog):
+    """Kafka down for several seconds while QoS 1 records keep being acked; it comes back empty
+    (Tansu memory storage): every record arrives, per-topic order kept."""
+    caplog.set_level(logging.INFO)
+    s = Sink.from_config({"bootstrap_servers": kafka.bootstrap, "forwarder": mode, "stats_interval": 1},
+                         str(tmp_path))
+    s.start()
+    expected: dict[str, list[str]] = collections.defaultdict(list)
+    ack_times = []
+    topics = [f"site/{i}/m" for i in range(5)]
+
+    async def produce(seconds: float, start: int) -> int:
+        i = start
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            batch = []
+            for _ in range(20):
+                r = rec(topics[i % len(topics)], i)
+                assert s.submit(r)
+                batch.append(r)
+                i += 1
+            t0 = time.monotonic()
+            f = s.barrier()
+            if f is not None:
+                await f
+            ack_times.append(time.monotonic() - t0)
+            for r in batch:
+                expected[r.topic].append(r.message_id)
+            await asyncio.sleep(0.01)
+        return i
+
+    try:
+        n = asyncio.run(produce(1.5, 0))
+        wait_for(lambda: s.stats()["forwarded"] >= n, 20, "forwarding before the outage")
+        kafka.stop()
+        n = asyncio.run(produce(6.0, n))               # broker keeps acking from the spool
+        st = s.stats()
+        assert not st["kafka_up"], st
+        assert st["spool_messages"] > 0 and st["lag_seconds"] > 1, st
+        kafka.start()                                  # same port, empty
+        n = asyncio.run(produce(1.5, n))
+        wait_for(lambda: s.stats()["spool_messages"] == 0 and s.stats()["kafka_up"], 60, "drain after outage")
+        got = consume(kafka.bootstrap, "mqtt.messages", n, timeout=30,
+                      ids=[m for v in expected.values() for m in v])
+        st = s.stats()
+    finally:
+        s.close()
+    assert max(ack_times) < 1.0, max(ack_times)         # acks never waited for Kafka
+    assert sum(map(len, expected.values())) == n
+    assert_per_topic_order(got, expected)
+    assert st["replays"] >= 1, st                       # the empty restart was detected
+    if mode == "thread":                                # (process mode logs to its own stderr)
+        assert "unreachable" in caplog.text and "reachable again" in caplog.text
+
+
+DRIVER = textwrap.dedent("""
+    import asyncio, os, sys, time
+    sys.path.insert(0, {root!r})
+    from sink.record import SinkRecord
+    from sink.service import Sink
+    s = Sink.from_config({{"bootstrap_servers": {bootstrap!r}, "forwarder": "process"}}, {data!r})
+    s.start()
+    print("FWD", s._proc.pid, flush=True)
+    async def main():
+        i = 0
+        while True:
+            batch = []
+            for _ in range(10):
+                r = SinkRecord(topic=f"k/{{i % 3}}", payload=str(i).encode(), qos=1, retain=False,
+                               client_id="drv", username=None, protocol=5, accepted_at_ms=int(time.time() * 1000))
+                assert s.submit(r)
+                batch.append(r.message_id)
+                i += 1
+            f = s.barrier()
+            if f is not None:
+                await f
+            print("\\n".join("ACK " + m for m in batch), flush=True)
+            await asyncio.sleep(0.005)
+    asyncio.run(main())
+""")
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("kafka_down", [False, True])
+def test_sigkill_mid_stream_loses_no_acked_record(kafka, tmp_path, kafka_down):
+    """The broker process (and its forwarder) are SIGKILLed while records flow; a new Sink on the
+    same spool delivers every record whose barrier had resolved."""
+    script = tmp_path / "driver.py"
+    script.write_text(DRIVER.format(root=str(ROOT), bootstrap=kafka.bootstrap, data=str(tmp_path)))
+    p = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    acked: list[str] = []
+    fwd_pid = None
+    try:
+        t_end = None
+        for line in p.stdout:
+            line = line.decode().strip()
+            if line.startswith("FWD "):
+                fwd_pid = int(line.split()[1])
+            elif line.startswith("ACK "):
+                acked.append(line[4:])
+                if len(acked) == 1000 and kafka_down:
+                    kafka.stop()                       # the rest only reaches the spool
+                if len(acked) >= 2000 and t_end is None:
+                    t_end = time.monotonic()
+                if t_end is not None:
+                    break
+    finally:
+        os.kill(p.pid, signal.SIGKILL)
+        if fwd_pid:
+            try:
+                os.kill(fwd_pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        # read what the driver had printed before it died
+        rest = p.stdout.read().decode().split("\n")
+        acked += [ln[4:] for ln in rest if ln.startswith("ACK ")]
+        p.wait()
+    if kafka_down:
+        kafka.start()                                  # comes back empty
+    s = Sink.from_config({"bootstrap_servers": kafka.bootstrap, "forwarder": "process"}, str(tmp_path))
+    s.start()
+    try:
+        wait_for(lambda: s.stats()["spool_messages"] == 0 and s.stats()["kafka_up"], 60, "drain after restart")
+        got = consume(kafka.bootstrap, "mqtt.messages", len(acked), timeout=30, ids=acked)
+    finally:
+        s.close()
+    ids = {mid(r) for r in got}
+    missing = [m for m in acked if m not in ids]
+    assert not missing, f"{len(missing)} acknowledged records missing of {len(acked)}"
+
+
+@pytest.mark.timeout(90)
+def test_spool_full_refuses_then_recovers(tmp_path):
+    port = free_port()
+    k = EmbeddedKafka(port=port)
+    s = Sink.from_config({"bootstrap_servers": k.bootstrap, "forwarder": "thread", "spool_max_bytes": 20_000},
+                         str(tmp_path))
+    s.start()
+    try:
+        results = [s.submit(rec("full/x", i, payload_format=None)) for i in range(1000)]
+        assert results[0] and not results[-1]
+        accepted = sum(results)
+        st = s.stats()
+        assert st["dropped"] == 1000 - accepted and 0 < st["spool_bytes"] <= 20_000 + 200
+        k.start()
+        wait_for(lambda: s.stats()["spool_messages"] == 0, 60, "spool drained")
+        assert s.submit(rec("full/x", 5000))
+        got = consume(k.bootstrap, "mqtt.messages", accepted + 1, ids=None)
+        assert len({mid(r) for r in got}) == accepted + 1
+    finally:
+        s.close()
+        k.stop()
+
+
+@pytest.mark.timeout(90)
+def test_embedded_kafka_restart_between_runs_replays_window(tmp_path):
+    """Sink-managed embedded Kafka: the second run starts a fresh (empty) Tansu; the forwarder
+    detects it (topic id changed) and replays the window of already forwarded records."""
+    port = free_port()
+    cfg = {"embedded_port": port, "forwarder": "process"}
+    s = Sink.from_config(cfg, str(tmp_path))
+    s.start()
+    first = [rec("e/1", i) for i in range(50)]
+    for r in first:
+        s.submit(r)
+    wait_for(lambda: s.stats()["forwarded"] == 50, 30, "first run forwarded")
+    s.close()
+    s = Sink.from_config(cfg, str(tmp_path))
+    s.start()
+    try:
+        second = [rec("e/1", i) for i in range(50, 60)]
+        for r in second:
+            s.submit(r)
+        got = consume(s.bootstrap, "mqtt.messages", 60, ids=[r.message_id for r in first + second])
+        wait_for(lambda: s.stats()["replays"] >= 1, 10, "replay counted")
+    finally:
+        s.close()
+    assert_per_topic_order(got, {"e/1": [r.message_id for r in first + second]})

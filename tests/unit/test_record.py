@@ -1,0 +1,62 @@
+"""SinkRecord <-> Kafka record and spool entry encodings."""
+import pytest
+
+from sink.record import (SinkRecord, decode_entry, encode_entry, encode_record, entry_timestamp,
+                         from_kafka, to_kafka)
+
+
+def full_record(**kw):
+    base = dict(topic="sensors/ä/1", payload=bytes(range(256)) * 3, qos=2, retain=True, client_id="cli-1",
+                username="bob", protocol=5, accepted_at_ms=1_700_000_000_123, payload_format=1,
+                content_type="application/json", response_topic="resp/x", correlation_data=b"\x00\xffcorr",
+                message_expiry=3600,
+                user_properties=[("k", "v1"), ("k", "v2"), ("ünï", "çödé"), ("empty", ""), ("k", "v1")],
+                message_id="abc-1")
+    base.update(kw)
+    return SinkRecord(**base)
+
+
+def test_to_kafka_contract():
+    rec = full_record()
+    key, value, headers, ts = to_kafka(rec)
+    assert key == "sensors/ä/1".encode()
+    assert value == rec.payload
+    assert ts == rec.accepted_at_ms
+    assert headers == [
+        ("mqtt.message_id", b"abc-1"), ("mqtt.client_id", b"cli-1"), ("mqtt.username", b"bob"),
+        ("mqtt.qos", b"2"), ("mqtt.retain", b"1"), ("mqtt.protocol", b"5"),
+        ("mqtt.payload_format", b"1"), ("mqtt.content_type", b"application/json"),
+        ("mqtt.response_topic", b"resp/x"), ("mqtt.correlation_data", b"\x00\xffcorr"),
+        ("mqtt.message_expiry", b"3600"),
+        ("mqtt.user.k", b"v1"), ("mqtt.user.k", b"v2"), ("mqtt.user.ünï", "çödé".encode()),
+        ("mqtt.user.empty", b""), ("mqtt.user.k", b"v1")]
+
+
+def test_minimal_record_has_only_mandatory_headers():
+    rec = SinkRecord(topic="a", payload=b"", qos=0, retain=False, client_id="", username=None, protocol=4,
+                     accepted_at_ms=5, message_id="m")
+    key, value, headers, ts = to_kafka(rec)
+    assert [h[0] for h in headers] == ["mqtt.message_id", "mqtt.client_id", "mqtt.qos", "mqtt.retain",
+                                       "mqtt.protocol"]
+    assert from_kafka(key, value, headers, ts) == rec
+
+
+@pytest.mark.parametrize("rec", [
+    full_record(),
+    full_record(username=None, user_properties=None, correlation_data=b"", payload=b""),
+    full_record(protocol=3, qos=0, retain=False, payload_format=0, message_expiry=0),
+])
+def test_round_trip(rec):
+    assert from_kafka(*to_kafka(rec)) == rec
+
+
+def test_spool_entry_round_trip():
+    rec = full_record()
+    key, value, headers, ts = to_kafka(rec)
+    buf = encode_entry("mqtt.other", key, value, headers, ts)
+    assert decode_entry(buf) == ("mqtt.other", key, value, headers, ts)
+    assert entry_timestamp(buf) == ts
+    assert encode_record(rec, "mqtt.other") == buf
+    for cut in (1, 10, len(buf) - 1):
+        with pytest.raises(ValueError):
+            decode_entry(buf[:cut])
