@@ -63,8 +63,8 @@ class JobConfig:
     def checkpoint_dir(self) -> str:
         if self.checkpoint:
             return self.checkpoint
-        table = Path(self.table)
-        return str(table.parent / f"{table.name}_checkpoint")
+        # String based, so that hdfs://... and s3a://... tables work too.
+        return self.table.rstrip("/") + "_checkpoint"
 
     def kafka_options(self) -> dict[str, str]:
         """Options understood by both Spark's kafka source and sink.source (same names)."""
@@ -202,16 +202,29 @@ def _native_kafka_available(spark, cfg: JobConfig):
 
 def _python_kafka(spark, cfg: JobConfig):
     from sink.source import FORMAT_NAME, KafkaPythonSource
-    spark.dataSource.register(KafkaPythonSource)
+    if not getattr(spark, "_mqtt_kafka_registered", False):
+        spark.dataSource.register(KafkaPythonSource)
+        spark._mqtt_kafka_registered = True
     reader = spark.readStream.format(FORMAT_NAME)
     for k, v in cfg.kafka_options().items():
         reader = reader.option(k, v)
     return reader.load()
 
 
+def is_local_path(path: str) -> bool:
+    """A path on this machine (no URI scheme such as hdfs:// or s3a://)."""
+    return "://" not in path or path.startswith("file://")
+
+
+def _local(path: str) -> Path:
+    return Path(path[len("file://"):] if path.startswith("file://") else path)
+
+
 def _recorded_source(checkpoint: str) -> str | None:
+    if not is_local_path(checkpoint):
+        return None
     try:
-        return Path(checkpoint, SOURCE_MARKER).read_text().strip() or None
+        return (_local(checkpoint) / SOURCE_MARKER).read_text().strip() or None
     except OSError:
         return None
 
@@ -254,10 +267,10 @@ def start_query(spark, cfg: JobConfig):
     """Start the streaming query (file sink + checkpoint). Returns (query, source used)."""
     from sink.schema import PARTITION_COLUMN
     spark.conf.set("spark.sql.session.timeZone", "UTC")  # `date` is the UTC day
-    Path(cfg.table).mkdir(parents=True, exist_ok=True)
-    Path(cfg.checkpoint_dir).mkdir(parents=True, exist_ok=True)
     kafka_df, used = kafka_stream(spark, cfg)
-    Path(cfg.checkpoint_dir, SOURCE_MARKER).write_text(used + "\n")
+    if is_local_path(cfg.checkpoint_dir):  # remote (hdfs://, s3a://) dirs: Spark makes them
+        _local(cfg.checkpoint_dir).mkdir(parents=True, exist_ok=True)
+        (_local(cfg.checkpoint_dir) / SOURCE_MARKER).write_text(used + "\n")
     history = build_history_stream(kafka_df, cfg.dedup_window)
     writer = (history.writeStream
               .format("parquet")
@@ -396,6 +409,8 @@ def main(argv=None) -> int:
         return 2
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("kafka").setLevel(logging.WARNING)
+    logging.getLogger("py4j").setLevel(logging.WARNING)
     stop = threading.Event()
 
     def on_signal(signum, _frame):

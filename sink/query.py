@@ -34,12 +34,13 @@ class TableMissing(Exception):
 def load_table(spark, table: str = DEFAULT_TABLE):
     """The history table as a DataFrame (only batches the job has committed)."""
     from sink.schema import HISTORY_SCHEMA
-    path = Path(table)
-    if not (path / "_spark_metadata").is_dir() and not any(path.glob("date=*")):
+    path = Path(table[len("file://"):] if table.startswith("file://") else table)
+    local = "://" not in table or table.startswith("file://")
+    if local and not (path / "_spark_metadata").is_dir() and not any(path.glob("date=*")):
         raise TableMissing(
             f"no history table at {table}: run the job first (python -m sink.job --table "
             f"{table}), or point --table at the directory the job writes")
-    return spark.read.schema(HISTORY_SCHEMA).parquet(str(path))
+    return spark.read.schema(HISTORY_SCHEMA).parquet(table)
 
 
 def register_view(spark, table: str = DEFAULT_TABLE, view: str = VIEW):

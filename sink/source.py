@@ -115,14 +115,14 @@ class KafkaRange(InputPartition):
 
 def _consumer(opts: SourceOptions, **extra):
     from kafka import KafkaConsumer
-    from kafka.errors import NoBrokersAvailable
+    from kafka.errors import KafkaTimeoutError
     conf = dict(bootstrap_servers=opts.bootstrap.split(","), group_id=None,
                 enable_auto_commit=False, auto_offset_reset="none", client_id=opts.client_id,
                 request_timeout_ms=30_000)
     conf.update(extra)
     try:
         return KafkaConsumer(**conf)
-    except NoBrokersAvailable as exc:
+    except KafkaTimeoutError as exc:  # "Unable to bootstrap from ..." 
         raise ConnectionError(
             f"cannot reach Kafka at {opts.bootstrap}: is it running? Set the address with "
             "--kafka-bootstrap or [sink] bootstrap_servers") from exc

@@ -38,8 +38,18 @@ LOCAL_CONF = {
 }
 
 
+def launched_by_spark_submit() -> bool:
+    """True when spark-submit started this interpreter (the JVM already exists)."""
+    return bool(os.environ.get("PYSPARK_GATEWAY_PORT") or os.environ.get("SPARK_SUBMIT"))
+
+
 def prepare_python_env() -> None:
-    """Make local-mode Python workers use this interpreter and find the ``sink`` package."""
+    """Make local-mode Python workers use this interpreter and find the ``sink`` package.
+
+    Under spark-submit nothing is changed: the cluster's PYSPARK_PYTHON / --py-files apply.
+    """
+    if launched_by_spark_submit():
+        return
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
@@ -60,7 +70,7 @@ def get_spark(app_name: str = "mqtt-history", master: str | None = None,
     from pyspark.sql import SparkSession
 
     builder = SparkSession.builder.appName(app_name)
-    submitted = "SPARK_SUBMIT" in os.environ or os.environ.get("PYSPARK_GATEWAY_PORT")
+    submitted = launched_by_spark_submit()
     master = master or os.environ.get("SPARK_MASTER")
     if master is None and not submitted:
         master = "local[2]"

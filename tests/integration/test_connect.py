@@ -456,3 +456,39 @@ def test_connect_raw_v5_encoding_roundtrip(broker):
     only for the field they change)."""
     got = raw_connect_bytes(broker.port, connect_bytes(client_id=cid()) + encode(P.Disconnect()))
     assert got[0] == 0x20 and got[2:4] == b"\x00\x00", got
+
+
+def test_disconnect_session_expiry_zero_ends_session(broker):
+    """[MQTT-3.14.2-2] / 3.1.2.11.2: DISCONNECT with Session Expiry 0 ends a session that was to last."""
+    me = cid("sei0")
+    c = connect(broker.port, me, properties={PR.SESSION_EXPIRY_INTERVAL: 60})
+    c.send(P.Disconnect(0, {PR.SESSION_EXPIRY_INTERVAL: 0}))
+    read_until_closed(c)
+    bye(connect(broker.port, me, clean_start=False, expect_present=False))
+
+
+def test_disconnect_session_expiry_extends_session(broker):
+    """3.14.2.2.2: DISCONNECT may change a non-zero Session Expiry (here 1 -> 60): the session stays."""
+    me = cid("sei60")
+    c = connect(broker.port, me, properties={PR.SESSION_EXPIRY_INTERVAL: 1})
+    c.send(P.Disconnect(0, {PR.SESSION_EXPIRY_INTERVAL: 60}))
+    read_until_closed(c)
+    time.sleep(2.3)
+    bye(connect(broker.port, me, clean_start=False, expect_present=True))
+
+
+@pytest.mark.parametrize("level", [P.MQTT_311, P.MQTT_31])
+def test_will_v311(broker, level):
+    """3.1.1 [MQTT-3.1.2-8]: a 3.1.x client's will is published to v5 subscribers on abnormal close
+    and discarded on DISCONNECT."""
+    topic = uniq("will4")
+    w = watcher(broker.port, topic)
+    c = RawClient(broker.port, level=level)
+    c.connect(cid(), will=P.Will(topic, b"v4-gone", 1))
+    c.close()
+    assert recv_publish(w).payload == b"v4-gone"
+    c = RawClient(broker.port, level=level)
+    c.connect(cid(), will=P.Will(topic, b"v4-never", 1))
+    bye(c)
+    assert w.nothing(0.8)
+    bye(w)

@@ -297,3 +297,53 @@ def test_outbound_maximum_packet_size_not_sent(broker, qos):
     assert small.nothing(0.4)
     assert [recv_publish(big).payload for _ in range(2)] == [b"L" * 150, b"s"]
     bye(small, big, pub)
+
+
+def test_qos2_exactly_once_across_reconnect(broker):
+    """[MQTT-4.3.3-10], 4.4: a QoS 2 PUBLISH resent (DUP=1) after reconnecting, before PUBREL, is not
+    delivered again; the PUBREL on the new connection completes the flow."""
+    topic, me = uniq("q2re"), cid("q2re")
+    sub = connect(broker.port)
+    sub.subscribe(topic, qos=2)
+    pub = connect(broker.port, me, properties=PERSIST)
+    pub.publish(topic, b"once", qos=2, pid=7)
+    assert pub.recv_type(P.PUBREC).packet_id == 7
+    pub.close()
+    time.sleep(0.2)
+    pub = connect(broker.port, me, clean_start=False, expect_present=True, properties=PERSIST)
+    pub.publish(topic, b"once", qos=2, pid=7, dup=True)
+    assert pub.recv_type(P.PUBREC).packet_id == 7
+    pub.send(P.Ack(P.PUBREL, 7))
+    comp = pub.recv_type(P.PUBCOMP)
+    assert (comp.packet_id, comp.reason_code) == (7, 0)
+    m = recv_publish(sub)
+    assert m.payload == b"once"
+    ack(sub, m)
+    assert sub.nothing(0.6), "delivered twice"
+    bye(sub, pub)
+
+
+@pytest.mark.parametrize("level", [P.MQTT_311, P.MQTT_31])
+def test_resend_on_resume_v311(broker, level):
+    """3.1.1 [MQTT-4.4.0-1]: a clean-session-0 client gets unacknowledged messages again with DUP=1."""
+    from .helpers import RawClient
+    topic, me = uniq("resume4"), cid("r4")
+    sub = RawClient(broker.port, level=level)
+    sub.connect(me, clean_start=False)
+    sub.subscribe(topic, qos=1)
+    pub = connect(broker.port)
+    publish_ok(pub, topic, b"again", qos=1)
+    first = recv_publish(sub)
+    assert first.dup is False
+    sub.close()
+    time.sleep(0.2)
+    sub = RawClient(broker.port, level=level)
+    assert sub.connect(me, clean_start=False).session_present is True
+    m = recv_publish(sub)
+    assert (m.payload, m.dup, m.packet_id) == (b"again", True, first.packet_id)
+    ack(sub, m)
+    bye(sub)
+    sub = RawClient(broker.port, level=level)
+    sub.connect(me, clean_start=True)  # discard the session
+    bye(sub, pub)
+

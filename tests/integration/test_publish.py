@@ -934,3 +934,21 @@ def test_broker_not_delaying_other_packets_MQTT_3_3_4_10(broker):
     assert m.payload == b"b"
     ack(c, m)
     bye(c, pub)
+
+
+def test_retain_handling_1_after_unsubscribe_MQTT_3_3_1_10(broker):
+    """[MQTT-3.3.1-10] Retain Handling 1: after UNSUBSCRIBE the subscription is new again."""
+    topic = uniq("rh1u")
+    pub = connect(broker.port)
+    publish_ok(pub, topic, b"R", qos=1, retain=True)
+    c = connect(broker.port)
+    c.subscribe(topic, qos=1, retain_handling=1)
+    ack(c, recv_publish(c))
+    c.send(P.Unsubscribe(9, [topic]))
+    c.recv_type(P.UNSUBACK)
+    c.subscribe(topic, qos=1, retain_handling=1)
+    m = recv_publish(c)
+    assert (m.payload, m.retain) == (b"R", True)
+    ack(c, m)
+    publish_ok(pub, topic, b"", qos=1, retain=True)
+    bye(c, pub)

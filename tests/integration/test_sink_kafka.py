@@ -216,7 +216,7 @@ def test_kafka_outage_and_empty_restart(kafka, tmp_path, mode, caplog):
     assert_per_topic_order(got, expected)
     assert st["replays"] >= 1, st                       # the empty restart was detected
     if mode == "thread":                                # (process mode logs to its own stderr)
-        assert "unreachable" in caplog.text and "reachable again" in caplog.text
+        assert "is unavailable" in caplog.text and "reachable again" in caplog.text
 
 
 DRIVER = textwrap.dedent("""

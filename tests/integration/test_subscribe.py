@@ -284,3 +284,62 @@ def test_retained_sent_with_subscription_identifier(broker):
     assert m.retain and props(m)[PR.SUBSCRIPTION_IDENTIFIER] == [5]
     publish_ok(pub, topic, b"", qos=1, retain=True)
     bye(c, pub)
+
+
+MATCHING = [
+    ("sport/tennis/player1/#", "sport/tennis/player1", True),
+    ("sport/tennis/player1/#", "sport/tennis/player1/ranking", True),
+    ("sport/tennis/player1/#", "sport/tennis/player1/score/wimbledon", True),
+    ("sport/#", "sport", True),
+    ("#", "sport/x", True),
+    ("sport/tennis/#", "sport/tennis", True),
+    ("sport/tennis/#", "sport/tennisx", False),
+    ("sport/tennis/+", "sport/tennis/player1", True),
+    ("sport/tennis/+", "sport/tennis/player1/ranking", False),
+    ("sport/+", "sport", False),
+    ("sport/+", "sport/", True),
+    ("+/+", "/finance", True),
+    ("/+", "/finance", True),
+    ("+", "/finance", False),
+    ("+", "finance", True),
+    ("a//b", "a//b", True),
+    ("a/+/b", "a//b", True),
+    ("a/b", "a/b/", False),
+    ("A/b", "a/b", False),
+    ("+/+/#", "a/b", True),
+    ("+/#", "a", True),
+    ("/#", "/", True),
+    ("$tst/#", "$tst/x", True),
+    ("$tst/+", "$tst/x", True),
+    ("+/x", "$tst/x", False),
+    ("#", "$tst", False),
+    ("a/ü/+", "a/ü/ß", True),
+]
+
+
+@pytest.fixture(scope="module")
+def matching_broker(tmp_path_factory):
+    """A broker of its own: the '$' cases subscribe to '#' and publish at the root."""
+    from tests.conftest import BrokerProcess
+    b = BrokerProcess(tmp_path_factory.mktemp("matching")).start()
+    yield b
+    b.stop()
+
+
+@pytest.mark.parametrize("filt,topic,match", MATCHING, ids=[f"{f}|{t}" for f, t, _ in MATCHING])
+def test_topic_filter_matching(matching_broker, filt, topic, match):
+    """4.7.1-4.7.2 (examples of the standard): a filter matches exactly the topics it should, for
+    live and for retained messages; '$' rules apply at the first level."""
+    port = matching_broker.port
+    base = "" if "$" in filt + topic else uniq("m") + "/"
+    pub = connect(port)
+    publish_ok(pub, base + topic, b"retained", qos=1, retain=True)
+    c = connect(port)
+    c.subscribe(base + filt, qos=1)
+    got = [(x.topic, x.payload) for x in drain(c, 0.3)]
+    publish_ok(pub, base + topic, b"live", qos=1)
+    got += [(x.topic, x.payload) for x in drain(c, 0.3)]
+    want = [(base + topic, b"retained"), (base + topic, b"live")] if match else []
+    assert got == want
+    publish_ok(pub, base + topic, b"", qos=1, retain=True)
+    bye(c, pub)

@@ -1,0 +1,714 @@
+"""Forwarder: spool (or memory queue) -> Kafka, off the broker's event loop.
+
+Runs either as a separate process (``python -m sink.forwarder``, the default: it
+has its own GIL) or as a thread inside the broker process. Both run
+:class:`Forwarder`; only the control channel differs:
+
+* process: the Sink writes one JSON config line on the child's stdin, then single
+  command bytes (``n`` new data, ``d`` drain and exit, ``q`` exit now). EOF on
+  stdin means the broker died: the forwarder exits (and stops the embedded Kafka
+  it was told to watch). Status goes back as JSON lines on stdout.
+* thread: the same through a :class:`ThreadControl` and a callback.
+
+Delivery and ordering
+---------------------
+Records are produced in spool order with ``acks=all``, no idempotence and
+``max_in_flight_requests_per_connection=1`` so that retries can't reorder a
+partition (key = MQTT topic -> one partition per MQTT topic). The forwarded
+position only advances over a contiguous prefix of acknowledged records and is
+persisted in ``checkpoint.json`` (spool mode). On a failed send the forwarder
+waits for everything in flight, rewinds to the first unacknowledged record and
+sends again from there, in order (duplicates possible, never gaps).
+
+Kafka losing data (embedded Tansu restarted empty, topic re-created) is
+detected, not assumed: a partition offset that goes backwards in a produce
+acknowledgement, or a topic id that changes in the metadata (topic ids and last
+offsets are kept in the checkpoint so this also works across restarts). Then the
+forwarder re-sends the replay window: records already forwarded whose accept
+time is within ``replay_window_seconds`` and that are among the last
+``replay_window_messages``. Each record keeps its ``mqtt.message_id``, so
+consumers can drop the duplicates; per MQTT topic, the last occurrence of each
+message id is in submit order.
+"""
+from __future__ import annotations
+
+import bisect
+import collections
+import json
+import logging
+import os
+import select
+import signal
+import sys
+import threading
+import time
+
+from .record import decode_entry, entry_timestamp
+from .spool import DirLock, SpoolReader, read_checkpoint, seg_name, write_checkpoint
+
+log = logging.getLogger("sink.forwarder")
+
+DEFAULT_PRODUCER = dict(
+    acks="all",
+    enable_idempotence=False,               # Tansu forgets producer ids on restart
+    max_in_flight_requests_per_connection=1,  # retries must not reorder a partition
+    linger_ms=5,
+    batch_size=256 * 1024,
+    max_block_ms=1000,                      # send() never blocks long (metadata unknown)
+    bootstrap_timeout_ms=2000,
+    metadata_max_age_ms=5000,               # also how fast a re-created topic is noticed
+    delivery_timeout_ms=30000,
+    request_timeout_ms=10000,
+    reconnect_backoff_ms=50,
+    reconnect_backoff_max_ms=1000,
+    retry_backoff_ms=100,
+)
+
+
+def producer_config(bootstrap: str, kafka_opts: dict | None) -> dict:
+    cfg = dict(DEFAULT_PRODUCER)
+    cfg.update(kafka_opts or {})
+    if str(cfg.get("acks")) not in ("all", "-1"):
+        log.warning("sink.kafka.acks=%r ignored: the sink always uses acks='all'", cfg.get("acks"))
+    cfg["acks"] = "all"
+    if not cfg.get("enable_idempotence") and cfg.get("max_in_flight_requests_per_connection", 1) != 1:
+        log.warning("sink.kafka: max_in_flight_requests_per_connection forced to 1 (ordering)")
+        cfg["max_in_flight_requests_per_connection"] = 1
+    cfg["bootstrap_servers"] = bootstrap.split(",") if isinstance(bootstrap, str) else bootstrap
+    for k in ("key_serializer", "value_serializer"):
+        cfg.pop(k, None)
+    return cfg
+
+
+# ---------------------------------------------------------------------------
+# Sources
+# ---------------------------------------------------------------------------
+class SpoolSource:
+    """The on-disk spool, with checkpointing and segment retention."""
+
+    def __init__(self, spool_dir: str, retain_max_bytes: int):
+        self.dir = spool_dir
+        self.reader = SpoolReader(spool_dir)
+        self.peeker = SpoolReader(spool_dir)
+        self.retain_max_bytes = retain_max_bytes
+        self._last_ckpt = None
+
+    def load(self) -> tuple[int, int, dict]:
+        ck = read_checkpoint(self.dir) or {}
+        pos, seq = int(ck.get("pos", 0)), int(ck.get("seq", 0))
+        if not ck:
+            segs = self.reader.segments(True)
+            pos = segs[0] if segs else 0
+        resume = min(pos, int(ck.get("resume", pos)))
+        if resume < pos:
+            log.info("resuming an interrupted replay at spool position %d", resume)
+        self.reader.seek(resume)
+        self._last_ckpt = (pos, seq, resume)
+        return pos, seq, ck.get("kafka") or {}
+
+    def read(self, n: int, nbytes: int):
+        return self.reader.read(n, nbytes)
+
+    @property
+    def pos(self) -> int:
+        return self.reader.pos
+
+    def seek(self, pos: int, seq: int) -> None:
+        self.reader.seek(pos)
+
+    def ts_at(self, pos: int) -> int | None:
+        self.peeker.seek(pos)
+        recs = self.peeker.read(1, 1)
+        return entry_timestamp(recs[0][3]) if recs else None
+
+    def find_position(self, min_seq: int, min_ts: int, upto: int) -> int:
+        return self.reader.find_position(min_seq, min_ts, upto)
+
+    def commit(self, pos: int, seq: int, kafka_state: dict, resume: int, force: bool = False) -> None:
+        if not force and self._last_ckpt == (pos, seq, resume):
+            return
+        write_checkpoint(self.dir, {"pos": pos, "seq": seq, "resume": resume, "kafka": kafka_state,
+                                    "updated_ms": int(time.time() * 1000)})
+        self._last_ckpt = (pos, seq, resume)
+
+    def housekeeping(self, acked_pos: int, acked_seq: int, window_s: float, window_n: int) -> None:
+        segs = self.reader.segments(True)
+        now_ms = time.time() * 1000
+        for i in range(len(segs) - 1):           # the last segment is live: never deleted
+            b, nxt = segs[i], segs[i + 1]
+            if nxt > acked_pos or nxt > self.reader.pos:
+                break                             # not fully forwarded (or being replayed)
+            m = self.reader.segment_meta(b, True)
+            if m["last_seq"] is not None and window_s > 0 and window_n > 0:
+                keep = (m["last_ts"] >= now_ms - window_s * 1000
+                        and m["last_seq"] >= acked_seq - window_n
+                        and acked_pos - nxt < self.retain_max_bytes)
+                if keep:
+                    break
+            try:
+                os.unlink(os.path.join(self.dir, seg_name(b)))
+                log.debug("spool: deleted forwarded segment %s", seg_name(b))
+            except FileNotFoundError:
+                pass
+            self.reader.forget(b)
+            self.peeker.forget(b)
+
+    def close(self) -> None:
+        self.reader.close()
+        self.peeker.close()
+
+
+class MemorySource:
+    """durability = "none": records only in memory (this process), same interface.
+    Positions are cumulative bytes; forwarded records are kept for the replay window."""
+
+    def __init__(self, retain_max_bytes: int):
+        self._lock = threading.Lock()
+        self._items: list[tuple[int, int, int, bytes]] = []   # (start, end, seq, payload)
+        self._head_seq = 0          # seq of _items[0]
+        self.end_pos = 0            # producer side (event loop)
+        self.next_seq = 0
+        self._read_seq = 0
+        self.retain_max_bytes = retain_max_bytes
+
+    # event loop side
+    def append(self, payload: bytes) -> int:
+        with self._lock:
+            seq = self.next_seq
+            start = self.end_pos
+            self.end_pos = start + len(payload)
+            self.next_seq = seq + 1
+            self._items.append((start, self.end_pos, seq, payload))
+        return seq
+
+    # forwarder side
+    def load(self):
+        return 0, 0, {}
+
+    @property
+    def pos(self) -> int:
+        with self._lock:
+            i = self._read_seq - self._head_seq
+            return self._items[i][0] if i < len(self._items) else self.end_pos
+
+    def read(self, n: int, nbytes: int):
+        with self._lock:
+            i = self._read_seq - self._head_seq
+            out = self._items[i:i + n]
+        self._read_seq += len(out)
+        return out
+
+    def seek(self, pos: int, seq: int | None = None) -> None:
+        with self._lock:
+            i = bisect.bisect_left(self._items, pos, key=lambda e: e[0])
+            self._read_seq = self._head_seq + i
+
+    def ts_at(self, pos: int) -> int | None:
+        with self._lock:
+            i = bisect.bisect_left(self._items, pos, key=lambda e: e[0])
+            return entry_timestamp(self._items[i][3]) if i < len(self._items) else None
+
+    def find_position(self, min_seq: int, min_ts: int, upto: int) -> int:
+        with self._lock:
+            for start, end, seq, payload in self._items:
+                if start >= upto:
+                    break
+                if seq >= min_seq and entry_timestamp(payload) >= min_ts:
+                    return start
+        return upto
+
+    def commit(self, *a, **k) -> None:
+        pass
+
+    def housekeeping(self, acked_pos: int, acked_seq: int, window_s: float, window_n: int) -> None:
+        now_ms = time.time() * 1000
+        with self._lock:
+            items = self._items
+            k = 0
+            limit = self._read_seq - self._head_seq
+            while k < len(items) and k < limit:
+                start, end, seq, payload = items[k]
+                if end > acked_pos:
+                    break
+                if (window_s > 0 and window_n > 0 and entry_timestamp(payload) >= now_ms - window_s * 1000
+                        and seq >= acked_seq - window_n and acked_pos - start < self.retain_max_bytes):
+                    break
+                k += 1
+            if k:
+                del items[:k]
+                self._head_seq += k
+
+    def close(self) -> None:
+        pass
+
+
+# ---------------------------------------------------------------------------
+# Control channels
+# ---------------------------------------------------------------------------
+class ThreadControl:
+    def __init__(self):
+        self._ev = threading.Event()
+        self._cmds: collections.deque = collections.deque()
+
+    def notify(self) -> None:
+        self._ev.set()
+
+    def command(self, c: str) -> None:
+        self._cmds.append(c)
+        self._ev.set()
+
+    def wait(self, timeout: float) -> list[str]:
+        if timeout > 0:
+            self._ev.wait(timeout)
+        self._ev.clear()
+        out = []
+        while self._cmds:
+            out.append(self._cmds.popleft())
+        return out
+
+
+class PipeControl:
+    """stdin of the forwarder process: command bytes; EOF = parent gone."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+        os.set_blocking(fd, False)
+
+    def wait(self, timeout: float) -> list[str]:
+        try:
+            r, _, _ = select.select([self.fd], [], [], max(timeout, 0))
+        except InterruptedError:
+            return []
+        if not r:
+            return []
+        try:
+            data = os.read(self.fd, 4096)
+        except BlockingIOError:
+            return []
+        if not data:
+            return ["eof"]
+        out = []
+        if b"d" in data:
+            out.append("drain")
+        if b"q" in data:
+            out.append("stop")
+        return out
+
+
+# ---------------------------------------------------------------------------
+# The forwarder loop
+# ---------------------------------------------------------------------------
+class Forwarder:
+    def __init__(self, source, control, publish, bootstrap: str, kafka_opts: dict | None = None,
+                 replay_window_seconds: float = 3600, replay_window_messages: int = 1_000_000,
+                 max_inflight: int = 10000, drain_timeout: float = 5.0,
+                 unreachable_after: float = 3.0, status_interval: float = 0.1):
+        self.source = source
+        self.control = control
+        self.publish = publish
+        self.bootstrap = bootstrap
+        self.pcfg = producer_config(bootstrap, kafka_opts)
+        self.window_s = float(replay_window_seconds)
+        self.window_n = int(replay_window_messages)
+        self.max_inflight = max_inflight
+        self.drain_timeout = drain_timeout
+        self.unreachable_after = unreachable_after
+        self.status_interval = status_interval
+        self.producer = None
+        self.inflight: collections.deque = collections.deque()  # [future, start, end, seq, ts, sent_at]
+        self.acked_pos = 0
+        self.acked_seq = 0
+        self.max_acked_seq = 0
+        self.topic_ids: dict[str, str] = {}
+        self.offsets: dict[str, int] = {}
+        self.forwarded = 0
+        self.failed = 0
+        self.poisoned = 0
+        self.replayed = 0
+        self.replays = 0
+        self.kafka_up: bool | None = None
+        self._down_since = 0.0
+        self._resend_from: tuple[int, int, int] | None = None     # (pos, seq, ts)
+        self._replay_reason: str | None = None
+        self._replay_until = -1
+        self._retry_at = 0.0
+        self._stalled_ts: int | None = None
+        self._next_producer_try = 0.0
+        self._draining_deadline: float | None = None
+        self._read_empty = False
+        self._ids_valid_after = 0.0
+        self._replay_wait: float | None = None
+        self._last_ack = 0.0
+        self._stall_probe = 0.0
+        self.stopped = False
+        self.exit_reason = ""
+
+    # -- status --------------------------------------------------------------------------------
+    def _set_up(self) -> None:
+        if self.kafka_up is not True:
+            if self.kafka_up is False:
+                log.info("Kafka at %s is reachable again after %.1fs; forwarding spooled records",
+                         self.bootstrap, time.monotonic() - self._down_since)
+            else:
+                log.info("connected to Kafka at %s", self.bootstrap)
+            self.kafka_up = True
+
+    def _set_down(self, why) -> None:
+        if self.kafka_up is not False:
+            log.warning("Kafka at %s is unavailable (%s); records stay in the spool until it is back",
+                        self.bootstrap, why)
+            self.kafka_up = False
+            self._down_since = time.monotonic()
+
+    def status(self) -> dict:
+        now_ms = time.time() * 1000
+        if self.inflight:
+            ts = self.inflight[0][4]
+        elif self._stalled_ts is not None:
+            ts = self._stalled_ts
+        else:
+            ts = None
+        lag = max(0.0, (now_ms - ts) / 1000) if ts is not None else 0.0
+        return dict(pos=self.acked_pos, seq=self.acked_seq, forwarded=self.forwarded, failed=self.failed,
+                    poisoned=self.poisoned, replayed=self.replayed, replays=self.replays,
+                    kafka_up=bool(self.kafka_up), lag_seconds=round(lag, 3), inflight=len(self.inflight))
+
+    def kafka_state(self) -> dict:
+        return {"topic_ids": self.topic_ids, "offsets": self.offsets}
+
+    # -- kafka ------------------------------------------------------------------------------------
+    def _ensure_producer(self) -> bool:
+        if self.producer is not None:
+            return True
+        now = time.monotonic()
+        if now < self._next_producer_try:
+            return False
+        self._next_producer_try = now + 1.0
+        from kafka import KafkaProducer
+        try:
+            self.producer = KafkaProducer(**self.pcfg)
+        except Exception as exc:  # NoBrokersAvailable / KafkaTimeoutError / config errors
+            self._set_down(f"{type(exc).__name__}: {exc}")
+            return False
+        # load metadata of topics we produced to before, to notice re-created topics
+        for t in list(self.topic_ids):
+            try:
+                self.producer.partitions_for(t)
+            except Exception:
+                pass
+        self._check_topic_ids()
+        self._set_up()
+        return True
+
+    def _metadata(self):
+        return getattr(self.producer, "_metadata", None)
+
+    def _check_topic_ids(self) -> None:
+        md = self._metadata()
+        if md is None or not hasattr(md, "topic_id"):
+            return
+        if getattr(md, "_last_successful_refresh_ms", 0) < self._ids_valid_after:
+            return                      # ids cached from before the last replay: wait for fresh ones
+        for t, known in list(self.topic_ids.items()):
+            try:
+                cur = md.topic_id(t)
+            except Exception:
+                return
+            if cur is None:
+                continue
+            cur = str(cur)
+            if not known:
+                self.topic_ids[t] = cur
+            elif cur != known:
+                self.topic_ids[t] = cur
+                self._replay(f"topic {t} was re-created (topic id {known} -> {cur})")
+
+    def _metadata_fresh(self) -> bool | None:
+        md = self._metadata()
+        ts = getattr(md, "_last_successful_refresh_ms", None)
+        if not ts:
+            return None
+        age = time.monotonic() * 1000 - ts
+        return age < self.pcfg.get("metadata_max_age_ms", 300000) + 2000
+
+    def _replay(self, reason: str) -> None:
+        if self._replay_reason is None:
+            self._replay_reason = reason
+            log.warning("Kafka lost data: %s", reason)
+
+    def _reap(self) -> None:
+        inflight = self.inflight
+        while inflight:
+            ent = inflight[0]
+            fut = ent[0]
+            if fut is not None and not fut.is_done:
+                break
+            inflight.popleft()
+            if self._resend_from is not None:
+                continue                      # will be sent again
+            if fut is None or fut.exception is None:
+                if fut is not None:
+                    md = fut.value
+                    tp = f"{md.topic}/{md.partition}"
+                    last = self.offsets.get(tp)
+                    if last is not None and md.offset <= last and self._replay_reason is None:
+                        self._replay(f"offset of {tp} went back from {last} to {md.offset}")
+                    self.offsets[tp] = md.offset
+                    if md.topic not in self.topic_ids:
+                        m = self._metadata()
+                        tid = m.topic_id(md.topic) if m is not None and hasattr(m, "topic_id") else None
+                        self.topic_ids[md.topic] = str(tid) if tid else ""
+                    self._set_up()
+                    self._last_ack = time.monotonic()
+                self.acked_pos = max(self.acked_pos, ent[2])
+                if ent[3] + 1 > self.acked_seq:
+                    self.acked_seq = ent[3] + 1
+                if ent[3] + 1 > self.max_acked_seq:
+                    self.max_acked_seq = ent[3] + 1
+                    self.forwarded += 1
+            else:
+                exc = fut.exception
+                retriable = getattr(exc, "retriable", False) or "Timeout" in type(exc).__name__
+                if not retriable and type(exc).__name__ in ("MessageSizeTooLargeError", "RecordTooLargeError",
+                                                            "InvalidTopicError", "InvalidRecordError",
+                                                            "TopicAuthorizationFailedError"):
+                    log.error("Kafka refused record seq=%d for good (%s): dropped", ent[3], exc)
+                    self.poisoned += 1
+                    self.failed += 1
+                    self.acked_pos = max(self.acked_pos, ent[2])
+                    self.acked_seq = max(self.acked_seq, ent[3] + 1)
+                    continue
+                self.failed += 1
+                self._set_down(f"{type(exc).__name__}: {exc}")
+                self._resend_from = (ent[1], ent[3], ent[4])
+                self._stalled_ts = ent[4]
+
+    def _fill(self) -> bool:
+        room = self.max_inflight - len(self.inflight)
+        if room <= 0:
+            return False
+        entries = self.source.read(min(room, 2000), 4 << 20)
+        self._read_empty = not entries
+        if not entries:
+            if not self.inflight:
+                self._stalled_ts = None
+                self.acked_pos = max(self.acked_pos, self.source.pos)
+            return False
+        send = self.producer.send
+        for ent in entries:
+            start, end, seq, payload = ent
+            try:
+                ktopic, key, value, headers, ts = decode_entry(payload)
+            except ValueError as exc:
+                log.error("undecodable spool record seq=%d skipped: %s", seq, exc)
+                self.inflight.append([None, start, end, seq, 0, 0.0])
+                continue
+            try:
+                fut = send(ktopic, value=value, key=key, headers=headers, timestamp_ms=ts)
+            except Exception as exc:
+                name = type(exc).__name__
+                if "Timeout" in name or getattr(exc, "retriable", False):
+                    self._set_down(f"{name}: {exc}")
+                    self.source.seek(start, seq)
+                    self._stalled_ts = ts
+                    self._retry_at = time.monotonic() + 0.5
+                    return True
+                log.error("Kafka refused record seq=%d for good (%s): dropped", seq, exc)
+                self.poisoned += 1
+                self.failed += 1
+                self.inflight.append([None, start, end, seq, ts, 0.0])
+                continue
+            if start < self._replay_until:
+                self.replayed += 1
+            self.inflight.append([fut, start, end, seq, ts, time.monotonic()])
+        return True
+
+    def _handle_rewinds(self) -> None:
+        if self.inflight:
+            return                            # wait until nothing is in flight
+        if self._replay_reason is not None:
+            # Tansu acknowledges records produced to a topic it no longer has (after a restart)
+            # and drops them; only a Metadata request re-creates the topic. So refresh the
+            # metadata first and replay only once it describes the new Kafka.
+            md = self._metadata()
+            mono_ms = time.monotonic() * 1000
+            if md is not None and hasattr(md, "request_update"):
+                if self._replay_wait is None:
+                    self._replay_wait = mono_ms
+                    md.request_update()
+                    return
+                if getattr(md, "_last_successful_refresh_ms", mono_ms) <= self._replay_wait + 1:
+                    if mono_ms - self._replay_wait < 15000:
+                        md.request_update()
+                        self._retry_at = time.monotonic() + 0.05
+                        return
+                for t in self.topic_ids:
+                    tid = md.topic_id(t) if hasattr(md, "topic_id") else None
+                    self.topic_ids[t] = str(tid) if tid else ""
+                self._ids_valid_after = mono_ms
+            self._replay_wait = None
+            now_ms = int(time.time() * 1000)
+            upto = self.acked_pos if self._resend_from is None else self._resend_from[0]
+            if self.window_s > 0 and self.window_n > 0:
+                start = self.source.find_position(self.max_acked_seq - self.window_n,
+                                                  now_ms - int(self.window_s * 1000), upto)
+            else:
+                start = upto
+            self.replays += 1
+            self._replay_until = max(self._replay_until, upto)
+            log.warning("replaying the records forwarded in the replay window (from spool position %d "
+                        "to %d, %d bytes)", start, upto, upto - start)
+            self.offsets = {}
+            self._replay_reason = None
+            self._resend_from = None
+            self.source.seek(start, None)
+        elif self._resend_from is not None:
+            pos, seq, ts = self._resend_from
+            self._resend_from = None
+            self.source.seek(pos, seq)
+            self._retry_at = time.monotonic() + 0.5
+
+    # -- main loop --------------------------------------------------------------------------------------
+    def run(self) -> None:
+        self.acked_pos, self.acked_seq, kstate = self.source.load()
+        self.max_acked_seq = self.acked_seq
+        self.topic_ids = dict(kstate.get("topic_ids") or {})
+        self.offsets = {k: int(v) for k, v in (kstate.get("offsets") or {}).items()}
+        last_status = last_ckpt = last_house = last_check = 0.0
+        timeout = 0.0
+        try:
+            while True:
+                for c in self.control.wait(timeout):
+                    if c in ("stop", "eof"):
+                        self.exit_reason = c
+                        return
+                    if c == "drain" and self._draining_deadline is None:
+                        self._draining_deadline = time.monotonic() + self.drain_timeout
+                now = time.monotonic()
+                busy = False
+                if self._ensure_producer():
+                    self._reap()
+                    if now - last_check > 1.0:
+                        last_check = now
+                        self._check_topic_ids()
+                        fresh = self._metadata_fresh()
+                        if fresh is False and now - self._last_ack > self.unreachable_after:
+                            self._set_down("no metadata from Kafka for a while")
+                        elif fresh and self.kafka_up is False and not self.inflight and self._resend_from is None:
+                            self._set_up()
+                        if self.inflight and now - self.inflight[0][5] > self.unreachable_after \
+                                and self.inflight[0][0] is not None and not self.inflight[0][0].is_done:
+                            self._set_down(f"no acknowledgement for {self.unreachable_after:.0f}s")
+                    if self._resend_from is not None or self._replay_reason is not None:
+                        if now >= self._retry_at:
+                            self._handle_rewinds()
+                    elif now >= self._retry_at:
+                        busy = self._fill()
+                elif self._stalled_ts is None and now - self._stall_probe > 1.0:
+                    self._stall_probe = now
+                    self._stalled_ts = self.source.ts_at(self.acked_pos)
+                if now - last_status >= self.status_interval:
+                    last_status = now
+                    self.publish(self.status())
+                if now - last_ckpt >= 0.5:
+                    last_ckpt = now
+                    self.source.commit(self.acked_pos, self.acked_seq, self.kafka_state(), self._resume_pos())
+                if now - last_house >= 1.0:
+                    last_house = now
+                    self.source.housekeeping(self.acked_pos, self.acked_seq, self.window_s, self.window_n)
+                if self._draining_deadline is not None:
+                    caught_up = (self._read_empty and not self.inflight and self._resend_from is None
+                                 and self._replay_reason is None)
+                    if caught_up or now > self._draining_deadline:
+                        if not caught_up:
+                            log.warning("drain timeout; unforwarded records stay in the spool")
+                        self.exit_reason = "drained"
+                        return
+                timeout = 0.0 if busy else (0.002 if self.inflight else 0.05)
+        finally:
+            self._shutdown()
+
+    def _resume_pos(self) -> int:
+        """Where a restarted forwarder must start reading: the first record not acknowledged
+        (below acked_pos only while a replay is in progress)."""
+        if self._resend_from is not None:
+            p = self._resend_from[0]
+        elif self.inflight:
+            p = self.inflight[0][1]
+        else:
+            p = self.source.pos
+        return min(p, self.acked_pos)
+
+    def _shutdown(self) -> None:
+        if self.producer is not None:
+            try:
+                self.producer.flush(timeout=1 if self.exit_reason != "eof" else 0)
+            except Exception:
+                pass
+            self._reap()
+            try:
+                self.producer.close(timeout=1)
+            except Exception:
+                # kafka-python's close() raises from flush() when records are still pending
+                # (Kafka down) and then never stops its sender: force it
+                try:
+                    self.producer._sender.force_close()
+                except Exception:
+                    pass
+                self.producer._closed = True
+            self.producer = None
+        try:
+            self.source.commit(self.acked_pos, self.acked_seq, self.kafka_state(), self._resume_pos(), force=True)
+        except Exception as exc:
+            log.error("cannot write checkpoint: %s", exc)
+        self.publish(self.status())
+        self.source.close()
+        self.stopped = True
+
+
+# ---------------------------------------------------------------------------
+# Process entry point: python -m sink.forwarder   (config = first stdin line, JSON)
+# ---------------------------------------------------------------------------
+def main() -> int:
+    line = b""
+    while not line.endswith(b"\n"):
+        chunk = os.read(0, 1)
+        if not chunk:
+            return 1
+        line += chunk
+    cfg = json.loads(line)
+    logging.basicConfig(level=cfg.get("log_level", logging.INFO), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s[%(process)d]: %(message)s")
+    if logging.getLogger("kafka").level == logging.NOTSET:
+        logging.getLogger("kafka").setLevel(logging.CRITICAL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)   # the broker decides when we stop
+    lock = DirLock(cfg["spool_dir"], "forwarder.lock")
+    lock.acquire(timeout=15)
+    out = sys.stdout.buffer
+
+    def publish(st: dict) -> None:
+        try:
+            out.write(json.dumps(st).encode() + b"\n")
+            out.flush()
+        except (BrokenPipeError, ValueError):
+            pass
+
+    fwd = Forwarder(SpoolSource(cfg["spool_dir"], cfg.get("retain_max_bytes", 1 << 30)),
+                    PipeControl(0), publish, cfg["bootstrap"], cfg.get("kafka"),
+                    cfg.get("replay_window_seconds", 3600), cfg.get("replay_window_messages", 1_000_000),
+                    cfg.get("max_inflight", 10000), cfg.get("drain_timeout", 5.0))
+    try:
+        fwd.run()
+    finally:
+        lock.release()
+        if fwd.exit_reason == "eof" and cfg.get("watch_pid"):
+            # the broker died without closing us: don't leave its embedded Kafka behind
+            try:
+                os.kill(int(cfg["watch_pid"]), signal.SIGTERM)
+            except OSError:
+                pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

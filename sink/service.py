@@ -1,0 +1,438 @@
+"""The analytics sink as the broker sees it: ``Sink.submit`` / ``barrier`` / ``stats``.
+
+broker (event loop) --submit--> spool writer thread (group commit, fsync)
+                                   |  segment files in spool_dir
+                                   v
+                       forwarder process (or thread) --acks=all--> Kafka
+
+See sink/spool.py for the on-disk format and sink/forwarder.py for delivery,
+ordering, outage and Kafka-restart handling.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import json
+import logging
+import os
+import secrets
+import subprocess
+import sys
+import threading
+import time
+
+from .forwarder import Forwarder, MemorySource, SpoolSource, ThreadControl
+from .record import SinkRecord, encode_record
+from .spool import FRAME_SIZE, DirLock, SpoolWriter
+
+log = logging.getLogger("sink")
+
+DEFAULTS = dict(
+    enabled=True,
+    bootstrap_servers="",
+    topic="mqtt.messages",
+    rules=[],
+    exclude=[],
+    durability="spool",
+    spool_dir="",
+    spool_max_bytes=1 << 30,
+    spool_segment_bytes=16 << 20,
+    replay_window_seconds=3600.0,
+    replay_window_messages=1_000_000,
+    embedded_port=9092,
+    embedded_log_file="",
+    stats_interval=60.0,
+    forwarder="process",
+    max_inflight=10000,
+    drain_timeout_seconds=5.0,
+    kafka={},
+)
+
+_MISSING = object()
+
+
+def topic_matches(flt: str, topic: str) -> bool:
+    """MQTT topic filter match (+ one level, # rest; wildcards at the start don't match $ topics)."""
+    if flt == topic:
+        return True
+    if topic.startswith("$") and flt[:1] in ("+", "#"):
+        return False
+    fl = flt.split("/")
+    tl = topic.split("/")
+    for i, f in enumerate(fl):
+        if f == "#":
+            return True
+        if i >= len(tl):
+            return False
+        if f != "+" and f != tl[i]:
+            return False
+    return len(fl) == len(tl)
+
+
+def normalize_config(cfg: dict | None, data_dir: str) -> dict:
+    c = dict(DEFAULTS)
+    for k, v in (cfg or {}).items():
+        if k not in DEFAULTS:
+            log.warning("unknown config key [sink] %s ignored", k)
+            continue
+        c[k] = v
+    if c["durability"] not in ("spool", "none"):
+        raise ValueError(f"sink.durability must be 'spool' or 'none', not {c['durability']!r}")
+    if c["forwarder"] not in ("process", "thread"):
+        raise ValueError(f"sink.forwarder must be 'process' or 'thread', not {c['forwarder']!r}")
+    rules = c["rules"] or []
+    if isinstance(rules, dict):
+        rules = [{"filter": f, "topic": t} for f, t in rules.items()]
+    norm = []
+    for r in rules:
+        if not isinstance(r, dict) or "filter" not in r or "topic" not in r:
+            raise ValueError(f"sink.rules entries need 'filter' and 'topic': {r!r}")
+        norm.append((str(r["filter"]), str(r["topic"])))
+    c["rules"] = norm
+    c["spool_dir"] = c["spool_dir"] or os.path.join(data_dir, "spool")
+    for k in ("spool_max_bytes", "spool_segment_bytes", "replay_window_messages", "embedded_port", "max_inflight"):
+        c[k] = int(c[k])
+    for k in ("replay_window_seconds", "stats_interval", "drain_timeout_seconds"):
+        c[k] = float(c[k])
+    if isinstance(c["exclude"], str):
+        c["exclude"] = [x.strip() for x in c["exclude"].split(",") if x.strip()]
+    c["exclude"] = [str(x) for x in (c["exclude"] or [])]
+    c["kafka"] = dict(c["kafka"] or {})
+    return c
+
+
+class Sink:
+    def __init__(self, cfg: dict, data_dir: str):
+        self.cfg = normalize_config(cfg, data_dir)
+        self.data_dir = data_dir
+        self.durable = self.cfg["durability"] == "spool"
+        self.max_bytes = self.cfg["spool_max_bytes"]
+        self._route_cache: dict[str, str | None] = {}
+        self._id_prefix = f"{int(time.time()):x}{secrets.token_hex(4)}-"
+        self._id_n = 0
+        self.embedded = None
+        self.bootstrap = self.cfg["bootstrap_servers"] or ""
+        self._writer: SpoolWriter | None = None
+        self._mem: MemorySource | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._waiters: collections.deque = collections.deque()   # (target_seq, future)
+        self._last_waiter = None
+        self._started = False
+        self._closed = False
+        # counters
+        self.accepted = 0
+        self.excluded = 0
+        self.dropped = 0
+        self.spooled = 0
+        self.spool_errors = 0
+        self._fst: dict = {}          # latest forwarder status
+        self._fwd_pos = 0
+        self._fwd_seq = 0
+        self._full = False
+        # forwarder plumbing
+        self._proc: subprocess.Popen | None = None
+        self._proc_lock = threading.Lock()
+        self._fwd_thread: threading.Thread | None = None
+        self._fwd: Forwarder | None = None
+        self._ctl: ThreadControl | None = None
+        self._stop_ev = threading.Event()
+        self._bg: threading.Thread | None = None
+        self._notify_fd: int | None = None
+
+    @classmethod
+    def from_config(cls, cfg: dict, data_dir: str) -> "Sink":
+        return cls(cfg, data_dir)
+
+    # ------------------------------------------------------------------------------------------
+    def start(self) -> None:
+        if self._started:
+            return
+        c = self.cfg
+        if not self.bootstrap:
+            from .kafka_embedded import EmbeddedKafka
+            port = int(c["embedded_port"]) or None
+            logf = c["embedded_log_file"] or None
+            self.embedded = EmbeddedKafka(port=port, log_file=logf).start()
+            self.bootstrap = self.embedded.bootstrap
+            log.info("embedded Kafka (Tansu, memory storage) at %s", self.bootstrap)
+        if logging.getLogger("kafka").level == logging.NOTSET:
+            logging.getLogger("kafka").setLevel(logging.CRITICAL)   # our own WARNING/INFO say it
+        if self.durable:
+            self._writer = SpoolWriter(c["spool_dir"], int(c["spool_segment_bytes"]), fsync=True,
+                                       on_durable=self._on_durable, on_written=self._notify_forwarder,
+                                       on_error=self._on_write_error).open()
+            self._fwd_pos, self._fwd_seq = self._writer.ckpt_pos, self._writer.ckpt_seq
+            backlog = self._writer.next_seq - self._fwd_seq
+            if backlog > 0:
+                log.info("%d unforwarded records in the spool %s will be replayed",
+                         backlog, c["spool_dir"])
+        else:
+            self._mem = MemorySource(self.max_bytes)
+        if self.durable and c["forwarder"] == "process":
+            self._start_process()
+        else:
+            self._start_thread()
+        self._bg = threading.Thread(target=self._background, name="sink-stats", daemon=True)
+        self._bg.start()
+        self._started = True
+        log.info("started (durability=%s, forwarder=%s, kafka=%s, topic=%s, spool=%s)",
+                 c["durability"], c["forwarder"] if self.durable else "thread", self.bootstrap, c["topic"],
+                 c["spool_dir"] if self.durable else "memory")
+
+    def _fwd_config(self) -> dict:
+        c = self.cfg
+        return dict(spool_dir=c["spool_dir"], bootstrap=self.bootstrap, kafka=c["kafka"],
+                    replay_window_seconds=c["replay_window_seconds"],
+                    replay_window_messages=c["replay_window_messages"],
+                    max_inflight=c["max_inflight"], drain_timeout=c["drain_timeout_seconds"],
+                    retain_max_bytes=self.max_bytes,
+                    log_level=logging.getLogger("sink").getEffectiveLevel(),
+                    watch_pid=self.embedded.proc.pid if self.embedded and self.embedded.proc else None)
+
+    def _start_process(self) -> None:
+        env = dict(os.environ)
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        proc = subprocess.Popen([sys.executable, "-m", "sink.forwarder"], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, env=env, cwd=root, start_new_session=True)
+        proc.stdin.write(json.dumps(self._fwd_config()).encode() + b"\n")
+        proc.stdin.flush()
+        self._notify_fd = proc.stdin.fileno()
+        os.set_blocking(self._notify_fd, False)
+        self._proc = proc
+        t = threading.Thread(target=self._read_status, args=(proc,), name="sink-fwd-status", daemon=True)
+        t.start()
+
+    def _read_status(self, proc: subprocess.Popen) -> None:
+        for line in proc.stdout:
+            try:
+                st = json.loads(line)
+            except ValueError:
+                continue
+            self._apply_status(st)
+
+    def _apply_status(self, st: dict) -> None:
+        self._fst = st
+        self._fwd_pos = st.get("pos", self._fwd_pos)
+        self._fwd_seq = st.get("seq", self._fwd_seq)
+
+    def _start_thread(self) -> None:
+        self._ctl = ThreadControl()
+        c = self.cfg
+        source = SpoolSource(c["spool_dir"], self.max_bytes) if self.durable else self._mem
+        self._fwd_lock = DirLock(c["spool_dir"], "forwarder.lock") if self.durable else None
+        if self._fwd_lock:
+            self._fwd_lock.acquire(timeout=15)
+        self._fwd = Forwarder(source, self._ctl, self._apply_status, self.bootstrap, c["kafka"],
+                              c["replay_window_seconds"], c["replay_window_messages"], c["max_inflight"],
+                              c["drain_timeout_seconds"])
+        self._fwd_thread = threading.Thread(target=self._run_thread_fwd, name="sink-forwarder", daemon=True)
+        self._fwd_thread.start()
+
+    def _run_thread_fwd(self) -> None:
+        try:
+            self._fwd.run()
+        except Exception:
+            log.exception("forwarder thread crashed")
+
+    def _notify_forwarder(self) -> None:
+        fd = self._notify_fd
+        if fd is not None:
+            try:
+                os.write(fd, b"n")
+            except (BlockingIOError, BrokenPipeError, OSError):
+                pass
+        elif self._ctl is not None:
+            self._ctl.notify()
+
+    # -- event loop API ------------------------------------------------------------------------
+    def _route(self, topic: str) -> str | None:
+        for f in self.cfg["exclude"]:
+            if topic_matches(f, topic):
+                return None
+        for f, kt in self.cfg["rules"]:
+            if topic_matches(f, topic):
+                return kt
+        return self.cfg["topic"]
+
+    def submit(self, rec: SinkRecord) -> bool:
+        kt = self._route_cache.get(rec.topic, _MISSING)
+        if kt is _MISSING:
+            kt = self._route(rec.topic)
+            if len(self._route_cache) < 100_000:
+                self._route_cache[rec.topic] = kt
+        if kt is None:
+            self.excluded += 1
+            return True
+        if self._closed:
+            self.dropped += 1
+            return False
+        src = self._writer if self.durable else self._mem
+        if src.end_pos - self._fwd_pos >= self.max_bytes:
+            self.dropped += 1
+            if not self._full:
+                self._full = True
+                log.warning("spool full (%d bytes >= spool_max_bytes); refusing new records",
+                            src.end_pos - self._fwd_pos)
+            return False
+        if self._full:
+            self._full = False
+            log.info("spool below spool_max_bytes again; accepting records")
+        if rec.message_id is None:
+            self._id_n += 1
+            rec.message_id = f"{self._id_prefix}{self._id_n:x}"
+        src.append(encode_record(rec, kt))
+        self.accepted += 1
+        if not self.durable:
+            self.spooled += 1
+            self._ctl.notify()
+        return True
+
+    def barrier(self) -> "asyncio.Future | None":
+        w = self._writer
+        if w is None:
+            return None
+        target = w.next_seq - 1
+        if target <= w.durable_seq:
+            return None
+        lw = self._last_waiter
+        if lw is not None and lw[0] == target and not lw[1].done():
+            return lw[1]
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop:          # first call (or a new loop: forget the old waiters)
+            self._loop = loop
+            self._waiters.clear()
+        fut = self._loop.create_future()
+        self._last_waiter = (target, fut)
+        self._waiters.append(self._last_waiter)
+        w.kick()
+        return fut
+
+    # writer thread -> loop
+    def _on_durable(self, last_seq: int, n: int) -> None:
+        self.spooled += n
+        loop = self._loop
+        if loop is not None and self._waiters:
+            try:
+                loop.call_soon_threadsafe(self._resolve, last_seq)
+            except RuntimeError:   # loop closed
+                pass
+
+    def _on_write_error(self, last_seq: int, n: int, exc: Exception) -> None:
+        self.spool_errors += n
+        loop = self._loop
+        if loop is not None:
+            try:
+                loop.call_soon_threadsafe(self._resolve, last_seq, exc)
+            except RuntimeError:
+                pass
+
+    def _resolve(self, seq: int, exc: Exception | None = None) -> None:
+        ws = self._waiters
+        while ws and ws[0][0] <= seq:
+            _, fut = ws.popleft()
+            if not fut.done():
+                if exc is None:
+                    fut.set_result(None)
+                else:
+                    fut.set_exception(OSError(f"sink spool write failed: {exc}"))
+
+    # -- stats -------------------------------------------------------------------------------------
+    def stats(self) -> dict:
+        st = self._fst
+        src = self._writer if self.durable else self._mem
+        end_pos = src.end_pos if src else 0
+        next_seq = src.next_seq if src else 0
+        return dict(
+            accepted=self.accepted, excluded=self.excluded, dropped=self.dropped,
+            spooled=self.spooled, spool_errors=self.spool_errors,
+            forwarded=st.get("forwarded", 0), failed=st.get("failed", 0),
+            replayed=st.get("replayed", 0), replays=st.get("replays", 0),
+            spool_messages=max(0, next_seq - self._fwd_seq), spool_bytes=max(0, end_pos - self._fwd_pos),
+            lag_seconds=st.get("lag_seconds", 0.0), kafka_up=bool(st.get("kafka_up", False)),
+            durability=self.cfg["durability"], bootstrap=self.bootstrap)
+
+    def _background(self) -> None:
+        interval = float(self.cfg["stats_interval"] or 0)
+        next_stats = time.monotonic() + interval if interval > 0 else float("inf")
+        while not self._stop_ev.wait(1.0):
+            if self._closed:
+                return
+            now = time.monotonic()
+            if now >= next_stats:
+                next_stats = now + interval
+                s = self.stats()
+                log.info("sink stats: accepted=%d spooled=%d forwarded=%d failed=%d dropped=%d excluded=%d "
+                         "spool=%d msgs/%d bytes lag=%.1fs kafka_up=%s replays=%d",
+                         s["accepted"], s["spooled"], s["forwarded"], s["failed"], s["dropped"],
+                         s["excluded"], s["spool_messages"], s["spool_bytes"], s["lag_seconds"],
+                         s["kafka_up"], s["replays"])
+            k = self.embedded
+            if k is not None and k.proc is not None and k.proc.poll() is not None and not self._closed:
+                log.warning("embedded Kafka exited (code %s); restarting it on %s (it restarts empty; "
+                            "the forwarder will replay the replay window)", k.proc.returncode, k.bootstrap)
+                try:
+                    k.start()
+                except Exception as exc:
+                    log.error("cannot restart embedded Kafka: %s", exc)
+            p = self._proc
+            if p is not None and p.poll() is not None and not self._closed:
+                with self._proc_lock:
+                    if self._closed or self._proc is not p:
+                        continue
+                    log.error("forwarder process exited (code %s); restarting it", p.returncode)
+                    self._notify_fd = None
+                    try:
+                        p.stdin.close()
+                    except OSError:
+                        pass
+                    self._start_process()
+
+    # -- shutdown -------------------------------------------------------------------------------------
+    def close(self) -> None:
+        if not self._started or self._closed:
+            return
+        with self._proc_lock:
+            self._closed = True
+        self._stop_ev.set()
+        if self._writer is not None:
+            self._writer.flush()
+        drain = float(self.cfg["drain_timeout_seconds"])
+        if self._proc is not None:
+            p = self._proc
+            try:
+                os.set_blocking(p.stdin.fileno(), True)
+                p.stdin.write(b"d")
+                p.stdin.flush()
+            except (BrokenPipeError, OSError, ValueError):
+                pass
+            try:
+                p.wait(drain + 5)
+            except subprocess.TimeoutExpired:
+                log.warning("forwarder did not stop; killing it")
+                p.kill()
+                p.wait()
+            try:
+                p.stdin.close()
+            except (BrokenPipeError, OSError):
+                pass
+            self._notify_fd = None
+            self._proc = None
+        if self._fwd_thread is not None:
+            self._ctl.command("drain")
+            self._fwd_thread.join(drain + 5)
+            self._fwd_thread = None
+            if self._fwd_lock:
+                self._fwd_lock.release()
+        if self._writer is not None:
+            self._writer.close()
+        if self._bg is not None:
+            self._bg.join(2)
+        if self.embedded is not None:
+            self.embedded.stop()
+        s = self.stats()
+        lost = s["spool_messages"]
+        if lost and not self.durable:
+            log.warning("%d records not forwarded are lost (durability = none)", lost)
+        log.info("closed (accepted=%d forwarded=%d, %d records left in the spool)",
+                 s["accepted"], s["forwarded"], lost if self.durable else 0)
