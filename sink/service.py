@@ -24,6 +24,7 @@ import time
 from .forwarder import Forwarder, MemorySource, SpoolSource, ThreadControl
 from .record import SinkRecord, encode_record
 from .spool import FRAME_SIZE, DirLock, SpoolWriter
+from broker.core.topics import matches as topic_matches  # one topic-filter matcher for the project
 
 log = logging.getLogger("sink")
 
@@ -49,24 +50,6 @@ DEFAULTS = dict(
 )
 
 _MISSING = object()
-
-
-def topic_matches(flt: str, topic: str) -> bool:
-    """MQTT topic filter match (+ one level, # rest; wildcards at the start don't match $ topics)."""
-    if flt == topic:
-        return True
-    if topic.startswith("$") and flt[:1] in ("+", "#"):
-        return False
-    fl = flt.split("/")
-    tl = topic.split("/")
-    for i, f in enumerate(fl):
-        if f == "#":
-            return True
-        if i >= len(tl):
-            return False
-        if f != "+" and f != tl[i]:
-            return False
-    return len(fl) == len(tl)
 
 
 def normalize_config(cfg: dict | None, data_dir: str) -> dict:

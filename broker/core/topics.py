@@ -106,38 +106,33 @@ class TopicTrie:
         root = self.root
         dollar = topic.startswith("$")
 
+        def step(c: _Node, i: int) -> None:
+            """Continue below child c, which matched level i."""
+            if i + 1 == n:
+                if c.values:
+                    out.append(c.values)
+                h = c.children.get("#")  # 'a/#' also matches 'a' [MQTT-4.7.1-2]
+                if h is not None and h.values:
+                    out.append(h.values)
+            else:
+                walk(c, i + 1)
+
         def walk(node: _Node, i: int) -> None:
             children = node.children
             if not children:
                 return
-            if not (dollar and i == 0):  # [MQTT-4.7.2-1]
+            wild = not (dollar and i == 0)  # [MQTT-4.7.2-1]
+            if wild:
                 h = children.get("#")
                 if h is not None and h.values:
                     out.append(h.values)
-            if i == n:
-                return
             c = children.get(levels[i])
             if c is not None:
-                if i + 1 == n:
-                    if c.values:
-                        out.append(c.values)
-                    # 'a/#' also matches 'a' [MQTT-4.7.1-2]
-                    h = c.children.get("#")
-                    if h is not None and h.values:
-                        out.append(h.values)
-                else:
-                    walk(c, i + 1)
-            if not (dollar and i == 0):
+                step(c, i)
+            if wild:
                 c = children.get("+")
                 if c is not None:
-                    if i + 1 == n:
-                        if c.values:
-                            out.append(c.values)
-                        h = c.children.get("#")
-                        if h is not None and h.values:
-                            out.append(h.values)
-                    else:
-                        walk(c, i + 1)
+                    step(c, i)
 
         walk(root, 0)
         return out
