@@ -35,7 +35,7 @@ class Session:
     __slots__ = ("client_id", "subscriptions", "inflight_out", "queue", "inflight_in",
                  "expiry_interval", "expires_at", "will", "will_at", "link", "next_pid",
                  "max_queued", "queue_qos0", "stats", "username", "link_level", "sent",
-                 "store")
+                 "store", "resend_pending")
 
     def __init__(self, client_id: str, max_queued: int = 1000, queue_qos0: bool = False,
                  stats: dict | None = None, sent: list | None = None):
@@ -58,6 +58,7 @@ class Session:
         self.stats = stats if stats is not None else {}
         self.sent = sent if sent is not None else [0, 0, 0]  # PUBLISH sent, by QoS
         self.store = None  # the persistent store while this session outlives its connection
+        self.resend_pending: deque = deque()  # in-flight packet ids waiting to be resent
 
     # ------------------------------------------------------------ outbound
     def deliver(self, msg, qos: int, retain: bool, sub_ids, now: float) -> None:
@@ -154,23 +155,52 @@ class Session:
     def resume(self, now: float) -> None:
         """On reconnection: resend unacknowledged PUBLISH (DUP=1) and PUBREL, then the queue.
 
-        [MQTT-4.4.0-1]: in the original order; [MQTT-3.3.1-1]: DUP=1 on retransmission.
+        [MQTT-4.4.0-1]: original packet identifiers, original order; [MQTT-3.3.1-1]: DUP=1.
+        [MQTT-3.3.4-9]: at most the client's Receive Maximum at once; the rest are resent
+        one by one as acknowledgements free the window.
         """
         link = self.link
         link.outbound_aliases_reset()
-        for pid, entry in list(self.inflight_out.items()):
-            msg, qos, retain, sub_ids, released, seq = entry
-            if released:
-                link.write(encode_ack(P.PUBREL, pid, 0, None, link.level))
-                continue
-            expiry = msg.remaining_expiry(now) if msg.expires_at is not None else None
-            data, off = msg.encoded(link.level, qos, retain, sub_ids, expiry)
-            b = bytearray(data)
-            b[0] |= 0x08
-            b[off] = pid >> 8
-            b[off + 1] = pid & 0xFF
-            link.write(b)
+        self.resend_pending = deque()
+        budget = link.receive_max
+        for pid in list(self.inflight_out):
+            if budget > 0:
+                budget -= self._resend(pid, now)
+            else:
+                self.resend_pending.append(pid)
         self.pump(now)
+
+    def _resend(self, pid: int, now: float) -> int:
+        """Resend one in-flight message; returns 1 when something was sent."""
+        link = self.link
+        entry = self.inflight_out[pid]
+        msg, qos, retain, sub_ids, released, seq = entry
+        if released:
+            link.write(encode_ack(P.PUBREL, pid, 0, None, link.level))
+            return 1
+        expiry = msg.remaining_expiry(now) if msg.expires_at is not None else None
+        data, off = msg.encoded(link.level, qos, retain, sub_ids, expiry)
+        if len(data) > link.max_packet_size:  # [MQTT-3.1.2-25]: discard as if completed
+            del self.inflight_out[pid]
+            if seq is not None:
+                self.store.remove(seq)
+            return 0
+        b = bytearray(data)
+        b[0] |= 0x08
+        b[off] = pid >> 8
+        b[off + 1] = pid & 0xFF
+        link.write(b)
+        return 1
+
+    def _freed(self, now: float) -> None:
+        """A window slot was freed: resend a held message first, else send from the queue."""
+        held = self.resend_pending
+        while held and self.link is not None:
+            pid = held.popleft()
+            if pid in self.inflight_out and self._resend(pid, now):
+                return
+        if self.queue:
+            self.pump(now)
 
     def acked(self, pid: int, now: float) -> bool:
         """PUBACK or PUBCOMP for an outbound message: free its slot."""
@@ -179,8 +209,7 @@ class Session:
             return False
         if entry[5] is not None:
             self.store.remove(entry[5])
-        if self.queue:
-            self.pump(now)
+        self._freed(now)
         return True
 
     def received(self, pid: int, reason_code: int, now: float) -> int | None:
@@ -193,7 +222,7 @@ class Session:
             del self.inflight_out[pid]
             if entry[5] is not None:
                 self.store.remove(entry[5])
-            self.pump(now)
+            self._freed(now)
             return None
         entry[4] = True
         if entry[5] is not None:

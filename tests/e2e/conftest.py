@@ -12,10 +12,6 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 
-def pytest_configure(config):
-    config.addinivalue_line("markers", "e2e: end-to-end test (starts Spark and/or Kafka; slow)")
-
-
 @pytest.fixture(scope="session")
 def spark():
     """One local SparkSession for the whole run (starting one takes 8-14 s)."""

@@ -1,10 +1,11 @@
 """End-to-end tests of the Spark half of the sink: Kafka -> sink.job -> history table -> sink.query.
 
-Run: .venv/bin/python -m pytest tests/e2e -m e2e -q
+Run: .venv/bin/python -m pytest tests/e2e -q   (about 2 minutes; -m "not e2e" for the fast ones)
 """
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
 import signal
 import subprocess
@@ -19,7 +20,12 @@ import pytest
 from sink.job import JobConfig, SOURCE_MARKER, run
 from sink.query import run_sql
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
+pytestmark = pytest.mark.timeout(600)
+
+
+def e2e(fn):
+    """Spark + embedded Kafka: slow (the last two tests of this file are not)."""
+    return pytest.mark.e2e(pytest.mark.kafka(fn))
 
 ROOT = Path(__file__).resolve().parents[2]
 TOPIC = "mqtt.messages"
@@ -88,6 +94,7 @@ def ids_and_count(spark, table: str) -> tuple[int, set]:
 
 # ---- 1: every column right, duplicates dropped ------------------------------------------------
 
+@e2e
 def test_history_columns_and_dedup(spark, kafka, tmp_path):
     t0 = int(dt.datetime(2024, 5, 1, 23, 59, 59, 250000, tzinfo=UTC).timestamp() * 1000)
     t1 = int(dt.datetime(2024, 5, 2, 0, 0, 1, tzinfo=UTC).timestamp() * 1000)
@@ -205,6 +212,7 @@ def _committed_rows(log_path: Path) -> int:
     return sum(int(n) for n in re.findall(r"batch \d+: (\d+) rows", log_path.read_text(errors="replace")))
 
 
+@e2e
 def test_restart_after_sigkill_no_duplicates_no_gaps(spark, kafka, tmp_path):
     n_total = 2400
     log_path = tmp_path / "job.log"
@@ -269,16 +277,30 @@ def test_restart_after_sigkill_no_duplicates_no_gaps(spark, kafka, tmp_path):
     assert "history job stopped" in text
     assert "backlog" in text and "rows/s" in text
 
+    # The command-line query tool sees the same table.
+    out = subprocess.run(
+        [sys.executable, "-m", "sink.query", "--table", table, "--format", "json",
+         "SELECT count(*) AS n, count(DISTINCT message_id) AS ids FROM messages"],
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
+        timeout=180)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == {"n": n_total, "ids": n_total}
+
 
 # ---- 3: the embedded Kafka restarts (loses its log: offsets go backwards) -----------------------
 
+@e2e
 def test_kafka_restart_offsets_go_backwards(spark, kafka, tmp_path):
-    cfg = history_job(kafka.bootstrap, tmp_path, available_now=True, source="python")
+    # A small per-trigger limit: several micro-batches per run (admission control).
+    cfg = history_job(kafka.bootstrap, tmp_path, available_now=True, source="python",
+                      max_records_per_trigger=30)
     base = int(time.time() * 1000)
     first = [simple_message(i, "before", base + i) for i in range(40)]
     produce(kafka.bootstrap, first)
     assert run(spark, cfg) == 0
     assert ids_and_count(spark, cfg.table)[0] == 40
+    commits = [f for f in (Path(cfg.checkpoint_dir) / "commits").iterdir() if f.name.isdigit()]
+    assert len(commits) >= 2  # 40 records, at most 30 per micro-batch
 
     # Restart: the topic comes back empty and offsets start at 0 again. More records than
     # before, so the new log's offsets overtake the committed ones (detected by topic id).
@@ -298,3 +320,47 @@ def test_kafka_restart_offsets_go_backwards(spark, kafka, tmp_path):
     count, ids = ids_and_count(spark, cfg.table)
     assert count == 143 and {m["message_id"] for m in third} <= ids
     # (sink.source logs a WARNING "... offsets went backwards ..." to the job's stderr.)
+
+
+# ---- offset planning of the Python source (no Spark, no Kafka: fast) --------------------------
+
+def test_source_offset_planning():
+    from sink.source import KafkaRange, KafkaStreamReader, SourceOptions, _allocate
+    r = KafkaStreamReader(SourceOptions.parse({"kafka.bootstrap.servers": "h:1",
+                                               "subscribe": "a"}))
+    same = {"a": "id1"}
+    # normal: [start, end) per partition, empty ranges skipped
+    assert r.partitions({"t": {"a": {"0": 5, "1": 7}}, "ids": same},
+                        {"t": {"a": {"0": 9, "1": 7, "2": 3}}, "ids": same}) == [
+        KafkaRange("a", 0, 5, 9), KafkaRange("a", 2, 0, 3, True)]
+    # end below start (log lost): read the new log from 0
+    assert r.partitions({"t": {"a": {"0": 50}}, "ids": same},
+                        {"t": {"a": {"0": 4}}, "ids": same}) == [KafkaRange("a", 0, 0, 4, True)]
+    # topic re-created (new id) even though the new log is already longer: from 0
+    assert r.partitions({"t": {"a": {"0": 5}}, "ids": same},
+                        {"t": {"a": {"0": 8}}, "ids": {"a": "id2"}}) == [
+        KafkaRange("a", 0, 0, 8, True)]
+    # admission control shares the budget and never exceeds it
+    assert _allocate([10, 0, 30], None) == [10, 0, 30]
+    take = _allocate([10, 0, 30], 8)
+    assert sum(take) == 8 and take[1] == 0 and all(t > 0 for i, t in enumerate(take) if i != 1)
+    assert sum(_allocate([1, 1, 1, 1], 2)) == 2
+
+
+def test_job_config(tmp_path):
+    from sink.job import UsageError, config_from_args
+    cfg_file = tmp_path / "c.toml"
+    cfg_file.write_text('[sink]\nbootstrap_servers = ""\nembedded_port = 9999\n'
+                        'rules = [{ filter = "s/#", topic = "mqtt.s" }]\n'
+                        '[history]\ntable = "/t/h"\ntrigger_seconds = 2\n'
+                        'max_records_per_trigger = 100\n')
+    cfg, _ = config_from_args(["--config", str(cfg_file), "--trigger-seconds", "7"])
+    assert (cfg.bootstrap, cfg.table, cfg.checkpoint_dir, cfg.trigger_seconds) == \
+        ("127.0.0.1:9999", "/t/h", "/t/h_checkpoint", 7.0)
+    assert cfg.topics == ["mqtt.messages", "mqtt.s"]
+    assert cfg.kafka_options()["maxOffsetsPerTrigger"] == "100"
+    cfg, _ = config_from_args(["--kafka-topic", "re:mqtt\\..*"])
+    assert cfg.kafka_options()["subscribePattern"] == "mqtt\\..*"
+    cfg_file.write_text('[history]\nsource = "spark"\n')
+    with pytest.raises(UsageError, match="source must be one of"):
+        config_from_args(["--config", str(cfg_file)])

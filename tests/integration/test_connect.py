@@ -492,3 +492,26 @@ def test_will_v311(broker, level):
     bye(c)
     assert w.nothing(0.8)
     bye(w)
+
+
+def test_keep_alive_above_maximum_gets_server_keep_alive(make_broker):
+    """[MQTT-3.2.2-21]: a Keep Alive above the broker's maximum is replaced by Server Keep Alive."""
+    b = make_broker({"mqtt.max_keep_alive": 5})
+    c = connect(b.port, keep_alive=60)
+    assert props(c.connack).get(PR.SERVER_KEEP_ALIVE) == 5
+    bye(c)
+    c = connect(b.port, keep_alive=3)
+    assert PR.SERVER_KEEP_ALIVE not in props(c.connack)
+    bye(c)
+
+
+def test_client_id_too_long_0x85(make_broker):
+    """[MQTT-3.1.3-5]: a client id the broker does not accept: CONNACK 0x85 (3.1.1: return code 2)."""
+    b = make_broker({"mqtt.max_client_id_length": 10})
+    c = RawClient(b.port)
+    assert c.connect("x" * 11).reason_code == rc.CLIENT_IDENTIFIER_NOT_VALID
+    read_until_closed(c)
+    c = RawClient(b.port, level=P.MQTT_311)
+    assert c.connect("y" * 11).reason_code == rc.V4_IDENTIFIER_REJECTED
+    read_until_closed(c)
+    bye(connect(b.port, "z" * 10))

@@ -347,3 +347,34 @@ def test_resend_on_resume_v311(broker, level):
     sub.connect(me, clean_start=True)  # discard the session
     bye(sub, pub)
 
+
+
+@pytest.mark.timeout(30)
+def test_resume_resends_within_smaller_receive_maximum_MQTT_3_3_4_9(broker):
+    """[MQTT-3.3.4-9]: on resume, unacknowledged messages are resent no faster than the
+    client's (new) Receive Maximum allows; each acknowledgement releases the next one."""
+    from tests.mqtt_raw import RawClient
+    from broker.protocol import packets as P
+    from broker.protocol import properties as PR
+    cid = "resume-rm-small"
+    sub = RawClient(broker.port)
+    sub.connect(cid, clean_start=True, properties={PR.SESSION_EXPIRY_INTERVAL: 300})
+    sub.subscribe("rm/small", qos=1)
+    pub = RawClient(broker.port)
+    pub.connect(cid + "-pub")
+    for i in range(3):
+        pub.publish("rm/small", b"%d" % i, qos=1, pid=i + 1)
+        pub.recv_type(P.PUBACK)
+    first = [sub.recv_type(P.PUBLISH) for _ in range(3)]
+    sub.close()
+    again = RawClient(broker.port)
+    assert again.connect(cid, clean_start=False, properties={
+        PR.SESSION_EXPIRY_INTERVAL: 300, PR.RECEIVE_MAXIMUM: 1}).session_present
+    got = []
+    for expected in first:
+        p = again.recv_type(P.PUBLISH)
+        assert (p.packet_id, p.payload, p.dup) == (expected.packet_id, expected.payload, True)
+        assert again.nothing(0.3)  # nothing more until this one is acknowledged
+        again.send(P.Ack(P.PUBACK, p.packet_id))
+        got.append(p.payload)
+    assert got == [b"0", b"1", b"2"]

@@ -12,7 +12,7 @@ from broker.protocol import reason_codes as rc
 from broker.protocol.codec import encode, encode_publish
 from broker.protocol.properties import encode_utf8, encode_vbi
 
-from .helpers import (P, PR, RawClient, assert_served, bye, cid, connect, expect_disconnect,
+from .helpers import (P, RawClient, assert_served, bye, cid, connect, expect_disconnect,
                       raw_connect_bytes, read_until_closed, recv_publish, uniq)
 
 pytestmark = pytest.mark.timeout(30)
@@ -131,7 +131,8 @@ def test_malformed_connect_refused(broker, data):
     client may first get a CONNACK with a reason code >= 0x80)."""
     got = raw_connect_bytes(broker.port, data)
     if got:
-        assert got[0] == 0x20 and got[3] >= 0x80, got
+        # a v5 CONNACK with a failure code, or a 3.1.1 CONNACK with a non-zero return code
+        assert got[0] == 0x20 and (got[3] >= 0x80 or (got[1] == 2 and got[3] != 0)), got
     assert_served(broker.port)
 
 
@@ -216,3 +217,16 @@ def test_connect_timeout_closes_silent_socket(make_broker):
     assert time.monotonic() - t0 < 4
     s.close()
     assert_served(b.port)
+
+
+def test_non_mqtt_first_bytes_closed_at_once_MQTT_3_1_0_1(broker):
+    """[MQTT-3.1.0-1]: a connection whose first packet is not CONNECT is closed at once
+    (an HTTP request here), without waiting for the connect timeout."""
+    import socket
+    import time as _time
+    s = socket.create_connection(("127.0.0.1", broker.port), timeout=5)
+    t0 = _time.monotonic()
+    s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert s.recv(100) == b""
+    assert _time.monotonic() - t0 < 2
+    s.close()

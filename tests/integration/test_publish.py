@@ -952,3 +952,57 @@ def test_retain_handling_1_after_unsubscribe_MQTT_3_3_1_10(broker):
     ack(c, m)
     publish_ok(pub, topic, b"", qos=1, retain=True)
     bye(c, pub)
+
+
+def test_outbound_aliases_reset_on_new_connection_MQTT_3_3_2_7(broker):
+    """[MQTT-3.3.2-7] (broker as sender) After a reconnection the broker does not use aliases from
+    the earlier connection: the first message on a topic names it again."""
+    topic, me = uniq("alias7out"), cid("al7o")
+    c = connect(broker.port, me, properties={PR.TOPIC_ALIAS_MAXIMUM: 5, PR.SESSION_EXPIRY_INTERVAL: 60})
+    c.subscribe(topic, qos=1)
+    pub = connect(broker.port)
+    publish_ok(pub, topic, b"1", qos=1)
+    m = recv_publish(c)
+    assert (m.topic, props(m).get(PR.TOPIC_ALIAS)) == (topic, 1)
+    ack(c, m)
+    bye(c)
+    c = connect(broker.port, me, clean_start=False, expect_present=True,
+                properties={PR.TOPIC_ALIAS_MAXIMUM: 5})
+    publish_ok(pub, topic, b"2", qos=1)
+    m = recv_publish(c)
+    assert AliasView(5).resolve(m) == topic and m.payload == b"2"
+    ack(c, m)
+    bye(c, pub)
+
+
+def test_message_expiry_while_waiting_for_window_MQTT_3_3_2_5(broker):
+    """[MQTT-3.3.2-5] A message queued behind a full Receive Maximum window (client online) that
+    expires before it can be sent is deleted; later messages still come."""
+    topic = uniq("expwin")
+    c = connect(broker.port, properties={PR.RECEIVE_MAXIMUM: 1})
+    c.subscribe(topic, qos=1)
+    pub = connect(broker.port)
+    publish_ok(pub, topic, b"first", qos=1, pid=1)
+    publish_ok(pub, topic, b"short", qos=1, pid=2, properties={PR.MESSAGE_EXPIRY_INTERVAL: 1})
+    publish_ok(pub, topic, b"last", qos=1, pid=3)
+    m = recv_publish(c)
+    assert m.payload == b"first"
+    time.sleep(2.2)
+    ack(c, m)
+    m = recv_publish(c)
+    assert m.payload == b"last", "an expired message was sent"
+    ack(c, m)
+    bye(c, pub)
+
+
+def test_retained_publish_with_topic_alias_MQTT_3_3_1_5(broker):
+    """[MQTT-3.3.1-5] with 3.3.2.3.4: a retained PUBLISH naming its topic only by alias is stored
+    under the alias's topic."""
+    topic = uniq("retalias")
+    c = connect(broker.port)
+    publish_ok(c, topic, b"v1", qos=1, properties={PR.TOPIC_ALIAS: 2})
+    publish_ok(c, "", b"v2", qos=1, pid=2, retain=True, properties={PR.TOPIC_ALIAS: 2})
+    got = _retained(broker.port, topic)
+    assert [(m.topic, m.payload) for m in got] == [(topic, b"v2")]
+    publish_ok(c, topic, b"", qos=1, pid=3, retain=True)
+    bye(c)
