@@ -23,6 +23,12 @@ _NEW, _CONNECTED, _CLOSED = 0, 1, 2
 
 
 class Connection:
+    __slots__ = ("broker", "peer", "decoder", "state", "level", "client_id", "username", "session",
+                 "keep_alive", "last_rx", "connected_at", "receive_max", "max_packet_size",
+                 "alias_max", "request_problem_info", "in_aliases", "out_aliases", "out",
+                 "is_dirty", "close_requested", "held_acks", "pending_acks", "clean_disconnect",
+                 "connect_seen", "transport", "paused", "identity")
+
     def __init__(self, broker, peer: str = "?"):
         self.broker = broker
         self.peer = peer
