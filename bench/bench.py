@@ -53,7 +53,7 @@ P99_TARGET_MS = 1.0
 KIB_PER_CONN_TARGET = 10.0
 LOADGEN_CPU_WARN = 0.90
 
-DEFAULT_BROKER_CMD = f"{shlex.quote(PY)} -m broker --host {{host}} --port {{port}}"
+DEFAULT_BROKER_CMD = f"{shlex.quote(PY)} -m broker --host {{host}} --port {{port}} --data-dir {{datadir}}"
 
 
 def log(msg):
@@ -205,7 +205,8 @@ def mosquitto_broker(binary):
 
 def our_broker(cmd_template):
     def argv(host, port, tmpdir):
-        return shlex.split(cmd_template.format(host=host, port=port, python=PY))
+        datadir = os.path.join(tmpdir, f"ours-{port}")  # fresh state for every run
+        return shlex.split(cmd_template.format(host=host, port=port, python=PY, datadir=datadir))
     return Broker("ours", argv, REPO)
 
 
@@ -219,7 +220,7 @@ def mosquitto_version(binary):
 
 def our_broker_available(cmd_template):
     """`python -m broker --help` (or the --broker-cmd program with --help) exits 0."""
-    argv = shlex.split(cmd_template.format(host="127.0.0.1", port=1883, python=PY))
+    argv = shlex.split(cmd_template.format(host="127.0.0.1", port=1883, python=PY, datadir="data"))
     # strip our own --host/--port arguments and ask for help instead
     base = []
     skip = False
@@ -249,6 +250,8 @@ def loadgen_args(a, scenario, port, broker_pid):
             "--rate", str(a.rate), "--conns", str(a.conns), "--broker-pid", str(broker_pid)]
     if a.broker_cpu is not None:
         args += ["--broker-core", str(a.broker_cpu)]
+    if a.persistent:
+        args += ["--persistent"]
     if scenario == "latency":
         args[args.index("--duration") + 1] = str(a.latency_duration or a.duration)
     return args
@@ -489,6 +492,8 @@ def main():
     p.add_argument("--conns", type=int, default=5000, help="idle connections for the memory scenario")
     p.add_argument("--rss-limit-mb", type=int, default=4096, help="kill a broker whose RSS exceeds this")
     p.add_argument("--json", metavar="FILE", help="save all runs and the summary as JSON")
+    p.add_argument("--persistent", action="store_true",
+                   help="clients connect with clean session 0 (persistent sessions: measures the state store)")
     a = p.parse_args()
 
     print("command: " + " ".join(shlex.quote(x) for x in [sys.executable] + sys.argv), flush=True)

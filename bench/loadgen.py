@@ -39,6 +39,7 @@ except ImportError:  # pragma: no cover - bench still works, slower
 
 PAYLOAD_SIZE = 64
 MQTT_VERSION = 4
+CONNECT_FLAGS = 0x02  # clean session; --persistent makes it 0x00
 
 # ----------------------------------------------------------------- encoding
 
@@ -71,8 +72,9 @@ def props() -> bytes:
 
 
 def connect_packet(client_id: str, keepalive: int = 0) -> bytes:
-    vh = (mqtt_str("MQTT") + bytes([MQTT_VERSION, 0x02])
-          + struct.pack(">H", keepalive) + props())
+    vh = (mqtt_str("MQTT") + bytes([MQTT_VERSION, CONNECT_FLAGS])
+          + struct.pack(">H", keepalive)
+          + ((b"\x05\x11\x00\x00\x0e\x10" if CONNECT_FLAGS == 0 else b"\x00") if MQTT_VERSION == 5 else b""))
     return packet(0x10, vh + mqtt_str(client_id))
 
 
@@ -754,7 +756,7 @@ async def amain(a):
 
 
 def main(argv=None):
-    global MQTT_VERSION
+    global MQTT_VERSION, CONNECT_FLAGS
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--scenario", required=True,
                    choices=["qos0_fanin", "qos0_fanout", "qos1_fanin", "qos2", "latency", "conns"])
@@ -776,9 +778,12 @@ def main(argv=None):
     p.add_argument("--conns", type=int, default=5000)
     p.add_argument("--conn-concurrency", type=int, default=100)
     p.add_argument("--broker-pid", type=int, default=0)
+    p.add_argument("--persistent", action="store_true", help="clean session 0 (persistent sessions)")
     p.add_argument("--broker-core", type=int, default=None)
     a = p.parse_args(argv)
     MQTT_VERSION = a.mqtt
+    if a.persistent:
+        CONNECT_FLAGS = 0x00
     Meter.broker_core = a.broker_core
     try:
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
