@@ -12,9 +12,11 @@ Exactly once, and no duplicate message ids:
   half-written batch is never visible and never counted twice.
 - Duplicate message ids (producer retries, a replayed broker spool, a re-read after Kafka lost
   its log) are removed by ``dropDuplicatesWithinWatermark("message_id")``: the state store
-  (RocksDB, in the checkpoint, so it is exactly-once too) remembers every id for
-  ``dedup_window`` (default 24 hours) after it was first ingested. The watermark is on
-  ``ingested_at`` (processing time), so late records are never dropped as "too late".
+  (RocksDB, in the checkpoint, so it is exactly-once too) remembers every id for at least
+  ``dedup_window`` (default 24 hours; ids are evicted after about twice that) after it was
+  first ingested. The watermark is on ``ingested_at`` (processing time: the micro-batch's
+  timestamp, which is kept in the offset log, so a replayed batch gets the same value), so
+  records are never dropped as "too late", however old their accepted_at.
 """
 from __future__ import annotations
 
@@ -88,6 +90,10 @@ class JobConfig:
             raise UsageError(f"trigger seconds must be > 0, not {self.trigger_seconds}")
         if self.max_records_per_trigger is not None and self.max_records_per_trigger <= 0:
             raise UsageError("max_records_per_trigger must be a positive number")
+        import re
+        if not re.fullmatch(r"\s*\d+\s+(second|minute|hour|day|week)s?\s*", self.dedup_window):
+            raise UsageError(f"dedup_window must look like '24 hours' or '30 minutes', "
+                             f"not {self.dedup_window!r}")
         host, _, port = self.bootstrap.split(",")[0].rpartition(":")
         if not host or not port.isdigit():
             raise UsageError(f"Kafka bootstrap must look like HOST:PORT, not {self.bootstrap!r}")
@@ -113,10 +119,24 @@ def load_config(path: str | None) -> dict:
     except tomllib.TOMLDecodeError as exc:
         raise UsageError(f"config file {path} is not valid TOML: {exc}") from None
     out = {}
+    # [sink] is the broker's section (config/broker.toml): read Kafka from where it forwards to.
     sink = data.get("sink", {})
-    if "bootstrap_servers" in sink:
-        bs = sink["bootstrap_servers"]
-        out["bootstrap"] = ",".join(bs) if isinstance(bs, list) else str(bs)
+    bs = sink.get("bootstrap_servers", "")
+    bs = ",".join(bs) if isinstance(bs, list) else str(bs or "").strip()
+    if bs:
+        out["bootstrap"] = bs
+    elif "embedded_port" in sink:  # empty = the broker starts an embedded Kafka on this port
+        port = int(sink.get("embedded_port") or 0)
+        if port <= 0:
+            raise UsageError(f"{path}: [sink] uses an embedded Kafka on a random port "
+                             "(embedded_port = 0); give its address with --kafka-bootstrap")
+        out["bootstrap"] = f"127.0.0.1:{port}"
+    sink_topics = [sink.get("topic") or DEFAULT_TOPIC] if sink else []
+    for rule in sink.get("rules", []) or []:
+        if isinstance(rule, dict) and rule.get("topic") and rule["topic"] not in sink_topics:
+            sink_topics.append(str(rule["topic"]))
+    if sink_topics:
+        out["topics"] = sink_topics  # [history] kafka_topics, then --kafka-topic, override
     hist = data.get("history", {})
     known = {"table", "checkpoint", "kafka_topics", "trigger_seconds", "source",
              "max_records_per_trigger", "dedup_window", "starting_offsets"}
@@ -383,12 +403,13 @@ def _short_error(exc) -> str:
     return text.splitlines()[0] if text else repr(exc)
 
 
-def check_kafka(bootstrap: str, timeout: float = 10.0) -> None:
-    """Fail fast, with a clear message, when Kafka is not reachable."""
+def check_kafka(bootstrap: str, timeout: float = 10.0,
+                stop: threading.Event | None = None) -> None:
+    """Wait until Kafka accepts connections; fail with a clear message after ``timeout`` s."""
     import socket
-    last = None
+    last, warned = None, time.monotonic()
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and not (stop and stop.is_set()):
         for server in bootstrap.split(","):
             host, _, port = server.strip().rpartition(":")
             try:
@@ -396,9 +417,14 @@ def check_kafka(bootstrap: str, timeout: float = 10.0) -> None:
                     return
             except OSError as exc:
                 last = exc
+        if time.monotonic() - warned > 10:
+            warned = time.monotonic()
+            log.warning("waiting for Kafka at %s (%s)", bootstrap, last)
         time.sleep(0.5)
-    raise UsageError(f"cannot reach Kafka at {bootstrap} ({last}). Is Kafka running? "
-                     "Set the address with --kafka-bootstrap or [sink] bootstrap_servers")
+    if stop and stop.is_set():
+        return
+    raise ConnectionError(f"cannot reach Kafka at {bootstrap} ({last}). Is Kafka running? "
+                          "Set the address with --kafka-bootstrap or [sink] bootstrap_servers")
 
 
 def main(argv=None) -> int:
@@ -411,6 +437,7 @@ def main(argv=None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("kafka").setLevel(logging.WARNING)
     logging.getLogger("py4j").setLevel(logging.WARNING)
+    logging.getLogger("SQLQueryContextLogger").setLevel(logging.CRITICAL)
     stop = threading.Event()
 
     def on_signal(signum, _frame):
@@ -423,9 +450,17 @@ def main(argv=None) -> int:
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
     try:
-        check_kafka(cfg.bootstrap)
+        # A broker starting beside the job may need a moment to bring its (embedded) Kafka up.
+        check_kafka(cfg.bootstrap, timeout=10.0 if cfg.available_now else 120.0, stop=stop)
+        if stop.is_set():
+            log.info("history job stopped before it started")
+            return 0
         from sink.spark import get_spark
         spark = get_spark("mqtt-history-job")
+        # SparkContext installs its own SIGINT handler (cancel jobs + KeyboardInterrupt): ours
+        # must win so that Ctrl-C stops the query cleanly.
+        signal.signal(signal.SIGINT, on_signal)
+        signal.signal(signal.SIGTERM, on_signal)
         try:
             return run(spark, cfg, stop)
         finally:
@@ -433,6 +468,9 @@ def main(argv=None) -> int:
     except UsageError as exc:
         log.error("%s", exc)
         return 2
+    except ConnectionError as exc:
+        log.error("%s", exc)
+        return 1
 
 
 if __name__ == "__main__":

@@ -134,6 +134,8 @@ def main(argv=None) -> int:
                    help="table format: cut cells longer than N characters (default 60)")
     args = p.parse_args(argv)
 
+    import logging
+    logging.getLogger("SQLQueryContextLogger").setLevel(logging.CRITICAL)  # we print the error
     from pyspark.errors import AnalysisException, ParseException
     from sink.spark import get_spark
     spark = get_spark("mqtt-history-query", log_level="ERROR")
