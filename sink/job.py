@@ -145,9 +145,9 @@ def load_config(path: str | None) -> dict:
         raise UsageError(f"unknown key(s) in [history] of {path}: {', '.join(sorted(unknown))} "
                          f"(known: {', '.join(sorted(known))})")
     for key in ("table", "checkpoint", "source", "dedup_window", "starting_offsets"):
-        if key in hist:
+        if hist.get(key):  # "" means the default
             out[key] = str(hist[key])
-    if "kafka_topics" in hist:
+    if hist.get("kafka_topics"):  # [] means: the topics [sink] forwards to
         out["topics"] = _topics(hist["kafka_topics"])
     try:
         if "trigger_seconds" in hist:
