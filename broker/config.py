@@ -26,6 +26,7 @@ class MQTTConfig:
     validate_payload_format: bool = True  # 0x99 when Payload Format Indicator=1 and payload isn't UTF-8
     max_client_id_length: int = 65535
     max_topic_levels: int = 128
+    max_topic_length: int = 65535        # bytes of a topic name or filter
     publish_will_on_shutdown: bool = False
     connect_timeout: float = 10.0        # seconds to receive CONNECT after the TCP connection
     max_connections: int = 0             # 0: unlimited

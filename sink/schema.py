@@ -16,18 +16,10 @@ from __future__ import annotations
 from pyspark.sql.types import (ArrayType, BinaryType, BooleanType, DateType, IntegerType,
                                LongType, StringType, StructField, StructType, TimestampType)
 
-H_MESSAGE_ID = "mqtt.message_id"
-H_CLIENT_ID = "mqtt.client_id"
-H_USERNAME = "mqtt.username"
-H_QOS = "mqtt.qos"
-H_RETAIN = "mqtt.retain"
-H_PROTOCOL = "mqtt.protocol"
-H_PAYLOAD_FORMAT = "mqtt.payload_format"
-H_CONTENT_TYPE = "mqtt.content_type"
-H_RESPONSE_TOPIC = "mqtt.response_topic"
-H_CORRELATION_DATA = "mqtt.correlation_data"
-H_MESSAGE_EXPIRY = "mqtt.message_expiry"
-H_USER_PREFIX = "mqtt.user."
+# The header names are the record contract, defined once in sink/record.py.
+from .record import (H_CLIENT_ID, H_CONTENT_TYPE, H_CORRELATION_DATA,  # noqa: F401
+                     H_MESSAGE_EXPIRY, H_MESSAGE_ID, H_PAYLOAD_FORMAT, H_PROTOCOL, H_QOS,
+                     H_RESPONSE_TOPIC, H_RETAIN, H_USER_PREFIX, H_USERNAME)
 
 #: Rows as Spark's native Kafka source returns them with includeHeaders=true.
 KAFKA_SCHEMA = StructType([

@@ -314,6 +314,9 @@ class Connection:
             if qos == 1 and pid in session.inflight_in:
                 self.ack(qos, pid, rc.PACKET_IDENTIFIER_IN_USE)
                 return
+        if len(topic) > cfg.max_topic_length or topic.count("/") >= cfg.max_topic_levels:
+            b.stats["publish_dropped"] += 1  # a configured limit, not a protocol violation
+            return self.ack(qos, pid, rc.TOPIC_NAME_INVALID) if qos else None
         b.received_by_qos[qos] += 1
         if (props is not None and props.get(PR.PAYLOAD_FORMAT_INDICATOR) == 1
                 and cfg.validate_payload_format):
@@ -420,7 +423,8 @@ class Connection:
         except ValueError:
             return rc.TOPIC_FILTER_INVALID
         group, topic_filter = shared if shared else (None, filt)
-        if not valid_topic_filter(topic_filter) or topic_filter.count("/") >= cfg.max_topic_levels:
+        if (not valid_topic_filter(topic_filter) or topic_filter.count("/") >= cfg.max_topic_levels
+                or len(topic_filter) > cfg.max_topic_length):
             return rc.TOPIC_FILTER_INVALID
         if group is not None:
             if not cfg.shared_subscription_available:

@@ -32,7 +32,7 @@ def load(ctx: ssl.SSLContext, listener: dict) -> None:
 
 
 def peer_identity(ssl_object) -> str | None:
-    """The common name of a verified client certificate, if any."""
+    """The common name (else the first subject alternative name) of a verified client certificate."""
     if ssl_object is None:
         return None
     cert = ssl_object.getpeercert()
@@ -42,4 +42,6 @@ def peer_identity(ssl_object) -> str | None:
         for key, value in rdn:
             if key == "commonName":
                 return value
+    for kind, value in cert.get("subjectAltName", ()):  # no CN: the first name it carries
+        return value
     return None

@@ -1006,3 +1006,22 @@ def test_retained_publish_with_topic_alias_MQTT_3_3_1_5(broker):
     assert [(m.topic, m.payload) for m in got] == [(topic, b"v2")]
     publish_ok(c, topic, b"", qos=1, pid=3, retain=True)
     bye(c)
+
+
+def test_topic_limits_refuse_deep_or_long_topic_names(make_broker):
+    """Configured limits (abuse protection): a topic name deeper than mqtt.max_topic_levels
+    or longer than mqtt.max_topic_length gets PUBACK 0x90 and is not delivered; filters get 0x8F."""
+    from broker.protocol import packets as P
+    from tests.mqtt_raw import RawClient
+    b = make_broker({"mqtt.max_topic_levels": 4, "mqtt.max_topic_length": 32})
+    c = RawClient(b.port)
+    c.connect("limits")
+    assert c.subscribe("#", "a/b/c/d/e", "x" * 40, qos=1).reason_codes == [1, 0x8F, 0x8F]
+    c.publish("a/b/c/d/e", b"deep", qos=1, pid=1)
+    assert c.recv_type(P.PUBACK).reason_code == 0x90
+    c.publish("y" * 33, b"long", qos=1, pid=2)
+    assert c.recv_type(P.PUBACK).reason_code == 0x90
+    c.publish("a/b/c/d", b"ok", qos=1, pid=3)
+    pkts = [c.recv(), c.recv()]
+    assert sorted(p.type for p in pkts) == [P.PUBLISH, P.PUBACK]
+    assert [p.payload for p in pkts if p.type == P.PUBLISH] == [b"ok"]
