@@ -682,6 +682,8 @@ def main() -> int:
     if logging.getLogger("kafka").level == logging.NOTSET:
         logging.getLogger("kafka").setLevel(logging.CRITICAL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # the broker decides when we stop
+    if cfg.get("cpus"):  # keep the forwarder off the broker's core when asked to
+        os.sched_setaffinity(0, cfg["cpus"])
     lock = DirLock(cfg["spool_dir"], "forwarder.lock")
     lock.acquire(timeout=15)
     out = sys.stdout.buffer

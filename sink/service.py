@@ -44,6 +44,7 @@ DEFAULTS = dict(
     embedded_log_file="",
     stats_interval=60.0,
     forwarder="process",
+    forwarder_cpus=[],
     max_inflight=10000,
     drain_timeout_seconds=5.0,
     kafka={},
@@ -59,8 +60,8 @@ def normalize_config(cfg: dict | None, data_dir: str) -> dict:
             log.warning("unknown config key [sink] %s ignored", k)
             continue
         c[k] = v
-    if c["durability"] not in ("spool", "none"):
-        raise ValueError(f"sink.durability must be 'spool' or 'none', not {c['durability']!r}")
+    if c["durability"] not in ("spool", "async", "none"):
+        raise ValueError(f"sink.durability must be 'spool', 'async' or 'none', not {c['durability']!r}")
     if c["forwarder"] not in ("process", "thread"):
         raise ValueError(f"sink.forwarder must be 'process' or 'thread', not {c['forwarder']!r}")
     rules = c["rules"] or []
@@ -81,6 +82,10 @@ def normalize_config(cfg: dict | None, data_dir: str) -> dict:
         c["exclude"] = [x.strip() for x in c["exclude"].split(",") if x.strip()]
     c["exclude"] = [str(x) for x in (c["exclude"] or [])]
     c["kafka"] = dict(c["kafka"] or {})
+    cpus = c["forwarder_cpus"]
+    if isinstance(cpus, (int, str)):
+        cpus = [x for x in str(cpus).split(",") if x.strip()]
+    c["forwarder_cpus"] = [int(x) for x in cpus or []]
     return c
 
 
@@ -88,7 +93,8 @@ class Sink:
     def __init__(self, cfg: dict, data_dir: str):
         self.cfg = normalize_config(cfg, data_dir)
         self.data_dir = data_dir
-        self.durable = self.cfg["durability"] == "spool"
+        self.durable = self.cfg["durability"] == "spool"          # acks wait for the fsync
+        self.on_disk = self.cfg["durability"] in ("spool", "async")  # records go through the spool file
         self.max_bytes = self.cfg["spool_max_bytes"]
         self._route_cache: dict[str, str | None] = {}
         self._id_prefix = f"{int(time.time()):x}{secrets.token_hex(4)}-"
@@ -140,8 +146,8 @@ class Sink:
             log.info("embedded Kafka (Tansu, memory storage) at %s", self.bootstrap)
         if logging.getLogger("kafka").level == logging.NOTSET:
             logging.getLogger("kafka").setLevel(logging.CRITICAL)   # our own WARNING/INFO say it
-        if self.durable:
-            self._writer = SpoolWriter(c["spool_dir"], int(c["spool_segment_bytes"]), fsync=True,
+        if self.on_disk:
+            self._writer = SpoolWriter(c["spool_dir"], int(c["spool_segment_bytes"]), fsync=self.durable,
                                        on_durable=self._on_durable, on_written=self._notify_forwarder,
                                        on_error=self._on_write_error).open()
             self._fwd_pos, self._fwd_seq = self._writer.ckpt_pos, self._writer.ckpt_seq
@@ -151,7 +157,7 @@ class Sink:
                          backlog, c["spool_dir"])
         else:
             self._mem = MemorySource(self.max_bytes)
-        if self.durable and c["forwarder"] == "process":
+        if self.on_disk and c["forwarder"] == "process":
             self._start_process()
         else:
             self._start_thread()
@@ -159,8 +165,8 @@ class Sink:
         self._bg.start()
         self._started = True
         log.info("started (durability=%s, forwarder=%s, kafka=%s, topic=%s, spool=%s)",
-                 c["durability"], c["forwarder"] if self.durable else "thread", self.bootstrap, c["topic"],
-                 c["spool_dir"] if self.durable else "memory")
+                 c["durability"], c["forwarder"] if self.on_disk else "thread", self.bootstrap, c["topic"],
+                 c["spool_dir"] if self.on_disk else "memory")
 
     def _fwd_config(self) -> dict:
         c = self.cfg
@@ -168,7 +174,7 @@ class Sink:
                     replay_window_seconds=c["replay_window_seconds"],
                     replay_window_messages=c["replay_window_messages"],
                     max_inflight=c["max_inflight"], drain_timeout=c["drain_timeout_seconds"],
-                    retain_max_bytes=self.max_bytes,
+                    retain_max_bytes=self.max_bytes, cpus=c["forwarder_cpus"],
                     log_level=logging.getLogger("sink").getEffectiveLevel(),
                     watch_pid=self.embedded.proc.pid if self.embedded and self.embedded.proc else None)
 
@@ -202,8 +208,8 @@ class Sink:
     def _start_thread(self) -> None:
         self._ctl = ThreadControl()
         c = self.cfg
-        source = SpoolSource(c["spool_dir"], self.max_bytes) if self.durable else self._mem
-        self._fwd_lock = DirLock(c["spool_dir"], "forwarder.lock") if self.durable else None
+        source = SpoolSource(c["spool_dir"], self.max_bytes) if self.on_disk else self._mem
+        self._fwd_lock = DirLock(c["spool_dir"], "forwarder.lock") if self.on_disk else None
         if self._fwd_lock:
             self._fwd_lock.acquire(timeout=15)
         self._fwd = Forwarder(source, self._ctl, self._apply_status, self.bootstrap, c["kafka"],
@@ -250,7 +256,7 @@ class Sink:
         if self._closed:
             self.dropped += 1
             return False
-        src = self._writer if self.durable else self._mem
+        src = self._writer if self.on_disk else self._mem
         if src.end_pos - self._fwd_pos >= self.max_bytes:
             self.dropped += 1
             if not self._full:
@@ -266,14 +272,14 @@ class Sink:
             rec.message_id = f"{self._id_prefix}{self._id_n:x}"
         src.append(encode_record(rec, kt))
         self.accepted += 1
-        if not self.durable:
+        if not self.on_disk:
             self.spooled += 1
             self._ctl.notify()
         return True
 
     def barrier(self) -> "asyncio.Future | None":
         w = self._writer
-        if w is None:
+        if w is None or not self.durable:  # "async" and "none" acknowledge at once
             return None
         target = w.next_seq - 1
         if target <= w.durable_seq:
@@ -323,7 +329,7 @@ class Sink:
     # -- stats -------------------------------------------------------------------------------------
     def stats(self) -> dict:
         st = self._fst
-        src = self._writer if self.durable else self._mem
+        src = self._writer if self.on_disk else self._mem
         end_pos = src.end_pos if src else 0
         next_seq = src.next_seq if src else 0
         return dict(
@@ -415,7 +421,7 @@ class Sink:
             self.embedded.stop()
         s = self.stats()
         lost = s["spool_messages"]
-        if lost and not self.durable:
+        if lost and not self.on_disk:
             log.warning("%d records not forwarded are lost (durability = none)", lost)
         log.info("closed (accepted=%d forwarded=%d, %d records left in the spool)",
-                 s["accepted"], s["forwarded"], lost if self.durable else 0)
+                 s["accepted"], s["forwarded"], lost if self.on_disk else 0)

@@ -101,10 +101,11 @@ def assert_per_topic_order(records, expected: dict[str, list[str]]):
 
 # ---------------------------------------------------------------------------------------------
 @pytest.mark.timeout(90)
-@pytest.mark.parametrize("mode", ["process", "thread", "none"])
+@pytest.mark.parametrize("mode", ["process", "thread", "none", "async"])
 def test_headers_and_payload_round_trip(kafka, tmp_path, mode):
-    cfg = {"bootstrap_servers": kafka.bootstrap, "forwarder": "thread" if mode == "none" else mode,
-           "durability": "none" if mode == "none" else "spool", "stats_interval": 1}
+    cfg = {"bootstrap_servers": kafka.bootstrap,
+           "forwarder": {"none": "thread", "async": "process"}.get(mode, mode),
+           "durability": mode if mode in ("none", "async") else "spool", "stats_interval": 1}
     s = Sink.from_config(cfg, str(tmp_path))
     s.start()
     sent = []
