@@ -65,16 +65,21 @@ def _apply(obj, table: dict, where: str) -> None:
             setattr(obj, key, value)
 
 
+def read_toml(path: str) -> dict:
+    """The TOML file at path; ValueError saying what is wrong (shared with sink.job)."""
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        raise ValueError(f"config file {path} does not exist (check --config)") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"config file {path} is not valid TOML: {exc}") from None
+
+
 def load(path: str | None = None, env: dict | None = None) -> Config:
     cfg = Config()
     if path:
-        try:
-            with open(path, "rb") as f:
-                data = tomllib.load(f)
-        except FileNotFoundError:
-            raise ValueError(f"config file {path} not found") from None
-        except tomllib.TOMLDecodeError as exc:
-            raise ValueError(f"config file {path} is not valid TOML: {exc}") from None
+        data = read_toml(path)
         broker = dict(data.pop("broker", {}))
         _apply(cfg, broker, "broker.")
         if "mqtt" in data:

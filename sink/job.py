@@ -28,7 +28,6 @@ import signal
 import sys
 import threading
 import time
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -111,13 +110,11 @@ def _topics(value) -> list[str]:
 def load_config(path: str | None) -> dict:
     if not path:
         return {}
+    from broker.config import read_toml  # one reader for the project's config file
     try:
-        with open(path, "rb") as f:
-            data = tomllib.load(f)
-    except FileNotFoundError:
-        raise UsageError(f"config file {path} does not exist (check --config)") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise UsageError(f"config file {path} is not valid TOML: {exc}") from None
+        data = read_toml(path)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     out = {}
     # [sink] is the broker's section (config/broker.toml): read Kafka from where it forwards to.
     sink = data.get("sink", {})
