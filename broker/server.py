@@ -81,6 +81,8 @@ class Server:
         self.store = store
         self.broker = Broker(config.mqtt, sink=sink, auth=auth, store=store)
         self.broker.schedule_flush = self._schedule_flush
+        if getattr(auth, "passwords", None) is not None:
+            self.broker.defer_auth = self._defer_auth  # scrypt takes ~100 ms: not on the loop
         self.loop: asyncio.AbstractEventLoop | None = None
         self.servers: list = []
         self.ports: dict[str, int] = {}
@@ -129,6 +131,23 @@ class Server:
             conn.release_acks(acks)
         else:
             fut.add_done_callback(lambda f: conn.release_acks(acks))
+
+    def _defer_auth(self, conn: Connection, connect, client_id: str, assigned) -> None:
+        auth = self.broker.auth
+        fut = self.loop.run_in_executor(None, auth.authenticate, client_id, connect.username,
+                                        connect.password)
+
+        def done(f) -> None:
+            try:
+                code = f.result()
+            except Exception:
+                log.exception("password check failed")
+                code = 0x80
+            conn.auth_done(connect, client_id, assigned, code)
+            if conn.held_acks:
+                self.hold_acks(conn)
+
+        fut.add_done_callback(done)
 
     # ------------------------------------------------------------ lifecycle
     def listener_specs(self) -> list[dict]:

@@ -49,6 +49,9 @@ class Broker:
         self.connections: set = set()
         self.dirty: list = []            # connections with bytes to write
         self.schedule_flush = None       # set by the server: called when dirty becomes non-empty
+        # set by the server when password checks are slow: defer_auth(conn, connect, client_id,
+        # assigned) runs auth.authenticate off the event loop, then calls conn.auth_done(...)
+        self.defer_auth = None
         self.delayed_wills: dict[str, Session] = {}
         self.stats = {"publish_dropped": 0,
                       "dropped_queue_full": 0, "dropped_expired": 0, "dropped_too_large": 0,

@@ -19,7 +19,8 @@ from .topics import parse_shared, valid_topic_filter
 
 log = logging.getLogger("broker.connection")
 
-_NEW, _CONNECTED, _CLOSED = 0, 1, 2
+_NEW, _CONNECTED, _CLOSED, _AUTHENTICATING = 0, 1, 2, 3
+MAX_DEFERRED = 1000  # packets a client may send while its password is being checked
 
 
 class Connection:
@@ -27,7 +28,7 @@ class Connection:
                  "keep_alive", "last_rx", "connected_at", "receive_max", "max_packet_size",
                  "alias_max", "request_problem_info", "in_aliases", "out_aliases", "out",
                  "is_dirty", "close_requested", "held_acks", "pending_acks", "clean_disconnect",
-                 "connect_seen", "transport", "paused", "identity")
+                 "connect_seen", "transport", "paused", "identity", "deferred")
 
     def __init__(self, broker, peer: str = "?"):
         self.broker = broker
@@ -60,6 +61,7 @@ class Connection:
         self.transport = None      # set by the server glue
         self.paused = False        # the transport's write buffer is full (backpressure)
         self.identity: str | None = None  # verified TLS client certificate name, if used
+        self.deferred: list | None = None  # packets received while the password is checked
         broker.connections.add(self)
         broker.stats["connections_total"] += 1
 
@@ -133,8 +135,12 @@ class Connection:
         t = pkt.type
         if t == P.PUBLISH:
             if self.state != _CONNECTED:
+                if self.state == _AUTHENTICATING:
+                    return self.defer(pkt)
                 raise ProtocolError("PUBLISH before CONNECT")
             self.on_publish(pkt)
+        elif self.state == _AUTHENTICATING:
+            self.defer(pkt)
         elif self.state == _NEW:
             if t != P.CONNECT:  # [MQTT-3.1.0-1]
                 raise ProtocolError("the first packet must be CONNECT")
@@ -186,12 +192,48 @@ class Connection:
                                "enhanced authentication is not configured on this broker")
         if self.identity is not None:
             c.username = self.identity  # TLS client certificate authenticates (listener option)
-            code = 0
+        elif b.defer_auth is not None and c.password is not None:
+            # a slow password hash: checked off the event loop, CONNACK follows when it is done
+            self.state = _AUTHENTICATING
+            self.deferred = []
+            b.defer_auth(self, c, client_id, assigned)
+            return
         else:
             code = b.auth.authenticate(client_id, c.username, c.password)
-        if code:
-            return self.refuse(code, "not authorized" if code == rc.NOT_AUTHORIZED
-                               else "bad user name or password")
+            if code:
+                return self.refuse(code, "not authorized" if code == rc.NOT_AUTHORIZED
+                                   else "bad user name or password")
+        self.accept(c, client_id, assigned)
+
+    def defer(self, pkt) -> None:
+        if len(self.deferred) >= MAX_DEFERRED:
+            raise ProtocolError("too many packets before CONNACK")
+        self.deferred.append(pkt)
+
+    def auth_done(self, c: P.Connect, client_id: str, assigned: str | None, code: int) -> None:
+        """The deferred password check finished: refuse, or accept and run what waited."""
+        if self.state != _AUTHENTICATING:
+            return  # the connection went away meanwhile
+        self.state = _NEW
+        waiting, self.deferred = self.deferred, None
+        try:
+            if code:
+                return self.refuse(code, "not authorized" if code == rc.NOT_AUTHORIZED
+                                   else "bad user name or password")
+            self.accept(c, client_id, assigned)
+            for pkt in waiting:
+                if self.state != _CONNECTED or self.close_requested:
+                    return
+                self.handle(pkt)
+        except MQTTError as exc:
+            self.violation(exc)
+
+    def accept(self, c: P.Connect, client_id: str, assigned: str | None) -> None:
+        """CONNECT passed authentication: will checks, session, CONNACK."""
+        b = self.broker
+        cfg = b.cfg
+        v5 = self.level == P.MQTT_5
+        props = c.properties or {}
         if c.will is not None:
             w = c.will
             if not w.topic or "+" in w.topic or "#" in w.topic:

@@ -273,3 +273,43 @@ def test_password_file_reloaded_while_running(port, files):
         bye(c)
     finally:
         pwmod.delete_user(str(pw), "carol")
+
+
+def test_password_checks_do_not_stall_other_clients(tmp_path):
+    """scrypt (default cost, ~0.1 s each) runs off the event loop: while a burst of CONNECTs
+    with wrong passwords is being checked, an already connected client is still served, and
+    packets a client sends right behind its CONNECT are handled after the CONNACK."""
+    import time as _time
+    pw = tmp_path / "passwd"
+    pw.write_text(f"alice:{hash_password('secret')}\n")  # default (slow) scrypt parameters
+    b = InProcessBroker(AccessControl(password_file=str(pw), cache_seconds=0)).start()
+    try:
+        t0 = _time.monotonic()
+        first = RawClient(b.port)
+        assert first.connect("a1", username="alice", password=b"secret").reason_code == 0
+        one_check = _time.monotonic() - t0
+        flood = [RawClient(b.port) for _ in range(6)]
+        for i, c in enumerate(flood):
+            c.send(P.Connect(f"bad{i}", 5, username="alice", password=b"wrong%d" % i))
+        t1 = _time.monotonic()
+        first.send(P.PingReq())
+        assert first.recv_type(P.PINGRESP, timeout=5)
+        ping = _time.monotonic() - t1
+        for c in flood:
+            assert c.recv_type(P.CONNACK, timeout=20).reason_code == 0x86
+            c.close()
+        # the ping did not wait for the six checks queued before it
+        print(f"one check {one_check * 1000:.0f} ms, ping during 6 checks {ping * 1000:.1f} ms")
+        assert ping < 3 * one_check, (ping, one_check)  # on the loop it would take ~6 checks
+        # a SUBSCRIBE and PUBLISH sent right behind CONNECT wait for the check, then run in order
+        c = RawClient(b.port)
+        c.send(P.Connect("a2", 5, username="alice", password=b"secret"))
+        c.send(P.Subscribe(1, [("after/auth", P.SubscriptionOptions(0))]))
+        c.send(P.Publish("after/auth", b"in order"))
+        assert c.recv_type(P.CONNACK, timeout=10).reason_code == 0
+        assert c.recv_type(P.SUBACK).reason_codes == [0]
+        assert c.recv_type(P.PUBLISH).payload == b"in order"
+        c.close()
+        first.close()
+    finally:
+        b.stop()
