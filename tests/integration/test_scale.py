@@ -72,3 +72,43 @@ def test_ten_thousand_idle_connections(tmp_path):
         assert b.alive()
     finally:
         b.stop()
+
+
+@pytest.mark.timeout(120)
+def test_stalled_reader_cannot_grow_broker_memory(tmp_path):
+    """A subscriber that stops reading: its socket buffer fills, then QoS 0 messages to it are
+    dropped (counted) instead of piling up in the broker; other clients are still served."""
+    import socket
+    import urllib.request
+    from tests.conftest import free_port
+    mport = free_port()
+    b = BrokerProcess(tmp_path, settings={"metrics.enabled": True, "metrics.port": mport,
+                                          "persistence.enabled": False}).start()
+    try:
+        stalled = RawClient(b.port)
+        stalled.connect("stalled")
+        stalled.subscribe("flood/#")
+        stalled.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # and never read again
+        base = rss_kib(b.proc.pid)
+        pub = socket.create_connection(("127.0.0.1", b.port))
+        pub.sendall(encode(P.Connect("flooder", 4), 4))
+        pub.recv(4)
+        chunk = encode(P.Publish("flood/x", b"x" * 1024), 4) * 1000  # ~1 MB per send
+        for _ in range(300):  # ~300 MB offered to a reader that reads nothing
+            pub.sendall(chunk)
+        other = RawClient(b.port)
+        other.connect("other")
+        other.subscribe("ok")
+        other.publish("ok", b"served")
+        assert other.recv_type(P.PUBLISH, timeout=20).payload == b"served"
+        grown_mib = (rss_kib(b.proc.pid) - base) / 1024
+        body = urllib.request.urlopen(f"http://127.0.0.1:{mport}/metrics", timeout=5).read().decode()
+        dropped = [float(line.split()[-1]) for line in body.splitlines()
+                   if line.startswith('mqtt_messages_dropped_total{reason="slow_consumer"}')]
+        print(f"\nbroker RSS grew {grown_mib:.1f} MiB while ~300 MiB were offered to a stalled "
+              f"reader; {dropped[0]:.0f} messages dropped for it")
+        assert grown_mib < 100
+        assert dropped and dropped[0] > 100_000
+        assert b.alive()
+    finally:
+        b.stop()
