@@ -40,6 +40,9 @@ class Broker:
         self.sink = sink                 # object with submit(record) -> bool, or None
         # hold PUBACK/PUBREC until the sink's barrier says the message is on disk
         self.sink_durable = bool(sink is not None and getattr(sink, "durable", False))
+        if sink is not None:
+            from sink.record import SinkRecord  # the sink is optional: imported only when used
+            self._record_type = SinkRecord
         self.auth = auth or AllowAll()
         self.clock = clock
         self.wall = wall
@@ -200,9 +203,8 @@ class Broker:
 
     def to_sink(self, msg: Message, client_id: str, username: str | None, protocol: int) -> bool:
         """Hand an accepted message to the sink; False when the sink refuses (spool full)."""
-        from sink.record import SinkRecord  # the sink is optional: imported only when used
         p = msg.props
-        rec = SinkRecord(topic=msg.topic, payload=msg.payload, qos=msg.qos, retain=msg.retain,
+        rec = self._record_type(topic=msg.topic, payload=msg.payload, qos=msg.qos, retain=msg.retain,
                          client_id=client_id, username=username, protocol=protocol,
                          accepted_at_ms=int(msg.accepted_at * 1000))
         if p:
