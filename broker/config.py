@@ -91,14 +91,17 @@ def load(path: str | None = None, env: dict | None = None) -> Config:
         cfg.history = data.pop("history", {})
         cfg.extra = data
     env = os.environ if env is None else env
-    # Containers: MQTT_BROKER_PORT=1884, MQTT_BROKER_MQTT__RECEIVE_MAXIMUM=100, MQTT_BROKER_SINK__TOPIC=x
+    # Containers: MQTT_BROKER_PORT=1884, MQTT_BROKER_MQTT__RECEIVE_MAXIMUM=100, MQTT_BROKER_SINK__TOPIC=x,
+    # MQTT_BROKER_AUTH__PASSWORD_FILE=/etc/broker/passwd, MQTT_BROKER_METRICS__ENABLED=true
     for key, raw in env.items():
         if not key.startswith("MQTT_BROKER_"):
             continue
         path_ = key[len("MQTT_BROKER_"):].lower().split("__")
         value = _parse_env(raw)
-        if path_[0] == "sink" and len(path_) == 2:
-            cfg.sink[path_[1]] = value
+        if path_[0] in ("sink", "history", "metrics", "persistence") and len(path_) == 2:
+            getattr(cfg, path_[0])[path_[1]] = value
+        elif path_[0] == "auth" and len(path_) == 2:
+            cfg.extra.setdefault("auth", {})[path_[1]] = value
         elif path_[0] == "mqtt" and len(path_) == 2:
             _apply(cfg.mqtt, {path_[1]: value}, "mqtt.")
         elif len(path_) == 1:

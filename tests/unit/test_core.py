@@ -225,3 +225,32 @@ def test_retained_match():
     assert "$SYS/x" not in r.match("#") and r.match("$SYS/+") == ["$SYS/x"]
     r.set("a/b", None)
     assert sorted(r.match("#")) == ["a", "a/b/c", "b/b"] and r.count == 4
+
+
+def test_config_precedence_file_env_flags(tmp_path):
+    """defaults < file < MQTT_BROKER_* environment < command-line flags."""
+    from broker import config
+    from broker.__main__ import build_config, parse_args
+    f = tmp_path / "b.toml"
+    f.write_text('[broker]\nport = 1000\n[mqtt]\nreceive_maximum = 10\nmaximum_qos = 1\n'
+                 '[sink]\ntopic = "from-file"\n')
+    env = {"MQTT_BROKER_PORT": "2000", "MQTT_BROKER_MQTT__RECEIVE_MAXIMUM": "20",
+           "MQTT_BROKER_SINK__TOPIC": "from-env", "MQTT_BROKER_AUTH__ALLOW_ANONYMOUS": "false",
+           "MQTT_BROKER_METRICS__ENABLED": "true"}
+    cfg = config.load(str(f), env=env)
+    assert (cfg.port, cfg.mqtt.receive_maximum, cfg.mqtt.maximum_qos) == (2000, 20, 1)
+    assert cfg.sink["topic"] == "from-env" and cfg.metrics["enabled"] is True
+    assert cfg.extra["auth"]["allow_anonymous"] is False
+    import os
+    old = dict(os.environ)
+    os.environ.update(env)
+    try:
+        cfg = build_config(parse_args(["--config", str(f), "--port", "3000",
+                                       "--set", "mqtt.receive_maximum=30"]))
+    finally:
+        os.environ.clear()
+        os.environ.update(old)
+    assert (cfg.port, cfg.mqtt.receive_maximum) == (3000, 30)
+    import pytest
+    with pytest.raises(ValueError, match="unknown setting"):
+        config.load(None, env={"MQTT_BROKER_MQTT__NO_SUCH_KEY": "1"})
