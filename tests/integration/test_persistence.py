@@ -164,3 +164,67 @@ def test_expired_sessions_are_gone_after_restart(tmp_path):
                              properties={PR.SESSION_EXPIRY_INTERVAL: 1}).session_present
     finally:
         b2.stop()
+
+
+def test_sigkill_while_publishing_loses_no_acknowledged_message(tmp_path):
+    """Publishers keep sending QoS 1 and 2 while the broker is SIGKILLed; after the restart a
+    persistent subscriber (offline during the kill) receives every message that was acknowledged."""
+    import threading
+    roomy = {"mqtt.max_queued_messages": 1_000_000}  # the queue bound is not what is tested here
+    b = BrokerProcess(tmp_path, settings=roomy).start()
+    sub, _ = persistent_subscriber(b.port, "through-the-kill", qos=2)
+    sub.close()
+    time.sleep(0.2)
+    acked: list[bytes] = []
+
+    def publish(qos):
+        c = RawClient(b.port)
+        c.connect(f"pub-q{qos}")
+        i = 0
+        try:
+            while True:
+                payload = b"q%d-%06d" % (qos, i)
+                c.publish(f"t/q{qos}", payload, qos=qos, pid=(i % 60000) + 1)
+                ack = c.recv_type(P.PUBACK if qos == 1 else P.PUBREC)
+                if qos == 2:  # accepted at PUBREC: the message is ours from here
+                    acked.append(payload)
+                    c.send(P.Ack(P.PUBREL, ack.packet_id))
+                    c.recv_type(P.PUBCOMP)
+                else:
+                    acked.append(payload)
+                i += 1
+        except (ConnectionError, OSError, TimeoutError, AssertionError):
+            pass
+
+    threads = [threading.Thread(target=publish, args=(q,)) for q in (1, 2)]
+    for t in threads:
+        t.start()
+    time.sleep(1.5)
+    b.kill()
+    for t in threads:
+        t.join(10)
+    assert len(acked) > 100
+    b2 = BrokerProcess(tmp_path, settings=roomy).start()
+    try:
+        c = RawClient(b2.port)
+        assert c.connect("through-the-kill", clean_start=False,
+                         properties={PR.SESSION_EXPIRY_INTERVAL: 3600}).session_present
+        got = set()
+        deadline = time.time() + 30
+        while not set(acked) <= got and time.time() < deadline:
+            try:
+                p = c.recv(1)
+            except TimeoutError:
+                continue
+            if p.type == P.PUBLISH:
+                got.add(p.payload)
+                if p.qos == 1:
+                    c.send(P.Ack(P.PUBACK, p.packet_id))
+                elif p.qos == 2:
+                    c.send(P.Ack(P.PUBREC, p.packet_id))
+            elif p.type == P.PUBREL:
+                c.send(P.Ack(P.PUBCOMP, p.packet_id))
+        missing = [m for m in acked if m not in got]
+        assert not missing, f"{len(missing)} of {len(acked)} acknowledged messages lost: {missing[:5]}"
+    finally:
+        b2.stop()
