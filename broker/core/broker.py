@@ -56,9 +56,9 @@ class Broker:
         # assigned) runs auth.authenticate off the event loop, then calls conn.auth_done(...)
         self.defer_auth = None
         self.delayed_wills: dict[str, Session] = {}
-        self.stats = {"publish_dropped": 0,
-                      "dropped_queue_full": 0, "dropped_expired": 0, "dropped_too_large": 0,
-                      "sink_refused": 0, "connections_total": 0}
+        self.stats = {"dropped_queue_full": 0, "dropped_expired": 0, "dropped_too_large": 0,
+                      "dropped_slow_consumer": 0, "dropped_not_authorized": 0,
+                      "dropped_topic_limit": 0, "sink_refused": 0, "connections_total": 0}
         self.received_by_qos = [0, 0, 0]
         self.sent_by_qos = [0, 0, 0]
         self._id_counter = 0

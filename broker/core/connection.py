@@ -357,7 +357,7 @@ class Connection:
                 self.ack(qos, pid, rc.PACKET_IDENTIFIER_IN_USE)
                 return
         if len(topic) > cfg.max_topic_length or topic.count("/") >= cfg.max_topic_levels:
-            b.stats["publish_dropped"] += 1  # a configured limit, not a protocol violation
+            b.stats["dropped_topic_limit"] = b.stats.get("dropped_topic_limit", 0) + 1
             return self.ack(qos, pid, rc.TOPIC_NAME_INVALID) if qos else None
         b.received_by_qos[qos] += 1
         if (props is not None and props.get(PR.PAYLOAD_FORMAT_INDICATOR) == 1
@@ -370,7 +370,7 @@ class Connection:
                                         rc.PAYLOAD_FORMAT_INVALID)
                 return self.ack(qos, pid, rc.PAYLOAD_FORMAT_INVALID)
         if not b.auth.allow_publish(self.client_id, self.username, topic):
-            b.stats["publish_dropped"] += 1
+            b.stats["dropped_not_authorized"] = b.stats.get("dropped_not_authorized", 0) + 1
             return self.ack(qos, pid, rc.NOT_AUTHORIZED) if qos else None
         msg = Message(topic, p.payload, qos, p.retain, props, expires_at, self.client_id, b.wall())
         if p.raw is not None and props is p.properties and p.raw[0] & 0x08 == 0:
@@ -378,7 +378,6 @@ class Connection:
             msg.forms[(True, 0, p.retain, None, None, 0, True) if self.level == 5
                       else (False, 0, p.retain)] = (p.raw, -1)
         if b.sink is not None and not b.to_sink(msg, self.client_id, self.username, self.level):
-            b.stats["publish_dropped"] += 1
             return self.ack(qos, pid, rc.QUOTA_EXCEEDED) if qos else None
         if p.retain:
             b.retain(msg)

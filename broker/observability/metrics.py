@@ -45,9 +45,9 @@ class BrokerCollector:
                                   value=st["connections_total"])
         d = CounterMetricFamily("mqtt_messages_dropped", "Messages dropped", labels=["reason"])
         for reason in ("queue_full", "expired", "too_large", "sink_refused", "not_authorized",
-                       "slow_consumer"):
-            key = reason if reason in ("sink_refused",) else f"dropped_{reason}"
-            d.add_metric([reason], st.get(key, 0))
+                       "slow_consumer", "topic_limit"):
+            d.add_metric([reason], st.get("sink_refused" if reason == "sink_refused"
+                                          else f"dropped_{reason}", 0))
         yield d
         sink = self.server.sink
         if sink is not None:
