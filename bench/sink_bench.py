@@ -80,10 +80,11 @@ def mkrec(i: int, payload: bytes, prefix: str = "bench") -> SinkRecord:
 
 
 def run_mode(mode: str, args) -> dict:
-    durability, fwd = mode.split("-")
+    durability, fwd, *n = mode.split("-")  # e.g. spool-process-2: two sharded forwarders
     k = EmbeddedKafka().start()
     data = tempfile.mkdtemp(prefix="sinkbench-")
     s = Sink.from_config({"bootstrap_servers": k.bootstrap, "durability": durability, "forwarder": fwd,
+                          "forwarders": int(n[0]) if n else 1,
                           "stats_interval": 0, "spool_max_bytes": 4 << 30,
                           "replay_window_seconds": 0}, data)
     s.start()

@@ -39,12 +39,14 @@ import logging
 import os
 import select
 import signal
+import struct
 import sys
 import threading
 import time
 
-from .record import decode_entry, entry_timestamp
-from .spool import DirLock, SpoolReader, read_checkpoint, seg_name, write_checkpoint
+from .record import decode_entry, entry_shard, entry_timestamp
+from .spool import (DirLock, SpoolReader, checkpoint_name, read_checkpoint, read_min_checkpoint,
+                    seg_name, write_checkpoint)
 
 log = logging.getLogger("sink.forwarder")
 
@@ -86,15 +88,19 @@ def producer_config(bootstrap: str, kafka_opts: dict | None) -> dict:
 class SpoolSource:
     """The on-disk spool, with checkpointing and segment retention."""
 
-    def __init__(self, spool_dir: str, retain_max_bytes: int):
+    def __init__(self, spool_dir: str, retain_max_bytes: int, shard: int = 0, shards: int = 1):
         self.dir = spool_dir
+        self.shard, self.shards = shard, shards
+        self.ckpt_name = checkpoint_name(shard, shards)
+        self.all_ckpts = [checkpoint_name(i, shards) for i in range(shards)]
         self.reader = SpoolReader(spool_dir)
         self.peeker = SpoolReader(spool_dir)
         self.retain_max_bytes = retain_max_bytes
         self._last_ckpt = None
 
     def load(self) -> tuple[int, int, dict]:
-        ck = read_checkpoint(self.dir) or {}
+        # a shard without its own checkpoint yet (forwarders added) starts where all had got to
+        ck = read_checkpoint(self.dir, self.ckpt_name) or read_min_checkpoint(self.dir) or {}
         pos, seq = int(ck.get("pos", 0)), int(ck.get("seq", 0))
         if not ck:
             segs = self.reader.segments(True)
@@ -128,10 +134,17 @@ class SpoolSource:
         if not force and self._last_ckpt == (pos, seq, resume):
             return
         write_checkpoint(self.dir, {"pos": pos, "seq": seq, "resume": resume, "kafka": kafka_state,
-                                    "updated_ms": int(time.time() * 1000)})
+                                    "updated_ms": int(time.time() * 1000)}, name=self.ckpt_name)
         self._last_ckpt = (pos, seq, resume)
 
     def housekeeping(self, acked_pos: int, acked_seq: int, window_s: float, window_n: int) -> None:
+        if self.shards > 1:  # a segment goes only when every forwarder has sent its share of it
+            slowest = read_min_checkpoint(self.dir, self.all_ckpts)
+            if slowest is None or len([1 for n in self.all_ckpts
+                                       if os.path.exists(os.path.join(self.dir, n))]) < self.shards:
+                return
+            acked_pos = min(acked_pos, int(slowest["pos"]))
+            acked_seq = min(acked_seq, int(slowest["seq"]))
         segs = self.reader.segments(True)
         now_ms = time.time() * 1000
         for i in range(len(segs) - 1):           # the last segment is live: never deleted
@@ -302,8 +315,10 @@ class Forwarder:
     def __init__(self, source, control, publish, bootstrap: str, kafka_opts: dict | None = None,
                  replay_window_seconds: float = 3600, replay_window_messages: int = 1_000_000,
                  max_inflight: int = 10000, drain_timeout: float = 5.0,
-                 unreachable_after: float = 3.0, status_interval: float = 0.1):
+                 unreachable_after: float = 3.0, status_interval: float = 0.1,
+                 shard: int = 0, shards: int = 1):
         self.source = source
+        self.shard, self.shards = shard, shards  # this forwarder sends topics with crc32 % shards == shard
         self.control = control
         self.publish = publish
         self.bootstrap = bootstrap
@@ -465,7 +480,8 @@ class Forwarder:
                     self.acked_seq = ent[3] + 1
                 if ent[3] + 1 > self.max_acked_seq:
                     self.max_acked_seq = ent[3] + 1
-                    self.forwarded += 1
+                    if len(ent) < 7:  # sent by us, not skipped
+                        self.forwarded += 1
             else:
                 exc = fut.exception
                 retriable = getattr(exc, "retriable", False) or "Timeout" in type(exc).__name__
@@ -498,10 +514,14 @@ class Forwarder:
         for ent in entries:
             start, end, seq, payload = ent
             try:
+                if self.shards > 1 and entry_shard(payload, self.shards) != self.shard:
+                    # another forwarder's topic (per-topic order stays within one forwarder)
+                    self.inflight.append([None, start, end, seq, entry_timestamp(payload), 0.0, True])
+                    continue
                 ktopic, key, value, headers, ts = decode_entry(payload)
-            except ValueError as exc:
+            except (ValueError, struct.error) as exc:
                 log.error("undecodable spool record seq=%d skipped: %s", seq, exc)
-                self.inflight.append([None, start, end, seq, 0, 0.0])
+                self.inflight.append([None, start, end, seq, 0, 0.0, True])
                 continue
             try:
                 fut = send(ktopic, value=value, key=key, headers=headers, timestamp_ms=ts)
@@ -684,7 +704,8 @@ def main() -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # the broker decides when we stop
     if cfg.get("cpus"):  # keep the forwarder off the broker's core when asked to
         os.sched_setaffinity(0, cfg["cpus"])
-    lock = DirLock(cfg["spool_dir"], "forwarder.lock")
+    shard, shards = int(cfg.get("shard", 0)), int(cfg.get("shards", 1))
+    lock = DirLock(cfg["spool_dir"], "forwarder.lock" if shards <= 1 else f"forwarder-{shard}.lock")
     lock.acquire(timeout=15)
     out = sys.stdout.buffer
 
@@ -695,10 +716,11 @@ def main() -> int:
         except (BrokenPipeError, ValueError):
             pass
 
-    fwd = Forwarder(SpoolSource(cfg["spool_dir"], cfg.get("retain_max_bytes", 1 << 30)),
+    fwd = Forwarder(SpoolSource(cfg["spool_dir"], cfg.get("retain_max_bytes", 1 << 30), shard, shards),
                     PipeControl(0), publish, cfg["bootstrap"], cfg.get("kafka"),
                     cfg.get("replay_window_seconds", 3600), cfg.get("replay_window_messages", 1_000_000),
-                    cfg.get("max_inflight", 10000), cfg.get("drain_timeout", 5.0))
+                    cfg.get("max_inflight", 10000), cfg.get("drain_timeout", 5.0),
+                    shard=shard, shards=shards)
     try:
         fwd.run()
     finally:

@@ -17,6 +17,7 @@ Kafka record contract (keep stable, Spark reads it; see README "Analytics sink")
 from __future__ import annotations
 
 import struct
+import zlib
 from dataclasses import dataclass
 
 H_MESSAGE_ID = "mqtt.message_id"
@@ -183,6 +184,14 @@ def decode_entry(buf) -> tuple[str, bytes, bytes, list[tuple[str, bytes]], int]:
 def entry_timestamp(buf) -> int:
     """Timestamp of an encoded entry without decoding the rest."""
     return _ENTRY_HEAD.unpack_from(buf, 0)[1]
+
+
+def entry_shard(buf, shards: int) -> int:
+    """Which of `shards` forwarders sends this entry: crc32 of its key (the MQTT topic), read
+    without decoding the rest, so every record of a topic goes through the same forwarder."""
+    _, ts, ktl, kl, _, _ = _ENTRY_HEAD.unpack_from(buf, 0)
+    o = _ENTRY_HEAD.size + ktl
+    return zlib.crc32(bytes(buf[o:o + kl])) % shards
 
 
 def encode_record(rec: SinkRecord, kafka_topic: str) -> bytes:

@@ -45,6 +45,7 @@ DEFAULTS = dict(
     stats_interval=60.0,
     forwarder="process",
     forwarder_cpus=[],
+    forwarders=1,
     max_inflight=10000,
     drain_timeout_seconds=5.0,
     kafka={},
@@ -74,7 +75,8 @@ def normalize_config(cfg: dict | None, data_dir: str) -> dict:
         norm.append((str(r["filter"]), str(r["topic"])))
     c["rules"] = norm
     c["spool_dir"] = c["spool_dir"] or os.path.join(data_dir, "spool")
-    for k in ("spool_max_bytes", "spool_segment_bytes", "replay_window_messages", "embedded_port", "max_inflight"):
+    for k in ("spool_max_bytes", "spool_segment_bytes", "replay_window_messages", "embedded_port",
+              "max_inflight", "forwarders"):
         c[k] = int(c[k])
     for k in ("replay_window_seconds", "stats_interval", "drain_timeout_seconds"):
         c[k] = float(c[k])
@@ -119,14 +121,15 @@ class Sink:
         self._fwd_seq = 0
         self._full = False
         # forwarder plumbing
-        self._proc: subprocess.Popen | None = None
+        self._procs: dict[int, subprocess.Popen] = {}   # shard -> forwarder process
+        self._notify_fds: dict[int, int] = {}
+        self._shard_status: dict[int, dict] = {}
         self._proc_lock = threading.Lock()
         self._fwd_thread: threading.Thread | None = None
         self._fwd: Forwarder | None = None
         self._ctl: ThreadControl | None = None
         self._stop_ev = threading.Event()
         self._bg: threading.Thread | None = None
-        self._notify_fd: int | None = None
 
     @classmethod
     def from_config(cls, cfg: dict, data_dir: str) -> "Sink":
@@ -158,7 +161,8 @@ class Sink:
         else:
             self._mem = MemorySource(self.max_bytes)
         if self.on_disk and c["forwarder"] == "process":
-            self._start_process()
+            for shard in range(max(1, c["forwarders"])):
+                self._start_process(shard)
         else:
             self._start_thread()
         self._bg = threading.Thread(target=self._background, name="sink-stats", daemon=True)
@@ -178,32 +182,52 @@ class Sink:
                     log_level=logging.getLogger("sink").getEffectiveLevel(),
                     watch_pid=self.embedded.proc.pid if self.embedded and self.embedded.proc else None)
 
-    def _start_process(self) -> None:
+    def _start_process(self, shard: int = 0) -> None:
+        """One forwarder process; with `forwarders` > 1 each sends the topics whose crc32 falls
+        in its shard, so per-topic order holds and kafka-python's per-producer ceiling scales."""
         env = dict(os.environ)
         root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         proc = subprocess.Popen([sys.executable, "-m", "sink.forwarder"], stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, env=env, cwd=root, start_new_session=True)
-        proc.stdin.write(json.dumps(self._fwd_config()).encode() + b"\n")
+        shards = max(1, self.cfg["forwarders"])
+        proc.stdin.write(json.dumps({**self._fwd_config(), "shard": shard, "shards": shards}).encode()
+                         + b"\n")
         proc.stdin.flush()
-        self._notify_fd = proc.stdin.fileno()
-        os.set_blocking(self._notify_fd, False)
-        self._proc = proc
-        t = threading.Thread(target=self._read_status, args=(proc,), name="sink-fwd-status", daemon=True)
+        fd = proc.stdin.fileno()
+        os.set_blocking(fd, False)
+        self._notify_fds[shard] = fd
+        self._procs[shard] = proc
+        t = threading.Thread(target=self._read_status, args=(proc, shard), name="sink-fwd-status",
+                             daemon=True)
         t.start()
 
-    def _read_status(self, proc: subprocess.Popen) -> None:
+    def _read_status(self, proc: subprocess.Popen, shard: int = 0) -> None:
         for line in proc.stdout:
             try:
                 st = json.loads(line)
             except ValueError:
                 continue
-            self._apply_status(st)
+            self._apply_status(st, shard)
 
-    def _apply_status(self, st: dict) -> None:
-        self._fst = st
-        self._fwd_pos = st.get("pos", self._fwd_pos)
-        self._fwd_seq = st.get("seq", self._fwd_seq)
+    def _apply_status(self, st: dict, shard: int = 0) -> None:
+        """Combine the forwarders' reports: the spool is forwarded up to the slowest of them."""
+        self._shard_status[shard] = st
+        sts = list(self._shard_status.values())
+        if len(sts) == 1:
+            self._fst = st
+        else:
+            self._fst = dict(
+                forwarded=sum(x.get("forwarded", 0) for x in sts),
+                failed=sum(x.get("failed", 0) for x in sts),
+                replayed=sum(x.get("replayed", 0) for x in sts),
+                replays=sum(x.get("replays", 0) for x in sts),
+                lag_seconds=max(x.get("lag_seconds", 0.0) for x in sts),
+                kafka_up=all(x.get("kafka_up", False) for x in sts))
+        if len(sts) == max(1, len(self._procs)):
+            slowest = min(sts, key=lambda x: x.get("pos", 0))
+            self._fwd_pos = slowest.get("pos", self._fwd_pos)
+            self._fwd_seq = slowest.get("seq", self._fwd_seq)
 
     def _start_thread(self) -> None:
         self._ctl = ThreadControl()
@@ -225,12 +249,13 @@ class Sink:
             log.exception("forwarder thread crashed")
 
     def _notify_forwarder(self) -> None:
-        fd = self._notify_fd
-        if fd is not None:
-            try:
-                os.write(fd, b"n")
-            except (BlockingIOError, BrokenPipeError, OSError):
-                pass
+        fds = self._notify_fds
+        if fds:
+            for fd in list(fds.values()):
+                try:
+                    os.write(fd, b"n")
+                except (BlockingIOError, BrokenPipeError, OSError):
+                    pass
         elif self._ctl is not None:
             self._ctl.notify()
 
@@ -364,18 +389,20 @@ class Sink:
                     k.start()
                 except Exception as exc:
                     log.error("cannot restart embedded Kafka: %s", exc)
-            p = self._proc
-            if p is not None and p.poll() is not None and not self._closed:
+            for shard, p in list(self._procs.items()):
+                if p.poll() is None or self._closed:
+                    continue
                 with self._proc_lock:
-                    if self._closed or self._proc is not p:
+                    if self._closed or self._procs.get(shard) is not p:
                         continue
-                    log.error("forwarder process exited (code %s); restarting it", p.returncode)
-                    self._notify_fd = None
+                    log.error("forwarder process %d exited (code %s); restarting it", shard,
+                              p.returncode)
+                    self._notify_fds.pop(shard, None)
                     try:
                         p.stdin.close()
                     except OSError:
                         pass
-                    self._start_process()
+                    self._start_process(shard)
 
     # -- shutdown -------------------------------------------------------------------------------------
     def close(self) -> None:
@@ -387,14 +414,15 @@ class Sink:
         if self._writer is not None:
             self._writer.flush()
         drain = float(self.cfg["drain_timeout_seconds"])
-        if self._proc is not None:
-            p = self._proc
+        procs = list(self._procs.values())
+        for p in procs:  # all drain at once
             try:
                 os.set_blocking(p.stdin.fileno(), True)
                 p.stdin.write(b"d")
                 p.stdin.flush()
             except (BrokenPipeError, OSError, ValueError):
                 pass
+        for p in procs:
             try:
                 p.wait(drain + 5)
             except subprocess.TimeoutExpired:
@@ -405,8 +433,8 @@ class Sink:
                 p.stdin.close()
             except (BrokenPipeError, OSError):
                 pass
-            self._notify_fd = None
-            self._proc = None
+        self._notify_fds.clear()
+        self._procs.clear()
         if self._fwd_thread is not None:
             self._ctl.command("drain")
             self._fwd_thread.join(drain + 5)

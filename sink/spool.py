@@ -136,8 +136,25 @@ def scan_segment(path: str) -> dict:
     return info
 
 
-def read_checkpoint(spool_dir: str) -> dict | None:
-    p = os.path.join(spool_dir, CHECKPOINT)
+def checkpoint_name(shard: int = 0, shards: int = 1) -> str:
+    """One checkpoint per forwarder: checkpoint.json, or checkpoint-<shard>.json when sharded."""
+    return CHECKPOINT if shards <= 1 else f"checkpoint-{shard}.json"
+
+
+def read_min_checkpoint(spool_dir: str, names=None) -> dict | None:
+    """The checkpoint furthest behind among the forwarders' (what every one of them has sent)."""
+    if names is None:
+        try:
+            names = [n for n in os.listdir(spool_dir)
+                     if n.startswith("checkpoint") and n.endswith(".json")]
+        except FileNotFoundError:
+            return None
+    cks = [c for c in (read_checkpoint(spool_dir, n) for n in names) if c is not None]
+    return min(cks, key=lambda c: int(c["pos"])) if cks else None
+
+
+def read_checkpoint(spool_dir: str, name: str = CHECKPOINT) -> dict | None:
+    p = os.path.join(spool_dir, name)
     try:
         with open(p, "rb") as f:
             d = json.loads(f.read())
@@ -150,8 +167,8 @@ def read_checkpoint(spool_dir: str) -> dict | None:
         return None
 
 
-def write_checkpoint(spool_dir: str, data: dict, fsync: bool = True) -> None:
-    p = os.path.join(spool_dir, CHECKPOINT)
+def write_checkpoint(spool_dir: str, data: dict, fsync: bool = True, name: str = CHECKPOINT) -> None:
+    p = os.path.join(spool_dir, name)
     tmp = p + ".tmp"
     raw = json.dumps(data, separators=(",", ":")).encode()
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -249,7 +266,7 @@ class SpoolWriter:
     def open(self) -> "SpoolWriter":
         os.makedirs(self.dir, exist_ok=True)
         self._lock.acquire()
-        ck = read_checkpoint(self.dir) or {}
+        ck = read_min_checkpoint(self.dir) or {}
         self.ckpt_pos = int(ck.get("pos", 0))
         self.ckpt_seq = int(ck.get("seq", 0))
         segs = list_segments(self.dir)

@@ -101,11 +101,12 @@ def assert_per_topic_order(records, expected: dict[str, list[str]]):
 
 # ---------------------------------------------------------------------------------------------
 @pytest.mark.timeout(90)
-@pytest.mark.parametrize("mode", ["process", "thread", "none", "async"])
+@pytest.mark.parametrize("mode", ["process", "thread", "none", "async", "sharded"])
 def test_headers_and_payload_round_trip(kafka, tmp_path, mode):
     cfg = {"bootstrap_servers": kafka.bootstrap,
-           "forwarder": {"none": "thread", "async": "process"}.get(mode, mode),
-           "durability": mode if mode in ("none", "async") else "spool", "stats_interval": 1}
+           "forwarder": {"none": "thread", "async": "process", "sharded": "process"}.get(mode, mode),
+           "durability": mode if mode in ("none", "async") else "spool", "stats_interval": 1,
+           "forwarders": 3 if mode == "sharded" else 1}
     s = Sink.from_config(cfg, str(tmp_path))
     s.start()
     sent = []
@@ -142,6 +143,9 @@ def test_headers_and_payload_round_trip(kafka, tmp_path, mode):
         assert list(k.headers) == headers                  # names, values and order exactly
         assert from_kafka(k.key, k.value, k.headers, k.timestamp) == r
     assert len({r.message_id for r in sent}) == len(sent)
+    for t in {r.topic for r in sent}:  # per-topic order kept, also across sharded forwarders
+        assert [mid(k) for k in got if k.key == t.encode()] == \
+            [r.message_id for r in sent if r.topic == t]
 
 
 @pytest.mark.timeout(60)
@@ -164,13 +168,14 @@ def test_rules_and_exclude(kafka, tmp_path):
 
 
 @pytest.mark.timeout(150)
-@pytest.mark.parametrize("mode", ["process", "thread"])
+@pytest.mark.parametrize("mode", ["process", "thread", "sharded"])
 def test_kafka_outage_and_empty_restart(kafka, tmp_path, mode, caplog):
     """Kafka down for several seconds while QoS 1 records keep being acked; it comes back empty
     (Tansu memory storage): every record arrives, per-topic order kept."""
     caplog.set_level(logging.INFO)
-    s = Sink.from_config({"bootstrap_servers": kafka.bootstrap, "forwarder": mode, "stats_interval": 1},
-                         str(tmp_path))
+    s = Sink.from_config({"bootstrap_servers": kafka.bootstrap, "stats_interval": 1,
+                          "forwarder": "process" if mode == "sharded" else mode,
+                          "forwarders": 2 if mode == "sharded" else 1}, str(tmp_path))
     s.start()
     expected: dict[str, list[str]] = collections.defaultdict(list)
     ack_times = []
@@ -227,7 +232,7 @@ DRIVER = textwrap.dedent("""
     from sink.service import Sink
     s = Sink.from_config({{"bootstrap_servers": {bootstrap!r}, "forwarder": "process"}}, {data!r})
     s.start()
-    print("FWD", s._proc.pid, flush=True)
+    print("FWD", s._procs[0].pid, flush=True)
     async def main():
         i = 0
         while True:
