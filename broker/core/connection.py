@@ -27,7 +27,7 @@ class Connection:
     __slots__ = ("broker", "peer", "decoder", "state", "level", "client_id", "username", "session",
                  "keep_alive", "last_rx", "connected_at", "receive_max", "max_packet_size",
                  "alias_max", "request_problem_info", "in_aliases", "out_aliases", "out",
-                 "is_dirty", "close_requested", "held_acks", "pending_acks", "clean_disconnect",
+                 "is_dirty", "close_requested", "held_acks", "pending_acks",
                  "connect_seen", "transport", "paused", "identity", "deferred")
 
     def __init__(self, broker, peer: str = "?"):
@@ -56,7 +56,6 @@ class Connection:
         self.close_requested = False
         self.held_acks: list = []  # acks waiting for the sink's durable barrier
         self.pending_acks = 0      # QoS>0 PUBLISHes accepted but not yet acknowledged
-        self.clean_disconnect = False
         self.connect_seen = False
         self.transport = None      # set by the server glue
         self.paused = False        # the transport's write buffer is full (backpressure)
@@ -552,7 +551,6 @@ class Connection:
         if self.state == _CLOSED:
             return
         self.close_requested = True
-        self.clean_disconnect = not publish_will
         self.finish(publish_will)
         if not self.is_dirty:
             self.is_dirty = True
