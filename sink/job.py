@@ -59,6 +59,9 @@ class JobConfig:
     available_now: bool = False
     dedup_window: str = DEFAULT_DEDUP_WINDOW
     starting_offsets: str = "earliest"
+    # Kafka client properties (security.protocol, sasl.mechanism, ssl.cafile, ...): passed as
+    # kafka.<name> options to Spark's connector and, where kafka-python knows them, to our source
+    kafka: dict = field(default_factory=dict)
 
     @property
     def checkpoint_dir(self) -> str:
@@ -76,6 +79,8 @@ class JobConfig:
             opts["subscribe"] = ",".join(self.topics)
         if self.max_records_per_trigger:
             opts["maxOffsetsPerTrigger"] = str(self.max_records_per_trigger)
+        for name, value in self.kafka.items():
+            opts[f"kafka.{name}"] = str(value).lower() if isinstance(value, bool) else str(value)
         return opts
 
     def validate(self) -> "JobConfig":
@@ -136,7 +141,7 @@ def load_config(path: str | None) -> dict:
         out["topics"] = sink_topics  # [history] kafka_topics, then --kafka-topic, override
     hist = data.get("history", {})
     known = {"table", "checkpoint", "kafka_topics", "trigger_seconds", "source",
-             "max_records_per_trigger", "dedup_window", "starting_offsets"}
+             "max_records_per_trigger", "dedup_window", "starting_offsets", "kafka"}
     unknown = set(hist) - known
     if unknown:
         raise UsageError(f"unknown key(s) in [history] of {path}: {', '.join(sorted(unknown))} "
@@ -144,6 +149,8 @@ def load_config(path: str | None) -> dict:
     for key in ("table", "checkpoint", "source", "dedup_window", "starting_offsets"):
         if hist.get(key):  # "" means the default
             out[key] = str(hist[key])
+    if isinstance(hist.get("kafka"), dict):  # [history.kafka]: TLS/SASL for a secured cluster
+        out["kafka"] = dict(hist["kafka"])
     if hist.get("kafka_topics"):  # [] means: the topics [sink] forwards to
         out["topics"] = _topics(hist["kafka_topics"])
     try:

@@ -77,6 +77,8 @@ class SourceOptions:
     max_rows: int | None
     poll_timeout_s: float
     client_id: str
+    client_conf: tuple = ()  # extra kafka-python settings from kafka.<property> options
+
 
     @classmethod
     def parse(cls, options) -> "SourceOptions":
@@ -100,7 +102,8 @@ class SourceOptions:
                    max_rows=max_rows,
                    poll_timeout_s=float(_opt(options, "kafkaConsumer.pollTimeoutMs",
                                              default="120000")) / 1000.0,
-                   client_id=_opt(options, "kafka.client.id", default="mqtt-history"))
+                   client_id=_opt(options, "kafka.client.id", default="mqtt-history"),
+                   client_conf=_client_conf(options))
 
 
 @dataclass(frozen=True)
@@ -113,12 +116,36 @@ class KafkaRange(InputPartition):
     reset: bool = False  # read from the beginning of a new log (offsets went backwards)
 
 
+def _client_conf(options) -> tuple:
+    """kafka.<property> options that kafka-python's consumer understands (security.protocol ->
+    security_protocol, ssl.cafile -> ssl_cafile, sasl.plain.username, ...); others (Java-only
+    ones such as ssl.truststore.location) are for Spark's connector and skipped here."""
+    from kafka import KafkaConsumer
+    known = KafkaConsumer.DEFAULT_CONFIG
+    out = []
+    for key, value in dict(options).items():
+        key = str(key).lower()
+        if not key.startswith("kafka.") or key in ("kafka.bootstrap.servers", "kafka.client.id"):
+            continue
+        name = key[len("kafka."):].replace(".", "_")
+        if name not in known:
+            continue
+        default = known[name]
+        if isinstance(default, bool):
+            value = str(value).lower() in ("1", "true", "yes")
+        elif isinstance(default, int) and str(value).lstrip("-").isdigit():
+            value = int(value)
+        out.append((name, value))
+    return tuple(sorted(out))
+
+
 def _consumer(opts: SourceOptions, **extra):
     from kafka import KafkaConsumer
     from kafka.errors import KafkaTimeoutError
     conf = dict(bootstrap_servers=opts.bootstrap.split(","), group_id=None,
                 enable_auto_commit=False, auto_offset_reset="none", client_id=opts.client_id,
                 request_timeout_ms=30_000)
+    conf.update(dict(opts.client_conf))
     conf.update(extra)
     try:
         return KafkaConsumer(**conf)

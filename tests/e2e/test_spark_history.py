@@ -361,6 +361,17 @@ def test_job_config(tmp_path):
     assert cfg.kafka_options()["maxOffsetsPerTrigger"] == "100"
     cfg, _ = config_from_args(["--kafka-topic", "re:mqtt\\..*"])
     assert cfg.kafka_options()["subscribePattern"] == "mqtt\\..*"
+    # TLS/SASL settings reach both readers: Spark's (kafka.<property>) and ours (kafka-python)
+    cfg_file.write_text('[history.kafka]\n"security.protocol" = "SASL_SSL"\n'
+                        '"ssl.cafile" = "/etc/ca.pem"\n"sasl.mechanism" = "PLAIN"\n'
+                        '"ssl.check.hostname" = false\n"ssl.truststore.location" = "/etc/ts.jks"\n')
+    cfg, _ = config_from_args(["--config", str(cfg_file)])
+    opts = cfg.kafka_options()
+    assert opts["kafka.security.protocol"] == "SASL_SSL" and opts["kafka.ssl.check.hostname"] == "false"
+    from sink.source import SourceOptions
+    conf = dict(SourceOptions.parse({k.lower(): v for k, v in opts.items()}).client_conf)
+    assert conf == {"security_protocol": "SASL_SSL", "ssl_cafile": "/etc/ca.pem",
+                    "sasl_mechanism": "PLAIN", "ssl_check_hostname": False}
     cfg_file.write_text('[history]\nsource = "spark"\n')
     with pytest.raises(UsageError, match="source must be one of"):
         config_from_args(["--config", str(cfg_file)])
