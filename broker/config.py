@@ -28,6 +28,7 @@ class MQTTConfig:
     max_topic_levels: int = 128
     max_topic_length: int = 65535        # bytes of a topic name or filter
     publish_will_on_shutdown: bool = False
+    session_owner_check: bool = True     # a session's client id is refused (0x87) to other users
     connect_timeout: float = 10.0        # seconds to receive CONNECT after the TCP connection
     max_connections: int = 0             # 0: unlimited
 

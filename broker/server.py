@@ -44,8 +44,7 @@ class MQTTProtocol(asyncio.Protocol):
             conn.finish(publish_will=False)
             transport.close()
             return
-        if self.listener.get("use_identity_as_username"):
-            conn.identity = tls.peer_identity(transport.get_extra_info("ssl_object"))
+        conn.identity = tls.listener_identity(self.listener, transport.get_extra_info("ssl_object"))
 
     def data_received(self, data: bytes) -> None:
         conn = self.conn

@@ -31,6 +31,7 @@ problems stop the broker.
 from __future__ import annotations
 
 import logging
+import re
 import time
 
 from .acl import ACL, AuthFileError, covers, file_signature, overlaps
@@ -44,6 +45,7 @@ log = logging.getLogger("broker.auth")
 
 BAD_USER_NAME_OR_PASSWORD = 0x86
 NOT_AUTHORIZED = 0x87
+CLIENT_IDENTIFIER_NOT_VALID = 0x85
 
 KEYS = {
     "allow_anonymous": "true/false: clients without a user name may connect",
@@ -52,6 +54,7 @@ KEYS = {
     "cache_seconds": "seconds a password check result is remembered (0 = off)",
     "reload_interval": "seconds between checks whether the files changed",
     "decision_cache_size": "ACL decisions remembered per (client, user, topic) (0 = off)",
+    "client_id_pattern": "client ids a user may connect with, e.g. \"%u-*\" ('' = any)",
 }
 
 
@@ -61,7 +64,7 @@ class AccessControl:
     def __init__(self, password_file: str | None = None, acl_file: str | None = None,
                  allow_anonymous: bool | None = None, cache_seconds: float = 120.0,
                  reload_interval: float = 2.0, decision_cache_size: int = 100_000,
-                 clock=time.monotonic):
+                 client_id_pattern: str = "", clock=time.monotonic):
         if allow_anonymous is None:
             allow_anonymous = not password_file
         if not allow_anonymous and not password_file:
@@ -79,6 +82,9 @@ class AccessControl:
         self.decision_cache_size = decision_cache_size
         self._pub_cache: dict = {}
         self._sub_cache: dict = {}
+        self._read_cache: dict = {}
+        self.client_id_pattern = client_id_pattern
+        self.on_acl_reload = None  # set by the broker: re-flag subscriptions after a reload
 
     # ---------------------------------------------------------------- reload
     def reload(self) -> None:
@@ -99,6 +105,9 @@ class AccessControl:
         self.acl = acl
         self._pub_cache = {}
         self._sub_cache = {}
+        self._read_cache = {}
+        if self.on_acl_reload is not None:
+            self.on_acl_reload()
         log.info("ACL file %s loaded: %s", self.acl_file, acl.summary())
 
     def _maybe_reload_acl(self) -> None:
@@ -130,6 +139,28 @@ class AccessControl:
         self._maybe_reload_acl()
         return self._decide(self._sub_cache, self.acl.can_subscribe, client_id, username,
                             topic_filter)
+
+    def allow_read(self, client_id: str, username: str | None, topic: str) -> bool:
+        """Per-message check at delivery, only for subscriptions flagged by needs_read_check."""
+        if self.acl is None:
+            return True
+        self._maybe_reload_acl()
+        return self._decide(self._read_cache, self.acl.can_read, client_id, username, topic)
+
+    def needs_read_check(self, client_id: str, username: str | None, topic_filter: str) -> bool:
+        """Whether a granted subscription overlaps deny rules (so each message is checked)."""
+        return self.acl is not None and self.acl.needs_read_check(client_id, username, topic_filter)
+
+    def check_client_id(self, client_id: str, username: str | None) -> int:
+        """0, or 0x85 when client_id_pattern is set and the client id does not fit it."""
+        pat = self.client_id_pattern
+        if not pat:
+            return 0
+        if "%u" in pat and username is None:
+            return CLIENT_IDENTIFIER_NOT_VALID  # the pattern names the user: anonymous never fits
+        rx = ".*".join(re.escape(part).replace("%u", re.escape(username or ""))
+                       for part in pat.split("*"))
+        return 0 if re.fullmatch(rx, client_id, re.DOTALL) else CLIENT_IDENTIFIER_NOT_VALID
 
     def _decide(self, cache: dict, fn, client_id, username, topic) -> bool:
         if not self.decision_cache_size:
@@ -166,8 +197,14 @@ def from_config(table: dict | None) -> AccessControl | None:
             if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
                 raise ValueError(f"setting auth.{key} must be a number >= 0, not {v!r}")
             kw[key] = int(v) if key == "decision_cache_size" else float(v)
+    pattern = table.get("client_id_pattern", "")
+    if not isinstance(pattern, str):
+        raise ValueError(f"setting auth.client_id_pattern must be a string like \"%u-*\", "
+                         f"not {pattern!r}")
+    if pattern:
+        kw["client_id_pattern"] = pattern
     pw = table.get("password_file") or None
     acl = table.get("acl_file") or None
-    if pw is None and acl is None and allow in (None, True):
+    if pw is None and acl is None and allow in (None, True) and not pattern:
         return None
     return AccessControl(password_file=pw, acl_file=acl, allow_anonymous=allow, **kw)

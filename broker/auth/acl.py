@@ -25,8 +25,11 @@ Directives:
   spaces). The access word is optional and defaults to readwrite.
 * ``pattern [read|write|readwrite|deny] FILTER`` is the same for every client, after replacing
   ``%u`` with the client's user name and ``%c`` with its client id. A pattern with ``%u`` does
-  not apply to clients without a user name, and a pattern is skipped for a client whose user
-  name / client id contains '/', '+' or '#' (otherwise user "+" would get devices/+/#).
+  not apply to clients without a user name. A user name / client id containing '/', '+' or '#'
+  is never substituted, so it can neither widen nor escape a rule (fail closed): a read/write
+  pattern is skipped for that client (user "+" does not get devices/+/#), and a deny pattern
+  denies everything below the levels before the placeholder (``pattern deny dev/%c/secret``
+  denies ``dev/#`` to client ``a/b``; ``pattern deny %c/#`` denies that client every topic).
 
 Semantics:
 
@@ -38,14 +41,16 @@ Semantics:
   else allows it.
 * PUBLISH to topic T (also a will message) is allowed when a write/readwrite rule matches T and
   no deny rule matches T.
-* SUBSCRIBE to filter S is allowed when every topic S can match is readable: one single
-  read/readwrite rule must *cover* S (ACL ``a/#`` covers ``a/+/b``, ``a/b`` and ``a/#``;
-  ACL ``a/+`` does not cover ``a/#``; ACL ``#`` does not cover ``$SYS/#``), and no deny rule may
-  overlap S (with ``topic deny a/secret``, subscribing ``a/#`` or ``a/+`` is refused but
-  ``a/public`` is allowed). Coverage by several rules together is not considered.
-  For shared subscriptions ``$share/GROUP/S`` the check applies to S.
-* Access is checked when a client publishes and when it subscribes; messages are not
-  re-checked per delivery, so an ACL change applies to subscriptions made after it.
+* SUBSCRIBE to filter S is granted when one single read/readwrite rule *covers* S (ACL ``a/#``
+  covers ``a/+/b``, ``a/b`` and ``a/#``; ACL ``a/+`` does not cover ``a/#``; ACL ``#`` does not
+  cover ``$SYS/#``) and no deny rule covers S. Coverage by several rules together is not
+  considered. For shared subscriptions ``$share/GROUP/S`` the check applies to S.
+* Deny rules that only overlap S do not refuse it (as Mosquitto): with ``topic readwrite #``
+  and ``topic deny a/secret``, SUBSCRIBE ``#`` is granted and ``a/secret`` is filtered out when
+  messages are delivered (and retained messages replayed); SUBSCRIBE ``a/secret`` is refused.
+  Only such subscriptions pay for the per-message check (one cached lookup per message).
+* PUBLISH is checked when a client publishes. An ACL change (reload) applies to new
+  publishes and subscriptions, and to the per-message check of existing subscriptions.
 """
 from __future__ import annotations
 
@@ -58,6 +63,7 @@ READ = 1
 WRITE = 2
 READWRITE = READ | WRITE
 DENY = 4
+EVERYTHING = 8  # with DENY: the rule matches every topic (a pattern that failed closed)
 ACCESS = {"read": READ, "write": WRITE, "readwrite": READWRITE, "deny": DENY}
 _FORBIDDEN_IN_SUBST = ("/", "+", "#")
 
@@ -188,50 +194,80 @@ class ACL:
         """The (access, filter) pairs that apply to this client, patterns substituted."""
         out = [(r.access, r.filter) for r in
                (self.anonymous if username is None else self.users.get(username, ()))]
-        cid_ok = not any(ch in client_id for ch in _FORBIDDEN_IN_SUBST)
-        user_ok = username is not None and not any(ch in username for ch in _FORBIDDEN_IN_SUBST)
         for r in self.patterns:
-            f = r.filter
-            if "%u" in f:
-                if not user_ok:
+            if username is None and "%u" in r.filter:
+                continue  # %u rules are for clients with a user name
+            f, widened = r.filter, False
+            for key, value in (("%u", username), ("%c", client_id)):
+                if f is None or key not in f:
                     continue
-                f = f.replace("%u", username)
-            if "%c" in f:
-                if not cid_ok or not client_id:
-                    continue
-                f = f.replace("%c", client_id)
-            out.append((r.access, f))
+                if value and not any(ch in value for ch in _FORBIDDEN_IN_SUBST):
+                    f = f.replace(key, value)
+                else:  # the name would widen or escape the rule: never substituted
+                    f, widened = _cut_before(f, key), True
+            if not widened:
+                out.append((r.access, f))
+            elif r.access & DENY:  # fail closed: deny everything the pattern could mean
+                out.append((DENY | EVERYTHING, "#") if f is None else (DENY, f))
+            # an allow rule is skipped for that client
         return out
 
     def can_write(self, client_id: str, username: str | None, topic: str) -> bool:
+        return self._can(client_id, username, topic, WRITE)
+
+    def can_read(self, client_id: str, username: str | None, topic: str) -> bool:
+        """Whether a message on `topic` may be delivered to this client (per-message check)."""
+        return self._can(client_id, username, topic, READ)
+
+    def _can(self, client_id: str, username: str | None, topic: str, want: int) -> bool:
         allowed = False
         for access, f in self.rules_for(client_id, username):
-            if matches(f, topic):
-                if access & DENY:
+            if access & DENY:
+                if access & EVERYTHING or matches(f, topic):
                     return False
-                if access & WRITE:
-                    allowed = True
+            elif access & want and not allowed and matches(f, topic):
+                allowed = True
         return allowed
 
     def can_subscribe(self, client_id: str, username: str | None, topic_filter: str) -> bool:
-        if topic_filter.startswith("$share/"):
-            _, _, rest = topic_filter[len("$share/"):].partition("/")
-            topic_filter = rest
+        topic_filter = _inner_filter(topic_filter)
         if not topic_filter:
             return False
         allowed = False
         for access, f in self.rules_for(client_id, username):
             if access & DENY:
-                if overlaps(f, topic_filter):
-                    return False
+                if access & EVERYTHING or covers(f, topic_filter):
+                    return False  # every topic S can match is denied (exactly-denied filter)
             elif access & READ and not allowed and covers(f, topic_filter):
                 allowed = True
         return allowed
+
+    def needs_read_check(self, client_id: str, username: str | None, topic_filter: str) -> bool:
+        """Whether a granted subscription may match denied topics: check each message."""
+        topic_filter = _inner_filter(topic_filter)
+        for access, f in self.rules_for(client_id, username):
+            if access & DENY and (access & EVERYTHING or overlaps(f, topic_filter)):
+                return True
+        return False
 
     def summary(self) -> str:
         n_topic = len(self.anonymous) + sum(len(v) for v in self.users.values())
         return (f"{len(self.users)} user section(s), {len(self.anonymous)} anonymous rule(s), "
                 f"{n_topic} topic rule(s) in all, {len(self.patterns)} pattern(s)")
+
+
+def _inner_filter(topic_filter: str) -> str:
+    """$share/GROUP/S -> S: access to a shared subscription is access to S."""
+    if topic_filter.startswith("$share/"):
+        return topic_filter[len("$share/"):].partition("/")[2]
+    return topic_filter
+
+
+def _cut_before(f: str, key: str) -> str | None:
+    """The pattern cut before its first level holding `key`, ending in '#' (None: nothing left)."""
+    levels = f.split("/")
+    i = next(i for i, lv in enumerate(levels) if key in lv)
+    return "/".join(levels[:i] + ["#"]) if i else None
 
 
 def file_signature(path: str):

@@ -31,6 +31,15 @@ class AllowAll:
     def allow_subscribe(self, client_id: str, username: str | None, topic_filter: str) -> bool:
         return True
 
+    def check_client_id(self, client_id: str, username: str | None) -> int:
+        return 0
+
+    def needs_read_check(self, client_id: str, username: str | None, topic_filter: str) -> bool:
+        return False
+
+    def allow_read(self, client_id: str, username: str | None, topic: str) -> bool:
+        return True
+
 
 class Broker:
     def __init__(self, mqtt: MQTTConfig | None = None, sink=None, auth=None,
@@ -44,6 +53,8 @@ class Broker:
             from sink.record import SinkRecord  # the sink is optional: imported only when used
             self._record_type = SinkRecord
         self.auth = auth or AllowAll()
+        if hasattr(self.auth, "on_acl_reload"):
+            self.auth.on_acl_reload = self.flag_read_checks
         self.clock = clock
         self.wall = wall
         self.sessions: dict[str, Session] = {}
@@ -136,7 +147,8 @@ class Broker:
             if exp is not None:
                 expires_at = self.clock() + exp
             props = props or None
-        if not self.auth.allow_publish(session.client_id, session.username, will.topic):
+        if will.topic.startswith("$SYS") or \
+                not self.auth.allow_publish(session.client_id, session.username, will.topic):
             return
         msg = Message(will.topic, will.payload, will.qos, will.retain, props, expires_at,
                       session.client_id, self.wall())
@@ -146,6 +158,13 @@ class Broker:
         if will.retain:
             self.retain(msg)
         self.route(msg, None)
+
+    def flag_read_checks(self) -> None:
+        """The ACL changed: which subscriptions need a per-message read check."""
+        check = self.auth.needs_read_check
+        for s in self.sessions.values():
+            for sub in s.subscriptions.values():
+                sub.read_check = check(s.client_id, s.username, sub.filter)
 
     # ------------------------------------------------------------ messages
     def retain(self, msg: Message) -> None:
@@ -164,11 +183,14 @@ class Broker:
         now = self.clock()
         mqos = msg.qos
         n = 0
+        may_read = self.auth.allow_read
         for session, subs in normal:
             if len(subs) == 1:
                 s = subs[0]
                 if s.no_local and session is sender:  # [MQTT-3.8.3-3]
                     continue
+                if s.read_check and not may_read(session.client_id, session.username, msg.topic):
+                    continue  # a deny rule of the receiving client (README "Access control")
                 qos = s.qos if s.qos < mqos else mqos  # [MQTT-3.8.4-8] downgrade
                 retain = msg.retain and s.retain_as_published  # [MQTT-3.3.1-12], [MQTT-3.3.1-13]
                 sub_ids = (s.sub_id,) if s.sub_id else None
@@ -177,16 +199,19 @@ class Broker:
                 # every matching Subscription Identifier [MQTT-3.3.4-2], [MQTT-3.3.4-3].
                 qos = -1
                 retain = False
+                check = False
                 ids = []
                 for s in subs:
                     if s.no_local and session is sender:
                         continue
+                    check = check or s.read_check
                     if s.qos > qos:
                         qos = s.qos
                     retain = retain or (msg.retain and s.retain_as_published)
                     if s.sub_id:
                         ids.append(s.sub_id)
-                if qos < 0:
+                if qos < 0 or check and not may_read(session.client_id, session.username,
+                                                     msg.topic):
                     continue
                 if qos > mqos:
                     qos = mqos
@@ -195,6 +220,8 @@ class Broker:
             n += 1
         for key, members in shared:
             s = self.router.pick(key, members)  # 4.8.2: one member of each group
+            if s.read_check and not may_read(s.session.client_id, s.session.username, msg.topic):
+                continue
             qos = s.qos if s.qos < mqos else mqos
             s.session.deliver(msg, qos, msg.retain and s.retain_as_published,
                               (s.sub_id,) if s.sub_id else None, now)

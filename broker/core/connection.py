@@ -190,6 +190,9 @@ class Connection:
             return self.refuse(rc.BAD_AUTHENTICATION_METHOD,
                                "enhanced authentication is not configured on this broker")
         if self.identity is not None:
+            if not self.identity:  # the listener takes the user from a certificate: none was shown
+                return self.refuse(rc.NOT_AUTHORIZED, "this listener needs a client certificate "
+                                   "(use_identity_as_username): connect with one")
             c.username = self.identity  # TLS client certificate authenticates (listener option)
         elif b.defer_auth is not None and c.password is not None:
             # a slow password hash: checked off the event loop, CONNACK follows when it is done
@@ -241,6 +244,15 @@ class Connection:
                 return self.refuse(rc.QOS_NOT_SUPPORTED, "will QoS above the maximum QoS")
             if w.retain and not cfg.retain_available:
                 return self.refuse(rc.RETAIN_NOT_SUPPORTED, "retained messages are not available")
+        if assigned is None:
+            code = b.auth.check_client_id(client_id, c.username)
+            if code:
+                return self.refuse(code, "client id not allowed for this user (auth.client_id_pattern)")
+        old = b.sessions.get(client_id)
+        if old is not None and cfg.session_owner_check and old.username != c.username:
+            # A session belongs to the user that created it: another user may not resume it,
+            # discard it (Clean Start 1) nor take over its connection (README "Access control").
+            return self.refuse(rc.NOT_AUTHORIZED, "this client id is in use by another user's session")
         self.client_id = client_id
         self.username = c.username
         self.receive_max = props.get(PR.RECEIVE_MAXIMUM, 65535)
@@ -261,7 +273,6 @@ class Connection:
         self.keep_alive = keep_alive
 
         # [MQTT-3.1.4-3]: a client already connected with this id is taken over
-        old = b.sessions.get(client_id)
         if old is not None and old.link is not None:
             old.link.server_disconnect(rc.SESSION_TAKEN_OVER, "another connection used this client id",
                                        publish_will=True)
@@ -368,7 +379,9 @@ class Connection:
                     raise ProtocolError("payload is not UTF-8 as its Payload Format Indicator says",
                                         rc.PAYLOAD_FORMAT_INVALID)
                 return self.ack(qos, pid, rc.PAYLOAD_FORMAT_INVALID)
-        if not b.auth.allow_publish(self.client_id, self.username, topic):
+        if topic[0] == "$" and topic.startswith("$SYS") or \
+                not b.auth.allow_publish(self.client_id, self.username, topic):
+            # $SYS belongs to the broker: clients may not publish there (as Mosquitto)
             b.stats["dropped_not_authorized"] = b.stats.get("dropped_not_authorized", 0) + 1
             return self.ack(qos, pid, rc.NOT_AUTHORIZED) if qos else None
         msg = Message(topic, p.payload, qos, p.retain, props, expires_at, self.client_id, b.wall())
@@ -484,6 +497,7 @@ class Connection:
         sub = Subscription(filt, topic_filter, group, qos, o.no_local and v5,
                            o.retain_as_published and v5, o.retain_handling if v5 else 0,
                            sub_id, session)
+        sub.read_check = b.auth.needs_read_check(self.client_id, self.username, filt)
         if existed:
             b.router.remove(session.subscriptions[filt])
         session.subscriptions[filt] = sub
@@ -494,6 +508,8 @@ class Connection:
         if group is None and (o.retain_handling == 0 or (o.retain_handling == 1 and not existed)):
             sid = (sub_id,) if sub_id else None
             for msg in b.retained.match(topic_filter):
+                if sub.read_check and not b.auth.allow_read(self.client_id, self.username, msg.topic):
+                    continue  # denied to this client (README "Access control")
                 retained_out.append((msg, qos, sid))
         return qos
 

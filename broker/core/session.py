@@ -16,7 +16,7 @@ NEVER = 0xFFFFFFFF  # Session Expiry Interval meaning "does not expire"
 
 class Subscription:
     __slots__ = ("filter", "topic_filter", "group", "qos", "no_local", "retain_as_published",
-                 "retain_handling", "sub_id", "session")
+                 "retain_handling", "sub_id", "session", "read_check")
 
     def __init__(self, filt: str, topic_filter: str, group: str | None, qos: int, no_local: bool,
                  retain_as_published: bool, retain_handling: int, sub_id: int | None, session):
@@ -29,6 +29,7 @@ class Subscription:
         self.retain_handling = retain_handling
         self.sub_id = sub_id
         self.session = session
+        self.read_check = False  # the ACL denies some topics it matches: check each message
 
 
 class Session:

@@ -165,6 +165,7 @@ class Store:
                 shared = parse_shared(filt)
                 group, tf = shared if shared else (None, filt)
                 sub = Subscription(filt, tf, group, qos, bool(no_local), bool(rap), rh, sub_id, s)
+                sub.read_check = broker.auth.needs_read_check(cid, s.username, filt)
                 s.subscriptions[filt] = sub
                 broker.router.add(sub)
             except Exception as exc:

@@ -45,3 +45,12 @@ def peer_identity(ssl_object) -> str | None:
     for kind, value in cert.get("subjectAltName", ()):  # no CN: the first name it carries
         return value
     return None
+
+
+def listener_identity(listener: dict, ssl_object) -> str | None:
+    """What Connection.identity must be for a socket on this listener: None when the listener
+    does not use certificates as user names, else the certificate's name, or "" when the client
+    showed no verified certificate (the CONNECT is then refused, never trusted as claimed)."""
+    if not listener.get("use_identity_as_username"):
+        return None
+    return peer_identity(ssl_object) or ""

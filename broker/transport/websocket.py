@@ -15,6 +15,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Response
 
 from ..core.connection import Connection
+from . import tls
 
 log = logging.getLogger("broker.websocket")
 
@@ -78,6 +79,7 @@ async def start_listener(server, listener: dict, ssl_context=None):
         conn = Connection(broker, f"ws:{peer[0]}:{peer[1]}" if peer else "ws:?")
         transport = WSTransport(ws, loop)
         conn.transport = transport
+        conn.identity = tls.listener_identity(listener, transport.get_extra_info("ssl_object"))
         try:
             async for message in ws:
                 if isinstance(message, str):  # [MQTT-6.0.0-1]: binary frames only

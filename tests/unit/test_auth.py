@@ -296,9 +296,16 @@ def test_acl_write(acl):
 def test_acl_deny_wins(acl):
     assert not acl.can_write("c1", "alice", "sensors/secret/alice")
     assert not acl.can_subscribe("c1", "alice", "sensors/secret/x")
-    assert not acl.can_subscribe("c1", "alice", "sensors/#")    # would include secret topics
-    assert not acl.can_subscribe("c1", "alice", "sensors/+/x")  # sensors/secret/x
+    # a deny rule that only overlaps a filter does not refuse it: checked per message instead
+    assert acl.can_subscribe("c1", "alice", "sensors/#")
+    assert acl.needs_read_check("c1", "alice", "sensors/#")
+    assert acl.can_subscribe("c1", "alice", "sensors/+/x")      # may match sensors/secret/x
+    assert acl.needs_read_check("c1", "alice", "sensors/+/x")
+    assert not acl.can_read("c1", "alice", "sensors/secret/x")
+    assert acl.can_read("c1", "alice", "sensors/public/x")
     assert acl.can_subscribe("c1", "alice", "sensors/public/#")
+    assert not acl.needs_read_check("c1", "alice", "sensors/public/#")
+    assert not acl.can_subscribe("c1", "alice", "sensors/secret/#")   # every topic denied
     acl2 = ACL.parse("user u\ntopic readwrite a/#\ntopic deny a/x\n")
     assert not acl2.can_write("c", "u", "a/x")
     assert acl2.can_write("c", "u", "a/y")
@@ -307,7 +314,7 @@ def test_acl_deny_wins(acl):
 def test_acl_subscription_coverage(acl):
     s = acl.can_subscribe
     assert s("c1", "alice", "sensors/alice/#")
-    assert not s("c1", "alice", "sensors/+/temp")          # could match sensors/secret/temp
+    assert s("c1", "alice", "sensors/+/temp")              # sensors/secret/temp filtered later
     assert ACL.parse("user u\ntopic read sensors/#\n").can_subscribe("c", "u", "sensors/+/temp")
     assert s("c1", "alice", "sensors/bob")
     assert not s("c1", "alice", "#")
@@ -384,7 +391,9 @@ def test_access_control_acl_and_reload(tmp_path):
     ac = AccessControl(password_file=pw, acl_file=acl, clock=clock, reload_interval=1.0)
     assert ac.allow_publish("c", "alice", "sensors/alice/t")
     assert not ac.allow_publish("c", "alice", "other/t")
-    assert ac.allow_subscribe("c", "alice", "sensors/+/t") is False   # deny overlaps
+    assert ac.allow_subscribe("c", "alice", "sensors/+/t")            # deny overlaps: granted
+    assert ac.needs_read_check("c", "alice", "sensors/+/t")
+    assert not ac.allow_read("c", "alice", "sensors/secret/t")        # ... and filtered
     Path(acl).write_text("user alice\ntopic readwrite other/#\n")
     bump(Path(acl))
     assert not ac.allow_publish("c", "alice", "other/t")   # decision cached, not re-checked yet
