@@ -6,6 +6,7 @@ Configured by the ``[auth]`` table of the TOML config (see config/broker.toml)::
     password_file = "/etc/broker/passwd"   # python -m broker.auth passwd FILE add USER
     acl_file = "/etc/broker/acl"           # python -m broker.auth check-acl FILE
     allow_anonymous = false                # default: false with a password file, else true
+    client_id_pattern = "%u-*"             # optional: client ids a user may choose (else 0x85)
 
 ``from_config(cfg.extra.get("auth", {}))`` returns an ``AccessControl`` for the broker core (or
 None when nothing is configured: everyone may do everything, as before).
