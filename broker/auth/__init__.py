@@ -142,11 +142,16 @@ class AccessControl:
                             topic_filter)
 
     def allow_read(self, client_id: str, username: str | None, topic: str) -> bool:
-        """Per-message check at delivery, only for subscriptions flagged by needs_read_check."""
-        if self.acl is None:
-            return True
-        self._maybe_reload_acl()
-        return self._decide(self._read_cache, self.acl.can_read, client_id, username, topic)
+        """Per-message check at delivery, only for subscriptions flagged by needs_read_check.
+
+        Hot path: one dict lookup. No reload check here: the PUBLISH being delivered just made
+        one, and a reload clears this cache."""
+        r = self._read_cache.get((client_id, username, topic))
+        if r is None:
+            if self.acl is None:
+                return True
+            r = self._decide(self._read_cache, self.acl.can_read, client_id, username, topic)
+        return r
 
     def needs_read_check(self, client_id: str, username: str | None, topic_filter: str) -> bool:
         """Whether a granted subscription overlaps deny rules (so each message is checked)."""
