@@ -196,3 +196,18 @@ def test_session_owner_in_core():
     again = Client(b)
     assert again.connect("id", clean=False, props=hour, username="alice").session_present
     assert a.conn.close_requested                                # its own takeover: 0x8E
+
+
+def test_will_to_sys_is_not_published():
+    b = Broker(MQTTConfig(), clock=Clock(), wall=Clock())
+    watcher = Client(b)
+    watcher.connect("watch")
+    watcher.send(P.Subscribe(1, [("$SYS/#", P.SubscriptionOptions(0)),
+                                 ("w/#", P.SubscriptionOptions(0))]))
+    watcher.received()
+    for topic in ("$SYS/broker/version", "w/ok"):
+        c = Client(b)
+        assert c.connect(f"dies-{topic}", will=P.Will(topic, b"will", 0, True)).reason_code == 0
+        c.conn.connection_lost()           # no DISCONNECT: the will is due
+    assert topics(watcher) == ["w/ok"]
+    assert all(m.payload != b"will" for m in b.retained.match("$SYS/#"))  # not retained either
