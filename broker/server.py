@@ -161,6 +161,10 @@ class Server:
                 raise ValueError(f"listener {spec['name']}: type must be tcp, tls, ws or wss")
             if "port" not in spec:
                 raise ValueError(f"listener {spec['name']}: port is required")
+            if spec.get("use_identity_as_username") and (spec["type"] not in ("tls", "wss")
+                                                        or not spec.get("cafile")):
+                raise ValueError(f"listener {spec['name']}: use_identity_as_username needs type "
+                                 "tls or wss and a cafile to verify client certificates with")
             specs.append(spec)
         return specs
 

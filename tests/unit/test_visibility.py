@@ -211,3 +211,14 @@ def test_will_to_sys_is_not_published():
         c.conn.connection_lost()           # no DISCONNECT: the will is due
     assert topics(watcher) == ["w/ok"]
     assert all(m.payload != b"will" for m in b.retained.match("$SYS/#"))  # not retained either
+
+
+@pytest.mark.parametrize("spec", [{"type": "tcp"}, {"type": "ws"},
+                                  {"type": "tls", "certfile": "x.pem"}])
+def test_identity_as_username_needs_verified_certificates(spec):
+    """On a listener that cannot verify client certificates nobody could connect: say so."""
+    from broker.config import Config
+    from broker.server import Server
+    cfg = Config(listeners=[{**spec, "port": 1, "use_identity_as_username": True}])
+    with pytest.raises(ValueError, match="use_identity_as_username needs type tls or wss and a cafile"):
+        Server(cfg).listener_specs()
