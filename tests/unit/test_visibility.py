@@ -222,3 +222,32 @@ def test_identity_as_username_needs_verified_certificates(spec):
     cfg = Config(listeners=[{**spec, "port": 1, "use_identity_as_username": True}])
     with pytest.raises(ValueError, match="use_identity_as_username needs type tls or wss and a cafile"):
         Server(cfg).listener_specs()
+
+
+def test_sys_publish_never_reaches_sink_retained_or_subscribers():
+    class Sink:
+        durable = False
+
+        def __init__(self):
+            self.records = []
+
+        def submit(self, rec):
+            self.records.append(rec.topic)
+            return True
+
+    sink = Sink()
+    b = Broker(MQTTConfig(), sink=sink, clock=Clock(), wall=Clock())
+    watcher = Client(b)
+    watcher.connect("watch")
+    watcher.send(P.Subscribe(1, [("$SYS/#", P.SubscriptionOptions(1))]))
+    watcher.received()
+    c = Client(b)
+    c.connect("spoofer")
+    c.send(P.Publish("$SYS/broker/version", b"spoofed", 1, True, packet_id=1))
+    c.send(P.Publish("$SYS/x", b"spoofed", 0, True))
+    c.send(P.Publish("ok/x", b"fine", 1, packet_id=2))
+    acks = [(p.packet_id, p.reason_code) for p in c.received()]
+    assert acks == [(1, 0x87), (2, 0x10)]
+    assert sink.records == ["ok/x"]
+    assert b.retained.match("$SYS/#") == [] and topics(watcher) == []
+    assert b.stats["dropped_not_authorized"] == 2
