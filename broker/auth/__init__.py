@@ -34,6 +34,7 @@ import logging
 import time
 
 from .acl import ACL, AuthFileError, covers, file_signature, overlaps
+from .checks import DEFAULT_MAX_PENDING
 from .passwords import PasswordFile, hash_password, verify_password
 
 __all__ = ["AccessControl", "from_config", "ACL", "AuthFileError", "PasswordFile",
@@ -52,7 +53,12 @@ KEYS = {
     "cache_seconds": "seconds a password check result is remembered (0 = off)",
     "reload_interval": "seconds between checks whether the files changed",
     "decision_cache_size": "ACL decisions remembered per (client, user, topic) (0 = off)",
+    "max_pending_checks": "password checks waiting or running at once; more CONNECTs get 0x89",
+    "check_threads": "threads running password checks (0 = CPUs, at most 4)",
+    "max_deferred_bytes": "bytes a client may send after CONNECT while its password is checked",
 }
+
+DEFAULT_MAX_DEFERRED_BYTES = 1 << 20
 
 
 class AccessControl:
@@ -61,13 +67,18 @@ class AccessControl:
     def __init__(self, password_file: str | None = None, acl_file: str | None = None,
                  allow_anonymous: bool | None = None, cache_seconds: float = 120.0,
                  reload_interval: float = 2.0, decision_cache_size: int = 100_000,
-                 clock=time.monotonic):
+                 max_pending_checks: int = DEFAULT_MAX_PENDING, check_threads: int = 0,
+                 max_deferred_bytes: int = DEFAULT_MAX_DEFERRED_BYTES, clock=time.monotonic):
         if allow_anonymous is None:
             allow_anonymous = not password_file
         if not allow_anonymous and not password_file:
             raise ValueError("auth.allow_anonymous = false needs auth.password_file "
                              "(otherwise no client could connect)")
         self.allow_anonymous = allow_anonymous
+        # bounds of the off-loop password checks (broker/auth/checks.py, wired by the server)
+        self.max_pending_checks = max_pending_checks
+        self.check_threads = check_threads
+        self.max_deferred_bytes = max_deferred_bytes
         self.clock = clock
         self.reload_interval = reload_interval
         self.passwords = PasswordFile(password_file, reload_interval, cache_seconds, clock=clock) \
@@ -160,12 +171,16 @@ def from_config(table: dict | None) -> AccessControl | None:
     if allow is not None and not isinstance(allow, bool):
         raise ValueError(f"setting auth.allow_anonymous must be true or false, not {allow!r}")
     kw = {}
-    for key in ("cache_seconds", "reload_interval", "decision_cache_size"):
+    ints = ("decision_cache_size", "max_pending_checks", "check_threads", "max_deferred_bytes")
+    for key in ("cache_seconds", "reload_interval") + ints:
         if key in table:
             v = table[key]
             if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
                 raise ValueError(f"setting auth.{key} must be a number >= 0, not {v!r}")
-            kw[key] = int(v) if key == "decision_cache_size" else float(v)
+            kw[key] = int(v) if key in ints else float(v)
+    if kw.get("max_pending_checks") == 0:
+        raise ValueError("setting auth.max_pending_checks must be at least 1 "
+                         "(0 would refuse every CONNECT with a user name)")
     pw = table.get("password_file") or None
     acl = table.get("acl_file") or None
     if pw is None and acl is None and allow in (None, True):
