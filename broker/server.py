@@ -151,6 +151,11 @@ class Server:
             if conn.held_acks:
                 self.hold_acks(conn)
 
+        cached = getattr(auth, "authenticate_cached", None)
+        code = cached(client_id, connect.username, connect.password) if cached else None
+        if code is not None:  # remembered result: no hash, so no queue (reconnect storms)
+            done(code)
+            return True
         t = conn.transport
         peer = t.get_extra_info("peername") if t is not None else None
         return self.auth_checks.submit(peer[0] if peer else conn.peer, check,

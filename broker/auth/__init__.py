@@ -129,6 +129,16 @@ class AccessControl:
             password = bytes(password)
         return 0 if self.passwords.check(username, password) else BAD_USER_NAME_OR_PASSWORD
 
+    def authenticate_cached(self, client_id: str, username: str | None,
+                            password: bytes | None) -> int | None:
+        """authenticate()'s answer when it needs no password hash, else None."""
+        if username is None or self.passwords is None:
+            return self.authenticate(client_id, username, password)
+        if password is not None and not isinstance(password, bytes):
+            password = bytes(password)
+        ok = self.passwords.cached(username, password)
+        return None if ok is None else (0 if ok else BAD_USER_NAME_OR_PASSWORD)
+
     def allow_publish(self, client_id: str, username: str | None, topic: str) -> bool:
         if self.acl is None:
             return True

@@ -244,11 +244,9 @@ class PasswordFile:
         key = None
         if self.cache_seconds > 0:
             key = self._cache_key(username, password, no_password)
-            hit = self._cache.get(key)
+            hit = self._lookup(key)
             if hit is not None:
-                if hit[0] > self.clock():
-                    return hit[1]
-                self._cache.pop(key, None)
+                return hit
         users = self.users
         h = users.get(username)
         if h is None:
@@ -263,6 +261,22 @@ class PasswordFile:
                         self._evict()
                     self._cache[key] = (self.clock() + self.cache_seconds, ok)
         return ok
+
+    def cached(self, username: str, password: bytes | None) -> bool | None:
+        """The remembered outcome of this exact check, or None when it needs a hash
+        (microseconds: the broker answers cached checks on its event loop)."""
+        if self.cache_seconds <= 0:
+            return None
+        self.maybe_reload()
+        return self._lookup(self._cache_key(username, password or b"", password is None))
+
+    def _lookup(self, key: bytes) -> bool | None:
+        hit = self._cache.get(key)
+        if hit is not None:
+            if hit[0] > self.clock():
+                return hit[1]
+            self._cache.pop(key, None)
+        return None
 
     def _evict(self) -> None:
         now = self.clock()

@@ -206,3 +206,25 @@ def test_bytes_sent_while_the_password_is_checked_are_capped(pwfile, monkeypatch
     finally:
         rec.gate.set()
         b.stop()
+
+
+def test_cached_results_skip_the_queue_so_a_reconnect_storm_is_not_refused(pwfile, monkeypatch):
+    """With a warm result cache no hash is needed: 50 reconnects at once are all accepted even
+    with room for a single pending check, and cost no further hash."""
+    rec = Recorder(monkeypatch)
+    auth = AccessControl(password_file=str(pwfile), max_pending_checks=1, check_threads=1)
+    b = Broker(auth)
+    rec.server = b.server
+    b.start()
+    try:
+        first = RawClient(b.port, timeout=30)
+        assert first.connect("warm", username="alice", password=b"secret").reason_code == 0
+        storm = [RawClient(b.port, timeout=30) for _ in range(50)]
+        for i, c in enumerate(storm):
+            c.send(P.Connect(f"storm{i}", 5, username="alice", password=b"secret"))
+        assert [c.recv_type(P.CONNACK).reason_code for c in storm] == [0] * 50
+        assert len(rec.calls) == 1
+        assert b.server.auth_checks.refused == 0
+        bye(first, *storm)
+    finally:
+        b.stop()
