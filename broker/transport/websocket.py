@@ -93,8 +93,11 @@ class WSTransport:
                 while self.pending:
                     data = b"".join(self.pending)
                     self.pending.clear()
-                    await self.ws.send(data)  # one binary frame per flush; waits while the
-                    self.size -= len(data)    # socket buffer is above websockets' write_limit
+                    # one binary frame per flush; returns once the socket buffer is below
+                    # websockets' write_limit (32 KiB, under our low-water mark), so a client
+                    # that reads again always gets resume_writing
+                    await self.ws.send(data)
+                    self.size -= len(data)
                     if self.paused and self.get_write_buffer_size() <= self.low:
                         self.paused = False
                         self.protocol.resume_writing()

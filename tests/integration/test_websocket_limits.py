@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 import time
 import urllib.request
 
@@ -162,5 +163,48 @@ def test_max_connections_counts_websocket_clients(tmp_path):
         assert again.connect("ws2").reason_code == 0
         again.close()
         ws.close()
+    finally:
+        b.stop()
+
+
+@pytest.mark.timeout(180)
+def test_websocket_reader_that_catches_up_gets_messages_again(tmp_path):
+    """The other half of backpressure: once the stalled reader drains its buffer the broker
+    resumes writing to it (resume_writing), so new messages reach it again."""
+    b = ws_broker(tmp_path)
+    try:
+        slow = WSClient(b.ws_port, rcvbuf=4096, timeout=60)
+        assert slow.connect("slow").reason_code == 0
+        slow.send(P.Subscribe(1, [("flood/#", P.SubscriptionOptions(0))]))
+        slow.recv_type(P.SUBACK)
+        pub = RawClient(b.port)
+        pub.connect("pub")
+        chunk = encode(P.Publish("flood/x", b"x" * 1024, 0, False), 5) * 1000
+        for _ in range(20):  # ~20 MB while the reader reads nothing: the broker pauses it
+            pub.send(chunk)
+        deadline = time.monotonic() + 20
+        while metric(b, 'mqtt_messages_dropped_total{reason="slow_consumer"}') == 0:
+            assert time.monotonic() < deadline, "the broker never paused the stalled reader"
+            time.sleep(0.2)
+        seen = threading.Event()
+
+        def read():
+            while not seen.is_set():
+                try:
+                    pkt = slow.recv(timeout=60)
+                except (TimeoutError, ConnectionError, OSError):
+                    return
+                if pkt.type == P.PUBLISH and pkt.topic == "flood/marker":
+                    seen.set()
+        t = threading.Thread(target=read, daemon=True)
+        t.start()
+        deadline = time.monotonic() + 60
+        while not seen.is_set():
+            assert time.monotonic() < deadline, "no message reached the reader after it caught up"
+            pub.publish("flood/marker", b"again")
+            seen.wait(0.2)
+        t.join(10)
+        pub.close()
+        slow.close()
     finally:
         b.stop()
