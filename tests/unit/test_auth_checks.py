@@ -69,3 +69,20 @@ def test_round_robin_across_addresses():
     jobs = [("flood", i) for i in range(8)] + [("other", 100)]
     _, ran, _, _, _, _ = run(jobs, max_pending=20, threads=1)
     assert ran.index(100) <= 2, ran
+
+
+def test_config_keys(tmp_path):
+    import pytest
+
+    from broker.auth import from_config, hash_password
+    pw = tmp_path / "passwd"
+    pw.write_text(f"alice:{hash_password('x', n=2 ** 4)}\n")
+    ac = from_config({"password_file": str(pw), "max_pending_checks": 8, "check_threads": 3,
+                      "max_deferred_bytes": 4096})
+    assert (ac.max_pending_checks, ac.check_threads, ac.max_deferred_bytes) == (8, 3, 4096)
+    ac = from_config({"password_file": str(pw)})
+    assert (ac.max_pending_checks, ac.check_threads, ac.max_deferred_bytes) == (64, 0, 1 << 20)
+    for bad in ({"max_pending_checks": 0}, {"check_threads": -1}, {"max_deferred_bytes": "1M"}):
+        with pytest.raises(ValueError, match="auth.max_pending_checks|auth.check_threads|"
+                                             "auth.max_deferred_bytes"):
+            from_config({"password_file": str(pw), **bad})
