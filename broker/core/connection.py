@@ -134,13 +134,7 @@ class Connection:
         if self.state == _AUTHENTICATING:
             self.deferred_bytes += len(data)
             if self.deferred_bytes > self.broker.max_deferred_bytes:
-                # [MQTT-3.1.4-5]: nothing after CONNECT is processed before it is accepted, so
-                # the bytes wait in memory; past the limit: CONNACK 0x97 Quota exceeded (an
-                # implementation-imposed limit, 3.2.2.2) and close [MQTT-3.2.2-7]
-                self.deferred = None
-                self.refuse(rc.QUOTA_EXCEEDED,
-                            f"more than {self.broker.max_deferred_bytes} bytes sent before CONNACK "
-                            "(wait for CONNACK before sending more)")
+                self.refuse_deferred(f"more than {self.broker.max_deferred_bytes} bytes")
 
     def handle(self, pkt) -> None:
         t = pkt.type
@@ -228,8 +222,16 @@ class Connection:
 
     def defer(self, pkt) -> None:
         if len(self.deferred) >= MAX_DEFERRED:
-            raise ProtocolError("too many packets before CONNACK")
+            return self.refuse_deferred(f"more than {MAX_DEFERRED} packets")
         self.deferred.append(pkt)
+
+    def refuse_deferred(self, what: str) -> None:
+        """[MQTT-3.1.4-5]: nothing after CONNECT is processed before it is accepted, so it waits
+        in memory; past the limit: CONNACK 0x97 Quota exceeded (an implementation-imposed
+        limit, 3.2.2.2) and close [MQTT-3.2.2-7]."""
+        self.deferred = None
+        self.refuse(rc.QUOTA_EXCEEDED, f"{what} sent before CONNACK "
+                                       "(wait for CONNACK before sending more)")
 
     def auth_done(self, c: P.Connect, client_id: str, assigned: str | None, code: int) -> None:
         """The deferred password check finished: refuse, or accept and run what waited."""

@@ -93,3 +93,13 @@ def test_bytes_waiting_for_connack_are_capped(cap, sizes, level):
         conn.auth_done(*args, 0)
         assert [p.type for p in out(c, level)] == [P.CONNACK]
         assert c.conn.deferred is None
+
+
+def test_too_many_packets_before_connack_get_quota_exceeded():
+    from broker.core.connection import MAX_DEFERRED
+    b = make()
+    c = Client(b)
+    c.send(P.Connect("u", 5, username="alice", password=b"pw"))
+    c.conn.data_received(encode(P.PingReq(), 5) * (MAX_DEFERRED + 5))
+    assert [(p.type, p.reason_code) for p in out(c)] == [(P.CONNACK, 0x97)]
+    assert c.conn.close_requested
