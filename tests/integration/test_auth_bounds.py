@@ -110,8 +110,9 @@ def test_flood_of_wrong_passwords_is_bounded_and_a_good_connect_is_answered(pwfi
         code = good.connect("good", username="alice", password=b"secret").reason_code
         checks_before_good = len(rec.calls)
         assert code in (0, 0x89), hex(code)
-        # without the bound the good CONNECT waits behind all 400 checks
-        assert checks_before_good <= bound + 1, checks_before_good
+        # without the bound the good CONNECT waits behind all 400 checks; with it, behind at
+        # most `bound` (plus what the other thread starts meanwhile)
+        assert checks_before_good <= bound + 2, checks_before_good
         codes = []
         for c in flood:
             ack = c.recv_type(P.CONNACK)
