@@ -80,8 +80,15 @@ class Server:
         self.store = store
         self.broker = Broker(config.mqtt, sink=sink, auth=auth, store=store)
         self.broker.schedule_flush = self._schedule_flush
+        self.auth_checks = None
         if getattr(auth, "passwords", None) is not None:
-            self.broker.defer_auth = self._defer_auth  # scrypt takes ~100 ms: not on the loop
+            # scrypt takes ~100 ms: on a few threads, with a bounded queue (auth/checks.py)
+            from .auth.checks import DEFAULT_MAX_PENDING, CheckQueue
+            self.auth_checks = CheckQueue(getattr(auth, "check_threads", 0),
+                                          getattr(auth, "max_pending_checks", DEFAULT_MAX_PENDING))
+            self.broker.defer_auth = self._defer_auth
+            self.broker.max_deferred_bytes = getattr(auth, "max_deferred_bytes",
+                                                     self.broker.max_deferred_bytes)
         self.loop: asyncio.AbstractEventLoop | None = None
         self.servers: list = []
         self.ports: dict[str, int] = {}
@@ -131,22 +138,27 @@ class Server:
         else:
             fut.add_done_callback(lambda f: conn.release_acks(acks))
 
-    def _defer_auth(self, conn: Connection, connect, client_id: str, assigned) -> None:
+    def _defer_auth(self, conn: Connection, connect, client_id: str, assigned) -> bool:
+        """Queue the password check; False when too many are pending (the CONNECT is refused)."""
         auth = self.broker.auth
-        fut = self.loop.run_in_executor(None, auth.authenticate, client_id, connect.username,
-                                        connect.password)
 
-        def done(f) -> None:
-            try:
-                code = f.result()
-            except Exception:
-                log.exception("password check failed")
-                code = 0x80
-            conn.auth_done(connect, client_id, assigned, code)
+        def check() -> int:  # in a worker thread
+            return auth.authenticate(client_id, connect.username, connect.password)
+
+        def done(code) -> None:
+            conn.auth_done(connect, client_id, assigned, 0x80 if code is None else code)
             if conn.held_acks:
                 self.hold_acks(conn)
 
-        fut.add_done_callback(done)
+        cached = getattr(auth, "authenticate_cached", None)
+        code = cached(client_id, connect.username, connect.password) if cached else None
+        if code is not None:  # remembered result: no hash, so no queue (reconnect storms)
+            done(code)
+            return True
+        t = conn.transport
+        peer = t.get_extra_info("peername") if t is not None else None
+        return self.auth_checks.submit(peer[0] if peer else conn.peer, check,
+                                       conn.awaiting_auth, done)
 
     # ------------------------------------------------------------ lifecycle
     def listener_specs(self) -> list[dict]:
@@ -242,6 +254,8 @@ class Server:
             self._ticker.cancel()
         self.broker.shutdown()
         self.flush()
+        if self.auth_checks is not None:
+            self.auth_checks.close()
         if self.store is not None:
             self.store.close()
         await asyncio.sleep(0.05)

@@ -36,6 +36,7 @@ import re
 import time
 
 from .acl import ACL, AuthFileError, covers, file_signature, overlaps
+from .checks import DEFAULT_MAX_PENDING
 from .passwords import PasswordFile, hash_password, verify_password
 
 __all__ = ["AccessControl", "from_config", "ACL", "AuthFileError", "PasswordFile",
@@ -56,7 +57,12 @@ KEYS = {
     "reload_interval": "seconds between checks whether the files changed",
     "decision_cache_size": "ACL decisions remembered per (client, user, topic) (0 = off)",
     "client_id_pattern": "client ids a user may connect with, e.g. \"%u-*\" ('' = any)",
+    "max_pending_checks": "password checks waiting or running at once; more CONNECTs get 0x89",
+    "check_threads": "threads running password checks (0 = CPUs, at most 4)",
+    "max_deferred_bytes": "bytes a client may send after CONNECT while its password is checked",
 }
+
+DEFAULT_MAX_DEFERRED_BYTES = 1 << 20
 
 
 class AccessControl:
@@ -65,6 +71,8 @@ class AccessControl:
     def __init__(self, password_file: str | None = None, acl_file: str | None = None,
                  allow_anonymous: bool | None = None, cache_seconds: float = 120.0,
                  reload_interval: float = 2.0, decision_cache_size: int = 100_000,
+                 max_pending_checks: int = DEFAULT_MAX_PENDING, check_threads: int = 0,
+                 max_deferred_bytes: int = DEFAULT_MAX_DEFERRED_BYTES,
                  client_id_pattern: str = "", clock=time.monotonic):
         if allow_anonymous is None:
             allow_anonymous = not password_file
@@ -72,6 +80,10 @@ class AccessControl:
             raise ValueError("auth.allow_anonymous = false needs auth.password_file "
                              "(otherwise no client could connect)")
         self.allow_anonymous = allow_anonymous
+        # bounds of the off-loop password checks (broker/auth/checks.py, wired by the server)
+        self.max_pending_checks = max_pending_checks
+        self.check_threads = check_threads
+        self.max_deferred_bytes = max_deferred_bytes
         self.clock = clock
         self.reload_interval = reload_interval
         self.passwords = PasswordFile(password_file, reload_interval, cache_seconds, clock=clock) \
@@ -127,6 +139,16 @@ class AccessControl:
         if password is not None and not isinstance(password, bytes):
             password = bytes(password)
         return 0 if self.passwords.check(username, password) else BAD_USER_NAME_OR_PASSWORD
+
+    def authenticate_cached(self, client_id: str, username: str | None,
+                            password: bytes | None) -> int | None:
+        """authenticate()'s answer when it needs no password hash, else None."""
+        if username is None or self.passwords is None:
+            return self.authenticate(client_id, username, password)
+        if password is not None and not isinstance(password, bytes):
+            password = bytes(password)
+        ok = self.passwords.cached(username, password)
+        return None if ok is None else (0 if ok else BAD_USER_NAME_OR_PASSWORD)
 
     def allow_publish(self, client_id: str, username: str | None, topic: str) -> bool:
         if self.acl is None:
@@ -197,12 +219,16 @@ def from_config(table: dict | None) -> AccessControl | None:
     if allow is not None and not isinstance(allow, bool):
         raise ValueError(f"setting auth.allow_anonymous must be true or false, not {allow!r}")
     kw = {}
-    for key in ("cache_seconds", "reload_interval", "decision_cache_size"):
+    ints = ("decision_cache_size", "max_pending_checks", "check_threads", "max_deferred_bytes")
+    for key in ("cache_seconds", "reload_interval") + ints:
         if key in table:
             v = table[key]
             if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
                 raise ValueError(f"setting auth.{key} must be a number >= 0, not {v!r}")
-            kw[key] = int(v) if key == "decision_cache_size" else float(v)
+            kw[key] = int(v) if key in ints else float(v)
+    if kw.get("max_pending_checks") == 0:
+        raise ValueError("setting auth.max_pending_checks must be at least 1 "
+                         "(0 would refuse every CONNECT with a user name)")
     pattern = table.get("client_id_pattern", "")
     if not isinstance(pattern, str):
         raise ValueError(f"setting auth.client_id_pattern must be a string like \"%u-*\", "

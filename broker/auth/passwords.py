@@ -18,9 +18,8 @@ Format::
   when a client authenticates, and the file is re-read when it changed. A file that became
   invalid (or disappeared) keeps the previous users and logs the error with file:line.
 
-Verification cache (``cache_seconds``, default 120, 0 disables): scrypt is deliberately slow
-and runs on the broker's event loop, so a reconnect storm of thousands of devices would stall
-the broker for minutes. The outcome of a check (accepted or refused) is therefore remembered
+Verification cache (``cache_seconds``, default 120, 0 disables): scrypt is deliberately slow,
+so a reconnect storm of thousands of devices would keep the check threads busy for minutes. The outcome of a check (accepted or refused) is therefore remembered
 for ``cache_seconds``, keyed by HMAC-SHA256(per-process random key, user name + password):
 the cache never holds a password or a reusable hash of one, and a new guess always pays the
 full scrypt price, so the cache does not speed up password guessing. The cache is cleared
@@ -30,9 +29,11 @@ the broker process exposes HMAC values that, together with the key from the same
 be brute-forced much faster than scrypt. Set cache_seconds = 0 if that matters more than
 reconnect storms.
 
-Note: the check runs synchronously on the event loop (the core's authenticate() is
-synchronous); a flood of CONNECTs with *distinct* wrong passwords costs one scrypt each.
-Rate-limit connections in front of the broker (load balancer / firewall) if exposed.
+The broker runs every check that may hash (any CONNECT with a user name) on a small thread
+pool with a bounded queue (broker/auth/checks.py), never on its event loop; a flood of
+CONNECTs with *distinct* wrong passwords still costs one scrypt each, and beyond
+``max_pending_checks`` CONNECTs are refused with Server busy. Rate-limit connections in front
+of the broker (load balancer / firewall) if exposed.
 """
 from __future__ import annotations
 
@@ -243,11 +244,9 @@ class PasswordFile:
         key = None
         if self.cache_seconds > 0:
             key = self._cache_key(username, password, no_password)
-            hit = self._cache.get(key)
+            hit = self._lookup(key)
             if hit is not None:
-                if hit[0] > self.clock():
-                    return hit[1]
-                self._cache.pop(key, None)
+                return hit
         users = self.users
         h = users.get(username)
         if h is None:
@@ -262,6 +261,22 @@ class PasswordFile:
                         self._evict()
                     self._cache[key] = (self.clock() + self.cache_seconds, ok)
         return ok
+
+    def cached(self, username: str, password: bytes | None) -> bool | None:
+        """The remembered outcome of this exact check, or None when it needs a hash
+        (microseconds: the broker answers cached checks on its event loop)."""
+        if self.cache_seconds <= 0:
+            return None
+        self.maybe_reload()
+        return self._lookup(self._cache_key(username, password or b"", password is None))
+
+    def _lookup(self, key: bytes) -> bool | None:
+        hit = self._cache.get(key)
+        if hit is not None:
+            if hit[0] > self.clock():
+                return hit[1]
+            self._cache.pop(key, None)
+        return None
 
     def _evict(self) -> None:
         now = self.clock()

@@ -28,7 +28,8 @@ class Connection:
                  "keep_alive", "last_rx", "connected_at", "receive_max", "max_packet_size",
                  "alias_max", "request_problem_info", "in_aliases", "out_aliases", "out",
                  "is_dirty", "close_requested", "held_acks", "pending_acks",
-                 "connect_seen", "transport", "paused", "identity", "deferred")
+                 "connect_seen", "transport", "paused", "identity", "deferred",
+                 "deferred_bytes")
 
     def __init__(self, broker, peer: str = "?"):
         self.broker = broker
@@ -61,6 +62,7 @@ class Connection:
         self.paused = False        # the transport's write buffer is full (backpressure)
         self.identity: str | None = None  # verified TLS client certificate name, if used
         self.deferred: list | None = None  # packets received while the password is checked
+        self.deferred_bytes = 0            # bytes received while the password is checked
         broker.connections.add(self)
         broker.stats["connections_total"] += 1
 
@@ -129,6 +131,10 @@ class Connection:
                 return
         if error is not None and self.state != _CLOSED:
             self.violation(error)
+        if self.state == _AUTHENTICATING:
+            self.deferred_bytes += len(data)
+            if self.deferred_bytes > self.broker.max_deferred_bytes:
+                self.refuse_deferred(f"more than {self.broker.max_deferred_bytes} bytes")
 
     def handle(self, pkt) -> None:
         t = pkt.type
@@ -194,11 +200,17 @@ class Connection:
                 return self.refuse(rc.NOT_AUTHORIZED, "this listener needs a client certificate "
                                    "(use_identity_as_username): connect with one")
             c.username = self.identity  # TLS client certificate authenticates (listener option)
-        elif b.defer_auth is not None and c.password is not None:
-            # a slow password hash: checked off the event loop, CONNACK follows when it is done
+        elif b.defer_auth is not None and c.username is not None:
+            # a user name may cost a slow password hash (with or without a password: unknown
+            # users and missing passwords cost a dummy hash): checked off the event loop,
+            # CONNACK follows when it is done
             self.state = _AUTHENTICATING
             self.deferred = []
-            b.defer_auth(self, c, client_id, assigned)
+            self.deferred_bytes = 0
+            if not b.defer_auth(self, c, client_id, assigned):
+                self.state, self.deferred = _NEW, None
+                return self.refuse(rc.SERVER_BUSY, "too many password checks waiting; "
+                                                   "try again later")
             return
         else:
             code = b.auth.authenticate(client_id, c.username, c.password)
@@ -207,10 +219,22 @@ class Connection:
                                    else "bad user name or password")
         self.accept(c, client_id, assigned)
 
+    def awaiting_auth(self) -> bool:
+        """Whether the connection still waits for its password check (not closed meanwhile)."""
+        return self.state == _AUTHENTICATING
+
     def defer(self, pkt) -> None:
         if len(self.deferred) >= MAX_DEFERRED:
-            raise ProtocolError("too many packets before CONNACK")
+            return self.refuse_deferred(f"more than {MAX_DEFERRED} packets")
         self.deferred.append(pkt)
+
+    def refuse_deferred(self, what: str) -> None:
+        """[MQTT-3.1.4-5]: nothing after CONNECT is processed before it is accepted, so it waits
+        in memory; past the limit: CONNACK 0x97 Quota exceeded (an implementation-imposed
+        limit, 3.2.2.2) and close [MQTT-3.2.2-7]."""
+        self.deferred = None
+        self.refuse(rc.QUOTA_EXCEEDED, f"{what} sent before CONNACK "
+                                       "(wait for CONNACK before sending more)")
 
     def auth_done(self, c: P.Connect, client_id: str, assigned: str | None, code: int) -> None:
         """The deferred password check finished: refuse, or accept and run what waited."""

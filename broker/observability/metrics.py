@@ -49,6 +49,14 @@ class BrokerCollector:
             d.add_metric([reason], st.get("sink_refused" if reason == "sink_refused"
                                           else f"dropped_{reason}", 0))
         yield d
+        checks = getattr(self.server, "auth_checks", None)
+        if checks is not None:
+            yield GaugeMetricFamily("mqtt_auth_pending", "Password checks waiting or running",
+                                    value=checks.pending)
+            yield CounterMetricFamily("mqtt_auth_refused_busy", "CONNECTs refused with Server busy "
+                                      "(auth.max_pending_checks reached)", value=checks.refused)
+            yield CounterMetricFamily("mqtt_auth_skipped", "Password checks not run: the client "
+                                      "left before its turn", value=checks.skipped)
         sink = self.server.sink
         if sink is not None:
             try:

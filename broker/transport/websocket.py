@@ -1,7 +1,12 @@
 """MQTT over WebSockets (MQTT 5.0 section 6): binary frames, the "mqtt" subprotocol.
 
-Uses the `websockets` library; each WebSocket connection feeds the same sans-I/O
-Connection as TCP, through a small transport adapter.
+Uses the `websockets` library; each WebSocket connection is served by the same MQTTProtocol
+as a TCP socket (server.py), through a transport adapter, so the limits are the same:
+`max_connections`, the write-buffer high-water mark with pause_writing/resume_writing (a
+stalled reader gets QoS 0 dropped and QoS 1/2 queued in its bounded session, as on TCP),
+and inbound size: a WebSocket message larger than `maximum_packet_size` (+ WS_FRAME_SLACK for
+small packets batched behind a maximal one) is refused from its frame header, before any of
+it is buffered (close code 1009, RFC 6455 section 7.4.1).
 """
 from __future__ import annotations
 
@@ -14,37 +19,71 @@ from websockets.datastructures import Headers
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Response
 
-from ..core.connection import Connection
-from . import tls
+from ..server import MQTTProtocol
 
 log = logging.getLogger("broker.websocket")
 
+WS_FRAME_SLACK = 65536   # bytes allowed in one WebSocket message beyond maximum_packet_size
+CLOSE_TIMEOUT = 10.0     # seconds a close waits for buffered output before the socket is aborted
+
 
 class WSTransport:
-    """What the server's flush needs from a transport: write(), close(), buffer size."""
+    """What MQTTProtocol and the server's flush need from a transport: write(), close(),
+    extra info, and asyncio's flow control: `protocol.pause_writing()` when the bytes buffered
+    for the client pass the high-water mark, `protocol.resume_writing()` once they drained
+    below the low-water mark."""
 
-    def __init__(self, ws, loop):
+    def __init__(self, ws, protocol, loop):
         self.ws = ws
+        self.protocol = protocol
+        self.loop = loop
         self.pending: deque = deque()
-        self.size = 0
+        self.size = 0            # bytes in `pending` and in the frame being sent
+        self.high = 65536
+        self.low = 16384
+        self.paused = False
         self.wake = asyncio.Event()
         self.closing = False
         self.task = loop.create_task(self._writer())
 
+    # ------------------------------------------------------------ asyncio.WriteTransport-like
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        self.high = 65536 if high is None else high
+        self.low = self.high // 4 if low is None else low
+
+    def get_write_buffer_size(self) -> int:
+        t = self.ws.transport
+        return self.size + (t.get_write_buffer_size() if t is not None else 0)
+
     def write(self, data) -> None:
+        if self.closing:
+            return
         self.pending.append(bytes(data))
         self.size += len(data)
         self.wake.set()
+        if not self.paused and self.get_write_buffer_size() > self.high:
+            self.paused = True
+            self.protocol.pause_writing()
 
     def close(self) -> None:
+        if self.closing:
+            return
         self.closing = True
         self.wake.set()
+        # a client that reads nothing keeps the writer waiting: do not wait for it forever
+        self.loop.call_later(CLOSE_TIMEOUT, self._abort_if_stuck)
 
-    def get_write_buffer_size(self) -> int:
-        return self.size
+    def is_closing(self) -> bool:
+        return self.closing
 
     def get_extra_info(self, name, default=None):
-        return self.ws.transport.get_extra_info(name, default) if self.ws.transport else default
+        t = self.ws.transport
+        return t.get_extra_info(name, default) if t is not None else default
+
+    # ------------------------------------------------------------ the writer task
+    def _abort_if_stuck(self) -> None:
+        if not self.task.done() and self.ws.transport is not None:
+            self.ws.transport.abort()
 
     async def _writer(self) -> None:
         try:
@@ -54,8 +93,14 @@ class WSTransport:
                 while self.pending:
                     data = b"".join(self.pending)
                     self.pending.clear()
-                    self.size = 0
-                    await self.ws.send(data)  # one binary frame per flush
+                    # one binary frame per flush; returns once the socket buffer is below
+                    # websockets' write_limit (32 KiB, under our low-water mark), so a client
+                    # that reads again always gets resume_writing
+                    await self.ws.send(data)
+                    self.size -= len(data)
+                    if self.paused and self.get_write_buffer_size() <= self.low:
+                        self.paused = False
+                        self.protocol.resume_writing()
                 if self.closing:
                     await self.ws.close()
                     return
@@ -67,40 +112,53 @@ async def start_listener(server, listener: dict, ssl_context=None):
     """Start a ws:// (or wss:// with ssl_context) listener; returns the websockets Server."""
     path = listener.get("path", "/mqtt")
     loop = asyncio.get_running_loop()
-    broker = server.broker
+    cfg = server.config.mqtt
+    connections = server.broker.connections
 
-    def process_request(conn, request):
+    def process_request(ws, request):
         if request.path.split("?")[0] != path:
             return Response(404, "Not Found", Headers(), f"MQTT is served on {path}\n".encode())
+        if cfg.max_connections and len(connections) >= cfg.max_connections:
+            log.warning("refusing WebSocket client %s: max_connections (%d) reached",
+                        ws.remote_address, cfg.max_connections)
+            return Response(503, "Service Unavailable", Headers(),
+                            b"too many connections, try again later\n")
         return None
 
     async def handler(ws):
-        peer = ws.remote_address
-        conn = Connection(broker, f"ws:{peer[0]}:{peer[1]}" if peer else "ws:?")
-        transport = WSTransport(ws, loop)
-        conn.transport = transport
-        conn.identity = tls.listener_identity(listener, transport.get_extra_info("ssl_object"))
+        proto = MQTTProtocol(server, listener)
+        transport = WSTransport(ws, proto, loop)
+        # as for TCP: max_connections (handshakes racing past process_request), and the TLS
+        # client identity on wss listeners with use_identity_as_username (conn.identity)
+        proto.connection_made(transport)
+        conn = proto.conn
+        conn.peer = "ws:" + conn.peer
         try:
-            async for message in ws:
-                if isinstance(message, str):  # [MQTT-6.0.0-1]: binary frames only
-                    log.info("text frame from %s: closing", conn.peer)
-                    break
-                conn.data_received(message)
-                if conn.held_acks:
-                    server.hold_acks(conn)
-                if conn.close_requested:
-                    break
-        except ConnectionClosed:
-            pass
+            if not transport.closing:
+                async for message in ws:
+                    if isinstance(message, str):  # [MQTT-6.0.0-1]: binary frames only
+                        log.info("text frame from %s: closing", conn.peer)
+                        break
+                    proto.data_received(message)
+                    if conn.close_requested:
+                        break
+        except ConnectionClosed as exc:
+            if exc.sent is not None and exc.sent.code == 1009:  # websockets refused the frame
+                log.info("closing %s: WebSocket message larger than %d bytes (maximum packet "
+                         "size %d)", conn.peer, cfg.maximum_packet_size + WS_FRAME_SLACK,
+                         cfg.maximum_packet_size)
         finally:
-            conn.connection_lost()
-            server.flush()
+            server.flush()         # what the connection wrote before it ended goes out first
             transport.close()
+            proto.connection_lost(None)
             try:
-                await asyncio.wait_for(transport.task, 5)
+                await asyncio.wait_for(transport.task, CLOSE_TIMEOUT + 1)
             except (asyncio.TimeoutError, Exception):
                 pass
 
     return await serve(handler, listener.get("host", "0.0.0.0"), listener.get("port", 9001),
                        subprotocols=["mqtt"], process_request=process_request, ssl=ssl_context,
-                       compression=None, max_size=None, ping_interval=None)
+                       compression=None, ping_interval=None,
+                       # refused from the frame header, never buffered (same bound as TCP's
+                       # decoder: [MQTT-3.1.2-24] maximum packet size)
+                       max_size=cfg.maximum_packet_size + WS_FRAME_SLACK)

@@ -1,0 +1,105 @@
+"""The core's side of deferred password checks, without sockets: which CONNECTs are deferred,
+Server busy when the check queue is full, and the byte cap on what waits for the CONNACK."""
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from broker.config import MQTTConfig
+from broker.core.broker import Broker
+from broker.protocol import packets as P
+from broker.protocol.codec import Decoder, encode
+from tests.unit.test_core import Client, Clock
+
+
+class Auth:
+    def authenticate(self, client_id, username, password):
+        return 0
+
+    def allow_publish(self, *a):
+        return True
+
+    def allow_subscribe(self, *a):
+        return True
+
+
+def make(accept=True, cap=1 << 20):
+    clock = Clock()
+    b = Broker(MQTTConfig(), clock=clock, wall=clock, auth=Auth())
+    b.checks = []
+
+    def defer_auth(conn, c, client_id, assigned):
+        if accept:
+            b.checks.append((conn, c, client_id, assigned))
+        return accept
+    b.defer_auth = defer_auth
+    b.max_deferred_bytes = cap
+    return b
+
+
+def out(client, level=5):
+    pkts, err = Decoder(level).feed(b"".join(bytes(x) for x in client.conn.take_output()))
+    assert err is None
+    return pkts
+
+
+def test_user_name_without_password_is_deferred_anonymous_is_not():
+    b = make()
+    c = Client(b)
+    c.send(P.Connect("u", 5, username="alice"))          # no password: still hashed
+    assert len(b.checks) == 1 and out(c) == []
+    anon = Client(b)
+    anon.send(P.Connect("anon", 5))                      # no user name: no hash, inline
+    assert len(b.checks) == 1 and out(anon)[0].reason_code == 0
+
+
+def test_full_check_queue_refuses_with_server_busy():
+    for level, code in ((5, 0x89), (4, 3)):
+        b = make(accept=False)
+        c = Client(b, level)
+        c.send(P.Connect("u", level, username="alice", password=b"pw"))
+        (ack,) = out(c, level)
+        assert ack.type == P.CONNACK and ack.reason_code == code
+        assert c.conn.close_requested and not c.conn.awaiting_auth()
+
+
+@settings(max_examples=60, deadline=None)
+@given(cap=st.integers(50, 20_000), sizes=st.lists(st.integers(0, 3000), max_size=40),
+       level=st.sampled_from([4, 5]))
+def test_bytes_waiting_for_connack_are_capped(cap, sizes, level):
+    """Refused with 0x97 (3.1.1: 3) exactly when the bytes received from the read carrying the
+    CONNECT on exceed the cap; otherwise everything waits and runs after the CONNACK, in order."""
+    b = make(cap=cap)
+    c = Client(b, level)
+    connect = encode(P.Connect("u", level, username="alice", password=b"pw"), level)
+    c.conn.data_received(connect)
+    total = len(connect)
+    refused_at = None if total <= cap else 0
+    if refused_at is None:
+        for i, n in enumerate(sizes):
+            data = encode(P.Publish("t", b"x" * n), level)
+            c.conn.data_received(data)
+            total += len(data)
+            if total > cap:
+                refused_at = i
+                break
+    pkts = out(c, level)
+    if refused_at is not None:
+        assert [(p.type, p.reason_code) for p in pkts] == [(P.CONNACK, 0x97 if level == 5 else 3)]
+        assert c.conn.close_requested and c.conn.deferred is None
+        b.checks[0][0].auth_done(*b.checks[0][1:], 0)  # the check ends after the close: ignored
+        assert out(c, level) == []
+    else:
+        assert pkts == [] and len(c.conn.deferred) == len(sizes)
+        conn, *args = b.checks[0]
+        conn.auth_done(*args, 0)
+        assert [p.type for p in out(c, level)] == [P.CONNACK]
+        assert c.conn.deferred is None
+
+
+def test_too_many_packets_before_connack_get_quota_exceeded():
+    from broker.core.connection import MAX_DEFERRED
+    b = make()
+    c = Client(b)
+    c.send(P.Connect("u", 5, username="alice", password=b"pw"))
+    c.conn.data_received(encode(P.PingReq(), 5) * (MAX_DEFERRED + 5))
+    assert [(p.type, p.reason_code) for p in out(c)] == [(P.CONNACK, 0x97)]
+    assert c.conn.close_requested
