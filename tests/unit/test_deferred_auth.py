@@ -4,21 +4,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from broker.config import MQTTConfig
-from broker.core.broker import Broker
+from broker.core.broker import AllowAll, Broker
 from broker.protocol import packets as P
 from broker.protocol.codec import Decoder, encode
 from tests.unit.test_core import Client, Clock
 
 
-class Auth:
-    def authenticate(self, client_id, username, password):
-        return 0
-
-    def allow_publish(self, *a):
-        return True
-
-    def allow_subscribe(self, *a):
-        return True
+class Auth(AllowAll):
+    pass
 
 
 def make(accept=True, cap=1 << 20):
