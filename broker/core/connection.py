@@ -34,7 +34,7 @@ class Connection:
         self.broker = broker
         self.peer = peer
         cfg = broker.cfg
-        self.decoder = Decoder(P.MQTT_5, cfg.maximum_packet_size)
+        self.decoder = Decoder(P.MQTT_5, cfg.maximum_packet_size, cfg.max_connect_packet_size)
         self.state = _NEW
         self.level = P.MQTT_5
         self.client_id = ""

@@ -29,24 +29,49 @@ class Decoder:
     """Incremental decoder: packets split across reads and several packets per read.
 
     `level` is the connection's protocol level (set after CONNECT); `max_packet_size`
-    bounds inbound packets (DISCONNECT 0x95 when exceeded).
+    bounds inbound packets (DISCONNECT 0x95 when exceeded). `connect_limit`, when given,
+    is the smaller bound that applies until a CONNECT has been decoded, so a client
+    that has not even connected cannot make the broker buffer a huge packet.
+
+    Buffering is linear: a packet split across reads is kept as a list of chunks until
+    its fixed header's Remaining Length has arrived, then joined once (no re-copying of
+    the whole buffer on every read).
     """
 
-    __slots__ = ("buf", "level", "max_packet_size")
+    __slots__ = ("buf", "more", "have", "need", "level", "max_packet_size", "after_connect")
 
-    def __init__(self, level: int = P.MQTT_5, max_packet_size: int = 268435460):
-        self.buf = b""
+    def __init__(self, level: int = P.MQTT_5, max_packet_size: int = 268435460,
+                 connect_limit: int | None = None):
+        self.buf = b""     # start of an incomplete packet (empty when nothing is buffered)
+        self.more = []     # later chunks of that packet, while `need` is known
+        self.have = 0      # bytes in buf + more
+        self.need = 0      # total size of the incomplete packet, 0 while its header is incomplete
         self.level = level
-        self.max_packet_size = max_packet_size
+        self.after_connect = max_packet_size
+        self.max_packet_size = (max_packet_size if connect_limit is None
+                                else min(connect_limit, max_packet_size))
 
     def feed(self, data: bytes) -> tuple[list, Exception | None]:
         """Return (packets decoded, error or None). Packets before an error are returned."""
-        buf = self.buf + data if self.buf else data
+        if self.buf:
+            if self.need:
+                self.more.append(data)
+                self.have += len(data)
+                if self.have < self.need:
+                    return [], None
+                self.more.insert(0, self.buf)
+                buf = b"".join(self.more)  # the one copy of a packet that arrived in pieces
+                self.more = []
+            else:
+                buf = self.buf + data  # only the few bytes of an incomplete fixed header waited
+        else:
+            buf = data
         n = len(buf)
         pos = 0
         out = []
         level = self.level
         limit = self.max_packet_size
+        need = 0
         try:
             while n - pos >= 2:
                 b1 = buf[pos + 1]
@@ -75,9 +100,14 @@ class Decoder:
                         break
                 end = pos + hdr + length
                 if end - pos > limit:  # [MQTT-3.1.2-24] / 4.13: Packet too large
+                    if limit < self.after_connect:
+                        raise MalformedPacket(
+                            f"packet of {end - pos} bytes before CONNECT exceeds "
+                            f"max_connect_packet_size {limit}", rc.PACKET_TOO_LARGE)
                     raise MalformedPacket(f"packet of {end - pos} bytes exceeds the maximum "
                                           f"packet size {limit}", rc.PACKET_TOO_LARGE)
                 if end > n:
+                    need = end - pos
                     break
                 first = buf[pos]
                 if first >> 4 == P.PUBLISH:
@@ -86,13 +116,25 @@ class Decoder:
                     pkt = decode_packet(first, buf[pos + hdr:end], level)
                     if pkt.type == P.CONNECT:
                         level = self.level = pkt.protocol_level
+                        limit = self.max_packet_size = self.after_connect
                     out.append(pkt)
                 pos = end
         except (MalformedPacket, ProtocolError) as exc:
             self.buf = b""
+            self.have = self.need = 0
             return out, exc
-        self.buf = buf[pos:] if pos < n else b""
+        if pos < n:
+            self.buf = buf[pos:]  # (no copy for bytes when pos is 0)
+            self.have = n - pos
+            self.need = need
+        else:
+            self.buf = b""
+            self.have = self.need = 0
         return out, None
+
+    def buffered(self) -> int:
+        """Bytes of an incomplete packet held."""
+        return self.have
 
 
 def decode_publish(buf: bytes, start: int, body: int, end: int, level: int) -> P.Publish:
