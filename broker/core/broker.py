@@ -47,7 +47,7 @@ class Broker:
         self.clock = clock
         self.wall = wall
         self.sessions: dict[str, Session] = {}
-        self.router = Router()
+        self.router = Router(self.cfg.match_cache_entries, self.cfg.match_cache_bytes)
         self.retained = RetainedStore()
         self.connections: set = set()
         self.dirty: list = []            # connections with bytes to write

@@ -254,3 +254,40 @@ def test_config_precedence_file_env_flags(tmp_path):
     import pytest
     with pytest.raises(ValueError, match="unknown setting"):
         config.load(None, env={"MQTT_BROKER_MQTT__NO_SUCH_KEY": "1"})
+
+
+def test_match_cache_bounded_by_entries_and_bytes():
+    """3000 distinct 60 KB topics (misses, then hits of a '#' subscriber) used to keep
+    ~180 MB of topics in the match cache; now its total topic length stays bounded."""
+    b, _ = make(match_cache_bytes=4 << 20, match_cache_entries=1000)
+    pub = Client(b)
+    pub.connect("p")
+    long = "x" * 60000
+    for i in range(3000):
+        pub.send(P.Publish(f"miss/{i}/{long}", b"v"))
+    assert sum(len(t) for t in b.router.cache) == b.router.cache_size == 0  # long misses: not cached
+    for i in range(200):
+        pub.send(P.Publish(f"short/{i}", b"v"))
+    assert len(b.router.cache) == 200  # short misses are
+    sub = Client(b)
+    sub.connect("s")
+    sub.send(P.Subscribe(1, [("#", P.SubscriptionOptions(0))]))
+    sub.received()
+    for i in range(3000):
+        pub.send(P.Publish(f"hit/{i}/{long}", b"v"))
+        assert sum(len(t) for t in b.router.cache) <= 4 << 20
+    assert len(sub.received()) == 3000
+    for i in range(3000):
+        pub.send(P.Publish(f"h/{i}", b"v"))
+        assert len(b.router.cache) <= 1000
+    assert len(sub.received()) == 3000
+
+
+def test_match_cache_default_bound():
+    b, _ = make()
+    pub = Client(b)
+    pub.connect("p")
+    long = "y" * 60000
+    for i in range(3000):
+        pub.send(P.Publish(f"t/{i}/{long}", b"v"))
+    assert sum(len(t) for t in b.router.cache) <= 16 << 20
