@@ -35,6 +35,7 @@ class Connection:
         self.peer = peer
         cfg = broker.cfg
         self.decoder = Decoder(P.MQTT_5, cfg.maximum_packet_size, cfg.max_connect_packet_size)
+        self.decoder.max_filters = cfg.max_filters_per_subscribe
         self.state = _NEW
         self.level = P.MQTT_5
         self.client_id = ""

@@ -38,7 +38,8 @@ class Decoder:
     the whole buffer on every read).
     """
 
-    __slots__ = ("buf", "more", "have", "need", "level", "max_packet_size", "after_connect")
+    __slots__ = ("buf", "more", "have", "need", "level", "max_packet_size", "after_connect",
+                 "max_filters")
 
     def __init__(self, level: int = P.MQTT_5, max_packet_size: int = 268435460,
                  connect_limit: int | None = None):
@@ -50,6 +51,7 @@ class Decoder:
         self.after_connect = max_packet_size
         self.max_packet_size = (max_packet_size if connect_limit is None
                                 else min(connect_limit, max_packet_size))
+        self.max_filters = 0  # topic filters one SUBSCRIBE may carry (0: any number)
 
     def feed(self, data: bytes) -> tuple[list, Exception | None]:
         """Return (packets decoded, error or None). Packets before an error are returned."""
@@ -113,7 +115,7 @@ class Decoder:
                 if first >> 4 == P.PUBLISH:
                     out.append(decode_publish(buf, pos, pos + hdr, end, level))
                 else:
-                    pkt = decode_packet(first, buf[pos + hdr:end], level)
+                    pkt = decode_packet(first, buf[pos + hdr:end], level, self.max_filters)
                     if pkt.type == P.CONNECT:
                         level = self.level = pkt.protocol_level
                         limit = self.max_packet_size = self.after_connect
@@ -187,7 +189,7 @@ def _packet_id(body, pos: int) -> tuple[int, int]:
     return pid, pos + 2
 
 
-def decode_packet(first: int, body: bytes, level: int):
+def decode_packet(first: int, body: bytes, level: int, max_filters: int = 0):
     ptype = first >> 4
     flags = first & 0x0F
     if ptype == 0:
@@ -209,7 +211,7 @@ def decode_packet(first: int, body: bytes, level: int):
             raise MalformedPacket(f"{P.TYPE_NAMES[ptype]} has trailing bytes")
         return P.Ack(ptype, pid, code, props)
     if ptype == P.SUBSCRIBE:
-        return decode_subscribe(body, v5)
+        return decode_subscribe(body, v5, max_filters)
     if ptype == P.UNSUBSCRIBE:
         pid, pos = _packet_id(body, 0)
         props = None
@@ -311,7 +313,7 @@ def decode_connect(body: bytes) -> P.Connect:
                      will, props)
 
 
-def decode_subscribe(body: bytes, v5: bool) -> P.Subscribe:
+def decode_subscribe(body: bytes, v5: bool, max_filters: int = 0) -> P.Subscribe:
     pid, pos = _packet_id(body, 0)
     props = None
     if v5:
@@ -332,6 +334,9 @@ def decode_subscribe(body: bytes, v5: bool) -> P.Subscribe:
             raise MalformedPacket("SUBSCRIBE requested QoS reserved bits set")
         if o & 3 == 3:
             raise MalformedPacket("SUBSCRIBE requested QoS 3")
+        if max_filters and len(topics) == max_filters:  # a limit of this implementation (reason code 0x97)
+            raise ProtocolError(f"SUBSCRIBE with more than {max_filters} topic filters "
+                                f"(mqtt.max_filters_per_subscribe)", rc.QUOTA_EXCEEDED)
         topics.append((filt, P.SubscriptionOptions(o & 3, bool(o & 4), bool(o & 8), (o >> 4) & 3)))
     if not topics:  # [MQTT-3.8.3-2]
         raise ProtocolError("SUBSCRIBE with no topic filter")

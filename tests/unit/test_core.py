@@ -415,3 +415,15 @@ def test_retained_replay_left_on_disconnect_goes_to_the_queue():
     assert ack.session_present
     got = again.received()
     assert sorted(p.topic for p in got) == sorted(f"r/{i}" for i in range(10))
+
+
+def test_max_filters_per_subscribe_disconnects_0x97():
+    b, _ = make(max_filters_per_subscribe=100)
+    sub = Client(b)
+    sub.connect("s")
+    sub.send(P.Subscribe(1, [("a", P.SubscriptionOptions(0))] * 100))
+    assert len(sub.received()[0].reason_codes) == 100
+    sub.send(P.Subscribe(2, [("a", P.SubscriptionOptions(0))] * 101))
+    (d,) = sub.received()
+    assert d.type == P.DISCONNECT and d.reason_code == 0x97
+    assert sub.conn.close_requested
