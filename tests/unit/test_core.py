@@ -427,3 +427,25 @@ def test_max_filters_per_subscribe_disconnects_0x97():
     (d,) = sub.received()
     assert d.type == P.DISCONNECT and d.reason_code == 0x97
     assert sub.conn.close_requested
+
+
+def test_huge_packet_before_connect_is_refused_from_its_header():
+    """A CONNECT announcing 20 MiB: MQTT 5 gets CONNACK 0x95, 3.1.1 is just closed; nothing
+    is buffered. Pipelined packets after an accepted CONNECT may use the normal maximum."""
+    from broker.protocol.properties import encode_vbi
+    b, _ = make(max_connect_packet_size=1000)
+    for level in (5, 4):
+        c = Client(b, level)
+        body = encode(P.Connect("huge", level), level)[2:]
+        c.conn.data_received(b"\x10" + encode_vbi(20 << 20) + body + b"\x00" * 60000)
+        out = c.received()
+        assert c.conn.close_requested and c.conn.decoder.buffered() == 0
+        if level == 5:
+            assert [(p.type, p.reason_code) for p in out] == [(P.CONNACK, 0x95)]
+        else:
+            assert out == []
+    ok = Client(b)
+    ok.conn.data_received(encode(P.Connect("ok", 5)) + encode(P.Subscribe(1, [("t", P.SubscriptionOptions(0))]))
+                          + encode(P.Publish("t", b"z" * 5000)))
+    ack, suback, m = ok.received()
+    assert ack.reason_code == 0 and len(m.payload) == 5000
