@@ -58,7 +58,8 @@ class Broker:
         self.delayed_wills: dict[str, Session] = {}
         self.stats = {"dropped_queue_full": 0, "dropped_expired": 0, "dropped_too_large": 0,
                       "dropped_slow_consumer": 0, "dropped_not_authorized": 0,
-                      "dropped_topic_limit": 0, "dropped_retained_replay": 0, "sink_refused": 0, "connections_total": 0}
+                      "dropped_topic_limit": 0, "sink_refused": 0, "connections_total": 0,
+                      "dropped_retained_replay": 0}
         self.received_by_qos = [0, 0, 0]
         self.sent_by_qos = [0, 0, 0]
         self._id_counter = 0

@@ -462,19 +462,20 @@ class Connection:
                     session.store.save_subscription(session.client_id, session.subscriptions[filt])
         self.write(encode(P.Suback(s.packet_id, codes), self.level))  # one code per filter [MQTT-3.8.4-6]
         now = b.clock()
-        for filt, (send, _, topic_filter, qos, sid) in subscribed.items():
+        skipped = dropped = 0
+        for send, _, topic_filter, qos, sid in subscribed.values():
             if not send:
                 continue
             if session.replay_pending >= cfg.max_retained_replay:
-                log.warning("%s: %d retained messages already wait to be sent; none sent for %r "
-                            "(mqtt.max_retained_replay)", self.client_id, session.replay_pending, filt)
+                skipped += 1  # not even matched: the backlog is full
                 continue
             # [MQTT-3.3.1-9]: sent with RETAIN=1, paced like other traffic (Session.pump)
-            dropped = session.replay_retained(b.retained.match(topic_filter), qos, sid, b.retained,
-                                              cfg.max_retained_replay, now)
-            if dropped:
-                log.warning("%s: %d retained messages for %r not sent: more than "
-                            "mqtt.max_retained_replay wait", self.client_id, dropped, filt)
+            dropped += session.replay_retained(b.retained.match(topic_filter), qos, sid,
+                                               b.retained, cfg.max_retained_replay, now)
+        if skipped or dropped:
+            log.warning("%s: %d retained messages (and all those of %d more filters) not sent: "
+                        "more than mqtt.max_retained_replay (%d) were waiting to be sent",
+                        self.client_id, dropped, skipped, cfg.max_retained_replay)
 
     def subscribe_one(self, filt: str, o: P.SubscriptionOptions, sub_id, subscribed: dict) -> int:
         b = self.broker

@@ -449,3 +449,23 @@ def test_huge_packet_before_connect_is_refused_from_its_header():
                           + encode(P.Publish("t", b"z" * 5000)))
     ack, suback, m = ok.received()
     assert ack.reason_code == 0 and len(m.payload) == 5000
+
+
+def test_max_retained_replay_bounds_the_backlog():
+    b, _ = make(max_retained_replay=25)
+    _retained(b, 20)
+    sub = Client(b)
+    sub.connect("s")
+    sub.conn.paused = True  # nothing leaves: everything waits
+    sub.send(P.Subscribe(1, [("r/#", P.SubscriptionOptions(0)), ("r/+", P.SubscriptionOptions(0)),
+                             ("#", P.SubscriptionOptions(0))]))
+    s = sub.conn.session
+    assert s.replay_pending == 25 and b.stats["dropped_retained_replay"] == 15
+    sub.conn.resume_writing()
+    got = []
+    while True:
+        pkts = sub.received()
+        if not pkts:
+            break
+        got += pkts
+    assert len([p for p in got if p.type == P.PUBLISH]) == 25
