@@ -280,6 +280,7 @@ class Connection:
             session.store.save_session(session)
         self.session = session
         self.state = _CONNECTED
+        self.decoder.connect_accepted()  # max_connect_packet_size no longer applies
 
         ack_props = None
         if v5:

@@ -30,8 +30,9 @@ class Decoder:
 
     `level` is the connection's protocol level (set after CONNECT); `max_packet_size`
     bounds inbound packets (DISCONNECT 0x95 when exceeded). `connect_limit`, when given,
-    is the smaller bound that applies until a CONNECT has been decoded, so a client
-    that has not even connected cannot make the broker buffer a huge packet.
+    is the smaller bound that applies until `connect_accepted()`, so a client that is not
+    connected yet cannot make the broker buffer a huge packet. (Packets that arrived in
+    the same read as the CONNECT may be larger: they are in memory already.)
 
     Buffering is linear: a packet split across reads is kept as a list of chunks until
     its fixed header's Remaining Length has arrived, then joined once (no re-copying of
@@ -57,6 +58,12 @@ class Decoder:
         """Return (packets decoded, error or None). Packets before an error are returned."""
         if self.buf:
             if self.need:
+                if self.need > self.max_packet_size:  # began in the CONNECT's read, not accepted yet
+                    err = self._too_large(self.need, self.max_packet_size)
+                    self.buf = b""
+                    self.more = []
+                    self.have = self.need = 0
+                    return [], err
                 self.more.append(data)
                 self.have += len(data)
                 if self.have < self.need:
@@ -102,12 +109,7 @@ class Decoder:
                         break
                 end = pos + hdr + length
                 if end - pos > limit:  # [MQTT-3.1.2-24] / 4.13: Packet too large
-                    if limit < self.after_connect:
-                        raise MalformedPacket(
-                            f"packet of {end - pos} bytes before CONNECT exceeds "
-                            f"max_connect_packet_size {limit}", rc.PACKET_TOO_LARGE)
-                    raise MalformedPacket(f"packet of {end - pos} bytes exceeds the maximum "
-                                          f"packet size {limit}", rc.PACKET_TOO_LARGE)
+                    raise self._too_large(end - pos, limit)
                 if end > n:
                     need = end - pos
                     break
@@ -118,7 +120,7 @@ class Decoder:
                     pkt = decode_packet(first, buf[pos + hdr:end], level, self.max_filters)
                     if pkt.type == P.CONNECT:
                         level = self.level = pkt.protocol_level
-                        limit = self.max_packet_size = self.after_connect
+                        limit = self.after_connect  # for the rest of this read only
                     out.append(pkt)
                 pos = end
         except (MalformedPacket, ProtocolError) as exc:
@@ -133,6 +135,17 @@ class Decoder:
             self.buf = b""
             self.have = self.need = 0
         return out, None
+
+    def connect_accepted(self) -> None:
+        """The CONNECT was accepted: from now on packets up to `max_packet_size`."""
+        self.max_packet_size = self.after_connect
+
+    def _too_large(self, size: int, limit: int) -> MalformedPacket:
+        if limit < self.after_connect:
+            return MalformedPacket(f"packet of {size} bytes before the CONNECT was accepted exceeds "
+                                   f"max_connect_packet_size {limit}", rc.PACKET_TOO_LARGE)
+        return MalformedPacket(f"packet of {size} bytes exceeds the maximum packet size {limit}",
+                               rc.PACKET_TOO_LARGE)
 
     def buffered(self) -> int:
         """Bytes of an incomplete packet held."""

@@ -290,6 +290,8 @@ def _decode_all(chunks, level=P.MQTT_5, **kw):
         pkts, err = d.feed(c)
         assert err is None, err
         got += pkts
+        if any(p.type == P.CONNECT for p in pkts):
+            d.connect_accepted()  # as the Connection does once it accepts the CONNECT
     assert d.buffered() == 0
     return got
 
@@ -344,3 +346,18 @@ def test_pre_connect_limit_refuses_a_large_connect_from_its_header():
     ok = P.Connect("c", P.MQTT_5, will=P.Will("w", b"x" * 65535, 0, False))
     pub = P.Publish("t", b"y" * 300000, 1, False, False, 1)
     assert _decode_all([encode(ok) + encode(pub)[:100], encode(pub)[100:]], connect_limit=131072) == [ok, pub]
+    # not accepted yet (password being checked): a large packet is not buffered, even one
+    # that began in the CONNECT's read; once accepted the normal maximum applies
+    d = Decoder(P.MQTT_5, connect_limit=131072)
+    pkts, err = d.feed(encode(ok) + encode(pub)[:100])
+    assert pkts == [ok] and err is None
+    pkts, err = d.feed(encode(pub)[100:200])
+    assert pkts == [] and err.reason_code == rc.PACKET_TOO_LARGE and d.buffered() == 0
+    d = Decoder(P.MQTT_5, connect_limit=131072)
+    assert d.feed(encode(ok)) == ([ok], None)
+    pkts, err = d.feed(encode(pub))
+    assert pkts == [] and err.reason_code == rc.PACKET_TOO_LARGE
+    d = Decoder(P.MQTT_5, connect_limit=131072)
+    d.feed(encode(ok))
+    d.connect_accepted()
+    assert d.feed(encode(pub)[:1000]) == ([], None) and d.feed(encode(pub)[1000:]) == ([pub], None)

@@ -469,3 +469,20 @@ def test_max_retained_replay_bounds_the_backlog():
             break
         got += pkts
     assert len([p for p in got if p.type == P.PUBLISH]) == 25
+
+
+def test_connect_limit_lasts_until_the_connect_is_accepted():
+    b, _ = make(max_connect_packet_size=1000)
+    big = encode(P.Publish("t", b"z" * 5000, 1, False, False, 1))
+    # accepted at once: a large packet split across reads right behind the CONNECT is fine
+    ok = Client(b)
+    ok.conn.data_received(encode(P.Connect("ok", 5)) + big[:100])
+    ok.conn.data_received(big[100:])
+    assert [p.type for p in ok.received()] == [P.CONNACK, P.PUBACK]
+    # a password check still running: the small limit applies to what follows
+    waiting = []
+    b.defer_auth = lambda conn, c, cid, assigned: waiting.append((conn, c, cid, assigned))
+    slow = Client(b)
+    slow.conn.data_received(encode(P.Connect("slow", 5, password=b"pw")) + big[:100])
+    slow.conn.data_received(big[100:2000])
+    assert slow.conn.close_requested and slow.conn.decoder.buffered() == 0
