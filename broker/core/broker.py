@@ -58,7 +58,7 @@ class Broker:
         self.clock = clock
         self.wall = wall
         self.sessions: dict[str, Session] = {}
-        self.router = Router()
+        self.router = Router(self.cfg.match_cache_entries, self.cfg.match_cache_bytes)
         self.retained = RetainedStore()
         self.connections: set = set()
         self.dirty: list = []            # connections with bytes to write
@@ -71,7 +71,8 @@ class Broker:
         self.delayed_wills: dict[str, Session] = {}
         self.stats = {"dropped_queue_full": 0, "dropped_expired": 0, "dropped_too_large": 0,
                       "dropped_slow_consumer": 0, "dropped_not_authorized": 0,
-                      "dropped_topic_limit": 0, "sink_refused": 0, "connections_total": 0}
+                      "dropped_topic_limit": 0, "sink_refused": 0, "connections_total": 0,
+                      "dropped_retained_replay": 0}
         self.received_by_qos = [0, 0, 0]
         self.sent_by_qos = [0, 0, 0]
         self._id_counter = 0
@@ -113,6 +114,8 @@ class Broker:
     def connection_closed(self, session: Session, publish_will: bool, now: float) -> None:
         """The network connection of a session went away."""
         session.link = None
+        if session.replay:
+            session.replay_to_queue()
         will = session.will
         if publish_will and will is not None:
             delay = (will.properties or {}).get(PR.WILL_DELAY_INTERVAL, 0)

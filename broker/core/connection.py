@@ -35,7 +35,8 @@ class Connection:
         self.broker = broker
         self.peer = peer
         cfg = broker.cfg
-        self.decoder = Decoder(P.MQTT_5, cfg.maximum_packet_size)
+        self.decoder = Decoder(P.MQTT_5, cfg.maximum_packet_size, cfg.max_connect_packet_size)
+        self.decoder.max_filters = cfg.max_filters_per_subscribe
         self.state = _NEW
         self.level = P.MQTT_5
         self.client_id = ""
@@ -77,6 +78,9 @@ class Connection:
         out = self.out
         self.out = []
         self.is_dirty = False
+        s = self.session
+        if s is not None and s.replay and not self.paused and s.link is self:
+            s.pump(self.broker.clock())  # a paced retained replay: its next burst, for the next turn
         return out
 
     def release_acks(self, acks: list) -> None:
@@ -311,6 +315,7 @@ class Connection:
             session.store.save_session(session)
         self.session = session
         self.state = _CONNECTED
+        self.decoder.connect_accepted()  # max_connect_packet_size no longer applies
 
         ack_props = None
         if v5:
@@ -480,19 +485,39 @@ class Connection:
         if s.properties and PR.SUBSCRIPTION_IDENTIFIER in s.properties:
             sub_id = s.properties[PR.SUBSCRIPTION_IDENTIFIER][0]
         codes = []
-        retained_out = []
+        # filter -> (send retained, new before this packet, topic filter, qos, sub ids): a filter
+        # repeated in one SUBSCRIBE replaces the earlier one [MQTT-3.8.4-3], so it is stored and
+        # its retained messages replayed once, with the last occurrence's options
+        subscribed: dict = {}
         session = self.session
-        for filt, o in s.topics:
-            code = self.subscribe_one(filt, o, sub_id, retained_out)
-            codes.append(code if v5 or code < 0x80 else 0x80)
-        self.write(encode(P.Suback(s.packet_id, codes), self.level))
+        try:
+            for filt, o in s.topics:
+                code = self.subscribe_one(filt, o, sub_id, subscribed)
+                codes.append(code if v5 or code < 0x80 else 0x80)
+        finally:
+            if session.store is not None:
+                for filt in subscribed:
+                    session.store.save_subscription(session.client_id, session.subscriptions[filt])
+        self.write(encode(P.Suback(s.packet_id, codes), self.level))  # one code per filter [MQTT-3.8.4-6]
         now = b.clock()
-        for msg, qos, sid in retained_out:  # [MQTT-3.3.1-9]: sent with RETAIN=1
-            if msg.expires_at is not None and msg.expires_at <= now:
+        skipped = dropped = 0
+        for filt, (send, _, topic_filter, qos, sid) in subscribed.items():
+            if not send:
                 continue
-            session.deliver(msg, min(qos, msg.qos), True, sid, now)
+            if session.replay_pending >= cfg.max_retained_replay:
+                skipped += 1  # not even matched: the backlog is full
+                continue
+            msgs = b.retained.match(topic_filter)
+            if session.subscriptions[filt].read_check:  # deny rules of this client (README "Access control")
+                msgs = [m for m in msgs if b.auth.allow_read(self.client_id, self.username, m.topic)]
+            # [MQTT-3.3.1-9]: sent with RETAIN=1, paced like other traffic (Session.pump)
+            dropped += session.replay_retained(msgs, qos, sid, b.retained, cfg.max_retained_replay, now)
+        if skipped or dropped:
+            log.warning("%s: %d retained messages (and all those of %d more filters) not sent: "
+                        "more than mqtt.max_retained_replay (%d) were waiting to be sent",
+                        self.client_id, dropped, skipped, cfg.max_retained_replay)
 
-    def subscribe_one(self, filt: str, o: P.SubscriptionOptions, sub_id, retained_out) -> int:
+    def subscribe_one(self, filt: str, o: P.SubscriptionOptions, sub_id, subscribed: dict) -> int:
         b = self.broker
         cfg = b.cfg
         try:
@@ -517,6 +542,9 @@ class Connection:
         qos = min(o.qos, cfg.maximum_qos)
         session = self.session
         existed = filt in session.subscriptions
+        if (not existed and cfg.max_subscriptions_per_client
+                and len(session.subscriptions) >= cfg.max_subscriptions_per_client):
+            return rc.QUOTA_EXCEEDED
         v5 = self.level == P.MQTT_5
         sub = Subscription(filt, topic_filter, group, qos, o.no_local and v5,
                            o.retain_as_published and v5, o.retain_handling if v5 else 0,
@@ -526,15 +554,11 @@ class Connection:
             b.router.remove(session.subscriptions[filt])
         session.subscriptions[filt] = sub
         b.router.add(sub)
-        if session.store is not None:
-            session.store.save_subscription(session.client_id, sub)
+        earlier = subscribed.get(filt)
+        new = not existed if earlier is None else earlier[1]  # new before this SUBSCRIBE
         # Retain Handling: 0 send, 1 send if new, 2 don't; never for shared [MQTT-3.8.4-4..5]
-        if group is None and (o.retain_handling == 0 or (o.retain_handling == 1 and not existed)):
-            sid = (sub_id,) if sub_id else None
-            for msg in b.retained.match(topic_filter):
-                if sub.read_check and not b.auth.allow_read(self.client_id, self.username, msg.topic):
-                    continue  # denied to this client (README "Access control")
-                retained_out.append((msg, qos, sid))
+        send = group is None and (o.retain_handling == 0 or (o.retain_handling == 1 and new))
+        subscribed[filt] = (send, new, topic_filter, qos, (sub_id,) if sub_id else None)
         return qos
 
     def on_unsubscribe(self, u: P.Unsubscribe) -> None:

@@ -67,9 +67,11 @@ class Message:
                               block, level)
         off = -1
         if qos:
-            # header byte + remaining-length bytes + 2 + topic
-            rl = len(data) - 1
-            vbi = 1 if rl < 128 else 2 if rl < 16384 else 3 if rl < 2097152 else 4
+            # header byte + remaining-length bytes + 2 + topic; the Remaining Length is
+            # len(data) - 1 - its own size, so count its bytes rather than derive them
+            vbi = 1
+            while data[vbi] & 0x80:
+                vbi += 1
             off = 1 + vbi + 2 + len(topic)
         form = (data, off)
         self.forms[key] = form

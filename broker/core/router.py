@@ -3,13 +3,21 @@ from __future__ import annotations
 
 from .topics import TopicTrie
 
-CACHE_LIMIT = 100_000
+CACHE_ENTRIES = 100_000
+CACHE_BYTES = 16 << 20
+MISS_TOPIC_MAX = 256  # a topic nobody subscribes to is cached only when shorter than this
 
 
 class Router:
-    def __init__(self):
+    def __init__(self, cache_entries: int = CACHE_ENTRIES, cache_bytes: int = CACHE_BYTES):
         self.trie = TopicTrie()
+        # topic -> match result; bounded by entries and by total topic length, emptied
+        # when either bound is reached (cheaper than LRU on the hot path) and on any
+        # subscription change
         self.cache: dict[str, tuple] = {}
+        self.cache_size = 0  # sum of len(topic) over the cache's keys
+        self.cache_entries = cache_entries
+        self.cache_bytes = cache_bytes if cache_entries > 0 else 0  # 0 entries: no cache
         self.next_member: dict[tuple, int] = {}
         self.count = 0
 
@@ -19,6 +27,7 @@ class Router:
         new = self.trie.add(sub.topic_filter, key, sub)
         self.count += new
         self.cache.clear()
+        self.cache_size = 0
         return new
 
     def remove(self, sub) -> bool:
@@ -26,6 +35,7 @@ class Router:
         removed = self.trie.remove(sub.topic_filter, key)
         self.count -= removed
         self.cache.clear()
+        self.cache_size = 0
         return removed
 
     def match(self, topic: str) -> tuple[list, list]:
@@ -46,9 +56,13 @@ class Router:
                 else:
                     groups.setdefault((sub.group, sub.topic_filter), []).append(sub)
         hit = (list(per_session.items()), list(groups.items()))
-        if len(self.cache) >= CACHE_LIMIT:
-            self.cache.clear()
-        self.cache[topic] = hit
+        n = len(topic)
+        if (per_session or groups or n < MISS_TOPIC_MAX) and n <= self.cache_bytes >> 4:
+            if len(self.cache) >= self.cache_entries or self.cache_size + n > self.cache_bytes:
+                self.cache.clear()
+                self.cache_size = 0
+            self.cache[topic] = hit
+            self.cache_size += n
         return hit
 
     def pick(self, key, members: list):

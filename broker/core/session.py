@@ -12,6 +12,7 @@ from ..protocol import packets as P
 from ..protocol.codec import encode_ack
 
 NEVER = 0xFFFFFFFF  # Session Expiry Interval meaning "does not expire"
+REPLAY_BURST = 1 << 20  # bytes of retained replay written per pump: the rest waits for the next turn
 
 
 class Subscription:
@@ -36,7 +37,7 @@ class Session:
     __slots__ = ("client_id", "subscriptions", "inflight_out", "queue", "inflight_in",
                  "expiry_interval", "expires_at", "will", "will_at", "link", "next_pid",
                  "max_queued", "queue_qos0", "stats", "username", "link_level", "sent",
-                 "store", "resend_pending")
+                 "store", "resend_pending", "replay", "replay_pending")
 
     def __init__(self, client_id: str, max_queued: int = 1000, queue_qos0: bool = False,
                  stats: dict | None = None, sent: list | None = None):
@@ -60,6 +61,10 @@ class Session:
         self.sent = sent if sent is not None else [0, 0, 0]  # PUBLISH sent, by QoS
         self.store = None  # the persistent store while this session outlives its connection
         self.resend_pending: deque = deque()  # in-flight packet ids waiting to be resent
+        # retained messages for new subscriptions, sent by pump() under backpressure:
+        # [matched messages, next index, granted QoS, sub_ids, retained store] per subscription
+        self.replay: deque = deque()
+        self.replay_pending = 0  # messages in `replay` not yet sent
 
     # ------------------------------------------------------------ outbound
     def deliver(self, msg, qos: int, retain: bool, sub_ids, now: float) -> None:
@@ -139,11 +144,68 @@ class Session:
         self.sent[qos] += 1
         return True
 
+    def replay_retained(self, msgs: list, qos: int, sub_ids, retained, limit: int, now: float) -> int:
+        """Retained messages for a new subscription [MQTT-3.3.1-9], sent with RETAIN=1 by
+        pump() like any other traffic: a burst per event-loop turn, nothing while the
+        transport is paused, QoS 1/2 within the client's Receive Maximum. Holds references
+        only. At most `limit` messages wait per session; the excess is dropped (counted).
+        Returns how many were dropped."""
+        room = limit - self.replay_pending
+        dropped = 0
+        if len(msgs) > room:
+            dropped = len(msgs) - max(room, 0)
+            msgs = msgs[:max(room, 0)]
+            self.stats["dropped_retained_replay"] = self.stats.get("dropped_retained_replay", 0) + dropped
+        if msgs:
+            self.replay.append([msgs, 0, qos, sub_ids, retained])
+            self.replay_pending += len(msgs)
+            self.pump(now)
+        return dropped
+
+    def _pump_replay(self, link, now: float) -> None:
+        replay = self.replay
+        inflight = self.inflight_out
+        limit = link.receive_max
+        budget = REPLAY_BURST
+        while replay and not link.paused and budget > 0:
+            entry = replay[0]
+            msgs, i, qos, sub_ids, retained = entry
+            if i >= len(msgs):
+                replay.popleft()
+                continue
+            msg = msgs[i]
+            q = qos if qos < msg.qos else msg.qos
+            if q and len(inflight) >= limit:  # [MQTT-3.3.4-7]
+                return
+            msgs[i] = None  # hold nothing once sent
+            entry[1] = i + 1
+            self.replay_pending -= 1
+            if retained.get(msg.topic) is not msg:
+                continue  # replaced or deleted since: the newer message was routed live
+            if msg.expires_at is not None and msg.expires_at <= now:
+                continue
+            if self._send(msg, q, True, sub_ids, now):
+                budget -= len(msg.payload) + len(msg.topic_bytes) + 16
+
+    def replay_to_queue(self) -> None:
+        """The connection went away mid-replay: what is left waits in the queue like any
+        message for an offline session (QoS 0 only with queue_qos0_messages; bounded)."""
+        replay, self.replay = self.replay, deque()
+        self.replay_pending = 0
+        for msgs, i, qos, sub_ids, retained in replay:
+            for msg in msgs[i:]:
+                q = qos if qos < msg.qos else msg.qos
+                if (q or self.queue_qos0) and retained.get(msg.topic) is msg:
+                    self._enqueue(msg, q, True, sub_ids)
+
     def pump(self, now: float) -> None:
-        """Send queued messages while the client's Receive Maximum allows."""
+        """Send pending retained replays, then queued messages, while the transport and
+        the client's Receive Maximum allow."""
         link = self.link
         if link is None:
             return
+        if self.replay:
+            self._pump_replay(link, now)
         queue = self.queue
         limit = link.receive_max
         while queue and not link.paused:
@@ -200,7 +262,7 @@ class Session:
             pid = held.popleft()
             if pid in self.inflight_out and self._resend(pid, now):
                 return
-        if self.queue:
+        if self.queue or self.replay:
             self.pump(now)
 
     def acked(self, pid: int, now: float) -> bool:

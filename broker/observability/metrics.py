@@ -45,7 +45,7 @@ class BrokerCollector:
                                   value=st["connections_total"])
         d = CounterMetricFamily("mqtt_messages_dropped", "Messages dropped", labels=["reason"])
         for reason in ("queue_full", "expired", "too_large", "sink_refused", "not_authorized",
-                       "slow_consumer", "topic_limit"):
+                       "slow_consumer", "topic_limit", "retained_replay"):
             d.add_metric([reason], st.get("sink_refused" if reason == "sink_refused"
                                           else f"dropped_{reason}", 0))
         yield d

@@ -29,24 +29,58 @@ class Decoder:
     """Incremental decoder: packets split across reads and several packets per read.
 
     `level` is the connection's protocol level (set after CONNECT); `max_packet_size`
-    bounds inbound packets (DISCONNECT 0x95 when exceeded).
+    bounds inbound packets (DISCONNECT 0x95 when exceeded). `connect_limit`, when given,
+    is the smaller bound that applies until `connect_accepted()`, so a client that is not
+    connected yet cannot make the broker buffer a huge packet. (Packets that arrived in
+    the same read as the CONNECT may be larger: they are in memory already.)
+
+    Buffering is linear: a packet split across reads is kept as a list of chunks until
+    its fixed header's Remaining Length has arrived, then joined once (no re-copying of
+    the whole buffer on every read).
     """
 
-    __slots__ = ("buf", "level", "max_packet_size")
+    __slots__ = ("buf", "more", "have", "need", "level", "max_packet_size", "after_connect",
+                 "max_filters")
 
-    def __init__(self, level: int = P.MQTT_5, max_packet_size: int = 268435460):
-        self.buf = b""
+    def __init__(self, level: int = P.MQTT_5, max_packet_size: int = 268435460,
+                 connect_limit: int | None = None):
+        self.buf = b""     # start of an incomplete packet (empty when nothing is buffered)
+        self.more = []     # later chunks of that packet, while `need` is known
+        self.have = 0      # bytes in buf + more
+        self.need = 0      # total size of the incomplete packet, 0 while its header is incomplete
         self.level = level
-        self.max_packet_size = max_packet_size
+        self.after_connect = max_packet_size
+        self.max_packet_size = (max_packet_size if connect_limit is None
+                                else min(connect_limit, max_packet_size))
+        self.max_filters = 0  # topic filters one SUBSCRIBE may carry (0: any number)
 
     def feed(self, data: bytes) -> tuple[list, Exception | None]:
         """Return (packets decoded, error or None). Packets before an error are returned."""
-        buf = self.buf + data if self.buf else data
+        if self.buf:
+            if self.need:
+                if self.need > self.max_packet_size:  # began in the CONNECT's read, not accepted yet
+                    err = self._too_large(self.need, self.max_packet_size)
+                    self.buf = b""
+                    self.more = []
+                    self.have = self.need = 0
+                    return [], err
+                self.more.append(data)
+                self.have += len(data)
+                if self.have < self.need:
+                    return [], None
+                self.more.insert(0, self.buf)
+                buf = b"".join(self.more)  # the one copy of a packet that arrived in pieces
+                self.more = []
+            else:
+                buf = self.buf + data  # only the few bytes of an incomplete fixed header waited
+        else:
+            buf = data
         n = len(buf)
         pos = 0
         out = []
         level = self.level
         limit = self.max_packet_size
+        need = 0
         try:
             while n - pos >= 2:
                 b1 = buf[pos + 1]
@@ -75,24 +109,47 @@ class Decoder:
                         break
                 end = pos + hdr + length
                 if end - pos > limit:  # [MQTT-3.1.2-24] / 4.13: Packet too large
-                    raise MalformedPacket(f"packet of {end - pos} bytes exceeds the maximum "
-                                          f"packet size {limit}", rc.PACKET_TOO_LARGE)
+                    raise self._too_large(end - pos, limit)
                 if end > n:
+                    need = end - pos
                     break
                 first = buf[pos]
                 if first >> 4 == P.PUBLISH:
                     out.append(decode_publish(buf, pos, pos + hdr, end, level))
                 else:
-                    pkt = decode_packet(first, buf[pos + hdr:end], level)
+                    pkt = decode_packet(first, buf[pos + hdr:end], level, self.max_filters)
                     if pkt.type == P.CONNECT:
                         level = self.level = pkt.protocol_level
+                        limit = self.after_connect  # for the rest of this read only
                     out.append(pkt)
                 pos = end
         except (MalformedPacket, ProtocolError) as exc:
             self.buf = b""
+            self.have = self.need = 0
             return out, exc
-        self.buf = buf[pos:] if pos < n else b""
+        if pos < n:
+            self.buf = buf[pos:]  # (no copy for bytes when pos is 0)
+            self.have = n - pos
+            self.need = need
+        else:
+            self.buf = b""
+            self.have = self.need = 0
         return out, None
+
+    def connect_accepted(self) -> None:
+        """The CONNECT was accepted: from now on packets up to `max_packet_size`."""
+        self.max_packet_size = self.after_connect
+
+    def _too_large(self, size: int, limit: int) -> MalformedPacket:
+        if limit < self.after_connect:
+            return MalformedPacket(f"packet of {size} bytes before the CONNECT was accepted exceeds "
+                                   f"max_connect_packet_size {limit}", rc.PACKET_TOO_LARGE)
+        return MalformedPacket(f"packet of {size} bytes exceeds the maximum packet size {limit}",
+                               rc.PACKET_TOO_LARGE)
+
+    def buffered(self) -> int:
+        """Bytes of an incomplete packet held."""
+        return self.have
 
 
 def decode_publish(buf: bytes, start: int, body: int, end: int, level: int) -> P.Publish:
@@ -145,7 +202,7 @@ def _packet_id(body, pos: int) -> tuple[int, int]:
     return pid, pos + 2
 
 
-def decode_packet(first: int, body: bytes, level: int):
+def decode_packet(first: int, body: bytes, level: int, max_filters: int = 0):
     ptype = first >> 4
     flags = first & 0x0F
     if ptype == 0:
@@ -167,7 +224,7 @@ def decode_packet(first: int, body: bytes, level: int):
             raise MalformedPacket(f"{P.TYPE_NAMES[ptype]} has trailing bytes")
         return P.Ack(ptype, pid, code, props)
     if ptype == P.SUBSCRIBE:
-        return decode_subscribe(body, v5)
+        return decode_subscribe(body, v5, max_filters)
     if ptype == P.UNSUBSCRIBE:
         pid, pos = _packet_id(body, 0)
         props = None
@@ -269,7 +326,7 @@ def decode_connect(body: bytes) -> P.Connect:
                      will, props)
 
 
-def decode_subscribe(body: bytes, v5: bool) -> P.Subscribe:
+def decode_subscribe(body: bytes, v5: bool, max_filters: int = 0) -> P.Subscribe:
     pid, pos = _packet_id(body, 0)
     props = None
     if v5:
@@ -290,6 +347,9 @@ def decode_subscribe(body: bytes, v5: bool) -> P.Subscribe:
             raise MalformedPacket("SUBSCRIBE requested QoS reserved bits set")
         if o & 3 == 3:
             raise MalformedPacket("SUBSCRIBE requested QoS 3")
+        if max_filters and len(topics) == max_filters:  # a limit of this implementation (reason code 0x97)
+            raise ProtocolError(f"SUBSCRIBE with more than {max_filters} topic filters "
+                                f"(mqtt.max_filters_per_subscribe)", rc.QUOTA_EXCEEDED)
         topics.append((filt, P.SubscriptionOptions(o & 3, bool(o & 4), bool(o & 8), (o >> 4) & 3)))
     if not topics:  # [MQTT-3.8.3-2]
         raise ProtocolError("SUBSCRIBE with no topic filter")

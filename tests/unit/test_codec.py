@@ -1,5 +1,9 @@
 """Codec tests from byte vectors, including the captured packets in seeds/003."""
+import tracemalloc
+
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from broker.protocol import packets as P
 from broker.protocol import properties as PR
@@ -69,12 +73,51 @@ def test_seed_qos1_and_qos2_first_bytes():
     assert encode_publish(b"request", b"x", 2, False, False, 0x11C2, None, 5)[0] == 0x34
 
 
-@pytest.mark.parametrize("n,enc", [(0, "00"), (127, "7f"), (128, "80 01"), (16383, "ff 7f"),
-                                   (16384, "80 80 01"), (2097151, "ff ff 7f"),
-                                   (2097152, "80 80 80 01"), (268435455, "ff ff ff 7f")])
+# Remaining Length boundaries (1.5.5). 125: a whole packet of exactly 127 bytes.
+VBI_TABLE = [(0, "00"), (125, "7d"), (127, "7f"), (128, "80 01"), (16383, "ff 7f"),
+             (16384, "80 80 01"), (2097151, "ff ff 7f"), (2097152, "80 80 80 01"),
+             (268435455, "ff ff ff 7f")]
+
+
+@pytest.mark.parametrize("n,enc", VBI_TABLE)
 def test_variable_byte_integer(n, enc):
     assert encode_vbi(n) == h(enc)
     assert decode_vbi(h(enc), 0) == (n, len(h(enc)))
+
+
+@pytest.mark.parametrize("n,enc", VBI_TABLE)
+@pytest.mark.parametrize("level", [P.MQTT_311, P.MQTT_5])
+def test_remaining_length_boundaries_roundtrip(n, enc, level):
+    """A packet whose Remaining Length is each boundary value encodes with that header,
+    decodes whole and split, and survives forwarding (the cached form with its packet id
+    patched in: a forwarded PUBLISH at 127 / 16383 / 2097151 used to be corrupt)."""
+    from broker.core.message import Message
+    if n == 0:
+        assert decode_one(h("c0 00"), level) == P.PingReq()
+        return
+    if n == 268435455:  # the maximum: the header alone is accepted and the body awaited
+        d = Decoder(level)
+        pkts, err = d.feed(b"\x30" + h(enc) + b"\x00\x01t")
+        assert (pkts, err) == ([], None) and d.need == n + 5
+        pkts, err = Decoder(level).feed(b"\x30" + h("ff ff ff ff 01"))  # one more byte: malformed
+        assert isinstance(err, MalformedPacket)
+        return
+    fixed = 2 + 1 + 2 + (1 if level == P.MQTT_5 else 0)  # topic "t", packet id, empty properties
+    pkt = P.Publish("t", b"p" * (n - fixed), 1, False, False, 0x1234)
+    data = encode(pkt, level)
+    assert data[0] == 0x32 and data[1:1 + len(h(enc))] == h(enc) and len(data) == 1 + len(h(enc)) + n
+    assert decode_one(data, level) == pkt
+    d = Decoder(level)
+    got = []
+    for i in range(0, len(data), 61):
+        pkts, err = d.feed(data[i:i + 61])
+        assert err is None
+        got += pkts
+    assert got == [pkt]
+    form, off = Message("t", pkt.payload, 1, False, None, None, "c").encoded(level, 1, False, None, None)
+    fwd = bytearray(form)
+    fwd[off], fwd[off + 1] = 0x12, 0x34
+    assert bytes(fwd) == data
 
 
 def test_variable_byte_integer_five_bytes_is_malformed():
@@ -223,3 +266,98 @@ def test_v311_publish_has_no_properties():
     data = encode(P.Publish("a", b"\x01\x02", 1, True, True, 10), 4)
     assert data == h("3b 07 00 01 61 00 0a 01 02")
     assert decode_one(data, 4) == P.Publish("a", b"\x01\x02", 1, True, True, 10)
+
+
+# ---------------------------------------------------------------- incremental decoding
+
+_topics = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00+#"),
+                  min_size=1, max_size=20)
+_packets = st.one_of(
+    st.builds(lambda t, pl, q, r, pid: P.Publish(t, pl, q, r, False, pid if q else None),
+              _topics, st.binary(max_size=3000), st.integers(0, 2), st.booleans(),
+              st.integers(1, 65535)),
+    st.builds(lambda pid: P.Ack(P.PUBACK, pid), st.integers(1, 65535)),
+    st.just(P.PingReq()),
+    st.builds(lambda pid, t, q: P.Subscribe(pid, [(t, P.SubscriptionOptions(q))]),
+              st.integers(1, 65535), _topics, st.integers(0, 2)),
+)
+
+
+def _decode_all(chunks, level=P.MQTT_5, **kw):
+    d = Decoder(level, **kw)
+    got = []
+    for c in chunks:
+        pkts, err = d.feed(c)
+        assert err is None, err
+        got += pkts
+        if any(p.type == P.CONNECT for p in pkts):
+            d.connect_accepted()  # as the Connection does once it accepts the CONNECT
+    assert d.buffered() == 0
+    return got
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(pkts=st.lists(_packets, min_size=1, max_size=8), level=st.sampled_from([P.MQTT_311, P.MQTT_5]),
+       cuts=st.lists(st.integers(0, 30000), max_size=12), data=st.data())
+def test_any_split_decodes_like_the_whole_stream(pkts, level, cuts, data):
+    """A CONNECT (under a small pre-CONNECT limit) then packets larger than that limit:
+    every way of cutting the stream into reads gives the packets of one whole read."""
+    connect = P.Connect("c", level)
+    stream = encode(connect, level) + b"".join(encode(p, level) for p in pkts)
+    points = sorted({c % (len(stream) + 1) for c in cuts})
+    chunks = [stream[a:b] for a, b in zip([0] + points, points + [len(stream)])]
+    whole = _decode_all([stream], level, connect_limit=64)
+    assert whole[0] == connect and len(whole) == len(pkts) + 1
+    assert _decode_all(chunks, level, connect_limit=64) == whole
+    assert _decode_all([bytes((b,)) for b in stream[:200]] + [stream[200:]], level) == whole
+
+
+def test_large_packet_in_chunks_is_decoded_with_linear_cost():
+    """48 MiB arriving in 64 KiB reads: the bytes the decoder allocates over all reads stay
+    a small multiple of the packet (it used to copy the whole buffer on every read: ~18 GB)."""
+    size = 48 << 20
+    data = encode(P.Publish("big", b"\x00" * (size - 13), 1, False, False, 1), P.MQTT_5)
+    chunks = [data[i:i + 65536] for i in range(0, len(data), 65536)]
+    d = Decoder()
+    allocated = 0
+    got = []
+    tracemalloc.start()
+    try:
+        for c in chunks:
+            before = tracemalloc.get_traced_memory()[0]
+            tracemalloc.reset_peak()
+            pkts, err = d.feed(c)
+            allocated += tracemalloc.get_traced_memory()[1] - before
+            assert err is None
+            got += pkts
+    finally:
+        tracemalloc.stop()
+    assert len(chunks) == 768 and len(got) == 1 and len(got[0].payload) == size - 13 and len(data) == size
+    assert allocated < 3 * len(data), f"feed() allocated {allocated} bytes for a {len(data)}-byte packet"
+
+
+def test_pre_connect_limit_refuses_a_large_connect_from_its_header():
+    d = Decoder(P.MQTT_5, connect_limit=131072)
+    start = b"\x10" + encode_vbi(20 << 20) + encode(P.Connect("c", P.MQTT_5))[2:]
+    pkts, err = d.feed(start + b"\x00" * 65536)  # the start of a 20 MiB CONNECT
+    assert pkts == [] and err.reason_code == rc.PACKET_TOO_LARGE
+    assert "max_connect_packet_size" in str(err) and d.buffered() == 0
+    # a CONNECT under the limit, then packets up to the normal maximum
+    ok = P.Connect("c", P.MQTT_5, will=P.Will("w", b"x" * 65535, 0, False))
+    pub = P.Publish("t", b"y" * 300000, 1, False, False, 1)
+    assert _decode_all([encode(ok) + encode(pub)[:100], encode(pub)[100:]], connect_limit=131072) == [ok, pub]
+    # not accepted yet (password being checked): a large packet is not buffered, even one
+    # that began in the CONNECT's read; once accepted the normal maximum applies
+    d = Decoder(P.MQTT_5, connect_limit=131072)
+    pkts, err = d.feed(encode(ok) + encode(pub)[:100])
+    assert pkts == [ok] and err is None
+    pkts, err = d.feed(encode(pub)[100:200])
+    assert pkts == [] and err.reason_code == rc.PACKET_TOO_LARGE and d.buffered() == 0
+    d = Decoder(P.MQTT_5, connect_limit=131072)
+    assert d.feed(encode(ok)) == ([ok], None)
+    pkts, err = d.feed(encode(pub))
+    assert pkts == [] and err.reason_code == rc.PACKET_TOO_LARGE
+    d = Decoder(P.MQTT_5, connect_limit=131072)
+    d.feed(encode(ok))
+    d.connect_accepted()
+    assert d.feed(encode(pub)[:1000]) == ([], None) and d.feed(encode(pub)[1000:]) == ([pub], None)

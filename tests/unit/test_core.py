@@ -254,3 +254,235 @@ def test_config_precedence_file_env_flags(tmp_path):
     import pytest
     with pytest.raises(ValueError, match="unknown setting"):
         config.load(None, env={"MQTT_BROKER_MQTT__NO_SUCH_KEY": "1"})
+
+
+def test_match_cache_bounded_by_entries_and_bytes():
+    """3000 distinct 60 KB topics (misses, then hits of a '#' subscriber) used to keep
+    ~180 MB of topics in the match cache; now its total topic length stays bounded."""
+    b, _ = make(match_cache_bytes=4 << 20, match_cache_entries=1000)
+    pub = Client(b)
+    pub.connect("p")
+    long = "x" * 60000
+    for i in range(3000):
+        pub.send(P.Publish(f"miss/{i}/{long}", b"v"))
+    assert sum(len(t) for t in b.router.cache) == b.router.cache_size == 0  # long misses: not cached
+    for i in range(200):
+        pub.send(P.Publish(f"short/{i}", b"v"))
+    assert len(b.router.cache) == 200  # short misses are
+    sub = Client(b)
+    sub.connect("s")
+    sub.send(P.Subscribe(1, [("#", P.SubscriptionOptions(0))]))
+    sub.received()
+    for i in range(3000):
+        pub.send(P.Publish(f"hit/{i}/{long}", b"v"))
+        assert sum(len(t) for t in b.router.cache) <= 4 << 20
+    assert len(sub.received()) == 3000
+    for i in range(3000):
+        pub.send(P.Publish(f"h/{i}", b"v"))
+        assert len(b.router.cache) <= 1000
+    assert len(sub.received()) == 3000
+
+
+def test_match_cache_default_bound():
+    b, _ = make()
+    pub = Client(b)
+    pub.connect("p")
+    long = "y" * 60000
+    for i in range(3000):
+        pub.send(P.Publish(f"t/{i}/{long}", b"v"))
+    assert sum(len(t) for t in b.router.cache) <= 16 << 20
+
+
+# ---------------------------------------------------------------- SUBSCRIBE de-dup, retained replay
+
+def _retained(b, n, size=10, qos=0, prefix="r"):
+    pub = Client(b)
+    pub.connect(f"pub-{prefix}")
+    for i in range(n):
+        pub.send(P.Publish(f"{prefix}/{i}", bytes([i % 256]) * size, qos, True, False, i + 1 if qos else None))
+    pub.received()
+    return pub
+
+
+def test_repeated_filter_replays_retained_once_with_last_options():
+    """[MQTT-3.8.4-3]: each repeat replaces the previous; the SUBACK has one code per filter
+    but the retained messages are sent once per distinct filter, at the last options."""
+    b, _ = make()
+    _retained(b, 3, qos=1)
+    sub = Client(b)
+    sub.connect("s")
+    topics = [("r/#", P.SubscriptionOptions(0))] * 2999 + [("r/#", P.SubscriptionOptions(1)),
+                                                           ("r/1", P.SubscriptionOptions(0))]
+    sub.send(P.Subscribe(1, topics))
+    suback, *pubs = sub.received()
+    assert suback.reason_codes == [0] * 2999 + [1, 0]
+    assert sorted((p.topic, p.qos, p.retain) for p in pubs) == \
+        [("r/0", 1, True), ("r/1", 0, True), ("r/1", 1, True), ("r/2", 1, True)]
+    assert len(sub.conn.session.subscriptions) == 2 and b.router.count == 2
+    # Retain Handling of the last occurrence wins: 0 then 2 -> nothing; 2 then 0 -> sent
+    sub.send(P.Subscribe(2, [("r/0", P.SubscriptionOptions(0, retain_handling=0)),
+                             ("r/0", P.SubscriptionOptions(0, retain_handling=2))]))
+    assert [p.type for p in sub.received()] == [P.SUBACK]
+    sub.send(P.Subscribe(3, [("r/2", P.SubscriptionOptions(0, retain_handling=2)),
+                             ("r/2", P.SubscriptionOptions(0, retain_handling=0))]))
+    assert [(p.type, getattr(p, "topic", None)) for p in sub.received()] == [(P.SUBACK, None), (P.PUBLISH, "r/2")]
+    # Retain Handling 1 repeated for a new filter: sent once (new before this SUBSCRIBE)
+    sub.send(P.Subscribe(4, [("r/+", P.SubscriptionOptions(0, retain_handling=1))] * 5))
+    suback, *pubs = sub.received()
+    assert suback.reason_codes == [0] * 5 and sorted(p.topic for p in pubs) == ["r/0", "r/1", "r/2"]
+    sub.send(P.Subscribe(5, [("r/+", P.SubscriptionOptions(0, retain_handling=1))] * 2))
+    assert [p.type for p in sub.received()] == [P.SUBACK]
+
+
+def test_max_subscriptions_per_client_quota_exceeded():
+    b, _ = make(max_subscriptions_per_client=3)
+    sub = Client(b)
+    sub.connect("s")
+    sub.send(P.Subscribe(1, [("a", P.SubscriptionOptions(0)), ("b", P.SubscriptionOptions(1)),
+                             ("a", P.SubscriptionOptions(1)), ("c", P.SubscriptionOptions(0)),
+                             ("d", P.SubscriptionOptions(0)), ("e", P.SubscriptionOptions(0))]))
+    assert sub.received()[0].reason_codes == [0, 1, 1, 0, 0x97, 0x97]
+    sub.send(P.Subscribe(2, [("c", P.SubscriptionOptions(1))]))  # replacing one is not a new one
+    assert sub.received()[0].reason_codes == [1]
+    v4 = Client(b, level=4)
+    v4.connect("v4")
+    v4.send(P.Subscribe(1, [("a", P.SubscriptionOptions(0))] + [(f"x{i}", P.SubscriptionOptions(0)) for i in range(3)]))
+    assert v4.received()[0].reason_codes == [0, 0, 0, 0x80]
+
+
+def test_retained_replay_is_paced_and_waits_while_paused():
+    """Many large retained messages: written a burst per turn (take_output), nothing while the
+    transport is paused, every one exactly once in the end."""
+    from broker.core.session import REPLAY_BURST
+    b, _ = make()
+    _retained(b, 40, size=100_000)
+    sub = Client(b)
+    sub.connect("s")
+    sub.send(P.Subscribe(1, [("r/#", P.SubscriptionOptions(0))]))
+    first = b"".join(bytes(x) for x in sub.conn.out)
+    assert REPLAY_BURST <= len(first) < REPLAY_BURST + 200_000  # one burst, not 4 MB
+    sub.conn.paused = True
+    seen = sub.received()  # takes the first burst; paused: no refill
+    assert not sub.conn.out and sub.conn.session.replay_pending == 40 - (len(seen) - 1)
+    sub.conn.resume_writing()
+    while sub.conn.out:
+        seen += sub.received()
+    assert seen[0].type == P.SUBACK
+    assert sorted(p.topic for p in seen[1:]) == sorted(f"r/{i}" for i in range(40))
+    assert all(p.retain and len(p.payload) == 100_000 for p in seen[1:])
+    assert sub.conn.session.replay_pending == 0 and not sub.conn.session.replay
+
+
+def test_retained_replay_qos1_respects_receive_maximum_and_skips_replaced():
+    b, _ = make()
+    pub = _retained(b, 20, qos=1)
+    sub = Client(b)
+    sub.connect("s", props={PR.RECEIVE_MAXIMUM: 5})
+    sub.send(P.Subscribe(1, [("r/#", P.SubscriptionOptions(1))]))
+    suback, *pubs = sub.received()
+    assert len(pubs) == 5  # [MQTT-3.3.4-7]
+    # a retained message replaced meanwhile: the new one is routed live, the old one not replayed
+    pub.send(P.Publish("r/19", b"new", 1, True, False, 99))
+    pub.received()
+    pending = sub.conn.session.queue  # the live one waits for the window like any QoS 1
+    got = list(pubs)
+    while len(got) < 40:
+        for p in pubs:
+            sub.send(P.Ack(P.PUBACK, p.packet_id))
+        pubs = sub.received()
+        if not pubs:
+            break
+        got += pubs
+    r19 = [p.payload for p in got if p.topic == "r/19"]
+    assert r19 == [b"new"], r19
+    assert sorted(p.topic for p in got) == sorted(f"r/{i}" for i in range(20))
+    assert not pending
+
+
+def test_retained_replay_left_on_disconnect_goes_to_the_queue():
+    b, _ = make()
+    _retained(b, 10, qos=1)
+    sub = Client(b)
+    sub.connect("s", clean=False, props={PR.SESSION_EXPIRY_INTERVAL: 100, PR.RECEIVE_MAXIMUM: 2})
+    sub.send(P.Subscribe(1, [("r/#", P.SubscriptionOptions(1))]))
+    suback, *pubs = sub.received()
+    assert len(pubs) == 2
+    sub.conn.connection_lost()
+    s = b.sessions["s"]
+    assert not s.replay and len(s.queue) == 8
+    again = Client(b)
+    ack = again.connect("s", clean=False, props={PR.SESSION_EXPIRY_INTERVAL: 100})
+    assert ack.session_present
+    got = again.received()
+    assert sorted(p.topic for p in got) == sorted(f"r/{i}" for i in range(10))
+
+
+def test_max_filters_per_subscribe_disconnects_0x97():
+    b, _ = make(max_filters_per_subscribe=100)
+    sub = Client(b)
+    sub.connect("s")
+    sub.send(P.Subscribe(1, [("a", P.SubscriptionOptions(0))] * 100))
+    assert len(sub.received()[0].reason_codes) == 100
+    sub.send(P.Subscribe(2, [("a", P.SubscriptionOptions(0))] * 101))
+    (d,) = sub.received()
+    assert d.type == P.DISCONNECT and d.reason_code == 0x97
+    assert sub.conn.close_requested
+
+
+def test_huge_packet_before_connect_is_refused_from_its_header():
+    """A CONNECT announcing 20 MiB: MQTT 5 gets CONNACK 0x95, 3.1.1 is just closed; nothing
+    is buffered. Pipelined packets after an accepted CONNECT may use the normal maximum."""
+    from broker.protocol.properties import encode_vbi
+    b, _ = make(max_connect_packet_size=1000)
+    for level in (5, 4):
+        c = Client(b, level)
+        body = encode(P.Connect("huge", level), level)[2:]
+        c.conn.data_received(b"\x10" + encode_vbi(20 << 20) + body + b"\x00" * 60000)
+        out = c.received()
+        assert c.conn.close_requested and c.conn.decoder.buffered() == 0
+        if level == 5:
+            assert [(p.type, p.reason_code) for p in out] == [(P.CONNACK, 0x95)]
+        else:
+            assert out == []
+    ok = Client(b)
+    ok.conn.data_received(encode(P.Connect("ok", 5)) + encode(P.Subscribe(1, [("t", P.SubscriptionOptions(0))]))
+                          + encode(P.Publish("t", b"z" * 5000)))
+    ack, suback, m = ok.received()
+    assert ack.reason_code == 0 and len(m.payload) == 5000
+
+
+def test_max_retained_replay_bounds_the_backlog():
+    b, _ = make(max_retained_replay=25)
+    _retained(b, 20)
+    sub = Client(b)
+    sub.connect("s")
+    sub.conn.paused = True  # nothing leaves: everything waits
+    sub.send(P.Subscribe(1, [("r/#", P.SubscriptionOptions(0)), ("r/+", P.SubscriptionOptions(0)),
+                             ("#", P.SubscriptionOptions(0))]))
+    s = sub.conn.session
+    assert s.replay_pending == 25 and b.stats["dropped_retained_replay"] == 15
+    sub.conn.resume_writing()
+    got = []
+    while True:
+        pkts = sub.received()
+        if not pkts:
+            break
+        got += pkts
+    assert len([p for p in got if p.type == P.PUBLISH]) == 25
+
+
+def test_connect_limit_lasts_until_the_connect_is_accepted():
+    b, _ = make(max_connect_packet_size=1000)
+    big = encode(P.Publish("t", b"z" * 5000, 1, False, False, 1))
+    # accepted at once: a large packet split across reads right behind the CONNECT is fine
+    ok = Client(b)
+    ok.conn.data_received(encode(P.Connect("ok", 5)) + big[:100])
+    ok.conn.data_received(big[100:])
+    assert [p.type for p in ok.received()] == [P.CONNACK, P.PUBACK]
+    # a password check still running: the small limit applies to what follows
+    waiting = []
+    b.defer_auth = lambda conn, c, cid, assigned: waiting.append((conn, c, cid, assigned))
+    slow = Client(b)
+    slow.conn.data_received(encode(P.Connect("slow", 5, password=b"pw")) + big[:100])
+    slow.conn.data_received(big[100:2000])
+    assert slow.conn.close_requested and slow.conn.decoder.buffered() == 0
