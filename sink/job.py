@@ -427,7 +427,6 @@ def _short_error(exc) -> str:
 # ---- Spark Connect: the job's session answers queries while it runs ------------------------
 
 CONNECT_KEYS = {"connect", "connect_host", "connect_port"}
-CONNECT_PLUGIN = "org.apache.spark.sql.connect.SparkConnectPlugin"
 CONNECT_VIEW = "messages"
 
 
@@ -461,14 +460,13 @@ def connect_url(cfg: JobConfig) -> str:
 
 
 def connect_conf(cfg: JobConfig) -> dict[str, str]:
-    """Spark settings that start a Spark Connect server inside the job's SparkContext.
+    """Where the Spark Connect server of the job's SparkContext listens (read when it starts).
 
     Under spark-submit the SparkContext exists before this code runs: pass the same settings
     as --conf (see deploy/spark-submit.md)."""
     if not connect_enabled(cfg):
         return {}
-    return {"spark.plugins": CONNECT_PLUGIN,
-            "spark.connect.grpc.binding.address": cfg.connect_host,
+    return {"spark.connect.grpc.binding.address": cfg.connect_host,
             "spark.connect.grpc.binding.port": str(cfg.connect_port)}
 
 
@@ -502,12 +500,18 @@ def messages_table_sql(table: str, name: str = CONNECT_VIEW) -> str:
 
 
 def serve_connect(spark, cfg: JobConfig) -> None:
-    """Register the view ``messages`` for Spark Connect clients and say where to connect."""
+    """Register the table ``messages``, then start the Spark Connect server in this session's
+    SparkContext and say where to connect."""
     if not connect_enabled(cfg):
         return
     if is_local_path(cfg.table):
         _local(cfg.table).mkdir(parents=True, exist_ok=True)
     spark.sql(messages_table_sql(cfg.table))
+    # Started only now (not with spark.plugins at SparkContext start): the server's sessions
+    # derive from the first session it sees, which must be this one with `messages` in its
+    # catalog, not one a client's early request would make the server create on its own.
+    jvm = spark.sparkContext._jvm
+    jvm.org.apache.spark.sql.connect.service.SparkConnectService.start(spark.sparkContext._jsc.sc())
     log.info("Spark Connect on %s: query the table as `messages`, e.g. python -m sink.query "
              "\"SELECT count(*) FROM messages\" or SparkSession.builder.remote(%r)",
              connect_url(cfg), connect_url(cfg))

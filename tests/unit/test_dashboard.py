@@ -126,7 +126,6 @@ def test_job_connect_settings():
     from sink.job import UsageError, config_from_args, connect_conf, connect_settings
     cfg, _ = config_from_args(["--connect-port", "15555"])
     assert connect_conf(cfg) == {
-        "spark.plugins": "org.apache.spark.sql.connect.SparkConnectPlugin",
         "spark.connect.grpc.binding.address": "127.0.0.1",
         "spark.connect.grpc.binding.port": "15555"}
     assert connect_conf(config_from_args(["--no-connect"])[0]) == {}
