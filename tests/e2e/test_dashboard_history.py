@@ -29,7 +29,9 @@ from tests.conftest import ROOT, BrokerProcess, free_port, wait_port
 pytestmark = [pytest.mark.e2e, pytest.mark.kafka, pytest.mark.timeout(600)]
 
 DEVICES = 3
-READINGS = 20          # numeric readings per device
+READINGS = 20          # numeric readings per device, published over MQTT
+ROOMS = 3
+ROOM_MINUTES = 55      # readings per room written straight to Kafka, one a minute before now
 CHROMIUM = shutil.which("chromium")
 CHROMEDRIVER = shutil.which("chromedriver")
 
@@ -110,6 +112,29 @@ class Stack:
             c.publish(f"sensors/dev-{d}/status", b"online", qos=1, retain=True).wait_for_publish(10)
             self.clients.append(c)  # stay connected: the Clients tab lists them
 
+    def seed_history(self) -> None:
+        """Readings of the last hour (a day-shaped curve per room), produced straight to Kafka
+        with past accept times, so that the history charts have something to draw."""
+        import math
+
+        from kafka import KafkaProducer
+
+        from sink.record import SinkRecord, to_kafka
+        prod = KafkaProducer(bootstrap_servers=self.kafka.bootstrap)
+        now = time.time()
+        for r in range(ROOMS):
+            for m in range(ROOM_MINUTES):
+                at = now - (ROOM_MINUTES - m) * 60
+                value = 19 + 2 * r + 3 * math.sin(m / 9 + r)
+                rec = SinkRecord(topic=f"sensors/room-{r}/temp", payload=f"{value:.2f}".encode(),
+                                 qos=1, retain=False, client_id=f"room-{r}", username=None,
+                                 protocol=5, accepted_at_ms=int(at * 1000),
+                                 message_id=str(uuid.uuid4()))
+                key, val, headers, ts = to_kafka(rec)
+                prod.send("mqtt.messages", key=key, value=val, headers=headers, timestamp_ms=ts)
+        prod.flush(30)
+        prod.close()
+
     def stop(self) -> None:
         for c in self.clients:
             c.loop_stop()
@@ -134,7 +159,8 @@ def stack(tmp_path_factory):
     s = Stack(tmp_path_factory.mktemp("dashboard")).start()
     try:
         s.publish_readings()
-        expected = DEVICES * (READINGS + 1)
+        s.seed_history()
+        expected = DEVICES * (READINGS + 1) + ROOMS * ROOM_MINUTES
         import socket
 
         def listening():
@@ -161,7 +187,8 @@ def stack(tmp_path_factory):
 
 def test_sink_query_answers_through_the_jobs_spark_connect_server(stack):
     p = sink_query("SELECT topic, count(*) AS n, min(payload_text) AS lo FROM messages "
-                   "WHERE topic LIKE 'sensors/%/temp' GROUP BY topic ORDER BY topic", stack.url)
+                   "WHERE topic LIKE 'sensors/dev-%/temp' GROUP BY topic ORDER BY topic",
+                   stack.url)
     got = rows(p)
     assert [r["topic"] for r in got] == [f"sensors/dev-{d}/temp" for d in range(DEVICES)]
     assert all(r["n"] == READINGS for r in got)
@@ -169,7 +196,8 @@ def test_sink_query_answers_through_the_jobs_spark_connect_server(stack):
     assert "answered by Spark Connect" in p.stderr
     # nothing listens there: a local session answers, and -v says so
     dead = f"sc://127.0.0.1:{free_port()}"
-    p = sink_query("SELECT count(*) AS n FROM messages", dead, "--table", stack.table)
+    p = sink_query("SELECT count(*) AS n FROM messages WHERE client_id LIKE 'dev-%'", dead,
+                   "--table", stack.table)
     assert rows(p)[0]["n"] == DEVICES * (READINGS + 1)
     assert "no Spark Connect server at " + dead in p.stderr
     assert "answered by a local Spark session" in p.stderr
@@ -204,16 +232,18 @@ def test_batches_and_days_written_later_are_visible_to_the_server(stack):
 
 
 def test_history_api_answers_from_spark(stack):
-    q = urllib.parse.urlencode({"filter": "sensors/+/temp", "from": stack.published_at - 300,
+    q = urllib.parse.urlencode({"filter": "sensors/+/temp", "from": time.time() - 3700,
                                 "to": time.time() + 60})
     status, r = http_json(f"{stack.dashboard}/api/history?{q}")
     assert status == 200, r
-    assert r["total"] >= DEVICES * READINGS
+    assert r["total"] >= DEVICES * READINGS + ROOMS * (ROOM_MINUTES - 5)
     assert sum(n for _, n in r["counts"]) == r["total"]
+    assert len(r["counts"]) > 10  # spread over the hour
     topics = {s["topic"] for s in r["values"]}
-    assert topics == {f"sensors/dev-{d}/temp" for d in range(DEVICES)}
+    assert topics == {f"sensors/dev-{d}/temp" for d in range(DEVICES)} | \
+        {f"sensors/room-{d}/temp" for d in range(ROOMS)}
     for s in r["values"]:
-        assert all(20 <= x <= 31 for _, x in s["points"]), s
+        assert all(15 <= x <= 31 for _, x in s["points"]), s
     assert r["latest"] and all(m["topic"].endswith("/temp") for m in r["latest"])
     # a filter matching no topic: an answer with zero messages, not an error
     status, r = http_json(f"{stack.dashboard}/api/history?filter=nothing/%23")
@@ -236,7 +266,7 @@ def browser(tmp_path_factory):
     opts.binary_location = CHROMIUM
     for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync", "--disable-dev-shm-usage", "--window-size=1400,1000",
+                 "--disable-sync", "--disable-dev-shm-usage", "--window-size=1280,900",
                  f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}"):
         opts.add_argument(flag)
     driver = webdriver.Chrome(options=opts, service=Service(executable_path=CHROMEDRIVER))
@@ -270,12 +300,28 @@ def _shot(driver, tmp_path: Path, name: str) -> Path:
 
 
 def test_dashboard_page_renders_live_and_history_charts(stack, browser, tmp_path):
+    import threading
     d = browser
-    # keep messages flowing so the live rate charts have something to show
-    c = stack.clients[1]
-    for i in range(30):
-        c.publish("sensors/dev-1/temp", f"{22 + (i % 7) * 0.3:.1f}", qos=0)
-        time.sleep(0.05)
+    stop = threading.Event()
+
+    def traffic():  # keep messages flowing: live rates, per-topic rates
+        i = 0
+        while not stop.is_set():
+            for n, c in enumerate(stack.clients):
+                c.publish(f"sensors/dev-{n}/temp", f"{21 + n + (i % 9) * 0.2:.1f}", qos=i % 2)
+            i += 1
+            time.sleep(0.1 + 0.1 * (i % 20 > 10))
+    t = threading.Thread(target=traffic, daemon=True)
+    t.start()
+    try:
+        _page_checks(stack, d, tmp_path)
+    finally:
+        stop.set()
+        t.join(10)
+
+
+def _page_checks(stack, d, tmp_path):
+    time.sleep(5)
     d.get(stack.dashboard + "/#live")
     _wait_attr(d, "#chart-in", "data-points", lambda v: int(v) >= 3)
     assert int(_attr(d, "#chart-in", "data-series")) == 3
@@ -286,23 +332,25 @@ def test_dashboard_page_renders_live_and_history_charts(stack, browser, tmp_path
         ".querySelector('.v').textContent")
     assert int(received.replace(",", "")) >= DEVICES * READINGS
     assert d.find_element("id", "banner").get_attribute("hidden") is not None
-    time.sleep(3)  # a few more points, for a fuller screenshot
+    time.sleep(8)  # a few more points, for a fuller screenshot
     _shot(d, tmp_path, "dashboard-live")
 
     d.get(stack.dashboard + "/#clients")
     _wait_attr(d, "#clients-table", "data-rows", lambda v: int(v) >= DEVICES)
     text = d.find_element("id", "clients-table").text
     assert "dev-0" in text and "3.1.1" in text and "cmd/dev-2/#" in text
+    _shot(d, tmp_path, "dashboard-clients")
     search = d.find_element("id", "client-search")
     search.send_keys("dev-2")
     _wait_attr(d, "#clients-table", "data-rows", lambda v: int(v) == 1)
     assert "dev-2" in d.find_element("id", "clients-table").text
-    _shot(d, tmp_path, "dashboard-clients")
 
     d.get(stack.dashboard + "/#topics")
     _wait_attr(d, "#topic-tree", "data-count", lambda v: int(v) >= 2 * DEVICES)
     tree = d.find_element("id", "topic-tree").text
     assert "online" in tree and "dev-1" in tree  # a retained value in the tree
+    wait_for(lambda: "msg/s" in d.find_element("id", "topic-tree").text, 30, "per-topic rates",
+             every=0.5)
     _shot(d, tmp_path, "dashboard-topics")
 
     d.get(stack.dashboard + "/#history?filter=" + urllib.parse.quote("sensors/+/temp", safe="")
@@ -310,7 +358,7 @@ def test_dashboard_page_renders_live_and_history_charts(stack, browser, tmp_path
     state = _wait_attr(d, "#history", "data-state", lambda v: v in ("done", "empty", "error"))
     assert state == "done", d.find_element("id", "history-message").text
     assert int(_attr(d, "#chart-counts", "data-points")) >= 2
-    assert int(_attr(d, "#chart-values", "data-series")) == DEVICES
+    assert int(_attr(d, "#chart-values", "data-series")) == DEVICES + ROOMS
     assert int(_attr(d, "#latest-table", "data-rows")) > 0
     assert "sensors/dev-" in d.find_element("id", "latest-table").text
     _shot(d, tmp_path, "dashboard-history")

@@ -51,6 +51,7 @@ class Chart {
   empty() { return [[]].concat(this.labels.map(() => [])); }
   set(data) {
     if (!this.plot) this.make();
+    else if (this.el.clientWidth && Math.abs(this.plot.width - this.el.clientWidth) > 2) this.resize();
     this.plot.setData(data);
     const n = data[0].length;
     this.el.dataset.points = String(n);
@@ -192,7 +193,9 @@ function renderTree(node, path, open, first) {
   for (const [name, child] of [...node.children.entries()].sort((a, b) => a[0].localeCompare(b[0]))) {
     const p = path ? path + "/" + name : name;
     const label = `<span class="mono">${esc(name === "" ? "(empty)" : name)}</span>` +
-      (child.rate ? `<span class="rate">${esc(fmtNum(child.rate))} msg/s</span>` : "") + retainedHtml(child.item);
+      (child.rate ? `<span class="rate">${esc(fmtNum(child.rate))} msg/s</span>` : "") +
+      (child.item && child.item.count ? `<span class="count">${esc(fmtNum(child.item.count))} msgs</span>` : "") +
+      retainedHtml(child.item);
     if (child.children.size) {
       const isOpen = open.has(p) || (first && p.split("/").length < 3);
       html += `<details data-path="${esc(p)}"${isOpen ? " open" : ""}><summary>${label}</summary>${renderTree(child, p, open, first)}</details>`;
