@@ -309,6 +309,8 @@ def test_dashboard_page_renders_live_and_history_charts(stack, browser, tmp_path
         while not stop.is_set():
             for n, c in enumerate(stack.clients):
                 c.publish(f"sensors/dev-{n}/temp", f"{21 + n + (i % 9) * 0.2:.1f}", qos=i % 2)
+                if i % 3 == 0:  # delivered to dev-n's subscription: messages out
+                    c.publish(f"cmd/dev-{n}/led", b"on", qos=1)
             i += 1
             time.sleep(0.1 + 0.1 * (i % 20 > 10))
     t = threading.Thread(target=traffic, daemon=True)
