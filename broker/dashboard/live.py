@@ -178,11 +178,12 @@ def clients(broker, query: str = "", limit: int = 500) -> dict:
 
 def topics(broker, counter: TopicCounter | None, filt: str = "#", limit: int = 2000) -> dict:
     """Topics with a retained message or recent traffic, matching filt, sorted by name."""
-    retained = {m.topic: m for m in broker.retained.all()
-                if m.expires_at is None or m.expires_at > broker.clock()}
+    now = broker.clock()
+    retained = {m.topic: m for m in broker.retained.match(filt)  # walks only what can match
+                if m.expires_at is None or m.expires_at > now}
     counts = counter.counts if counter is not None else {}
     rates = counter.rates if counter is not None else {}
-    names = [t for t in set(retained) | set(counts) if matches(filt, t)]
+    names = list(retained) + [t for t in counts if t not in retained and matches(filt, t)]
     names.sort()
     out = []
     for t in names[:limit]:
