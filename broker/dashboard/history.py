@@ -223,8 +223,10 @@ class HistoryClient:
             try:
                 return self._run(spark, q, started)
             except Exception as exc:
-                if attempt == 2 or not _connection_problem(exc):
+                if not _connection_problem(exc):
                     raise
+                if attempt == 2:  # stopped (or restarting) after the port check
+                    raise JobNotRunning(self.not_running()) from None
                 # the job was restarted: its server forgot our session; start a new one
                 log.info("history: Spark Connect session lost (%s); reconnecting",
                          str(exc).splitlines()[0][:200])

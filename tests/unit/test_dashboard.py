@@ -169,3 +169,30 @@ def test_query_connect_url_parsing():
             connect_address(bad)
     from tests.conftest import free_port
     assert connect_reachable(f"sc://127.0.0.1:{free_port()}") is False
+
+
+def test_basic_auth_header_parsing():
+    import base64
+
+    from broker.dashboard.api import _basic
+    enc = lambda raw: "Basic " + base64.b64encode(raw).decode()  # noqa: E731
+    assert _basic(enc(b"alice:pa:ss")) == ("alice", b"pa:ss")
+    assert _basic(enc("jörg:é".encode())) == ("jörg", "é".encode())
+    for bad in ("", "Bearer x", "Basic", "Basic !!!", enc(b"no-colon"), enc(b"\xff:x")):
+        assert _basic(bad) == (None, None)
+
+
+def test_history_connection_loss_reads_as_job_not_running():
+    from broker.dashboard.history import HistoryClient, JobNotRunning
+
+    class Gone:
+        def sql(self, *a, **k):
+            raise RuntimeError("<_MultiThreadedRendezvous status = StatusCode.UNAVAILABLE>")
+
+        def stop(self):
+            pass
+    h = HistoryClient("sc://127.0.0.1:1", 5, "python -m sink.job")
+    h._session = lambda: Gone()
+    with pytest.raises(JobNotRunning, match="history job is not running"):
+        h._answer(make_query("a/#", None, None, 31))
+    h.close()
