@@ -195,7 +195,10 @@ class HistoryClient:
         loop = asyncio.get_running_loop()
         fut = loop.run_in_executor(self._pool, self._answer, q)
         try:
-            return await asyncio.wait_for(asyncio.shield(fut), self.timeout)
+            answer = await asyncio.wait_for(asyncio.shield(fut), self.timeout)
+            log.info("history %s over %g s answered in %.2f s (%d messages)", q.filter,
+                     q.end - q.start, answer["seconds"], answer["total"])
+            return answer
         except asyncio.TimeoutError:
             self._interrupt()
             raise TimeoutError(f"the history job did not answer within {self.timeout:g} s "
@@ -238,16 +241,22 @@ class HistoryClient:
     @staticmethod
     def _run(spark, q: HistoryQuery, started: float) -> dict:
         args = q.params
-        counts = [(r.bucket, r.n) for r in spark.sql(COUNTS_SQL, args=args).collect()]
-        series: dict[str, list] = {}
-        for r in spark.sql(VALUES_SQL, args=args).collect():
-            series.setdefault(r.topic, []).append([r.bucket, r.x])
-        latest = [{"accepted_at": _iso(r.at_ms), "topic": r.topic,
-                   "client_id": r.client_id, "qos": r.qos, "retain": r.retain,
-                   "payload_text": r.payload_text,
-                   "payload_base64": None if r.payload_text is not None else r.payload_base64,
-                   "bytes": r.bytes}
-                  for r in spark.sql(LATEST_SQL, args=args).collect()]
+        # three independent questions: asked at once (one Spark Connect session serves
+        # concurrent operations), so the answer takes about as long as the slowest one
+        with ThreadPoolExecutor(3, thread_name_prefix="dashboard-sql") as pool:
+            counts_f, values_f, latest_f = (
+                pool.submit(lambda sql=sql: spark.sql(sql, args=args).collect())
+                for sql in (COUNTS_SQL, VALUES_SQL, LATEST_SQL))
+            counts = [(r.bucket, r.n) for r in counts_f.result()]
+            series: dict[str, list] = {}
+            for r in values_f.result():
+                series.setdefault(r.topic, []).append([r.bucket, r.x])
+            latest = [{"accepted_at": _iso(r.at_ms), "topic": r.topic,
+                       "client_id": r.client_id, "qos": r.qos, "retain": r.retain,
+                       "payload_text": r.payload_text,
+                       "payload_base64": None if r.payload_text is not None else r.payload_base64,
+                       "bytes": r.bytes}
+                      for r in latest_f.result()]
         return {"filter": q.filter, "from": q.start, "to": q.end, "bucket_seconds": q.bucket,
                 "counts": counts, "total": sum(n for _, n in counts),
                 "values": [{"topic": t, "points": pts} for t, pts in series.items()],
