@@ -47,10 +47,10 @@ def build_config(args) -> config_mod.Config:
             config_mod._apply(cfg, {name: value}, "broker.")
         elif section in ("sink", "history", "metrics", "persistence"):
             getattr(cfg, section)[name] = value
-        elif section == "auth":
-            cfg.extra.setdefault("auth", {})[name] = value
+        elif section in ("auth", "dashboard"):
+            cfg.extra.setdefault(section, {})[name] = value
         else:
-            raise ValueError(f"--set {item!r}: unknown section {section!r} (mqtt, broker, sink, history, metrics, persistence, auth)")
+            raise ValueError(f"--set {item!r}: unknown section {section!r} (mqtt, broker, sink, history, metrics, persistence, auth, dashboard)")
     for name in ("host", "port", "data_dir", "log_level", "log_format"):
         v = getattr(args, name)
         if v is not None:
@@ -87,6 +87,9 @@ def main(argv=None) -> int:
         cfg = build_config(args)
         from .auth import from_config as auth_from_config
         auth = auth_from_config(cfg.extra.get("auth"))
+        if (cfg.extra.get("dashboard") or {}).get("enabled"):
+            from .dashboard import settings as dashboard_settings
+            dashboard_settings(cfg.extra.get("dashboard"), cfg.history)  # errors stop here
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -107,8 +107,8 @@ def load(path: str | None = None, env: dict | None = None) -> Config:
         value = _parse_env(raw)
         if path_[0] in ("sink", "history", "metrics", "persistence") and len(path_) == 2:
             getattr(cfg, path_[0])[path_[1]] = value
-        elif path_[0] == "auth" and len(path_) == 2:
-            cfg.extra.setdefault("auth", {})[path_[1]] = value
+        elif path_[0] in ("auth", "dashboard") and len(path_) == 2:
+            cfg.extra.setdefault(path_[0], {})[path_[1]] = value
         elif path_[0] == "mqtt" and len(path_) == 2:
             _apply(cfg.mqtt, {path_[1]: value}, "mqtt.")
         elif len(path_) == 1:

@@ -99,6 +99,7 @@ class Server:
         self._ticker = None
         self._gc = 0
         self.sys = None
+        self.dashboard = None  # broker/dashboard ([dashboard] enabled = true)
 
     # ------------------------------------------------------------ output
     def _schedule_flush(self) -> None:
@@ -211,6 +212,10 @@ class Server:
         if m.get("sys_interval", 10):
             from .observability.sys_topics import SysPublisher
             self.sys = SysPublisher(self, float(m.get("sys_interval", 10)))
+        if (self.config.extra.get("dashboard") or {}).get("enabled"):
+            from .dashboard import start as start_dashboard
+            self.dashboard = await start_dashboard(self)
+            self.ports["dashboard"] = self.dashboard.port
         self._ticker = self.loop.call_later(1.0, self._tick)
 
     @property
@@ -252,6 +257,8 @@ class Server:
             srv.close()
         if self._ticker:
             self._ticker.cancel()
+        if self.dashboard is not None:
+            await self.dashboard.stop()
         self.broker.shutdown()
         self.flush()
         if self.auth_checks is not None:

@@ -8,7 +8,15 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 CONFIG=${CONFIG:-config/broker.toml}
 PY=.venv/bin/python
 
-"$PY" -m broker --config "$CONFIG" --sink "$@" &
+# The dashboard is on by default here (bound to localhost; DASHBOARD=0 turns it off).
+DASHBOARD=${DASHBOARD:-1}
+DASHBOARD_PORT=${DASHBOARD_PORT:-18083}
+dash=()
+if [ "$DASHBOARD" != 0 ]; then
+  dash=(--set dashboard.enabled=true --set "dashboard.port=$DASHBOARD_PORT")
+fi
+
+"$PY" -m broker --config "$CONFIG" --sink "${dash[@]}" "$@" &
 broker_pid=$!
 job_pid=
 stop() {
@@ -19,7 +27,11 @@ stop() {
 }
 trap stop INT TERM EXIT
 
-# The Spark job reads the Kafka the broker's sink forwards to (embedded on 127.0.0.1:9092 by default).
+# The Spark job reads the Kafka the broker's sink forwards to (embedded on 127.0.0.1:9092 by default),
+# and serves Spark Connect (sc://127.0.0.1:15002 by default) for sink.query and the dashboard.
 "$PY" -m sink.job --config "$CONFIG" &
 job_pid=$!
+if [ "$DASHBOARD" != 0 ]; then
+  echo "run.sh: dashboard on http://127.0.0.1:$DASHBOARD_PORT/ (history charts once the Spark job is up)"
+fi
 wait -n "$broker_pid" "$job_pid"

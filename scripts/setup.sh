@@ -9,6 +9,9 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
   command -v java >/dev/null 2>&1 || need+=(openjdk-17-jre-headless)
   command -v mosquitto_pub >/dev/null 2>&1 || need+=(mosquitto-clients)
   command -v mosquitto >/dev/null 2>&1 || [ -x /usr/sbin/mosquitto ] || need+=(mosquitto)
+  # the dashboard's browser test drives Debian's Chromium through chromedriver (selenium)
+  command -v chromium >/dev/null 2>&1 || need+=(chromium)
+  command -v chromedriver >/dev/null 2>&1 || need+=(chromium-driver)
   if [ ${#need[@]} -gt 0 ]; then
     echo "setup: installing ${need[*]}"
     (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null) \

@@ -40,6 +40,8 @@ DEFAULT_TRIGGER_SECONDS = 5.0
 DEFAULT_DEDUP_WINDOW = "24 hours"
 SOURCES = ("auto", "kafka", "python")
 QUERY_NAME = "mqtt_history"
+DEFAULT_CONNECT_HOST = "127.0.0.1"
+DEFAULT_CONNECT_PORT = 15002
 SOURCE_MARKER = "sink_source"  # file in the checkpoint: which Kafka reader it was made with
 
 
@@ -62,6 +64,10 @@ class JobConfig:
     # Kafka client properties (security.protocol, sasl.mechanism, ssl.cafile, ...): passed as
     # kafka.<name> options to Spark's connector and, where kafka-python knows them, to our source
     kafka: dict = field(default_factory=dict)
+    # Spark Connect server in the job's own session (queries while the job runs)
+    connect: bool = True
+    connect_host: str = DEFAULT_CONNECT_HOST
+    connect_port: int = DEFAULT_CONNECT_PORT
 
     @property
     def checkpoint_dir(self) -> str:
@@ -142,6 +148,7 @@ def load_config(path: str | None) -> dict:
     hist = data.get("history", {})
     known = {"table", "checkpoint", "kafka_topics", "trigger_seconds", "source",
              "max_records_per_trigger", "dedup_window", "starting_offsets", "kafka"}
+    known |= CONNECT_KEYS
     unknown = set(hist) - known
     if unknown:
         raise UsageError(f"unknown key(s) in [history] of {path}: {', '.join(sorted(unknown))} "
@@ -160,6 +167,7 @@ def load_config(path: str | None) -> dict:
             out["max_records_per_trigger"] = int(hist["max_records_per_trigger"]) or None
     except (TypeError, ValueError) as exc:
         raise UsageError(f"[history] in {path}: {exc}") from None
+    out.update(connect_settings(hist, path))
     return out
 
 
@@ -187,6 +195,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "auto: the connector when it is on the classpath (default auto)")
     p.add_argument("--available-now", action="store_true",
                    help="process the records that are in Kafka now, then exit")
+    p.add_argument("--connect-port", metavar="N", type=int,
+                   help=f"serve Spark Connect on this port while the job runs (default "
+                        f"{DEFAULT_CONNECT_PORT}, or [history] connect_port)")
+    p.add_argument("--no-connect", action="store_true",
+                   help="do not serve Spark Connect (sink.query then starts its own session)")
     p.add_argument("--log-level", default=os.environ.get("SINK_LOG_LEVEL", "INFO"),
                    help="log level of the job (default INFO)")
     return p
@@ -201,6 +214,10 @@ def config_from_args(argv=None) -> tuple[JobConfig, argparse.Namespace]:
     values.update({k: v for k, v in flags.items() if v is not None})
     if args.kafka_topic:
         values["topics"] = _topics(",".join(args.kafka_topic))
+    if args.connect_port is not None:
+        values["connect_port"] = args.connect_port
+    if args.no_connect:
+        values["connect"] = False
     cfg = JobConfig(**values, available_now=args.available_now)
     return cfg.validate(), args
 
@@ -407,6 +424,99 @@ def _short_error(exc) -> str:
     return text.splitlines()[0] if text else repr(exc)
 
 
+# ---- Spark Connect: the job's session answers queries while it runs ------------------------
+
+CONNECT_KEYS = {"connect", "connect_host", "connect_port"}
+CONNECT_VIEW = "messages"
+
+
+def connect_settings(hist: dict, where: str = "[history]") -> dict:
+    """connect / connect_host / connect_port of a [history] table, checked."""
+    out = {}
+    if "connect" in hist:
+        if not isinstance(hist["connect"], bool):
+            raise UsageError(f"[history] connect in {where} must be true or false, "
+                             f"not {hist['connect']!r}")
+        out["connect"] = hist["connect"]
+    if hist.get("connect_host"):
+        out["connect_host"] = str(hist["connect_host"])
+    if "connect_port" in hist:
+        port = hist["connect_port"]
+        if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
+            raise UsageError(f"[history] connect_port in {where} must be a port number "
+                             f"(1-65535), not {port!r}")
+        out["connect_port"] = port
+    return out
+
+
+def connect_enabled(cfg: JobConfig) -> bool:
+    # an --available-now run ends when Kafka is drained: nothing to serve
+    return cfg.connect and not cfg.available_now
+
+
+def connect_url(cfg: JobConfig) -> str:
+    host = "127.0.0.1" if cfg.connect_host in ("", "0.0.0.0", "::") else cfg.connect_host
+    return f"sc://{host}:{cfg.connect_port}"
+
+
+def connect_conf(cfg: JobConfig) -> dict[str, str]:
+    """Where the Spark Connect server of the job's SparkContext listens (read when it starts).
+
+    Under spark-submit the SparkContext exists before this code runs: pass the same settings
+    as --conf (see deploy/spark-submit.md)."""
+    if not connect_enabled(cfg):
+        return {}
+    return {"spark.connect.grpc.binding.address": cfg.connect_host,
+            "spark.connect.grpc.binding.port": str(cfg.connect_port)}
+
+
+def check_connect_port(cfg: JobConfig) -> None:
+    """Fail early, with what to do, when the Spark Connect port is taken."""
+    if not connect_enabled(cfg):
+        return
+    import socket
+    if not 0 < cfg.connect_port < 65536:
+        raise UsageError(f"Spark Connect port must be 1-65535, not {cfg.connect_port}")
+    with socket.socket(socket.AF_INET6 if ":" in cfg.connect_host else socket.AF_INET) as s:
+        try:
+            s.bind((cfg.connect_host, cfg.connect_port))
+        except OSError as exc:
+            raise UsageError(
+                f"cannot serve Spark Connect on {cfg.connect_host}:{cfg.connect_port} ({exc}): is "
+                "another history job running? Use --connect-port N ([history] connect_port), or "
+                "--no-connect ([history] connect = false)") from None
+
+
+def messages_table_sql(table: str, name: str = CONNECT_VIEW) -> str:
+    """CREATE TABLE for the history table in the session catalog (shared by every session of
+    the SparkContext, so Spark Connect clients see it). Not partitioned in the catalog: the
+    file sink's _spark_metadata log lists the files (and ``date=`` partitions) on every query,
+    so batches and days the stream adds later are visible at once (nothing to refresh)."""
+    from sink.schema import HISTORY_SCHEMA
+    cols = ", ".join(f"`{f.name}` {f.dataType.simpleString()}" for f in HISTORY_SCHEMA.fields)
+    location = str(_local(table).resolve()) if is_local_path(table) else table
+    location = location.replace("\\", "\\\\").replace("'", "\\'")
+    return f"CREATE TABLE IF NOT EXISTS `{name}` ({cols}) USING parquet LOCATION '{location}'"
+
+
+def serve_connect(spark, cfg: JobConfig) -> None:
+    """Register the table ``messages``, then start the Spark Connect server in this session's
+    SparkContext and say where to connect."""
+    if not connect_enabled(cfg):
+        return
+    if is_local_path(cfg.table):
+        _local(cfg.table).mkdir(parents=True, exist_ok=True)
+    spark.sql(messages_table_sql(cfg.table))
+    # Started only now (not with spark.plugins at SparkContext start): the server's sessions
+    # derive from the first session it sees, which must be this one with `messages` in its
+    # catalog, not one a client's early request would make the server create on its own.
+    jvm = spark.sparkContext._jvm
+    jvm.org.apache.spark.sql.connect.service.SparkConnectService.start(spark.sparkContext._jsc.sc())
+    log.info("Spark Connect on %s: query the table as `messages`, e.g. python -m sink.query "
+             "\"SELECT count(*) FROM messages\" or SparkSession.builder.remote(%r)",
+             connect_url(cfg), connect_url(cfg))
+
+
 def check_kafka(bootstrap: str, timeout: float = 10.0,
                 stop: threading.Event | None = None) -> None:
     """Wait until Kafka accepts connections; fail with a clear message after ``timeout`` s."""
@@ -460,7 +570,9 @@ def main(argv=None) -> int:
             log.info("history job stopped before it started")
             return 0
         from sink.spark import get_spark
-        spark = get_spark("mqtt-history-job")
+        check_connect_port(cfg)
+        spark = get_spark("mqtt-history-job", conf=connect_conf(cfg))
+        serve_connect(spark, cfg)
         # SparkContext installs its own SIGINT handler (cancel jobs + KeyboardInterrupt): ours
         # must win so that Ctrl-C stops the query cleanly.
         signal.signal(signal.SIGINT, on_signal)

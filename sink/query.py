@@ -7,6 +7,13 @@ From Python (what the tests use):
     from sink.query import run_sql
     rows = run_sql(spark, "data/history", "SELECT count(*) AS n FROM messages")
 
+While the history job runs, its Spark Connect server (sink/job.py, default
+sc://127.0.0.1:15002) answers in well under a second, where a local session takes 10+ s to
+start: ``sink.query`` uses it when it is there and falls back to a local session when it is
+not (``-v`` says which). Any Spark Connect client sees the table as ``messages``:
+
+    SparkSession.builder.remote("sc://127.0.0.1:15002").getOrCreate().sql("SELECT ... FROM messages")
+
 From any plain pyspark session (the file sink's _spark_metadata makes Spark read only
 committed batches):
 
@@ -19,12 +26,15 @@ import base64
 import csv
 import datetime as dt
 import json
+import os
 import sys
+import time
 from decimal import Decimal
 from pathlib import Path
 
 DEFAULT_TABLE = "./data/history"
 VIEW = "messages"
+DEFAULT_CONNECT_URL = "sc://127.0.0.1:15002"
 
 
 class TableMissing(Exception):
@@ -118,6 +128,56 @@ def write_rows(columns: list[str], rows: list, fmt: str, out=sys.stdout, max_wid
         raise ValueError(fmt)
 
 
+# ---- Spark Connect (the running job's session) or a local session ---------------------------
+
+def connect_address(url: str) -> tuple[str, int]:
+    """(host, port) of an sc://host:port[/;params] URL; ValueError when it is not one."""
+    if not url.startswith("sc://"):
+        raise ValueError(f"a Spark Connect URL looks like sc://HOST:PORT, not {url!r}")
+    hostport = url[len("sc://"):].split("/")[0].split(";")[0]
+    host, _, port = hostport.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"a Spark Connect URL looks like sc://HOST:PORT, not {url!r}")
+    return host.strip("[]"), int(port)
+
+
+def connect_reachable(url: str, timeout: float = 1.0) -> bool:
+    """Whether something listens at the URL's address (the job's Spark Connect server)."""
+    import socket
+    try:
+        with socket.create_connection(connect_address(url), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def connect_session(url: str):
+    """A Spark Connect client session (raises when the server does not answer)."""
+    from pyspark.sql import SparkSession
+    return SparkSession.builder.remote(url).getOrCreate()
+
+
+def open_session(url: str | None, say=lambda msg: None):
+    """(spark, "connect" | "local"): the job's Spark Connect server when it answers at url,
+    else a new local session."""
+    if url:
+        if connect_reachable(url):
+            try:
+                spark = connect_session(url)
+                say(f"using the history job's Spark Connect server at {url}")
+                return spark, "connect"
+            except Exception as exc:  # a server that does not speak Spark Connect, ...
+                say(f"Spark Connect at {url} did not answer ({str(exc).splitlines()[0][:200]})"
+                    ": starting a local Spark session (10+ s)")
+        else:
+            say(f"no Spark Connect server at {url} (the history job is not running, or runs "
+                "with connect = false): starting a local Spark session (10+ s)")
+    else:
+        say("starting a local Spark session (--local)")
+    from sink.spark import get_spark
+    return get_spark("mqtt-history-query", log_level="ERROR"), "local"
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m sink.query",
@@ -126,24 +186,50 @@ def main(argv=None) -> int:
                "GROUP BY client_id ORDER BY n DESC\"   Binary values print as UTF-8 when valid, "
                "else as base64:<...>; times are UTC.")
     p.add_argument("sql", help="the SQL statement (the table is the view 'messages')")
-    p.add_argument("--table", metavar="DIR", default=DEFAULT_TABLE,
-                   help=f"history table directory (default {DEFAULT_TABLE})")
+    p.add_argument("--table", metavar="DIR", default=None,
+                   help=f"history table directory (default {DEFAULT_TABLE}; over Spark Connect: "
+                        "the job's table)")
     p.add_argument("--format", choices=("table", "csv", "json"), default="table",
                    help="output: readable table (default), csv, or json (one object per line)")
     p.add_argument("--max-width", type=int, default=60, metavar="N",
                    help="table format: cut cells longer than N characters (default 60)")
+    p.add_argument("--connect", metavar="URL",
+                   default=os.environ.get("SINK_CONNECT_URL", DEFAULT_CONNECT_URL),
+                   help="the running history job's Spark Connect server, used when it answers "
+                        f"(default $SINK_CONNECT_URL or {DEFAULT_CONNECT_URL})")
+    p.add_argument("--local", action="store_true",
+                   help="always start a local Spark session (ignore a running job's server)")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="say on stderr whether Spark Connect or a local session answered")
     args = p.parse_args(argv)
+    if not args.local:
+        try:
+            connect_address(args.connect)
+        except ValueError as exc:
+            p.error(f"--connect: {exc}")
 
     import logging
     logging.getLogger("SQLQueryContextLogger").setLevel(logging.CRITICAL)  # we print the error
     from pyspark.errors import AnalysisException, ParseException
-    from sink.spark import get_spark
-    spark = get_spark("mqtt-history-query", log_level="ERROR")
+    started = time.monotonic()
+
+    def say(msg: str) -> None:
+        if args.verbose:
+            print(f"sink.query: {msg}", file=sys.stderr)
+
+    spark, how = open_session(None if args.local else args.connect, say)
+    opened = time.monotonic()
     try:
-        register_view(spark, args.table)
+        if how == "local" or args.table is not None:
+            # Over Spark Connect the path is resolved by the server: make it absolute here.
+            table = args.table or DEFAULT_TABLE
+            register_view(spark, os.path.abspath(table) if "://" not in table else table)
         df = spark.sql(args.sql)
         rows = df.collect()
         write_rows(df.columns, rows, args.format, max_width=args.max_width)
+        say(f"answered by {'Spark Connect' if how == 'connect' else 'a local Spark session'} "
+            f"in {time.monotonic() - opened:.2f} s (+ {opened - started:.2f} s to open the "
+            "session)")
         return 0
     except TableMissing as exc:
         print(f"sink.query: error: {exc}", file=sys.stderr)

@@ -76,6 +76,9 @@ class Broker:
         self.received_by_qos = [0, 0, 0]
         self.sent_by_qos = [0, 0, 0]
         self._id_counter = 0
+        # messages routed per topic, only while the dashboard is on (broker/dashboard/live.py)
+        self.topic_counts: dict | None = None
+        self.topic_counts_max = 0
 
     # ------------------------------------------------------------ sessions
     def new_client_id(self) -> str:
@@ -182,6 +185,13 @@ class Broker:
 
     def route(self, msg: Message, sender) -> int:
         """Deliver to every matching subscription; returns how many sessions got it."""
+        tc = self.topic_counts
+        if tc is not None:  # the dashboard's per-topic rates: bounded by entries
+            c = tc.get(msg.topic)
+            if c is not None:
+                tc[msg.topic] = c + 1
+            elif len(tc) < self.topic_counts_max:
+                tc[msg.topic] = 1
         normal, shared = self.router.match(msg.topic)
         if not normal and not shared:
             return 0

@@ -1,0 +1,371 @@
+"""The history job's Spark Connect server, sink.query over it, and the dashboard against a running
+broker + job: MQTT clients -> broker (sink, dashboard) -> embedded Kafka -> `python -m sink.job`
+(a subprocess with its own Spark session serving Spark Connect on a free port).
+
+One stack per module (a Spark session takes 8-14 s to start): the query test, the history API
+test and the Chromium test share it. Set DASHBOARD_SCREENSHOTS=docs/screenshots to refresh the
+README's screenshots.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+import uuid
+from pathlib import Path
+
+import paho.mqtt.client as mqtt
+import pytest
+
+from sink.kafka_embedded import EmbeddedKafka
+from tests.conftest import ROOT, BrokerProcess, free_port, wait_port
+
+pytestmark = [pytest.mark.e2e, pytest.mark.kafka, pytest.mark.timeout(600)]
+
+DEVICES = 3
+READINGS = 20          # numeric readings per device, published over MQTT
+ROOMS = 3
+ROOM_MINUTES = 55      # readings per room written straight to Kafka, one a minute before now
+CHROMIUM = shutil.which("chromium")
+CHROMEDRIVER = shutil.which("chromedriver")
+
+
+def http_json(url: str, timeout: float = 60.0) -> tuple[int, dict]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"{}")
+
+
+def sink_query(sql: str, url: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "sink.query", "-v", "--connect", url, "--format", "json", *args, sql],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+def rows(proc: subprocess.CompletedProcess) -> list[dict]:
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return [json.loads(line) for line in proc.stdout.splitlines() if line.strip()]
+
+
+def wait_for(check, timeout: float, what: str, every: float = 2.0):
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = check()
+        if last:
+            return last
+        time.sleep(every)
+    raise AssertionError(f"timed out waiting for {what} (last: {last!r})")
+
+
+class Stack:
+    def __init__(self, tmp: Path):
+        self.tmp = tmp
+        self.table = str(tmp / "history")
+        self.connect_port = free_port()
+        self.url = f"sc://127.0.0.1:{self.connect_port}"
+        self.dash_port = free_port()
+        self.dashboard = f"http://127.0.0.1:{self.dash_port}"
+        self.kafka = self.broker = self.job = None
+        self.clients: list = []
+        self.published_at = 0.0
+
+    def start(self) -> "Stack":
+        self.kafka = EmbeddedKafka(log_file=str(self.tmp / "tansu.log")).start()
+        self.broker = BrokerProcess(self.tmp, settings={
+            "dashboard.enabled": True, "dashboard.port": self.dash_port,
+            "dashboard.sample_seconds": 1, "dashboard.connect_url": self.url,
+            "history.table": self.table}, args=["--kafka-bootstrap", self.kafka.bootstrap]).start()
+        wait_port(self.dash_port, self.broker.proc)
+        self.job_log = open(self.tmp / "job.log", "ab")
+        self.job = subprocess.Popen(
+            [sys.executable, "-m", "sink.job", "--kafka-bootstrap", self.kafka.bootstrap,
+             "--table", self.table, "--trigger-seconds", "1", "--connect-port",
+             str(self.connect_port)],
+            cwd=ROOT, stdout=self.job_log, stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONPATH": str(ROOT)})
+        return self
+
+    def job_logs(self) -> str:
+        return (self.tmp / "job.log").read_text(errors="replace")[-4000:]
+
+    def publish_readings(self) -> None:
+        self.published_at = time.time()
+        for d in range(DEVICES):
+            c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"dev-{d}",
+                            protocol=mqtt.MQTTv5 if d else mqtt.MQTTv311)
+            c.username_pw_set(f"user{d}")
+            c.connect("127.0.0.1", self.broker.port)
+            c.loop_start()
+            c.subscribe(f"cmd/dev-{d}/#", qos=1)
+            for i in range(READINGS):
+                c.publish(f"sensors/dev-{d}/temp", f"{20 + d + (i % 5) * 0.5}", qos=1).wait_for_publish(10)
+            c.publish(f"sensors/dev-{d}/status", b"online", qos=1, retain=True).wait_for_publish(10)
+            self.clients.append(c)  # stay connected: the Clients tab lists them
+
+    def seed_history(self) -> None:
+        """Readings of the last hour (a day-shaped curve per room), produced straight to Kafka
+        with past accept times, so that the history charts have something to draw."""
+        import math
+
+        from kafka import KafkaProducer
+
+        from sink.record import SinkRecord, to_kafka
+        prod = KafkaProducer(bootstrap_servers=self.kafka.bootstrap)
+        now = time.time()
+        for r in range(ROOMS):
+            for m in range(ROOM_MINUTES):
+                at = now - (ROOM_MINUTES - m) * 60
+                value = 19 + 2 * r + 3 * math.sin(m / 9 + r)
+                rec = SinkRecord(topic=f"sensors/room-{r}/temp", payload=f"{value:.2f}".encode(),
+                                 qos=1, retain=False, client_id=f"room-{r}", username=None,
+                                 protocol=5, accepted_at_ms=int(at * 1000),
+                                 message_id=str(uuid.uuid4()))
+                key, val, headers, ts = to_kafka(rec)
+                prod.send("mqtt.messages", key=key, value=val, headers=headers, timestamp_ms=ts)
+        prod.flush(30)
+        prod.close()
+
+    def stop(self) -> None:
+        for c in self.clients:
+            c.loop_stop()
+            c.disconnect()
+        if self.job is not None and self.job.poll() is None:
+            self.job.terminate()
+            try:
+                self.job.wait(60)
+            except subprocess.TimeoutExpired:
+                self.job.kill()
+                self.job.wait()
+        if self.job is not None:
+            self.job_log.close()
+        if self.broker is not None:
+            self.broker.stop()
+        if self.kafka is not None:
+            self.kafka.stop()
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    s = Stack(tmp_path_factory.mktemp("dashboard")).start()
+    try:
+        s.publish_readings()
+        s.seed_history()
+        expected = DEVICES * (READINGS + 1) + ROOMS * ROOM_MINUTES
+        import socket
+
+        def listening():
+            if s.job.poll() is not None:
+                raise AssertionError("the history job exited:\n" + s.job_logs())
+            try:
+                socket.create_connection(("127.0.0.1", s.connect_port), timeout=1).close()
+                return True
+            except OSError:
+                return False
+        wait_for(listening, 240, "the job's Spark Connect port", every=1)
+
+        def ready():
+            if s.job.poll() is not None:
+                raise AssertionError("the history job exited:\n" + s.job_logs())
+            p = sink_query("SELECT count(*) AS n FROM messages", s.url)
+            return p.returncode == 0 and "Spark Connect" in p.stderr and \
+                rows(p)[0]["n"] >= expected and p
+        wait_for(ready, 300, "the job's Spark Connect server to serve every message", every=3)
+        yield s
+    finally:
+        s.stop()
+
+
+def test_sink_query_answers_through_the_jobs_spark_connect_server(stack):
+    p = sink_query("SELECT topic, count(*) AS n, min(payload_text) AS lo FROM messages "
+                   "WHERE topic LIKE 'sensors/dev-%/temp' GROUP BY topic ORDER BY topic",
+                   stack.url)
+    got = rows(p)
+    assert [r["topic"] for r in got] == [f"sensors/dev-{d}/temp" for d in range(DEVICES)]
+    assert all(r["n"] == READINGS for r in got)
+    assert "using the history job's Spark Connect server" in p.stderr
+    assert "answered by Spark Connect" in p.stderr
+    # nothing listens there: a local session answers, and -v says so
+    dead = f"sc://127.0.0.1:{free_port()}"
+    p = sink_query("SELECT count(*) AS n FROM messages WHERE client_id LIKE 'dev-%'", dead,
+                   "--table", stack.table)
+    assert rows(p)[0]["n"] == DEVICES * (READINGS + 1)
+    assert "no Spark Connect server at " + dead in p.stderr
+    assert "answered by a local Spark session" in p.stderr
+
+
+def test_batches_and_days_written_later_are_visible_to_the_server(stack):
+    """The server's `messages` lists the file sink's log on every query: a new batch and a new
+    date partition (a record accepted three days ago) appear without any refresh."""
+    from kafka import KafkaProducer
+
+    from sink.record import SinkRecord, to_kafka
+    old_ms = int((time.time() - 3 * 86400) * 1000)
+    rec = SinkRecord(topic="late/arrival", payload=b"42", qos=1, retain=False, client_id="late",
+                     username=None, protocol=5, accepted_at_ms=old_ms,
+                     message_id=str(uuid.uuid4()))
+    key, value, headers, ts = to_kafka(rec)
+    prod = KafkaProducer(bootstrap_servers=stack.kafka.bootstrap)
+    prod.send("mqtt.messages", key=key, value=value, headers=headers, timestamp_ms=ts).get(30)
+    prod.close()
+    c = stack.clients[0]
+    c.publish("sensors/dev-0/temp", b"30.5", qos=1).wait_for_publish(10)
+
+    def both():
+        got = rows(sink_query("SELECT CAST(date AS STRING) AS d, count(*) AS n FROM messages "
+                              "WHERE topic IN ('late/arrival') OR payload_text = '30.5' "
+                              "GROUP BY date ORDER BY d", stack.url))
+        return len(got) == 2 and got
+    got = wait_for(both, 120, "the new batch and the new date partition")
+    import datetime as dt
+    old_day = dt.datetime.fromtimestamp(old_ms / 1000, dt.timezone.utc).date().isoformat()
+    assert got[0] == {"d": old_day, "n": 1}
+
+
+def test_history_api_answers_from_spark(stack):
+    q = urllib.parse.urlencode({"filter": "sensors/+/temp", "from": time.time() - 3700,
+                                "to": time.time() + 60})
+    status, r = http_json(f"{stack.dashboard}/api/history?{q}")
+    assert status == 200, r
+    assert r["total"] >= DEVICES * READINGS + ROOMS * (ROOM_MINUTES - 5)
+    assert sum(n for _, n in r["counts"]) == r["total"]
+    assert len(r["counts"]) > 10  # spread over the hour
+    topics = {s["topic"] for s in r["values"]}
+    assert topics == {f"sensors/dev-{d}/temp" for d in range(DEVICES)} | \
+        {f"sensors/room-{d}/temp" for d in range(ROOMS)}
+    for s in r["values"]:
+        assert all(15 <= x <= 31 for _, x in s["points"]), s
+    assert r["latest"] and all(m["topic"].endswith("/temp") for m in r["latest"])
+    # a filter matching no topic: an answer with zero messages, not an error
+    status, r = http_json(f"{stack.dashboard}/api/history?filter=nothing/%23")
+    assert status == 200 and r["total"] == 0 and r["counts"] == [] and r["latest"] == []
+    # '#' does not match $-topics [MQTT-4.7.2-1]; status topics are text, not numeric
+    status, r = http_json(f"{stack.dashboard}/api/history?filter=%23&from={stack.published_at - 300}")
+    assert status == 200 and not any(m["topic"].startswith("$") for m in r["latest"])
+    assert f"sensors/dev-0/status" not in {s["topic"] for s in r["values"]}
+
+
+# ---- the page in a real headless Chromium ------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    assert CHROMIUM and CHROMEDRIVER, "Debian's chromium and chromium-driver are needed " \
+                                      "(bash scripts/setup.sh installs them)"
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = CHROMIUM
+    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--disable-dev-shm-usage", "--window-size=1280,900",
+                 f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}"):
+        opts.add_argument(flag)
+    driver = webdriver.Chrome(options=opts, service=Service(executable_path=CHROMEDRIVER))
+    driver.set_page_load_timeout(120)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def _attr(driver, css: str, name: str) -> str | None:
+    return driver.execute_script(
+        "const e = document.querySelector(arguments[0]); return e && e.getAttribute(arguments[1]);",
+        css, name)
+
+
+def _wait_attr(driver, css: str, name: str, ok, timeout: float = 120):
+    return wait_for(lambda: (lambda v: v if v is not None and ok(v) else None)(
+        _attr(driver, css, name)), timeout, f"{css}[{name}]", every=0.5)
+
+
+def _shot(driver, tmp_path: Path, name: str) -> Path:
+    out = Path(os.environ.get("DASHBOARD_SCREENSHOTS") or tmp_path)
+    if not out.is_absolute():
+        out = ROOT / out
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{name}.png"
+    driver.save_screenshot(str(path))
+    assert path.stat().st_size > 10_000, f"{path} looks empty"
+    return path
+
+
+def test_dashboard_page_renders_live_and_history_charts(stack, browser, tmp_path):
+    import threading
+    d = browser
+    stop = threading.Event()
+
+    def traffic():  # keep messages flowing: live rates, per-topic rates
+        i = 0
+        while not stop.is_set():
+            for n, c in enumerate(stack.clients):
+                c.publish(f"sensors/dev-{n}/temp", f"{21 + n + (i % 9) * 0.2:.1f}", qos=i % 2)
+                if i % 3 == 0:  # delivered to dev-n's subscription: messages out
+                    c.publish(f"cmd/dev-{n}/led", b"on", qos=1)
+            i += 1
+            time.sleep(0.1 + 0.1 * (i % 20 > 10))
+    t = threading.Thread(target=traffic, daemon=True)
+    t.start()
+    try:
+        _page_checks(stack, d, tmp_path)
+    finally:
+        stop.set()
+        t.join(10)
+
+
+def _page_checks(stack, d, tmp_path):
+    time.sleep(5)
+    d.get(stack.dashboard + "/#live")
+    _wait_attr(d, "#chart-in", "data-points", lambda v: int(v) >= 3)
+    assert int(_attr(d, "#chart-in", "data-series")) == 3
+    assert d.execute_script("return document.querySelectorAll('#chart-in canvas').length") >= 1
+    assert int(_attr(d, "#chart-spool", "data-points")) >= 3  # the sink is on: spool depth
+    received = d.execute_script(
+        "return [...document.querySelectorAll('.card')].find(c => c.textContent.includes('received'))"
+        ".querySelector('.v').textContent")
+    assert int(received.replace(",", "")) >= DEVICES * READINGS
+    assert d.find_element("id", "banner").get_attribute("hidden") is not None
+    time.sleep(8)  # a few more points, for a fuller screenshot
+    _shot(d, tmp_path, "dashboard-live")
+
+    d.get(stack.dashboard + "/#clients")
+    _wait_attr(d, "#clients-table", "data-rows", lambda v: int(v) >= DEVICES)
+    text = d.find_element("id", "clients-table").text
+    assert "dev-0" in text and "3.1.1" in text and "cmd/dev-2/#" in text
+    _shot(d, tmp_path, "dashboard-clients")
+    search = d.find_element("id", "client-search")
+    search.send_keys("dev-2")
+    _wait_attr(d, "#clients-table", "data-rows", lambda v: int(v) == 1)
+    assert "dev-2" in d.find_element("id", "clients-table").text
+
+    d.get(stack.dashboard + "/#topics")
+    _wait_attr(d, "#topic-tree", "data-count", lambda v: int(v) >= 2 * DEVICES)
+    tree = d.find_element("id", "topic-tree").text
+    assert "online" in tree and "dev-1" in tree  # a retained value in the tree
+    wait_for(lambda: "msg/s" in d.find_element("id", "topic-tree").text, 30, "per-topic rates",
+             every=0.5)
+    _shot(d, tmp_path, "dashboard-topics")
+
+    d.get(stack.dashboard + "/#history?filter=" + urllib.parse.quote("sensors/+/temp", safe="")
+          + "&range=3600")
+    state = _wait_attr(d, "#history", "data-state", lambda v: v in ("done", "empty", "error"))
+    assert state == "done", d.find_element("id", "history-message").text
+    assert int(_attr(d, "#chart-counts", "data-points")) >= 2
+    assert int(_attr(d, "#chart-values", "data-series")) == DEVICES + ROOMS
+    assert int(_attr(d, "#latest-table", "data-rows")) > 0
+    assert "sensors/dev-" in d.find_element("id", "latest-table").text
+    _shot(d, tmp_path, "dashboard-history")
+
+    # bad input: a clear message on the page, no chart
+    d.get(stack.dashboard + "/#history?filter=" + urllib.parse.quote("a/#/b", safe="") + "&range=60")
+    _wait_attr(d, "#history", "data-state", lambda v: v == "error")
+    assert "invalid topic filter" in d.find_element("id", "history-message").text

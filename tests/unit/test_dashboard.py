@@ -1,0 +1,198 @@
+"""Dashboard pieces without sockets: topic filter -> regex, time ranges, payload previews,
+the bounded per-topic counter, the job's Spark Connect settings."""
+from __future__ import annotations
+
+import re
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from broker.core.broker import Broker
+from broker.core.message import Message
+from broker.core.topics import matches, valid_topic_filter, valid_topic_name
+from broker.dashboard import settings as dashboard_settings
+from broker.dashboard.history import BadRequest, check_filter, filter_regex, make_query
+from broker.dashboard.live import TopicCounter, preview
+
+LEVEL = st.text(alphabet="ab$.*()[]\\^é+ \n", max_size=3)
+NAME_LEVEL = st.text(alphabet="ab$.*()[]\\^é \n", max_size=3)
+
+
+@st.composite
+def filters(draw):
+    levels = draw(st.lists(st.one_of(st.just("+"), NAME_LEVEL), min_size=1, max_size=4))
+    if draw(st.booleans()):
+        levels.append("#")
+    return "/".join(levels)
+
+
+@given(filters(), st.lists(NAME_LEVEL, min_size=1, max_size=5).map("/".join))
+@settings(max_examples=500, deadline=None)
+def test_filter_regex_matches_exactly_what_the_broker_matches(filt, topic):
+    if not valid_topic_filter(filt) or not valid_topic_name(topic):
+        return
+    assert bool(re.fullmatch(filter_regex(filt), topic)) == matches(filt, topic)
+
+
+@pytest.mark.parametrize("filt, topic, want", [
+    ("sensors/#", "sensors", True), ("sensors/#", "sensors/a/b", True), ("#", "$SYS/x", False),
+    ("+/x", "$SYS/x", False), ("$SYS/#", "$SYS/x", True), ("a/+", "a/", True),
+    ("a.b/+", "axb/c", False), ("a/(x|y)", "a/x", False), ("a/\\1", "a/\\1", True),
+])
+def test_filter_regex_examples(filt, topic, want):
+    assert bool(re.fullmatch(filter_regex(filt), topic)) is want
+
+
+def test_filter_checks():
+    assert check_filter("a/+/b") == "a/+/b"
+    for bad in ("", None, "a/#/b", "a+", "$share/g/a", "a\x00b", "x" * 70000):
+        with pytest.raises(BadRequest):
+            check_filter(bad)
+
+
+def test_time_ranges():
+    q = make_query("a/#", "2026-05-01T10:00:00Z", "2026-05-01T11:00:00Z", 31)
+    assert (q.start, q.end) == (1777629600.0, 1777633200.0)
+    assert q.end - q.start <= q.bucket * 240
+    assert q.params["d0"] == q.params["d1"] == "2026-05-01" and q.params["t0"] == 1777629600000
+    q = make_query("a", None, None, 31, now=1777633200.0)   # default: the last hour
+    assert (q.start, q.end) == (1777629600.0, 1777633200.0)
+    q = make_query("a", "1777629600000", "1777633200", 31)  # epoch ms and s
+    assert (q.start, q.end) == (1777629600.0, 1777633200.0)
+    q = make_query("a", "2026-05-01T10:00:00", "2026-05-03T10:00:00+02:00", 31)  # no zone = UTC
+    assert q.end - q.start == 2 * 86400 - 7200 and q.params["d1"] == "2026-05-03"
+    with pytest.raises(BadRequest, match="empty time range"):
+        make_query("a", "2026-05-01T10:00:00Z", "2026-05-01T10:00:00Z", 31)
+    with pytest.raises(BadRequest, match="longer than 1 days"):
+        make_query("a", "2026-05-01T10:00:00Z", "2026-05-03T10:00:00Z", 1)
+
+
+@given(st.floats(min_value=0.001, max_value=3e7))
+def test_buckets_keep_points_per_chart_bounded(span):
+    q = make_query("a", "0", str(span), 400)
+    assert q.bucket >= 1 and (span / q.bucket <= 240 or q.bucket == 604800)
+
+
+@given(st.binary(max_size=600), st.integers(min_value=4, max_value=300))
+def test_preview_is_text_or_base64_and_bounded(payload, limit):
+    p = preview(payload, limit)
+    assert p["bytes"] == len(payload) and p["truncated"] == (len(payload) > limit)
+    if "text" in p:
+        assert payload.startswith(p["text"].encode()) and len(p["text"].encode()) <= limit
+    else:
+        import base64
+        assert base64.b64decode(p["base64"]) == payload[:limit]
+
+
+def test_preview_keeps_text_cut_inside_a_character():
+    assert preview("é".encode() * 10, 5) == {"text": "éé", "truncated": True, "bytes": 20}
+
+
+def test_topic_counter_bounded_and_idle_topics_make_room():
+    b = Broker()
+    tc = TopicCounter(b, max_topics=10)
+    msg = lambda t: Message(t, b"x", 0, False, None, None, "c", 0.0)  # noqa: E731
+    for i in range(25):
+        b.route(msg(f"t/{i}"), None)
+    assert len(tc.counts) == 10
+    tc.sample(1.0)                      # every counted topic was active: all kept
+    assert len(tc.counts) == 10 and tc.rates
+    b.route(msg("t/0"), None)
+    tc.sample(2.0)                      # nine idle topics dropped: room for new ones
+    assert set(tc.counts) == {"t/0"}
+    b.route(msg("new"), None)
+    assert tc.counts["new"] == 1
+    tc.close()
+    assert b.topic_counts is None
+    b.route(msg("after"), None)         # off: nothing counted
+
+
+def test_dashboard_settings():
+    s = dashboard_settings({}, {"connect_host": "0.0.0.0", "connect_port": 15123,
+                                "table": "/data/h"})
+    assert s["connect_url"] == "sc://127.0.0.1:15123" and s["host"] == "127.0.0.1"
+    assert s["committed_file"] == "/data/h_checkpoint/history_committed.json"
+    assert dashboard_settings({"users": "a, b"})["users"] == ["a", "b"]
+    for bad, word in (({"nope": 1}, "dashboard.nope"), ({"port": "x"}, "dashboard.port"),
+                      ({"enabled": "yes"}, "dashboard.enabled"),
+                      ({"connect_url": "http://x"}, "connect_url"),
+                      ({"users": [1]}, "dashboard.users")):
+        with pytest.raises(ValueError, match=word):
+            dashboard_settings(bad)
+
+
+def test_job_connect_settings():
+    from sink.job import UsageError, config_from_args, connect_conf, connect_settings
+    cfg, _ = config_from_args(["--connect-port", "15555"])
+    assert connect_conf(cfg) == {
+        "spark.connect.grpc.binding.address": "127.0.0.1",
+        "spark.connect.grpc.binding.port": "15555"}
+    assert connect_conf(config_from_args(["--no-connect"])[0]) == {}
+    assert connect_conf(config_from_args(["--available-now"])[0]) == {}
+    assert connect_settings({"connect": False, "connect_port": 1}) == \
+        {"connect": False, "connect_port": 1}
+    for bad in ({"connect": "yes"}, {"connect_port": 0}, {"connect_port": "15002"}):
+        with pytest.raises(UsageError):
+            connect_settings(bad)
+
+
+def test_job_config_file_connect_keys(tmp_path):
+    from sink.job import UsageError, load_config
+    f = tmp_path / "b.toml"
+    f.write_text('[history]\nconnect = false\nconnect_host = "0.0.0.0"\nconnect_port = 16000\n')
+    assert load_config(str(f)) == {"connect": False, "connect_host": "0.0.0.0",
+                                   "connect_port": 16000}
+    f.write_text('[history]\nconnect_port = 70000\n')
+    with pytest.raises(UsageError, match="connect_port"):
+        load_config(str(f))
+
+
+def test_job_refuses_a_taken_connect_port():
+    import socket
+
+    from sink.job import UsageError, check_connect_port, config_from_args
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        cfg, _ = config_from_args(["--connect-port", str(s.getsockname()[1])])
+        with pytest.raises(UsageError, match="--connect-port"):
+            check_connect_port(cfg)
+
+
+def test_query_connect_url_parsing():
+    from sink.query import connect_address, connect_reachable
+    assert connect_address("sc://h:15002") == ("h", 15002)
+    assert connect_address("sc://[::1]:15002/;token=x") == ("::1", 15002)
+    for bad in ("h:15002", "sc://h", "sc://h:x"):
+        with pytest.raises(ValueError):
+            connect_address(bad)
+    from tests.conftest import free_port
+    assert connect_reachable(f"sc://127.0.0.1:{free_port()}") is False
+
+
+def test_basic_auth_header_parsing():
+    import base64
+
+    from broker.dashboard.api import _basic
+    enc = lambda raw: "Basic " + base64.b64encode(raw).decode()  # noqa: E731
+    assert _basic(enc(b"alice:pa:ss")) == ("alice", b"pa:ss")
+    assert _basic(enc("jörg:é".encode())) == ("jörg", "é".encode())
+    for bad in ("", "Bearer x", "Basic", "Basic !!!", enc(b"no-colon"), enc(b"\xff:x")):
+        assert _basic(bad) == (None, None)
+
+
+def test_history_connection_loss_reads_as_job_not_running():
+    from broker.dashboard.history import HistoryClient, JobNotRunning
+
+    class Gone:
+        def sql(self, *a, **k):
+            raise RuntimeError("<_MultiThreadedRendezvous status = StatusCode.UNAVAILABLE>")
+
+        def stop(self):
+            pass
+    h = HistoryClient("sc://127.0.0.1:1", 5, "python -m sink.job")
+    h._session = lambda: Gone()
+    with pytest.raises(JobNotRunning, match="history job is not running"):
+        h._answer(make_query("a/#", None, None, 31))
+    h.close()
