@@ -130,7 +130,15 @@ class Server:
         if fut is None:
             conn.release_acks(acks)
         else:
-            fut.add_done_callback(lambda f: conn.release_acks(acks))
+            fut.add_done_callback(lambda f: self._acks_done(f, conn, acks))
+
+    def _acks_done(self, fut, conn: Connection, acks: list) -> None:
+        """The sink's barrier resolved: success acks, or failures if the spool write failed."""
+        exc = fut.exception() if not fut.cancelled() else asyncio.CancelledError()
+        if exc is None:
+            conn.release_acks(acks)
+        else:
+            conn.fail_acks(acks, "the message could not be stored (broker disk error)")
 
     def _defer_auth(self, conn: Connection, connect, client_id: str, assigned) -> None:
         auth = self.broker.auth

@@ -85,6 +85,29 @@ class Connection:
             self.write(a)
         self.pending_acks -= len(acks)
 
+    def fail_acks(self, acks: list, why: str) -> None:
+        """The messages of these held PUBACK/PUBREC could not be made durable: never a success.
+        v5: the same ack with 0x80 Unspecified error; 3.1.x has no failure ack: close."""
+        self.pending_acks -= len(acks)
+        if self.state == _CLOSED:
+            return
+        session = self.session
+        v5 = self.level == P.MQTT_5
+        props = {PR.REASON_STRING: why} if v5 and self.request_problem_info else None
+        for a in acks:  # a held ack is an encoded PUBACK/PUBREC: type, length, packet id, ...
+            ptype, pid = a[0] >> 4, (a[2] << 8) | a[3]
+            if ptype == P.PUBREC and pid in session.inflight_in:
+                # 4.3.3: after a PUBREC >= 0x80 a PUBLISH with this id is a new message
+                session.inflight_in.discard(pid)
+                if session.store is not None:
+                    session.store.qos2_remove(session.client_id, pid)
+            if v5:
+                self.write(encode_ack(ptype, pid, rc.UNSPECIFIED_ERROR, props, P.MQTT_5))
+        if not v5:
+            log.warning("closing %s (%s): %s; a 3.1.x client has no failure acknowledgement",
+                        self.client_id, self.peer, why)
+            self.close(publish_will=True)
+
     def resume_writing(self) -> None:
         """The transport drained: send what waited in the session's queue."""
         self.paused = False
