@@ -1,0 +1,94 @@
+"""Nothing acknowledged is lost, even when the disk fails (real sockets, a real full disk)."""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from broker.protocol import packets as P
+from broker.protocol import reason_codes as rc
+from sink.kafka_embedded import EmbeddedKafka
+from sink.record import from_kafka
+from tests.conftest import BrokerProcess
+from tests.diskfull import SmallFS
+from tests.mqtt_raw import RawClient
+
+from .test_sink_kafka import consume
+
+BIG = bytes(9000)  # more than the page a full tmpfs may still have room in
+
+
+@pytest.fixture
+def small_fs(tmp_path):
+    fs = SmallFS(tmp_path / "fs", "2m")
+    yield fs
+    fs.close()
+
+
+@pytest.mark.timeout(120)
+def test_spool_disk_full_fails_acks_then_recovers(tmp_path, small_fs):
+    k = EmbeddedKafka(log_file=str(tmp_path / "tansu.log")).start()
+    b = BrokerProcess(tmp_path, {"sink.spool_dir": f"{small_fs.path}/spool"},
+                      args=["--kafka-bootstrap", k.bootstrap])
+    try:
+        b.start()
+        sub = RawClient(b.port)
+        sub.connect("watcher")
+        sub.subscribe("d/#", qos=1)
+        v5 = RawClient(b.port)
+        v5.connect("v5-pub")
+        v5.publish("d/ok", b"before" + BIG, qos=1, pid=1)
+        assert v5.recv_type(P.PUBACK).reason_code == rc.SUCCESS
+
+        small_fs.fill()
+        v5.publish("d/q1", b"lost-1" + BIG, qos=1, pid=2)
+        ack = v5.recv_type(P.PUBACK, timeout=10)
+        assert (ack.packet_id, ack.reason_code) == (2, rc.UNSPECIFIED_ERROR), ack
+        v5.publish("d/q2", b"lost-2" + BIG, qos=2, pid=3)
+        rec = v5.recv_type(P.PUBREC, timeout=10)
+        assert (rec.packet_id, rec.reason_code) == (3, rc.UNSPECIFIED_ERROR), rec
+        v4 = RawClient(b.port, level=P.MQTT_311)
+        v4.connect("v4-pub")
+        v4.publish("d/q1", b"lost-3" + BIG, qos=1, pid=1)
+        seen = v4.expect_closed(10)
+        assert not [p for p in seen if p.type == P.PUBACK], seen  # closed, never a success
+        v5.send(b"\xc0\x00")                                      # the broker keeps serving
+        assert v5.recv_type(P.PINGRESP).type == P.PINGRESP
+
+        small_fs.free()
+        # after a failed PUBREC the packet id is free: the same id is a new message (4.3.3)
+        v5.publish("d/q2", b"again" + BIG, qos=2, pid=3)
+        rec = v5.recv_type(P.PUBREC, timeout=10)
+        assert (rec.packet_id, rec.reason_code) == (3, rc.SUCCESS), rec
+        v5.send(P.Ack(P.PUBREL, 3))
+        assert v5.recv_type(P.PUBCOMP).reason_code == rc.SUCCESS
+        v4 = RawClient(b.port, level=P.MQTT_311)
+        v4.connect("v4-pub")
+        v4.publish("d/q1", b"after" + BIG, qos=1, pid=1)
+        assert v4.recv_type(P.PUBACK, timeout=10).packet_id == 1
+
+        # subscribers: messages are routed before they are stored, so they saw the refused ones
+        got = []
+        deadline = time.monotonic() + 10
+        while len(got) < 6 and time.monotonic() < deadline:
+            try:
+                p = sub.recv(1)
+            except TimeoutError:
+                continue
+            if p.type == P.PUBLISH:
+                got.append(p.payload[:6])
+                sub.send(P.Ack(P.PUBACK, p.packet_id))
+        assert got == [b"before", b"lost-1", b"lost-2", b"lost-3", b"again" + BIG[:1], b"after" + BIG[:1]]
+        # Kafka gets every acknowledged message, and none of the refused ones
+        consume(k.bootstrap, "mqtt.messages", 3, timeout=30)
+        time.sleep(1)  # then read again: anything forwarded after the first three shows up too
+        recs = [from_kafka(r.key, r.value, r.headers, r.timestamp)
+                for r in consume(k.bootstrap, "mqtt.messages", 3, timeout=10)]
+        assert sorted(r.payload[:6] for r in recs) == sorted([b"before", b"again" + BIG[:1],
+                                                              b"after" + BIG[:1]]), b.logs()[-3000:]
+        logs = b.logs()
+        assert logs.count("free disk space") == 1, logs[-3000:]
+        assert "succeed again" in logs
+    finally:
+        b.stop()
+        k.stop()
