@@ -90,6 +90,7 @@ class Server:
         self.bytes_in = 0
         self.bytes_out = 0
         self._flush_scheduled = False
+        self._held_turn: list = []  # (conn, held acks) since the store's last commit
         self._ticker = None
         self._gc = 0
         self.sys = None
@@ -105,7 +106,7 @@ class Server:
         self._flush_scheduled = False
         store = self.store
         if store is not None and store.ops:
-            store.commit()  # state changes reach the store before the acknowledgements go out
+            self.commit_store()  # state changes reach the store before the acknowledgements go out
         dirty = self.broker.dirty
         self.broker.dirty = []
         n = 0
@@ -122,6 +123,18 @@ class Server:
                 t.close()
         self.bytes_out += n
 
+    def commit_store(self) -> None:
+        """Commit the state changes made so far; if that fails, the acks waiting to be written
+        whose messages needed those changes become failures (the store retries the changes)."""
+        held, self._held_turn = self._held_turn, []
+        if self.store.commit() >= 0:
+            return
+        why = "the message could not be stored (broker disk error)"
+        for conn in list(self.broker.dirty):
+            conn.fail_stored_acks(conn.out, why)
+        for conn, acks in held:
+            conn.fail_stored_acks(acks, why)
+
     def hold_acks(self, conn: Connection) -> None:
         """PUBACK/PUBREC wait until the sink says the messages are on disk."""
         acks = conn.held_acks
@@ -130,6 +143,8 @@ class Server:
         if fut is None:
             conn.release_acks(acks)
         else:
+            if self.store is not None:
+                self._held_turn.append((conn, acks))  # the store's next commit decides them too
             fut.add_done_callback(lambda f: self._acks_done(f, conn, acks))
 
     def _acks_done(self, fut, conn: Connection, acks: list) -> None:
@@ -226,7 +241,7 @@ class Server:
         try:
             self.broker.tick()
             if self.store is not None:
-                self.store.commit()
+                self.commit_store()
                 self._gc += 1
                 if self._gc % 60 == 0:
                     self.store.collect_garbage()

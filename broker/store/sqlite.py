@@ -45,6 +45,7 @@ CREATE INDEX IF NOT EXISTS outbound_client ON outbound (client_id);
 _INS_MSG = "INSERT INTO messages VALUES (?,?,?,?,?,?,?,?)"
 _INS_OUT = "INSERT INTO outbound VALUES (?,?,?,?,?,?,?,0)"
 _DEL_OUT = "DELETE FROM outbound WHERE seq=?"
+RETRY_FIRST, RETRY_MAX = 0.25, 5.0  # seconds between commit retries while the disk fails
 
 
 def _ids(sub_ids) -> str | None:
@@ -58,6 +59,8 @@ class Store:
         self.wall = wall
         self.synchronous = synchronous
         self.ops: list = []
+        self.failing = 0      # consecutive failed commits (0: healthy)
+        self.retry_at = 0.0   # clock() before which a failing store does not try again
         self.db = self._open()
         self.seq = self.db.execute("SELECT COALESCE(MAX(seq), 0) FROM outbound").fetchone()[0]
         self.msg_seq = self.db.execute("SELECT COALESCE(MAX(id), 0) FROM messages").fetchone()[0]
@@ -295,14 +298,17 @@ class Store:
             self.ops.append(("INSERT OR REPLACE INTO retained VALUES (?,?)", (topic, self._message_id(msg))))
 
     def commit(self) -> int:
-        """Apply the pending operations in one transaction; returns how many."""
+        """Apply the pending operations in one transaction; returns how many, or -1 when they
+        could not be written (disk full, I/O error): then they stay pending and are retried,
+        with a growing delay, by the next commit; the caller fails what depended on them."""
         ops = self.ops
         if not ops:
             return 0
-        self.ops = []
+        if self.failing and self.clock() < self.retry_at:
+            return -1
         db = self.db
-        db.execute("BEGIN")
         try:
+            db.execute("BEGIN")
             i, n = 0, len(ops)
             while i < n:  # consecutive identical statements go through executemany
                 sql = ops[i][0]
@@ -315,19 +321,53 @@ class Store:
                     db.execute(sql, ops[i][1])
                 i = j
             db.execute("COMMIT")
-        except Exception:
-            db.execute("ROLLBACK")
-            raise
+        except sqlite3.Error as exc:
+            self._commit_failed(exc, ops)
+            return -1
+        self.ops = []
+        if self.failing:
+            log.info("state store: writes to %s succeed again (%d changes kept in memory were "
+                     "written)", self.path, n)
+            self.failing = 0
         return n
+
+    def _commit_failed(self, exc: sqlite3.Error, ops: list) -> None:
+        try:
+            if self.db.in_transaction:
+                self.db.execute("ROLLBACK")
+        except sqlite3.Error:
+            pass
+        if not isinstance(exc, sqlite3.OperationalError):  # a bad statement: retrying won't help
+            log.error("state store: dropped %d changes that cannot be written: %s", len(ops), exc)
+            self.ops = []
+            return
+        self.failing += 1
+        delay = min(RETRY_MAX, RETRY_FIRST * 2 ** (self.failing - 1))
+        self.retry_at = self.clock() + delay
+        if self.failing == 1:
+            log.error("state store: cannot write %s: %s. Acknowledgements that need the store "
+                      "fail (MQTT 5: 0x80; 3.1.x: disconnected) until it can: free disk space or "
+                      "fix the device; the changes are kept in memory and retried", self.path, exc)
+        else:
+            log.debug("state store: commit of %d changes failed again (retry in %.1fs): %s",
+                      len(ops), delay, exc)
 
     def collect_garbage(self) -> None:
         """Delete stored messages nothing refers to any more."""
-        self.commit()
-        self.db.execute("DELETE FROM messages WHERE id NOT IN (SELECT msg_id FROM outbound) "
-                        "AND id NOT IN (SELECT msg_id FROM retained)")
+        if self.commit() < 0:
+            return
+        try:
+            self.db.execute("DELETE FROM messages WHERE id NOT IN (SELECT msg_id FROM outbound) "
+                            "AND id NOT IN (SELECT msg_id FROM retained)")
+        except sqlite3.OperationalError as exc:
+            log.warning("state store: garbage collection failed (retried later): %s", exc)
 
     def close(self) -> None:
+        self.failing = 0  # a last try
         self.commit()
+        if self.ops:
+            log.error("state store: %d changes could not be written to %s at shutdown",
+                      len(self.ops), self.path)
         self.collect_garbage()
         self.db.close()
 
