@@ -25,6 +25,7 @@ from ..protocol import packets as P
 from ..protocol.properties import decode_properties, encode_properties
 from ..core.message import Message
 from ..core.session import NEVER, Session, Subscription
+from ..core.topics import parse_shared, valid_topic_filter
 
 log = logging.getLogger("broker.store")
 
@@ -148,33 +149,32 @@ class Store:
         messages: dict[int, Message] = {}
         restored: dict[str, int] = {}
 
-        def rows(table: str, check):
+        def restore(table: str, check, apply) -> None:
+            """apply(columns) to every readable row; a row that fails is dropped and counted."""
             n = 0
             for row in self._rows(src, table):
                 try:
                     if not check(row):
-                        raise TypeError(f"unexpected types {tuple(type(v).__name__ for v in row[1:])}")
-                    yield row[1:]
+                        raise TypeError("unexpected types "
+                                        f"{tuple(type(v).__name__ for v in row[1:])}")
+                    apply(*row[1:])
                     n += 1
                 except Exception as exc:
                     self._drop(table, row[0], exc)
             restored[table] = n
 
-        def message(mid):
-            return messages.get(mid)
-
-        for row in rows("messages", _ok_message):
-            mid, topic, payload, qos, retain, props, expires_at, accepted = row
+        def message(mid, topic, payload, qos, retain, props, expires_at, accepted):
             pr = decode_properties(props, 0, "PUBLISH")[0] if props else None
             exp = None if expires_at is None else now + (expires_at - wall)
             m = Message(topic, bytes(payload or b""), qos, bool(retain), pr, exp, None, accepted)
             m.store_id = mid
             messages[mid] = m
+
         sessions = broker.sessions
-        for row in rows("sessions", _ok_session):
-            cid, interval, expires_at, username, will, next_pid = row
+
+        def session(cid, interval, expires_at, username, will, next_pid):
             if expires_at is not None and expires_at <= wall:
-                continue  # expired while the broker was down
+                return  # expired while the broker was down
             s = Session(cid, broker.cfg.max_queued_messages, broker.cfg.queue_qos0_messages,
                         broker.stats, broker.sent_by_qos)
             s.expiry_interval = interval
@@ -187,12 +187,11 @@ class Store:
                 s.will = decode_will(will)
             s.store = self
             sessions[cid] = s
-        from ..core.topics import parse_shared, valid_topic_filter
-        for row in rows("subscriptions", _ok_subscription):
-            cid, filt, qos, no_local, rap, rh, sub_id = row
+
+        def subscription(cid, filt, qos, no_local, rap, rh, sub_id):
             s = sessions.get(cid)
             if s is None:
-                continue
+                return
             shared = parse_shared(filt)
             group, tf = shared if shared else (None, filt)
             if not valid_topic_filter(tf):
@@ -200,27 +199,40 @@ class Store:
             sub = Subscription(filt, tf, group, qos, bool(no_local), bool(rap), rh, sub_id, s)
             s.subscriptions[filt] = sub
             broker.router.add(sub)
-        for row in rows("outbound", _ok_outbound):
-            seq, cid, mid, qos, retain, ids, pid, released = row
+
+        def outbound(seq, cid, mid, qos, retain, ids, pid, released):
             s = sessions.get(cid)
-            m = message(mid)
+            m = messages.get(mid)
             if s is None or m is None:
-                continue
+                return
             sub_ids = tuple(int(x) for x in ids.split(",")) if ids else None
             if pid:
                 s.inflight_out[pid] = [m, qos, bool(retain), sub_ids, bool(released), seq]
             else:
                 s.queue.append((m, qos, bool(retain), sub_ids, seq))
-        for cid, pid in rows("qos2_in", _ok_qos2):
+
+        def qos2(cid, pid):
             s = sessions.get(cid)
             if s is not None:
                 s.inflight_in.add(pid)
+
         nret = 0
-        for topic, mid in rows("retained", _ok_retained):
-            m = message(mid)
+
+        def retained(topic, mid):
+            nonlocal nret
+            m = messages.get(mid)
+            if m is not None and m.topic != topic:
+                raise ValueError(f"retained topic {topic!r} is not its message's {m.topic!r}")
             if m is not None and (m.expires_at is None or m.expires_at > now):
                 broker.retained.set(topic, m)
                 nret += 1
+
+        restore("messages", _ok_message, message)
+        restore("sessions", _ok_session, session)
+        restore("subscriptions", _ok_subscription, subscription)
+        restore("outbound", _ok_outbound, outbound)
+        restore("qos2_in", _ok_qos2, qos2)
+        restore("retained", _ok_retained, retained)
         # wills of sessions that were connected when the broker stopped: an abnormal end
         for s in sessions.values():
             if s.will is not None:
@@ -231,6 +243,8 @@ class Store:
         self._report(restored)
         if self.salvaged:
             src.close()
+            for m in messages.values():
+                m.store_id = None  # ids of the old file: the fresh one gets every message anew
             self.snapshot(broker)
         summary = {"sessions": len(sessions), "retained": nret, "messages": len(messages),
                    "seconds": round(time.perf_counter() - t0, 3), "dropped": dict(self.dropped),
@@ -462,19 +476,27 @@ def _opt(v, t) -> bool:
     return v is None or isinstance(v, t)
 
 
+def _text(v) -> bool:
+    return isinstance(v, str) and "\x00" not in v  # [MQTT-1.5.4-2]: no U+0000 in MQTT strings
+
+
+def _topic(v) -> bool:
+    return _text(v) and v != "" and "+" not in v and "#" not in v
+
+
 def _ok_message(r) -> bool:
-    return (isinstance(r[1], int) and isinstance(r[2], str) and _opt(r[3], bytes)
+    return (isinstance(r[1], int) and _topic(r[2]) and _opt(r[3], bytes)
             and r[4] in (0, 1, 2) and _opt(r[5], int) and _opt(r[6], bytes) and _opt(r[7], _NUM)
             and isinstance(r[8], _NUM))
 
 
 def _ok_session(r) -> bool:
-    return (isinstance(r[1], str) and isinstance(r[2], int) and _opt(r[3], _NUM)
+    return (_text(r[1]) and isinstance(r[2], int) and _opt(r[3], _NUM)
             and _opt(r[4], str) and _opt(r[5], bytes) and _opt(r[6], int))
 
 
 def _ok_subscription(r) -> bool:
-    return (isinstance(r[1], str) and isinstance(r[2], str) and r[3] in (0, 1, 2)
+    return (_text(r[1]) and _text(r[2]) and r[3] in (0, 1, 2)
             and _opt(r[4], int) and _opt(r[5], int) and r[6] in (0, 1, 2) and _opt(r[7], int))
 
 
@@ -489,7 +511,7 @@ def _ok_qos2(r) -> bool:
 
 
 def _ok_retained(r) -> bool:
-    return isinstance(r[1], str) and isinstance(r[2], int)
+    return _topic(r[1]) and isinstance(r[2], int)
 
 
 def encode_will(w: P.Will) -> bytes:
