@@ -9,7 +9,7 @@ import socket
 
 from .config import Config
 from .core.broker import Broker
-from .core.connection import Connection
+from .core.connection import Connection, StoredAck
 from .transport import tls
 
 log = logging.getLogger("broker.server")
@@ -128,6 +128,10 @@ class Server:
         whose messages needed those changes become failures (the store retries the changes)."""
         held, self._held_turn = self._held_turn, []
         if self.store.commit() >= 0:
+            for _, acks in held:  # decided: a later failed commit must not turn them
+                for i, a in enumerate(acks):
+                    if type(a) is StoredAck:
+                        acks[i] = bytes(a)
             return
         why = "the message could not be stored (broker disk error)"
         for conn in list(self.broker.dirty):

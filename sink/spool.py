@@ -414,6 +414,8 @@ class SpoolWriter:
         while self.durable_seq < target and time.monotonic() < deadline:
             if self._thread is None or not self._thread.is_alive():
                 return False
+            if self.failing and not self._q:  # the disk fails: the rest was refused
+                return False
             self._ev.set()
             time.sleep(0.002)
         return self.durable_seq >= target
