@@ -105,13 +105,28 @@ def publish_until_success(c: RawClient, topic: str, payload: bytes, pid: int, ti
         time.sleep(0.5)
 
 
+@pytest.fixture(params=["no sink", "sink"])
+def sink_args(request, tmp_path):
+    """Without the sink acks go out after the commit; with it they are also held for the spool."""
+    if request.param == "no sink":
+        yield []
+        return
+    k = EmbeddedKafka(log_file=str(tmp_path / "tansu.log")).start()
+    yield ["--kafka-bootstrap", k.bootstrap]
+    k.stop()
+
+
 @pytest.mark.timeout(180)
-def test_store_disk_full_fails_acks_keeps_serving_and_recovers(tmp_path, small_fs):
-    b = BrokerProcess(tmp_path, {"persistence.path": f"{small_fs.path}/state.db"}).start()
+def test_store_disk_full_fails_acks_keeps_serving_and_recovers(tmp_path, small_fs, sink_args):
+    b = BrokerProcess(tmp_path, {"persistence.path": f"{small_fs.path}/state.db"},
+                      args=sink_args).start()
     keeper = RawClient(b.port)
     keeper.connect("keeper", clean_start=False, properties={0x11: 3600})
     keeper.subscribe("s/#", qos=1)
     keeper.close()  # offline: what is published to s/# is queued for it, in the store
+    watcher = RawClient(b.port)  # online: the turn's output flushes (and commits) at once,
+    watcher.connect("watcher")   # before the sink's barrier releases the held acks
+    watcher.subscribe("s/#", qos=0)
     time.sleep(0.3)
     v5 = RawClient(b.port)
     v5.connect("v5-pub")
@@ -151,7 +166,8 @@ def test_store_disk_full_fails_acks_keeps_serving_and_recovers(tmp_path, small_f
     assert logs.count("free disk space") == 1 and "succeed again" in logs, logs[-3000:]
 
     b.kill()  # every acknowledged message is in the store
-    b2 = BrokerProcess(tmp_path, {"persistence.path": f"{small_fs.path}/state.db"}).start()
+    b2 = BrokerProcess(tmp_path, {"persistence.path": f"{small_fs.path}/state.db"},
+                       args=sink_args).start()
     try:
         keeper = RawClient(b2.port)
         assert keeper.connect("keeper", clean_start=False,
