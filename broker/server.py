@@ -105,7 +105,7 @@ class Server:
         """Write what every dirty connection accumulated this turn, in one call each."""
         self._flush_scheduled = False
         store = self.store
-        if store is not None and store.ops:
+        if store is not None and (store.ops or store.resync):
             self.commit_store()  # state changes reach the store before the acknowledgements go out
         dirty = self.broker.dirty
         self.broker.dirty = []

@@ -47,6 +47,7 @@ _INS_MSG = "INSERT INTO messages VALUES (?,?,?,?,?,?,?,?)"
 _INS_OUT = "INSERT INTO outbound VALUES (?,?,?,?,?,?,?,0)"
 _DEL_OUT = "DELETE FROM outbound WHERE seq=?"
 RETRY_FIRST, RETRY_MAX = 0.25, 5.0  # seconds between commit retries while the disk fails
+_TABLES = ("messages", "sessions", "subscriptions", "outbound", "qos2_in", "retained")
 
 
 def _ids(sub_ids) -> str | None:
@@ -54,13 +55,17 @@ def _ids(sub_ids) -> str | None:
 
 
 class Store:
-    def __init__(self, path: str, clock=time.monotonic, wall=time.time, synchronous: str = "NORMAL"):
+    def __init__(self, path: str, clock=time.monotonic, wall=time.time, synchronous: str = "NORMAL",
+                 max_pending: int = 1_000_000):
         self.path = path
         self.clock = clock
         self.wall = wall
         self.synchronous = synchronous
         self.ops: list = []
         self.failing = 0      # consecutive failed commits (0: healthy)
+        self.max_pending = max_pending  # changes kept while commits fail; beyond: rewrite later
+        self.resync = False   # changes were dropped: the next commit rewrites the whole state
+        self.broker = None    # set by load(): the state a rewrite writes
         self.retry_at = 0.0   # clock() before which a failing store does not try again
         self.db = self._open()
         self.seq = self.db.execute("SELECT COALESCE(MAX(seq), 0) FROM outbound").fetchone()[0]
@@ -136,6 +141,7 @@ class Store:
         Row by row for every table: a row that cannot be read or has wrong types is skipped
         and counted, and so is an unreadable part of a damaged file; the log says what."""
         t0 = time.perf_counter()
+        self.broker = broker
         src = self.db
         if self.salvaged:
             try:
@@ -276,9 +282,17 @@ class Store:
                 what.append(f"skipped {len(parts)} unreadable parts ({spans}; {parts[0][2]})")
             log.warning("state store: table %s: restored %d rows, %s", table, n, "; ".join(what))
 
-    def snapshot(self, broker) -> None:
-        """Write the whole in-memory state (after recovering from a damaged file)."""
-        self.ops.clear()
+    def snapshot(self, broker, rewrite: bool = False) -> int:
+        """Write the whole in-memory state: after recovering from a damaged file, or (rewrite)
+        replacing everything in the file after changes had to be dropped. Returns commit()'s."""
+        self.ops = []
+        if rewrite:
+            self.ops = [(f"DELETE FROM {t}", ()) for t in _TABLES]
+            for s in broker.sessions.values():
+                for e in list(s.queue) + list(s.inflight_out.values()):
+                    e[0].store_id = None  # every message is written anew
+            for m in broker.retained.all():
+                m.store_id = None
         for s in broker.sessions.values():
             if s.store is None:
                 continue
@@ -295,7 +309,7 @@ class Store:
                 self.qos2_add(s.client_id, pid)
         for m in broker.retained.all():
             self.retain_set(m.topic, m)
-        self.commit()
+        return self._write(self.ops)
 
     # ------------------------------------------------------------ changes (batched)
     def _message_id(self, msg: Message) -> int:
@@ -360,11 +374,16 @@ class Store:
         """Apply the pending operations in one transaction; returns how many, or -1 when they
         could not be written (disk full, I/O error): then they stay pending and are retried,
         with a growing delay, by the next commit; the caller fails what depended on them."""
+        if self.resync:
+            return self._rewrite()
         ops = self.ops
         if not ops:
             return 0
         if self.failing and self.clock() < self.retry_at:
             return -1
+        return self._write(ops)
+
+    def _write(self, ops: list) -> int:
         db = self.db
         try:
             db.execute("BEGIN")
@@ -386,9 +405,18 @@ class Store:
         self.ops = []
         if self.failing:
             log.info("state store: writes to %s succeed again (%d changes kept in memory were "
-                     "written)", self.path, n)
+                     "written%s)", self.path, n, ": the whole state" if self.resync else "")
             self.failing = 0
+        self.resync = False
         return n
+
+    def _rewrite(self) -> int:
+        """Changes were dropped: replace the file's content by the whole in-memory state."""
+        if len(self.ops) > self.max_pending:
+            self.ops = []  # superseded by the rewrite: kept bounded meanwhile
+        if self.clock() < self.retry_at or self.broker is None:
+            return -1
+        return self.snapshot(self.broker, rewrite=True)
 
     def _commit_failed(self, exc: sqlite3.Error, ops: list) -> None:
         try:
@@ -396,10 +424,6 @@ class Store:
                 self.db.execute("ROLLBACK")
         except sqlite3.Error:
             pass
-        if not isinstance(exc, sqlite3.OperationalError):  # a bad statement: retrying won't help
-            log.error("state store: dropped %d changes that cannot be written: %s", len(ops), exc)
-            self.ops = []
-            return
         self.failing += 1
         delay = min(RETRY_MAX, RETRY_FIRST * 2 ** (self.failing - 1))
         self.retry_at = self.clock() + delay
@@ -410,6 +434,16 @@ class Store:
         else:
             log.debug("state store: commit of %d changes failed again (retry in %.1fs): %s",
                       len(ops), delay, exc)
+        # a statement SQLite refuses (not the disk) or too many changes waiting: drop them and
+        # write the whole state once writes succeed
+        if not self.resync and (not isinstance(exc, sqlite3.OperationalError)
+                                or len(ops) > self.max_pending):
+            log.error("state store: dropped %d pending changes (%s); the whole state will be "
+                      "rewritten when writes succeed (persistence.max_pending_changes = %d)",
+                      len(ops), exc, self.max_pending)
+            self.resync = True
+        if self.resync:
+            self.ops = []
 
     def collect_garbage(self) -> None:
         """Delete stored messages nothing refers to any more."""
@@ -422,11 +456,10 @@ class Store:
             log.warning("state store: garbage collection failed (retried later): %s", exc)
 
     def close(self) -> None:
-        self.failing = 0  # a last try
-        self.commit()
-        if self.ops:
-            log.error("state store: %d changes could not be written to %s at shutdown",
-                      len(self.ops), self.path)
+        self.retry_at = 0.0  # a last try
+        if self.commit() < 0:
+            log.error("state store: the last changes could not be written to %s at shutdown",
+                      self.path)
         self.collect_garbage()
         self.db.close()
 
