@@ -104,7 +104,8 @@ def main(argv=None) -> int:
         import os
         from .store.sqlite import Store
         path = cfg.persistence.get("path") or os.path.join(cfg.data_dir, "state.db")
-        store = Store(path, synchronous=str(cfg.persistence.get("synchronous", "NORMAL")).upper())
+        store = Store(path, synchronous=str(cfg.persistence.get("synchronous", "NORMAL")).upper(),
+                      max_pending=int(cfg.persistence.get("max_pending_changes", 1_000_000)))
     uv = install_uvloop()
     log.info("starting broker (event loop: %s)", "uvloop" if uv else "asyncio")
     try:

@@ -9,7 +9,7 @@ import socket
 
 from .config import Config
 from .core.broker import Broker
-from .core.connection import Connection
+from .core.connection import Connection, StoredAck
 from .transport import tls
 
 log = logging.getLogger("broker.server")
@@ -96,6 +96,7 @@ class Server:
         self.bytes_in = 0
         self.bytes_out = 0
         self._flush_scheduled = False
+        self._held_turn: list = []  # (conn, held acks) since the store's last commit
         self._ticker = None
         self._gc = 0
         self.sys = None
@@ -111,8 +112,8 @@ class Server:
         """Write what every dirty connection accumulated this turn, in one call each."""
         self._flush_scheduled = False
         store = self.store
-        if store is not None and store.ops:
-            store.commit()  # state changes reach the store before the acknowledgements go out
+        if store is not None and (store.ops or store.resync):
+            self.commit_store()  # state changes reach the store before the acknowledgements go out
         dirty = self.broker.dirty
         self.broker.dirty = []
         n = 0
@@ -129,6 +130,22 @@ class Server:
                 t.close()
         self.bytes_out += n
 
+    def commit_store(self) -> None:
+        """Commit the state changes made so far; if that fails, the acks waiting to be written
+        whose messages needed those changes become failures (the store retries the changes)."""
+        held, self._held_turn = self._held_turn, []
+        if self.store.commit() >= 0:
+            for _, acks in held:  # decided: a later failed commit must not turn them
+                for i, a in enumerate(acks):
+                    if type(a) is StoredAck:
+                        acks[i] = bytes(a)
+            return
+        why = "the message could not be stored (broker disk error)"
+        for conn in list(self.broker.dirty):
+            conn.fail_stored_acks(conn.out, why)
+        for conn, acks in held:
+            conn.fail_stored_acks(acks, why)
+
     def hold_acks(self, conn: Connection) -> None:
         """PUBACK/PUBREC wait until the sink says the messages are on disk."""
         acks = conn.held_acks
@@ -137,7 +154,17 @@ class Server:
         if fut is None:
             conn.release_acks(acks)
         else:
-            fut.add_done_callback(lambda f: conn.release_acks(acks))
+            if self.store is not None:
+                self._held_turn.append((conn, acks))  # the store's next commit decides them too
+            fut.add_done_callback(lambda f: self._acks_done(f, conn, acks))
+
+    def _acks_done(self, fut, conn: Connection, acks: list) -> None:
+        """The sink's barrier resolved: success acks, or failures if the spool write failed."""
+        exc = fut.exception() if not fut.cancelled() else asyncio.CancelledError()
+        if exc is None:
+            conn.release_acks(acks)
+        else:
+            conn.fail_acks(acks, "the message could not be stored (broker disk error)")
 
     def _defer_auth(self, conn: Connection, connect, client_id: str, assigned) -> bool:
         """Queue the password check; False when too many are pending (the CONNECT is refused)."""
@@ -238,7 +265,7 @@ class Server:
         try:
             self.broker.tick()
             if self.store is not None:
-                self.store.commit()
+                self.commit_store()
                 self._gc += 1
                 if self._gc % 60 == 0:
                     self.store.collect_garbage()

@@ -106,8 +106,10 @@ class Sink:
         self._writer: SpoolWriter | None = None
         self._mem: MemorySource | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._waiters: collections.deque = collections.deque()   # (target_seq, future)
-        self._last_waiter = None
+        self._waiters: collections.deque = collections.deque()   # (target_seq, future, first_seq)
+        self._barrier_next = 0        # first record seq not covered by a barrier yet
+        self._done_seq = -1           # last record seq the spool writer handled (written or failed)
+        self._failed_upto = -1        # last record seq of the latest failed spool write
         self._started = False
         self._closed = False
         # counters
@@ -154,6 +156,8 @@ class Sink:
                                        on_durable=self._on_durable, on_written=self._notify_forwarder,
                                        on_error=self._on_write_error).open()
             self._fwd_pos, self._fwd_seq = self._writer.ckpt_pos, self._writer.ckpt_seq
+            self._barrier_next = self._writer.next_seq
+            self._done_seq = self._writer.durable_seq
             backlog = self._writer.next_seq - self._fwd_seq
             if backlog > 0:
                 log.info("%d unforwarded records in the spool %s will be replayed",
@@ -303,28 +307,37 @@ class Sink:
         return True
 
     def barrier(self) -> "asyncio.Future | None":
+        """A future for the records appended since the previous barrier: its result once they
+        are on disk, an OSError if any of them could not be written; None if nothing to wait for."""
         w = self._writer
         if w is None or not self.durable:  # "async" and "none" acknowledge at once
             return None
-        target = w.next_seq - 1
-        if target <= w.durable_seq:
-            return None
-        lw = self._last_waiter
-        if lw is not None and lw[0] == target and not lw[1].done():
-            return lw[1]
+        start, target = self._barrier_next, w.next_seq - 1
+        self._barrier_next = target + 1
+        if target < start:              # nothing appended since (e.g. an excluded topic)
+            ws = self._waiters
+            return ws[-1][1] if ws and ws[-1][0] == target and not ws[-1][1].done() else None
         loop = asyncio.get_running_loop()
         if loop is not self._loop:          # first call (or a new loop: forget the old waiters)
             self._loop = loop
             self._waiters.clear()
-        fut = self._loop.create_future()
-        self._last_waiter = (target, fut)
-        self._waiters.append(self._last_waiter)
-        w.kick()
+        fut = loop.create_future()
+        if self._failed_upto < start:
+            self._waiters.append((target, fut, start))
+            if target > self._done_seq:
+                w.kick()
+                return fut
+            # the writer handled them meanwhile, maybe before it could see this waiter
+            self._waiters.pop()
+            if self._failed_upto < start:   # read after _done_seq (the writer sets it first)
+                return None
+        fut.set_exception(OSError("sink spool write failed"))
         return fut
 
     # writer thread -> loop
     def _on_durable(self, last_seq: int, n: int) -> None:
         self.spooled += n
+        self._done_seq = last_seq
         loop = self._loop
         if loop is not None and self._waiters:
             try:
@@ -334,6 +347,8 @@ class Sink:
 
     def _on_write_error(self, last_seq: int, n: int, exc: Exception) -> None:
         self.spool_errors += n
+        self._failed_upto = last_seq   # before _done_seq: barrier() reads them the other way round
+        self._done_seq = last_seq
         loop = self._loop
         if loop is not None:
             try:
@@ -344,12 +359,16 @@ class Sink:
     def _resolve(self, seq: int, exc: Exception | None = None) -> None:
         ws = self._waiters
         while ws and ws[0][0] <= seq:
-            _, fut = ws.popleft()
+            _, fut, _ = ws.popleft()
             if not fut.done():
                 if exc is None:
                     fut.set_result(None)
                 else:
                     fut.set_exception(OSError(f"sink spool write failed: {exc}"))
+        if exc is not None and ws and ws[0][2] <= seq:  # the next waiter covers failed records too
+            _, fut, _ = ws.popleft()
+            if not fut.done():
+                fut.set_exception(OSError(f"sink spool write failed: {exc}"))
 
     # -- stats -------------------------------------------------------------------------------------
     def stats(self) -> dict:

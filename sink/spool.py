@@ -261,6 +261,7 @@ class SpoolWriter:
         self.ckpt_seq = 0
         self.batches = 0
         self.write_errors = 0
+        self.failing = 0            # records refused since writes started failing (0: healthy)
 
     # -- start / recovery ------------------------------------------------------------
     def open(self) -> "SpoolWriter":
@@ -297,6 +298,7 @@ class SpoolWriter:
     def _new_segment(self, base: int) -> None:
         if self._fd is not None:
             os.close(self._fd)
+            self._fd = None  # never write to a closed (maybe reused) descriptor
         path = os.path.join(self.dir, seg_name(base))
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         self._base = base
@@ -342,6 +344,8 @@ class SpoolWriter:
                 data = b"".join(bufs)
                 start_pos = self._base + self._file_off
                 try:
+                    if self._fd is None:  # the last write failed: continue in a fresh segment
+                        self._new_segment(start_pos)
                     mv = memoryview(data)
                     while mv:
                         n = os.write(self._fd, mv)
@@ -349,19 +353,12 @@ class SpoolWriter:
                     if self.fsync:
                         os.fdatasync(self._fd)
                 except OSError as exc:
-                    self.write_errors += 1
-                    log.error("spool: write of %d records to %s failed: %s", len(bufs),
-                              seg_name(self._base), exc)
-                    # the batch keeps its positions: start a new segment after it
-                    try:
-                        self._new_segment(start_pos + size)
-                    except OSError:
-                        pass
-                    self.written_pos = start_pos + size
-                    if self.on_error:
-                        self.on_error(last, len(bufs), exc)
-                    time.sleep(0.1)
+                    self._write_failed(start_pos, size, len(bufs), last, exc)
                     continue
+                if self.failing:
+                    log.info("spool: writes to %s succeed again (%d records were refused while they "
+                             "failed)", self.dir, self.failing)
+                    self.failing = 0
                 self._file_off += size
                 self.written_pos = start_pos + size
                 self.durable_seq = last
@@ -376,12 +373,48 @@ class SpoolWriter:
                     except OSError as exc:
                         log.error("spool: cannot roll segment: %s", exc)
 
+    def _write_failed(self, start_pos: int, size: int, n: int, last: int, exc: OSError) -> None:
+        """A batch could not be made durable (disk full, EIO): its records are refused (their
+        acks fail), what reached the file is cut off, and the next batch starts a new segment
+        after the batch's positions (the event loop already counted them)."""
+        self.write_errors += 1
+        if not self.failing:
+            log.error("spool: cannot write to %s: %s. QoS 1/2 publishers get failure acks (MQTT 5: "
+                      "0x80) or are disconnected (3.1.x) until writes succeed again: free disk space "
+                      "or fix the device; writes are retried", self.dir, exc)
+        else:
+            log.debug("spool: write of %d records failed again: %s", n, exc)
+        self.failing += n
+        if self._fd is not None:
+            try:
+                os.ftruncate(self._fd, self._file_off)  # no half-written or unsynced frames stay
+            except OSError:
+                pass
+            empty = self._file_off == 0
+            try:
+                os.close(self._fd)
+            except OSError:
+                pass
+            self._fd = None
+            if empty:
+                try:
+                    os.unlink(os.path.join(self.dir, seg_name(self._base)))
+                except OSError:
+                    pass
+        self._base, self._file_off = start_pos + size, 0
+        self.written_pos = start_pos + size
+        if self.on_error:
+            self.on_error(last, n, exc)
+        time.sleep(0.1)
+
     def flush(self, timeout: float = 10.0) -> bool:
         """Block (not for the event loop) until everything appended is written."""
         target = self.next_seq - 1
         deadline = time.monotonic() + timeout
         while self.durable_seq < target and time.monotonic() < deadline:
             if self._thread is None or not self._thread.is_alive():
+                return False
+            if self.failing and not self._q:  # the disk fails: the rest was refused
                 return False
             self._ev.set()
             time.sleep(0.002)

@@ -91,6 +91,40 @@ class Connection:
             self.write(a)
         self.pending_acks -= len(acks)
 
+    def fail_acks(self, acks: list, why: str) -> None:
+        """The messages of these held PUBACK/PUBREC could not be made durable: never a success.
+        v5: the same ack with 0x80 Unspecified error; 3.1.x has no failure ack: close."""
+        self.pending_acks -= len(acks)
+        if self.state != _CLOSED:
+            acks = list(acks)
+            self.fail_stored_acks(acks, why, all_acks=True)
+            for a in acks:
+                if a:
+                    self.write(a)
+
+    def fail_stored_acks(self, packets: list, why: str, all_acks: bool = False) -> None:
+        """Replace, in place, the acks in `packets` whose messages changed state the store could
+        not commit (StoredAck; every ack with all_acks) by failures (v5) or close (3.1.x)."""
+        v5 = self.level == P.MQTT_5
+        props = {PR.REASON_STRING: why} if v5 and self.request_problem_info else None
+        session = self.session
+        failed = False
+        for i, a in enumerate(packets):
+            if not (all_acks or type(a) is StoredAck):
+                continue
+            failed = True
+            ptype, pid = a[0] >> 4, (a[2] << 8) | a[3]  # an encoded PUBACK/PUBREC
+            if ptype == P.PUBREC and pid in session.inflight_in:
+                # 4.3.3: after a PUBREC >= 0x80 a PUBLISH with this id is a new message
+                session.inflight_in.discard(pid)
+                if session.store is not None:
+                    session.store.qos2_remove(session.client_id, pid)
+            packets[i] = encode_ack(ptype, pid, rc.UNSPECIFIED_ERROR, props, P.MQTT_5) if v5 else b""
+        if failed and not v5 and self.state != _CLOSED:
+            log.warning("closing %s (%s): %s; a 3.1.x client has no failure acknowledgement",
+                        self.client_id, self.peer, why)
+            self.close(publish_will=True)
+
     def resume_writing(self) -> None:
         """The transport drained: send what waited in the session's queue."""
         self.paused = False
@@ -420,6 +454,8 @@ class Connection:
                       else (False, 0, p.retain)] = (p.raw, -1)
         if b.sink is not None and not b.to_sink(msg, self.client_id, self.username, self.level):
             return self.ack(qos, pid, rc.QUOTA_EXCEEDED) if qos else None
+        store = b.store
+        ops = len(store.ops) if qos and store is not None else -1
         if p.retain:
             b.retain(msg)
         n = b.route(msg, session)
@@ -428,12 +464,15 @@ class Connection:
                 session.inflight_in.add(pid)
                 if session.store is not None:
                     session.store.qos2_add(session.client_id, pid)
-            self.ack(qos, pid, rc.SUCCESS if n else rc.NO_MATCHING_SUBSCRIBERS)
+            self.ack(qos, pid, rc.SUCCESS if n else rc.NO_MATCHING_SUBSCRIBERS,
+                     0 <= ops < len(store.ops))
 
-    def ack(self, qos: int, pid: int, code: int) -> None:
+    def ack(self, qos: int, pid: int, code: int, stored: bool = False) -> None:
         if self.level != P.MQTT_5:
             code = 0
         data = encode_ack(P.PUBACK if qos == 1 else P.PUBREC, pid, code, None, self.level)
+        if stored:  # a success only once the store commits what the message changed
+            data = StoredAck(data)
         if self.broker.sink is not None and code < 0x80 and self.broker.sink_durable:
             self.held_acks.append(data)  # released by the server once the spool is durable
             self.pending_acks += 1
@@ -642,6 +681,11 @@ class Connection:
                 self.close(publish_will=False)
         elif self.keep_alive and now - self.last_rx > self.keep_alive * 1.5:  # [MQTT-3.1.2-22]
             self.server_disconnect(rc.KEEP_ALIVE_TIMEOUT, "keep alive timeout", publish_will=True)
+
+
+class StoredAck(bytes):
+    """An encoded PUBACK/PUBREC that is a success only if the store commits this turn."""
+    __slots__ = ()
 
 
 def _sniff_level(data: bytes) -> int:

@@ -25,6 +25,7 @@ from ..protocol import packets as P
 from ..protocol.properties import decode_properties, encode_properties
 from ..core.message import Message
 from ..core.session import NEVER, Session, Subscription
+from ..core.topics import parse_shared, valid_topic_filter
 
 log = logging.getLogger("broker.store")
 
@@ -45,6 +46,8 @@ CREATE INDEX IF NOT EXISTS outbound_client ON outbound (client_id);
 _INS_MSG = "INSERT INTO messages VALUES (?,?,?,?,?,?,?,?)"
 _INS_OUT = "INSERT INTO outbound VALUES (?,?,?,?,?,?,?,0)"
 _DEL_OUT = "DELETE FROM outbound WHERE seq=?"
+RETRY_FIRST, RETRY_MAX = 0.25, 5.0  # seconds between commit retries while the disk fails
+_TABLES = ("messages", "sessions", "subscriptions", "outbound", "qos2_in", "retained")
 
 
 def _ids(sub_ids) -> str | None:
@@ -52,16 +55,24 @@ def _ids(sub_ids) -> str | None:
 
 
 class Store:
-    def __init__(self, path: str, clock=time.monotonic, wall=time.time, synchronous: str = "NORMAL"):
+    def __init__(self, path: str, clock=time.monotonic, wall=time.time, synchronous: str = "NORMAL",
+                 max_pending: int = 1_000_000):
         self.path = path
         self.clock = clock
         self.wall = wall
         self.synchronous = synchronous
         self.ops: list = []
+        self.failing = 0      # consecutive failed commits (0: healthy)
+        self.max_pending = max_pending  # changes kept while commits fail; beyond: rewrite later
+        self.resync = False   # changes were dropped: the next commit rewrites the whole state
+        self.broker = None    # set by load(): the state a rewrite writes
+        self.retry_at = 0.0   # clock() before which a failing store does not try again
         self.db = self._open()
         self.seq = self.db.execute("SELECT COALESCE(MAX(seq), 0) FROM outbound").fetchone()[0]
         self.msg_seq = self.db.execute("SELECT COALESCE(MAX(id), 0) FROM messages").fetchone()[0]
-        self.dropped: dict[str, int] = {}
+        self.dropped: dict[str, int] = {}      # table -> rows skipped at load (unreadable)
+        self.skipped: dict[str, list] = {}     # table -> unreadable parts (after, to, error)
+        self._first_drop: dict[str, str] = {}
 
     # ------------------------------------------------------------ opening / recovery
     def _connect(self, path: str) -> sqlite3.Connection:
@@ -96,104 +107,139 @@ class Store:
             db.executescript(SCHEMA)
             return db
 
-    def _rows(self, db, sql: str, what: str):
-        """Rows of a query, stopping (and saying so) where the file is unreadable."""
-        n = 0
-        try:
-            for row in db.execute(sql):
-                n += 1
-                yield row
-        except sqlite3.DatabaseError as exc:
-            log.error("state store: stopped reading %s after %d rows: %s (the rest is dropped)",
-                      what, n, exc)
-            self.dropped[what] = self.dropped.get(what, 0) + 1
+    def _rows(self, db, table: str):
+        """(rowid, *columns) of every row of `table` that can still be read, in rowid order.
+
+        Read in rowid ranges: where a range is unreadable (a damaged or missing page) the rows
+        before the damage are read one by one, then the next readable rowid is probed for, so
+        a bad page costs only its own rows. Skipped ranges are counted for the log."""
+        sql = f"SELECT rowid, * FROM {table} WHERE rowid > ? ORDER BY rowid LIMIT ?"
+        last, chunk = _MIN_ROWID, _CHUNK
+        while True:
+            try:
+                rows = _fetch(db, sql, last, chunk)
+            except sqlite3.DatabaseError as exc:
+                if chunk > 1:
+                    chunk = 1  # read up to the damage row by row
+                    continue
+                nxt = _readable_after(db, sql, last)
+                self.skipped.setdefault(table, []).append(
+                    (None if last == _MIN_ROWID else last, nxt, str(exc)))
+                if nxt is None:
+                    return
+                last, chunk = nxt, _CHUNK
+                continue
+            if not rows:
+                return
+            yield from rows
+            last = rows[-1][0]
 
     # ------------------------------------------------------------ restore
     def load(self, broker) -> dict:
-        """Rebuild sessions, subscriptions, queues, in-flight state and retained messages."""
+        """Rebuild sessions, subscriptions, queues, in-flight state and retained messages.
+
+        Row by row for every table: a row that cannot be read or has wrong types is skipped
+        and counted, and so is an unreadable part of a damaged file; the log says what."""
         t0 = time.perf_counter()
+        self.broker = broker
         src = self.db
         if self.salvaged:
             try:
                 src = sqlite3.connect(self.salvaged)
+                # a truncated file: read the pages that are there instead of refusing it all
+                src.execute("PRAGMA writable_schema=ON")
             except sqlite3.DatabaseError as exc:
                 log.error("state store: nothing recoverable in %s: %s", self.salvaged, exc)
                 return {}
         now, wall = self.clock(), self.wall()
         messages: dict[int, Message] = {}
+        restored: dict[str, int] = {}
 
-        def message(mid):
-            return messages.get(mid)
+        def restore(table: str, check, apply) -> None:
+            """apply(columns) to every readable row; a row that fails is dropped and counted."""
+            n = 0
+            for row in self._rows(src, table):
+                try:
+                    if not check(row):
+                        raise TypeError("unexpected types "
+                                        f"{tuple(type(v).__name__ for v in row[1:])}")
+                    apply(*row[1:])
+                    n += 1
+                except Exception as exc:
+                    self._drop(table, row[0], exc)
+            restored[table] = n
 
-        for row in self._rows(src, "SELECT * FROM messages", "messages"):
-            try:
-                mid, topic, payload, qos, retain, props, expires_at, accepted = row
-                pr = decode_properties(props, 0, "PUBLISH")[0] if props else None
-                exp = None if expires_at is None else now + (expires_at - wall)
-                m = Message(topic, bytes(payload or b""), qos, bool(retain), pr, exp, None, accepted)
-                m.store_id = mid
-                messages[mid] = m
-            except Exception as exc:
-                self._drop("messages", exc)
+        def message(mid, topic, payload, qos, retain, props, expires_at, accepted):
+            pr = decode_properties(props, 0, "PUBLISH")[0] if props else None
+            exp = None if expires_at is None else now + (expires_at - wall)
+            m = Message(topic, bytes(payload or b""), qos, bool(retain), pr, exp, None, accepted)
+            m.store_id = mid
+            messages[mid] = m
+
         sessions = broker.sessions
-        for row in self._rows(src, "SELECT * FROM sessions", "sessions"):
-            try:
-                cid, interval, expires_at, username, will, next_pid = row
-                if expires_at is not None and expires_at <= wall:
-                    continue  # expired while the broker was down
-                s = Session(cid, broker.cfg.max_queued_messages, broker.cfg.queue_qos0_messages,
-                            broker.stats, broker.sent_by_qos)
-                s.expiry_interval = interval
-                s.username = username
-                s.next_pid = next_pid or 1
-                # the broker stopped while the session was connected: it is offline from now
-                s.expires_at = (now + (expires_at - wall) if expires_at is not None else
-                                (None if interval == NEVER else now + interval))
-                if will:
-                    s.will = decode_will(will)
-                s.store = self
-                sessions[cid] = s
-            except Exception as exc:
-                self._drop("sessions", exc)
-        for row in self._rows(src, "SELECT * FROM subscriptions", "subscriptions"):
-            try:
-                cid, filt, qos, no_local, rap, rh, sub_id = row
-                s = sessions.get(cid)
-                if s is None:
-                    continue
-                from ..core.topics import parse_shared
-                shared = parse_shared(filt)
-                group, tf = shared if shared else (None, filt)
-                sub = Subscription(filt, tf, group, qos, bool(no_local), bool(rap), rh, sub_id, s)
-                sub.read_check = broker.auth.needs_read_check(cid, s.username, filt)
-                s.subscriptions[filt] = sub
-                broker.router.add(sub)
-            except Exception as exc:
-                self._drop("subscriptions", exc)
-        for row in self._rows(src, "SELECT * FROM outbound ORDER BY seq", "outbound"):
-            try:
-                seq, cid, mid, qos, retain, ids, pid, released = row
-                s = sessions.get(cid)
-                m = message(mid)
-                if s is None or m is None:
-                    continue
-                sub_ids = tuple(int(x) for x in ids.split(",")) if ids else None
-                if pid:
-                    s.inflight_out[pid] = [m, qos, bool(retain), sub_ids, bool(released), seq]
-                else:
-                    s.queue.append((m, qos, bool(retain), sub_ids, seq))
-            except Exception as exc:
-                self._drop("outbound", exc)
-        for row in self._rows(src, "SELECT * FROM qos2_in", "qos2_in"):
-            s = sessions.get(row[0])
+
+        def session(cid, interval, expires_at, username, will, next_pid):
+            if expires_at is not None and expires_at <= wall:
+                return  # expired while the broker was down
+            s = Session(cid, broker.cfg.max_queued_messages, broker.cfg.queue_qos0_messages,
+                        broker.stats, broker.sent_by_qos)
+            s.expiry_interval = interval
+            s.username = username
+            s.next_pid = next_pid or 1
+            # the broker stopped while the session was connected: it is offline from now
+            s.expires_at = (now + (expires_at - wall) if expires_at is not None else
+                            (None if interval == NEVER else now + interval))
+            if will:
+                s.will = decode_will(will)
+            s.store = self
+            sessions[cid] = s
+
+        def subscription(cid, filt, qos, no_local, rap, rh, sub_id):
+            s = sessions.get(cid)
+            if s is None:
+                return
+            shared = parse_shared(filt)
+            group, tf = shared if shared else (None, filt)
+            if not valid_topic_filter(tf):
+                raise ValueError(f"invalid topic filter {filt!r}")
+            sub = Subscription(filt, tf, group, qos, bool(no_local), bool(rap), rh, sub_id, s)
+            sub.read_check = broker.auth.needs_read_check(cid, s.username, filt)
+            s.subscriptions[filt] = sub
+            broker.router.add(sub)
+
+        def outbound(seq, cid, mid, qos, retain, ids, pid, released):
+            s = sessions.get(cid)
+            m = messages.get(mid)
+            if s is None or m is None:
+                return
+            sub_ids = tuple(int(x) for x in ids.split(",")) if ids else None
+            if pid:
+                s.inflight_out[pid] = [m, qos, bool(retain), sub_ids, bool(released), seq]
+            else:
+                s.queue.append((m, qos, bool(retain), sub_ids, seq))
+
+        def qos2(cid, pid):
+            s = sessions.get(cid)
             if s is not None:
-                s.inflight_in.add(row[1])
+                s.inflight_in.add(pid)
+
         nret = 0
-        for row in self._rows(src, "SELECT * FROM retained", "retained"):
-            m = message(row[1])
+
+        def retained(topic, mid):
+            nonlocal nret
+            m = messages.get(mid)
+            if m is not None and m.topic != topic:
+                raise ValueError(f"retained topic {topic!r} is not its message's {m.topic!r}")
             if m is not None and (m.expires_at is None or m.expires_at > now):
-                broker.retained.set(row[0], m)
+                broker.retained.set(topic, m)
                 nret += 1
+
+        restore("messages", _ok_message, message)
+        restore("sessions", _ok_session, session)
+        restore("subscriptions", _ok_subscription, subscription)
+        restore("outbound", _ok_outbound, outbound)
+        restore("qos2_in", _ok_qos2, qos2)
+        restore("retained", _ok_retained, retained)
         # wills of sessions that were connected when the broker stopped: an abnormal end
         for s in sessions.values():
             if s.will is not None:
@@ -201,23 +247,53 @@ class Store:
                 delay = (s.will.properties or {}).get(PR.WILL_DELAY_INTERVAL, 0)
                 s.will_at = now + delay
                 broker.delayed_wills[s.client_id] = s
+        self._report(restored)
         if self.salvaged:
             src.close()
+            for m in messages.values():
+                m.store_id = None  # ids of the old file: the fresh one gets every message anew
             self.snapshot(broker)
         summary = {"sessions": len(sessions), "retained": nret, "messages": len(messages),
-                   "seconds": round(time.perf_counter() - t0, 3), "dropped": dict(self.dropped)}
+                   "seconds": round(time.perf_counter() - t0, 3), "dropped": dict(self.dropped),
+                   "skipped": {t: len(v) for t, v in self.skipped.items()}}
         log.info("restored %d sessions, %d retained messages, %d stored messages in %.3fs%s",
                  len(sessions), nret, len(messages), summary["seconds"],
-                 f"; dropped unreadable: {self.dropped}" if self.dropped else "")
+                 f"; dropped unreadable rows: {self.dropped}" if self.dropped else "")
         return summary
 
-    def _drop(self, what: str, exc: Exception) -> None:
-        self.dropped[what] = self.dropped.get(what, 0) + 1
-        log.warning("state store: dropped an unreadable %s row: %s", what, exc)
+    def _drop(self, table: str, rowid, exc: Exception) -> None:
+        self.dropped[table] = self.dropped.get(table, 0) + 1
+        if self.dropped[table] <= 3:  # the first few in detail, then the count per table
+            log.debug("state store: dropped %s row %s: %s", table, rowid, exc)
+        self._first_drop.setdefault(table, f"row {rowid}: {exc}")
 
-    def snapshot(self, broker) -> None:
-        """Write the whole in-memory state (after recovering from a damaged file)."""
-        self.ops.clear()
+    def _report(self, restored: dict) -> None:
+        """One WARNING per table that lost something: how many rows, which parts, why."""
+        for table, n in restored.items():
+            bad, parts = self.dropped.get(table, 0), self.skipped.get(table, [])
+            if not bad and not parts:
+                continue
+            what = []
+            if bad:
+                what.append(f"dropped {bad} unreadable rows (first: {self._first_drop[table]})")
+            if parts:
+                spans = ", ".join(f"after rowid {a if a is not None else 'start'} "
+                                  f"{'to ' + str(b) if b is not None else 'to the end'}"
+                                  for a, b, _ in parts[:5])
+                what.append(f"skipped {len(parts)} unreadable parts ({spans}; {parts[0][2]})")
+            log.warning("state store: table %s: restored %d rows, %s", table, n, "; ".join(what))
+
+    def snapshot(self, broker, rewrite: bool = False) -> int:
+        """Write the whole in-memory state: after recovering from a damaged file, or (rewrite)
+        replacing everything in the file after changes had to be dropped. Returns commit()'s."""
+        self.ops = []
+        if rewrite:
+            self.ops = [(f"DELETE FROM {t}", ()) for t in _TABLES]
+            for s in broker.sessions.values():
+                for e in list(s.queue) + list(s.inflight_out.values()):
+                    e[0].store_id = None  # every message is written anew
+            for m in broker.retained.all():
+                m.store_id = None
         for s in broker.sessions.values():
             if s.store is None:
                 continue
@@ -234,7 +310,7 @@ class Store:
                 self.qos2_add(s.client_id, pid)
         for m in broker.retained.all():
             self.retain_set(m.topic, m)
-        self.commit()
+        return self._write(self.ops)
 
     # ------------------------------------------------------------ changes (batched)
     def _message_id(self, msg: Message) -> int:
@@ -296,14 +372,22 @@ class Store:
             self.ops.append(("INSERT OR REPLACE INTO retained VALUES (?,?)", (topic, self._message_id(msg))))
 
     def commit(self) -> int:
-        """Apply the pending operations in one transaction; returns how many."""
+        """Apply the pending operations in one transaction; returns how many, or -1 when they
+        could not be written (disk full, I/O error): then they stay pending and are retried,
+        with a growing delay, by the next commit; the caller fails what depended on them."""
+        if self.resync:
+            return self._rewrite()
         ops = self.ops
         if not ops:
             return 0
-        self.ops = []
+        if self.failing and self.clock() < self.retry_at:
+            return -1
+        return self._write(ops)
+
+    def _write(self, ops: list) -> int:
         db = self.db
-        db.execute("BEGIN")
         try:
+            db.execute("BEGIN")
             i, n = 0, len(ops)
             while i < n:  # consecutive identical statements go through executemany
                 sql = ops[i][0]
@@ -316,21 +400,152 @@ class Store:
                     db.execute(sql, ops[i][1])
                 i = j
             db.execute("COMMIT")
-        except Exception:
-            db.execute("ROLLBACK")
-            raise
+        except sqlite3.Error as exc:
+            self._commit_failed(exc, ops)
+            return -1
+        self.ops = []
+        if self.failing:
+            log.info("state store: writes to %s succeed again (%d changes kept in memory were "
+                     "written%s)", self.path, n, ": the whole state" if self.resync else "")
+            self.failing = 0
+        self.resync = False
         return n
+
+    def _rewrite(self) -> int:
+        """Changes were dropped: replace the file's content by the whole in-memory state."""
+        if len(self.ops) > self.max_pending:
+            self.ops = []  # superseded by the rewrite: kept bounded meanwhile
+        if self.clock() < self.retry_at or self.broker is None:
+            return -1
+        return self.snapshot(self.broker, rewrite=True)
+
+    def _commit_failed(self, exc: sqlite3.Error, ops: list) -> None:
+        try:
+            if self.db.in_transaction:
+                self.db.execute("ROLLBACK")
+        except sqlite3.Error:
+            pass
+        self.failing += 1
+        delay = min(RETRY_MAX, RETRY_FIRST * 2 ** (self.failing - 1))
+        self.retry_at = self.clock() + delay
+        if self.failing == 1:
+            log.error("state store: cannot write %s: %s. Acknowledgements that need the store "
+                      "fail (MQTT 5: 0x80; 3.1.x: disconnected) until it can: free disk space or "
+                      "fix the device; the changes are kept in memory and retried", self.path, exc)
+        else:
+            log.debug("state store: commit of %d changes failed again (retry in %.1fs): %s",
+                      len(ops), delay, exc)
+        # a statement SQLite refuses (not the disk) or too many changes waiting: drop them and
+        # write the whole state once writes succeed
+        if not self.resync and (not isinstance(exc, sqlite3.OperationalError)
+                                or len(ops) > self.max_pending):
+            log.error("state store: dropped %d pending changes (%s); the whole state will be "
+                      "rewritten when writes succeed (persistence.max_pending_changes = %d)",
+                      len(ops), exc, self.max_pending)
+            self.resync = True
+        if self.resync:
+            self.ops = []
 
     def collect_garbage(self) -> None:
         """Delete stored messages nothing refers to any more."""
-        self.commit()
-        self.db.execute("DELETE FROM messages WHERE id NOT IN (SELECT msg_id FROM outbound) "
-                        "AND id NOT IN (SELECT msg_id FROM retained)")
+        if self.commit() < 0:
+            return
+        try:
+            self.db.execute("DELETE FROM messages WHERE id NOT IN (SELECT msg_id FROM outbound) "
+                            "AND id NOT IN (SELECT msg_id FROM retained)")
+        except sqlite3.OperationalError as exc:
+            log.warning("state store: garbage collection failed (retried later): %s", exc)
 
     def close(self) -> None:
-        self.commit()
+        self.retry_at = 0.0  # a last try
+        if self.commit() < 0:
+            log.error("state store: the last changes could not be written to %s at shutdown",
+                      self.path)
         self.collect_garbage()
         self.db.close()
+
+
+# Row checks at load: the types each column must have (anything else is a damaged row).
+_MIN_ROWID, _MAX_ROWID, _CHUNK = -(1 << 63), (1 << 63) - 1, 500
+_NUM = (int, float)
+
+
+def _fetch(db, sql: str, after: int, n: int) -> list:
+    """Up to n rows with rowid > after; a damaged page shows as an error or rowids out of order."""
+    rows = db.execute(sql, (after, n)).fetchall()
+    prev = after
+    for r in rows:
+        if not isinstance(r[0], int) or r[0] <= prev:
+            raise sqlite3.DatabaseError("rowids out of order (damaged page)")
+        prev = r[0]
+    return rows
+
+
+def _readable_after(db, sql: str, bad: int) -> int | None:
+    """The smallest x > bad from which rows after x can be read again (None: nothing)."""
+    def ok(x: int) -> bool:
+        try:
+            _fetch(db, sql, x, 1)
+            return True
+        except sqlite3.DatabaseError:
+            return False
+    step, lo = 1, bad  # lo: known unreadable
+    while True:
+        hi = min(bad + step, _MAX_ROWID)
+        if ok(hi):
+            break
+        if hi == _MAX_ROWID:
+            return None
+        lo, step = hi, step * 2
+    while hi - lo > 1:  # bisect: the damaged range ends between lo and hi
+        mid = (lo + hi) // 2
+        if ok(mid):
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+def _opt(v, t) -> bool:
+    return v is None or isinstance(v, t)
+
+
+def _text(v) -> bool:
+    return isinstance(v, str) and "\x00" not in v  # [MQTT-1.5.4-2]: no U+0000 in MQTT strings
+
+
+def _topic(v) -> bool:
+    return _text(v) and v != "" and "+" not in v and "#" not in v
+
+
+def _ok_message(r) -> bool:
+    return (isinstance(r[1], int) and _topic(r[2]) and _opt(r[3], bytes)
+            and r[4] in (0, 1, 2) and _opt(r[5], int) and _opt(r[6], bytes) and _opt(r[7], _NUM)
+            and isinstance(r[8], _NUM))
+
+
+def _ok_session(r) -> bool:
+    return (_text(r[1]) and isinstance(r[2], int) and _opt(r[3], _NUM)
+            and _opt(r[4], str) and _opt(r[5], bytes) and _opt(r[6], int))
+
+
+def _ok_subscription(r) -> bool:
+    return (_text(r[1]) and _text(r[2]) and r[3] in (0, 1, 2)
+            and _opt(r[4], int) and _opt(r[5], int) and r[6] in (0, 1, 2) and _opt(r[7], int))
+
+
+def _ok_outbound(r) -> bool:
+    return (isinstance(r[1], int) and isinstance(r[2], str) and isinstance(r[3], int)
+            and r[4] in (0, 1, 2) and _opt(r[5], int) and _opt(r[6], str) and _opt(r[7], int)
+            and _opt(r[8], int))
+
+
+def _ok_qos2(r) -> bool:
+    return isinstance(r[1], str) and isinstance(r[2], int)
+
+
+def _ok_retained(r) -> bool:
+    return _topic(r[1]) and isinstance(r[2], int)
 
 
 def encode_will(w: P.Will) -> bytes:
