@@ -178,3 +178,21 @@ def raw_connect_bytes(port: int, data: bytes, timeout: float = 5.0) -> bytes:
 __all__ = ["P", "PR", "uniq", "cid", "connect", "read_until_closed", "expect_disconnect", "bye",
            "ack", "publish_ok", "recv_publish", "props", "assert_served", "raw_publish",
            "raw_connect_bytes", "RawClient"]
+
+
+def flood_stalled_reader(port: int, mib: int = 300) -> socket.socket:
+    """Offer ~`mib` MiB of QoS 0 on flood/x (for a subscriber that stopped reading), check that
+    another client on the same broker is still served; return the publisher's socket."""
+    pub = socket.create_connection(("127.0.0.1", port))
+    pub.sendall(encode(P.Connect("flooder", 4), 4))
+    pub.recv(4)
+    chunk = encode(P.Publish("flood/x", b"x" * 1024), 4) * 1000  # ~1 MB per send
+    for _ in range(mib):
+        pub.sendall(chunk)
+    other = RawClient(port)
+    other.connect("other")
+    other.subscribe("ok")
+    other.publish("ok", b"served")
+    assert other.recv_type(P.PUBLISH, timeout=60).payload == b"served"
+    other.close()
+    return pub

@@ -55,14 +55,18 @@ class InProcessBroker:
             self.loop.close()
 
 
+def write_auth_files(d, users: dict, acl_text: str):
+    """A password file (fast scrypt parameters) and an ACL file in directory d."""
+    pw = d / "passwd"
+    pw.write_text("".join(f"{u}:{hash_password(p, **FAST)}\n" for u, p in users.items()))
+    acl = d / "acl"
+    acl.write_text(acl_text)
+    return pw, acl
+
+
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
-    d = tmp_path_factory.mktemp("auth")
-    pw = d / "passwd"
-    pw.write_text("".join(f"{u}:{hash_password(p, **FAST)}\n" for u, p in USERS.items()))
-    acl = d / "acl"
-    acl.write_text(ACL)
-    return pw, acl
+    return write_auth_files(tmp_path_factory.mktemp("auth"), USERS, ACL)
 
 
 @pytest.fixture(scope="module")

@@ -7,6 +7,7 @@ import pytest
 from broker.protocol import packets as P
 from broker.protocol.codec import encode
 from tests.conftest import BrokerProcess
+from tests.integration.helpers import flood_stalled_reader
 from tests.mqtt_raw import RawClient
 
 N = 10_000
@@ -90,17 +91,7 @@ def test_stalled_reader_cannot_grow_broker_memory(tmp_path):
         stalled.subscribe("flood/#")
         stalled.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # and never read again
         base = rss_kib(b.proc.pid)
-        pub = socket.create_connection(("127.0.0.1", b.port))
-        pub.sendall(encode(P.Connect("flooder", 4), 4))
-        pub.recv(4)
-        chunk = encode(P.Publish("flood/x", b"x" * 1024), 4) * 1000  # ~1 MB per send
-        for _ in range(300):  # ~300 MB offered to a reader that reads nothing
-            pub.sendall(chunk)
-        other = RawClient(b.port)
-        other.connect("other")
-        other.subscribe("ok")
-        other.publish("ok", b"served")
-        assert other.recv_type(P.PUBLISH, timeout=20).payload == b"served"
+        flood_stalled_reader(b.port).close()  # ~300 MB offered to a reader that reads nothing
         grown_mib = (rss_kib(b.proc.pid) - base) / 1024
         body = urllib.request.urlopen(f"http://127.0.0.1:{mport}/metrics", timeout=5).read().decode()
         dropped = [float(line.split()[-1]) for line in body.splitlines()

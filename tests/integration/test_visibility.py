@@ -6,12 +6,12 @@ import time
 
 import pytest
 
-from broker.auth import AccessControl, hash_password
+from broker.auth import AccessControl
 from broker.protocol import properties as PR
 from tests.conftest import BrokerProcess
 from tests.integration.helpers import (P, RawClient, bye, cid, expect_disconnect, publish_ok,
                                        recv_publish, uniq)
-from tests.integration.test_auth import FAST, InProcessBroker
+from tests.integration.test_auth import InProcessBroker, write_auth_files
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -44,12 +44,7 @@ HOUR = {PR.SESSION_EXPIRY_INTERVAL: 3600}
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
-    d = tmp_path_factory.mktemp("vis")
-    pw = d / "passwd"
-    pw.write_text("".join(f"{u}:{hash_password(p, **FAST)}\n" for u, p in USERS.items()))
-    acl = d / "acl"
-    acl.write_text(ACL)
-    return pw, acl
+    return write_auth_files(tmp_path_factory.mktemp("vis"), USERS, ACL)
 
 
 @pytest.fixture(scope="module")

@@ -15,6 +15,7 @@ from broker.protocol import packets as P
 from broker.protocol.codec import encode
 from tests.conftest import BrokerProcess, free_port
 from tests.integration.test_scale import rss_kib
+from tests.integration.helpers import flood_stalled_reader
 from tests.mqtt_raw import RawClient
 from tests.ws_raw import HandshakeRefused, WSClient, frame_header
 
@@ -111,17 +112,7 @@ def test_stalled_websocket_reader_cannot_grow_broker_memory(tmp_path):
         stalled.send(P.Subscribe(1, [("flood/#", P.SubscriptionOptions(0))]))
         stalled.recv_type(P.SUBACK)            # and never reads again
         base = rss_kib(b.proc.pid)
-        pub = socket.create_connection(("127.0.0.1", b.port))
-        pub.sendall(encode(P.Connect("flooder", 4), 4))
-        pub.recv(4)
-        chunk = encode(P.Publish("flood/x", b"x" * 1024), 4) * 1000  # ~1 MB per send
-        for _ in range(300):  # ~300 MB offered to a reader that reads nothing
-            pub.sendall(chunk)
-        other = RawClient(b.port)
-        other.connect("other")
-        other.subscribe("ok")
-        other.publish("ok", b"served")
-        assert other.recv_type(P.PUBLISH, timeout=60).payload == b"served"
+        pub = flood_stalled_reader(b.port)  # ~300 MB offered to a reader that reads nothing
         grown_mib = (rss_kib(b.proc.pid) - base) / 1024
         dropped = metric(b, 'mqtt_messages_dropped_total{reason="slow_consumer"}')
         print(f"\nbroker RSS grew {grown_mib:.1f} MiB while ~300 MiB were offered to a stalled "
