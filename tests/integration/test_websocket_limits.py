@@ -121,7 +121,6 @@ def test_stalled_websocket_reader_cannot_grow_broker_memory(tmp_path):
         assert dropped > 100_000
         assert b.alive()
         pub.close()
-        other.close()
         stalled.close()
     finally:
         b.stop()
