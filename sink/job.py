@@ -229,7 +229,8 @@ def _python_kafka(spark, cfg: JobConfig):
     if not getattr(spark, "_mqtt_kafka_registered", False):
         spark.dataSource.register(KafkaPythonSource)
         spark._mqtt_kafka_registered = True
-    reader = spark.readStream.format(FORMAT_NAME)
+    reader = (spark.readStream.format(FORMAT_NAME).option("headers", "columns")
+              .option("maxPartitions", str(spark.sparkContext.defaultParallelism)))
     for k, v in cfg.kafka_options().items():
         reader = reader.option(k, v)
     return reader.load()

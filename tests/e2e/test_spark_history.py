@@ -325,21 +325,30 @@ def test_kafka_restart_offsets_go_backwards(spark, kafka, tmp_path):
 # ---- offset planning of the Python source (no Spark, no Kafka: fast) --------------------------
 
 def test_source_offset_planning():
-    from sink.source import KafkaRange, KafkaStreamReader, SourceOptions, _allocate
+    from sink.source import KafkaRange, KafkaRanges, KafkaStreamReader, SourceOptions, _allocate
     r = KafkaStreamReader(SourceOptions.parse({"kafka.bootstrap.servers": "h:1",
                                                "subscribe": "a"}))
     same = {"a": "id1"}
-    # normal: [start, end) per partition, empty ranges skipped
+    # normal: [start, end) per partition, empty ranges skipped; the end offset's ingest time
     assert r.partitions({"t": {"a": {"0": 5, "1": 7}}, "ids": same},
-                        {"t": {"a": {"0": 9, "1": 7, "2": 3}}, "ids": same}) == [
-        KafkaRange("a", 0, 5, 9), KafkaRange("a", 2, 0, 3, True)]
+                        {"t": {"a": {"0": 9, "1": 7, "2": 3}}, "ids": same, "ts": 42}) == [
+        KafkaRange("a", 0, 5, 9, False, 42), KafkaRange("a", 2, 0, 3, True, 42)]
     # end below start (log lost): read the new log from 0
     assert r.partitions({"t": {"a": {"0": 50}}, "ids": same},
-                        {"t": {"a": {"0": 4}}, "ids": same}) == [KafkaRange("a", 0, 0, 4, True)]
+                        {"t": {"a": {"0": 4}}, "ids": same, "ts": 1}) == [
+        KafkaRange("a", 0, 0, 4, True, 1)]
     # topic re-created (new id) even though the new log is already longer: from 0
     assert r.partitions({"t": {"a": {"0": 5}}, "ids": same},
-                        {"t": {"a": {"0": 8}}, "ids": {"a": "id2"}}) == [
-        KafkaRange("a", 0, 0, 8, True)]
+                        {"t": {"a": {"0": 8}}, "ids": {"a": "id2"}, "ts": 1}) == [
+        KafkaRange("a", 0, 0, 8, True, 1)]
+    # at most maxPartitions Spark tasks: ranges shared out by size, each read once
+    r2 = KafkaStreamReader(SourceOptions.parse({"kafka.bootstrap.servers": "h:1",
+                                                "subscribe": "a", "maxPartitions": "2"}))
+    tasks = r2.partitions({"t": {"a": {}}, "ids": same},
+                          {"t": {"a": {"0": 100, "1": 10, "2": 60, "3": 50}}, "ids": same, "ts": 1})
+    assert len(tasks) == 2 and all(isinstance(t, KafkaRanges) for t in tasks)
+    assert sorted(sum(x.end - x.start for x in t.ranges) for t in tasks) == [110, 110]
+    assert sorted(x.partition for t in tasks for x in t.ranges) == [0, 1, 2, 3]
     # admission control shares the budget and never exceeds it
     assert _allocate([10, 0, 30], None) == [10, 0, 30]
     take = _allocate([10, 0, 30], 8)
