@@ -301,6 +301,12 @@ def test_kafka_restart_offsets_go_backwards(spark, kafka, tmp_path):
     assert ids_and_count(spark, cfg.table)[0] == 40
     commits = [f for f in (Path(cfg.checkpoint_dir) / "commits").iterdir() if f.name.isdigit()]
     assert len(commits) >= 2  # 40 records, at most 30 per micro-batch
+    # What the table holds, for the broker's spool (sink/progress.py): every offset, topic id
+    from sink.progress import committed_path, read_committed
+    done = read_committed(committed_path(cfg.table))
+    assert done["batch_id"] == max(int(f.name) for f in commits)
+    first_id = done["topics"][TOPIC]["topic_id"]
+    assert first_id and sum(done["topics"][TOPIC]["offsets"].values()) == 40
 
     # Restart: the topic comes back empty and offsets start at 0 again. More records than
     # before, so the new log's offsets overtake the committed ones (detected by topic id).
@@ -311,6 +317,9 @@ def test_kafka_restart_offsets_go_backwards(spark, kafka, tmp_path):
     count, ids = ids_and_count(spark, cfg.table)
     assert count == 140
     assert ids == {m["message_id"] for m in first + second}
+    done = read_committed(committed_path(cfg.table))  # offsets of the new log, its new id
+    assert done["topics"][TOPIC]["topic_id"] not in (None, first_id)
+    assert sum(done["topics"][TOPIC]["offsets"].values()) == 100
 
     # Restart again, fewer records than committed (the new end is below the committed start).
     kafka.restart()
