@@ -59,6 +59,10 @@ class Decoded:
     def __len__(self) -> int:
         return len(self.offset)
 
+    def header_record(self) -> np.ndarray:
+        """For every header, the index of its record."""
+        return np.repeat(np.arange(len(self.offset)), np.diff(self.hoff))
+
     def take(self, idx) -> "Decoded":
         """The records at ``idx`` (a boolean mask or sorted indexes), headers included."""
         idx = np.flatnonzero(idx) if idx.dtype == bool else idx
@@ -155,6 +159,16 @@ def _record_bodies(buf, pos: int, end: int, count: int, starts: list, limits: li
 
 
 def _decompress(codec: int, payload) -> bytes:
+    try:
+        return _decompress_with(codec, payload)
+    except CorruptBatchError:
+        raise
+    except Exception as exc:  # each codec has its own errors
+        raise CorruptBatchError(f"cannot decompress a record batch (codec {codec}): {exc}") \
+            from exc
+
+
+def _decompress_with(codec: int, payload) -> bytes:
     from kafka import codec as kc
     if codec == 1:
         return kc.gzip_decode(payload)
@@ -180,13 +194,13 @@ def decode(raw, check_crcs: bool = True) -> Decoded:
         end = pos + LOG_OVERHEAD + length
         if end > total:
             break  # partial batch at the end of the fetch
-        if length < BATCH_HEADER.size - LOG_OVERHEAD:
-            raise CorruptBatchError(f"record batch of {length} bytes is too short")
         magic = mv[pos + 16]
         if magic != 2:
             raise CorruptBatchError(
                 f"record batch with message format v{magic}: only v2 (Kafka 0.11+) is supported; "
                 "read this topic with Spark's Kafka connector (--source kafka)")
+        if length < BATCH_HEADER.size - LOG_OVERHEAD:
+            raise CorruptBatchError(f"record batch of {length} bytes is too short")
         (_, _, _, _, crc, attrs, last_delta, base_ts, max_ts, _pid, _pepoch, _seq,
          count) = BATCH_HEADER.unpack_from(mv, pos)
         if check_crcs:

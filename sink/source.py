@@ -553,8 +553,7 @@ def to_arrow(pa, schema, d, topic: str, partition: int, columns: bool, ingested_
             arrays.append(rb.binary_array(pa, d.data, *rb.first_header(d, name.encode())))
         prefix = H_USER_PREFIX.encode()
         user = rb.key_matches(d, prefix, prefix=True)
-        per_record = np.add.reduceat(user, d.hoff[:-1]) if len(user) else np.zeros(n, np.int64)
-        per_record[np.diff(d.hoff) == 0] = 0  # reduceat of an empty range gives the next item
+        per_record = np.bincount(d.header_record()[user], minlength=n)
         offsets = np.zeros(n + 1, np.int64)
         np.cumsum(per_record, out=offsets[1:])
         arrays.append(_header_list(pa, schema.field("user_headers").type, d, offsets, user,
