@@ -38,6 +38,8 @@ DEFAULTS = dict(
     spool_dir="",
     spool_max_bytes=1 << 30,
     spool_segment_bytes=16 << 20,
+    keep_until="kafka",
+    committed_file="",
     replay_window_seconds=3600.0,
     replay_window_messages=1_000_000,
     embedded_port=9092,
@@ -63,6 +65,8 @@ def normalize_config(cfg: dict | None, data_dir: str) -> dict:
         c[k] = v
     if c["durability"] not in ("spool", "async", "none"):
         raise ValueError(f"sink.durability must be 'spool', 'async' or 'none', not {c['durability']!r}")
+    if c["keep_until"] not in ("kafka", "history"):
+        raise ValueError(f"sink.keep_until must be 'kafka' or 'history', not {c['keep_until']!r}")
     if c["forwarder"] not in ("process", "thread"):
         raise ValueError(f"sink.forwarder must be 'process' or 'thread', not {c['forwarder']!r}")
     rules = c["rules"] or []
@@ -91,9 +95,20 @@ def normalize_config(cfg: dict | None, data_dir: str) -> dict:
     return c
 
 
+def committed_file(cfg: dict, history: dict | None) -> str:
+    """Where the history job reports what the table has committed: [sink] committed_file, else
+    found from [history] table/checkpoint the way the job finds it (sink/progress.py)."""
+    if cfg.get("committed_file"):
+        return str(cfg["committed_file"])
+    from .progress import committed_path
+    h = history or {}
+    return committed_path(str(h.get("table") or "./data/history"), h.get("checkpoint") or None)
+
+
 class Sink:
-    def __init__(self, cfg: dict, data_dir: str):
+    def __init__(self, cfg: dict, data_dir: str, history: dict | None = None):
         self.cfg = normalize_config(cfg, data_dir)
+        self.committed_file = committed_file(self.cfg, history) if self.cfg["keep_until"] == "history" else None
         self.data_dir = data_dir
         self.durable = self.cfg["durability"] == "spool"          # acks wait for the fsync
         self.on_disk = self.cfg["durability"] in ("spool", "async")  # records go through the spool file
@@ -119,6 +134,9 @@ class Sink:
         self._fst: dict = {}          # latest forwarder status
         self._fwd_pos = 0
         self._fwd_seq = 0
+        self._kept_pos = 0            # what the spool holds from (= _fwd_pos unless keep_until = "history")
+        self._kept_seq = 0
+        self._committed_seq = None
         self._full = False
         # forwarder plumbing
         self._procs: dict[int, subprocess.Popen] = {}   # shard -> forwarder process
@@ -132,8 +150,8 @@ class Sink:
         self._bg: threading.Thread | None = None
 
     @classmethod
-    def from_config(cls, cfg: dict, data_dir: str) -> "Sink":
-        return cls(cfg, data_dir)
+    def from_config(cls, cfg: dict, data_dir: str, history: dict | None = None) -> "Sink":
+        return cls(cfg, data_dir, history)
 
     # ------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -154,6 +172,7 @@ class Sink:
                                        on_durable=self._on_durable, on_written=self._notify_forwarder,
                                        on_error=self._on_write_error).open()
             self._fwd_pos, self._fwd_seq = self._writer.ckpt_pos, self._writer.ckpt_seq
+            self._kept_pos, self._kept_seq = self._writer.kept_pos, self._writer.kept_seq
             backlog = self._writer.next_seq - self._fwd_seq
             if backlog > 0:
                 log.info("%d unforwarded records in the spool %s will be replayed",
@@ -175,6 +194,7 @@ class Sink:
     def _fwd_config(self) -> dict:
         c = self.cfg
         return dict(spool_dir=c["spool_dir"], bootstrap=self.bootstrap, kafka=c["kafka"],
+                    keep_until=c["keep_until"], committed_file=self.committed_file,
                     replay_window_seconds=c["replay_window_seconds"],
                     replay_window_messages=c["replay_window_messages"],
                     max_inflight=c["max_inflight"], drain_timeout=c["drain_timeout_seconds"],
@@ -228,6 +248,11 @@ class Sink:
             slowest = min(sts, key=lambda x: x.get("pos", 0))
             self._fwd_pos = slowest.get("pos", self._fwd_pos)
             self._fwd_seq = slowest.get("seq", self._fwd_seq)
+            kept = min(sts, key=lambda x: x.get("retained_pos", x.get("pos", 0)))
+            self._kept_pos = kept.get("retained_pos", self._fwd_pos)
+            self._kept_seq = kept.get("retained_seq", self._fwd_seq)
+            cs = [x.get("committed_seq") for x in sts]
+            self._committed_seq = None if None in cs else min(cs)
 
     def _start_thread(self) -> None:
         self._ctl = ThreadControl()
@@ -238,7 +263,8 @@ class Sink:
             self._fwd_lock.acquire(timeout=15)
         self._fwd = Forwarder(source, self._ctl, self._apply_status, self.bootstrap, c["kafka"],
                               c["replay_window_seconds"], c["replay_window_messages"], c["max_inflight"],
-                              c["drain_timeout_seconds"])
+                              c["drain_timeout_seconds"], keep_until=c["keep_until"],
+                              committed_file=self.committed_file)
         self._fwd_thread = threading.Thread(target=self._run_thread_fwd, name="sink-forwarder", daemon=True)
         self._fwd_thread.start()
 
@@ -282,12 +308,12 @@ class Sink:
             self.dropped += 1
             return False
         src = self._writer if self.on_disk else self._mem
-        if src.end_pos - self._fwd_pos >= self.max_bytes:
+        if src.end_pos - self._kept_pos >= self.max_bytes:
             self.dropped += 1
             if not self._full:
                 self._full = True
                 log.warning("spool full (%d bytes >= spool_max_bytes); refusing new records",
-                            src.end_pos - self._fwd_pos)
+                            src.end_pos - self._kept_pos)
             return False
         if self._full:
             self._full = False
@@ -362,7 +388,10 @@ class Sink:
             spooled=self.spooled, spool_errors=self.spool_errors,
             forwarded=st.get("forwarded", 0), failed=st.get("failed", 0),
             replayed=st.get("replayed", 0), replays=st.get("replays", 0),
-            spool_messages=max(0, next_seq - self._fwd_seq), spool_bytes=max(0, end_pos - self._fwd_pos),
+            spool_messages=max(0, next_seq - self._fwd_seq), spool_bytes=max(0, end_pos - self._kept_pos),
+            spool_held_messages=max(0, next_seq - self._kept_seq),
+            spool_uncommitted_messages=(max(0, next_seq - self._committed_seq)
+                                        if self._committed_seq is not None else 0),
             lag_seconds=st.get("lag_seconds", 0.0), kafka_up=bool(st.get("kafka_up", False)),
             durability=self.cfg["durability"], bootstrap=self.bootstrap)
 
