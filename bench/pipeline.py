@@ -119,19 +119,13 @@ class CpuMeter:
 
 
 # ------------------------------------------------------------------------- counts
-def kafka_count(consumer, parts_cache: dict) -> int:
-    from kafka import TopicPartition
-    if not parts_cache.get("tps"):
-        consumer.topics()
-        ps = consumer.partitions_for_topic(TOPIC)
-        if not ps:
-            return 0
-        parts_cache["tps"] = [TopicPartition(TOPIC, p) for p in sorted(ps)]
-    try:
-        return sum(consumer.end_offsets(parts_cache["tps"]).values())
-    except Exception:
-        parts_cache.clear()
-        return 0
+def kafka_count(spool_dir: str) -> int:
+    """Records Kafka acknowledged (acks=all): the forwarders' checkpoints (a fresh spool starts
+    at seq 0; written every 0.5 s). Tansu's ListOffsets is not used: its "latest" offsets lag by
+    one per partition."""
+    from sink.spool import read_min_checkpoint
+    ck = read_min_checkpoint(spool_dir)
+    return int(ck["seq"]) if ck else 0
 
 
 class TableCounter:
@@ -247,6 +241,8 @@ def run_one(a, rate: int) -> dict:
     work = tempfile.mkdtemp(prefix="pipeline-bench-")
     env = {**os.environ, "PYTHONPATH": ROOT + (os.pathsep + os.environ["PYTHONPATH"]
                                                if os.environ.get("PYTHONPATH") else "")}
+    if a.broker_only:
+        return run_broker_only(a, rate, work, env)
     kafka = EmbeddedKafka(log_file=os.path.join(work, "tansu.log")).start()
     table = os.path.join(work, "history")
     port = free_port()
@@ -276,9 +272,7 @@ def run_one(a, rate: int) -> dict:
             "tansu": lambda: [kafka.proc.pid],
             "job": lambda: [job.pid] + descendants(job.pid),
         })
-        from kafka import KafkaConsumer
-        consumer = KafkaConsumer(bootstrap_servers=kafka.bootstrap)
-        parts: dict = {}
+        spool_dir = os.path.join(work, "data", "spool")
         counter = TableCounter(table)
         # let the job start (its first empty batches) before measuring
         deadline = time.monotonic() + a.job_startup
@@ -294,15 +288,14 @@ def run_one(a, rate: int) -> dict:
         while time.monotonic() < deadline and (in_kafka is None or in_table is None):
             meter.sample()
             now = time.monotonic()
-            if in_kafka is None and kafka_count(consumer, parts) >= n:
+            if in_kafka is None and kafka_count(spool_dir) >= n:
                 in_kafka = now - t_pub_end
             if in_table is None and counter.count() >= n:
                 in_table = now - t_pub_end
             time.sleep(0.2)
         cpu = meter.since_start()
-        consumer.close()
         busy = time.monotonic() - t_start
-        res = dict(rate=rate, **load, kafka_rows=kafka_count(KafkaConsumer(bootstrap_servers=kafka.bootstrap), {}),
+        res = dict(rate=rate, **load, kafka_acked=kafka_count(spool_dir),
                    table_rows=counter.count(),
                    seconds_to_kafka=None if in_kafka is None else round(in_kafka, 2),
                    seconds_to_table=None if in_table is None else round(in_table, 2),
@@ -330,17 +323,42 @@ def run_one(a, rate: int) -> dict:
             shutil.rmtree(work, ignore_errors=True)
 
 
+def run_broker_only(a, rate: int, work: str, env: dict) -> dict:
+    """The same load on a broker without the sink: its CPU per message is the baseline."""
+    port = free_port()
+    broker = subprocess.Popen([PY, "-m", "broker", "--port", str(port), "--data-dir", os.path.join(work, "data"),
+                               "--no-sink", "--log-level", "WARNING"] + sum((["--set", s] for s in a.set or []), []),
+                              cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+                              start_new_session=True)
+    try:
+        wait_port(port)
+        c0 = cpu_s(broker.pid)
+        load, _ = asyncio.run(offer("127.0.0.1", port, rate, a.duration, a.publishers, a.window))
+        n = load["accepted"]
+        us = (cpu_s(broker.pid) - c0) / max(n, 1) * 1e6
+        return dict(rate=rate, **load, accepted_per_s=round(n / load["publish_seconds"]),
+                    kafka_acked=None, table_rows=None, seconds_to_kafka=None, seconds_to_table=None,
+                    table_per_s=None, cpu_us_per_msg={"broker": round(us, 1), "forwarder": 0, "tansu": 0,
+                                                      "job": 0, "total": round(us, 1)})
+    finally:
+        os.killpg(broker.pid, signal.SIGTERM)
+        broker.wait(30)
+        shutil.rmtree(work, ignore_errors=True)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rates", default="5000,15000,25000,50000", help="offered msg/s, comma-separated")
     ap.add_argument("--duration", type=float, default=20.0, help="seconds of publishing per rate")
     ap.add_argument("--publishers", type=int, default=8)
-    ap.add_argument("--window", type=int, default=100, help="unacknowledged QoS 1 PUBLISHes per publisher")
+    ap.add_argument("--window", type=int, default=500, help="unacknowledged QoS 1 PUBLISHes per publisher")
     ap.add_argument("--trigger", type=float, default=2.0, help="job micro-batch trigger, seconds")
     ap.add_argument("--keep-until", default="history", choices=["history", "kafka"], help="[sink] keep_until")
     ap.add_argument("--set", action="append", help="extra broker --set SECTION.KEY=VALUE (repeatable)")
     ap.add_argument("--timeout", type=float, default=300.0, help="max seconds to wait for Kafka/table")
     ap.add_argument("--job-startup", type=float, default=120.0, help="max seconds for the job to start")
+    ap.add_argument("--broker-only", action="store_true",
+                    help="the same load on a broker without the sink (baseline CPU per message)")
     ap.add_argument("--keep", action="store_true", help="keep the work directories (logs, table)")
     ap.add_argument("--json", action="store_true", help="one JSON line per rate instead of the table")
     a = ap.parse_args(argv)
