@@ -187,14 +187,6 @@ _FLAGS = {(q, r, p): b"".join((_hname(H_QOS), vlen(1), _QOS[q], _hname(H_RETAIN)
           for q in range(3) for r in range(2) for p in (3, 4, 5)}
 
 
-def _flags(rec: SinkRecord) -> bytes:
-    f = _FLAGS.get((rec.qos, 1 if rec.retain else 0, rec.protocol))
-    if f is not None:
-        return f
-    return b"".join(_hname(n) + vlen(len(v)) + v for n, v in to_kafka(rec)[2]
-                    if n in (H_QOS, H_RETAIN, H_PROTOCOL))
-
-
 def encode_body(key: bytes, value: bytes, headers: list[tuple[str, bytes]]) -> bytes:
     """The Kafka v2 record fields from keyLength on (see above)."""
     parts = [vlen(len(key)), key, vlen(len(value)), value, vlen(len(headers))]
@@ -214,33 +206,48 @@ def encode_entry(kafka_topic: str, key: bytes, value: bytes, headers: list[tuple
 def encode_record(rec: SinkRecord, kafka_topic: str) -> bytes:
     """Same bytes as encode_entry(kafka_topic, *to_kafka(rec)), built with less Python work (the
     broker calls this once per accepted message)."""
-    key = rec.topic.encode()
-    value = rec.payload
-    if type(value) is not bytes:
-        value = bytes(value)
-    mid = (rec.message_id or "").encode()
-    cid = rec.client_id.encode()
-    parts = [b"", vlen(len(key)), key, vlen(len(value)), value, b"",
-             _HN_MESSAGE_ID, vlen(len(mid)), mid, _HN_CLIENT_ID, vlen(len(cid)), cid]
-    nh = 5
-    if rec.username is not None:
-        u = rec.username.encode()
-        parts += (_HN_USERNAME, vlen(len(u)), u)
-        nh += 1
-    parts.append(_flags(rec))
+    extra = None
     if rec.payload_format is not None or rec.content_type is not None or rec.response_topic is not None \
             or rec.correlation_data is not None or rec.message_expiry is not None or rec.user_properties:
-        _, _, headers, _ = to_kafka(rec)
-        extra = headers[nh:]
+        headers = to_kafka(rec)[2]
+        extra = headers[6 if rec.username is not None else 5:]
+    return encode_message(kafka_topic, rec.topic, rec.payload, rec.qos, rec.retain, rec.client_id, rec.username,
+                          rec.protocol, int(rec.accepted_at_ms), rec.message_id or "", extra)
+
+
+def encode_message(kafka_topic: str, topic: str, payload, qos: int, retain: bool, client_id: str,
+                   username: str | None, protocol: int, ts_ms: int, message_id: str,
+                   extra: list[tuple[str, bytes]] | None = None) -> bytes:
+    """The spool entry of one message (headers after mqtt.protocol in `extra`), without building a
+    SinkRecord: the broker's common case (no MQTT 5 properties) costs a few list items."""
+    vt = _VT
+    key = topic.encode()
+    value = payload if type(payload) is bytes else bytes(payload)
+    mid = message_id.encode()
+    cid = client_id.encode()
+    lk, lv, lc = len(key), len(value), len(cid)
+    parts = [b"", vt[lk] if lk < 8192 else zz_varint(lk), key, vt[lv] if lv < 8192 else zz_varint(lv), value,
+             b"", _HN_MESSAGE_ID, vlen(len(mid)), mid, _HN_CLIENT_ID, vt[lc] if lc < 8192 else zz_varint(lc), cid]
+    nh = 5
+    if username is not None:
+        u = username.encode()
+        parts += (_HN_USERNAME, vlen(len(u)), u)
+        nh += 1
+    f = _FLAGS.get((qos, 1 if retain else 0, protocol))
+    if f is None:
+        f = b"".join(_hname(n) + vlen(len(v)) + v for n, v in
+                     ((H_QOS, str(qos).encode()), (H_RETAIN, _RETAIN[1 if retain else 0]),
+                      (H_PROTOCOL, _PROTO.get(protocol) or str(protocol).encode())))
+    parts.append(f)
+    if extra:
         nh += len(extra)
         for name, val in extra:
             nb = name.encode()
             parts += (vlen(len(nb)), nb, vlen(len(val)), val)
     parts[5] = vlen(nh)
+    body = b"".join(parts)
     kt = kafka_topic.encode()
-    parts[0] = kt
-    blen = sum(map(len, parts)) - len(kt)
-    return _ENTRY_HEAD.pack(ENTRY_VERSION, int(rec.accepted_at_ms), len(kt), blen) + b"".join(parts)
+    return _ENTRY_HEAD.pack(ENTRY_VERSION, ts_ms, len(kt), len(body)) + kt + body
 
 
 def entry_parts(buf) -> tuple[str, int, memoryview]:

@@ -22,7 +22,7 @@ import threading
 import time
 
 from .forwarder import Forwarder, MemorySource, SpoolSource, ThreadControl
-from .record import SinkRecord, encode_record
+from .record import SinkRecord, encode_message, encode_record
 from .spool import FRAME_SIZE, DirLock, SpoolWriter
 from broker.core.topics import matches as topic_matches  # one topic-filter matcher for the project
 
@@ -54,6 +54,8 @@ DEFAULTS = dict(
 )
 
 _MISSING = object()
+_EXCLUDED = object()
+_REFUSED = object()
 
 
 def normalize_config(cfg: dict | None, data_dir: str) -> dict:
@@ -295,18 +297,19 @@ class Sink:
                 return kt
         return self.cfg["topic"]
 
-    def submit(self, rec: SinkRecord) -> bool:
-        kt = self._route_cache.get(rec.topic, _MISSING)
+    def _target(self, topic: str):
+        """Kafka topic for an accepted message, _EXCLUDED, or _REFUSED (closed / spool full)."""
+        kt = self._route_cache.get(topic, _MISSING)
         if kt is _MISSING:
-            kt = self._route(rec.topic)
+            kt = self._route(topic)
             if len(self._route_cache) < 100_000:
-                self._route_cache[rec.topic] = kt
+                self._route_cache[topic] = kt
         if kt is None:
             self.excluded += 1
-            return True
+            return _EXCLUDED
         if self._closed:
             self.dropped += 1
-            return False
+            return _REFUSED
         src = self._writer if self.on_disk else self._mem
         if src.end_pos - self._kept_pos >= self.max_bytes:
             self.dropped += 1
@@ -314,19 +317,45 @@ class Sink:
                 self._full = True
                 log.warning("spool full (%d bytes >= spool_max_bytes); refusing new records",
                             src.end_pos - self._kept_pos)
-            return False
+            return _REFUSED
         if self._full:
             self._full = False
             log.info("spool below spool_max_bytes again; accepting records")
-        if rec.message_id is None:
-            self._id_n += 1
-            rec.message_id = f"{self._id_prefix}{self._id_n:x}"
-        src.append(encode_record(rec, kt))
+        return kt
+
+    def _appended(self) -> bool:
         self.accepted += 1
         if not self.on_disk:
             self.spooled += 1
             self._ctl.notify()
         return True
+
+    def submit(self, rec: SinkRecord) -> bool:
+        kt = self._target(rec.topic)
+        if kt is _EXCLUDED:
+            return True
+        if kt is _REFUSED:
+            return False
+        if rec.message_id is None:
+            self._id_n += 1
+            rec.message_id = f"{self._id_prefix}{self._id_n:x}"
+        (self._writer if self.on_disk else self._mem).append(encode_record(rec, kt))
+        return self._appended()
+
+    def submit_message(self, topic: str, payload, qos: int, retain: bool, client_id: str,
+                       username: str | None, protocol: int, accepted_at_ms: int) -> bool:
+        """submit() of a message without MQTT 5 properties or expiry, no SinkRecord built (the
+        broker's hot path). Same record, same result."""
+        kt = self._target(topic)
+        if kt is _EXCLUDED:
+            return True
+        if kt is _REFUSED:
+            return False
+        self._id_n += 1
+        (self._writer if self.on_disk else self._mem).append(encode_message(
+            kt, topic, payload, qos, retain, client_id, username, protocol, accepted_at_ms,
+            f"{self._id_prefix}{self._id_n:x}"))
+        return self._appended()
 
     def barrier(self) -> "asyncio.Future | None":
         w = self._writer
