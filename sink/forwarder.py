@@ -12,23 +12,31 @@ has its own GIL) or as a thread inside the broker process. Both run
 
 Delivery and ordering
 ---------------------
-Records are produced in spool order with ``acks=all``, no idempotence and
-``max_in_flight_requests_per_connection=1`` so that retries can't reorder a
-partition (key = MQTT topic -> one partition per MQTT topic). The forwarded
-position only advances over a contiguous prefix of acknowledged records and is
-persisted in ``checkpoint.json`` (spool mode). On a failed send the forwarder
-waits for everything in flight, rewinds to the first unacknowledged record and
-sends again from there, in order (duplicates possible, never gaps).
+Spool entries already hold Kafka v2 record bodies (encoded once by the broker). The forwarder
+reads a chunk of them (up to 2,000), groups them per partition (murmur2 of the key, like
+kafka-python's default partitioner) into RecordBatches and sends one ProduceRequest per leader
+(``acks=all``) through kafka-python's network client (sink/produce.py), up to four chunks in
+flight. Acknowledged chunks advance the forwarded position over a contiguous prefix only; it is
+persisted in ``checkpoint.json`` (spool mode). On a failed chunk the forwarder waits for
+everything in flight, rewinds to the first record of that chunk and sends again from there, in
+order (duplicates possible, never gaps). A record Kafka refuses for good is found by re-sending
+that chunk one record per request and is dropped alone.
 
 Kafka losing data (embedded Tansu restarted empty, topic re-created) is
 detected, not assumed: a partition offset that goes backwards in a produce
 acknowledgement, or a topic id that changes in the metadata (topic ids and last
-offsets are kept in the checkpoint so this also works across restarts). Then the
-forwarder re-sends the replay window: records already forwarded whose accept
-time is within ``replay_window_seconds`` and that are among the last
-``replay_window_messages``. Each record keeps its ``mqtt.message_id``, so
-consumers can drop the duplicates; per MQTT topic, the last occurrence of each
-message id is in submit order.
+offsets are kept in the checkpoint so this also works across restarts). Then:
+
+* ``keep_until = "history"``: every record the history job has not committed yet
+  (sink/progress.py; the forwarder remembers, per acknowledged chunk, the next offset of
+  each partition it wrote and the topic id, and keeps that list in its checkpoint) is sent
+  again. Spool segments are deleted only once committed.
+* ``keep_until = "kafka"``: the replay window is re-sent: records already forwarded whose
+  accept time is within ``replay_window_seconds`` and that are among the last
+  ``replay_window_messages``.
+
+Each record keeps its ``mqtt.message_id``, so consumers can drop the duplicates; per MQTT
+topic, the last occurrence of each message id is in submit order.
 """
 from __future__ import annotations
 
