@@ -485,6 +485,8 @@ class Forwarder:
         if key != self._progress_key:
             data = progress.read_committed(path)
             if data is not None:
+                for t in data["topics"].values():      # "" (unknown) and null mean the same
+                    t["topic_id"] = t["topic_id"] or None
                 self._progress, self._progress_key = data, key
 
     def _advance_committed(self) -> None:
