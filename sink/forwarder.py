@@ -54,7 +54,7 @@ import time
 
 from . import progress
 from .produce import BatchSender, NotReady
-from .record import entry_parts, entry_shard, entry_timestamp
+from .record import entry_fields, entry_shard, entry_timestamp
 from .spool import (DirLock, SpoolReader, checkpoint_name, read_checkpoint, read_min_checkpoint,
                     seg_name, write_checkpoint)
 
@@ -352,7 +352,7 @@ class Forwarder:
                  max_inflight: int = 10000, drain_timeout: float = 5.0,
                  unreachable_after: float = 3.0, status_interval: float = 0.1,
                  shard: int = 0, shards: int = 1, keep_until: str = "kafka",
-                 committed_file: str | None = None, chunk_records: int = 2000):
+                 committed_file: str | None = None, chunk_records: int = 2000, linger_ms: float = 5.0):
         self.source = source
         # keep_until = "history": records stay (and are re-sent after Kafka lost them) until the
         # history job's committed file (sink/progress.py) says the table has them
@@ -365,6 +365,10 @@ class Forwarder:
         self._progress = None
         self._progress_key = None
         self._single_until = -1          # send one record per request up to here (find a refused one)
+        self.linger = linger_ms / 1000
+        self._last_read = 0.0
+        self._last_full = False
+        self._lingering = False
         self.shard, self.shards = shard, shards  # this forwarder sends topics with crc32 % shards == shard
         self.control = control
         self.publish = publish
@@ -628,12 +632,20 @@ class Forwarder:
     def _fill(self) -> bool:
         if len(self.inflight) >= 4:           # chunks (requests) in flight
             return False
+        now = time.monotonic()
+        if not self._last_full and now - self._last_read < self.linger:
+            self._lingering = True            # let a few ms of records gather: fewer, larger requests
+            return False
+        self._lingering = False
         room = self.max_inflight - self.inflight_records
         if room <= 0:
             return False
         single = self.source.pos < self._single_until
-        entries = self.source.read(1 if single else min(room, self.chunk_records), 1 << 20)
+        want = 1 if single else min(room, self.chunk_records)
+        entries = self.source.read(want, 1 << 20)
         self._read_empty = not entries
+        self._last_read = now
+        self._last_full = len(entries) >= want
         if not entries:
             if not self.inflight:
                 self._stalled_ts = None
@@ -646,7 +658,7 @@ class Forwarder:
             try:
                 if self.shards > 1 and entry_shard(payload, self.shards) != self.shard:
                     continue  # another forwarder's topic (per-topic order stays within one forwarder)
-                kt, ts, body = entry_parts(payload)
+                kt, ts, body = entry_fields(payload)
             except (ValueError, struct.error, IndexError) as exc:
                 log.error("undecodable spool record seq=%d skipped: %s", seq, exc)
                 continue
@@ -664,7 +676,7 @@ class Forwarder:
         fut = None
         if groups:
             try:
-                fut = self.producer.send(groups)
+                fut = self.producer.send({k.decode(errors="replace"): v for k, v in groups.items()})
             except NotReady as exc:
                 self.source.seek(start, first_seq)
                 self._stalled_ts = first_ts
@@ -755,7 +767,15 @@ class Forwarder:
         timeout = 0.0
         try:
             while True:
-                for c in self.control.wait(timeout):
+                if self.inflight and self.producer is not None and timeout > 0:
+                    cmds = self.control.wait(0)         # wait on Kafka: an answer wakes us at once
+                    try:
+                        self.producer.poll(int(timeout * 1000))
+                    except Exception as exc:
+                        log.debug("poll: %s", exc)
+                else:
+                    cmds = self.control.wait(timeout)
+                for c in cmds:
                     if c in ("stop", "eof"):
                         self.exit_reason = c
                         return
@@ -808,7 +828,7 @@ class Forwarder:
                             log.warning("drain timeout; unforwarded records stay in the spool")
                         self.exit_reason = "drained"
                         return
-                timeout = 0.0 if busy else (0.002 if self.inflight else 0.05)
+                timeout = 0.0 if busy else (0.002 if self.inflight or self._lingering else 0.05)
         finally:
             self._shutdown()
 

@@ -250,6 +250,22 @@ def encode_message(kafka_topic: str, topic: str, payload, qos: int, retain: bool
     return _ENTRY_HEAD.pack(ENTRY_VERSION, ts_ms, len(kt), len(body)) + kt + body
 
 
+def entry_fields(buf: bytes) -> tuple[bytes, int, bytes]:
+    """entry_parts() for the forwarder's loop: (kafka topic as UTF-8 bytes, timestamp, body),
+    slicing the bytes it was given. Raises ValueError if malformed."""
+    if buf[:1] != b"\x02":
+        kt, ts, body = entry_parts(buf)
+        return kt.encode(), ts, bytes(body)
+    try:
+        _, ts, ktl, bl = _ENTRY_HEAD.unpack_from(buf, 0)
+    except struct.error as exc:
+        raise ValueError(f"short spool entry: {exc}") from None
+    o = 15 + ktl                           # _ENTRY_HEAD.size == 15
+    if o + bl != len(buf):
+        raise ValueError("truncated spool entry")
+    return buf[15:o], ts, buf[o:]
+
+
 def entry_parts(buf) -> tuple[str, int, memoryview]:
     """-> (kafka_topic, timestamp_ms, body) of a version 2 entry, without decoding the body;
     a version 1 entry is re-encoded. Raises ValueError if malformed."""

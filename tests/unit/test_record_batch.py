@@ -6,8 +6,8 @@ from kafka.record.default_records import DefaultRecordBatch
 from kafka.record.memory_records import MemoryRecords
 
 from sink.record import (SinkRecord, body_key, build_batch, decode_body, decode_entry, encode_body,
-                         encode_entry, encode_record, entry_parts, entry_shard, read_zz_varint, to_kafka,
-                         zz_varint)
+                         encode_entry, encode_record, entry_fields, entry_parts, entry_shard, read_zz_varint,
+                         to_kafka, zz_varint)
 
 # lengths around the 1-byte / 2-byte / 3-byte varint boundaries (zigzag: 63/64, 8191/8192)
 SIZES = st.sampled_from([0, 1, 63, 64, 127, 128, 255, 8191, 8192, 20000])
@@ -56,6 +56,7 @@ def test_entry_round_trip(kt, k, v, h, ts):
     kt2, ts2, body = entry_parts(buf)
     assert (kt2, ts2) == (kt, ts) and body_key(body) == k and decode_body(body) == (k, v, h)
     assert 0 <= entry_shard(buf, 3) < 3
+    assert entry_fields(buf) == (kt.encode(), ts, bytes(body))
 
 
 @st.composite
@@ -96,3 +97,4 @@ def test_version_1_entries_are_still_read():
     kt2, ts, body = entry_parts(buf)
     assert (kt2, ts) == ("mqtt.messages", 77) and decode_body(body) == (key, value, hdrs)
     assert entry_shard(buf, 4) == entry_shard(encode_entry("mqtt.messages", key, value, hdrs, 77), 4)
+    assert entry_fields(buf) == entry_fields(encode_entry("mqtt.messages", key, value, hdrs, 77))
