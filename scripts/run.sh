@@ -8,7 +8,9 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 CONFIG=${CONFIG:-config/broker.toml}
 PY=.venv/bin/python
 
-"$PY" -m broker --config "$CONFIG" --sink "$@" &
+# The spool keeps every record until the job has it in the table (an embedded Kafka restart
+# loses nothing); the broker finds the job's committed file from the same config's [history].
+"$PY" -m broker --config "$CONFIG" --sink --set sink.keep_until=history "$@" &
 broker_pid=$!
 job_pid=
 stop() {
