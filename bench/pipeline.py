@@ -261,7 +261,8 @@ def run_one(a, rate: int) -> dict:
                                   start_new_session=True)
         wait_port(port)
         job = subprocess.Popen([PY, "-m", "sink.job", "--kafka-bootstrap", kafka.bootstrap, "--table", table,
-                                "--trigger-seconds", str(a.trigger), "--log-level", "WARN"],
+                                "--trigger-seconds", str(a.trigger), "--log-level", "WARN",
+                                "--connect-port", str(free_port())],  # Spark Connect on, as by default
                                cwd=ROOT, env=env, stdout=logs["job"], stderr=subprocess.STDOUT,
                                start_new_session=True)
 
