@@ -427,16 +427,25 @@ def _report_commits(spark, cfg: JobConfig, query) -> None:
     from sink.progress import committed_path, write_committed
     path = committed_path(cfg.table, str(_local(cfg.checkpoint_dir)))
 
-    def write(batch_id: int, topics: dict) -> None:
-        try:
-            write_committed(path, batch_id, topics)
-        except OSError as exc:  # the table is still right; the spool just keeps more
-            log.warning("cannot write %s (%s): the broker's spool keeps records longer", path,
-                        exc)
+    lock, newest = threading.Lock(), [-1]
 
-    last = committed_from_checkpoint(cfg.checkpoint_dir)
-    if last and last[1]:
-        write(*last)
+    def write(batch_id: int, topics: dict) -> None:
+        with lock:  # listener events arrive late: never replace a newer batch's report
+            if batch_id <= newest[0]:
+                return
+            try:
+                write_committed(path, batch_id, topics)
+                newest[0] = batch_id
+            except OSError as exc:  # the table is still right; the spool just keeps more
+                log.warning("cannot write %s (%s): the broker's spool keeps records longer",
+                            path, exc)
+
+    def catch_up() -> None:
+        last = committed_from_checkpoint(cfg.checkpoint_dir)
+        if last and last[1]:
+            write(*last)
+
+    catch_up()
 
     class Reporter(StreamingQueryListener):
         def onQueryStarted(self, event):
@@ -459,6 +468,8 @@ def _report_commits(spark, cfg: JobConfig, query) -> None:
     listener = Reporter()
     spark.streams.addListener(listener)
     query._commit_reporter = listener
+    query._commit_catch_up = catch_up  # once the query has ended: its last batches' events
+    # may still be queued in the listener bus
 
 
 def run(spark, cfg: JobConfig, stop_event: threading.Event | None = None,
@@ -500,6 +511,7 @@ def run(spark, cfg: JobConfig, stop_event: threading.Event | None = None,
             query.stop()
         if getattr(query, "_commit_reporter", None) is not None:
             spark.streams.removeListener(query._commit_reporter)
+            query._commit_catch_up()
 
 
 def _short_error(exc) -> str:
