@@ -27,6 +27,12 @@ DEFAULT_CONF = {
     "spark.ui.showConsoleProgress": "false",
     "spark.sql.streaming.stateStore.providerClass":
         "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
+    # The message_id de-duplication's state (measured with bench/spark_bench.py, warm job,
+    # 50,000-record batches: 37-40 -> 28-33 us/record): commit a changelog per batch instead
+    # of a RocksDB checkpoint (snapshots in the background; existing checkpoints convert), and
+    # no extra lookup per row to keep a total-rows metric nobody reads.
+    "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
+    "spark.sql.streaming.stateStore.rocksdb.trackTotalNumberOfRows": "false",
     # Python data source: ship rows to the JVM in big Arrow batches.
     "spark.sql.execution.arrow.maxRecordsPerBatch": "10000",
 }
