@@ -13,7 +13,7 @@ class MQTTConfig:
     maximum_qos: int = 2
     retain_available: bool = True
     maximum_packet_size: int = 268435455  # bytes; larger inbound packets get DISCONNECT 0x95
-    topic_alias_maximum: int = 65535     # inbound aliases a v5 client may use
+    topic_alias_maximum: int = 10        # inbound aliases a v5 client may use (Mosquitto's default)
     outbound_topic_aliases: bool = True  # assign aliases towards clients that allow them
     wildcard_subscription_available: bool = True
     subscription_identifiers_available: bool = True
@@ -37,6 +37,7 @@ class MQTTConfig:
     max_retained_replay: int = 100000    # retained messages waiting to be sent to one session
     match_cache_entries: int = 100000    # topics remembered by the subscription match cache
     match_cache_bytes: int = 16777216    # total topic length the match cache may hold
+    max_topic_alias_bytes: int = 65536   # topic length held by one connection's inbound aliases (0x97)
 
 
 @dataclass
