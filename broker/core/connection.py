@@ -29,7 +29,7 @@ class Connection:
                  "alias_max", "request_problem_info", "in_aliases", "in_alias_bytes", "out_aliases", "out",
                  "is_dirty", "close_requested", "held_acks", "pending_acks",
                  "connect_seen", "transport", "paused", "identity", "deferred",
-                 "deferred_bytes")
+                 "deferred_bytes", "connect_expiry")
 
     def __init__(self, broker, peer: str = "?"):
         self.broker = broker
@@ -65,6 +65,7 @@ class Connection:
         self.identity: str | None = None  # verified TLS client certificate name, if used
         self.deferred: list | None = None  # packets received while the password is checked
         self.deferred_bytes = 0            # bytes received while the password is checked
+        self.connect_expiry = 0            # the Session Expiry Interval the CONNECT asked for
         broker.connections.add(self)
         broker.stats["connections_total"] += 1
 
@@ -316,6 +317,9 @@ class Connection:
             # A session belongs to the user that created it: another user may not resume it,
             # discard it (Clean Start 1) nor take over its connection (README "Access control").
             return self.refuse(rc.NOT_AUTHORIZED, "this client id is in use by another user's session")
+        if old is None and b.session_limit_reached(client_id):  # mqtt.max_sessions (3.2.2.2: 0x97)
+            return self.refuse(rc.QUOTA_EXCEEDED, "the broker holds as many sessions as it may; "
+                                                  "try again later")
         self.client_id = client_id
         self.username = c.username
         self.receive_max = props.get(PR.RECEIVE_MAXIMUM, 65535)
@@ -323,9 +327,10 @@ class Connection:
         self.alias_max = props.get(PR.TOPIC_ALIAS_MAXIMUM, 0)
         self.request_problem_info = bool(props.get(PR.REQUEST_PROBLEM_INFORMATION, 1))
         if v5:
-            expiry = min(props.get(PR.SESSION_EXPIRY_INTERVAL, 0), cfg.session_expiry_maximum)
-        else:
-            expiry = 0 if c.clean_start else NEVER  # 3.1.1: clean session 0 lasts
+            self.connect_expiry = props.get(PR.SESSION_EXPIRY_INTERVAL, 0)
+            expiry = b.granted_expiry(self.connect_expiry)
+        else:  # 3.1.1: clean session 0 lasts mqtt.persistent_client_expiration
+            expiry = 0 if c.clean_start else b.granted_expiry(NEVER, v5=False)
         keep_alive = c.keep_alive
         server_ka = None
         if v5 and cfg.server_keep_alive:
@@ -651,12 +656,14 @@ class Connection:
 
     # ------------------------------------------------------------ DISCONNECT / errors
     def on_disconnect(self, d: P.Disconnect) -> None:
+        b = self.broker
         props = d.properties or {}
         session = self.session
         if PR.SESSION_EXPIRY_INTERVAL in props:
-            if session.expiry_interval == 0 and props[PR.SESSION_EXPIRY_INTERVAL]:
+            if self.connect_expiry == 0 and props[PR.SESSION_EXPIRY_INTERVAL]:  # [MQTT-3.14.2-2]
                 raise ProtocolError("Session Expiry Interval set on DISCONNECT after 0 at CONNECT")
-            session.expiry_interval = props[PR.SESSION_EXPIRY_INTERVAL]  # [MQTT-3.14.2-2]
+            # capped like the CONNECT's: mqtt.session_expiry_maximum
+            session.expiry_interval = b.granted_expiry(props[PR.SESSION_EXPIRY_INTERVAL])
         # [MQTT-3.14.4-3]: a normal DISCONNECT discards the will; 0x04 keeps it
         self.close(publish_will=d.reason_code == rc.DISCONNECT_WITH_WILL)
 
