@@ -111,7 +111,7 @@ class Broker:
             log.warning("refused a new session for client %r: the broker holds %d sessions, the "
                         "limit mqtt.max_sessions (%d refused so far). Raise mqtt.max_sessions, or "
                         "lower mqtt.session_expiry_maximum / mqtt.persistent_client_expiration so "
-                        "offline sessions expire sooner", client_id, len(self.sessions),
+                        "offline sessions expire sooner", client_id[:100], len(self.sessions),
                         self.stats["refused_max_sessions"])
         return True
 

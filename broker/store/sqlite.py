@@ -269,6 +269,11 @@ class Store:
         log.info("restored %d sessions, %d retained messages, %d stored messages in %.3fs%s",
                  len(sessions), nret, len(messages), summary["seconds"],
                  f"; dropped unreadable rows: {self.dropped}" if self.dropped else "")
+        limit = broker.cfg.max_sessions
+        if limit and len(sessions) >= limit:
+            log.warning("restored %d sessions, mqtt.max_sessions is %d: CONNECTs with new client ids "
+                        "are refused (0x97) until sessions end; raise mqtt.max_sessions",
+                        len(sessions), limit)
         return summary
 
     def _drop(self, table: str, rowid, exc: Exception) -> None:

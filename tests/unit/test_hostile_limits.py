@@ -393,3 +393,17 @@ def test_max_sessions_property(limit, ops):
             if leave:
                 c.conn.connection_lost()
         assert len(b.sessions) <= limit
+
+
+def test_restoring_as_many_sessions_as_max_sessions_warns(tmp_path, caplog):
+    """Sessions restored at start are all kept (they were accepted), but a store holding
+    max_sessions of them means new client ids are refused: one WARNING says so at start."""
+    path, clock = tmp_path / "state.db", Clock()
+    _stored(path, clock, 5, props={PR.SESSION_EXPIRY_INTERVAL: 100})
+    with caplog.at_level(logging.WARNING, logger="broker.store"):
+        b, _ = _restart(path, clock, max_sessions=1)
+    assert "s" in b.sessions
+    warn = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warn) == 1 and "mqtt.max_sessions is 1" in warn[0], warn
+    assert Client(b).connect("other").reason_code == rc.QUOTA_EXCEEDED
+    assert Client(b).connect("s", clean=False).session_present
