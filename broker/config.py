@@ -13,14 +13,15 @@ class MQTTConfig:
     maximum_qos: int = 2
     retain_available: bool = True
     maximum_packet_size: int = 268435455  # bytes; larger inbound packets get DISCONNECT 0x95
-    topic_alias_maximum: int = 65535     # inbound aliases a v5 client may use
+    topic_alias_maximum: int = 10        # inbound aliases a v5 client may use (Mosquitto's default)
     outbound_topic_aliases: bool = True  # assign aliases towards clients that allow them
     wildcard_subscription_available: bool = True
     subscription_identifiers_available: bool = True
     shared_subscription_available: bool = True
     server_keep_alive: int = 0           # 0: accept the client's keep alive
     max_keep_alive: int = 65535
-    session_expiry_maximum: int = 0xFFFFFFFF
+    session_expiry_maximum: int = 604800  # seconds (7 days) an offline session is kept at most; 0xFFFFFFFF: no cap
+    persistent_client_expiration: int = 604800  # seconds a 3.1.x clean-session-0 session is kept offline
     max_queued_messages: int = 1000      # per session; when full the newest message is dropped
     queue_qos0_messages: bool = False    # queue QoS 0 for offline persistent sessions
     validate_payload_format: bool = True  # 0x99 when Payload Format Indicator=1 and payload isn't UTF-8
@@ -37,6 +38,8 @@ class MQTTConfig:
     max_retained_replay: int = 100000    # retained messages waiting to be sent to one session
     match_cache_entries: int = 100000    # topics remembered by the subscription match cache
     match_cache_bytes: int = 16777216    # total topic length the match cache may hold
+    max_topic_alias_bytes: int = 65536   # topic length held by one connection's inbound aliases (0x97)
+    max_sessions: int = 100000           # sessions held, connected + offline; a new one beyond: 0x97; 0: unlimited
 
 
 @dataclass

@@ -74,10 +74,11 @@ class Broker:
         self.stats = {"dropped_queue_full": 0, "dropped_expired": 0, "dropped_too_large": 0,
                       "dropped_slow_consumer": 0, "dropped_not_authorized": 0,
                       "dropped_topic_limit": 0, "sink_refused": 0, "connections_total": 0,
-                      "dropped_retained_replay": 0}
+                      "dropped_retained_replay": 0, "refused_max_sessions": 0}
         self.received_by_qos = [0, 0, 0]
         self.sent_by_qos = [0, 0, 0]
         self._id_counter = 0
+        self._sessions_warned_at: float | None = None  # last max_sessions WARNING (one a minute)
         # messages routed per topic, only while the dashboard is on (broker/dashboard/live.py)
         self.topic_counts: dict | None = None
         self.topic_counts_max = 0
@@ -86,6 +87,33 @@ class Broker:
     def new_client_id(self) -> str:
         self._id_counter += 1
         return f"auto-{int(self.wall() * 1000):x}-{self._id_counter}"
+
+    def granted_expiry(self, requested: int, v5: bool = True) -> int:
+        """The Session Expiry Interval the broker keeps a session for: what a v5 client asks, at
+        most mqtt.session_expiry_maximum (3.2.2.3.2: the CONNACK then says the value used). A 3.1.x
+        clean session 0 has no interval in the protocol: mqtt.persistent_client_expiration, under
+        the same maximum. Also applied to a v5 DISCONNECT's interval and to restored sessions."""
+        cfg = self.cfg
+        if not v5:
+            requested = cfg.persistent_client_expiration
+        return min(requested, cfg.session_expiry_maximum)
+
+    def session_limit_reached(self, client_id: str) -> bool:
+        """mqtt.max_sessions: a CONNECT creating one more session is refused once the broker holds
+        that many (connected and offline); resuming or taking over a session is not."""
+        limit = self.cfg.max_sessions
+        if not limit or len(self.sessions) < limit:
+            return False
+        self.stats["refused_max_sessions"] += 1
+        now = self.clock()
+        if self._sessions_warned_at is None or now - self._sessions_warned_at >= 60:
+            self._sessions_warned_at = now
+            log.warning("refused a new session for client %r: the broker holds %d sessions, the "
+                        "limit mqtt.max_sessions (%d refused so far). Raise mqtt.max_sessions, or "
+                        "lower mqtt.session_expiry_maximum / mqtt.persistent_client_expiration so "
+                        "offline sessions expire sooner", client_id[:100], len(self.sessions),
+                        self.stats["refused_max_sessions"])
+        return True
 
     def open_session(self, client_id: str, clean_start: bool) -> tuple[Session, bool]:
         """[MQTT-3.1.2-4..6]: Clean Start discards any existing session."""

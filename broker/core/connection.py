@@ -26,10 +26,10 @@ MAX_DEFERRED = 1000  # packets a client may send while its password is being che
 class Connection:
     __slots__ = ("broker", "peer", "decoder", "state", "level", "client_id", "username", "session",
                  "keep_alive", "last_rx", "connected_at", "receive_max", "max_packet_size",
-                 "alias_max", "request_problem_info", "in_aliases", "out_aliases", "out",
+                 "alias_max", "request_problem_info", "in_aliases", "in_alias_bytes", "out_aliases", "out",
                  "is_dirty", "close_requested", "held_acks", "pending_acks",
                  "connect_seen", "transport", "paused", "identity", "deferred",
-                 "deferred_bytes")
+                 "deferred_bytes", "connect_expiry")
 
     def __init__(self, broker, peer: str = "?"):
         self.broker = broker
@@ -52,6 +52,7 @@ class Connection:
         self.request_problem_info = True
         # topic aliases: inbound alias -> topic, outbound topic -> alias
         self.in_aliases: dict[int, str] = {}
+        self.in_alias_bytes = 0  # length of the topics in in_aliases (mqtt.max_topic_alias_bytes)
         self.out_aliases: dict[str, int] = {}
         self.out: list = []
         self.is_dirty = False
@@ -64,6 +65,7 @@ class Connection:
         self.identity: str | None = None  # verified TLS client certificate name, if used
         self.deferred: list | None = None  # packets received while the password is checked
         self.deferred_bytes = 0            # bytes received while the password is checked
+        self.connect_expiry = 0            # the Session Expiry Interval the CONNECT asked for
         broker.connections.add(self)
         broker.stats["connections_total"] += 1
 
@@ -315,6 +317,9 @@ class Connection:
             # A session belongs to the user that created it: another user may not resume it,
             # discard it (Clean Start 1) nor take over its connection (README "Access control").
             return self.refuse(rc.NOT_AUTHORIZED, "this client id is in use by another user's session")
+        if old is None and b.session_limit_reached(client_id):  # mqtt.max_sessions (3.2.2.2: 0x97)
+            return self.refuse(rc.QUOTA_EXCEEDED, "the broker holds as many sessions as it may; "
+                                                  "try again later")
         self.client_id = client_id
         self.username = c.username
         self.receive_max = props.get(PR.RECEIVE_MAXIMUM, 65535)
@@ -322,9 +327,10 @@ class Connection:
         self.alias_max = props.get(PR.TOPIC_ALIAS_MAXIMUM, 0)
         self.request_problem_info = bool(props.get(PR.REQUEST_PROBLEM_INFORMATION, 1))
         if v5:
-            expiry = min(props.get(PR.SESSION_EXPIRY_INTERVAL, 0), cfg.session_expiry_maximum)
-        else:
-            expiry = 0 if c.clean_start else NEVER  # 3.1.1: clean session 0 lasts
+            self.connect_expiry = props.get(PR.SESSION_EXPIRY_INTERVAL, 0)
+            expiry = b.granted_expiry(self.connect_expiry)
+        else:  # 3.1.1: clean session 0 lasts mqtt.persistent_client_expiration
+            expiry = 0 if c.clean_start else b.granted_expiry(NEVER, v5=False)
         keep_alive = c.keep_alive
         server_ka = None
         if v5 and cfg.server_keep_alive:
@@ -406,10 +412,14 @@ class Connection:
         if p.retain and not cfg.retain_available:  # [MQTT-3.2.2-14]
             raise ProtocolError("retained messages are not available", rc.RETAIN_NOT_SUPPORTED)
         expires_at = None
+        new_alias = 0  # an alias this PUBLISH maps to its Topic Name: set once the topic is accepted
         if props is not None:
             props = self.check_publish_properties(props)
             if PR.TOPIC_ALIAS in p.properties:
-                topic = self.resolve_alias(topic, p.properties[PR.TOPIC_ALIAS])
+                new_alias = p.properties[PR.TOPIC_ALIAS]
+                topic = self.resolve_alias(topic, new_alias)
+                if not p.topic:
+                    new_alias = 0
             if PR.MESSAGE_EXPIRY_INTERVAL in p.properties:
                 expires_at = b.clock() + p.properties[PR.MESSAGE_EXPIRY_INTERVAL]
         if not topic:
@@ -431,8 +441,19 @@ class Connection:
                 return
         if len(topic) > cfg.max_topic_length or topic.count("/") >= cfg.max_topic_levels:
             b.stats["dropped_topic_limit"] = b.stats.get("dropped_topic_limit", 0) + 1
+            if new_alias:
+                self.forget_alias(new_alias)
             return self.ack(qos, pid, rc.TOPIC_NAME_INVALID) if qos else None
         b.received_by_qos[qos] += 1
+        if topic[0] == "$" and topic.startswith("$SYS") or \
+                not b.auth.allow_publish(self.client_id, self.username, topic):
+            # $SYS belongs to the broker: clients may not publish there (as Mosquitto)
+            b.stats["dropped_not_authorized"] = b.stats.get("dropped_not_authorized", 0) + 1
+            if new_alias:
+                self.forget_alias(new_alias)
+            return self.ack(qos, pid, rc.NOT_AUTHORIZED) if qos else None
+        if new_alias:
+            self.map_alias(new_alias, topic)
         if (props is not None and props.get(PR.PAYLOAD_FORMAT_INDICATOR) == 1
                 and cfg.validate_payload_format):
             try:
@@ -442,11 +463,6 @@ class Connection:
                     raise ProtocolError("payload is not UTF-8 as its Payload Format Indicator says",
                                         rc.PAYLOAD_FORMAT_INVALID)
                 return self.ack(qos, pid, rc.PAYLOAD_FORMAT_INVALID)
-        if topic[0] == "$" and topic.startswith("$SYS") or \
-                not b.auth.allow_publish(self.client_id, self.username, topic):
-            # $SYS belongs to the broker: clients may not publish there (as Mosquitto)
-            b.stats["dropped_not_authorized"] = b.stats.get("dropped_not_authorized", 0) + 1
-            return self.ack(qos, pid, rc.NOT_AUTHORIZED) if qos else None
         msg = Message(topic, p.payload, qos, p.retain, props, expires_at, self.client_id, b.wall())
         if p.raw is not None and props is p.properties and p.raw[0] & 0x08 == 0:
             # QoS 0 as received, nothing altered: subscribers on the same form get these bytes
@@ -493,17 +509,41 @@ class Connection:
         return props
 
     def resolve_alias(self, topic: str, alias: int) -> str:
-        """Inbound Topic Alias (3.3.2.3.4)."""
+        """Inbound Topic Alias (3.3.2.3.4): the topic a PUBLISH names. A Topic Name with an alias
+        is mapped by map_alias() only once the topic is accepted (valid, allowed by the ACL)."""
         if alias == 0 or alias > self.broker.cfg.topic_alias_maximum:  # [MQTT-3.3.2-8], [-9]
             raise ProtocolError(f"topic alias {alias} is outside 1..{self.broker.cfg.topic_alias_maximum}",
                                 rc.TOPIC_ALIAS_INVALID)
         if topic:
-            self.in_aliases[alias] = topic  # set or replace the mapping [MQTT-3.3.2-12]
             return topic
         known = self.in_aliases.get(alias)
         if known is None:
-            raise ProtocolError(f"topic alias {alias} has no mapping on this connection")
+            raise ProtocolError(f"topic alias {alias} has no mapping on this connection (never "
+                                "set, or the PUBLISH setting it was refused)")
         return known
+
+    def map_alias(self, alias: int, topic: str) -> None:
+        """Set or replace the mapping [MQTT-3.3.2-12]. The topics one connection's aliases hold are
+        bounded by mqtt.max_topic_alias_bytes: beyond it DISCONNECT 0x97 Quota exceeded."""
+        old = self.in_aliases.get(alias)
+        if old == topic:
+            return
+        size = self.in_alias_bytes + len(topic) - (len(old) if old else 0)
+        limit = self.broker.cfg.max_topic_alias_bytes
+        if limit and size > limit:
+            raise ProtocolError(f"topic alias {alias} would make this connection's aliases hold "
+                                f"{size} bytes of topics, more than {limit} "
+                                "(mqtt.max_topic_alias_bytes): reuse aliases or send topic names",
+                                rc.QUOTA_EXCEEDED)
+        self.in_aliases[alias] = topic
+        self.in_alias_bytes = size
+
+    def forget_alias(self, alias: int) -> None:
+        """A PUBLISH mapping `alias` was refused for its topic: the alias maps nothing now, so
+        later PUBLISHes using it alone are not sent to an earlier topic."""
+        old = self.in_aliases.pop(alias, None)
+        if old is not None:
+            self.in_alias_bytes -= len(old)
 
     def on_pubrel(self, pkt: P.Ack) -> None:
         try:
@@ -616,12 +656,14 @@ class Connection:
 
     # ------------------------------------------------------------ DISCONNECT / errors
     def on_disconnect(self, d: P.Disconnect) -> None:
+        b = self.broker
         props = d.properties or {}
         session = self.session
         if PR.SESSION_EXPIRY_INTERVAL in props:
-            if session.expiry_interval == 0 and props[PR.SESSION_EXPIRY_INTERVAL]:
+            if self.connect_expiry == 0 and props[PR.SESSION_EXPIRY_INTERVAL]:  # [MQTT-3.14.2-2]
                 raise ProtocolError("Session Expiry Interval set on DISCONNECT after 0 at CONNECT")
-            session.expiry_interval = props[PR.SESSION_EXPIRY_INTERVAL]  # [MQTT-3.14.2-2]
+            # capped like the CONNECT's: mqtt.session_expiry_maximum
+            session.expiry_interval = b.granted_expiry(props[PR.SESSION_EXPIRY_INTERVAL])
         # [MQTT-3.14.4-3]: a normal DISCONNECT discards the will; 0x04 keeps it
         self.close(publish_will=d.reason_code == rc.DISCONNECT_WITH_WILL)
 

@@ -43,6 +43,8 @@ class BrokerCollector:
         yield CounterMetricFamily("mqtt_bytes_sent", "Bytes sent", value=self.server.bytes_out)
         yield CounterMetricFamily("mqtt_connections_accepted", "Connections accepted",
                                   value=st["connections_total"])
+        yield CounterMetricFamily("mqtt_sessions_refused", "CONNECTs refused: mqtt.max_sessions reached",
+                                  value=st["refused_max_sessions"])
         d = CounterMetricFamily("mqtt_messages_dropped", "Messages dropped", labels=["reason"])
         for reason in ("queue_full", "expired", "too_large", "sink_refused", "not_authorized",
                        "slow_consumer", "topic_limit", "retained_replay"):

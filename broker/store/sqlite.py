@@ -179,8 +179,16 @@ class Store:
         sessions = broker.sessions
 
         def session(cid, interval, expires_at, username, will, next_pid):
-            if expires_at is not None and expires_at <= wall:
-                return  # expired while the broker was down
+            # the current mqtt.session_expiry_maximum / persistent_client_expiration apply: a
+            # stored "never" (3.1.x clean session 0 before those caps, or an earlier config) too
+            cap = broker.granted_expiry(interval, v5=interval != NEVER)
+            capped = cap < interval
+            if capped and expires_at is not None:
+                expires_at -= interval - cap  # offline since expires_at - interval
+            if (expires_at is not None and expires_at <= wall) or (capped and cap == 0):
+                self.delete_session(cid)
+                return  # expired while the broker was down (or under the current caps)
+            interval = cap
             s = Session(cid, broker.cfg.max_queued_messages, broker.cfg.queue_qos0_messages,
                         broker.stats, broker.sent_by_qos)
             s.expiry_interval = interval
@@ -193,6 +201,8 @@ class Store:
                 s.will = decode_will(will)
             s.store = self
             sessions[cid] = s
+            if capped:
+                self.save_session(s)
 
         def subscription(cid, filt, qos, no_local, rap, rh, sub_id):
             s = sessions.get(cid)
@@ -259,6 +269,11 @@ class Store:
         log.info("restored %d sessions, %d retained messages, %d stored messages in %.3fs%s",
                  len(sessions), nret, len(messages), summary["seconds"],
                  f"; dropped unreadable rows: {self.dropped}" if self.dropped else "")
+        limit = broker.cfg.max_sessions
+        if limit and len(sessions) >= limit:
+            log.warning("restored %d sessions, mqtt.max_sessions is %d: CONNECTs with new client ids "
+                        "are refused (0x97) until sessions end; raise mqtt.max_sessions",
+                        len(sessions), limit)
         return summary
 
     def _drop(self, table: str, rowid, exc: Exception) -> None:
