@@ -33,6 +33,9 @@ DEFAULT_CONF = {
     # no extra lookup per row to keep a total-rows metric nobody reads.
     "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
     "spark.sql.streaming.stateStore.rocksdb.trackTotalNumberOfRows": "false",
+    # The file sink writes each micro-batch's `date` partitions with concurrent writers (at
+    # most a few days in one batch) instead of sorting the batch by date first.
+    "spark.sql.maxConcurrentOutputFileWriters": "4",
     # Python data source: ship rows to the JVM in big Arrow batches.
     "spark.sql.execution.arrow.maxRecordsPerBatch": "10000",
 }
