@@ -147,6 +147,17 @@ def _offline(b, cid, level=5, props=None, disconnect=None):
     return c
 
 
+def _held_for(b, clock, cid, seconds) -> None:
+    """The offline session `cid` is there `seconds` - 1 from now, gone at `seconds`."""
+    if seconds:
+        clock.t += seconds - 1
+        b.tick()
+        assert cid in b.sessions
+        clock.t += 1
+    b.tick()
+    assert cid not in b.sessions
+
+
 def _present(b, cid, level=5, props=None) -> bool:
     return Client(b, level).connect(cid, clean=False, props=props).session_present
 
@@ -166,12 +177,8 @@ def test_disconnect_expiry_is_capped_by_session_expiry_maximum():
     _offline(b, "c", props={PR.SESSION_EXPIRY_INTERVAL: 10},
              disconnect={PR.SESSION_EXPIRY_INTERVAL: NEVER})
     assert b.sessions["c"].expiry_interval == 100
-    clock.t += 99
-    b.tick()
-    assert "c" in b.sessions
-    clock.t += 1
-    b.tick()
-    assert "c" not in b.sessions and b.router.count == 0
+    _held_for(b, clock, "c", 100)
+    assert b.router.count == 0
     assert not _present(b, "c")
 
 
@@ -209,13 +216,7 @@ def test_disconnect_expiry_property(at_connect, at_disconnect, maximum):
         b.tick()
         assert "c" in b.sessions
         return
-    if life:
-        clock.t += life - 1
-        b.tick()
-        assert "c" in b.sessions
-        clock.t += 1
-    b.tick()
-    assert "c" not in b.sessions
+    _held_for(b, clock, "c", life)
 
 
 def test_311_persistent_session_expires_after_persistent_client_expiration():
@@ -238,12 +239,7 @@ def test_311_persistent_session_expires_after_persistent_client_expiration():
 def test_311_default_expiry_is_7_days_and_capped_by_the_maximum():
     b, clock = make()
     _offline(b, "week", level=4)
-    clock.t += 604799
-    b.tick()
-    assert "week" in b.sessions
-    clock.t += 1
-    b.tick()
-    assert "week" not in b.sessions
+    _held_for(b, clock, "week", 604800)
     b, clock = make(persistent_client_expiration=1000, session_expiry_maximum=50)
     _offline(b, "capped", level=4)
     assert b.sessions["capped"].expiry_interval == 50
@@ -292,12 +288,7 @@ def test_stored_never_expiring_311_session_is_capped_on_restart(tmp_path):
     clock.t += 1000  # the broker was down
     b, store = _restart(path, clock, persistent_client_expiration=300)
     assert b.sessions["s"].expiry_interval == 300 and b.router.count == 1
-    clock.t += 299
-    b.tick()
-    assert "s" in b.sessions
-    clock.t += 1
-    b.tick()
-    assert "s" not in b.sessions
+    _held_for(b, clock, "s", 300)
     assert store.commit() >= 0
     assert _stored_rows(path) == 0
 
@@ -314,12 +305,7 @@ def test_stored_v5_session_is_capped_from_when_it_went_offline(tmp_path):
     store.close()
     b, store = _restart(path, clock)  # what the first restart wrote back: the capped interval
     assert b.sessions["s"].expiry_interval == 1000
-    clock.t += 399
-    b.tick()
-    assert "s" in b.sessions
-    clock.t += 1
-    b.tick()
-    assert "s" not in b.sessions
+    _held_for(b, clock, "s", 400)
 
 
 def test_stored_session_already_past_the_cap_is_not_restored_and_deleted(tmp_path):
