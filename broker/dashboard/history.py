@@ -9,6 +9,7 @@ a query parameter, never as SQL text.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import datetime as dt
 import logging
 import threading
@@ -235,7 +236,7 @@ class HistoryClient:
                          str(exc).splitlines()[0][:200])
                 with self._lock:
                     self._spark = None
-                _quietly(spark.stop)
+                _drop(spark)
         raise AssertionError("unreachable")
 
     @staticmethod
@@ -266,7 +267,7 @@ class HistoryClient:
         spark = self._spark
         self._spark = None
         if spark is not None:
-            self._pool.submit(_quietly, spark.stop)
+            _drop(spark)
         self._pool.shutdown(wait=False, cancel_futures=True)
 
 
@@ -274,6 +275,17 @@ def _connection_problem(exc: Exception) -> bool:
     text = f"{type(exc).__name__} {exc}"
     return any(s in text for s in ("UNAVAILABLE", "SESSION_NOT_FOUND", "INVALID_HANDLE",
                                    "SESSION_CLOSED", "Connection refused", "RetriesExceeded"))
+
+
+def _drop(spark) -> None:
+    """Let a Spark Connect session go without ever holding up the broker: pyspark's exit hook
+    would otherwise retry its clean-up calls for minutes when the job (the server) has stopped
+    first, and the broker process would not exit. Release the session in the background."""
+    client = getattr(spark, "_client", None)
+    if client is not None:
+        atexit.unregister(client._on_exit)
+    threading.Thread(target=_quietly, args=(spark.stop,), daemon=True,
+                     name="dashboard-connect-close").start()
 
 
 def _quietly(fn) -> None:

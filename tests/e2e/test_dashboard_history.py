@@ -369,3 +369,26 @@ def _page_checks(stack, d, tmp_path):
     d.get(stack.dashboard + "/#history?filter=" + urllib.parse.quote("a/#/b", safe="") + "&range=60")
     _wait_attr(d, "#history", "data-state", lambda v: v == "error")
     assert "invalid topic filter" in d.find_element("id", "history-message").text
+
+
+def test_broker_stops_promptly_after_the_job_stopped_first(stack):
+    """The dashboard's Spark Connect session must not hold the broker's exit: pyspark's exit
+    hook retried its clean-up calls against the stopped job for minutes (scripts/run.sh stops
+    both at once). Runs last: it stops the module's stack."""
+    status, body = http_json(f"{stack.dashboard}/api/history?filter=sensors/%23", timeout=120)
+    assert status == 200, body  # the dashboard holds a session on the job's server
+    stack.job.terminate()
+    assert stack.job.wait(60) == 0
+    import socket
+
+    def port_closed():  # the job's JVM outlives its Python process for a moment
+        try:
+            socket.create_connection(("127.0.0.1", stack.connect_port), timeout=1).close()
+            return False
+        except OSError:
+            return True
+    wait_for(port_closed, 60, "the job's Spark Connect port to close", every=0.5)
+    status, body = http_json(f"{stack.dashboard}/api/history?filter=sensors/%23", timeout=120)
+    assert status == 503 and "not running" in body.get("error", ""), body
+    # BrokerProcess.stop: SIGTERM, then SIGKILL after 10 s (-9): a clean exit is 0
+    assert stack.broker.stop() == 0, "the broker did not exit on SIGTERM within 10 s"
