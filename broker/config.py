@@ -30,6 +30,8 @@ class MQTTConfig:
     publish_will_on_shutdown: bool = False
     session_owner_check: bool = True     # a session's client id is refused (0x87) to other users
     connect_timeout: float = 10.0        # seconds to receive CONNECT after the TCP connection
+    close_linger_seconds: float = 2.0    # after a server DISCONNECT: input dropped this long at most...
+    close_linger_bytes: int = 1048576    # ...and this much at most, before the socket is closed
     max_connections: int = 0             # 0: unlimited
     max_connect_packet_size: int = 131072  # bytes a packet may have before CONNECT is accepted (0x95)
     max_subscriptions_per_client: int = 1000  # filters a session may hold; more get SUBACK 0x97
