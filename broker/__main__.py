@@ -97,7 +97,7 @@ def main(argv=None) -> int:
     sink = None
     if cfg.sink.get("enabled"):
         from sink.service import Sink
-        sink = Sink.from_config(cfg.sink, cfg.data_dir)
+        sink = Sink.from_config(cfg.sink, cfg.data_dir, history=cfg.history)
         sink.start()
     store = None
     if cfg.persistence.get("enabled", True):

@@ -16,7 +16,9 @@ if [ "$DASHBOARD" != 0 ]; then
   dash=(--set dashboard.enabled=true --set "dashboard.port=$DASHBOARD_PORT")
 fi
 
-"$PY" -m broker --config "$CONFIG" --sink "${dash[@]}" "$@" &
+# The spool keeps every record until the job has it in the table (an embedded Kafka restart
+# loses nothing); the broker finds the job's committed file from the same config's [history].
+"$PY" -m broker --config "$CONFIG" --sink --set sink.keep_until=history "${dash[@]}" "$@" &
 broker_pid=$!
 job_pid=
 stop() {

@@ -12,23 +12,31 @@ has its own GIL) or as a thread inside the broker process. Both run
 
 Delivery and ordering
 ---------------------
-Records are produced in spool order with ``acks=all``, no idempotence and
-``max_in_flight_requests_per_connection=1`` so that retries can't reorder a
-partition (key = MQTT topic -> one partition per MQTT topic). The forwarded
-position only advances over a contiguous prefix of acknowledged records and is
-persisted in ``checkpoint.json`` (spool mode). On a failed send the forwarder
-waits for everything in flight, rewinds to the first unacknowledged record and
-sends again from there, in order (duplicates possible, never gaps).
+Spool entries already hold Kafka v2 record bodies (encoded once by the broker). The forwarder
+reads a chunk of them (up to 2,000), groups them per partition (murmur2 of the key, like
+kafka-python's default partitioner) into RecordBatches and sends one ProduceRequest per leader
+(``acks=all``) through kafka-python's network client (sink/produce.py), up to four chunks in
+flight. Acknowledged chunks advance the forwarded position over a contiguous prefix only; it is
+persisted in ``checkpoint.json`` (spool mode). On a failed chunk the forwarder waits for
+everything in flight, rewinds to the first record of that chunk and sends again from there, in
+order (duplicates possible, never gaps). A record Kafka refuses for good is found by re-sending
+that chunk one record per request and is dropped alone.
 
 Kafka losing data (embedded Tansu restarted empty, topic re-created) is
 detected, not assumed: a partition offset that goes backwards in a produce
 acknowledgement, or a topic id that changes in the metadata (topic ids and last
-offsets are kept in the checkpoint so this also works across restarts). Then the
-forwarder re-sends the replay window: records already forwarded whose accept
-time is within ``replay_window_seconds`` and that are among the last
-``replay_window_messages``. Each record keeps its ``mqtt.message_id``, so
-consumers can drop the duplicates; per MQTT topic, the last occurrence of each
-message id is in submit order.
+offsets are kept in the checkpoint so this also works across restarts). Then:
+
+* ``keep_until = "history"``: every record the history job has not committed yet
+  (sink/progress.py; the forwarder remembers, per acknowledged chunk, the next offset of
+  each partition it wrote and the topic id, and keeps that list in its checkpoint) is sent
+  again. Spool segments are deleted only once committed.
+* ``keep_until = "kafka"``: the replay window is re-sent: records already forwarded whose
+  accept time is within ``replay_window_seconds`` and that are among the last
+  ``replay_window_messages``.
+
+Each record keeps its ``mqtt.message_id``, so consumers can drop the duplicates; per MQTT
+topic, the last occurrence of each message id is in submit order.
 """
 from __future__ import annotations
 
@@ -44,7 +52,9 @@ import sys
 import threading
 import time
 
-from .record import decode_entry, entry_shard, entry_timestamp
+from . import progress
+from .produce import BatchSender, NotReady
+from .record import entry_fields, entry_shard, entry_timestamp
 from .spool import (DirLock, SpoolReader, checkpoint_name, read_checkpoint, read_min_checkpoint,
                     seg_name, write_checkpoint)
 
@@ -53,7 +63,7 @@ log = logging.getLogger("sink.forwarder")
 DEFAULT_PRODUCER = dict(
     acks="all",
     enable_idempotence=False,               # Tansu forgets producer ids on restart
-    max_in_flight_requests_per_connection=1,  # retries must not reorder a partition
+    max_in_flight_requests_per_connection=5,  # chunks in flight; a failure re-sends from the first
     linger_ms=5,
     batch_size=256 * 1024,
     max_block_ms=1000,                      # send() never blocks long (metadata unknown)
@@ -73,9 +83,6 @@ def producer_config(bootstrap: str, kafka_opts: dict | None) -> dict:
     if str(cfg.get("acks")) not in ("all", "-1"):
         log.warning("sink.kafka.acks=%r ignored: the sink always uses acks='all'", cfg.get("acks"))
     cfg["acks"] = "all"
-    if not cfg.get("enable_idempotence") and cfg.get("max_in_flight_requests_per_connection", 1) != 1:
-        log.warning("sink.kafka: max_in_flight_requests_per_connection forced to 1 (ordering)")
-        cfg["max_in_flight_requests_per_connection"] = 1
     cfg["bootstrap_servers"] = bootstrap.split(",") if isinstance(bootstrap, str) else bootstrap
     for k in ("key_serializer", "value_serializer"):
         cfg.pop(k, None)
@@ -130,14 +137,29 @@ class SpoolSource:
     def find_position(self, min_seq: int, min_ts: int, upto: int) -> int:
         return self.reader.find_position(min_seq, min_ts, upto)
 
-    def commit(self, pos: int, seq: int, kafka_state: dict, resume: int, force: bool = False) -> None:
-        if not force and self._last_ckpt == (pos, seq, resume):
+    def commit(self, pos: int, seq: int, kafka_state: dict, resume: int, force: bool = False,
+               committed: tuple[int, int] | None = None) -> None:
+        key = (pos, seq, resume, committed)
+        if not force and self._last_ckpt == key:
             return
-        write_checkpoint(self.dir, {"pos": pos, "seq": seq, "resume": resume, "kafka": kafka_state,
-                                    "updated_ms": int(time.time() * 1000)}, name=self.ckpt_name)
-        self._last_ckpt = (pos, seq, resume)
+        data = {"pos": pos, "seq": seq, "resume": resume, "kafka": kafka_state,
+                "updated_ms": int(time.time() * 1000)}
+        if committed is not None:
+            data["committed_pos"], data["committed_seq"] = committed
+        write_checkpoint(self.dir, data, name=self.ckpt_name)
+        self._last_ckpt = key
 
-    def housekeeping(self, acked_pos: int, acked_seq: int, window_s: float, window_n: int) -> None:
+    def committed(self) -> tuple[int, int] | None:
+        """(pos, seq) up to which the history table has every record (keep_until = "history")."""
+        ck = read_checkpoint(self.dir, self.ckpt_name) or read_min_checkpoint(self.dir) or {}
+        if "committed_pos" not in ck:
+            return None
+        return int(ck["committed_pos"]), int(ck.get("committed_seq", 0))
+
+    def housekeeping(self, acked_pos: int, acked_seq: int, window_s: float, window_n: int,
+                     keep_from: int | None = None) -> None:
+        """Delete segments every forwarder is done with: sent (and inside no replay window), or,
+        with keep_from (keep_until = "history"), wholly before keep_from (committed)."""
         if self.shards > 1:  # a segment goes only when every forwarder has sent its share of it
             slowest = read_min_checkpoint(self.dir, self.all_ckpts)
             if slowest is None or len([1 for n in self.all_ckpts
@@ -145,6 +167,12 @@ class SpoolSource:
                 return
             acked_pos = min(acked_pos, int(slowest["pos"]))
             acked_seq = min(acked_seq, int(slowest["seq"]))
+            if keep_from is not None:
+                cks = [read_checkpoint(self.dir, n) or {} for n in self.all_ckpts]
+                keep_from = min([keep_from] + [int(c.get("committed_pos", 0)) for c in cks])
+        if keep_from is not None:
+            acked_pos = min(acked_pos, keep_from)
+            window_s = window_n = 0
         segs = self.reader.segments(True)
         now_ms = time.time() * 1000
         for i in range(len(segs) - 1):           # the last segment is live: never deleted
@@ -233,7 +261,14 @@ class MemorySource:
     def commit(self, *a, **k) -> None:
         pass
 
-    def housekeeping(self, acked_pos: int, acked_seq: int, window_s: float, window_n: int) -> None:
+    def committed(self):
+        return None
+
+    def housekeeping(self, acked_pos: int, acked_seq: int, window_s: float, window_n: int,
+                     keep_from: int | None = None) -> None:
+        if keep_from is not None:
+            acked_pos = min(acked_pos, keep_from)
+            window_s = window_n = 0
         now_ms = time.time() * 1000
         with self._lock:
             items = self._items
@@ -316,8 +351,24 @@ class Forwarder:
                  replay_window_seconds: float = 3600, replay_window_messages: int = 1_000_000,
                  max_inflight: int = 10000, drain_timeout: float = 5.0,
                  unreachable_after: float = 3.0, status_interval: float = 0.1,
-                 shard: int = 0, shards: int = 1):
+                 shard: int = 0, shards: int = 1, keep_until: str = "kafka",
+                 committed_file: str | None = None, chunk_records: int = 2000, linger_ms: float = 5.0):
         self.source = source
+        # keep_until = "history": records stay (and are re-sent after Kafka lost them) until the
+        # history job's committed file (sink/progress.py) says the table has them
+        self.keep_until = keep_until
+        self.committed_file = committed_file
+        self.chunk_records = chunk_records
+        self.pending: collections.deque = collections.deque()  # acked, not committed: [end, seq, {tp: next}, {topic: id}]
+        self.committed_pos = 0
+        self.committed_seq = 0
+        self._progress = None
+        self._progress_key = None
+        self._single_until = -1          # send one record per request up to here (find a refused one)
+        self.linger = linger_ms / 1000
+        self._last_read = 0.0
+        self._last_full = False
+        self._lingering = False
         self.shard, self.shards = shard, shards  # this forwarder sends topics with crc32 % shards == shard
         self.control = control
         self.publish = publish
@@ -330,7 +381,9 @@ class Forwarder:
         self.unreachable_after = unreachable_after
         self.status_interval = status_interval
         self.producer = None
-        self.inflight: collections.deque = collections.deque()  # [future, start, end, seq, ts, sent_at]
+        # one entry per chunk: [ChunkFuture|None, start, end, last_seq, first_ts, sent_at, n_own, first_seq]
+        self.inflight: collections.deque = collections.deque()
+        self.inflight_records = 0
         self.acked_pos = 0
         self.acked_seq = 0
         self.max_acked_seq = 0
@@ -384,12 +437,79 @@ class Forwarder:
         else:
             ts = None
         lag = max(0.0, (now_ms - ts) / 1000) if ts is not None else 0.0
+        rpos, rseq = self.retained()
         return dict(pos=self.acked_pos, seq=self.acked_seq, forwarded=self.forwarded, failed=self.failed,
                     poisoned=self.poisoned, replayed=self.replayed, replays=self.replays,
-                    kafka_up=bool(self.kafka_up), lag_seconds=round(lag, 3), inflight=len(self.inflight))
+                    kafka_up=bool(self.kafka_up), lag_seconds=round(lag, 3), inflight=self.inflight_records,
+                    retained_pos=rpos, retained_seq=rseq,
+                    committed_seq=self.committed_seq if self.keep_until == "history" else None)
+
+    def retained(self) -> tuple[int, int]:
+        """(pos, seq) from which the spool must keep records."""
+        if self.keep_until == "history":
+            return min(self.committed_pos, self.acked_pos), min(self.committed_seq, self.acked_seq)
+        return self.acked_pos, self.acked_seq
 
     def kafka_state(self) -> dict:
-        return {"topic_ids": self.topic_ids, "offsets": self.offsets}
+        st = {"topic_ids": self.topic_ids, "offsets": self.offsets}
+        if self.keep_until == "history":
+            self._merge_pending(256)
+            st["pending"] = [[e, q, [[t, p, n] for (t, p), n in d.items()], ids] for e, q, d, ids in self.pending]
+        return st
+
+    def _merge_pending(self, limit: int) -> None:
+        """Keep the list short by merging neighbours (conservative: a merged entry is committed
+        only when all of it is)."""
+        pend = self.pending
+        while len(pend) > limit:
+            out = collections.deque()
+            it = iter(pend)
+            for a in it:
+                b = next(it, None)
+                if b is None:
+                    out.append(a)
+                    break
+                d = dict(a[2])
+                for tp, n in b[2].items():
+                    d[tp] = max(n, d.get(tp, 0))
+                out.append([b[0], b[1], d, {**a[3], **b[3]}])
+            pend = out
+        self.pending = pend
+
+    # -- what the history table has committed ---------------------------------------------------
+    def _read_progress(self) -> None:
+        path = self.committed_file
+        if not path:
+            return
+        try:
+            st = os.stat(path)
+        except OSError:
+            return
+        key = (st.st_mtime_ns, st.st_size, st.st_ino)
+        if key != self._progress_key:
+            data = progress.read_committed(path)
+            if data is not None:
+                for t in data["topics"].values():      # "" (unknown) and null mean the same
+                    t["topic_id"] = t["topic_id"] or None
+                self._progress, self._progress_key = data, key
+
+    def _advance_committed(self) -> None:
+        """Drop from `pending` what the table has; the committed position follows."""
+        self._read_progress()
+        state = self._progress
+        pend = self.pending
+        is_committed = progress.is_committed
+        while pend:
+            end, seq, d, ids = pend[0]
+            if not all(is_committed(state, t, ids.get(t), p, n - 1) for (t, p), n in d.items()):
+                break
+            pend.popleft()
+            self.committed_pos, self.committed_seq = end, seq
+        if (not pend and not self.inflight and self._resend_from is None and self._replay_reason is None
+                and self.source.pos >= self.acked_pos):
+            # everything acked was committed (or skipped: torn tails, other shards' records)
+            self.committed_pos = max(self.committed_pos, self.acked_pos)
+            self.committed_seq = max(self.committed_seq, self.acked_seq)
 
     # -- kafka ------------------------------------------------------------------------------------
     def _ensure_producer(self) -> bool:
@@ -399,16 +519,15 @@ class Forwarder:
         if now < self._next_producer_try:
             return False
         self._next_producer_try = now + 1.0
-        from kafka import KafkaProducer
         try:
-            self.producer = KafkaProducer(**self.pcfg)
+            self.producer = BatchSender(self.pcfg)
         except Exception as exc:  # NoBrokersAvailable / KafkaTimeoutError / config errors
             self._set_down(f"{type(exc).__name__}: {exc}")
             return False
         # load metadata of topics we produced to before, to notice re-created topics
         for t in list(self.topic_ids):
             try:
-                self.producer.partitions_for(t)
+                self.producer.partitions_for(t, wait_ms=int(self.pcfg.get("max_block_ms", 1000)))
             except Exception:
                 pass
         self._check_topic_ids()
@@ -416,7 +535,7 @@ class Forwarder:
         return True
 
     def _metadata(self):
-        return getattr(self.producer, "_metadata", None)
+        return getattr(self.producer, "cluster", None)
 
     def _check_topic_ids(self) -> None:
         md = self._metadata()
@@ -456,91 +575,128 @@ class Forwarder:
         while inflight:
             ent = inflight[0]
             fut = ent[0]
-            if fut is not None and not fut.is_done:
+            if fut is not None and not fut.poll():
                 break
             inflight.popleft()
+            self.inflight_records -= ent[6]
             if self._resend_from is not None:
                 continue                      # will be sent again
             if fut is None or fut.exception is None:
+                tps = {}
                 if fut is not None:
-                    md = fut.value
-                    tp = f"{md.topic}/{md.partition}"
-                    last = self.offsets.get(tp)
-                    if last is not None and md.offset <= last and self._replay_reason is None:
-                        self._replay(f"offset of {tp} went back from {last} to {md.offset}")
-                    self.offsets[tp] = md.offset
-                    if md.topic not in self.topic_ids:
-                        m = self._metadata()
-                        tid = m.topic_id(md.topic) if m is not None and hasattr(m, "topic_id") else None
-                        self.topic_ids[md.topic] = str(tid) if tid else ""
+                    for (topic, part), base in fut.value.items():
+                        tp = f"{topic}/{part}"
+                        last = self.offsets.get(tp)
+                        if last is not None and base <= last and self._replay_reason is None:
+                            self._replay(f"offset of {tp} went back from {last} to {base}")
+                        n = fut.counts[(topic, part)]
+                        self.offsets[tp] = base + n - 1
+                        tps[(topic, part)] = base + n
+                        if topic not in self.topic_ids:
+                            m = self._metadata()
+                            tid = m.topic_id(topic) if m is not None and hasattr(m, "topic_id") else None
+                            self.topic_ids[topic] = str(tid) if tid else ""
                     self._set_up()
                     self._last_ack = time.monotonic()
+                if self.keep_until == "history" and self._replay_reason is None:
+                    self.pending.append([ent[2], ent[3] + 1, tps,
+                                         {t: self.topic_ids.get(t) or None for t, _ in tps}])
                 self.acked_pos = max(self.acked_pos, ent[2])
                 if ent[3] + 1 > self.acked_seq:
                     self.acked_seq = ent[3] + 1
                 if ent[3] + 1 > self.max_acked_seq:
+                    new = ent[3] + 1 - max(self.max_acked_seq, ent[7])
                     self.max_acked_seq = ent[3] + 1
-                    if len(ent) < 7:  # sent by us, not skipped
-                        self.forwarded += 1
+                    if fut is not None:
+                        self.forwarded += min(ent[6], max(0, new))
             else:
                 exc = fut.exception
                 retriable = getattr(exc, "retriable", False) or "Timeout" in type(exc).__name__
                 if not retriable and type(exc).__name__ in ("MessageSizeTooLargeError", "RecordTooLargeError",
                                                             "InvalidTopicError", "InvalidRecordError",
-                                                            "TopicAuthorizationFailedError"):
-                    log.error("Kafka refused record seq=%d for good (%s): dropped", ent[3], exc)
-                    self.poisoned += 1
-                    self.failed += 1
-                    self.acked_pos = max(self.acked_pos, ent[2])
-                    self.acked_seq = max(self.acked_seq, ent[3] + 1)
-                    continue
-                self.failed += 1
+                                                            "TopicAuthorizationFailedError",
+                                                            "CorruptRecordError"):
+                    if ent[6] == 1:
+                        log.error("Kafka refused record seq=%d for good (%s): dropped", ent[3], exc)
+                        self.poisoned += 1
+                        self.failed += 1
+                        self.acked_pos = max(self.acked_pos, ent[2])
+                        self.acked_seq = max(self.acked_seq, ent[3] + 1)
+                        continue
+                    self._single_until = ent[2]     # find the refused record: one per request
+                self.failed += ent[6]
                 self._set_down(f"{type(exc).__name__}: {exc}")
-                self._resend_from = (ent[1], ent[3], ent[4])
+                self._resend_from = (ent[1], ent[7], ent[4])
                 self._stalled_ts = ent[4]
 
     def _fill(self) -> bool:
-        room = self.max_inflight - len(self.inflight)
+        if len(self.inflight) >= 4:           # chunks (requests) in flight
+            return False
+        now = time.monotonic()
+        if not self._last_full and now - self._last_read < self.linger:
+            self._lingering = True            # let a few ms of records gather: fewer, larger requests
+            return False
+        self._lingering = False
+        room = self.max_inflight - self.inflight_records
         if room <= 0:
             return False
-        entries = self.source.read(min(room, 2000), 4 << 20)
+        single = self.source.pos < self._single_until
+        want = 1 if single else min(room, self.chunk_records)
+        entries = self.source.read(want, 1 << 20)
         self._read_empty = not entries
+        self._last_read = now
+        self._last_full = len(entries) >= want
         if not entries:
             if not self.inflight:
                 self._stalled_ts = None
                 self.acked_pos = max(self.acked_pos, self.source.pos)
             return False
-        send = self.producer.send
-        for ent in entries:
-            start, end, seq, payload = ent
+        groups: dict[str, list] = {}
+        n_own = 0
+        first_ts = None
+        for start, end, seq, payload in entries:
             try:
                 if self.shards > 1 and entry_shard(payload, self.shards) != self.shard:
-                    # another forwarder's topic (per-topic order stays within one forwarder)
-                    self.inflight.append([None, start, end, seq, entry_timestamp(payload), 0.0, True])
-                    continue
-                ktopic, key, value, headers, ts = decode_entry(payload)
-            except (ValueError, struct.error) as exc:
+                    continue  # another forwarder's topic (per-topic order stays within one forwarder)
+                kt, ts, body = entry_fields(payload)
+            except (ValueError, struct.error, IndexError) as exc:
                 log.error("undecodable spool record seq=%d skipped: %s", seq, exc)
-                self.inflight.append([None, start, end, seq, 0, 0.0, True])
                 continue
+            if first_ts is None:
+                first_ts = ts
+            lst = groups.get(kt)
+            if lst is None:
+                groups[kt] = lst = []
+            lst.append((ts, body))
+            n_own += 1
+        start, first_seq = entries[0][0], entries[0][2]
+        end, last_seq = entries[-1][1], entries[-1][2]
+        if first_ts is None:
+            first_ts = entry_timestamp(entries[0][3]) if len(entries[0][3]) >= 9 else 0
+        fut = None
+        if groups:
             try:
-                fut = send(ktopic, value=value, key=key, headers=headers, timestamp_ms=ts)
+                fut = self.producer.send({k.decode(errors="replace"): v for k, v in groups.items()})
+            except NotReady as exc:
+                self.source.seek(start, first_seq)
+                self._stalled_ts = first_ts
+                self._retry_at = time.monotonic() + 0.05
+                if time.monotonic() - self._last_ack > self.unreachable_after:
+                    self._set_down(str(exc))
+                return True
             except Exception as exc:
                 name = type(exc).__name__
                 if "Timeout" in name or getattr(exc, "retriable", False):
                     self._set_down(f"{name}: {exc}")
-                    self.source.seek(start, seq)
-                    self._stalled_ts = ts
+                    self.source.seek(start, first_seq)
+                    self._stalled_ts = first_ts
                     self._retry_at = time.monotonic() + 0.5
                     return True
-                log.error("Kafka refused record seq=%d for good (%s): dropped", seq, exc)
-                self.poisoned += 1
-                self.failed += 1
-                self.inflight.append([None, start, end, seq, ts, 0.0])
-                continue
-            if start < self._replay_until:
-                self.replayed += 1
-            self.inflight.append([fut, start, end, seq, ts, time.monotonic()])
+                raise
+        if start < self._replay_until:
+            self.replayed += n_own
+        self.inflight.append([fut, start, end, last_seq, first_ts, time.monotonic(), n_own, first_seq])
+        self.inflight_records += n_own
         return True
 
     def _handle_rewinds(self) -> None:
@@ -569,15 +725,19 @@ class Forwarder:
             self._replay_wait = None
             now_ms = int(time.time() * 1000)
             upto = self.acked_pos if self._resend_from is None else self._resend_from[0]
-            if self.window_s > 0 and self.window_n > 0:
+            if self.keep_until == "history":
+                start = min(self.committed_pos, upto)  # everything the table does not have yet
+                self.pending.clear()
+            elif self.window_s > 0 and self.window_n > 0:
                 start = self.source.find_position(self.max_acked_seq - self.window_n,
                                                   now_ms - int(self.window_s * 1000), upto)
             else:
                 start = upto
             self.replays += 1
             self._replay_until = max(self._replay_until, upto)
-            log.warning("replaying the records forwarded in the replay window (from spool position %d "
-                        "to %d, %d bytes)", start, upto, upto - start)
+            log.warning("replaying the records %s (from spool position %d to %d, %d bytes)",
+                        "not yet committed by the history job" if self.keep_until == "history"
+                        else "forwarded in the replay window", start, upto, upto - start)
             self.offsets = {}
             self._replay_reason = None
             self._resend_from = None
@@ -594,11 +754,28 @@ class Forwarder:
         self.max_acked_seq = self.acked_seq
         self.topic_ids = dict(kstate.get("topic_ids") or {})
         self.offsets = {k: int(v) for k, v in (kstate.get("offsets") or {}).items()}
+        if self.keep_until == "history":
+            c = self.source.committed()
+            self.committed_pos, self.committed_seq = c if c is not None else (self.acked_pos, self.acked_seq)
+            if self.committed_pos < self.acked_pos:   # sent before the restart, not yet committed
+                self.pending = collections.deque(
+                    [e, q, {(t, p): n for t, p, n in d}, ids] for e, q, d, ids in kstate.get("pending") or ())
+                if not self.pending:                  # unknown offsets: send them again
+                    self._replay_until = self.acked_pos
+                    self.source.seek(self.committed_pos, None)
         last_status = last_ckpt = last_house = last_check = 0.0
         timeout = 0.0
         try:
             while True:
-                for c in self.control.wait(timeout):
+                if self.inflight and self.producer is not None and timeout > 0:
+                    cmds = self.control.wait(0)         # wait on Kafka: an answer wakes us at once
+                    try:
+                        self.producer.poll(int(timeout * 1000))
+                    except Exception as exc:
+                        log.debug("poll: %s", exc)
+                else:
+                    cmds = self.control.wait(timeout)
+                for c in cmds:
                     if c in ("stop", "eof"):
                         self.exit_reason = c
                         return
@@ -607,9 +784,11 @@ class Forwarder:
                 now = time.monotonic()
                 busy = False
                 if self._ensure_producer():
+                    self.producer.poll(0)
                     self._reap()
                     if now - last_check > 1.0:
                         last_check = now
+                        self.producer.maybe_refresh()
                         self._check_topic_ids()
                         fresh = self._metadata_fresh()
                         if fresh is False and now - self._last_ack > self.unreachable_after:
@@ -617,7 +796,7 @@ class Forwarder:
                         elif fresh and self.kafka_up is False and not self.inflight and self._resend_from is None:
                             self._set_up()
                         if self.inflight and now - self.inflight[0][5] > self.unreachable_after \
-                                and self.inflight[0][0] is not None and not self.inflight[0][0].is_done:
+                                and self.inflight[0][0] is not None and not self.inflight[0][0].poll():
                             self._set_down(f"no acknowledgement for {self.unreachable_after:.0f}s")
                     if self._resend_from is not None or self._replay_reason is not None:
                         if now >= self._retry_at:
@@ -632,10 +811,15 @@ class Forwarder:
                     self.publish(self.status())
                 if now - last_ckpt >= 0.5:
                     last_ckpt = now
-                    self.source.commit(self.acked_pos, self.acked_seq, self.kafka_state(), self._resume_pos())
+                    if self.keep_until == "history":
+                        self._advance_committed()
+                    self.source.commit(self.acked_pos, self.acked_seq, self.kafka_state(), self._resume_pos(),
+                                       committed=self._committed_ckpt())
                 if now - last_house >= 1.0:
                     last_house = now
-                    self.source.housekeeping(self.acked_pos, self.acked_seq, self.window_s, self.window_n)
+                    self.source.housekeeping(self.acked_pos, self.acked_seq, self.window_s, self.window_n,
+                                             keep_from=self.retained()[0] if self.keep_until == "history"
+                                             else None)
                 if self._draining_deadline is not None:
                     caught_up = (self._read_empty and not self.inflight and self._resend_from is None
                                  and self._replay_reason is None)
@@ -644,7 +828,7 @@ class Forwarder:
                             log.warning("drain timeout; unforwarded records stay in the spool")
                         self.exit_reason = "drained"
                         return
-                timeout = 0.0 if busy else (0.002 if self.inflight else 0.05)
+                timeout = 0.0 if busy else (0.002 if self.inflight or self._lingering else 0.05)
         finally:
             self._shutdown()
 
@@ -659,26 +843,26 @@ class Forwarder:
             p = self.source.pos
         return min(p, self.acked_pos)
 
+    def _committed_ckpt(self):
+        return self.retained() if self.keep_until == "history" else None
+
     def _shutdown(self) -> None:
         if self.producer is not None:
-            try:
-                self.producer.flush(timeout=1 if self.exit_reason != "eof" else 0)
-            except Exception:
-                pass
-            self._reap()
-            try:
-                self.producer.close(timeout=1)
-            except Exception:
-                # kafka-python's close() raises from flush() when records are still pending
-                # (Kafka down) and then never stops its sender: force it
+            deadline = time.monotonic() + (1 if self.exit_reason != "eof" else 0)
+            while self.inflight and time.monotonic() < deadline:
                 try:
-                    self.producer._sender.force_close()
+                    self.producer.poll(10)
                 except Exception:
-                    pass
-                self.producer._closed = True
+                    break
+                self._reap()
+            self._reap()
+            self.producer.close()
             self.producer = None
         try:
-            self.source.commit(self.acked_pos, self.acked_seq, self.kafka_state(), self._resume_pos(), force=True)
+            if self.keep_until == "history":
+                self._advance_committed()
+            self.source.commit(self.acked_pos, self.acked_seq, self.kafka_state(), self._resume_pos(), force=True,
+                               committed=self._committed_ckpt())
         except Exception as exc:
             log.error("cannot write checkpoint: %s", exc)
         self.publish(self.status())
@@ -720,7 +904,8 @@ def main() -> int:
                     PipeControl(0), publish, cfg["bootstrap"], cfg.get("kafka"),
                     cfg.get("replay_window_seconds", 3600), cfg.get("replay_window_messages", 1_000_000),
                     cfg.get("max_inflight", 10000), cfg.get("drain_timeout", 5.0),
-                    shard=shard, shards=shards)
+                    shard=shard, shards=shards, keep_until=cfg.get("keep_until", "kafka"),
+                    committed_file=cfg.get("committed_file"))
     try:
         fwd.run()
     finally:

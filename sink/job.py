@@ -246,7 +246,8 @@ def _python_kafka(spark, cfg: JobConfig):
     if not getattr(spark, "_mqtt_kafka_registered", False):
         spark.dataSource.register(KafkaPythonSource)
         spark._mqtt_kafka_registered = True
-    reader = spark.readStream.format(FORMAT_NAME)
+    reader = (spark.readStream.format(FORMAT_NAME).option("headers", "columns")
+              .option("maxPartitions", str(spark.sparkContext.defaultParallelism)))
     for k, v in cfg.kafka_options().items():
         reader = reader.option(k, v)
     return reader.load()
@@ -325,6 +326,7 @@ def start_query(spark, cfg: JobConfig):
     else:
         writer = writer.trigger(processingTime=f"{cfg.trigger_seconds:g} seconds")
     query = writer.start()
+    _report_commits(spark, cfg, query)
     log.info("history job started: source=%s topics=%s bootstrap=%s table=%s checkpoint=%s %s",
              used, ",".join(cfg.topics), cfg.bootstrap, cfg.table, cfg.checkpoint_dir,
              "available-now" if cfg.available_now else f"trigger={cfg.trigger_seconds:g}s")
@@ -375,6 +377,90 @@ def describe_progress(p: dict) -> str:
             f"backlog {lag if lag is not None else 'unknown'} records")
 
 
+# ---- what the table has committed (sink/progress.py: read by the broker's spool) -------------
+
+def committed_offsets(end_offsets) -> dict[str, dict]:
+    """{kafka_topic: {"topic_id", "offsets": {partition: next offset}}} from the end offsets of
+    a committed micro-batch: one JSON (str or dict) per source, either sink.source's
+    ({"t": {topic: {p: n}}, "ids": {topic: id}}) or Spark's Kafka connector's ({topic: {p: n}},
+    which carries no topic id: null)."""
+    out: dict[str, dict] = {}
+    for value in end_offsets:
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except ValueError:
+                continue
+        if not isinstance(value, dict):
+            continue
+        ids = value.get("ids", {}) if "t" in value else {}
+        for topic, parts in (value["t"] if "t" in value else value).items():
+            if isinstance(parts, dict):
+                out[topic] = {"topic_id": ids.get(topic) or None,
+                              "offsets": {int(p): int(n) for p, n in parts.items()
+                                          if isinstance(n, int) and n >= 0}}
+    return out
+
+
+def committed_from_checkpoint(checkpoint: str) -> tuple[int, dict] | None:
+    """(batch id, offsets) of the last batch in the checkpoint's commit log, or None."""
+    root = _local(checkpoint)
+    try:
+        batches = [int(f.name) for f in (root / "commits").iterdir() if f.name.isdigit()]
+        if not batches:
+            return None
+        lines = (root / "offsets" / str(max(batches))).read_text().splitlines()
+    except (OSError, ValueError):
+        return None
+    # offsets/N: "v1", the batch metadata, then one line per source
+    return max(batches), committed_offsets([ln for ln in lines[2:] if ln.strip()])
+
+
+def _report_commits(spark, cfg: JobConfig, query) -> None:
+    """Keep ``progress.committed_path(table, checkpoint)`` up to date: now (from the checkpoint:
+    a job killed between a commit and its report catches up) and after every micro-batch
+    (query progress is posted once the batch is in the commit log). Source.commit() would be
+    a batch late: Spark calls it only when it plans the next batch."""
+    if not is_local_path(cfg.checkpoint_dir):
+        return  # the broker reads a local file only
+    from pyspark.sql.streaming import StreamingQueryListener
+    from sink.progress import committed_path, write_committed
+    path = committed_path(cfg.table, str(_local(cfg.checkpoint_dir)))
+
+    def write(batch_id: int, topics: dict) -> None:
+        try:
+            write_committed(path, batch_id, topics)
+        except OSError as exc:  # the table is still right; the spool just keeps more
+            log.warning("cannot write %s (%s): the broker's spool keeps records longer", path,
+                        exc)
+
+    last = committed_from_checkpoint(cfg.checkpoint_dir)
+    if last and last[1]:
+        write(*last)
+
+    class Reporter(StreamingQueryListener):
+        def onQueryStarted(self, event):
+            pass
+
+        def onQueryProgress(self, event):
+            p = json.loads(event.progress.json)
+            if p.get("id") != str(query.id) or "addBatch" not in p.get("durationMs", {}):
+                return
+            topics = committed_offsets([s.get("endOffset") for s in p.get("sources", [])])
+            if topics:
+                write(p["batchId"], topics)
+
+        def onQueryIdle(self, event):
+            pass
+
+        def onQueryTerminated(self, event):
+            pass
+
+    listener = Reporter()
+    spark.streams.addListener(listener)
+    query._commit_reporter = listener
+
+
 def run(spark, cfg: JobConfig, stop_event: threading.Event | None = None,
         poll_seconds: float = 1.0) -> int:
     """Run the query until it ends (available-now) or stop_event is set. Returns an exit code."""
@@ -412,6 +498,8 @@ def run(spark, cfg: JobConfig, stop_event: threading.Event | None = None,
     finally:
         if query.isActive:
             query.stop()
+        if getattr(query, "_commit_reporter", None) is not None:
+            spark.streams.removeListener(query._commit_reporter)
 
 
 def _short_error(exc) -> str:

@@ -121,42 +121,223 @@ def from_kafka(key: bytes, value: bytes, headers, timestamp_ms: int) -> SinkReco
 
 
 # ---------------------------------------------------------------------------
-# Spool entry: what the spool stores per record = the ready-to-send Kafka record
-# (target Kafka topic already resolved by the rules). Little-endian:
-#   u8 version(=1) | i64 timestamp_ms | u16 len(kafka_topic) | u32 len(key) |
-#   u32 len(value) | u16 n_headers | kafka_topic | key | value |
-#   n_headers x (u16 len(name) | u32 len(value) | name | value)
+# Spool entry: what the spool stores per record = the Kafka v2 record body, encoded once in the
+# broker (target Kafka topic already resolved by the rules), so the forwarder only wraps bodies
+# into a RecordBatch. Little-endian head, then Kafka's own encoding:
+#   u8 version(=2) | i64 timestamp_ms | u16 len(kafka_topic) | u32 len(body) | kafka_topic | body
+#   body = varint keyLength | key | varint valueLength | value | varint headerCount |
+#          headerCount x (varint nameLength | name | varint valueLength | value)
+# (varint = Kafka's zigzag varint). A record in a RecordBatch is then
+#   varint length | i8 attributes | varlong timestampDelta | varint offsetDelta | body.
+# Version 1 entries (fixed-width lengths, written by older brokers) are still read.
 # Framing (length + CRC + sequence number) is added by sink/spool.py.
 # ---------------------------------------------------------------------------
-ENTRY_VERSION = 1
-_ENTRY_HEAD = struct.Struct("<BqHIIH")
-_HDR_HEAD = struct.Struct("<HI")
+ENTRY_VERSION = 2
+_ENTRY_HEAD = struct.Struct("<BqHI")
+_ENTRY_HEAD_V1 = struct.Struct("<BqHIIH")
+_HDR_HEAD_V1 = struct.Struct("<HI")
+
+
+def zz_varint(n: int) -> bytes:
+    """Kafka's zigzag varint/varlong of a signed integer."""
+    u = (n << 1) ^ (n >> 63)
+    u &= 0xFFFFFFFFFFFFFFFF
+    out = bytearray()
+    while u > 0x7F:
+        out.append((u & 0x7F) | 0x80)
+        u >>= 7
+    out.append(u)
+    return bytes(out)
+
+
+_VT = tuple(zz_varint(n) for n in range(8192))   # lengths/deltas below 8192: one lookup
+
+
+def vlen(n: int) -> bytes:
+    return _VT[n] if 0 <= n < 8192 else zz_varint(n)
+
+
+def read_zz_varint(buf, o: int) -> tuple[int, int]:
+    """-> (value, next offset). Raises ValueError when truncated or too long."""
+    u = shift = 0
+    n = len(buf)
+    while True:
+        if o >= n or shift > 63:
+            raise ValueError("truncated or overlong varint")
+        b = buf[o]
+        o += 1
+        u |= (b & 0x7F) << shift
+        if b < 0x80:
+            return (u >> 1) ^ -(u & 1), o
+        shift += 7
+
+
+def _hname(name: str) -> bytes:
+    b = name.encode()
+    return vlen(len(b)) + b
+
+
+_HN_MESSAGE_ID, _HN_CLIENT_ID, _HN_USERNAME = _hname(H_MESSAGE_ID), _hname(H_CLIENT_ID), _hname(H_USERNAME)
+_HN_PAYLOAD_FORMAT, _HN_CONTENT_TYPE = _hname(H_PAYLOAD_FORMAT), _hname(H_CONTENT_TYPE)
+_HN_RESPONSE_TOPIC, _HN_CORRELATION_DATA = _hname(H_RESPONSE_TOPIC), _hname(H_CORRELATION_DATA)
+_HN_MESSAGE_EXPIRY = _hname(H_MESSAGE_EXPIRY)
+# qos, retain, protocol: the common values as one ready-made run of three headers
+_FLAGS = {(q, r, p): b"".join((_hname(H_QOS), vlen(1), _QOS[q], _hname(H_RETAIN), vlen(1), _RETAIN[r],
+                               _hname(H_PROTOCOL), vlen(1), _PROTO[p]))
+          for q in range(3) for r in range(2) for p in (3, 4, 5)}
+
+
+def encode_body(key: bytes, value: bytes, headers: list[tuple[str, bytes]]) -> bytes:
+    """The Kafka v2 record fields from keyLength on (see above)."""
+    parts = [vlen(len(key)), key, vlen(len(value)), value, vlen(len(headers))]
+    for name, val in headers:
+        nb = name.encode()
+        parts += (vlen(len(nb)), nb, vlen(len(val)), val)
+    return b"".join(parts)
 
 
 def encode_entry(kafka_topic: str, key: bytes, value: bytes, headers: list[tuple[str, bytes]],
                  timestamp_ms: int) -> bytes:
     kt = kafka_topic.encode()
-    parts = [b"", kt, key, value]
-    pack = _HDR_HEAD.pack
-    for name, val in headers:
-        nb = name.encode()
-        parts.append(pack(len(nb), len(val)))
-        parts.append(nb)
-        parts.append(val)
-    parts[0] = _ENTRY_HEAD.pack(ENTRY_VERSION, timestamp_ms, len(kt), len(key), len(value), len(headers))
-    return b"".join(parts)
+    body = encode_body(key, value, headers)
+    return b"".join((_ENTRY_HEAD.pack(ENTRY_VERSION, timestamp_ms, len(kt), len(body)), kt, body))
 
 
-def decode_entry(buf) -> tuple[str, bytes, bytes, list[tuple[str, bytes]], int]:
-    """-> (kafka_topic, key, value, headers, timestamp_ms). Raises ValueError if malformed."""
-    mv = memoryview(buf)
+def encode_record(rec: SinkRecord, kafka_topic: str) -> bytes:
+    """Same bytes as encode_entry(kafka_topic, *to_kafka(rec)), built with less Python work (the
+    broker calls this once per accepted message)."""
+    extra = None
+    if rec.payload_format is not None or rec.content_type is not None or rec.response_topic is not None \
+            or rec.correlation_data is not None or rec.message_expiry is not None or rec.user_properties:
+        headers = to_kafka(rec)[2]
+        extra = headers[6 if rec.username is not None else 5:]
+    return encode_message(kafka_topic, rec.topic, rec.payload, rec.qos, rec.retain, rec.client_id, rec.username,
+                          rec.protocol, int(rec.accepted_at_ms), rec.message_id or "", extra)
+
+
+def encode_message(kafka_topic: str, topic: str, payload, qos: int, retain: bool, client_id: str,
+                   username: str | None, protocol: int, ts_ms: int, message_id: str,
+                   extra: list[tuple[str, bytes]] | None = None) -> bytes:
+    """The spool entry of one message (headers after mqtt.protocol in `extra`), without building a
+    SinkRecord: the broker's common case (no MQTT 5 properties) costs a few list items."""
+    vt = _VT
+    key = topic.encode()
+    value = payload if type(payload) is bytes else bytes(payload)
+    mid = message_id.encode()
+    cid = client_id.encode()
+    lk, lv, lc = len(key), len(value), len(cid)
+    parts = [b"", vt[lk] if lk < 8192 else zz_varint(lk), key, vt[lv] if lv < 8192 else zz_varint(lv), value,
+             b"", _HN_MESSAGE_ID, vlen(len(mid)), mid, _HN_CLIENT_ID, vt[lc] if lc < 8192 else zz_varint(lc), cid]
+    nh = 5
+    if username is not None:
+        u = username.encode()
+        parts += (_HN_USERNAME, vlen(len(u)), u)
+        nh += 1
+    f = _FLAGS.get((qos, 1 if retain else 0, protocol))
+    if f is None:
+        f = b"".join(_hname(n) + vlen(len(v)) + v for n, v in
+                     ((H_QOS, str(qos).encode()), (H_RETAIN, _RETAIN[1 if retain else 0]),
+                      (H_PROTOCOL, _PROTO.get(protocol) or str(protocol).encode())))
+    parts.append(f)
+    if extra:
+        nh += len(extra)
+        for name, val in extra:
+            nb = name.encode()
+            parts += (vlen(len(nb)), nb, vlen(len(val)), val)
+    parts[5] = vlen(nh)
+    body = b"".join(parts)
+    kt = kafka_topic.encode()
+    return _ENTRY_HEAD.pack(ENTRY_VERSION, ts_ms, len(kt), len(body)) + kt + body
+
+
+def entry_fields(buf: bytes) -> tuple[bytes, int, bytes]:
+    """entry_parts() for the forwarder's loop: (kafka topic as UTF-8 bytes, timestamp, body),
+    slicing the bytes it was given. Raises ValueError if malformed."""
+    if buf[:1] != b"\x02":
+        kt, ts, body = entry_parts(buf)
+        return kt.encode(), ts, bytes(body)
     try:
-        ver, ts, ktl, kl, vl, nh = _ENTRY_HEAD.unpack_from(mv, 0)
+        _, ts, ktl, bl = _ENTRY_HEAD.unpack_from(buf, 0)
+    except struct.error as exc:
+        raise ValueError(f"short spool entry: {exc}") from None
+    o = 15 + ktl                           # _ENTRY_HEAD.size == 15
+    if o + bl != len(buf):
+        raise ValueError("truncated spool entry")
+    return buf[15:o], ts, buf[o:]
+
+
+def entry_parts(buf) -> tuple[str, int, memoryview]:
+    """-> (kafka_topic, timestamp_ms, body) of a version 2 entry, without decoding the body;
+    a version 1 entry is re-encoded. Raises ValueError if malformed."""
+    mv = memoryview(buf)
+    if len(mv) and mv[0] == 1:
+        kt, key, value, headers, ts = decode_entry(mv)
+        return kt, ts, memoryview(encode_body(key, value, headers))
+    try:
+        ver, ts, ktl, bl = _ENTRY_HEAD.unpack_from(mv, 0)
     except struct.error as exc:
         raise ValueError(f"short spool entry: {exc}") from None
     if ver != ENTRY_VERSION:
         raise ValueError(f"unknown spool entry version {ver}")
     o = _ENTRY_HEAD.size
+    if o + ktl + bl != len(mv):
+        raise ValueError("truncated spool entry")
+    return str(mv[o:o + ktl], "utf-8"), ts, mv[o + ktl:]
+
+
+def body_key(body) -> bytes:
+    """The key (MQTT topic) of a record body."""
+    kl, o = read_zz_varint(body, 0)
+    if kl < 0 or o + kl > len(body):
+        raise ValueError("bad key length in spool entry")
+    return bytes(body[o:o + kl])
+
+
+def decode_body(body) -> tuple[bytes, bytes, list[tuple[str, bytes]]]:
+    """-> (key, value, headers) of a record body. Raises ValueError if malformed."""
+    mv = memoryview(body)
+    n = len(mv)
+
+    def field(o):
+        ln, o = read_zz_varint(mv, o)
+        if ln < -1 or o + max(ln, 0) > n:
+            raise ValueError("truncated spool entry")
+        return (b"" if ln < 0 else bytes(mv[o:o + ln])), o + max(ln, 0)
+
+    key, o = field(0)
+    value, o = field(o)
+    nh, o = read_zz_varint(mv, o)
+    if nh < 0:
+        raise ValueError("bad header count in spool entry")
+    headers = []
+    for _ in range(nh):
+        name, o = field(o)
+        val, o = field(o)
+        headers.append((name.decode(), val))
+    if o != n:
+        raise ValueError("trailing bytes in spool entry")
+    return key, value, headers
+
+
+def decode_entry(buf) -> tuple[str, bytes, bytes, list[tuple[str, bytes]], int]:
+    """-> (kafka_topic, key, value, headers, timestamp_ms). Raises ValueError if malformed."""
+    mv = memoryview(buf)
+    if len(mv) and mv[0] == 1:
+        return _decode_entry_v1(mv)
+    kt, ts, body = entry_parts(mv)
+    try:
+        key, value, headers = decode_body(body)
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"bad header name in spool entry: {exc}") from None
+    return kt, key, value, headers, ts
+
+
+def _decode_entry_v1(mv) -> tuple[str, bytes, bytes, list[tuple[str, bytes]], int]:
+    try:
+        ver, ts, ktl, kl, vl, nh = _ENTRY_HEAD_V1.unpack_from(mv, 0)
+    except struct.error as exc:
+        raise ValueError(f"short spool entry: {exc}") from None
+    o = _ENTRY_HEAD_V1.size
     end = o + ktl + kl + vl
     if end > len(mv):
         raise ValueError("truncated spool entry")
@@ -167,13 +348,13 @@ def decode_entry(buf) -> tuple[str, bytes, bytes, list[tuple[str, bytes]], int]:
     value = bytes(mv[o:o + vl])
     o += vl
     headers = []
-    unpack = _HDR_HEAD.unpack_from
+    unpack = _HDR_HEAD_V1.unpack_from
     for _ in range(nh):
         try:
             nl, hv = unpack(mv, o)
         except struct.error:
             raise ValueError("truncated spool entry header") from None
-        o += _HDR_HEAD.size
+        o += _HDR_HEAD_V1.size
         if o + nl + hv > len(mv):
             raise ValueError("truncated spool entry header")
         headers.append((str(mv[o:o + nl], "utf-8"), bytes(mv[o + nl:o + nl + hv])))
@@ -182,18 +363,50 @@ def decode_entry(buf) -> tuple[str, bytes, bytes, list[tuple[str, bytes]], int]:
 
 
 def entry_timestamp(buf) -> int:
-    """Timestamp of an encoded entry without decoding the rest."""
+    """Timestamp of an encoded entry (either version) without decoding the rest."""
     return _ENTRY_HEAD.unpack_from(buf, 0)[1]
 
 
 def entry_shard(buf, shards: int) -> int:
     """Which of `shards` forwarders sends this entry: crc32 of its key (the MQTT topic), read
     without decoding the rest, so every record of a topic goes through the same forwarder."""
-    _, ts, ktl, kl, _, _ = _ENTRY_HEAD.unpack_from(buf, 0)
-    o = _ENTRY_HEAD.size + ktl
-    return zlib.crc32(bytes(buf[o:o + kl])) % shards
+    if buf[0] == 1:
+        _, ts, ktl, kl, _, _ = _ENTRY_HEAD_V1.unpack_from(buf, 0)
+        o = _ENTRY_HEAD_V1.size + ktl
+        return zlib.crc32(bytes(buf[o:o + kl])) % shards
+    return zlib.crc32(body_key(entry_parts(buf)[2])) % shards
 
 
-def encode_record(rec: SinkRecord, kafka_topic: str) -> bytes:
-    key, value, headers, ts = to_kafka(rec)
-    return encode_entry(kafka_topic, key, value, headers, ts)
+# ---------------------------------------------------------------------------
+# Kafka v2 RecordBatch (magic 2) from record bodies: the forwarder's only per-record work is
+# two small varints. CRC32C (Castagnoli, in C) over attributes..end.
+# ---------------------------------------------------------------------------
+_BATCH_HEAD = struct.Struct(">qiiBI")          # baseOffset, batchLength, leaderEpoch, magic, crc
+_BATCH_REST = struct.Struct(">hiqqqhii")       # attributes .. recordCount
+_NO_COMPRESSION = b"\x00"
+
+
+def build_batch(records) -> bytes:
+    """records: non-empty sequence of (timestamp_ms, body). -> one uncompressed RecordBatch."""
+    from crc32c import crc32c
+    base_ts = records[0][0]
+    max_ts = base_ts
+    parts = [b""]
+    append = parts.append
+    vt = _VT
+    for i, (ts, body) in enumerate(records):
+        d = ts - base_ts
+        tsd = vt[d] if 0 <= d < 8192 else zz_varint(d)
+        if ts > max_ts:
+            max_ts = ts
+        od = vt[i] if i < 8192 else zz_varint(i)
+        ln = 1 + len(tsd) + len(od) + len(body)
+        append(vt[ln] if ln < 8192 else zz_varint(ln))
+        append(_NO_COMPRESSION)
+        append(tsd)
+        append(od)
+        append(body)
+    n = len(records)
+    parts[0] = _BATCH_REST.pack(0, n - 1, base_ts, max_ts, -1, -1, -1, n)
+    rest = b"".join(parts)
+    return _BATCH_HEAD.pack(0, len(rest) + 9, -1, 2, crc32c(rest)) + rest

@@ -1,9 +1,15 @@
 """The history table schema and the Kafka-record -> history-row decoding.
 
-Both Kafka readers (Spark's native ``kafka`` source and our Python source in sink/source.py)
-produce the same *Kafka-shaped* rows (``KAFKA_SCHEMA``, identical to the native source with
-``includeHeaders=true``); ``to_history`` turns those into the history columns. So the two paths
-cannot drift apart: the decoding exists once, as Spark SQL expressions.
+Spark's native ``kafka`` source produces *Kafka-shaped* rows (``KAFKA_SCHEMA``, with
+``includeHeaders=true``); our Python source (sink/source.py) produces the same rows or, cheaper
+for the job, *header columns* (``HEADER_COLUMNS_SCHEMA``: the Kafka columns with, instead of the
+``headers`` array, one column per contract header - the value of its first occurrence - and the
+``mqtt.user.*`` headers). Two steps, both Spark SQL here:
+
+1. ``header_columns_exprs``: Kafka rows -> header columns (the Python source does this step
+   itself, vectorised; tests/e2e/test_spark_history.py checks both give the same rows);
+2. ``history_select_exprs``: header columns -> history columns (casts, defaults), the same for
+   both sources. ``to_history`` applies whichever steps its input needs.
 
 Header contract (written by the broker's forwarder, names fixed, values UTF-8 unless noted):
 ``mqtt.message_id``, ``mqtt.client_id``, ``mqtt.username`` (absent if none), ``mqtt.qos``,
@@ -35,6 +41,26 @@ KAFKA_SCHEMA = StructType([
         StructField("value", BinaryType()),
     ]))),
 ])
+
+#: The contract headers as columns: (header name, column name); value = first occurrence.
+HEADER_COLUMNS = [(H_MESSAGE_ID, "h_message_id"), (H_CLIENT_ID, "h_client_id"),
+                  (H_USERNAME, "h_username"), (H_QOS, "h_qos"), (H_RETAIN, "h_retain"),
+                  (H_PROTOCOL, "h_protocol"), (H_PAYLOAD_FORMAT, "h_payload_format"),
+                  (H_CONTENT_TYPE, "h_content_type"), (H_RESPONSE_TOPIC, "h_response_topic"),
+                  (H_CORRELATION_DATA, "h_correlation_data"),
+                  (H_MESSAGE_EXPIRY, "h_message_expiry")]
+
+#: Kafka rows with the headers as columns: KAFKA_SCHEMA without ``headers``, then one binary
+#: column per HEADER_COLUMNS entry, then ``user_headers``: every ``mqtt.user.<name>`` header in
+#: order, as (name without the prefix, value), then ``ingested_at``: the micro-batch's time
+#: (the Python source keeps it in the batch's end offset, so a replayed batch has the same).
+HEADER_COLUMNS_SCHEMA = StructType(
+    [f for f in KAFKA_SCHEMA.fields if f.name != "headers"]
+    + [StructField(col, BinaryType()) for _, col in HEADER_COLUMNS]
+    + [StructField("user_headers", ArrayType(StructType([
+        StructField("key", StringType()),
+        StructField("value", BinaryType()),
+    ]))), StructField("ingested_at", TimestampType())])
 
 USER_PROPERTY = StructType([StructField("key", StringType()), StructField("value", StringType())])
 
@@ -72,46 +98,59 @@ def _header_bytes(name: str) -> str:
     return f"try_element_at(filter(headers, h -> h.key = '{name}'), 1).value"
 
 
-def _header_text(name: str) -> str:
-    return f"CAST({_header_bytes(name)} AS STRING)"
+def header_columns_exprs() -> list[str]:
+    """Spark SQL expressions: KAFKA_SCHEMA rows -> HEADER_COLUMNS_SCHEMA rows."""
+    n = len(H_USER_PREFIX)
+    kafka = [f.name for f in KAFKA_SCHEMA.fields if f.name != "headers"]
+    return kafka + [f"{_header_bytes(name)} AS {col}" for name, col in HEADER_COLUMNS] + [
+        f"transform(filter(headers, h -> startswith(h.key, '{H_USER_PREFIX}')), "
+        f"h -> named_struct('key', substring(h.key, {n + 1}), 'value', h.value)) AS user_headers",
+        # The micro-batch's timestamp (kept in the offset log: a replayed batch gets the same).
+        "current_timestamp() AS ingested_at"]
 
 
 def history_select_exprs() -> list[str]:
-    """Spark SQL expressions (in HISTORY_SCHEMA order) over KAFKA_SCHEMA rows.
+    """Spark SQL expressions (in HISTORY_SCHEMA order) over HEADER_COLUMNS_SCHEMA rows.
 
     Malformed numbers in headers become NULL (try_cast) instead of failing the stream.
     A record without ``mqtt.message_id`` (not written by our forwarder) gets a stable id
     derived from its Kafka coordinates, so replays of it still deduplicate.
     """
-    n = len(H_USER_PREFIX)
     return [
-        f"coalesce({_header_text(H_MESSAGE_ID)}, "
-        f"concat('kafka:', topic, ':', partition, ':', offset)) AS message_id",
+        "coalesce(CAST(h_message_id AS STRING), "
+        "concat('kafka:', topic, ':', partition, ':', offset)) AS message_id",
         "CAST(key AS STRING) AS topic",
         "value AS payload",
         "try_validate_utf8(CAST(value AS STRING)) AS payload_text",
-        f"try_cast({_header_text(H_QOS)} AS INT) AS qos",
-        f"({_header_text(H_RETAIN)} IN ('1', 'true')) AS retain",
-        f"{_header_text(H_CLIENT_ID)} AS client_id",
-        f"{_header_text(H_USERNAME)} AS username",
-        f"try_cast({_header_text(H_PROTOCOL)} AS INT) AS protocol",
+        "try_cast(CAST(h_qos AS STRING) AS INT) AS qos",
+        "(CAST(h_retain AS STRING) IN ('1', 'true')) AS retain",
+        "CAST(h_client_id AS STRING) AS client_id",
+        "CAST(h_username AS STRING) AS username",
+        "try_cast(CAST(h_protocol AS STRING) AS INT) AS protocol",
         "timestamp AS accepted_at",
         "topic AS kafka_topic",
         "partition AS kafka_partition",
         "offset AS kafka_offset",
-        "current_timestamp() AS ingested_at",
-        f"{_header_text(H_CONTENT_TYPE)} AS content_type",
-        f"try_cast({_header_text(H_PAYLOAD_FORMAT)} AS INT) AS payload_format",
-        f"{_header_text(H_RESPONSE_TOPIC)} AS response_topic",
-        f"{_header_bytes(H_CORRELATION_DATA)} AS correlation_data",
-        f"try_cast({_header_text(H_MESSAGE_EXPIRY)} AS BIGINT) AS message_expiry",
-        f"transform(filter(headers, h -> startswith(h.key, '{H_USER_PREFIX}')), "
-        f"h -> named_struct('key', substring(h.key, {n + 1}), 'value', CAST(h.value AS STRING))) "
-        "AS user_properties",
+        "ingested_at",
+        "CAST(h_content_type AS STRING) AS content_type",
+        "try_cast(CAST(h_payload_format AS STRING) AS INT) AS payload_format",
+        "CAST(h_response_topic AS STRING) AS response_topic",
+        "h_correlation_data AS correlation_data",
+        "try_cast(CAST(h_message_expiry AS STRING) AS BIGINT) AS message_expiry",
+        "transform(user_headers, h -> named_struct('key', h.key, 'value', CAST(h.value AS STRING)))"
+        " AS user_properties",
         "to_date(timestamp) AS date",  # session time zone is UTC (sink.spark)
     ]
 
 
+def to_header_columns(kafka_df):
+    """Kafka-shaped or header-column DataFrame -> HEADER_COLUMNS_SCHEMA rows."""
+    if "headers" in kafka_df.columns:
+        return kafka_df.selectExpr(*header_columns_exprs())
+    return kafka_df
+
+
 def to_history(kafka_df):
-    """Kafka-shaped DataFrame (batch or streaming) -> history rows, in HISTORY_SCHEMA order."""
-    return kafka_df.selectExpr(*history_select_exprs())
+    """Kafka-shaped (or header-column) DataFrame, batch or streaming -> history rows, in
+    HISTORY_SCHEMA order."""
+    return to_header_columns(kafka_df).selectExpr(*history_select_exprs())

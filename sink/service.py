@@ -22,7 +22,7 @@ import threading
 import time
 
 from .forwarder import Forwarder, MemorySource, SpoolSource, ThreadControl
-from .record import SinkRecord, encode_record
+from .record import SinkRecord, encode_message, encode_record
 from .spool import FRAME_SIZE, DirLock, SpoolWriter
 from broker.core.topics import matches as topic_matches  # one topic-filter matcher for the project
 
@@ -38,6 +38,8 @@ DEFAULTS = dict(
     spool_dir="",
     spool_max_bytes=1 << 30,
     spool_segment_bytes=16 << 20,
+    keep_until="kafka",
+    committed_file="",
     replay_window_seconds=3600.0,
     replay_window_messages=1_000_000,
     embedded_port=9092,
@@ -52,6 +54,8 @@ DEFAULTS = dict(
 )
 
 _MISSING = object()
+_EXCLUDED = object()
+_REFUSED = object()
 
 
 def normalize_config(cfg: dict | None, data_dir: str) -> dict:
@@ -63,6 +67,8 @@ def normalize_config(cfg: dict | None, data_dir: str) -> dict:
         c[k] = v
     if c["durability"] not in ("spool", "async", "none"):
         raise ValueError(f"sink.durability must be 'spool', 'async' or 'none', not {c['durability']!r}")
+    if c["keep_until"] not in ("kafka", "history"):
+        raise ValueError(f"sink.keep_until must be 'kafka' or 'history', not {c['keep_until']!r}")
     if c["forwarder"] not in ("process", "thread"):
         raise ValueError(f"sink.forwarder must be 'process' or 'thread', not {c['forwarder']!r}")
     rules = c["rules"] or []
@@ -91,9 +97,20 @@ def normalize_config(cfg: dict | None, data_dir: str) -> dict:
     return c
 
 
+def committed_file(cfg: dict, history: dict | None) -> str:
+    """Where the history job reports what the table has committed: [sink] committed_file, else
+    found from [history] table/checkpoint the way the job finds it (sink/progress.py)."""
+    if cfg.get("committed_file"):
+        return str(cfg["committed_file"])
+    from .progress import committed_path
+    h = history or {}
+    return committed_path(str(h.get("table") or "./data/history"), h.get("checkpoint") or None)
+
+
 class Sink:
-    def __init__(self, cfg: dict, data_dir: str):
+    def __init__(self, cfg: dict, data_dir: str, history: dict | None = None):
         self.cfg = normalize_config(cfg, data_dir)
+        self.committed_file = committed_file(self.cfg, history) if self.cfg["keep_until"] == "history" else None
         self.data_dir = data_dir
         self.durable = self.cfg["durability"] == "spool"          # acks wait for the fsync
         self.on_disk = self.cfg["durability"] in ("spool", "async")  # records go through the spool file
@@ -121,6 +138,9 @@ class Sink:
         self._fst: dict = {}          # latest forwarder status
         self._fwd_pos = 0
         self._fwd_seq = 0
+        self._kept_pos = 0            # what the spool holds from (= _fwd_pos unless keep_until = "history")
+        self._kept_seq = 0
+        self._committed_seq = None
         self._full = False
         # forwarder plumbing
         self._procs: dict[int, subprocess.Popen] = {}   # shard -> forwarder process
@@ -134,8 +154,8 @@ class Sink:
         self._bg: threading.Thread | None = None
 
     @classmethod
-    def from_config(cls, cfg: dict, data_dir: str) -> "Sink":
-        return cls(cfg, data_dir)
+    def from_config(cls, cfg: dict, data_dir: str, history: dict | None = None) -> "Sink":
+        return cls(cfg, data_dir, history)
 
     # ------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -158,6 +178,7 @@ class Sink:
             self._fwd_pos, self._fwd_seq = self._writer.ckpt_pos, self._writer.ckpt_seq
             self._barrier_next = self._writer.next_seq
             self._done_seq = self._writer.durable_seq
+            self._kept_pos, self._kept_seq = self._writer.kept_pos, self._writer.kept_seq
             backlog = self._writer.next_seq - self._fwd_seq
             if backlog > 0:
                 log.info("%d unforwarded records in the spool %s will be replayed",
@@ -179,6 +200,7 @@ class Sink:
     def _fwd_config(self) -> dict:
         c = self.cfg
         return dict(spool_dir=c["spool_dir"], bootstrap=self.bootstrap, kafka=c["kafka"],
+                    keep_until=c["keep_until"], committed_file=self.committed_file,
                     replay_window_seconds=c["replay_window_seconds"],
                     replay_window_messages=c["replay_window_messages"],
                     max_inflight=c["max_inflight"], drain_timeout=c["drain_timeout_seconds"],
@@ -232,6 +254,11 @@ class Sink:
             slowest = min(sts, key=lambda x: x.get("pos", 0))
             self._fwd_pos = slowest.get("pos", self._fwd_pos)
             self._fwd_seq = slowest.get("seq", self._fwd_seq)
+            kept = min(sts, key=lambda x: x.get("retained_pos", x.get("pos", 0)))
+            self._kept_pos = kept.get("retained_pos", self._fwd_pos)
+            self._kept_seq = kept.get("retained_seq", self._fwd_seq)
+            cs = [x.get("committed_seq") for x in sts]
+            self._committed_seq = None if None in cs else min(cs)
 
     def _start_thread(self) -> None:
         self._ctl = ThreadControl()
@@ -242,7 +269,8 @@ class Sink:
             self._fwd_lock.acquire(timeout=15)
         self._fwd = Forwarder(source, self._ctl, self._apply_status, self.bootstrap, c["kafka"],
                               c["replay_window_seconds"], c["replay_window_messages"], c["max_inflight"],
-                              c["drain_timeout_seconds"])
+                              c["drain_timeout_seconds"], keep_until=c["keep_until"],
+                              committed_file=self.committed_file)
         self._fwd_thread = threading.Thread(target=self._run_thread_fwd, name="sink-forwarder", daemon=True)
         self._fwd_thread.start()
 
@@ -273,38 +301,65 @@ class Sink:
                 return kt
         return self.cfg["topic"]
 
-    def submit(self, rec: SinkRecord) -> bool:
-        kt = self._route_cache.get(rec.topic, _MISSING)
+    def _target(self, topic: str):
+        """Kafka topic for an accepted message, _EXCLUDED, or _REFUSED (closed / spool full)."""
+        kt = self._route_cache.get(topic, _MISSING)
         if kt is _MISSING:
-            kt = self._route(rec.topic)
+            kt = self._route(topic)
             if len(self._route_cache) < 100_000:
-                self._route_cache[rec.topic] = kt
+                self._route_cache[topic] = kt
         if kt is None:
             self.excluded += 1
-            return True
+            return _EXCLUDED
         if self._closed:
             self.dropped += 1
-            return False
+            return _REFUSED
         src = self._writer if self.on_disk else self._mem
-        if src.end_pos - self._fwd_pos >= self.max_bytes:
+        if src.end_pos - self._kept_pos >= self.max_bytes:
             self.dropped += 1
             if not self._full:
                 self._full = True
                 log.warning("spool full (%d bytes >= spool_max_bytes); refusing new records",
-                            src.end_pos - self._fwd_pos)
-            return False
+                            src.end_pos - self._kept_pos)
+            return _REFUSED
         if self._full:
             self._full = False
             log.info("spool below spool_max_bytes again; accepting records")
-        if rec.message_id is None:
-            self._id_n += 1
-            rec.message_id = f"{self._id_prefix}{self._id_n:x}"
-        src.append(encode_record(rec, kt))
+        return kt
+
+    def _appended(self) -> bool:
         self.accepted += 1
         if not self.on_disk:
             self.spooled += 1
             self._ctl.notify()
         return True
+
+    def submit(self, rec: SinkRecord) -> bool:
+        kt = self._target(rec.topic)
+        if kt is _EXCLUDED:
+            return True
+        if kt is _REFUSED:
+            return False
+        if rec.message_id is None:
+            self._id_n += 1
+            rec.message_id = f"{self._id_prefix}{self._id_n:x}"
+        (self._writer if self.on_disk else self._mem).append(encode_record(rec, kt))
+        return self._appended()
+
+    def submit_message(self, topic: str, payload, qos: int, retain: bool, client_id: str,
+                       username: str | None, protocol: int, accepted_at_ms: int) -> bool:
+        """submit() of a message without MQTT 5 properties or expiry, no SinkRecord built (the
+        broker's hot path). Same record, same result."""
+        kt = self._target(topic)
+        if kt is _EXCLUDED:
+            return True
+        if kt is _REFUSED:
+            return False
+        self._id_n += 1
+        (self._writer if self.on_disk else self._mem).append(encode_message(
+            kt, topic, payload, qos, retain, client_id, username, protocol, accepted_at_ms,
+            f"{self._id_prefix}{self._id_n:x}"))
+        return self._appended()
 
     def barrier(self) -> "asyncio.Future | None":
         """A future for the records appended since the previous barrier: its result once they
@@ -381,7 +436,10 @@ class Sink:
             spooled=self.spooled, spool_errors=self.spool_errors,
             forwarded=st.get("forwarded", 0), failed=st.get("failed", 0),
             replayed=st.get("replayed", 0), replays=st.get("replays", 0),
-            spool_messages=max(0, next_seq - self._fwd_seq), spool_bytes=max(0, end_pos - self._fwd_pos),
+            spool_messages=max(0, next_seq - self._fwd_seq), spool_bytes=max(0, end_pos - self._kept_pos),
+            spool_held_messages=max(0, next_seq - self._kept_seq),
+            spool_uncommitted_messages=(max(0, next_seq - self._committed_seq)
+                                        if self._committed_seq is not None else 0),
             lag_seconds=st.get("lag_seconds", 0.0), kafka_up=bool(st.get("kafka_up", False)),
             durability=self.cfg["durability"], bootstrap=self.bootstrap)
 

@@ -10,13 +10,20 @@ and understands the same option names:
         .option("subscribe", "mqtt.messages")          # comma list, or subscribePattern=<regex>
         .option("startingOffsets", "earliest")         # or latest
         .option("maxOffsetsPerTrigger", "100000")      # optional admission control
+        .option("headers", "columns")                  # optional: see below
         .load()
+
+``headers=columns`` (what sink.job uses) returns sink.schema.HEADER_COLUMNS_SCHEMA instead: the
+contract headers already picked out as columns, which spares Spark a per-row search of the
+headers array (most of the job's CPU otherwise).
 
 How it works
 - Offsets are JSON: ``{"t": {topic: {partition: next_offset}}, "ids": {topic: topic_id}}``.
   The end offset of a micro-batch is planned on the driver (``latestOffset``); executors read
-  ``[start, end)`` of each partition with kafka-python (manual assign + seek, no consumer group),
-  one InputPartition per Kafka partition range, and return Arrow record batches.
+  ``[start, end)`` of each partition, one InputPartition per Kafka partition range. Reading
+  sends Fetch requests through kafka-python's client and decodes the record batches with
+  sink.recordbatch (numpy over all records at once, no Python object per record) straight into
+  Arrow record batches, one per Fetch response.
 - The end of a partition is the Fetch high watermark, not ListOffsets (Tansu under-reports the
   latter). On real Kafka both agree.
 - Admission control: ``maxOffsetsPerTrigger`` becomes the default ReadMaxRows limit; with
@@ -41,12 +48,11 @@ from typing import Iterator
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows, SupportsTriggerAvailableNow
 
-from sink.schema import KAFKA_SCHEMA
+from sink.schema import HEADER_COLUMNS_SCHEMA, KAFKA_SCHEMA
 
 log = logging.getLogger("sink.source")
 
 FORMAT_NAME = "mqtt_kafka"
-ARROW_BATCH_ROWS = 10_000
 
 
 def _ensure_logging() -> None:
@@ -78,7 +84,12 @@ class SourceOptions:
     poll_timeout_s: float
     client_id: str
     client_conf: tuple = ()  # extra kafka-python settings from kafka.<property> options
+    columns: bool = False    # headers="columns": HEADER_COLUMNS_SCHEMA instead of KAFKA_SCHEMA
+    max_partitions: int | None = None  # Spark tasks per micro-batch at most (None: one per range)
 
+    @property
+    def check_crcs(self) -> bool:
+        return dict(self.client_conf).get("check_crcs", True)
 
     @classmethod
     def parse(cls, options) -> "SourceOptions":
@@ -94,6 +105,14 @@ class SourceOptions:
         starting = str(_opt(options, "startingOffsets", default="earliest")).lower()
         if starting not in ("earliest", "latest"):
             raise ValueError(f"startingOffsets must be 'earliest' or 'latest', not {starting!r}")
+        headers = str(_opt(options, "headers", default="array")).lower()
+        if headers not in ("array", "columns"):
+            raise ValueError(f"headers must be 'array' (Kafka rows, as Spark's connector) or "
+                             f"'columns' (sink.schema.HEADER_COLUMNS_SCHEMA), not {headers!r}")
+        max_parts = _opt(options, "maxPartitions")
+        max_parts = int(max_parts) if max_parts not in (None, "") else None
+        if max_parts is not None and max_parts <= 0:
+            raise ValueError("maxPartitions must be a positive number of Spark tasks")
         max_rows = _opt(options, "maxOffsetsPerTrigger")
         max_rows = int(max_rows) if max_rows not in (None, "") else None
         if max_rows is not None and max_rows <= 0:
@@ -103,7 +122,8 @@ class SourceOptions:
                    poll_timeout_s=float(_opt(options, "kafkaConsumer.pollTimeoutMs",
                                              default="120000")) / 1000.0,
                    client_id=_opt(options, "kafka.client.id", default="mqtt-history"),
-                   client_conf=_client_conf(options))
+                   client_conf=_client_conf(options), columns=headers == "columns",
+                   max_partitions=max_parts)
 
 
 @dataclass(frozen=True)
@@ -114,6 +134,28 @@ class KafkaRange(InputPartition):
     start: int
     end: int
     reset: bool = False  # read from the beginning of a new log (offsets went backwards)
+    ingested_ms: int = 0  # the micro-batch's ingest time (from its end offset)
+
+
+@dataclass(frozen=True)
+class KafkaRanges(InputPartition):
+    """Several ranges read one after the other by one Spark task: each task has a fixed cost
+    (in the JVM and in the Python worker), so a micro-batch needs no more tasks than cores."""
+    ranges: tuple
+
+
+def _group(ranges: list, max_tasks: int | None) -> list:
+    """At most ``max_tasks`` InputPartitions: ranges shared out by record count (largest
+    first, to the least loaded task)."""
+    if not max_tasks or len(ranges) <= max_tasks:
+        return ranges
+    tasks = [[0, []] for _ in range(max_tasks)]
+    for r in sorted(ranges, key=lambda r: r.end - r.start, reverse=True):
+        task = min(tasks, key=lambda t: t[0])
+        task[0] += r.end - r.start
+        task[1].append(r)
+    return [KafkaRanges(tuple(sorted(rs, key=lambda r: (r.topic, r.partition))))
+            for _, rs in tasks if rs]
 
 
 def _client_conf(options) -> tuple:
@@ -163,10 +205,10 @@ class KafkaPythonSource(DataSource):
         return FORMAT_NAME
 
     def schema(self):
-        return KAFKA_SCHEMA
+        return HEADER_COLUMNS_SCHEMA if SourceOptions.parse(self.options).columns else KAFKA_SCHEMA
 
     def streamReader(self, schema):
-        return KafkaStreamReader(SourceOptions.parse(self.options))
+        return KafkaStreamReader(SourceOptions.parse(self.options), schema)
 
 
 class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -174,9 +216,10 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     # process beside the driver, so the reader may keep state between calls (the AvailableNow
     # target, the latest offsets for progress reports). read() runs in executors.
 
-    def __init__(self, opts: SourceOptions):
+    def __init__(self, opts: SourceOptions, schema=None):
         _ensure_logging()
         self.opts = opts
+        self.schema = schema or (HEADER_COLUMNS_SCHEMA if opts.columns else KAFKA_SCHEMA)
         self._target = None         # Trigger.AvailableNow target offsets
         self._latest = None         # last observed latest offsets (for progress reporting)
         self._warned: set = set()
@@ -298,6 +341,11 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         take = _allocate([(latest - frm) for _, _, frm, latest, _ in ranges], budget)
         for (topic, p, frm, _latest, _s), n in zip(ranges, take):
             end["t"][topic][p] = frm + n
+        if end["t"] == start.get("t", {}) and end["ids"] == start.get("ids", {}):
+            return start  # nothing new: no micro-batch
+        # The micro-batch's ingest time travels with its offsets (the offset log), so a replayed
+        # batch stamps the same ingested_at; and no per-batch constant in Spark's generated code.
+        end["ts"] = int(time.time() * 1000)
         return end
 
     def _warn_once(self, key, msg, *args) -> None:
@@ -306,6 +354,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             log.warning(msg, *args)
 
     def partitions(self, start: dict, end: dict):
+        ts = end.get("ts") or int(time.time() * 1000)  # offsets written before "ts" existed
         out = []
         for topic, parts in end.get("t", {}).items():
             s_parts = start.get("t", {}).get(topic, {})
@@ -316,8 +365,8 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 reset = recreated or s is None or e < s
                 frm = 0 if reset else s
                 if e > frm:
-                    out.append(KafkaRange(topic, int(p), frm, e, reset))
-        return out
+                    out.append(KafkaRange(topic, int(p), frm, e, reset, ts))
+        return _group(out, self.opts.max_partitions)
 
     def commit(self, end: dict) -> None:
         pass
@@ -327,59 +376,202 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     # ---- executor side --------------------------------------------------------------------
 
-    def read(self, partition: KafkaRange) -> Iterator:
+    def read(self, partition) -> Iterator:
+        """Records [start, end) of the partition's Kafka ranges, one Arrow batch per Fetch
+        response."""
         import pyarrow as pa
-        from kafka import TopicPartition
-        from kafka.errors import OffsetOutOfRangeError
-        from pyspark.sql.pandas.types import to_arrow_schema
 
         _ensure_logging()
-        schema = to_arrow_schema(KAFKA_SCHEMA, timezone="UTC")
-        tp = TopicPartition(partition.topic, partition.partition)
-        c = _consumer(self.opts, max_poll_records=ARROW_BATCH_ROWS, fetch_max_wait_ms=100,
-                      max_partition_fetch_bytes=4 * 1024 * 1024)
-        cols = _Columns()
-        try:
-            c.assign([tp])
-            c.seek(tp, partition.start)
-            pos, idle_since = partition.start, time.monotonic()
-            while pos < partition.end:
-                try:
-                    batch = c.poll(timeout_ms=500).get(tp, [])
-                except OffsetOutOfRangeError:
-                    first = c.beginning_offsets([tp])[tp]
-                    if pos < first:  # deleted by retention before we read it
-                        log.warning("%s: records %d..%d were deleted by Kafka before being read",
-                                    tp, pos, first - 1)
-                        c.seek(tp, first)
-                        pos = first
-                        continue
-                    log.warning("%s: offset %d is past the end of the log (log reset?); "
-                                "stopping this range early", tp, pos)
-                    break
-                for rec in batch:
-                    if rec.offset >= partition.end:
-                        break
-                    cols.add(rec)
-                pos = c.position(tp)
-                if batch:
-                    idle_since = time.monotonic()
-                    if len(cols) >= ARROW_BATCH_ROWS:
-                        yield cols.to_batch(schema, pa)
-                        cols = _Columns()
+        schema = self._arrow_schema()
+        ranges = partition.ranges if isinstance(partition, KafkaRanges) else (partition,)
+        for r in ranges:
+            yield from self._read_range(pa, schema, r)
+        _freeze_once()
+
+    def _arrow_schema(self):
+        from pyspark.sql.pandas.types import to_arrow_schema
+        return to_arrow_schema(self.schema, timezone="UTC")
+
+    def _read_range(self, pa, schema, partition: KafkaRange) -> Iterator:
+        from kafka.errors import OffsetOutOfRangeError
+
+        fetcher = _PartitionFetcher(self.opts, partition.topic, partition.partition)
+        tp = f"{partition.topic}-{partition.partition}"
+        pos, idle_since = partition.start, time.monotonic()
+        while pos < partition.end:
+            try:
+                d, high_watermark = fetcher.fetch(pos)
+            except OffsetOutOfRangeError:
+                first = fetcher.beginning_offset()
+                if pos < first:  # deleted by retention before we read it
+                    log.warning("%s: records %d..%d were deleted by Kafka before being read",
+                                tp, pos, first - 1)
+                    pos = first
                     continue
-                hw = c.highwater(tp)
-                if hw is not None and hw <= pos:
-                    log.warning("%s: log ends at %d, before the planned end %d (log reset?); "
-                                "stopping this range early", tp, hw, partition.end)
-                    break
-                if time.monotonic() - idle_since > self.opts.poll_timeout_s:
-                    raise TimeoutError(f"no records from Kafka {tp} at offset {pos} for "
-                                       f"{self.opts.poll_timeout_s:.0f}s (is {self.opts.bootstrap} up?)")
-        finally:
-            c.close(autocommit=False)
-        if len(cols):
-            yield cols.to_batch(schema, pa)
+                log.warning("%s: offset %d is past the end of the log (log reset?); "
+                            "stopping this range early", tp, pos)
+                break
+            if d is not None and d.next_offset is not None and d.next_offset > pos:
+                keep = (d.offset >= pos) & (d.offset < partition.end)
+                pos = d.next_offset
+                idle_since = time.monotonic()
+                if keep.any():
+                    yield to_arrow(pa, schema, d if keep.all() else d.take(keep),
+                                   partition.topic, partition.partition, self.opts.columns,
+                                   partition.ingested_ms)
+                continue
+            if high_watermark is not None and 0 <= high_watermark <= pos:
+                log.warning("%s: log ends at %d, before the planned end %d (log reset?); "
+                            "stopping this range early", tp, high_watermark, partition.end)
+                break
+            if time.monotonic() - idle_since > self.opts.poll_timeout_s:
+                raise TimeoutError(f"no records from Kafka {tp} at offset {pos} for "
+                                   f"{self.opts.poll_timeout_s:.0f}s (is {self.opts.bootstrap} up?)")
+
+
+_frozen = False
+
+
+def _freeze_once() -> None:
+    """PySpark's daemon runs a full gc.collect() after every task of a reused Python worker;
+    with numpy, pyarrow, pandas and kafka-python loaded that is ~50 ms of CPU per task, spent
+    walking objects that live as long as the process. Move them out of the collector's sight
+    once (gc.freeze); what later tasks create is still collected."""
+    global _frozen
+    if not _frozen:
+        import gc
+        gc.collect()
+        gc.freeze()
+        _frozen = True
+
+
+_clients: dict = {}
+
+
+class _PartitionFetcher:
+    """Fetch requests for one partition through kafka-python's client (connection, security,
+    metadata, API version negotiation), keeping the records as bytes: decoded by
+    sink.recordbatch, not record by record."""
+
+    MAX_BYTES = 8 * 1024 * 1024
+
+    def __init__(self, opts: SourceOptions, topic: str, partition: int):
+        self.opts, self.topic, self.partition = opts, topic, partition
+        self.c = None
+
+    def _client(self):
+        """One kafka-python client per worker process and options, kept between tasks."""
+        if self.c is None:
+            self.c = _clients.get(self.opts)
+            if self.c is None:
+                self.c = _clients[self.opts] = _consumer(self.opts)
+            if not self.c.partitions_for_topic(self.topic):  # metadata: who leads it
+                from kafka.errors import UnknownTopicOrPartitionError
+                raise UnknownTopicOrPartitionError(f"Kafka has no topic {self.topic}")
+        return self.c
+
+    def close(self) -> None:
+        """Drop the client (after an error: the next fetch starts with a fresh one)."""
+        if self.c is not None:
+            _clients.pop(self.opts, None)
+            self.c.close(autocommit=False)
+            self.c = None
+
+    def beginning_offset(self) -> int:
+        from kafka import TopicPartition
+        tp = TopicPartition(self.topic, self.partition)
+        return self._client().beginning_offsets([tp])[tp]
+
+    def fetch(self, offset: int, wait_ms: int = 500):
+        """-> (Decoded or None, high watermark or None). Raises OffsetOutOfRangeError; other
+        errors (leader moved, connection lost, Kafka restarting) are retried on a new client
+        until kafkaConsumer.pollTimeoutMs."""
+        import kafka.errors as Errors
+        from kafka import TopicPartition
+        from kafka.protocol.consumer import FetchRequest
+        from sink.recordbatch import decode
+
+        ft = FetchRequest.FetchTopic
+        deadline = time.monotonic() + self.opts.poll_timeout_s
+        while True:
+            try:
+                c = self._client()
+                node = c._client.cluster.leader_for_partition(
+                    TopicPartition(self.topic, self.partition))
+                if node is None or node < 0:
+                    raise Errors.NotLeaderForPartitionError(f"no leader for {self.topic}")
+                request = FetchRequest(
+                    max_wait_ms=wait_ms, min_bytes=1, max_bytes=self.MAX_BYTES, isolation_level=0,
+                    session_id=0, session_epoch=-1, forgotten_topics_data=[], rack_id="",
+                    topics=[ft(topic=self.topic, partitions=[ft.FetchPartition(
+                        partition=self.partition, current_leader_epoch=-1, fetch_offset=offset,
+                        last_fetched_epoch=-1, partition_max_bytes=self.MAX_BYTES)])],
+                    min_version=0, max_version=12)
+                future = c._manager.send(request, node_id=node)
+                response = c._net.run(c._manager.wait_for, future, wait_ms + 30_000)
+                data = response.responses[0].partitions[0]
+                error = Errors.for_code(data.error_code)
+                if error is Errors.OffsetOutOfRangeError:
+                    raise error(f"offset {offset} of {self.topic}-{self.partition}")
+                if error is not Errors.NoError:
+                    raise error(f"fetch {self.topic}-{self.partition} at {offset}")
+                hw = data.high_watermark
+                raw = data.records
+                return (decode(raw, self.opts.check_crcs) if raw else None,
+                        hw if hw is not None and hw >= 0 else None)
+            except Errors.OffsetOutOfRangeError:
+                raise
+            except (Errors.KafkaError, OSError) as exc:
+                if not getattr(exc, "retriable", True) or time.monotonic() > deadline:
+                    raise
+                log.info("fetch %s-%d at %d: %s; retrying", self.topic, self.partition, offset, exc)
+                self.close()
+                time.sleep(0.5)
+
+
+def to_arrow(pa, schema, d, topic: str, partition: int, columns: bool, ingested_ms: int = 0):
+    """Decoded records -> an Arrow batch of KAFKA_SCHEMA, or of HEADER_COLUMNS_SCHEMA when
+    ``columns`` (the contract headers as columns and ``ingested_ms``, see sink.schema)."""
+    import numpy as np
+    from sink import recordbatch as rb
+    from sink.schema import H_USER_PREFIX, HEADER_COLUMNS
+
+    n = len(d)
+    ts = d.timestamp
+    no_ts = ts < 0
+    arrays = [rb.binary_array(pa, d.data, *d.key), rb.binary_array(pa, d.data, *d.value),
+              rb.constant_string(pa, topic, n), pa.array(np.full(n, partition, np.int32)),
+              pa.array(d.offset),
+              pa.array(ts * 1000, type=pa.int64(), mask=no_ts if no_ts.any() else None)
+              .cast(schema.field("timestamp").type),
+              pa.array(d.ts_type)]
+    if not columns:
+        arrays.append(_header_list(pa, schema.field("headers").type, d, d.hoff,
+                                   np.ones(len(d.hkey[0]), bool), 0))
+    else:
+        for name, _ in HEADER_COLUMNS:
+            arrays.append(rb.binary_array(pa, d.data, *rb.first_header(d, name.encode())))
+        prefix = H_USER_PREFIX.encode()
+        user = rb.key_matches(d, prefix, prefix=True)
+        per_record = np.bincount(d.header_record()[user], minlength=n)
+        offsets = np.zeros(n + 1, np.int64)
+        np.cumsum(per_record, out=offsets[1:])
+        arrays.append(_header_list(pa, schema.field("user_headers").type, d, offsets, user,
+                                   len(prefix)))
+        arrays.append(pa.array(np.full(n, ingested_ms * 1000, np.int64))
+                      .cast(schema.field("ingested_at").type))
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+def _header_list(pa, type_, d, offsets, mask, strip: int):
+    """The headers selected by ``mask`` as list<struct<key string, value binary>>, record i
+    owning entries offsets[i]:offsets[i+1]; ``strip`` bytes cut from the start of each key."""
+    from sink import recordbatch as rb
+    ks, kl = d.hkey[0][mask] + strip, d.hkey[1][mask] - strip
+    keys = rb.binary_array(pa, d.data, ks, kl, pa.string())
+    values = rb.binary_array(pa, d.data, d.hvalue[0][mask], d.hvalue[1][mask])
+    entries = pa.StructArray.from_arrays([keys, values], fields=list(type_.value_type))
+    return pa.ListArray.from_arrays(pa.array(offsets.astype("int32")), entries, type=type_)
 
 
 def _topic_id(consumer, topic: str) -> str:
@@ -424,36 +616,3 @@ def _allocate(available: list[int], budget: int | None) -> list[int]:
             over -= 1
         i += 1
     return take
-
-
-class _Columns:
-    __slots__ = ("key", "value", "topic", "partition", "offset", "ts", "ts_type", "headers")
-
-    def __init__(self):
-        for name in self.__slots__:
-            setattr(self, name, [])
-
-    def __len__(self) -> int:
-        return len(self.offset)
-
-    def add(self, rec) -> None:
-        self.key.append(rec.key)
-        self.value.append(rec.value)
-        self.topic.append(rec.topic)
-        self.partition.append(rec.partition)
-        self.offset.append(rec.offset)
-        self.ts.append(rec.timestamp * 1000 if rec.timestamp is not None and rec.timestamp >= 0
-                       else None)
-        self.ts_type.append(rec.timestamp_type)
-        self.headers.append([{"key": k, "value": v} for k, v in (rec.headers or [])])
-
-    def to_batch(self, schema, pa):
-        arrays = [pa.array(self.key, type=schema.field("key").type),
-                  pa.array(self.value, type=schema.field("value").type),
-                  pa.array(self.topic, type=schema.field("topic").type),
-                  pa.array(self.partition, type=schema.field("partition").type),
-                  pa.array(self.offset, type=schema.field("offset").type),
-                  pa.array(self.ts, type=pa.int64()).cast(schema.field("timestamp").type),
-                  pa.array(self.ts_type, type=schema.field("timestampType").type),
-                  pa.array(self.headers, type=schema.field("headers").type)]
-        return pa.RecordBatch.from_arrays(arrays, schema=schema)

@@ -259,6 +259,8 @@ class SpoolWriter:
         self.written_pos = 0        # position after the last written frame
         self.ckpt_pos = 0
         self.ckpt_seq = 0
+        self.kept_pos = 0
+        self.kept_seq = 0
         self.batches = 0
         self.write_errors = 0
         self.failing = 0            # records refused since writes started failing (0: healthy)
@@ -270,6 +272,11 @@ class SpoolWriter:
         ck = read_min_checkpoint(self.dir) or {}
         self.ckpt_pos = int(ck.get("pos", 0))
         self.ckpt_seq = int(ck.get("seq", 0))
+        # keep_until = "history": what the spool holds starts at the committed position
+        kept = [c for c in (read_checkpoint(self.dir, n) for n in os.listdir(self.dir)
+                            if n.startswith("checkpoint") and n.endswith(".json")) if c]
+        self.kept_pos = min([self.ckpt_pos] + [int(c.get("committed_pos", c["pos"])) for c in kept])
+        self.kept_seq = min([self.ckpt_seq] + [int(c.get("committed_seq", c["seq"])) for c in kept])
         segs = list_segments(self.dir)
         base, next_seq = self.ckpt_pos, self.ckpt_seq
         # drop empty trailing segments (crash right after creating a segment)

@@ -52,6 +52,8 @@ class Broker:
         if sink is not None:
             from sink.record import SinkRecord  # the sink is optional: imported only when used
             self._record_type = SinkRecord
+        # the common case (no properties, no expiry) without building a SinkRecord, when the sink can
+        self._submit_message = getattr(sink, "submit_message", None)
         self.auth = auth or AllowAll()
         if hasattr(self.auth, "on_acl_reload"):
             self.auth.on_acl_reload = self.flag_read_checks
@@ -246,6 +248,12 @@ class Broker:
     def to_sink(self, msg: Message, client_id: str, username: str | None, protocol: int) -> bool:
         """Hand an accepted message to the sink; False when the sink refuses (spool full)."""
         p = msg.props
+        if not p and msg.expires_at is None and self._submit_message is not None:
+            if self._submit_message(msg.topic, msg.payload, msg.qos, msg.retain, client_id, username, protocol,
+                                    int(msg.accepted_at * 1000)):
+                return True
+            self.stats["sink_refused"] += 1
+            return False
         rec = self._record_type(topic=msg.topic, payload=msg.payload, qos=msg.qos, retain=msg.retain,
                          client_id=client_id, username=username, protocol=protocol,
                          accepted_at_ms=int(msg.accepted_at * 1000))

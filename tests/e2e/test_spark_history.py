@@ -302,6 +302,12 @@ def test_kafka_restart_offsets_go_backwards(spark, kafka, tmp_path):
     assert ids_and_count(spark, cfg.table)[0] == 40
     commits = [f for f in (Path(cfg.checkpoint_dir) / "commits").iterdir() if f.name.isdigit()]
     assert len(commits) >= 2  # 40 records, at most 30 per micro-batch
+    # What the table holds, for the broker's spool (sink/progress.py): every offset, topic id
+    from sink.progress import committed_path, read_committed
+    done = read_committed(committed_path(cfg.table))
+    assert done["batch_id"] == max(int(f.name) for f in commits)
+    first_id = done["topics"][TOPIC]["topic_id"]
+    assert first_id and sum(done["topics"][TOPIC]["offsets"].values()) == 40
 
     # Restart: the topic comes back empty and offsets start at 0 again. More records than
     # before, so the new log's offsets overtake the committed ones (detected by topic id).
@@ -312,6 +318,9 @@ def test_kafka_restart_offsets_go_backwards(spark, kafka, tmp_path):
     count, ids = ids_and_count(spark, cfg.table)
     assert count == 140
     assert ids == {m["message_id"] for m in first + second}
+    done = read_committed(committed_path(cfg.table))  # offsets of the new log, its new id
+    assert done["topics"][TOPIC]["topic_id"] not in (None, first_id)
+    assert sum(done["topics"][TOPIC]["offsets"].values()) == 100
 
     # Restart again, fewer records than committed (the new end is below the committed start).
     kafka.restart()
@@ -326,21 +335,30 @@ def test_kafka_restart_offsets_go_backwards(spark, kafka, tmp_path):
 # ---- offset planning of the Python source (no Spark, no Kafka: fast) --------------------------
 
 def test_source_offset_planning():
-    from sink.source import KafkaRange, KafkaStreamReader, SourceOptions, _allocate
+    from sink.source import KafkaRange, KafkaRanges, KafkaStreamReader, SourceOptions, _allocate
     r = KafkaStreamReader(SourceOptions.parse({"kafka.bootstrap.servers": "h:1",
                                                "subscribe": "a"}))
     same = {"a": "id1"}
-    # normal: [start, end) per partition, empty ranges skipped
+    # normal: [start, end) per partition, empty ranges skipped; the end offset's ingest time
     assert r.partitions({"t": {"a": {"0": 5, "1": 7}}, "ids": same},
-                        {"t": {"a": {"0": 9, "1": 7, "2": 3}}, "ids": same}) == [
-        KafkaRange("a", 0, 5, 9), KafkaRange("a", 2, 0, 3, True)]
+                        {"t": {"a": {"0": 9, "1": 7, "2": 3}}, "ids": same, "ts": 42}) == [
+        KafkaRange("a", 0, 5, 9, False, 42), KafkaRange("a", 2, 0, 3, True, 42)]
     # end below start (log lost): read the new log from 0
     assert r.partitions({"t": {"a": {"0": 50}}, "ids": same},
-                        {"t": {"a": {"0": 4}}, "ids": same}) == [KafkaRange("a", 0, 0, 4, True)]
+                        {"t": {"a": {"0": 4}}, "ids": same, "ts": 1}) == [
+        KafkaRange("a", 0, 0, 4, True, 1)]
     # topic re-created (new id) even though the new log is already longer: from 0
     assert r.partitions({"t": {"a": {"0": 5}}, "ids": same},
-                        {"t": {"a": {"0": 8}}, "ids": {"a": "id2"}}) == [
-        KafkaRange("a", 0, 0, 8, True)]
+                        {"t": {"a": {"0": 8}}, "ids": {"a": "id2"}, "ts": 1}) == [
+        KafkaRange("a", 0, 0, 8, True, 1)]
+    # at most maxPartitions Spark tasks: ranges shared out by size, each read once
+    r2 = KafkaStreamReader(SourceOptions.parse({"kafka.bootstrap.servers": "h:1",
+                                                "subscribe": "a", "maxPartitions": "2"}))
+    tasks = r2.partitions({"t": {"a": {}}, "ids": same},
+                          {"t": {"a": {"0": 100, "1": 10, "2": 60, "3": 50}}, "ids": same, "ts": 1})
+    assert len(tasks) == 2 and all(isinstance(t, KafkaRanges) for t in tasks)
+    assert sorted(sum(x.end - x.start for x in t.ranges) for t in tasks) == [110, 110]
+    assert sorted(x.partition for t in tasks for x in t.ranges) == [0, 1, 2, 3]
     # admission control shares the budget and never exceeds it
     assert _allocate([10, 0, 30], None) == [10, 0, 30]
     take = _allocate([10, 0, 30], 8)

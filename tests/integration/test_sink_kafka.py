@@ -348,3 +348,99 @@ def test_embedded_kafka_restart_between_runs_replays_window(tmp_path):
     finally:
         s.close()
     assert_per_topic_order(got, {"e/1": [r.message_id for r in first + second]})
+
+
+# ---------------------------------------------------------------------------------------------
+# keep_until = "history": the spool keeps every record until the history job's committed file
+# (sink/progress.py) covers it; this test plays the job by writing that file itself.
+def commit_what_kafka_has(bootstrap: str, path: str, topic: str = "mqtt.messages") -> int:
+    """Write the committed file the way the job does: next offset of every partition, under the
+    current topic id. -> records covered."""
+    from kafka.net.compat import KafkaNetClient
+    from sink import progress
+    got = consume(bootstrap, topic, 1, timeout=30)
+    ends: dict[int, int] = {}
+    for r in got:
+        ends[r.partition] = max(ends.get(r.partition, 0), r.offset + 1)
+    c = KafkaNetClient(bootstrap_servers=[bootstrap])
+    try:
+        c._manager.bootstrap(5000)
+        c.cluster.add_topic(topic)
+        c.poll(timeout_ms=5000, future=c.cluster.request_update())
+        tid = c.cluster.topic_id(topic)
+    finally:
+        c.close()
+    progress.write_committed(path, 1, {topic: {"topic_id": str(tid) if tid else None, "offsets": ends}})
+    return len(got)
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("mode", ["process", "thread"])
+def test_history_retention_replays_uncommitted_after_kafka_restart(kafka, tmp_path, mode):
+    """Records the table has not committed are sent again after Tansu is SIGKILLed and restarted
+    (however old they are: no window); committed ones are not; the spool shrinks after a commit."""
+    committed = str(tmp_path / "ckpt" / "history_committed.json")
+    s = Sink.from_config({"bootstrap_servers": kafka.bootstrap, "forwarder": mode, "keep_until": "history",
+                          "committed_file": committed, "replay_window_seconds": 0,
+                          "spool_segment_bytes": 4096}, str(tmp_path))
+    s.start()
+    try:
+        first = [rec(f"h/{i % 3}", i) for i in range(300)]
+        for r in first:
+            assert s.submit(r)
+        wait_for(lambda: s.stats()["forwarded"] >= 300, 30, "first part forwarded")
+        st = s.stats()
+        assert st["spool_held_messages"] == 300 and st["spool_uncommitted_messages"] == 300, st
+        held_bytes = st["spool_bytes"]
+        assert held_bytes > 0 and st["spool_messages"] == 0, st
+        segs_before = len([n for n in os.listdir(tmp_path / "spool") if n.endswith(".seg")])
+        assert commit_what_kafka_has(kafka.bootstrap, committed) == 300     # the "job" committed these
+        wait_for(lambda: s.stats()["spool_held_messages"] == 0, 30, "spool released committed records")
+        wait_for(lambda: len([n for n in os.listdir(tmp_path / "spool") if n.endswith(".seg")]) < segs_before,
+                 30, "committed segments deleted")
+        assert s.stats()["spool_bytes"] < held_bytes
+        second = [rec(f"h/{i % 3}", i) for i in range(300, 700)]
+        for r in second:
+            assert s.submit(r)
+        wait_for(lambda: s.stats()["forwarded"] >= 700, 30, "second part forwarded")
+        assert s.stats()["spool_uncommitted_messages"] == 400
+        kafka.proc.send_signal(signal.SIGKILL)
+        kafka.proc.wait()
+        kafka.start()                                          # same port, empty
+        got = consume(kafka.bootstrap, "mqtt.messages", 400, timeout=60,
+                      ids=[r.message_id for r in second])
+        wait_for(lambda: s.stats()["replays"] >= 1, 30, "replay counted")
+        st = s.stats()
+    finally:
+        s.close()
+    ids = collections.Counter(mid(r) for r in got)
+    assert all(ids[r.message_id] >= 1 for r in second)                  # every uncommitted one again
+    assert not any(r.message_id in ids for r in first)                 # committed ones not re-sent
+    assert_per_topic_order(got, {t: [r.message_id for r in second if r.topic == t]
+                                 for t in {r.topic for r in second}})
+
+
+@pytest.mark.timeout(120)
+def test_history_retention_survives_broker_restart(kafka, tmp_path):
+    """Uncommitted records sent before a broker restart are still held (the checkpoint keeps the
+    committed position) and are re-sent when the new broker finds Kafka empty."""
+    committed = str(tmp_path / "history_committed.json")
+    cfg = {"bootstrap_servers": kafka.bootstrap, "forwarder": "process", "keep_until": "history",
+           "committed_file": committed, "replay_window_seconds": 0}     # no window: only the guarantee
+    s = Sink.from_config(cfg, str(tmp_path))
+    s.start()
+    recs = [rec("r/1", i) for i in range(200)]
+    for r in recs:
+        s.submit(r)
+    wait_for(lambda: s.stats()["forwarded"] >= 200, 30, "forwarded")
+    s.close()
+    kafka.stop()
+    kafka.start()                                               # empty
+    s = Sink.from_config(cfg, str(tmp_path))
+    s.start()
+    try:
+        assert s.stats()["spool_bytes"] > 0
+        got = consume(kafka.bootstrap, "mqtt.messages", 200, timeout=60, ids=[r.message_id for r in recs])
+    finally:
+        s.close()
+    assert {mid(r) for r in got} == {r.message_id for r in recs}

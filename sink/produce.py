@@ -1,0 +1,167 @@
+"""Produce pre-encoded records to Kafka: kafka-python's network client (connections, metadata,
+API versions, TLS/SASL) driven from the forwarder's own loop, without KafkaProducer's
+per-record accumulator. A chunk of spool entries becomes, per partition, one RecordBatch built
+from the bodies the broker encoded (sink.record.build_batch), and one ProduceRequest per
+leader (acks=all).
+"""
+from __future__ import annotations
+
+import logging
+import time
+
+from .record import body_key, build_batch
+
+log = logging.getLogger("sink.forwarder")
+
+# KafkaProducer settings that mean nothing to the network client (accepted and ignored)
+_PRODUCER_ONLY = ("acks", "enable_idempotence", "linger_ms", "batch_size", "max_block_ms",
+                  "delivery_timeout_ms", "compression_type", "retries", "partitioner",
+                  "buffer_memory", "key_serializer", "value_serializer", "transactional_id")
+PRODUCE_MIN_VERSION, PRODUCE_MAX_VERSION = 3, 9   # v3+: RecordBatch v2; v9: what KafkaProducer uses
+
+
+class NotReady(Exception):
+    """No leader known / connection not up yet: try the same records again shortly."""
+    retriable = True
+
+
+class ChunkFuture:
+    """The outcome of one chunk (one ProduceRequest per leader)."""
+
+    def __init__(self, futs, counts):
+        self._futs = futs                  # [(future, [(topic, partition), ...])]
+        self.counts = counts               # (topic, partition) -> records in the chunk
+        self.exception = None
+        self.value = None                  # (topic, partition) -> base offset
+        self.is_done = False
+
+    def poll(self) -> bool:
+        if self.is_done:
+            return True
+        if not all(f.is_done for f, _ in self._futs):
+            return False
+        from kafka import errors as Errors
+        value = {}
+        for f, _ in self._futs:
+            if f.failed():
+                self.exception = self.exception or f.exception
+                continue
+            for t in f.value.responses:
+                for p in t.partition_responses:
+                    if p.error_code:
+                        exc = Errors.for_code(p.error_code)(p.error_message or "")
+                        self.exception = self.exception or exc
+                    else:
+                        value[(t.name, p.index)] = p.base_offset
+        if self.exception is None and set(value) != set(self.counts):
+            self.exception = Errors.KafkaError(f"produce response without partitions "
+                                               f"{sorted(set(self.counts) - set(value))}")
+        self.value = value
+        self.is_done = True
+        return True
+
+
+class BatchSender:
+    def __init__(self, pcfg: dict):
+        from kafka.net.compat import KafkaNetClient
+        cfg = {k: v for k, v in pcfg.items() if k not in _PRODUCER_ONLY}
+        cfg.setdefault("client_id", "mqtt-sink-forwarder")
+        self.request_timeout_ms = int(pcfg.get("request_timeout_ms", 10000))
+        self.metadata_max_age_ms = int(pcfg.get("metadata_max_age_ms", 5000))
+        self.client = KafkaNetClient(metrics=None, metric_group_prefix="producer",
+                                     wakeup_timeout_ms=pcfg.get("max_block_ms", 1000), **cfg)
+        try:
+            self.client._manager.bootstrap(int(pcfg.get("bootstrap_timeout_ms", 2000)))
+        except Exception:
+            self.client.close()
+            raise
+        if self.client._manager.broker_version_data is None:
+            self.client.close()
+            from kafka.errors import NoBrokersAvailable
+            raise NoBrokersAvailable("no Kafka broker answered")
+        self.cluster = self.client.cluster
+        self._parts: dict[str, tuple[int, list[int], dict]] = {}   # topic -> (n, partitions, key -> p)
+        self._refresh_at = 0.0
+
+    def poll(self, timeout_ms: int = 0) -> None:
+        self.client.poll(timeout_ms=timeout_ms)
+
+    def request_update(self):
+        self._refresh_at = time.monotonic()
+        return self.cluster.request_update()
+
+    def maybe_refresh(self) -> None:
+        """Metadata at least every metadata_max_age_ms (how a re-created topic is noticed)."""
+        if time.monotonic() - self._refresh_at > self.metadata_max_age_ms / 1000:
+            self.request_update()
+
+    def partitions_for(self, topic: str, wait_ms: int = 0) -> set | None:
+        parts = self.cluster.partitions_for_topic(topic)
+        if parts is None:
+            self.cluster.add_topic(topic)        # a Metadata request also makes Tansu create it
+            fut = self.request_update()
+            if wait_ms:
+                self.client.poll(timeout_ms=wait_ms, future=fut)
+                parts = self.cluster.partitions_for_topic(topic)
+        return parts
+
+    def _partition(self, topic: str, key: bytes) -> int:
+        parts = self.cluster.partitions_for_topic(topic)
+        if not parts:
+            self.partitions_for(topic)
+            raise NotReady(f"no metadata for topic {topic} yet")
+        ent = self._parts.get(topic)
+        if ent is None or ent[0] != len(parts):
+            ent = (len(parts), sorted(parts), {})
+            self._parts[topic] = ent
+        cache = ent[2]
+        p = cache.get(key)
+        if p is None:   # same choice as kafka-python's DefaultPartitioner (murmur2 of the key)
+            from kafka.partitioner.default import murmur2
+            p = ent[1][(murmur2(key) & 0x7FFFFFFF) % ent[0]]
+            if len(cache) >= 100_000:
+                cache.clear()
+            cache[key] = p
+        return p
+
+    def send(self, groups: dict[str, list]) -> ChunkFuture:
+        """groups: kafka topic -> [(timestamp_ms, body)] in spool order. Raises NotReady before
+        anything is sent when a leader is unknown or its connection is not up."""
+        from kafka.protocol.producer import ProduceRequest
+        from kafka.structs import TopicPartition
+        by_tp: dict[tuple[str, int], list] = {}
+        for topic, recs in groups.items():
+            for ts, body in recs:
+                tp = (topic, self._partition(topic, body_key(body)))
+                lst = by_tp.get(tp)
+                if lst is None:
+                    by_tp[tp] = lst = []
+                lst.append((ts, body))
+        by_node: dict[int, dict] = {}
+        for tp in by_tp:
+            leader = self.cluster.leader_for_partition(TopicPartition(*tp))
+            if leader is None or leader == -1:
+                self.request_update()
+                raise NotReady(f"no leader for {tp[0]}/{tp[1]}")
+            by_node.setdefault(leader, {}).setdefault(tp[0], []).append(tp)
+        for node in by_node:
+            if not self.client.ready(node):
+                raise NotReady(f"connection to node {node} not ready")
+        Topic = ProduceRequest.TopicProduceData
+        Part = Topic.PartitionProduceData
+        futs = []
+        for node, topics in by_node.items():
+            req = ProduceRequest(
+                transactional_id=None, acks=-1, timeout_ms=self.request_timeout_ms,
+                topic_data=[Topic(name=t, partition_data=[Part(index=p, records=build_batch(by_tp[(t, p)]))
+                                                          for _, p in tps])
+                            for t, tps in topics.items()],
+                min_version=PRODUCE_MIN_VERSION, max_version=PRODUCE_MAX_VERSION)
+            futs.append((self.client.send(node, req), [tp for tps in topics.values() for tp in tps]))
+        return ChunkFuture(futs, {tp: len(v) for tp, v in by_tp.items()})
+
+    def close(self) -> None:
+        try:
+            self.client.close()
+        except Exception:
+            pass

@@ -1,0 +1,63 @@
+"""keep_until = "history": the forwarder's committed position follows the job's committed file
+(sink/progress.py) over acknowledged chunks, never past one the table does not have."""
+from hypothesis import given, settings, strategies as st
+
+from sink import progress
+from sink.forwarder import Forwarder, MemorySource, ThreadControl
+
+
+def fwd(tmp_path):
+    f = Forwarder(MemorySource(1 << 20), ThreadControl(), lambda st: None, "127.0.0.1:1",
+                  keep_until="history", committed_file=str(tmp_path / "c.json"))
+    f.acked_pos, f.acked_seq = 300, 30
+    f.source.end_pos = 300
+    f.source._read_seq = 0
+    # three acknowledged chunks: spool end position, next seq, {(topic, partition): next offset}, ids
+    f.pending.extend([[100, 10, {("m", 0): 10}, {"m": "A"}],
+                      [200, 20, {("m", 0): 15, ("m", 1): 5}, {"m": "A"}],
+                      [300, 30, {("m", 1): 15}, {"m": "A"}]])
+    return f
+
+
+def commit(tmp_path, offsets, tid="A"):
+    progress.write_committed(str(tmp_path / "c.json"), 1, {"m": {"topic_id": tid, "offsets": offsets}})
+
+
+def test_committed_position_follows_the_table(tmp_path):
+    f = fwd(tmp_path)
+    f._advance_committed()
+    assert (f.committed_pos, f.committed_seq) == (0, 0)        # no file yet: nothing committed
+    commit(tmp_path, {0: 15, 1: 4})
+    f._advance_committed()
+    assert (f.committed_pos, f.committed_seq) == (100, 10)     # chunk 2 needs partition 1 up to 5
+    commit(tmp_path, {0: 15, 1: 5}, tid="B")                   # another topic incarnation: not ours
+    f._advance_committed()
+    assert f.committed_pos == 100
+    commit(tmp_path, {0: 15, 1: 15})
+    f._advance_committed()
+    assert (f.committed_pos, f.committed_seq) == (300, 30) and not f.pending
+    assert f.retained() == (300, 30)
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.dictionaries(st.tuples(st.sampled_from("ab"), st.integers(0, 2)), st.integers(1, 10**6),
+                                max_size=4), min_size=1, max_size=600),
+       st.integers(1, 300))
+def test_merging_the_pending_list_is_conservative(chunks, limit):
+    """However the list is shortened (checkpoint size), a merged entry is committed only when
+    every chunk in it is."""
+    f = Forwarder(MemorySource(1 << 20), ThreadControl(), lambda st: None, "127.0.0.1:1", keep_until="history")
+    for i, d in enumerate(chunks):
+        f.pending.append([(i + 1) * 10, i + 1, dict(d), {"a": "X", "b": "X"}])
+    orig = list(f.pending)
+    f._merge_pending(limit)
+    assert len(f.pending) <= max(limit, 1)
+    assert f.pending[-1][:2] == orig[-1][:2]
+    # each merged entry covers the chunks up to its end, with offsets at least theirs
+    j = 0
+    for end, seq, d, ids in f.pending:
+        while j < len(orig) and orig[j][0] <= end:
+            for tp, n in orig[j][2].items():
+                assert d[tp] >= n
+            j += 1
+    assert j == len(orig)
