@@ -7,6 +7,7 @@ import logging
 import sys
 
 from . import config as config_mod
+from .config_check import report as report_config_error
 from .server import install_uvloop, serve
 
 log = logging.getLogger("broker")
@@ -34,35 +35,18 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def build_config(args) -> config_mod.Config:
-    cfg = config_mod.load(args.config)
-    for item in args.set:
-        key, sep, raw = item.partition("=")
-        section, dot, name = key.partition(".")
-        if not sep or not dot:
-            raise ValueError(f"--set {item!r}: expected SECTION.KEY=VALUE, e.g. mqtt.maximum_qos=1")
-        value = config_mod._parse_env(raw)
-        if section == "mqtt":
-            config_mod._apply(cfg.mqtt, {name: value}, "mqtt.")
-        elif section == "broker":
-            config_mod._apply(cfg, {name: value}, "broker.")
-        elif section in ("sink", "history", "metrics", "persistence"):
-            getattr(cfg, section)[name] = value
-        elif section in ("auth", "dashboard"):
-            cfg.extra.setdefault(section, {})[name] = value
-        else:
-            raise ValueError(f"--set {item!r}: unknown section {section!r} (mqtt, broker, sink, history, metrics, persistence, auth, dashboard)")
-    for name in ("host", "port", "data_dir", "log_level", "log_format"):
-        v = getattr(args, name)
-        if v is not None:
-            setattr(cfg, name, v)
+    """Every setting checked: ConfigError (one line, naming the key) for the first bad one."""
+    flags = [("broker", name, getattr(args, name), "--" + name.replace("_", "-"))
+             for name in ("host", "port", "data_dir", "log_level", "log_format")
+             if getattr(args, name) is not None]
     if args.kafka_bootstrap:
-        cfg.sink["bootstrap_servers"] = args.kafka_bootstrap
-        cfg.sink["enabled"] = True
+        flags += [("sink", "bootstrap_servers", args.kafka_bootstrap, "--kafka-bootstrap"),
+                  ("sink", "enabled", True, "--kafka-bootstrap")]
     if args.sink:
-        cfg.sink["enabled"] = True
+        flags.append(("sink", "enabled", True, "--sink"))
     if args.no_sink:
-        cfg.sink["enabled"] = False
-    return cfg
+        flags.append(("sink", "enabled", False, "--no-sink"))
+    return config_mod.load(args.config, sets=args.set, flags=flags)
 
 
 def setup_logging(level: str, fmt: str) -> None:
@@ -90,9 +74,9 @@ def main(argv=None) -> int:
         if (cfg.extra.get("dashboard") or {}).get("enabled"):
             from .dashboard import settings as dashboard_settings
             dashboard_settings(cfg.extra.get("dashboard"), cfg.history)  # errors stop here
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        config_mod.check_tls_files(cfg)
+    except ValueError as exc:  # ConfigError, and what auth/dashboard find (files, ...)
+        return report_config_error(exc)
     setup_logging(cfg.log_level, cfg.log_format)
     sink = None
     if cfg.sink.get("enabled"):

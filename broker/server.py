@@ -218,23 +218,8 @@ class Server:
 
     # ------------------------------------------------------------ lifecycle
     def listener_specs(self) -> list[dict]:
-        cfg = self.config
-        specs = [{"type": "tcp", "host": cfg.host, "port": cfg.port, "name": "mqtt"}]
-        for i, spec in enumerate(cfg.listeners):
-            spec = dict(spec)
-            spec.setdefault("type", "tcp")
-            spec.setdefault("host", cfg.host)
-            spec.setdefault("name", f"{spec['type']}{i}")
-            if spec["type"] not in ("tcp", "tls", "ws", "wss"):
-                raise ValueError(f"listener {spec['name']}: type must be tcp, tls, ws or wss")
-            if "port" not in spec:
-                raise ValueError(f"listener {spec['name']}: port is required")
-            if spec.get("use_identity_as_username") and (spec["type"] not in ("tls", "wss")
-                                                        or not spec.get("cafile")):
-                raise ValueError(f"listener {spec['name']}: use_identity_as_username needs type "
-                                 "tls or wss and a cafile to verify client certificates with")
-            specs.append(spec)
-        return specs
+        from .config import listener_specs  # the checks live with the other config checks
+        return listener_specs(self.config)
 
     async def start(self) -> None:
         self.loop = asyncio.get_running_loop()
