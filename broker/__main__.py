@@ -31,6 +31,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--log-format", choices=["text", "json"], help="log line format (default text)")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="override one setting, e.g. --set mqtt.receive_maximum=100 (repeatable)")
+    p.add_argument("--check-config", action="store_true",
+                   help="check the settings and exit: 0 when valid, else 2 with one line saying "
+                        "which key is wrong")
     return p.parse_args(argv)
 
 
@@ -77,6 +80,8 @@ def main(argv=None) -> int:
         config_mod.check_tls_files(cfg)
     except ValueError as exc:  # ConfigError, and what auth/dashboard find (files, ...)
         return report_config_error(exc)
+    if args.check_config:
+        return 0
     setup_logging(cfg.log_level, cfg.log_format)
     sink = None
     if cfg.sink.get("enabled"):

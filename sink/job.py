@@ -104,6 +104,8 @@ class JobConfig:
         if not re.fullmatch(r"\s*\d+\s+(second|minute|hour|day|week)s?\s*", self.dedup_window):
             raise UsageError(f"dedup_window must look like '24 hours' or '30 minutes', "
                              f"not {self.dedup_window!r}")
+        if not 0 < self.connect_port < 65536:
+            raise UsageError(f"--connect-port must be 1-65535, not {self.connect_port}")
         host, _, port = self.bootstrap.split(",")[0].rpartition(":")
         if not host or not port.isdigit():
             raise UsageError(f"Kafka bootstrap must look like HOST:PORT, not {self.bootstrap!r}")
