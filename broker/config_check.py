@@ -2,13 +2,14 @@
 
 A ConfigError reads as one line: which key, the value given (and where from: the file, --set or
 an MQTT_BROKER_* variable), what is wrong and what is allowed. The loader (broker/config.py)
-checks every key against SCHEMA, so each command that loads the config (python -m broker,
+checks every key against sections() below, so each command that loads the config (python -m broker,
 python -m sink.job) stops before starting anything and its main() prints the line and exits 2.
 """
 from __future__ import annotations
 
 import difflib
 import functools
+import math
 import re
 from dataclasses import MISSING, fields
 
@@ -89,9 +90,9 @@ class Num(Spec):
                 self.bad()
         if isinstance(value, bool) or not isinstance(value, int if self.whole else (int, float)):
             self.bad()
-        if value != value or (self.lo is not None and (value <= self.lo if self.lo_open
-                                                      else value < self.lo)) \
-                or (self.hi is not None and value > self.hi):
+        lo, hi = self.lo, self.hi
+        too_low = lo is not None and (value <= lo if self.lo_open else value < lo)
+        if not math.isfinite(value) or too_low or (hi is not None and value > hi):
             self.bad()
         return value
 
@@ -148,15 +149,11 @@ class IntList(Spec):
     allowed = "a list of whole numbers >= 0, e.g. [1, 2] (or \"1,2\")"
 
     def check(self, value, text):
-        items = value.split(",") if isinstance(value, str) else \
-            [value] if isinstance(value, int) and not isinstance(value, bool) else value
-        if not isinstance(items, list):
-            self.bad()
+        items = [v for v in value.split(",") if v.strip()] if isinstance(value, str) else \
+            value if isinstance(value, list) else [value]
         for v in items:
-            if isinstance(v, str) and v.strip().isdigit() or \
-                    isinstance(v, int) and not isinstance(v, bool) and v >= 0:
-                continue
-            if not (isinstance(v, str) and not v.strip()):
+            if not (v.strip().isdigit() if isinstance(v, str) else
+                    isinstance(v, int) and not isinstance(v, bool) and v >= 0):
                 self.bad()
         return value
 
@@ -220,7 +217,8 @@ class Check(Str):
 
 
 def _connect_url(url: str) -> None:
-    from sink.query import connect_address  # stdlib-only module; one parser for sc:// URLs
+    # stdlib-only module; one parser for sc:// URLs
+    from sink.query import connect_address
     connect_address(url)
 
 

@@ -218,7 +218,8 @@ class Server:
 
     # ------------------------------------------------------------ lifecycle
     def listener_specs(self) -> list[dict]:
-        from .config import listener_specs  # the checks live with the other config checks
+        # the checks live with the other config checks
+        from .config import listener_specs
         return listener_specs(self.config)
 
     async def start(self) -> None:

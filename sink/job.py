@@ -125,7 +125,8 @@ def load_config(path: str | None) -> dict:
     the broker checks it (broker.config.ConfigError: one line naming the key)."""
     if not path:
         return {}
-    from broker.config import ConfigError, load  # one loader for the project's config file
+    # one loader for the project's config file
+    from broker.config import ConfigError, load
     cfg = load(path, env={})
     out = {}
     # [sink] is the broker's section (config/broker.toml): read Kafka from where it forwards to.

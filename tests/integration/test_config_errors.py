@@ -16,7 +16,7 @@ pytestmark = pytest.mark.timeout(300)
 def run(module: str, args: list, tmp_path, env: dict | None = None, stdin=None):
     try:
         return subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, capture_output=True,
-                              text=True, timeout=90, stdin=subprocess.DEVNULL,
+                              text=True, timeout=90, stdin=subprocess.DEVNULL, check=False,
                               env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
     except subprocess.TimeoutExpired:
         pytest.fail(f"python -m {module} {' '.join(args)} did not stop on a bad setting "

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from broker import config
 from broker.config import ConfigError
-from broker.config_check import Int, Num, sections
+from broker.config_check import Num, sections
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -242,7 +242,7 @@ def test_schema_matches_the_modules_and_the_docs():
     for section, keys in s.items():
         for key in keys:
             assert re.search(rf"^[#\s]*\[?{key}\]?\s*=|^\[{section}\.{key}\]|^# \[{section}\.{key}\]",
-                             doc, re.M), f"{section}.{key} is not documented in config/broker.toml"
+                             doc, re.MULTILINE), f"{section}.{key} is not documented in config/broker.toml"
 
 
 # ---- bounds (hypothesis): inside accepted, outside refused naming the key --------------------
