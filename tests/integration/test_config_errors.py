@@ -13,7 +13,7 @@ from tests.conftest import ROOT, free_port
 pytestmark = pytest.mark.timeout(300)
 
 
-def run(module: str, args: list, tmp_path, env: dict | None = None, stdin=None):
+def run(module: str, args: list, tmp_path, env: dict | None = None):
     try:
         return subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, capture_output=True,
                               text=True, timeout=90, stdin=subprocess.DEVNULL, check=False,
