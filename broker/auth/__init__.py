@@ -207,7 +207,7 @@ class AccessControl:
 def from_config(table: dict | None) -> AccessControl | None:
     """AccessControl from the [auth] table; None when it configures nothing (allow all).
 
-    Raises ValueError (AuthFileError) with a message for the person running the broker.
+    Raises ConfigError naming the key (and, for a bad file, its first problems).
     """
     table = {key: check("auth", key, value) for key, value in dict(table or {}).items()}
     allow = table.get("allow_anonymous")
@@ -221,4 +221,10 @@ def from_config(table: dict | None) -> AccessControl | None:
     acl = table.get("acl_file") or None
     if pw is None and acl is None and allow in (None, True) and not pattern:
         return None
-    return AccessControl(password_file=pw, acl_file=acl, allow_anonymous=allow, **kw)
+    try:
+        return AccessControl(password_file=pw, acl_file=acl, allow_anonymous=allow, **kw)
+    except AuthFileError as exc:
+        key, path = ("acl_file", acl) if acl and exc.errors and exc.errors[0].startswith(acl) \
+            else ("password_file", pw)
+        more = f" ({len(exc.errors) - 3} more)" if len(exc.errors) > 3 else ""
+        raise ConfigError(f"auth.{key}", "; ".join(exc.errors[:3]) + more, path) from None

@@ -53,6 +53,8 @@ BROKER_CASES = [
     (["--config", "/nonexistent/broker.toml"], ["/nonexistent/broker.toml", "does not exist"]),
     (["--kafka-bootstrap", "kafka"], ["sink.bootstrap_servers", "HOST:PORT"]),
     (["--set", "auth.allow_anonymous=false"], ["auth.allow_anonymous", "auth.password_file"]),
+    (["--set", "auth.password_file=/nonexistent/passwd"],
+     ["auth.password_file = '/nonexistent/passwd'", "not found"]),
     (["--set", "dashboard.enabled=true", "--set", "dashboard.connect_url=http://x"],
      ["dashboard.connect_url", "sc://HOST:PORT"]),
 ]

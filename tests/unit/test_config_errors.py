@@ -187,6 +187,18 @@ def test_contradictory_auth():
     assert_one_line(e.value, "auth.allow_anonymous", ["needs auth.password_file"])
 
 
+def test_bad_auth_files(tmp_path):
+    from broker.auth import from_config
+    acl = tmp_path / "bad.acl"
+    acl.write_text("topic read ok/#\n" + "topik read x\n" * 5)
+    with pytest.raises(ConfigError) as e:
+        from_config({"acl_file": str(acl)})
+    assert_one_line(e.value, "auth.acl_file", [f"{acl}:2: unknown directive 'topik'", "(2 more)"])
+    with pytest.raises(ConfigError) as e:
+        from_config({"password_file": str(tmp_path / "none")})
+    assert_one_line(e.value, "auth.password_file", ["not found"])
+
+
 def test_job_embedded_port_zero(tmp_path):
     from sink.job import load_config
     f = tmp_path / "j.toml"
