@@ -7,6 +7,7 @@ import logging
 import sys
 
 from . import config as config_mod
+from .config_check import one_line
 from .config_check import report as report_config_error
 from .server import install_uvloop, serve
 
@@ -83,18 +84,27 @@ def main(argv=None) -> int:
     if args.check_config:
         return 0
     setup_logging(cfg.log_level, cfg.log_format)
-    sink = None
-    if cfg.sink.get("enabled"):
-        from sink.service import Sink
-        sink = Sink.from_config(cfg.sink, cfg.data_dir, history=cfg.history)
-        sink.start()
-    store = None
-    if cfg.persistence.get("enabled", True):
-        import os
-        from .store.sqlite import Store
-        path = cfg.persistence.get("path") or os.path.join(cfg.data_dir, "state.db")
-        store = Store(path, synchronous=str(cfg.persistence.get("synchronous", "NORMAL")).upper(),
-                      max_pending=int(cfg.persistence.get("max_pending_changes", 1_000_000)))
+    sink = store = None
+    try:  # directories that cannot be created, a spool locked by another broker: one line
+        if cfg.sink.get("enabled"):
+            from sink.service import Sink
+            sink = Sink.from_config(cfg.sink, cfg.data_dir, history=cfg.history)
+            sink.start()
+        if cfg.persistence.get("enabled", True):
+            import os
+
+            from .store.sqlite import Store
+            path = cfg.persistence.get("path") or os.path.join(cfg.data_dir, "state.db")
+            store = Store(path, synchronous=str(cfg.persistence.get("synchronous", "NORMAL")).upper(),
+                          max_pending=int(cfg.persistence.get("max_pending_changes", 1_000_000)))
+    except (OSError, RuntimeError) as exc:
+        log.error("cannot start: %s (check --data-dir, sink.spool_dir, persistence.path)",
+                  one_line(exc))
+        if sink is not None:
+            sink.close()
+            if sink.embedded is not None:  # started before the failure: not left running
+                sink.embedded.stop()
+        return 1
     uv = install_uvloop()
     log.info("starting broker (event loop: %s)", "uvloop" if uv else "asyncio")
     try:

@@ -130,3 +130,14 @@ def test_job_bad_flags_one_line(tmp_path):
 def test_query_bad_connect_url_env(tmp_path):
     p = run("sink.query", ["SELECT 1"], tmp_path, env={"SINK_CONNECT_URL": "http://x:1"})
     assert_config_error(p, "SINK_CONNECT_URL = 'http://x:1'", "sc://HOST:PORT")
+
+
+def test_unusable_data_dir_is_one_line(tmp_path):
+    """Not a setting's value but what it points at: exit 1 with one log line, no traceback."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    p = run("broker", ["--host", "127.0.0.1", "--port", str(free_port()),
+                       "--data-dir", str(blocker / "data")], tmp_path)
+    assert p.returncode == 1 and "Traceback" not in p.stderr, p.stderr
+    errors = [line for line in p.stderr.splitlines() if " ERROR " in line]
+    assert len(errors) == 1 and "cannot start" in errors[0] and str(blocker) in errors[0], p.stderr
