@@ -58,7 +58,7 @@ class Config:
     persistence: dict = field(default_factory=dict)  # [persistence]: sessions/retained in SQLite
     sink: dict = field(default_factory=dict)      # [sink]: see config/broker.toml
     history: dict = field(default_factory=dict)   # [history]: the Spark job
-    extra: dict = field(default_factory=dict)     # other tables, kept for optional components
+    extra: dict = field(default_factory=dict)     # [auth] and [dashboard], read by those modules
 
 
 SECTIONS_IN_CONFIG = ("sink", "history", "metrics", "persistence")  # dict fields of Config
