@@ -7,6 +7,8 @@ import logging
 import sys
 
 from . import config as config_mod
+from .config_check import one_line
+from .config_check import report as report_config_error
 from .server import install_uvloop, serve
 
 log = logging.getLogger("broker")
@@ -30,39 +32,25 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--log-format", choices=["text", "json"], help="log line format (default text)")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="override one setting, e.g. --set mqtt.receive_maximum=100 (repeatable)")
+    p.add_argument("--check-config", action="store_true",
+                   help="check the settings and exit: 0 when valid, else 2 with one line saying "
+                        "which key is wrong")
     return p.parse_args(argv)
 
 
 def build_config(args) -> config_mod.Config:
-    cfg = config_mod.load(args.config)
-    for item in args.set:
-        key, sep, raw = item.partition("=")
-        section, dot, name = key.partition(".")
-        if not sep or not dot:
-            raise ValueError(f"--set {item!r}: expected SECTION.KEY=VALUE, e.g. mqtt.maximum_qos=1")
-        value = config_mod._parse_env(raw)
-        if section == "mqtt":
-            config_mod._apply(cfg.mqtt, {name: value}, "mqtt.")
-        elif section == "broker":
-            config_mod._apply(cfg, {name: value}, "broker.")
-        elif section in ("sink", "history", "metrics", "persistence"):
-            getattr(cfg, section)[name] = value
-        elif section in ("auth", "dashboard"):
-            cfg.extra.setdefault(section, {})[name] = value
-        else:
-            raise ValueError(f"--set {item!r}: unknown section {section!r} (mqtt, broker, sink, history, metrics, persistence, auth, dashboard)")
-    for name in ("host", "port", "data_dir", "log_level", "log_format"):
-        v = getattr(args, name)
-        if v is not None:
-            setattr(cfg, name, v)
+    """Every setting checked: ConfigError (one line, naming the key) for the first bad one."""
+    flags = [("broker", name, getattr(args, name), "--" + name.replace("_", "-"))
+             for name in ("host", "port", "data_dir", "log_level", "log_format")
+             if getattr(args, name) is not None]
     if args.kafka_bootstrap:
-        cfg.sink["bootstrap_servers"] = args.kafka_bootstrap
-        cfg.sink["enabled"] = True
+        flags += [("sink", "bootstrap_servers", args.kafka_bootstrap, "--kafka-bootstrap"),
+                  ("sink", "enabled", True, "--kafka-bootstrap")]
     if args.sink:
-        cfg.sink["enabled"] = True
+        flags.append(("sink", "enabled", True, "--sink"))
     if args.no_sink:
-        cfg.sink["enabled"] = False
-    return cfg
+        flags.append(("sink", "enabled", False, "--no-sink"))
+    return config_mod.load(args.config, sets=args.set, flags=flags)
 
 
 def setup_logging(level: str, fmt: str) -> None:
@@ -90,22 +78,33 @@ def main(argv=None) -> int:
         if (cfg.extra.get("dashboard") or {}).get("enabled"):
             from .dashboard import settings as dashboard_settings
             dashboard_settings(cfg.extra.get("dashboard"), cfg.history)  # errors stop here
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        config_mod.check_tls_files(cfg)
+    except ValueError as exc:  # ConfigError, and what auth/dashboard find (files, ...)
+        return report_config_error(exc)
+    if args.check_config:
+        return 0
     setup_logging(cfg.log_level, cfg.log_format)
-    sink = None
-    if cfg.sink.get("enabled"):
-        from sink.service import Sink
-        sink = Sink.from_config(cfg.sink, cfg.data_dir, history=cfg.history)
-        sink.start()
-    store = None
-    if cfg.persistence.get("enabled", True):
-        import os
-        from .store.sqlite import Store
-        path = cfg.persistence.get("path") or os.path.join(cfg.data_dir, "state.db")
-        store = Store(path, synchronous=str(cfg.persistence.get("synchronous", "NORMAL")).upper(),
-                      max_pending=int(cfg.persistence.get("max_pending_changes", 1_000_000)))
+    sink = store = None
+    try:  # directories that cannot be created, a spool locked by another broker: one line
+        if cfg.sink.get("enabled"):
+            from sink.service import Sink
+            sink = Sink.from_config(cfg.sink, cfg.data_dir, history=cfg.history)
+            sink.start()
+        if cfg.persistence.get("enabled", True):
+            import os
+
+            from .store.sqlite import Store
+            path = cfg.persistence.get("path") or os.path.join(cfg.data_dir, "state.db")
+            store = Store(path, synchronous=str(cfg.persistence.get("synchronous", "NORMAL")).upper(),
+                          max_pending=int(cfg.persistence.get("max_pending_changes", 1_000_000)))
+    except (OSError, RuntimeError) as exc:
+        log.error("cannot start: %s (check --data-dir, sink.spool_dir, persistence.path)",
+                  one_line(exc))
+        if sink is not None:
+            sink.close()
+            if sink.embedded is not None:  # started before the failure: not left running
+                sink.embedded.stop()
+        return 1
     uv = install_uvloop()
     log.info("starting broker (event loop: %s)", "uvloop" if uv else "asyncio")
     try:

@@ -3,7 +3,11 @@ from __future__ import annotations
 
 import os
 import tomllib
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
+
+from .config_check import DOC, LISTENER, ConfigError, check, did_you_mean, sections
+
+__all__ = ["Config", "ConfigError", "MQTTConfig", "load", "read_toml"]
 
 
 @dataclass
@@ -31,6 +35,8 @@ class MQTTConfig:
     publish_will_on_shutdown: bool = False
     session_owner_check: bool = True     # a session's client id is refused (0x87) to other users
     connect_timeout: float = 10.0        # seconds to receive CONNECT after the TCP connection
+    close_linger_seconds: float = 2.0    # after a server DISCONNECT: input dropped this long at most...
+    close_linger_bytes: int = 1048576    # ...and this much at most, before the socket is closed
     max_connections: int = 0             # 0: unlimited
     max_connect_packet_size: int = 131072  # bytes a packet may have before CONNECT is accepted (0x95)
     max_subscriptions_per_client: int = 1000  # filters a session may hold; more get SUBACK 0x97
@@ -55,78 +61,135 @@ class Config:
     persistence: dict = field(default_factory=dict)  # [persistence]: sessions/retained in SQLite
     sink: dict = field(default_factory=dict)      # [sink]: see config/broker.toml
     history: dict = field(default_factory=dict)   # [history]: the Spark job
-    extra: dict = field(default_factory=dict)     # other tables, kept for optional components
+    extra: dict = field(default_factory=dict)     # [auth] and [dashboard], read by those modules
 
 
-def _apply(obj, table: dict, where: str) -> None:
-    known = {f.name: f for f in fields(obj)}
-    for key, value in table.items():
-        if key not in known:
-            raise ValueError(f"unknown setting {where}{key!r}: see config/broker.toml for the keys")
-        current = getattr(obj, key)
-        if isinstance(current, MQTTConfig):
-            _apply(current, value, f"{where}{key}.")
-        elif isinstance(current, bool) and not isinstance(value, bool):
-            raise ValueError(f"setting {where}{key} must be true or false, not {value!r}")
-        elif isinstance(current, (int, float)) and not isinstance(current, bool) and \
-                not isinstance(value, (int, float)):
-            raise ValueError(f"setting {where}{key} must be a number, not {value!r}")
+SECTIONS_IN_CONFIG = ("sink", "history", "metrics", "persistence")  # dict fields of Config
+
+
+def apply_setting(cfg: Config, section: str, key: str, value, source: str = "",
+                  text: bool = False) -> None:
+    """Check section.key (ConfigError naming it) and store it; text: a string from --set / env."""
+    if section == "listeners":
+        raise ConfigError(f"listeners.{key}", "listeners are [[listeners]] tables in the config "
+                          "file; they cannot be set from --set or the environment", value, source)
+    value = check(section, key, value, source, text)
+    if section == "broker":
+        setattr(cfg, key, value)
+    elif section == "mqtt":
+        setattr(cfg.mqtt, key, value)
+    elif section in SECTIONS_IN_CONFIG:
+        getattr(cfg, section)[key] = value
+    else:  # auth, dashboard
+        cfg.extra.setdefault(section, {})[key] = value
+
+
+def apply_file(cfg: Config, data: dict, source: str) -> None:
+    schema = sections()
+    for section, table in data.items():
+        if section == "listeners":
+            cfg.listeners = check_listeners(table, source)
+        elif not isinstance(table, dict):
+            homes = [s for s in schema if section in schema[s]]
+            hint = f" (did you mean {homes[0]}.{section} under [{homes[0]}]?)" if homes else ""
+            raise ConfigError(section, f"a setting outside any table{hint}; settings belong in "
+                              f"[{'], ['.join(schema)}]", table, source)
+        elif section not in schema:
+            raise ConfigError(f"[{section}]", f"unknown section{did_you_mean(section, schema)}; "
+                              f"sections: {', '.join(schema)}, listeners", source=source)
         else:
-            setattr(obj, key, value)
+            for key, value in table.items():
+                apply_setting(cfg, section, key, value, source)
+
+
+def check_listeners(value, source: str = "") -> list:
+    if not isinstance(value, list) or not all(isinstance(x, dict) for x in value):
+        raise ConfigError("listeners", "must be [[listeners]] tables (see the end of "
+                          f"{DOC})", value, source)
+    schema = {"listeners": LISTENER}
+    for i, spec in enumerate(value):
+        for key, v in spec.items():
+            check("listeners", key, v, source, schema=schema, name=f"listeners[{i}].{key}")
+    return value
+
+
+def listener_specs(cfg: Config) -> list[dict]:
+    """The plain TCP listener, then [[listeners]] with their defaults; ConfigError for a bad one."""
+    specs = [{"type": "tcp", "host": cfg.host, "port": cfg.port, "name": "mqtt"}]
+    for i, spec in enumerate(check_listeners(cfg.listeners)):
+        spec = dict(spec)
+        spec.setdefault("type", "tcp")
+        spec.setdefault("host", cfg.host)
+        spec.setdefault("name", f"{spec['type']}{i}")
+        where = f"listeners[{i}]"
+        if "port" not in spec:
+            raise ConfigError(f"{where}.port", f"missing: a {spec['type']} listener needs a port "
+                              "(1-65535, or 0 for any free port)")
+        if spec["type"] in ("tls", "wss") and not spec.get("certfile"):
+            raise ConfigError(f"{where}.certfile", f"missing: a {spec['type']} listener needs "
+                              "certfile (PEM certificate chain; keyfile if the key is apart)")
+        if spec.get("use_identity_as_username") and (spec["type"] not in ("tls", "wss")
+                                                    or not spec.get("cafile")):
+            raise ConfigError(f"{where}.use_identity_as_username", "needs type tls or wss and "
+                              "a cafile to verify client certificates with", True)
+        specs.append(spec)
+    return specs
+
+
+def check_tls_files(cfg: Config) -> None:
+    """Load every TLS listener's certificate once, so a bad file stops the broker before it starts."""
+    from .transport import tls
+    for i, spec in enumerate(listener_specs(cfg)[1:]):
+        if spec["type"] in ("tls", "wss"):
+            try:
+                tls.make_context(spec)
+            except ValueError as exc:
+                raise ConfigError(f"listeners[{i}].certfile", str(exc), spec["certfile"]) from None
 
 
 def read_toml(path: str) -> dict:
-    """The TOML file at path; ValueError saying what is wrong (shared with sink.job)."""
+    """The TOML file at path; ConfigError saying what is wrong (shared with sink.job)."""
     try:
         with open(path, "rb") as f:
             return tomllib.load(f)
     except FileNotFoundError:
-        raise ValueError(f"config file {path} does not exist (check --config)") from None
+        raise ConfigError("--config", "the file does not exist", path) from None
+    except OSError as exc:
+        raise ConfigError("--config", f"cannot read the file: {exc.strerror or exc}", path) from None
     except tomllib.TOMLDecodeError as exc:
-        raise ValueError(f"config file {path} is not valid TOML: {exc}") from None
+        raise ConfigError("--config", f"not valid TOML: {exc}", path) from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError("--config", f"not valid TOML (not UTF-8): {exc.reason}", path) from None
 
 
-def load(path: str | None = None, env: dict | None = None) -> Config:
+def load(path: str | None = None, env: dict | None = None, sets=(), flags=()) -> Config:
+    """Defaults < the TOML file < MQTT_BROKER_* environment < --set SECTION.KEY=VALUE < flags
+    ((section, key, value, flag) tuples); every key checked, ConfigError for the first bad one."""
     cfg = Config()
     if path:
-        data = read_toml(path)
-        broker = dict(data.pop("broker", {}))
-        _apply(cfg, broker, "broker.")
-        if "mqtt" in data:
-            _apply(cfg.mqtt, data.pop("mqtt"), "mqtt.")
-        cfg.listeners = data.pop("listeners", [])
-        cfg.metrics = data.pop("metrics", {})
-        cfg.persistence = data.pop("persistence", {})
-        cfg.sink = data.pop("sink", {})
-        cfg.history = data.pop("history", {})
-        cfg.extra = data
+        apply_file(cfg, read_toml(path), os.path.basename(path))
     env = os.environ if env is None else env
     # Containers: MQTT_BROKER_PORT=1884, MQTT_BROKER_MQTT__RECEIVE_MAXIMUM=100, MQTT_BROKER_SINK__TOPIC=x,
     # MQTT_BROKER_AUTH__PASSWORD_FILE=/etc/broker/passwd, MQTT_BROKER_METRICS__ENABLED=true
-    for key, raw in env.items():
-        if not key.startswith("MQTT_BROKER_"):
+    for var in sorted(env):
+        if not var.startswith("MQTT_BROKER_"):
             continue
-        path_ = key[len("MQTT_BROKER_"):].lower().split("__")
-        value = _parse_env(raw)
-        if path_[0] in ("sink", "history", "metrics", "persistence") and len(path_) == 2:
-            getattr(cfg, path_[0])[path_[1]] = value
-        elif path_[0] in ("auth", "dashboard") and len(path_) == 2:
-            cfg.extra.setdefault(path_[0], {})[path_[1]] = value
-        elif path_[0] == "mqtt" and len(path_) == 2:
-            _apply(cfg.mqtt, {path_[1]: value}, "mqtt.")
-        elif len(path_) == 1:
-            _apply(cfg, {path_[0]: value}, "broker.")
+        parts = var[len("MQTT_BROKER_"):].lower().split("__")
+        if len(parts) == 1:
+            parts = ["broker", parts[0]]
+        if len(parts) != 2 or not all(parts):
+            raise ConfigError(".".join(parts), "not a setting: use MQTT_BROKER_<KEY> for [broker] "
+                              "keys and MQTT_BROKER_<SECTION>__<KEY> for others (nested tables "
+                              "only in the config file)", env[var], var)
+        apply_setting(cfg, parts[0], parts[1], env[var], var, text=True)
+    for item in sets:
+        key, sep, raw = item.partition("=")
+        section, dot, name = key.strip().partition(".")
+        if not sep or not dot or not section or not name:
+            raise ConfigError("--set", "expected SECTION.KEY=VALUE, e.g. --set "
+                              "mqtt.maximum_qos=1", item)
+        apply_setting(cfg, section, name, raw, "--set", text=True)
+    for section, key, value, flag in flags:
+        apply_setting(cfg, section, key, value, flag)
+    listener_specs(cfg)
     return cfg
-
-
-def _parse_env(raw: str):
-    low = raw.lower()
-    if low in ("true", "false"):
-        return low == "true"
-    try:
-        return int(raw)
-    except ValueError:
-        try:
-            return float(raw)
-        except ValueError:
-            return raw

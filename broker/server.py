@@ -19,12 +19,15 @@ WRITE_HIGH_WATER = 1 << 20  # bytes buffered for a client before QoS 0 is droppe
 
 
 class MQTTProtocol(asyncio.Protocol):
-    __slots__ = ("server", "conn", "listener")
+    __slots__ = ("server", "conn", "listener", "transport", "discard", "linger_timer")
 
     def __init__(self, server: "Server", listener: dict):
         self.server = server
         self.listener = listener
         self.conn: Connection | None = None
+        self.transport = None
+        self.discard = -1          # >= 0 while closing: input bytes still allowed (and dropped)
+        self.linger_timer = None
 
     def connection_made(self, transport) -> None:
         server = self.server
@@ -35,6 +38,7 @@ class MQTTProtocol(asyncio.Protocol):
             except OSError:
                 pass
         transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)
+        self.transport = transport
         peer = transport.get_extra_info("peername")
         conn = self.conn = Connection(server.broker, f"{peer[0]}:{peer[1]}" if peer else "?")
         conn.transport = transport
@@ -42,13 +46,18 @@ class MQTTProtocol(asyncio.Protocol):
         if max_conn and len(server.broker.connections) > max_conn:
             log.warning("refusing %s: max_connections (%d) reached", conn.peer, max_conn)
             conn.finish(publish_will=False)
-            transport.close()
+            self.close_gracefully()
             return
         conn.identity = tls.listener_identity(self.listener, transport.get_extra_info("ssl_object"))
 
     def data_received(self, data: bytes) -> None:
         conn = self.conn
         self.server.bytes_in += len(data)
+        if self.discard >= 0:  # closing: input never reaches the core
+            self.discard -= len(data)
+            if self.discard < 0:
+                self.transport.abort()
+            return
         conn.data_received(data)
         if conn.held_acks:
             self.server.hold_acks(conn)
@@ -59,7 +68,24 @@ class MQTTProtocol(asyncio.Protocol):
             self.server.flush()
 
     def eof_received(self):
-        return False
+        return False  # the transport closes (after writing what it holds)
+
+    def close_gracefully(self) -> None:
+        """Close after the last output (a server DISCONNECT) without resetting the connection
+        under a client that is still sending: a socket closed with unread input sends a TCP RST,
+        and the client's next send or read fails before it has read the DISCONNECT. So send
+        FIN after the output (half-close), then read and drop the client's input until it
+        closes too, for at most close_linger_seconds / close_linger_bytes, then close."""
+        t = self.transport
+        if self.discard >= 0 or t.is_closing():
+            return
+        if not t.can_write_eof():  # TLS (close_notify) and WebSocket (Close frame) close themselves
+            t.close()
+            return
+        cfg = self.server.config.mqtt
+        t.write_eof()
+        self.discard = cfg.close_linger_bytes
+        self.linger_timer = self.server.loop.call_later(cfg.close_linger_seconds, t.abort)
 
     def pause_writing(self) -> None:
         self.conn.paused = True
@@ -68,6 +94,8 @@ class MQTTProtocol(asyncio.Protocol):
         self.conn.resume_writing()
 
     def connection_lost(self, exc) -> None:
+        if self.linger_timer is not None:
+            self.linger_timer.cancel()
         if self.conn is not None:
             self.conn.connection_lost()
             self.conn.transport = None
@@ -127,7 +155,7 @@ class Server:
                 n += len(data)
                 t.write(data)
             if conn.close_requested:
-                t.close()
+                t.get_protocol().close_gracefully()
         self.bytes_out += n
 
     def commit_store(self) -> None:
@@ -190,23 +218,9 @@ class Server:
 
     # ------------------------------------------------------------ lifecycle
     def listener_specs(self) -> list[dict]:
-        cfg = self.config
-        specs = [{"type": "tcp", "host": cfg.host, "port": cfg.port, "name": "mqtt"}]
-        for i, spec in enumerate(cfg.listeners):
-            spec = dict(spec)
-            spec.setdefault("type", "tcp")
-            spec.setdefault("host", cfg.host)
-            spec.setdefault("name", f"{spec['type']}{i}")
-            if spec["type"] not in ("tcp", "tls", "ws", "wss"):
-                raise ValueError(f"listener {spec['name']}: type must be tcp, tls, ws or wss")
-            if "port" not in spec:
-                raise ValueError(f"listener {spec['name']}: port is required")
-            if spec.get("use_identity_as_username") and (spec["type"] not in ("tls", "wss")
-                                                        or not spec.get("cafile")):
-                raise ValueError(f"listener {spec['name']}: use_identity_as_username needs type "
-                                 "tls or wss and a cafile to verify client certificates with")
-            specs.append(spec)
-        return specs
+        # the checks live with the other config checks
+        from .config import listener_specs
+        return listener_specs(self.config)
 
     async def start(self) -> None:
         self.loop = asyncio.get_running_loop()

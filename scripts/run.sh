@@ -16,6 +16,9 @@ if [ "$DASHBOARD" != 0 ]; then
   dash=(--set dashboard.enabled=true --set "dashboard.port=$DASHBOARD_PORT")
 fi
 
+# A bad setting stops everything here, before anything starts: one line naming the key, exit 2.
+"$PY" -m broker --config "$CONFIG" --sink --set sink.keep_until=history "${dash[@]}" "$@" --check-config
+
 # The spool keeps every record until the job has it in the table (an embedded Kafka restart
 # loses nothing); the broker finds the job's committed file from the same config's [history].
 "$PY" -m broker --config "$CONFIG" --sink --set sink.keep_until=history "${dash[@]}" "$@" &

@@ -104,6 +104,8 @@ class JobConfig:
         if not re.fullmatch(r"\s*\d+\s+(second|minute|hour|day|week)s?\s*", self.dedup_window):
             raise UsageError(f"dedup_window must look like '24 hours' or '30 minutes', "
                              f"not {self.dedup_window!r}")
+        if not 0 < self.connect_port < 65536:
+            raise UsageError(f"--connect-port must be 1-65535, not {self.connect_port}")
         host, _, port = self.bootstrap.split(",")[0].rpartition(":")
         if not host or not port.isdigit():
             raise UsageError(f"Kafka bootstrap must look like HOST:PORT, not {self.bootstrap!r}")
@@ -119,16 +121,16 @@ def _topics(value) -> list[str]:
 
 
 def load_config(path: str | None) -> dict:
+    """The job's settings from the broker's config file, every key of which is checked the way
+    the broker checks it (broker.config.ConfigError: one line naming the key)."""
     if not path:
         return {}
-    from broker.config import read_toml  # one reader for the project's config file
-    try:
-        data = read_toml(path)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
+    # one loader for the project's config file
+    from broker.config import ConfigError, load
+    cfg = load(path, env={})
     out = {}
     # [sink] is the broker's section (config/broker.toml): read Kafka from where it forwards to.
-    sink = data.get("sink", {})
+    sink = cfg.sink
     bs = sink.get("bootstrap_servers", "")
     bs = ",".join(bs) if isinstance(bs, list) else str(bs or "").strip()
     if bs:
@@ -136,8 +138,9 @@ def load_config(path: str | None) -> dict:
     elif "embedded_port" in sink:  # empty = the broker starts an embedded Kafka on this port
         port = int(sink.get("embedded_port") or 0)
         if port <= 0:
-            raise UsageError(f"{path}: [sink] uses an embedded Kafka on a random port "
-                             "(embedded_port = 0); give its address with --kafka-bootstrap")
+            raise ConfigError("sink.embedded_port", "an embedded Kafka on a random port cannot "
+                              "be found by the history job: give its address with "
+                              "--kafka-bootstrap", port, os.path.basename(path))
         out["bootstrap"] = f"127.0.0.1:{port}"
     sink_topics = [sink.get("topic") or DEFAULT_TOPIC] if sink else []
     for rule in sink.get("rules", []) or []:
@@ -145,14 +148,7 @@ def load_config(path: str | None) -> dict:
             sink_topics.append(str(rule["topic"]))
     if sink_topics:
         out["topics"] = sink_topics  # [history] kafka_topics, then --kafka-topic, override
-    hist = data.get("history", {})
-    known = {"table", "checkpoint", "kafka_topics", "trigger_seconds", "source",
-             "max_records_per_trigger", "dedup_window", "starting_offsets", "kafka"}
-    known |= CONNECT_KEYS
-    unknown = set(hist) - known
-    if unknown:
-        raise UsageError(f"unknown key(s) in [history] of {path}: {', '.join(sorted(unknown))} "
-                         f"(known: {', '.join(sorted(known))})")
+    hist = cfg.history
     for key in ("table", "checkpoint", "source", "dedup_window", "starting_offsets"):
         if hist.get(key):  # "" means the default
             out[key] = str(hist[key])
@@ -160,13 +156,10 @@ def load_config(path: str | None) -> dict:
         out["kafka"] = dict(hist["kafka"])
     if hist.get("kafka_topics"):  # [] means: the topics [sink] forwards to
         out["topics"] = _topics(hist["kafka_topics"])
-    try:
-        if "trigger_seconds" in hist:
-            out["trigger_seconds"] = float(hist["trigger_seconds"])
-        if "max_records_per_trigger" in hist:
-            out["max_records_per_trigger"] = int(hist["max_records_per_trigger"]) or None
-    except (TypeError, ValueError) as exc:
-        raise UsageError(f"[history] in {path}: {exc}") from None
+    if "trigger_seconds" in hist:
+        out["trigger_seconds"] = float(hist["trigger_seconds"])
+    if "max_records_per_trigger" in hist:
+        out["max_records_per_trigger"] = int(hist["max_records_per_trigger"]) or None
     out.update(connect_settings(hist, path))
     return out
 
@@ -218,6 +211,8 @@ def config_from_args(argv=None) -> tuple[JobConfig, argparse.Namespace]:
         values["connect_port"] = args.connect_port
     if args.no_connect:
         values["connect"] = False
+    if not isinstance(logging.getLevelName(args.log_level.upper()), int):
+        raise UsageError(f"--log-level must be DEBUG, INFO, WARNING or ERROR, not {args.log_level!r}")
     cfg = JobConfig(**values, available_now=args.available_now)
     return cfg.validate(), args
 
@@ -642,8 +637,12 @@ def check_kafka(bootstrap: str, timeout: float = 10.0,
 
 
 def main(argv=None) -> int:
+    from broker.config import ConfigError
+    from broker.config_check import report as report_config_error
     try:
         cfg, args = config_from_args(argv)
+    except ConfigError as exc:
+        return report_config_error(exc)
     except UsageError as exc:
         print(f"sink.job: error: {exc}", file=sys.stderr)
         return 2

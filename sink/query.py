@@ -206,7 +206,11 @@ def main(argv=None) -> int:
         try:
             connect_address(args.connect)
         except ValueError as exc:
-            p.error(f"--connect: {exc}")
+            if args.connect != os.environ.get("SINK_CONNECT_URL"):
+                p.error(f"--connect: {exc}")
+            from broker.config_check import ConfigError, report
+            return report(ConfigError("SINK_CONNECT_URL", "must be sc://HOST:PORT (the history "
+                                      "job's Spark Connect server)", args.connect))
 
     import logging
     logging.getLogger("SQLQueryContextLogger").setLevel(logging.CRITICAL)  # we print the error

@@ -35,6 +35,7 @@ import logging
 import re
 import time
 
+from ..config_check import ConfigError, check
 from .acl import ACL, AuthFileError, covers, file_signature, overlaps
 from .checks import DEFAULT_MAX_PENDING
 from .passwords import PasswordFile, hash_password, verify_password
@@ -77,8 +78,8 @@ class AccessControl:
         if allow_anonymous is None:
             allow_anonymous = not password_file
         if not allow_anonymous and not password_file:
-            raise ValueError("auth.allow_anonymous = false needs auth.password_file "
-                             "(otherwise no client could connect)")
+            raise ConfigError("auth.allow_anonymous", "needs auth.password_file (otherwise no "
+                              "client could connect)", False)
         self.allow_anonymous = allow_anonymous
         # bounds of the off-loop password checks (broker/auth/checks.py, wired by the server)
         self.max_pending_checks = max_pending_checks
@@ -206,37 +207,24 @@ class AccessControl:
 def from_config(table: dict | None) -> AccessControl | None:
     """AccessControl from the [auth] table; None when it configures nothing (allow all).
 
-    Raises ValueError (AuthFileError) with a message for the person running the broker.
+    Raises ConfigError naming the key (and, for a bad file, its first problems).
     """
-    table = dict(table or {})
-    unknown = sorted(set(table) - set(KEYS))
-    if unknown:
-        raise ValueError(f"unknown setting auth.{unknown[0]} (known: {', '.join(KEYS)})")
-    for key in ("password_file", "acl_file"):
-        if key in table and not isinstance(table[key], str):
-            raise ValueError(f"setting auth.{key} must be a file path string, not {table[key]!r}")
+    table = {key: check("auth", key, value) for key, value in dict(table or {}).items()}
     allow = table.get("allow_anonymous")
-    if allow is not None and not isinstance(allow, bool):
-        raise ValueError(f"setting auth.allow_anonymous must be true or false, not {allow!r}")
-    kw = {}
     ints = ("decision_cache_size", "max_pending_checks", "check_threads", "max_deferred_bytes")
-    for key in ("cache_seconds", "reload_interval") + ints:
-        if key in table:
-            v = table[key]
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
-                raise ValueError(f"setting auth.{key} must be a number >= 0, not {v!r}")
-            kw[key] = int(v) if key in ints else float(v)
-    if kw.get("max_pending_checks") == 0:
-        raise ValueError("setting auth.max_pending_checks must be at least 1 "
-                         "(0 would refuse every CONNECT with a user name)")
+    kw = {key: int(table[key]) if key in ints else float(table[key])
+          for key in ("cache_seconds", "reload_interval") + ints if key in table}
     pattern = table.get("client_id_pattern", "")
-    if not isinstance(pattern, str):
-        raise ValueError(f"setting auth.client_id_pattern must be a string like \"%u-*\", "
-                         f"not {pattern!r}")
     if pattern:
         kw["client_id_pattern"] = pattern
     pw = table.get("password_file") or None
     acl = table.get("acl_file") or None
     if pw is None and acl is None and allow in (None, True) and not pattern:
         return None
-    return AccessControl(password_file=pw, acl_file=acl, allow_anonymous=allow, **kw)
+    try:
+        return AccessControl(password_file=pw, acl_file=acl, allow_anonymous=allow, **kw)
+    except AuthFileError as exc:
+        key, path = ("acl_file", acl) if acl and exc.errors and exc.errors[0].startswith(acl) \
+            else ("password_file", pw)
+        more = f" ({len(exc.errors) - 3} more)" if len(exc.errors) > 3 else ""
+        raise ConfigError(f"auth.{key}", "; ".join(exc.errors[:3]) + more, path) from None

@@ -20,43 +20,20 @@ DEFAULTS = {
     "users": [],                     # password-file users allowed in; [] = every user in the file
 }
 
-_NUMBERS = {"port": (0, 65535), "sample_seconds": (0.2, 3600), "keep_points": (10, 100000),
-            "max_topics": (0, 10_000_000), "max_topics_listed": (1, 100000),
-            "max_clients_listed": (1, 100000), "history_timeout_seconds": (1, 3600),
-            "history_max_days": (0.001, 36600)}
-
-
 def settings(table: dict | None, history: dict | None = None) -> dict:
     """[dashboard] with defaults, checked; ValueError says which key is wrong and how."""
-    table = dict(table or {})
-    unknown = sorted(set(table) - set(DEFAULTS))
-    if unknown:
-        raise ValueError(f"unknown setting dashboard.{unknown[0]} (known: {', '.join(DEFAULTS)})")
-    s = {**DEFAULTS, **table}
-    if not isinstance(s["enabled"], bool):
-        raise ValueError(f"setting dashboard.enabled must be true or false, not {s['enabled']!r}")
-    for key, (lo, hi) in _NUMBERS.items():
-        v = s[key]
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo <= v <= hi:
-            raise ValueError(f"setting dashboard.{key} must be a number from {lo} to {hi}, "
-                             f"not {v!r}")
+    from ..config_check import check
+    s = {**DEFAULTS, **{key: check("dashboard", key, v) for key, v in dict(table or {}).items()}}
     for key in ("port", "keep_points", "max_topics", "max_topics_listed", "max_clients_listed"):
         s[key] = int(s[key])
     if isinstance(s["users"], str):
         s["users"] = [u.strip() for u in s["users"].split(",") if u.strip()]
-    if not isinstance(s["users"], list) or not all(isinstance(u, str) for u in s["users"]):
-        raise ValueError("setting dashboard.users must be a list of user names")
     history = history or {}
     if not s["connect_url"]:
         host = str(history.get("connect_host") or "127.0.0.1")
         if host in ("0.0.0.0", "::"):
             host = "127.0.0.1"
         s["connect_url"] = f"sc://{host}:{int(history.get('connect_port') or 15002)}"
-    from sink.query import connect_address
-    try:
-        connect_address(s["connect_url"])
-    except ValueError as exc:
-        raise ValueError(f"setting dashboard.connect_url: {exc}") from None
     from sink.progress import committed_path
     table_dir = str(history.get("table") or "./data/history")
     s["committed_file"] = committed_path(table_dir, history.get("checkpoint") or None) \

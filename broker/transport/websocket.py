@@ -76,6 +76,12 @@ class WSTransport:
     def is_closing(self) -> bool:
         return self.closing
 
+    def can_write_eof(self) -> bool:
+        return False  # close() ends the stream properly: the Close frame after the output
+
+    def get_protocol(self):
+        return self.protocol
+
     def get_extra_info(self, name, default=None):
         t = self.ws.transport
         return t.get_extra_info(name, default) if t is not None else default
@@ -106,6 +112,26 @@ class WSTransport:
                     return
         except ConnectionClosed:
             return
+
+
+async def discard_input(ws, seconds: float, max_bytes: int) -> None:
+    """After our last output (a DISCONNECT) and Close frame: read and drop what the client still
+    sends until it completes the closing handshake, for at most `seconds` and `max_bytes`, then
+    abort. Unread input would stall websockets' reading (and so the handshake), and closing a
+    socket with unread input resets it under the client before it reads the DISCONNECT."""
+    n = 0
+    try:
+        async with asyncio.timeout(seconds):
+            async for message in ws:
+                n += len(message)
+                if n > max_bytes:
+                    break
+            else:
+                return
+    except (TimeoutError, ConnectionClosed):
+        pass
+    if ws.transport is not None:
+        ws.transport.abort()
 
 
 async def start_listener(server, listener: dict, ssl_context=None):
@@ -151,6 +177,7 @@ async def start_listener(server, listener: dict, ssl_context=None):
             server.flush()         # what the connection wrote before it ended goes out first
             transport.close()
             proto.connection_lost(None)
+            await discard_input(ws, cfg.close_linger_seconds, cfg.close_linger_bytes)
             try:
                 await asyncio.wait_for(transport.task, CLOSE_TIMEOUT + 1)
             except (asyncio.TimeoutError, Exception):

@@ -367,7 +367,7 @@ def test_source_offset_planning():
 
 
 def test_job_config(tmp_path):
-    from sink.job import UsageError, config_from_args
+    from sink.job import config_from_args
     cfg_file = tmp_path / "c.toml"
     cfg_file.write_text('[sink]\nbootstrap_servers = ""\nembedded_port = 9999\n'
                         'rules = [{ filter = "s/#", topic = "mqtt.s" }]\n'
@@ -392,5 +392,6 @@ def test_job_config(tmp_path):
     assert conf == {"security_protocol": "SASL_SSL", "ssl_cafile": "/etc/ca.pem",
                     "sasl_mechanism": "PLAIN", "ssl_check_hostname": False}
     cfg_file.write_text('[history]\nsource = "spark"\n')
-    with pytest.raises(UsageError, match="source must be one of"):
+    from broker.config import ConfigError
+    with pytest.raises(ConfigError, match="history.source = 'spark'.*must be one of 'auto'"):
         config_from_args(["--config", str(cfg_file)])

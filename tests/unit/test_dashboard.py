@@ -138,13 +138,14 @@ def test_job_connect_settings():
 
 
 def test_job_config_file_connect_keys(tmp_path):
-    from sink.job import UsageError, load_config
+    from sink.job import load_config
     f = tmp_path / "b.toml"
     f.write_text('[history]\nconnect = false\nconnect_host = "0.0.0.0"\nconnect_port = 16000\n')
     assert load_config(str(f)) == {"connect": False, "connect_host": "0.0.0.0",
                                    "connect_port": 16000}
     f.write_text('[history]\nconnect_port = 70000\n')
-    with pytest.raises(UsageError, match="connect_port"):
+    from broker.config import ConfigError
+    with pytest.raises(ConfigError, match="history.connect_port = 70000"):
         load_config(str(f))
 
 
