@@ -220,7 +220,7 @@ def test_identity_as_username_needs_verified_certificates(spec):
     from broker.config import Config
     from broker.server import Server
     cfg = Config(listeners=[{**spec, "port": 1, "use_identity_as_username": True}])
-    with pytest.raises(ValueError, match="use_identity_as_username needs type tls or wss and a cafile"):
+    with pytest.raises(ValueError, match="use_identity_as_username = true: needs type tls or wss and a cafile"):
         Server(cfg).listener_specs()
 
 
