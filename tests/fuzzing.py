@@ -215,9 +215,38 @@ def fuzz_decoder(rng, data: bytes, level: int) -> None:
         assert d.buffered() <= fed, (d.buffered(), fed)
 
 
+# Reason codes a server may put in a DISCONNECT (3.14.2.1) / a CONNACK (3.2.2.2).
+DISCONNECT_CODES = {0x00, 0x80, 0x81, 0x82, 0x83, 0x87, 0x89, 0x8B, 0x8D, 0x8E, 0x8F, 0x90, 0x93,
+                    0x94, 0x95, 0x96, 0x97, 0x98, 0x99, 0x9A, 0x9B, 0x9C, 0x9D, 0x9E, 0x9F, 0xA0,
+                    0xA1, 0xA2}
+CONNACK_CODES = {0x00, 0x80, 0x81, 0x82, 0x83, 0x84, 0x85, 0x86, 0x87, 0x88, 0x89, 0x8A, 0x8C,
+                 0x90, 0x95, 0x97, 0x99, 0x9A, 0x9B, 0x9C, 0x9D, 0x9F}
+V4_REFUSE_VERSION = b"\x20\x02\x00\x01"  # the 3.1.1 CONNACK answering an unknown protocol level
+PINGREQ, PINGRESP = b"\xc0\x00", b"\xd0\x00"
+
+
+class _Watched(Connection):
+    """A Connection that remembers the protocol errors it reported (4.13)."""
+    __slots__ = ("errors",)
+
+    def __init__(self, broker):
+        super().__init__(broker, "fuzz")
+        self.errors = []
+
+    def violation(self, exc):
+        self.errors.append(exc)
+        super().violation(exc)
+
+
 class CoreTarget:
     """A Broker (fake clock) with two subscribers on '#' (v5 with topic aliases and a
-    subscription identifier; 3.1.1), fed hostile client connections one at a time."""
+    subscription identifier; 3.1.1), fed hostile client connections one at a time.
+
+    Invariants checked per input: nothing escapes data_received; what the broker wrote to the
+    hostile client decodes; a v5 client it drops gets one DISCONNECT (or failed CONNACK) with
+    a reason code the spec lists, last; a 3.1.1 client gets no DISCONNECT; a connection that
+    was not dropped still answers PINGREQ; buffered bytes and per-client state stay within
+    their configured bounds; the subscribers stay connected and can decode what they get."""
 
     def __init__(self, renew_every: int = 500):
         self.renew_every = renew_every
@@ -226,9 +255,10 @@ class CoreTarget:
 
     def _new_broker(self) -> None:
         self.now = 1000.0
-        self.broker = Broker(MQTTConfig(topic_alias_maximum=8, receive_maximum=16,
-                                        max_connect_packet_size=4096),
-                             clock=lambda: self.now, wall=lambda: self.now)
+        self.cfg = MQTTConfig(topic_alias_maximum=8, receive_maximum=16, max_connect_packet_size=4096,
+                              max_subscriptions_per_client=20, max_queued_messages=50,
+                              max_filters_per_subscribe=10)
+        self.broker = Broker(self.cfg, clock=lambda: self.now, wall=lambda: self.now)
         self.subs = []
         for level, props in ((V5, {PR.TOPIC_ALIAS_MAXIMUM: 3, PR.RECEIVE_MAXIMUM: 4}), (V4, None)):
             c = Connection(self.broker)
@@ -243,58 +273,111 @@ class CoreTarget:
     def drain(self) -> None:
         """Subscribers read (and must be able to decode) what the broker sent, and ack it."""
         for c, dec in self.subs:
-            data = b"".join(bytes(x) for x in c.take_output())
-            pkts, err = dec.feed(data)
-            assert err is None, f"broker sent a subscriber bytes it cannot decode: {err}"
-            for p in pkts:
-                if p.type == P.PUBLISH and p.qos:
-                    c.data_received(encode(P.Ack(P.PUBACK if p.qos == 1 else P.PUBREC, p.packet_id),
-                                           dec.level))
-                elif p.type == P.PUBREL:
-                    c.data_received(encode(P.Ack(P.PUBCOMP, p.packet_id), dec.level))
-            c.take_output()
+            for _ in range(100):
+                data = b"".join(bytes(x) for x in c.take_output())
+                if not data:
+                    break
+                pkts, err = dec.feed(data)
+                assert err is None, f"broker sent a subscriber bytes it cannot decode: {err}"
+                for p in pkts:
+                    if p.type == P.PUBLISH and p.qos:
+                        c.data_received(encode(P.Ack(P.PUBACK if p.qos == 1 else P.PUBREC,
+                                                     p.packet_id), dec.level))
+                    elif p.type == P.PUBREL:
+                        c.data_received(encode(P.Ack(P.PUBCOMP, p.packet_id), dec.level))
+                    assert p.type != P.DISCONNECT, p
+            assert not c.close_requested
         self.broker.dirty.clear()
 
-    def run(self, rng, data: bytes, level: int) -> None:
-        """One hostile connection: usually a valid CONNECT first, then `data` in chunks."""
+    def run(self, rng, data: bytes, level: int, connect: bool = True) -> None:
+        """One hostile connection: a valid CONNECT first (unless `connect` is false), then
+        `data`, in chunks cut by `rng`."""
         self.runs += 1
         if self.runs % self.renew_every == 0:
             self._new_broker()
+        try:
+            self._run(rng, data, level, connect)
+        except BaseException:
+            self._new_broker()  # a failed input leaves state behind: later inputs start clean
+            raise
+
+    def _run(self, rng, data: bytes, level: int, connect: bool) -> None:
         b = self.broker
-        conn = Connection(b)
-        stream = data
-        if rng.random() < 0.8:
-            stream = CLIENT_SEEDS[level][0] + data
-        out_level = level
+        cfg = self.cfg
+        conn = _Watched(b)
+        stream = CLIENT_SEEDS[level][0] + data if connect else data
         fed = 0
         for part in chunks(rng, stream):
-            conn.data_received(part)
+            conn.data_received(part)  # nothing may escape: an exception here is a crash
             fed += len(part)
-            assert conn.decoder.buffered() <= fed
+            assert conn.decoder.buffered() <= fed  # holds at most what arrived
             if rng.random() < 0.1:
                 self.now += rng.choice((0.5, 30, 100))
                 b.tick(self.now)
+        self._check_state(conn, cfg)
         out = b"".join(bytes(x) for x in conn.take_output())
-        # what the broker said to the hostile client decodes cleanly (its CONNACK, acks, DISCONNECT)
-        dec = Decoder(conn.level if conn.level in (3, 4, 5) else out_level)
-        pkts, err = dec.feed(out)
-        assert err is None, f"broker wrote bytes its own decoder rejects: {err}: {out.hex()}"
+        closed = conn.close_requested
+        if out == V4_REFUSE_VERSION:  # [MQTT-3.1.2-2]: answered in 3.1.1 terms
+            assert closed
+            pkts = []
+        else:
+            pkts, err = Decoder(conn.level if conn.level in (3, 4, 5) else V5).feed(out)
+            assert err is None, f"broker wrote bytes its own decoder rejects: {err}: {out.hex()}"
+        v5 = conn.level == V5
+        for i, p in enumerate(pkts):
+            if p.type == P.CONNACK:
+                assert i == 0, "CONNACK not first"
+                assert p.reason_code in (CONNACK_CODES if v5 else range(6)), p
+                if p.reason_code:
+                    assert closed and i == len(pkts) - 1, "failed CONNACK not followed by close"
+            elif p.type == P.DISCONNECT:
+                assert v5, "DISCONNECT sent to a 3.1.x client"
+                assert i == len(pkts) - 1 and closed, "DISCONNECT not last / connection kept"
+                assert p.reason_code in DISCONNECT_CODES and p.reason_code >= 0x80, p
+        if conn.errors:
+            assert closed, "protocol error reported but the connection stays open"
+        if not closed and conn.session is not None and conn.session.link is conn \
+                and conn.decoder.buffered() == 0:
+            conn.data_received(PINGREQ)  # still working: answers a PINGREQ
+            reply = b"".join(bytes(x) for x in conn.take_output())
+            assert reply.endswith(PINGRESP), reply.hex()
         conn.connection_lost()
         self.drain()
         # no unbounded state: only the two subscribers stay connected
         assert len(b.connections) == 2, len(b.connections)
 
+    @staticmethod
+    def _check_state(conn, cfg) -> None:
+        """Per-client state within the configured bounds."""
+        assert len(conn.in_aliases) <= cfg.topic_alias_maximum
+        s = conn.session
+        if s is not None:
+            assert len(s.inflight_in) <= cfg.receive_maximum
+            assert len(s.subscriptions) <= cfg.max_subscriptions_per_client
+            assert len(s.queue) <= cfg.max_queued_messages
+            assert len(s.inflight_out) <= conn.receive_max
 
-def run_one(rng, target: CoreTarget | None) -> None:
-    """One input for the decoder and, when `target` is given, for the core."""
+
+# ---------------------------------------------------------------- one input per target
+
+def decoder_input(rng) -> None:
     level = rng.choice((V4, V5))
-    data = mutated(rng, SEEDS[level] if rng.random() < 0.7 else ALL_SEEDS)
-    fuzz_decoder(rng, data, level)
-    if target is not None:
-        client = mutated(rng, CLIENT_SEEDS[level][1:] if rng.random() < 0.8 else ALL_SEEDS)
-        # a few valid packets around the mutated one, so later state is reached
-        pre = b"".join(rng.choice(CLIENT_SEEDS[level][1:-1]) for _ in range(rng.randrange(3)))
-        target.run(rng, pre + client, level)
+    fuzz_decoder(rng, mutated(rng, SEEDS[level] if rng.random() < 0.7 else ALL_SEEDS), level)
+
+
+def core_stream(rng, level: int) -> bytes:
+    """What a hostile client sends after its CONNECT: a few valid packets (so later states
+    are reached), then a mutated one."""
+    client = mutated(rng, CLIENT_SEEDS[level][1:] if rng.random() < 0.8 else ALL_SEEDS)
+    return b"".join(rng.choice(CLIENT_SEEDS[level][1:-1]) for _ in range(rng.randrange(3))) + client
+
+
+def core_input(rng, target: CoreTarget) -> tuple[int, bytes, bool]:
+    level = rng.choice((V4, V5))
+    data = core_stream(rng, level)
+    connect = rng.random() < 0.8
+    target.run(rng, data, level, connect)
+    return level, data, connect
 
 
 def new_rng(seed: int) -> random.Random:

@@ -638,6 +638,10 @@ class Connection:
                 self.write(encode(P.Connack(False, code, {PR.REASON_STRING: str(exc)}), P.MQTT_5))
             self.close(publish_will=False)
         else:
+            if code == rc.UNSUPPORTED_PROTOCOL_VERSION:
+                # a second CONNECT with an unknown level: Protocol Error [MQTT-3.1.0-2]
+                # (0x84 is a CONNACK-only reason code, not valid in DISCONNECT, 3.14.2.1)
+                code = rc.PROTOCOL_ERROR
             self.server_disconnect(code, str(exc), publish_will=True)
 
     def server_disconnect(self, code: int, why: str, publish_will: bool = True) -> None:
