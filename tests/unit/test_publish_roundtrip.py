@@ -10,7 +10,7 @@ chosen so that the Remaining Length (and the property block length) land on each
 """
 from dataclasses import dataclass, replace
 
-from hypothesis import example, given, settings
+from hypothesis import event, example, given, settings
 from hypothesis import strategies as st
 
 from broker.config import MQTTConfig
@@ -21,10 +21,10 @@ from broker.protocol import properties as PR
 from broker.protocol.codec import encode
 
 BOUNDS = (127, 16383, 2097151)  # largest 1-, 2- and 3-byte Variable Byte Integers
-RL_TARGETS = [b + d for b in BOUNDS for d in (-2, -1, 0, 1, 2)]
+DELTAS = (0, 1, -1, 2, -2)  # hypothesis favours the first: the boundary itself
 TOPIC_LENS = [1, 2, 126, 127, 128, 129, 16382, 16383, 16384, 16385, 65535]
-PB_TARGETS = [0, 2, 3, 125, 126, 127, 128, 129, 16382, 16383, 16384, 16385,
-              2097150, 2097151, 2097152]  # property block lengths (their own VBI prefix)
+PB_TARGETS = [127, 128, 16383, 16384, 2097151, 2097152, 126, 129, 16382, 16385,
+              2097150]  # property block lengths (the block's own length is a VBI too)
 SUB_IDS = [1, 127, 128, 16383, 16384, 2097151, 2097152, 268435455]
 EXPIRY = 3600
 
@@ -155,19 +155,21 @@ def cases(draw):
     alias = v5 and draw(st.booleans())
     sub_ids = tuple(draw(st.lists(st.sampled_from(SUB_IDS), max_size=2, unique=True))) if v5 else ()
     expiry = pub_level == 5 and draw(st.booleans())
-    target = draw(st.sampled_from(RL_TARGETS))
+    target = draw(st.sampled_from(BOUNDS)) + draw(st.sampled_from(DELTAS))
     c = Case(sub_level, pub_level, msg_qos, sub_qos, draw(st.booleans()), alias, sub_ids, expiry,
-             target, 1, draw(st.booleans()), 0)
-    room = c.payload_for(0, alias)  # what the topic and the forwarded properties may take
-    c.__dict__["topic_len"] = draw(st.sampled_from([n for n in TOPIC_LENS if n <= room]))
-    if pub_level == 5:
+             target, 0, draw(st.booleans()), 0)
+    if pub_level == 5 and v5:  # a property block length near a boundary, when it fits
         added = c.added(alias)
-        room = target - c.rl(c.topic_len, alias, 0) + vbi_size(added) + added if v5 else 300
-        blocks = [pb for pb in PB_TARGETS + [added]
-                  if pb >= added and pb - added != 1 and vbi_size(pb) + pb <= room]
-        c.__dict__["filler"] = draw(st.sampled_from(blocks)) - added if v5 else draw(
-            st.sampled_from((0, 2, 130)))
-    assert c.payload_for(c.topic_len, alias) >= 0
+        room = c.payload_for(1, alias) + vbi_size(added) + added
+        near = [pb for pb in PB_TARGETS
+                if pb >= added and pb - added != 1 and vbi_size(pb) + pb <= room]
+        if not near or not draw(st.booleans()):
+            near = [added, added + 2, added + 3]  # nothing or little forwarded
+        c = replace(c, filler=draw(st.sampled_from(near)) - added)
+    elif pub_level == 5:  # properties a 3.1.1 subscriber must not get
+        c = replace(c, filler=draw(st.sampled_from((0, 2, 130))))
+    room = c.payload_for(0, alias)  # what the topic may take
+    c = replace(c, topic_len=draw(st.sampled_from([n for n in TOPIC_LENS if n <= room])))
     return c
 
 
@@ -288,6 +290,7 @@ class Clock:
 
 
 def roundtrip(c: Case) -> None:
+    assert c.payload_for(c.topic_len, c.alias) >= 0, "no payload size reaches the target"
     clock = Clock()
     b = Broker(MQTTConfig(queue_qos0_messages=True), clock=clock, wall=clock)
     v5 = c.sub_level == 5
@@ -362,7 +365,7 @@ def roundtrip(c: Case) -> None:
         assert not b.sessions["r"].inflight_out
 
 
-@settings(max_examples=200, deadline=None, database=None)
+@settings(max_examples=300, deadline=None, database=None)
 @given(c=cases())
 # the forms that were corrupt: QoS 1/2 at Remaining Length 127 / 16,383 / 2,097,151
 @example(c=Case(5, 5, 1, 1, False, False, (), False, 127, 1, False, 0))
@@ -371,5 +374,13 @@ def roundtrip(c: Case) -> None:
 @example(c=Case(4, 5, 2, 1, False, False, (), False, 16383, 16000, True, 0))
 @example(c=Case(5, 4, 2, 2, False, True, (268435455,), False, 2097151, 65535, False, 0))
 @example(c=Case(4, 4, 1, 1, True, False, (), False, 2097151, 2, False, 0))
+# property blocks of 127 / 16,383 / 2,097,151 bytes (expiry 5 + alias 3 + identifier 128: 3)
+@example(c=Case(5, 5, 1, 1, True, True, (128,), True, 16384, 1, False, 127 - 11))
+@example(c=Case(5, 5, 2, 2, False, True, (128,), True, 2097151, 127, False, 16383 - 11))
+@example(c=Case(5, 5, 1, 2, False, True, (128,), True, 2097160, 1, False, 2097151 - 11))
 def test_outgoing_publish_roundtrips_at_vbi_boundaries(c):
+    event(f"Remaining Length {c.target}")  # --hypothesis-show-statistics shows the coverage
+    pb = c.filler + c.added(c.alias)
+    if c.sub_level == 5 and any(abs(pb - b) <= 1 for b in BOUNDS):
+        event(f"property block length {pb}")
     roundtrip(c)
