@@ -30,26 +30,21 @@ def _seed(seed: int, target: str, i: int) -> int:
     return (seed << 40) | (TARGETS.index(target) << 36) | i
 
 
-def one(target: str, rng, core: F.CoreTarget | None) -> tuple[int, bytes, bool]:
-    """Generate and run one input; returns (level, bytes, connect) even when it raises (the
-    input is attached to the exception as `fuzz_input`)."""
+def one(target: str, rng, core: F.CoreTarget | None) -> None:
+    """Generate and run one input; on failure the input is attached to the exception as
+    `fuzz_input` (level, bytes)."""
     if target == "decoder":
-        level = rng.choice((F.V4, F.V5))
-        data = F.mutated(rng, F.SEEDS[level] if rng.random() < 0.7 else F.ALL_SEEDS)
-        case = (level, data, False)
+        level, data = F.decoder_case(rng)
         run = lambda: F.fuzz_decoder(rng, data, level)  # noqa: E731
     else:
         level = rng.choice((F.V4, F.V5))
         data = F.core_stream(rng, level)
-        connect = rng.random() < 0.8
-        case = (level, data, connect)
-        run = lambda: core.run(rng, data, level, connect)  # noqa: E731
+        run = lambda: core.run(rng, data)  # noqa: E731
     try:
         run()
     except Exception as exc:
-        exc.fuzz_input = case
+        exc.fuzz_input = (level, data)
         raise
-    return case
 
 
 def _where(exc: BaseException) -> str:
@@ -65,9 +60,9 @@ def _where(exc: BaseException) -> str:
 def _save(out: str, target: str, n: int, seed: int, i: int, exc: BaseException) -> str:
     os.makedirs(out, exist_ok=True)
     path = os.path.join(out, f"{target}-{n}.txt")
-    level, data, connect = exc.fuzz_input
+    level, data = exc.fuzz_input
     with open(path, "w") as f:
-        f.write(f"target {target}\nseed {seed}\nindex {i}\nlevel {level}\nconnect {connect}\n")
+        f.write(f"target {target}\nseed {seed}\nindex {i}\nlevel {level}\n")
         f.write(f"where {_where(exc)}\nerror {type(exc).__name__}: {exc}\n")
         f.write(f"hex {data.hex()}\n\n")
         for k in range(0, len(data), 16):  # the dump, for reading
@@ -115,13 +110,13 @@ def replay(path: str) -> int:
     """Run a saved input again: by its seed on a fresh target, then its bytes fed whole."""
     info = dict(line.split(" ", 1) for line in open(path).read().split("\n\n")[0].splitlines())
     target, seed, i = info["target"], int(info["seed"]), int(info["index"])
-    level, data, connect = int(info["level"]), bytes.fromhex(info["hex"]), info["connect"] == "True"
+    level, data = int(info["level"]), bytes.fromhex(info["hex"])
     rng = F.new_rng(_seed(seed, target, i))
     failed = 0
     for how, run in (("by seed", lambda: one(target, rng, F.CoreTarget())),
                      ("bytes whole", lambda: F.fuzz_decoder(F.new_rng(0), data, level)
                       if target == "decoder" else
-                      F.CoreTarget().run(F.new_rng(0), data, level, connect))):
+                      F.CoreTarget().run(F.new_rng(0), data))):
         try:
             run()
             print(f"{how}: passes")

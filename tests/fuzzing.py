@@ -15,7 +15,7 @@ from broker.core.broker import Broker
 from broker.core.connection import Connection
 from broker.protocol import packets as P
 from broker.protocol import properties as PR
-from broker.protocol.codec import Decoder, encode, encode_publish
+from broker.protocol.codec import Decoder, encode, encode_ack, encode_publish
 from broker.protocol.errors import MQTTError
 from broker.protocol.properties import encode_vbi
 
@@ -177,11 +177,12 @@ def mutate(rng, data: bytes, corpus) -> bytes:
     return bytes(b)
 
 
-def mutated(rng, corpus) -> bytes:
-    """A seed from `corpus` with 1..4 mutations stacked."""
+def mutated(rng, corpus, splice=None) -> bytes:
+    """A seed from `corpus` with 1..4 mutations stacked (splicing with `splice`, default
+    `corpus`)."""
     data = rng.choice(corpus)
     for _ in range(1 + int(rng.random() ** 2 * 4)):
-        data = mutate(rng, data, corpus)
+        data = mutate(rng, data, splice or corpus)
     return data
 
 
@@ -194,6 +195,86 @@ def chunks(rng, data: bytes) -> list:
         return [data[i:i + 1] for i in range(len(data))]
     cuts = sorted({rng.randrange(1, len(data)) for _ in range(rng.randrange(1, 6))})
     return [data[a:b] for a, b in zip([0] + cuts, cuts + [len(data)])]
+
+
+# ---------------------------------------------------------------- well-formed, hostile values
+
+# Topic names and filters a broker must refuse or handle: wildcards in a name, empty, $SYS,
+# shared-subscription edge cases, non-ASCII, long.
+TOPICS = ("a/b", "a/c", "", "a/+", "#", "a/#", "$SYS/x", "$share/g/a", "\u00e9/\u00fc", "a//b", "/",
+          "t" * 300, "a\u0001b")
+FILTERS = ("#", "a/#", "+", "a/+", "+/+/#", "$share/g/a/#", "$share//a", "$share/g", "$share/g/",
+           "a/#/b", "a+", "", "$SYS/#", "a/b", "x" * 300)
+PIDS = (1, 2, 3, 4, 5, 7, 8, 65535)
+
+
+def random_packet(rng, level: int) -> bytes:
+    """A well-formed client packet with hostile values (aliases out of range, wildcard topics,
+    unknown packet ids, Subscription Identifiers from a client...), so that the checks after
+    decoding are reached, not only the decoder's."""
+    v5 = level == V5
+    k = rng.randrange(11)
+    pid = rng.choice(PIDS)
+    if k < 4:
+        qos = rng.randrange(3)
+        props = {}
+        if v5:
+            if rng.random() < 0.4:
+                props[PR.TOPIC_ALIAS] = rng.choice((0, 1, 2, 8, 9, 65535))
+            if rng.random() < 0.2:
+                props[PR.MESSAGE_EXPIRY_INTERVAL] = rng.choice((0, 1, 60, 2 ** 32 - 1))
+            if rng.random() < 0.1:
+                props[PR.PAYLOAD_FORMAT_INDICATOR] = 1
+            if rng.random() < 0.05:
+                props[PR.SUBSCRIPTION_IDENTIFIER] = [1]
+            if rng.random() < 0.1:
+                props[PR.RESPONSE_TOPIC] = rng.choice(("r", "r/#", ""))
+            if rng.random() < 0.1:
+                props[PR.USER_PROPERTY] = [("k", "v")] * rng.randrange(1, 4)
+        return encode(P.Publish(rng.choice(TOPICS), rng.choice((b"", b"x", b"\xff\xfe", b"y" * 200)),
+                                qos, rng.random() < 0.3, bool(qos) and rng.random() < 0.2,
+                                pid if qos else None, props or None), level)
+    if k < 7:
+        t = rng.choice((P.PUBACK, P.PUBREC, P.PUBREL, P.PUBCOMP))
+        return encode_ack(t, pid, rng.choice((0, 0x10, 0x80, 0x92)) if v5 else 0, None, level)
+    if k == 7:
+        topics = [(rng.choice(FILTERS), O(rng.randrange(3), v5 and rng.random() < 0.3,
+                                          v5 and rng.random() < 0.5, rng.randrange(3) if v5 else 0))
+                  for _ in range(rng.randrange(1, 4))]
+        props = ({PR.SUBSCRIPTION_IDENTIFIER: [rng.choice((1, 5, 268435455))]}
+                 if v5 and rng.random() < 0.5 else None)
+        return encode(P.Subscribe(pid, topics, props), level)
+    if k == 8:
+        return encode(P.Unsubscribe(pid, [rng.choice(FILTERS) for _ in range(rng.randrange(1, 3))]),
+                      level)
+    if k == 9:
+        return PINGREQ
+    if v5 and rng.random() < 0.5:
+        props = {PR.SESSION_EXPIRY_INTERVAL: rng.choice((0, 10))} if rng.random() < 0.5 else None
+        return encode(P.Disconnect(rng.choice((0, 4, 0x80)), props), level)
+    return rng.choice((b"\xe0\x00", CONNECTS[level][0]))  # DISCONNECT, or a second CONNECT
+
+
+def _connects(level: int) -> list:
+    """CONNECT variants for the hostile client: the seed (will, user name), a persistent
+    session that later runs resume (small Receive Maximum, Topic Alias Maximum and Maximum
+    Packet Size towards it), an empty client id with a delayed will, and MQTT 3.1."""
+    v5 = level == V5
+    keep = {PR.SESSION_EXPIRY_INTERVAL: 100, PR.RECEIVE_MAXIMUM: 2, PR.TOPIC_ALIAS_MAXIMUM: 2,
+            PR.MAXIMUM_PACKET_SIZE: 64}
+    will = P.Will("w/d", b"x", 2, False, {PR.WILL_DELAY_INTERVAL: 30, PR.MESSAGE_EXPIRY_INTERVAL: 5}
+                  if v5 else None)
+    out = [CLIENT_SEEDS[level][0],
+           encode(P.Connect("fz-keep", level, clean_start=False, keep_alive=0,
+                            properties=keep if v5 else None), level),
+           encode(P.Connect("", level, keep_alive=5, will=will,
+                            properties={PR.SESSION_EXPIRY_INTERVAL: 60} if v5 else None), level)]
+    if not v5:
+        out.append(encode(P.Connect("fz31", P.MQTT_31), P.MQTT_31))
+    return out
+
+
+CONNECTS = {lv: _connects(lv) for lv in (V4, V5)}
 
 
 # ---------------------------------------------------------------- targets
@@ -255,7 +336,7 @@ class CoreTarget:
 
     def _new_broker(self) -> None:
         self.now = 1000.0
-        self.cfg = MQTTConfig(topic_alias_maximum=8, receive_maximum=16, max_connect_packet_size=4096,
+        self.cfg = MQTTConfig(topic_alias_maximum=8, receive_maximum=4, max_connect_packet_size=4096,
                               max_subscriptions_per_client=20, max_queued_messages=50,
                               max_filters_per_subscribe=10)
         self.broker = Broker(self.cfg, clock=lambda: self.now, wall=lambda: self.now)
@@ -289,25 +370,23 @@ class CoreTarget:
             assert not c.close_requested
         self.broker.dirty.clear()
 
-    def run(self, rng, data: bytes, level: int, connect: bool = True) -> None:
-        """One hostile connection: a valid CONNECT first (unless `connect` is false), then
-        `data`, in chunks cut by `rng`."""
+    def run(self, rng, data: bytes) -> None:
+        """One hostile connection sending `data` (see core_stream), in chunks cut by `rng`."""
         self.runs += 1
         if self.runs % self.renew_every == 0:
             self._new_broker()
         try:
-            self._run(rng, data, level, connect)
+            self._run(rng, data)
         except BaseException:
             self._new_broker()  # a failed input leaves state behind: later inputs start clean
             raise
 
-    def _run(self, rng, data: bytes, level: int, connect: bool) -> None:
+    def _run(self, rng, data: bytes) -> None:
         b = self.broker
         cfg = self.cfg
         conn = _Watched(b)
-        stream = CLIENT_SEEDS[level][0] + data if connect else data
         fed = 0
-        for part in chunks(rng, stream):
+        for part in chunks(rng, data):
             conn.data_received(part)  # nothing may escape: an exception here is a crash
             fed += len(part)
             assert conn.decoder.buffered() <= fed  # holds at most what arrived
@@ -355,29 +434,46 @@ class CoreTarget:
             assert len(s.inflight_in) <= cfg.receive_maximum
             assert len(s.subscriptions) <= cfg.max_subscriptions_per_client
             assert len(s.queue) <= cfg.max_queued_messages
-            assert len(s.inflight_out) <= conn.receive_max
+            # (in-flight towards the client is not checked against its Receive Maximum: the
+            # send quota of 4.9 counts acknowledgements of messages sent on earlier connections)
+            assert len(s.inflight_out) <= 65535
 
 
 # ---------------------------------------------------------------- one input per target
 
-def decoder_input(rng) -> None:
+def decoder_case(rng) -> tuple[int, bytes]:
+    """(level, bytes) for the decoder: a mutated seed, or a mutated well-formed hostile packet."""
     level = rng.choice((V4, V5))
-    fuzz_decoder(rng, mutated(rng, SEEDS[level] if rng.random() < 0.7 else ALL_SEEDS), level)
+    if rng.random() < 0.3:
+        return level, mutated(rng, [random_packet(rng, level)], SEEDS[level])
+    return level, mutated(rng, SEEDS[level] if rng.random() < 0.7 else ALL_SEEDS)
+
+
+def decoder_input(rng) -> None:
+    level, data = decoder_case(rng)
+    fuzz_decoder(rng, data, level)
 
 
 def core_stream(rng, level: int) -> bytes:
-    """What a hostile client sends after its CONNECT: a few valid packets (so later states
-    are reached), then a mutated one."""
-    client = mutated(rng, CLIENT_SEEDS[level][1:] if rng.random() < 0.8 else ALL_SEEDS)
-    return b"".join(rng.choice(CLIENT_SEEDS[level][1:-1]) for _ in range(rng.randrange(3))) + client
+    """What a hostile client sends: usually a CONNECT, then a few packets (valid seeds and
+    well-formed hostile ones, so later states are reached), usually ending with a mutated one."""
+    out = [rng.choice(CONNECTS[level])] if rng.random() < 0.85 else []
+    for _ in range(rng.randrange(8)):
+        out.append(random_packet(rng, level) if rng.random() < 0.6
+                   else rng.choice(CLIENT_SEEDS[level][1:-1]))
+    if rng.random() < 0.75:
+        pick = rng.random()
+        seeds = ([random_packet(rng, level)] if pick < 0.4 else
+                 CLIENT_SEEDS[level][1:] if pick < 0.85 else ALL_SEEDS)
+        out.append(mutated(rng, seeds, SEEDS[level]))
+    return b"".join(out)
 
 
-def core_input(rng, target: CoreTarget) -> tuple[int, bytes, bool]:
+def core_input(rng, target: CoreTarget) -> tuple[int, bytes]:
     level = rng.choice((V4, V5))
     data = core_stream(rng, level)
-    connect = rng.random() < 0.8
-    target.run(rng, data, level, connect)
-    return level, data, connect
+    target.run(rng, data)
+    return level, data
 
 
 def new_rng(seed: int) -> random.Random:

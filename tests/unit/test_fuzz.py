@@ -28,16 +28,13 @@ FINDINGS = [
 
 @st.composite
 def mutated_packets(draw):
-    rng = draw(st.randoms(use_true_random=False))
-    level = draw(st.sampled_from((V4, V5)))
-    return level, F.mutated(rng, F.SEEDS[level] if rng.random() < 0.7 else F.ALL_SEEDS)
+    return F.decoder_case(draw(st.randoms(use_true_random=False)))
 
 
 @st.composite
 def hostile_streams(draw):
     rng = draw(st.randoms(use_true_random=False))
-    level = draw(st.sampled_from((V4, V5)))
-    return level, F.core_stream(rng, level), draw(st.booleans())
+    return F.core_stream(rng, draw(st.sampled_from((V4, V5))))
 
 
 def test_seed_corpus_is_valid():
@@ -60,11 +57,10 @@ def test_decoder_reports_only_protocol_errors(case, rng):
 
 
 @FUZZ
-@given(case=hostile_streams(), rng=st.randoms(use_true_random=False))
-@example(case=(V5, bytes.fromhex(FINDINGS[0][1]), True), rng=random.Random(0))
-def test_connection_survives_hostile_client(case, rng):
-    level, data, connect = case
-    F.CoreTarget().run(rng, data, level, connect)  # a fresh broker: each example stands alone
+@given(data=hostile_streams(), rng=st.randoms(use_true_random=False))
+@example(data=F.CONNECTS[V5][0] + bytes.fromhex(FINDINGS[0][1]), rng=random.Random(0))
+def test_connection_survives_hostile_client(data, rng):
+    F.CoreTarget().run(rng, data)  # a fresh broker: each example stands alone
 
 
 @pytest.mark.parametrize("level,hexdata,code", FINDINGS)
@@ -84,4 +80,4 @@ def test_fuzz_findings(level, hexdata, code):
         pkts, err = Decoder(level).feed(out)
         assert err is None and [p.type for p in pkts] == [P.DISCONNECT]
         assert pkts[0].reason_code == code
-    t.run(random.Random(0), bytes.fromhex(hexdata), level)  # and the invariants hold
+    t.run(random.Random(0), F.CONNECTS[level][0] + bytes.fromhex(hexdata))  # the invariants hold
