@@ -32,18 +32,18 @@ def _seed(seed: int, target: str, i: int) -> int:
 
 def one(target: str, rng, core: F.CoreTarget | None) -> None:
     """Generate and run one input; on failure the input is attached to the exception as
-    `fuzz_input` (level, bytes)."""
+    `fuzz_input` (level, [bytes of each connection])."""
     if target == "decoder":
         level, data = F.decoder_case(rng)
+        streams = [data]
         run = lambda: F.fuzz_decoder(rng, data, level)  # noqa: E731
     else:
-        level = rng.choice((F.V4, F.V5))
-        data = F.core_stream(rng, level)
-        run = lambda: core.run(rng, data)  # noqa: E731
+        level, streams = F.core_case(rng)
+        run = lambda: core.run(rng, *streams)  # noqa: E731
     try:
         run()
     except Exception as exc:
-        exc.fuzz_input = (level, data)
+        exc.fuzz_input = (level, streams)
         raise
 
 
@@ -60,13 +60,15 @@ def _where(exc: BaseException) -> str:
 def _save(out: str, target: str, n: int, seed: int, i: int, exc: BaseException) -> str:
     os.makedirs(out, exist_ok=True)
     path = os.path.join(out, f"{target}-{n}.txt")
-    level, data = exc.fuzz_input
+    level, streams = exc.fuzz_input
     with open(path, "w") as f:
         f.write(f"target {target}\nseed {seed}\nindex {i}\nlevel {level}\n")
         f.write(f"where {_where(exc)}\nerror {type(exc).__name__}: {exc}\n")
-        f.write(f"hex {data.hex()}\n\n")
-        for k in range(0, len(data), 16):  # the dump, for reading
-            f.write(f"{k:06x}  {data[k:k + 16].hex(' ')}\n")
+        f.write(f"hex {','.join(d.hex() for d in streams)}\n")  # one per connection
+        for n, data in enumerate(streams):  # the dump, for reading
+            f.write(f"\nconnection {n + 1}:\n")
+            for k in range(0, len(data), 16):
+                f.write(f"{k:06x}  {data[k:k + 16].hex(' ')}\n")
         f.write("\n" + "".join(traceback.format_exception(exc)))
     return path
 
@@ -110,13 +112,13 @@ def replay(path: str) -> int:
     """Run a saved input again: by its seed on a fresh target, then its bytes fed whole."""
     info = dict(line.split(" ", 1) for line in open(path).read().split("\n\n")[0].splitlines())
     target, seed, i = info["target"], int(info["seed"]), int(info["index"])
-    level, data = int(info["level"]), bytes.fromhex(info["hex"])
+    level, streams = int(info["level"]), [bytes.fromhex(h) for h in info["hex"].split(",")]
     rng = F.new_rng(_seed(seed, target, i))
     failed = 0
     for how, run in (("by seed", lambda: one(target, rng, F.CoreTarget())),
-                     ("bytes whole", lambda: F.fuzz_decoder(F.new_rng(0), data, level)
+                     ("bytes whole", lambda: F.fuzz_decoder(F.new_rng(0), streams[0], level)
                       if target == "decoder" else
-                      F.CoreTarget().run(F.new_rng(0), data))):
+                      F.CoreTarget().run(F.new_rng(0), *streams))):
         try:
             run()
             print(f"{how}: passes")

@@ -377,29 +377,45 @@ class CoreTarget:
             assert not c.close_requested
         self.broker.dirty.clear()
 
-    def run(self, rng, data: bytes) -> None:
-        """One hostile connection sending `data` (see core_stream), in chunks cut by `rng`."""
+    def run(self, rng, *streams: bytes) -> None:
+        """Hostile connections, one per stream (see core_case), their chunks (cut by `rng`)
+        interleaved: a second connection may take the first one's session over."""
         self.runs += 1
         if self.runs % self.renew_every == 0:
             self._new_broker()
         try:
-            self._run(rng, data)
+            self._run(rng, streams)
         except BaseException:
             self._new_broker()  # a failed input leaves state behind: later inputs start clean
             raise
 
-    def _run(self, rng, data: bytes) -> None:
+    def _run(self, rng, streams) -> None:
         b = self.broker
-        cfg = self.cfg
-        conn = _Watched(b)
-        fed = 0
-        for part in chunks(rng, data):
+        conns = [_Watched(b) for _ in streams]
+        pending = [[c, chunks(rng, data), 0] for c, data in zip(conns, streams)]
+        while pending:
+            entry = pending[rng.randrange(len(pending))]
+            conn, parts, fed = entry
+            part = parts.pop(0)
             conn.data_received(part)  # nothing may escape: an exception here is a crash
-            fed += len(part)
+            entry[2] = fed = fed + len(part)
             assert conn.decoder.buffered() <= fed  # holds at most what arrived
+            if not parts:
+                pending.remove(entry)
             if rng.random() < 0.1:
                 self.now += rng.choice((0.5, 30, 100))
                 b.tick(self.now)
+        for conn in conns:
+            self._check(conn)
+        for conn in conns:
+            conn.connection_lost()
+        self.drain()
+        # no unbounded state: only the two subscribers stay connected
+        assert len(b.connections) == 2, len(b.connections)
+
+    def _check(self, conn) -> None:
+        """What one hostile connection got, and that it still works unless it was dropped."""
+        cfg = self.cfg
         self._check_state(conn, cfg)
         out = b"".join(bytes(x) for x in conn.take_output())
         closed = conn.close_requested
@@ -427,10 +443,6 @@ class CoreTarget:
             conn.data_received(PINGREQ)  # still working: answers a PINGREQ
             reply = b"".join(bytes(x) for x in conn.take_output())
             assert reply.endswith(PINGRESP), reply.hex()
-        conn.connection_lost()
-        self.drain()
-        # no unbounded state: only the two subscribers stay connected
-        assert len(b.connections) == 2, len(b.connections)
 
     @staticmethod
     def _check_state(conn, cfg) -> None:
@@ -476,11 +488,18 @@ def core_stream(rng, level: int) -> bytes:
     return b"".join(out)
 
 
-def core_input(rng, target: CoreTarget) -> tuple[int, bytes]:
+def core_case(rng) -> tuple[int, list]:
+    """(level, streams): usually one hostile client, sometimes two at once (same client ids,
+    so sessions are taken over mid-stream)."""
     level = rng.choice((V4, V5))
-    data = core_stream(rng, level)
-    target.run(rng, data)
-    return level, data
+    streams = [core_stream(rng, level)]
+    if rng.random() < 0.15:
+        streams.append(core_stream(rng, rng.choice((V4, V5))))
+    return level, streams
+
+
+def core_input(rng, target: CoreTarget) -> None:
+    target.run(rng, *core_case(rng)[1])
 
 
 def new_rng(seed: int) -> random.Random:

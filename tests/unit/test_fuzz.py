@@ -33,8 +33,7 @@ def mutated_packets(draw):
 
 @st.composite
 def hostile_streams(draw):
-    rng = draw(st.randoms(use_true_random=False))
-    return F.core_stream(rng, draw(st.sampled_from((V4, V5))))
+    return F.core_case(draw(st.randoms(use_true_random=False)))[1]
 
 
 def test_seed_corpus_is_valid():
@@ -57,10 +56,10 @@ def test_decoder_reports_only_protocol_errors(case, rng):
 
 
 @FUZZ
-@given(data=hostile_streams(), rng=st.randoms(use_true_random=False))
-@example(data=F.CONNECTS[V5][0] + bytes.fromhex(FINDINGS[0][1]), rng=random.Random(0))
-def test_connection_survives_hostile_client(data, rng):
-    F.CoreTarget().run(rng, data)  # a fresh broker: each example stands alone
+@given(streams=hostile_streams(), rng=st.randoms(use_true_random=False))
+@example(streams=[F.CONNECTS[V5][0] + bytes.fromhex(FINDINGS[0][1])], rng=random.Random(0))
+def test_connection_survives_hostile_client(streams, rng):
+    F.CoreTarget().run(rng, *streams)  # a fresh broker: each example stands alone
 
 
 @pytest.mark.parametrize("level,hexdata,code", FINDINGS)
