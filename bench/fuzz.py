@@ -32,7 +32,7 @@ def _seed(seed: int, target: str, i: int) -> int:
 
 def one(target: str, rng, core: F.CoreTarget | None) -> None:
     """Generate and run one input; on failure the input is attached to the exception as
-    `fuzz_input` (level, [bytes of each connection])."""
+    `fuzz_input` (level, [bytes of each connection], broker config variant)."""
     if target == "decoder":
         level, data = F.decoder_case(rng)
         streams = [data]
@@ -43,7 +43,7 @@ def one(target: str, rng, core: F.CoreTarget | None) -> None:
     try:
         run()
     except Exception as exc:
-        exc.fuzz_input = (level, streams)
+        exc.fuzz_input = (level, streams, core.variant if core else 0)
         raise
 
 
@@ -60,9 +60,9 @@ def _where(exc: BaseException) -> str:
 def _save(out: str, target: str, n: int, seed: int, i: int, exc: BaseException) -> str:
     os.makedirs(out, exist_ok=True)
     path = os.path.join(out, f"{target}-{n}.txt")
-    level, streams = exc.fuzz_input
+    level, streams, variant = exc.fuzz_input
     with open(path, "w") as f:
-        f.write(f"target {target}\nseed {seed}\nindex {i}\nlevel {level}\n")
+        f.write(f"target {target}\nseed {seed}\nindex {i}\nlevel {level}\nvariant {variant}\n")
         f.write(f"where {_where(exc)}\nerror {type(exc).__name__}: {exc}\n")
         f.write(f"hex {','.join(d.hex() for d in streams)}\n")  # one per connection
         for n, data in enumerate(streams):  # the dump, for reading
@@ -113,12 +113,13 @@ def replay(path: str) -> int:
     info = dict(line.split(" ", 1) for line in open(path).read().split("\n\n")[0].splitlines())
     target, seed, i = info["target"], int(info["seed"]), int(info["index"])
     level, streams = int(info["level"]), [bytes.fromhex(h) for h in info["hex"].split(",")]
+    variant = int(info["variant"])  # the broker configuration (tests/fuzzing.py CONFIGS)
     rng = F.new_rng(_seed(seed, target, i))
     failed = 0
-    for how, run in (("by seed", lambda: one(target, rng, F.CoreTarget())),
+    for how, run in (("by seed", lambda: one(target, rng, F.CoreTarget(variant=variant))),
                      ("bytes whole", lambda: F.fuzz_decoder(F.new_rng(0), streams[0], level)
                       if target == "decoder" else
-                      F.CoreTarget().run(F.new_rng(0), *streams))):
+                      F.CoreTarget(variant=variant).run(F.new_rng(0), *streams))):
         try:
             run()
             print(f"{how}: passes")

@@ -313,6 +313,24 @@ V4_REFUSE_VERSION = b"\x20\x02\x00\x01"  # the 3.1.1 CONNACK answering an unknow
 PINGREQ, PINGRESP = b"\xc0\x00", b"\xd0\x00"
 
 
+# The broker's limits for the core target: small, so the fuzzer reaches them; each variant in
+# CONFIGS (cycled through by long runs) turns capabilities off or limits further.
+BASE_CONFIG = dict(topic_alias_maximum=8, receive_maximum=4, max_connect_packet_size=4096,
+                   max_subscriptions_per_client=20, max_queued_messages=50,
+                   max_filters_per_subscribe=10)
+CONFIGS = (
+    {},
+    dict(maximum_qos=1, retain_available=False, shared_subscription_available=False),
+    dict(wildcard_subscription_available=False, subscription_identifiers_available=False,
+         outbound_topic_aliases=False, topic_alias_maximum=0),
+    dict(server_keep_alive=10, max_topic_levels=3, max_topic_length=16,
+         validate_payload_format=False, queue_qos0_messages=True, max_queued_messages=3,
+         max_retained_replay=2),
+    dict(maximum_packet_size=128, max_connect_packet_size=64, max_client_id_length=4,
+         session_expiry_maximum=5, max_keep_alive=20),
+)
+
+
 class _Watched(Connection):
     """A Connection that remembers the protocol errors it reported (4.13)."""
     __slots__ = ("errors",)
@@ -336,16 +354,15 @@ class CoreTarget:
     was not dropped still answers PINGREQ; buffered bytes and per-client state stay within
     their configured bounds; the subscribers stay connected and can decode what they get."""
 
-    def __init__(self, renew_every: int = 500):
+    def __init__(self, renew_every: int = 500, variant: int = 0):
         self.renew_every = renew_every
         self.runs = 0
+        self.variant = variant  # index in CONFIGS; the next one at each periodic renewal
         self._new_broker()
 
     def _new_broker(self) -> None:
         self.now = 1000.0
-        self.cfg = MQTTConfig(topic_alias_maximum=8, receive_maximum=4, max_connect_packet_size=4096,
-                              max_subscriptions_per_client=20, max_queued_messages=50,
-                              max_filters_per_subscribe=10)
+        self.cfg = MQTTConfig(**{**BASE_CONFIG, **CONFIGS[self.variant % len(CONFIGS)]})
         self.broker = Broker(self.cfg, clock=lambda: self.now, wall=lambda: self.now)
         self.subs = []
         for level, props in ((V5, {PR.TOPIC_ALIAS_MAXIMUM: 3, PR.RECEIVE_MAXIMUM: 4}), (V4, None)):
@@ -382,6 +399,7 @@ class CoreTarget:
         interleaved: a second connection may take the first one's session over."""
         self.runs += 1
         if self.runs % self.renew_every == 0:
+            self.variant += 1
             self._new_broker()
         try:
             self._run(rng, streams)
@@ -404,6 +422,8 @@ class CoreTarget:
                 pending.remove(entry)
             if rng.random() < 0.1:
                 self.now += rng.choice((0.5, 30, 100))
+                for c, _ in self.subs:
+                    c.data_received(PINGREQ)  # the subscribers are alive (keep alive)
                 b.tick(self.now)
         for conn in conns:
             self._check(conn)
@@ -476,7 +496,9 @@ def decoder_input(rng) -> None:
 def core_stream(rng, level: int) -> bytes:
     """What a hostile client sends: usually a CONNECT, then a few packets (valid seeds and
     well-formed hostile ones, so later states are reached), usually ending with a mutated one."""
-    out = [rng.choice(CONNECTS[level])] if rng.random() < 0.85 else []
+    r = rng.random()
+    out = ([rng.choice(CONNECTS[level])] if r < 0.75 else
+           [mutated(rng, CONNECTS[level], SEEDS[level])] if r < 0.9 else [])  # first-packet paths
     for _ in range(rng.randrange(8)):
         out.append(random_packet(rng, level) if rng.random() < 0.6
                    else rng.choice(CLIENT_SEEDS[level][1:-1]))

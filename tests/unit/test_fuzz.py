@@ -56,10 +56,12 @@ def test_decoder_reports_only_protocol_errors(case, rng):
 
 
 @FUZZ
-@given(streams=hostile_streams(), rng=st.randoms(use_true_random=False))
-@example(streams=[F.CONNECTS[V5][0] + bytes.fromhex(FINDINGS[0][1])], rng=random.Random(0))
-def test_connection_survives_hostile_client(streams, rng):
-    F.CoreTarget().run(rng, *streams)  # a fresh broker: each example stands alone
+@given(streams=hostile_streams(), rng=st.randoms(use_true_random=False),
+       variant=st.sampled_from(range(len(F.CONFIGS))))
+@example(streams=[F.CONNECTS[V5][0] + bytes.fromhex(FINDINGS[0][1])], rng=random.Random(0),
+         variant=0)
+def test_connection_survives_hostile_client(streams, rng, variant):
+    F.CoreTarget(variant=variant).run(rng, *streams)  # a fresh broker: each example stands alone
 
 
 @pytest.mark.parametrize("level,hexdata,code", FINDINGS)
