@@ -8,6 +8,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from broker.protocol import packets as P
+from broker.protocol import properties as PR
 from broker.protocol import reason_codes as rc
 from broker.protocol.codec import Decoder, encode
 from tests import fuzzing as F
@@ -81,4 +82,5 @@ def test_fuzz_findings(level, hexdata, code):
         pkts, err = Decoder(level).feed(out)
         assert err is None and [p.type for p in pkts] == [P.DISCONNECT]
         assert pkts[0].reason_code == code
+        assert "second CONNECT" in pkts[0].properties[PR.REASON_STRING]  # says what was wrong
     t.run(random.Random(0), F.CONNECTS[level][0] + bytes.fromhex(hexdata))  # the invariants hold
