@@ -680,7 +680,13 @@ class Connection:
                 self.write(encode(P.Connack(False, code, {PR.REASON_STRING: str(exc)}), P.MQTT_5))
             self.close(publish_will=False)
         else:
-            self.server_disconnect(code, str(exc), publish_will=True)
+            why = str(exc)
+            if code == rc.UNSUPPORTED_PROTOCOL_VERSION:
+                # a second CONNECT with an unknown level: Protocol Error [MQTT-3.1.0-2]
+                # (0x84 is a CONNACK-only reason code, not valid in DISCONNECT, 3.14.2.1)
+                code = rc.PROTOCOL_ERROR
+                why = f"second CONNECT on a connection ({why})"
+            self.server_disconnect(code, why, publish_will=True)
 
     def server_disconnect(self, code: int, why: str, publish_will: bool = True) -> None:
         """DISCONNECT with a reason code (v5) and close; 3.1.x connections are just closed."""

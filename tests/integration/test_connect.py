@@ -78,6 +78,20 @@ def test_second_connect_protocol_error(broker):
     assert_served(broker.port)
 
 
+@pytest.mark.parametrize("level", [5, 4])
+def test_second_connect_with_unknown_level(broker, level):
+    """[MQTT-3.1.0-2]: a second CONNECT whose protocol level is unknown is still a Protocol Error:
+    DISCONNECT 0x82 (v5), not the CONNACK-only 0x84 (fuzzer finding); 3.1.1: closed without a
+    DISCONNECT."""
+    c = connect(broker.port, level=level)
+    c.send(connect_bytes("MQTT", 7, client_id=cid()))
+    if level == 5:
+        expect_disconnect(c, rc.PROTOCOL_ERROR)
+    else:
+        assert read_until_closed(c) == []
+    assert_served(broker.port)
+
+
 # ---------------------------------------------------------------- client identifiers
 
 def test_empty_client_id_assigned_v5(broker):
