@@ -20,6 +20,7 @@ import logging
 import os
 import sqlite3
 import time
+import zlib
 
 from ..protocol import packets as P
 from ..protocol.properties import decode_properties, encode_properties
@@ -31,7 +32,7 @@ log = logging.getLogger("broker.store")
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS messages (id INTEGER PRIMARY KEY, topic TEXT NOT NULL, payload BLOB,
-    qos INTEGER, retain INTEGER, props BLOB, expires_at REAL, accepted_at REAL);
+    qos INTEGER, retain INTEGER, props BLOB, expires_at REAL, accepted_at REAL, crc INTEGER);
 CREATE TABLE IF NOT EXISTS sessions (client_id TEXT PRIMARY KEY, expiry_interval INTEGER,
     expires_at REAL, username TEXT, will BLOB, next_pid INTEGER);
 CREATE TABLE IF NOT EXISTS subscriptions (client_id TEXT, filter TEXT, qos INTEGER, no_local INTEGER,
@@ -43,11 +44,23 @@ CREATE TABLE IF NOT EXISTS retained (topic TEXT PRIMARY KEY, msg_id INTEGER);
 CREATE INDEX IF NOT EXISTS outbound_client ON outbound (client_id);
 """
 
-_INS_MSG = "INSERT INTO messages VALUES (?,?,?,?,?,?,?,?)"
+_INS_MSG = "INSERT INTO messages VALUES (?,?,?,?,?,?,?,?,?)"
 _INS_OUT = "INSERT INTO outbound VALUES (?,?,?,?,?,?,?,0)"
 _DEL_OUT = "DELETE FROM outbound WHERE seq=?"
 RETRY_FIRST, RETRY_MAX = 0.25, 5.0  # seconds between commit retries while the disk fails
 _TABLES = ("messages", "sessions", "subscriptions", "outbound", "qos2_in", "retained")
+
+
+def _crc(topic: str, payload: bytes, props: bytes | None) -> int:
+    """Checksum of a stored message: a damaged file (e.g. truncated) can read back a payload
+    whose overflow pages are zeros without any error from SQLite; such a row is dropped."""
+    return zlib.crc32(props or b"", zlib.crc32(payload, zlib.crc32(topic.encode())))
+
+
+def _add_crc_column(db) -> None:
+    """Files written before messages had a checksum: add the column (old rows keep NULL)."""
+    if "crc" not in {r[1] for r in db.execute("PRAGMA table_info(messages)")}:
+        db.execute("ALTER TABLE messages ADD COLUMN crc INTEGER")
 
 
 def _ids(sub_ids) -> str | None:
@@ -90,6 +103,7 @@ class Store:
             if ok != "ok":
                 raise sqlite3.DatabaseError(ok)
             db.executescript(SCHEMA)
+            _add_crc_column(db)
             return db
         except sqlite3.DatabaseError as exc:
             try:
@@ -105,6 +119,7 @@ class Store:
             self.salvaged = aside
             db = self._connect(self.path)
             db.executescript(SCHEMA)
+            _add_crc_column(db)
             return db
 
     def _rows(self, db, table: str):
@@ -169,7 +184,9 @@ class Store:
                     self._drop(table, row[0], exc)
             restored[table] = n
 
-        def message(mid, topic, payload, qos, retain, props, expires_at, accepted):
+        def message(mid, topic, payload, qos, retain, props, expires_at, accepted, crc=None):
+            if crc is not None and crc != _crc(topic, payload or b"", props):
+                raise ValueError("checksum mismatch: the row's content is damaged")
             pr = decode_properties(props, 0, "PUBLISH")[0] if props else None
             exp = None if expires_at is None else now + (expires_at - wall)
             m = Message(topic, bytes(payload or b""), qos, bool(retain), pr, exp, None, accepted)
@@ -334,9 +351,10 @@ class Store:
             self.msg_seq += 1
             mid = msg.store_id = self.msg_seq
             exp = None if msg.expires_at is None else self.wall() + (msg.expires_at - self.clock())
+            props = encode_properties(msg.props) if msg.props else None
             self.ops.append((_INS_MSG, (mid, msg.topic, msg.payload, msg.qos, int(msg.retain),
-                                        encode_properties(msg.props) if msg.props else None,
-                                        exp, msg.accepted_at)))
+                                        props, exp, msg.accepted_at,
+                                        _crc(msg.topic, msg.payload, props))))
         return mid
 
     def enqueue(self, client_id: str, msg: Message, qos: int, retain: bool, sub_ids,
@@ -536,7 +554,7 @@ def _topic(v) -> bool:
 def _ok_message(r) -> bool:
     return (isinstance(r[1], int) and _topic(r[2]) and _opt(r[3], bytes)
             and r[4] in (0, 1, 2) and _opt(r[5], int) and _opt(r[6], bytes) and _opt(r[7], _NUM)
-            and isinstance(r[8], _NUM))
+            and isinstance(r[8], _NUM) and (len(r) < 10 or _opt(r[9], int)))
 
 
 def _ok_session(r) -> bool:

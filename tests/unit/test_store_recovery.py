@@ -4,7 +4,7 @@ import shutil
 import sqlite3
 
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, example, given, settings, strategies as st
 
 from broker.core.broker import Broker
 from broker.core.message import Message
@@ -54,12 +54,51 @@ def test_blob_retained_topic_does_not_stop_startup(tmp_path, caplog):
     assert any("table retained: restored 5 rows, dropped 1 unreadable rows" in w for w in warn), warn
 
 
+def test_damaged_payload_is_dropped_not_restored(tmp_path, caplog):
+    """A truncated file can read back a payload whose overflow pages are zeros, without any
+    SQLite error (hypothesis found it: test_any_truncation_...): the row's checksum catches it."""
+    path = tmp_path / "state.db"
+    build(path, n_retained=3, size=5000)
+    db = sqlite3.connect(path)
+    db.execute("UPDATE messages SET payload = zeroblob(length(payload)) WHERE topic = ?",
+               (f"r/{LONG}/1",))
+    db.commit()
+    db.close()
+    b = Broker()
+    with caplog.at_level(logging.WARNING, logger="broker.store"):
+        summary = Store(str(path)).load(b)
+    assert sorted(m.topic for m in b.retained.all()) == [f"r/{LONG}/0", f"r/{LONG}/2"]
+    assert summary["dropped"]["messages"] == 1
+    assert any("checksum mismatch" in r.getMessage() for r in caplog.records)
+
+
+def test_files_without_checksums_still_load_and_get_the_column(tmp_path):
+    path = tmp_path / "state.db"
+    db = sqlite3.connect(path)  # the messages table as it was before the checksum column
+    db.executescript("""
+        CREATE TABLE messages (id INTEGER PRIMARY KEY, topic TEXT NOT NULL, payload BLOB,
+            qos INTEGER, retain INTEGER, props BLOB, expires_at REAL, accepted_at REAL);
+        CREATE TABLE retained (topic TEXT PRIMARY KEY, msg_id INTEGER);
+        INSERT INTO messages VALUES (1, 'old/t', x'6869', 1, 1, NULL, NULL, 1.0);
+        INSERT INTO retained VALUES ('old/t', 1);""")
+    db.close()
+    b = Broker()
+    s = Store(str(path))
+    assert s.load(b)["retained"] == 1 and b.retained.all()[0].payload == b"hi"
+    m = retained_msg(7)
+    s.retain_set(m.topic, m)
+    s.commit()
+    s.close()
+    b2 = Broker()
+    assert Store(str(path)).load(b2)["retained"] == 2
+
+
 def test_a_bad_row_in_every_table_costs_only_that_row(tmp_path, caplog):
     path = tmp_path / "state.db"
     build(path)
     db = sqlite3.connect(path)
-    db.execute("INSERT INTO messages VALUES (900, ?, x'00', 1, 0, NULL, NULL, 1.0)", (b"blob",))
-    db.execute("INSERT INTO messages VALUES (901, 't', x'00', 1, 0, x'ffff', NULL, 1.0)")  # bad props
+    db.execute("INSERT INTO messages VALUES (900, ?, x'00', 1, 0, NULL, NULL, 1.0, NULL)", (b"blob",))
+    db.execute("INSERT INTO messages VALUES (901, 't', x'00', 1, 0, x'ffff', NULL, 1.0, NULL)")  # bad props
     db.execute("INSERT INTO sessions VALUES (?, 60, NULL, NULL, NULL, 1)", (b"blob-id",))
     db.execute("INSERT INTO sessions VALUES ('bad-will', 60, NULL, NULL, x'0102', 1)")
     db.execute("INSERT INTO subscriptions VALUES ('keeper', ?, 1, 0, 0, 0, NULL)", (b"x/#",))
@@ -107,6 +146,7 @@ def test_half_truncated_file_recovers_a_share(tmp_path, big_store, caplog):
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(cut=st.floats(0.0, 1.0))
+@example(cut=0.8836286513077696)  # a retained payload read back with zeroed overflow pages
 def test_any_truncation_loads_without_error_and_only_genuine_rows(tmp_path, big_store, cut):
     d = tmp_path / f"cut-{cut}"
     shutil.rmtree(d, ignore_errors=True)
