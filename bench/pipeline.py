@@ -200,14 +200,14 @@ async def offer(host: str, port: int, rate: float, duration: float, publishers: 
         target = int(rate * now)
         want = target - owed
         if want > 0:
-            k = 0
-            # spread over publishers; those with a full window skip their turn (offered > accepted)
-            for _ in range(publishers):
-                p = pubs[i % publishers]
-                i += 1
-                k += p.send(max(1, want // publishers))
-                if k >= want:
-                    break
+            # spread exactly over the publishers (the remainder to the next ones in turn); one
+            # with a full window sends less (offered > accepted: the broker is the limit)
+            base, extra = divmod(want, publishers)
+            for j in range(publishers):
+                n = base + (1 if j < extra else 0)
+                if n:
+                    pubs[(i + j) % publishers].send(n)
+            i += extra
             owed += want                 # offered, whether or not a window had room
         due += 0.001
         await asyncio.sleep(max(0.0, due - (time.monotonic() - t0)))
