@@ -56,6 +56,15 @@ def rows(proc: subprocess.CompletedProcess) -> list[dict]:
     return [json.loads(line) for line in proc.stdout.splitlines() if line.strip()]
 
 
+def port_open(port: int) -> bool:
+    import socket
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        return True
+    except OSError:
+        return False
+
+
 def wait_for(check, timeout: float, what: str, every: float = 2.0):
     deadline = time.monotonic() + timeout
     last = None
@@ -161,16 +170,11 @@ def stack(tmp_path_factory):
         s.publish_readings()
         s.seed_history()
         expected = DEVICES * (READINGS + 1) + ROOMS * ROOM_MINUTES
-        import socket
 
         def listening():
             if s.job.poll() is not None:
                 raise AssertionError("the history job exited:\n" + s.job_logs())
-            try:
-                socket.create_connection(("127.0.0.1", s.connect_port), timeout=1).close()
-                return True
-            except OSError:
-                return False
+            return port_open(s.connect_port)
         wait_for(listening, 240, "the job's Spark Connect port", every=1)
 
         def ready():
@@ -379,15 +383,9 @@ def test_broker_stops_promptly_after_the_job_stopped_first(stack):
     assert status == 200, body  # the dashboard holds a session on the job's server
     stack.job.terminate()
     assert stack.job.wait(60) == 0
-    import socket
-
-    def port_closed():  # the job's JVM outlives its Python process for a moment
-        try:
-            socket.create_connection(("127.0.0.1", stack.connect_port), timeout=1).close()
-            return False
-        except OSError:
-            return True
-    wait_for(port_closed, 60, "the job's Spark Connect port to close", every=0.5)
+    # the job's JVM outlives its Python process for a moment
+    wait_for(lambda: not port_open(stack.connect_port), 60, "the job's Spark Connect port to close",
+             every=0.5)
     status, body = http_json(f"{stack.dashboard}/api/history?filter=sensors/%23", timeout=120)
     assert status == 503 and "not running" in body.get("error", ""), body
     # BrokerProcess.stop: SIGTERM, then SIGKILL after 10 s (-9): a clean exit is 0
