@@ -43,6 +43,9 @@ QUERY_NAME = "mqtt_history"
 DEFAULT_CONNECT_HOST = "127.0.0.1"
 DEFAULT_CONNECT_PORT = 15002
 SOURCE_MARKER = "sink_source"  # file in the checkpoint: which Kafka reader it was made with
+DEDUP_MARKER = "sink_dedup"    # file in the checkpoint: "source" (sink.dedup) or "spark"
+_UNIT_MS = {"second": 1000, "minute": 60_000, "hour": 3_600_000, "day": 86_400_000,
+            "week": 7 * 86_400_000}
 
 
 class UsageError(Exception):
@@ -68,6 +71,11 @@ class JobConfig:
     connect: bool = True
     connect_host: str = DEFAULT_CONNECT_HOST
     connect_port: int = DEFAULT_CONNECT_PORT
+
+    @property
+    def dedup_window_ms(self) -> int:
+        n, unit = self.dedup_window.split()
+        return int(n) * _UNIT_MS[unit.rstrip("s")]
 
     @property
     def checkpoint_dir(self) -> str:
@@ -236,6 +244,22 @@ def _native_kafka_available(spark, cfg: JobConfig):
         raise
 
 
+def dedup_in_source(cfg: JobConfig) -> bool:
+    """Whether the Python source drops duplicate ids (sink.dedup: state in the checkpoint, cost
+    independent of the window) rather than Spark's dropDuplicatesWithinWatermark, whose every
+    batch scans all ids of the window. The source needs a local checkpoint (its tasks write
+    there); a checkpoint made with Spark's operator keeps it (its plan has that state)."""
+    if not is_local_path(cfg.checkpoint_dir):
+        return False
+    ck = _local(cfg.checkpoint_dir)
+    try:
+        return (ck / DEDUP_MARKER).read_text().strip() == "source"
+    except OSError:
+        pass
+    offsets = ck / "offsets"
+    return not (offsets.is_dir() and any(offsets.iterdir()))  # a new checkpoint
+
+
 def _python_kafka(spark, cfg: JobConfig):
     from sink.source import FORMAT_NAME, KafkaPythonSource
     if not getattr(spark, "_mqtt_kafka_registered", False):
@@ -245,6 +269,9 @@ def _python_kafka(spark, cfg: JobConfig):
               .option("maxPartitions", str(spark.sparkContext.defaultParallelism)))
     for k, v in cfg.kafka_options().items():
         reader = reader.option(k, v)
+    if dedup_in_source(cfg):
+        reader = (reader.option("dedup.dir", str(_local(cfg.checkpoint_dir) / "dedup"))
+                  .option("dedup.windowMs", str(cfg.dedup_window_ms)))
     return reader.load()
 
 
@@ -292,9 +319,13 @@ def kafka_stream(spark, cfg: JobConfig):
     return _python_kafka(spark, cfg), "python"
 
 
-def build_history_stream(kafka_df, dedup_window: str = DEFAULT_DEDUP_WINDOW):
-    """Kafka records -> history rows with duplicate message ids removed."""
+def build_history_stream(kafka_df, dedup_window: str = DEFAULT_DEDUP_WINDOW,
+                         deduplicated: bool = False):
+    """Kafka records -> history rows with duplicate message ids removed (by Spark's operator,
+    unless the source did it: ``deduplicated``)."""
     from sink.schema import to_history
+    if deduplicated:
+        return to_history(kafka_df)
     return (to_history(kafka_df)
             .withWatermark("ingested_at", dedup_window)
             .dropDuplicatesWithinWatermark(["message_id"]))
@@ -305,10 +336,13 @@ def start_query(spark, cfg: JobConfig):
     from sink.schema import PARTITION_COLUMN
     spark.conf.set("spark.sql.session.timeZone", "UTC")  # `date` is the UTC day
     kafka_df, used = kafka_stream(spark, cfg)
+    in_source = used == "python" and dedup_in_source(cfg)
     if is_local_path(cfg.checkpoint_dir):  # remote (hdfs://, s3a://) dirs: Spark makes them
         _local(cfg.checkpoint_dir).mkdir(parents=True, exist_ok=True)
         (_local(cfg.checkpoint_dir) / SOURCE_MARKER).write_text(used + "\n")
-    history = build_history_stream(kafka_df, cfg.dedup_window)
+        (_local(cfg.checkpoint_dir) / DEDUP_MARKER).write_text(
+            ("source" if in_source else "spark") + "\n")
+    history = build_history_stream(kafka_df, cfg.dedup_window, in_source)
     writer = (history.writeStream
               .format("parquet")
               .option("path", cfg.table)

@@ -116,8 +116,9 @@ class Sink:
         self.on_disk = self.cfg["durability"] in ("spool", "async")  # records go through the spool file
         self.max_bytes = self.cfg["spool_max_bytes"]
         self._route_cache: dict[str, str | None] = {}
-        self._id_prefix = f"{int(time.time()):x}{secrets.token_hex(4)}-"
-        self._id_n = 0
+        # message ids: "<prefix>-<n hex>", one prefix and counter per Kafka topic, so the ids a
+        # history job reads from one topic are consecutive (sink/dedup.py keeps them as intervals)
+        self._ids: dict[str, list] = {}
         self.embedded = None
         self.bootstrap = self.cfg["bootstrap_servers"] or ""
         self._writer: SpoolWriter | None = None
@@ -334,6 +335,13 @@ class Sink:
             self._ctl.notify()
         return True
 
+    def _next_id(self, kafka_topic: str) -> str:
+        c = self._ids.get(kafka_topic)
+        if c is None:
+            c = self._ids[kafka_topic] = [f"{int(time.time()):x}{secrets.token_hex(4)}-", 0]
+        c[1] += 1
+        return f"{c[0]}{c[1]:x}"
+
     def submit(self, rec: SinkRecord) -> bool:
         kt = self._target(rec.topic)
         if kt is _EXCLUDED:
@@ -341,8 +349,7 @@ class Sink:
         if kt is _REFUSED:
             return False
         if rec.message_id is None:
-            self._id_n += 1
-            rec.message_id = f"{self._id_prefix}{self._id_n:x}"
+            rec.message_id = self._next_id(kt)
         (self._writer if self.on_disk else self._mem).append(encode_record(rec, kt))
         return self._appended()
 
@@ -355,10 +362,9 @@ class Sink:
             return True
         if kt is _REFUSED:
             return False
-        self._id_n += 1
         (self._writer if self.on_disk else self._mem).append(encode_message(
             kt, topic, payload, qos, retain, client_id, username, protocol, accepted_at_ms,
-            f"{self._id_prefix}{self._id_n:x}"))
+            self._next_id(kt)))
         return self._appended()
 
     def barrier(self) -> "asyncio.Future | None":

@@ -37,6 +37,7 @@ How it works
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import re
@@ -86,6 +87,9 @@ class SourceOptions:
     client_conf: tuple = ()  # extra kafka-python settings from kafka.<property> options
     columns: bool = False    # headers="columns": HEADER_COLUMNS_SCHEMA instead of KAFKA_SCHEMA
     max_partitions: int | None = None  # Spark tasks per micro-batch at most (None: one per range)
+    dedup_dir: str | None = None       # drop duplicate message ids, state here (sink.dedup)
+    dedup_window_ms: int = 24 * 3600 * 1000
+    dedup_max_groups: int = 100_000
 
     @property
     def check_crcs(self) -> bool:
@@ -113,6 +117,10 @@ class SourceOptions:
         max_parts = int(max_parts) if max_parts not in (None, "") else None
         if max_parts is not None and max_parts <= 0:
             raise ValueError("maxPartitions must be a positive number of Spark tasks")
+        window = int(_opt(options, "dedup.windowMs", default=str(24 * 3600 * 1000)))
+        max_groups = int(_opt(options, "dedup.maxGroups", default="100000"))
+        if window <= 0 or max_groups <= 0:
+            raise ValueError("dedup.windowMs and dedup.maxGroups must be positive")
         max_rows = _opt(options, "maxOffsetsPerTrigger")
         max_rows = int(max_rows) if max_rows not in (None, "") else None
         if max_rows is not None and max_rows <= 0:
@@ -123,7 +131,8 @@ class SourceOptions:
                                              default="120000")) / 1000.0,
                    client_id=_opt(options, "kafka.client.id", default="mqtt-history"),
                    client_conf=_client_conf(options), columns=headers == "columns",
-                   max_partitions=max_parts)
+                   max_partitions=max_parts, dedup_dir=_opt(options, "dedup.dir"),
+                   dedup_window_ms=window, dedup_max_groups=max_groups)
 
 
 @dataclass(frozen=True)
@@ -135,6 +144,8 @@ class KafkaRange(InputPartition):
     end: int
     reset: bool = False  # read from the beginning of a new log (offsets went backwards)
     ingested_ms: int = 0  # the micro-batch's ingest time (from its end offset)
+    ledger: str = ""      # de-duplication: the ids seen before this batch (sink.dedup)
+    batch_dir: str = ""   # where the task writes the ids it kept
 
 
 @dataclass(frozen=True)
@@ -223,6 +234,10 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._target = None         # Trigger.AvailableNow target offsets
         self._latest = None         # last observed latest offsets (for progress reporting)
         self._warned: set = set()
+        self._dedup = None
+        if opts.dedup_dir:
+            from sink.dedup import LedgerStore
+            self._dedup = LedgerStore(opts.dedup_dir, opts.dedup_window_ms, opts.dedup_max_groups)
 
     # ---- driver side ---------------------------------------------------------------------
 
@@ -366,6 +381,9 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 frm = 0 if reset else s
                 if e > frm:
                     out.append(KafkaRange(topic, int(p), frm, e, reset, ts))
+        if self._dedup is not None:  # before any task runs: the ledger they filter against
+            ledger, bdir = self._dedup.prepare(start, end, ts)
+            out = [dataclasses.replace(r, ledger=ledger, batch_dir=bdir) for r in out]
         return _group(out, self.opts.max_partitions)
 
     def commit(self, end: dict) -> None:
@@ -384,15 +402,27 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         _ensure_logging()
         schema = self._arrow_schema()
         ranges = partition.ranges if isinstance(partition, KafkaRanges) else (partition,)
+        dedup = None
+        if ranges and ranges[0].ledger:
+            from sink.dedup import TaskFilter, load_ledger
+            dedup = TaskFilter(load_ledger(ranges[0].ledger))
         for r in ranges:
-            yield from self._read_range(pa, schema, r)
+            yield from self._read_range(pa, schema, r, dedup)
+        if dedup is not None:  # the ids this task kept: merged into the ledger for the next batch
+            from sink.dedup import write_task_summary
+            write_task_summary(ranges[0].batch_dir,
+                               ",".join(f"{r.topic}-{r.partition}:{r.start}" for r in ranges),
+                               dedup.summary())
+            if dedup.dropped:
+                log.info("dropped %d duplicate message ids (%s)", dedup.dropped,
+                         ", ".join(f"{r.topic}-{r.partition}" for r in ranges))
         _freeze_once()
 
     def _arrow_schema(self):
         from pyspark.sql.pandas.types import to_arrow_schema
         return to_arrow_schema(self.schema, timezone="UTC")
 
-    def _read_range(self, pa, schema, partition: KafkaRange) -> Iterator:
+    def _read_range(self, pa, schema, partition: KafkaRange, dedup=None) -> Iterator:
         from kafka.errors import OffsetOutOfRangeError
 
         fetcher = _PartitionFetcher(self.opts, partition.topic, partition.partition)
@@ -415,6 +445,8 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 keep = (d.offset >= pos) & (d.offset < partition.end)
                 pos = d.next_offset
                 idle_since = time.monotonic()
+                if dedup is not None and keep.any():
+                    keep[keep] = dedup.keep(d.data, *_message_ids(d.take(keep) if not keep.all() else d))
                 if keep.any():
                     yield to_arrow(pa, schema, d if keep.all() else d.take(keep),
                                    partition.topic, partition.partition, self.opts.columns,
@@ -527,6 +559,12 @@ class _PartitionFetcher:
                 log.info("fetch %s-%d at %d: %s; retrying", self.topic, self.partition, offset, exc)
                 self.close()
                 time.sleep(0.5)
+
+
+def _message_ids(d) -> tuple:
+    from sink import recordbatch as rb
+    from sink.schema import H_MESSAGE_ID
+    return rb.first_header(d, H_MESSAGE_ID.encode())
 
 
 def to_arrow(pa, schema, d, topic: str, partition: int, columns: bool, ingested_ms: int = 0):
