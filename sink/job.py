@@ -11,12 +11,11 @@ Exactly once, and no duplicate message ids:
   killed mid-batch (even SIGKILL) re-runs that batch with the same offsets on restart; a
   half-written batch is never visible and never counted twice.
 - Duplicate message ids (producer retries, a replayed broker spool, a re-read after Kafka lost
-  its log) are removed by ``dropDuplicatesWithinWatermark("message_id")``: the state store
-  (RocksDB, in the checkpoint, so it is exactly-once too) remembers every id for at least
-  ``dedup_window`` (default 24 hours; ids are evicted after about twice that) after it was
-  first ingested. The watermark is on ``ingested_at`` (processing time: the micro-batch's
-  timestamp, which is kept in the offset log, so a replayed batch gets the same value), so
-  records are never dropped as "too late", however old their accepted_at.
+  its log) are removed by the Python source (sink/dedup.py: the ids seen, as intervals per id
+  prefix, in ``<checkpoint>/dedup``; exactly once with the offset log; cost independent of how
+  many ids were seen). With Spark's Kafka connector, or a checkpoint made before, by
+  ``dropDuplicatesWithinWatermark("message_id")`` on ``ingested_at`` (the micro-batch's time,
+  kept in the offset log) with ``dedup_window``, whose cost grows with the ids it holds.
 """
 from __future__ import annotations
 

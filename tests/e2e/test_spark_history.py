@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from sink.job import JobConfig, SOURCE_MARKER, run
+from sink.job import DEDUP_MARKER, JobConfig, SOURCE_MARKER, run
 from sink.query import run_sql
 
 pytestmark = pytest.mark.timeout(600)
@@ -119,6 +119,9 @@ def test_history_columns_and_dedup(spark, kafka, tmp_path):
     cfg = history_job(kafka.bootstrap, tmp_path, available_now=True)  # source auto
     assert run(spark, cfg) == 0
     assert Path(cfg.checkpoint_dir, SOURCE_MARKER).read_text().strip() == "python"
+    # the Python source dropped the copies (sink/dedup.py), not Spark's watermark operator
+    assert Path(cfg.checkpoint_dir, DEDUP_MARKER).read_text().strip() == "source"
+    assert any(Path(cfg.checkpoint_dir, "dedup").glob("ledger-*.pkl"))
 
     rows = run_sql(spark, cfg.table, "SELECT * FROM messages")
     assert len(rows) == 203

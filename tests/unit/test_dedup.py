@@ -187,3 +187,17 @@ def test_window_expires_an_idle_prefix(tmp_path):
     assert _run_batch(store, _offsets(1), _offsets(2), [[[b"new-2"]]], ts=20) == [b"new-2"]
     # planning batch 3 merged batch 2 (ts 20): "old" last seen at 0 < 20 - 10 is forgotten
     assert _run_batch(store, _offsets(2), _offsets(3), [[[b"old-1", b"new-1"]]], ts=21) == [b"old-1"]
+
+
+def test_job_uses_the_source_for_new_local_checkpoints_only(tmp_path):
+    from sink.job import DEDUP_MARKER, JobConfig, dedup_in_source
+    new = JobConfig(table=str(tmp_path / "t1"))
+    assert dedup_in_source(new)
+    old = JobConfig(table=str(tmp_path / "t2"))   # made with Spark's operator, before sink.dedup
+    (tmp_path / "t2_checkpoint" / "offsets").mkdir(parents=True)
+    (tmp_path / "t2_checkpoint" / "offsets" / "0").write_text("v1")
+    assert not dedup_in_source(old)
+    (tmp_path / "t2_checkpoint" / DEDUP_MARKER).write_text("source\n")
+    assert dedup_in_source(old)
+    assert not dedup_in_source(JobConfig(table="s3a://bucket/history"))  # tasks write locally
+    assert JobConfig(dedup_window=" 36 hours ").dedup_window_ms == 36 * 3600 * 1000
