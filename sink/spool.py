@@ -225,6 +225,12 @@ class DirLock:
 # ---------------------------------------------------------------------------
 # Writer side (inside the broker process)
 # ---------------------------------------------------------------------------
+#: Under load, the writer waits until this long after its last fdatasync before the next one,
+#: so one sync covers more records (at 25,000 msg/s: ~50 instead of a few); an idle spool's
+#: first record is written at once. Adds at most this much to a QoS 1/2 acknowledgement.
+GROUP_COMMIT_SECONDS = 0.002
+
+
 class SpoolWriter:
     """Append-only segment writer with group commit in a background thread.
 
@@ -236,7 +242,7 @@ class SpoolWriter:
 
     def __init__(self, spool_dir: str, segment_bytes: int = 16 << 20, fsync: bool = True,
                  on_durable=None, on_written=None, on_error=None, idle_interval: float = 0.01,
-                 max_batch_bytes: int = 8 << 20):
+                 max_batch_bytes: int = 8 << 20, group_commit: float = GROUP_COMMIT_SECONDS):
         self.dir = spool_dir
         self.segment_bytes = segment_bytes
         self.fsync = fsync
@@ -245,6 +251,8 @@ class SpoolWriter:
         self.on_error = on_error
         self.idle_interval = idle_interval
         self.max_batch_bytes = max_batch_bytes
+        self.group_commit = group_commit if fsync else 0.0
+        self._last_sync = 0.0
         self._q: collections.deque = collections.deque()
         self._ev = threading.Event()
         self._closing = False
@@ -338,6 +346,10 @@ class SpoolWriter:
                 if self._closing:
                     return
                 continue
+            if self.group_commit:  # group commit: one fdatasync per interval at most, under load
+                wait = self._last_sync + self.group_commit - time.monotonic()
+                if wait > 0 and not self._closing:
+                    time.sleep(wait)
             while q:
                 bufs = []
                 size = 0
@@ -359,6 +371,7 @@ class SpoolWriter:
                         mv = mv[n:]
                     if self.fsync:
                         os.fdatasync(self._fd)
+                        self._last_sync = time.monotonic()
                 except OSError as exc:
                     self._write_failed(start_pos, size, len(bufs), last, exc)
                     continue
