@@ -22,6 +22,12 @@ everything in flight, rewinds to the first record of that chunk and sends again 
 order (duplicates possible, never gaps). A record Kafka refuses for good is found by re-sending
 that chunk one record per request and is dropped alone.
 
+The loop is a state machine (:class:`State`, one :meth:`Forwarder.step` per turn):
+CONNECTING -> FORWARDING; a failed chunk -> RESENDING -> FORWARDING (from that chunk, after a
+back-off); Kafka lost data -> REPLAYING -> PROBING (fresh metadata) -> FORWARDING (from the
+replay start). Chunks in flight are :class:`InFlight` records; with keep_until = "history"
+acknowledged chunks wait in ``pending`` as :class:`AckedChunk` records until committed.
+
 Kafka losing data (embedded Tansu restarted empty, topic re-created) is
 detected, not assumed: a partition offset that goes backwards in a produce
 acknowledgement, or a topic id that changes in the metadata (topic ids and last
@@ -242,7 +248,7 @@ class MemorySource:
     def pos(self) -> int:
         with self._lock:
             i = self._read_seq - self._head_seq
-            return self._items[i][0] if i < len(self._items) else self.end_pos
+            return _start(self._items[i]) if i < len(self._items) else self.end_pos
 
     def read(self, n: int, nbytes: int) -> SpoolBatch:
         with self._lock:
