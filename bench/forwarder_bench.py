@@ -14,6 +14,11 @@ forwarded, measured between the first status with records forwarded and the one 
 --records (start-up, imports and the Kafka connection are left out), and the rate. CPU per
 record is what to compare on a loaded machine; wall-clock rates are noisy.
 
+--stub-kafka replaces Kafka by a stub that acknowledges every request at once (in the forwarder
+process, which runs the unchanged Forwarder.run): what is left is the forwarder's own work per
+record (spool reads, grouping, RecordBatch building, bookkeeping), with far less noise than
+with Tansu competing for the same cores.
+
 --code DIR (repeatable) runs the forwarder from another checkout (e.g. one made with
 ``git archive <commit> sink mqtt_topics | tar -x -C DIR``); runs alternate between the
 checkouts to spread the machine's load evenly.
@@ -55,7 +60,74 @@ def entries(n: int, payload: int, topics: int, start: int = 0):
                              None, 5, now, f"id-{i}")
 
 
+# The forwarder process with --stub-kafka: Forwarder.run() from the checkout on sys.path, with
+# produce.BatchSender replaced by a stub acknowledging each request at once; the RecordBatches are
+# still built (sink.record.build_batch), as the real sender does.
+STUB = r"""
+import json, sys, time
+from sink import forwarder as fw
+from sink.record import body_key, build_batch
+spool, n = sys.argv[1], int(sys.argv[2])
+
+class Done:
+    exception = None
+    def __init__(self, value, counts):
+        self.value, self.counts = value, counts
+    def poll(self):
+        return True
+
+class Stub:
+    cluster = None
+    def __init__(self, cfg):
+        self.next = {}
+    def send(self, groups):
+        value, counts = {}, {}
+        for topic, recs in groups.items():
+            build_batch(recs)
+            tp = (topic, 0)
+            value[tp], counts[tp] = self.next.get(tp, 0), len(recs)
+            self.next[tp] = value[tp] + len(recs)
+        return Done(value, counts)
+    def poll(self, ms=0): pass
+    def maybe_refresh(self): pass
+    def partitions_for(self, topic, wait_ms=0): return {0}
+    def close(self): pass
+
+fw.BatchSender = Stub
+ctl = fw.ThreadControl()
+t = {}
+def publish(st):
+    if st["forwarded"] and "t0" not in t:
+        t["t0"], t["w0"], t["n0"] = time.process_time(), time.monotonic(), st["forwarded"]
+    if st["forwarded"] >= n and "t1" not in t:
+        t["t1"], t["w1"], t["n1"] = time.process_time(), time.monotonic(), st["forwarded"]
+        ctl.command("stop")
+f = fw.Forwarder(fw.SpoolSource(spool, 1 << 30), ctl, publish, "stub:0", status_interval=0.02)
+f.run()
+print(json.dumps({"us_per_msg": (t["t1"] - t["t0"]) / (t["n1"] - t["n0"]) * 1e6,
+                  "rate": (t["n1"] - t["n0"]) / (t["w1"] - t["w0"])}))
+"""
+
+
+def run_stub(code: str, args) -> dict:
+    d = tempfile.mkdtemp(prefix="fwdbench-")
+    spool = os.path.join(d, "spool")
+    w = SpoolWriter(spool, fsync=False).open()
+    for e in entries(args.records, args.payload, args.topics):
+        w.append(e)
+    w.flush(120)
+    w.close()
+    try:
+        out = subprocess.run([sys.executable, "-c", STUB, spool, str(args.records)], env=dict(
+            os.environ, PYTHONPATH=code), cwd=code, capture_output=True, timeout=args.timeout, check=True)
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+    return json.loads(out.stdout.splitlines()[-1])
+
+
 def run_once(code: str, args) -> dict:
+    if args.stub_kafka:
+        return run_stub(code, args)
     d = tempfile.mkdtemp(prefix="fwdbench-")
     spool = os.path.join(d, "spool")
     k = EmbeddedKafka().start()
@@ -129,6 +201,7 @@ def main() -> None:
     ap.add_argument("--rate", type=float, default=0, help="offered records/s (0: spool pre-filled)")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--timeout", type=float, default=600)
+    ap.add_argument("--stub-kafka", action="store_true", help="a stub acknowledging at once instead of Tansu")
     ap.add_argument("--code", action="append", help="checkout to run the forwarder from (default: this one)")
     args = ap.parse_args()
     codes = args.code or [ROOT]
