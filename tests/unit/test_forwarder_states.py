@@ -255,3 +255,27 @@ def test_lingers_for_fuller_chunks_unless_the_last_read_was_full(clock):
     clock.advance(0.006)
     steps(f, clock)
     assert k.sent[-1].values() == [6]
+
+
+def test_history_mode_replays_from_the_committed_position_not_the_window(clock):
+    """keep_until = "history": after Kafka lost data, what the table has not committed is sent
+    again, from the committed position (the replay window plays no part)."""
+    f = forwarder(clock, 6, chunk=3, keep_until="history")
+    steps(f, clock, 3)
+    k = FakeKafka.last
+    k.ack(0)
+    k.ack(1)
+    steps(f, clock)
+    assert [(c.end, c.next_seq) for c in f.pending] == [(f.pending[0].end, 3), (f.acked_pos, 6)]
+    f.committed_pos, f.committed_seq = f.pending[0].end, 3      # the table has the first chunk
+    f.pending.popleft()
+    f._lost("test")
+    steps(f, clock)                         # -> PROBING
+    k.cluster._last_successful_refresh_ms = clock.monotonic() * 1000 + 10
+    steps(f, clock)
+    assert f.state is State.FORWARDING and not f.pending
+    steps(f, clock, 2)
+    assert k.sent[-1].values() == [3, 4, 5] and len(k.sent) == 3
+    k.ack(2)
+    steps(f, clock)
+    assert [(c.end, c.next_seq) for c in f.pending] == [(f.acked_pos, 6)]   # awaits the table again
