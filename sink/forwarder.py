@@ -22,6 +22,12 @@ everything in flight, rewinds to the first record of that chunk and sends again 
 order (duplicates possible, never gaps). A record Kafka refuses for good is found by re-sending
 that chunk one record per request and is dropped alone.
 
+The loop is a state machine (:class:`State`, one :meth:`Forwarder.step` per turn):
+CONNECTING -> FORWARDING; a failed chunk -> RESENDING -> FORWARDING (from that chunk, after a
+back-off); Kafka lost data -> REPLAYING -> PROBING (fresh metadata) -> FORWARDING (from the
+replay start). Chunks in flight are :class:`InFlight` records; with keep_until = "history"
+acknowledged chunks wait in ``pending`` as :class:`AckedChunk` records until committed.
+
 Kafka losing data (embedded Tansu restarted empty, topic re-created) is
 detected, not assumed: a partition offset that goes backwards in a produce
 acknowledgement, or a topic id that changes in the metadata (topic ids and last
@@ -42,6 +48,7 @@ from __future__ import annotations
 
 import bisect
 import collections
+import enum
 import json
 import logging
 import os
@@ -51,12 +58,14 @@ import struct
 import sys
 import threading
 import time
+from dataclasses import dataclass
+from typing import NamedTuple
 
 from . import progress
-from .produce import BatchSender, NotReady
+from .produce import BatchSender, ChunkFuture, NotReady
 from .record import entry_fields, entry_shard, entry_timestamp
-from .spool import (DirLock, SpoolReader, checkpoint_name, read_checkpoint, read_min_checkpoint,
-                    seg_name, write_checkpoint)
+from .spool import (DirLock, SpoolBatch, SpoolPosition, SpoolReader, checkpoint_name, read_checkpoint,
+                    read_min_checkpoint, seg_name, write_checkpoint)
 
 log = logging.getLogger("sink.forwarder")
 
@@ -92,6 +101,14 @@ def producer_config(bootstrap: str, kafka_opts: dict | None) -> dict:
 # ---------------------------------------------------------------------------
 # Sources
 # ---------------------------------------------------------------------------
+class Checkpoint(NamedTuple):
+    """Where a forwarder starts: the acknowledged position and what it knew about Kafka
+    (topic ids, last offsets, with keep_until = "history" the chunks not yet committed)."""
+    pos: int
+    seq: int
+    kafka: dict
+
+
 class SpoolSource:
     """The on-disk spool, with checkpointing and segment retention."""
 
@@ -105,7 +122,7 @@ class SpoolSource:
         self.retain_max_bytes = retain_max_bytes
         self._last_ckpt = None
 
-    def load(self) -> tuple[int, int, dict]:
+    def load(self) -> Checkpoint:
         # a shard without its own checkpoint yet (forwarders added) starts where all had got to
         ck = read_checkpoint(self.dir, self.ckpt_name) or read_min_checkpoint(self.dir) or {}
         pos, seq = int(ck.get("pos", 0)), int(ck.get("seq", 0))
@@ -117,9 +134,9 @@ class SpoolSource:
             log.info("resuming an interrupted replay at spool position %d", resume)
         self.reader.seek(resume)
         self._last_ckpt = (pos, seq, resume)
-        return pos, seq, ck.get("kafka") or {}
+        return Checkpoint(pos, seq, ck.get("kafka") or {})
 
-    def read(self, n: int, nbytes: int):
+    def read(self, n: int, nbytes: int) -> SpoolBatch:
         return self.reader.read(n, nbytes)
 
     @property
@@ -132,13 +149,13 @@ class SpoolSource:
     def ts_at(self, pos: int) -> int | None:
         self.peeker.seek(pos)
         recs = self.peeker.read(1, 1)
-        return entry_timestamp(recs[0][3]) if recs else None
+        return entry_timestamp(recs.payloads[0]) if recs else None
 
     def find_position(self, min_seq: int, min_ts: int, upto: int) -> int:
         return self.reader.find_position(min_seq, min_ts, upto)
 
     def commit(self, pos: int, seq: int, kafka_state: dict, resume: int, force: bool = False,
-               committed: tuple[int, int] | None = None) -> None:
+               committed: SpoolPosition | None = None) -> None:
         key = (pos, seq, resume, committed)
         if not force and self._last_ckpt == key:
             return
@@ -149,12 +166,12 @@ class SpoolSource:
         write_checkpoint(self.dir, data, name=self.ckpt_name)
         self._last_ckpt = key
 
-    def committed(self) -> tuple[int, int] | None:
-        """(pos, seq) up to which the history table has every record (keep_until = "history")."""
+    def committed(self) -> SpoolPosition | None:
+        """Up to where the history table has every record (keep_until = "history")."""
         ck = read_checkpoint(self.dir, self.ckpt_name) or read_min_checkpoint(self.dir) or {}
         if "committed_pos" not in ck:
             return None
-        return int(ck["committed_pos"]), int(ck.get("committed_seq", 0))
+        return SpoolPosition(int(ck["committed_pos"]), int(ck.get("committed_seq", 0)))
 
     def housekeeping(self, acked_pos: int, acked_seq: int, window_s: float, window_n: int,
                      keep_from: int | None = None) -> None:
@@ -205,7 +222,8 @@ class MemorySource:
 
     def __init__(self, retain_max_bytes: int):
         self._lock = threading.Lock()
-        self._items: list[tuple[int, int, int, bytes]] = []   # (start, end, seq, payload)
+        # (start, end, seq, payload) like a SpoolEntry, as a plain tuple: built on the event loop
+        self._items: list[tuple[int, int, int, bytes]] = []
         self._head_seq = 0          # seq of _items[0]
         self.end_pos = 0            # producer side (event loop)
         self.next_seq = 0
@@ -223,31 +241,37 @@ class MemorySource:
         return seq
 
     # forwarder side
-    def load(self):
-        return 0, 0, {}
+    def load(self) -> Checkpoint:
+        return Checkpoint(0, 0, {})
 
     @property
     def pos(self) -> int:
         with self._lock:
             i = self._read_seq - self._head_seq
-            return self._items[i][0] if i < len(self._items) else self.end_pos
+            return _start(self._items[i]) if i < len(self._items) else self.end_pos
 
-    def read(self, n: int, nbytes: int):
+    def read(self, n: int, nbytes: int) -> SpoolBatch:
         with self._lock:
             i = self._read_seq - self._head_seq
             out = self._items[i:i + n]
         self._read_seq += len(out)
-        return out
+        if not out:
+            return SpoolBatch([], [], [], [])
+        starts, ends, seqs, payloads = map(list, zip(*out))
+        return SpoolBatch(starts, ends, seqs, payloads)
 
     def seek(self, pos: int, seq: int | None = None) -> None:
         with self._lock:
-            i = bisect.bisect_left(self._items, pos, key=lambda e: e[0])
+            i = bisect.bisect_left(self._items, pos, key=_start)
             self._read_seq = self._head_seq + i
 
     def ts_at(self, pos: int) -> int | None:
         with self._lock:
-            i = bisect.bisect_left(self._items, pos, key=lambda e: e[0])
-            return entry_timestamp(self._items[i][3]) if i < len(self._items) else None
+            i = bisect.bisect_left(self._items, pos, key=_start)
+            if i == len(self._items):
+                return None
+            _, _, _, payload = self._items[i]
+            return entry_timestamp(payload)
 
     def find_position(self, min_seq: int, min_ts: int, upto: int) -> int:
         with self._lock:
@@ -288,6 +312,11 @@ class MemorySource:
 
     def close(self) -> None:
         pass
+
+
+def _start(item: tuple) -> int:
+    start, _, _, _ = item
+    return start
 
 
 # ---------------------------------------------------------------------------
@@ -344,6 +373,60 @@ class PipeControl:
 
 
 # ---------------------------------------------------------------------------
+# States and records of the forwarder loop
+# ---------------------------------------------------------------------------
+class State(enum.Enum):
+    """What the forwarder does now (Forwarder.state). The data a state needs is in the fields
+    named here; draining (``drain``) and back-off (``retry_at``) are timers valid in any state."""
+    CONNECTING = "connecting"  # no Kafka producer yet: one attempt a second
+    FORWARDING = "forwarding"  # read the spool, send chunks (up to 4 in flight, lingering for fuller ones)
+    RESENDING = "resending"    # a chunk failed (resend_at): once nothing is in flight, rewind to its
+                               # first record, back off, forward again (duplicates, never gaps)
+    REPLAYING = "replaying"    # Kafka lost data (lost_reason): once nothing is in flight, probe
+    PROBING = "probing"        # metadata asked at probe_since_ms: when it describes the new Kafka (or
+                               # after 15 s), rewind to what Kafka may have lost, forward again
+
+
+REWINDING = frozenset({State.RESENDING, State.REPLAYING, State.PROBING})  # nothing new is read
+LOST = frozenset({State.REPLAYING, State.PROBING})
+
+
+@dataclass(slots=True, eq=False)
+class InFlight:
+    """One chunk of the spool sent (one ProduceRequest per leader), not yet answered."""
+    future: ChunkFuture | None  # None: none of its records is this forwarder's (other shards'/undecodable)
+    start: int                  # spool position of its first record
+    end: int                    # spool position after its last record
+    first_seq: int
+    last_seq: int
+    first_ts: int               # accept time (ms) of its first record: the lag while it is out
+    sent_at: float              # time.monotonic()
+    records: int                # records sent (this forwarder's, decodable)
+
+
+@dataclass(slots=True)
+class AckedChunk:
+    """An acknowledged chunk the history table may not have yet (keep_until = "history")."""
+    end: int                              # spool position after it
+    next_seq: int                         # seq after its last record
+    offsets: dict                         # (topic, partition) -> offset after its records
+    topic_ids: dict                       # topic -> topic id when written (None: unknown)
+
+    def to_json(self) -> list:
+        return [self.end, self.next_seq, [[t, p, n] for (t, p), n in self.offsets.items()], self.topic_ids]
+
+    @classmethod
+    def from_json(cls, v: list) -> "AckedChunk":
+        end, next_seq, offsets, ids = v
+        return cls(end, next_seq, {(t, p): n for t, p, n in offsets}, ids)
+
+
+# Kafka errors that refuse a record for good: find it (one record per request) and drop it alone
+REFUSED_FOR_GOOD = frozenset({"MessageSizeTooLargeError", "RecordTooLargeError", "InvalidTopicError",
+                              "InvalidRecordError", "TopicAuthorizationFailedError", "CorruptRecordError"})
+
+
+# ---------------------------------------------------------------------------
 # The forwarder loop
 # ---------------------------------------------------------------------------
 class Forwarder:
@@ -353,61 +436,68 @@ class Forwarder:
                  unreachable_after: float = 3.0, status_interval: float = 0.1,
                  shard: int = 0, shards: int = 1, keep_until: str = "kafka",
                  committed_file: str | None = None, chunk_records: int = 2000, linger_ms: float = 5.0):
+        # -- configuration
         self.source = source
+        self.control = control
+        self.publish = publish
+        self.bootstrap = bootstrap
+        self.pcfg = producer_config(bootstrap, kafka_opts)
         # keep_until = "history": records stay (and are re-sent after Kafka lost them) until the
         # history job's committed file (sink/progress.py) says the table has them
         self.keep_until = keep_until
         self.committed_file = committed_file
         self.chunk_records = chunk_records
-        self.pending: collections.deque = collections.deque()  # acked, not committed: [end, seq, {tp: next}, {topic: id}]
-        self.committed_pos = 0
-        self.committed_seq = 0
-        self._progress = None
-        self._progress_key = None
-        self._single_until = -1          # send one record per request up to here (find a refused one)
         self.linger = linger_ms / 1000
-        self._last_read = 0.0
-        self._last_full = False
-        self._lingering = False
         self.shard, self.shards = shard, shards  # this forwarder sends topics with crc32 % shards == shard
-        self.control = control
-        self.publish = publish
-        self.bootstrap = bootstrap
-        self.pcfg = producer_config(bootstrap, kafka_opts)
         self.window_s = float(replay_window_seconds)
         self.window_n = int(replay_window_messages)
         self.max_inflight = max_inflight
         self.drain_timeout = drain_timeout
         self.unreachable_after = unreachable_after
         self.status_interval = status_interval
+        # -- state (see State) and its data
+        self.state = State.CONNECTING
+        self.resend_at: SpoolPosition | None = None  # RESENDING (or a replay's end): the failed chunk
+        self.lost_reason: str | None = None           # REPLAYING, PROBING: why Kafka lost data
+        self.probe_since_ms: float | None = None      # PROBING: when fresh metadata was asked (monotonic)
+        self.retry_at = 0.0                           # back-off: nothing is sent or rewound before
+        self.drain_deadline: float | None = None      # draining: exit once caught up, or then
+        # -- Kafka
         self.producer = None
-        # one entry per chunk: [ChunkFuture|None, start, end, last_seq, first_ts, sent_at, n_own, first_seq]
-        self.inflight: collections.deque = collections.deque()
+        self._next_producer_try = 0.0
+        self.kafka_up: bool | None = None            # None: not connected yet
+        self._down_since = 0.0
+        self._last_ack = 0.0
+        self.topic_ids: dict[str, str] = {}           # topic -> id ("" unknown): a new id = re-created
+        self.offsets: dict[str, int] = {}             # "topic/partition" -> last offset written
+        self._ids_valid_after = 0.0                   # topic ids cached before this (ms) are stale
+        # -- reading and sending
+        self.inflight: collections.deque[InFlight] = collections.deque()
         self.inflight_records = 0
+        self._last_read = 0.0
+        self._last_full = False                       # the last read filled its chunk: read again now
+        self._lingering = False
+        self._read_empty = False
+        self._single_until = -1          # send one record per request up to here (find a refused one)
+        self._replay_until = -1          # records sent from below here are counted as replayed
+        self._stalled_ts: int | None = None           # accept time of the oldest unsent record (lag)
+        self._stall_probe = 0.0
+        self._last_check = 0.0
+        # -- positions: acknowledged by Kafka; with keep_until = "history" also committed by the table
         self.acked_pos = 0
         self.acked_seq = 0
         self.max_acked_seq = 0
-        self.topic_ids: dict[str, str] = {}
-        self.offsets: dict[str, int] = {}
+        self.pending: collections.deque[AckedChunk] = collections.deque()  # acked, not committed
+        self.committed_pos = 0
+        self.committed_seq = 0
+        self._progress = None
+        self._progress_key = None
+        # -- counters and exit
         self.forwarded = 0
         self.failed = 0
         self.poisoned = 0
         self.replayed = 0
         self.replays = 0
-        self.kafka_up: bool | None = None
-        self._down_since = 0.0
-        self._resend_from: tuple[int, int, int] | None = None     # (pos, seq, ts)
-        self._replay_reason: str | None = None
-        self._replay_until = -1
-        self._retry_at = 0.0
-        self._stalled_ts: int | None = None
-        self._next_producer_try = 0.0
-        self._draining_deadline: float | None = None
-        self._read_empty = False
-        self._ids_valid_after = 0.0
-        self._replay_wait: float | None = None
-        self._last_ack = 0.0
-        self._stall_probe = 0.0
         self.stopped = False
         self.exit_reason = ""
 
@@ -431,7 +521,7 @@ class Forwarder:
     def status(self) -> dict:
         now_ms = time.time() * 1000
         if self.inflight:
-            ts = self.inflight[0][4]
+            ts = self.inflight[0].first_ts
         elif self._stalled_ts is not None:
             ts = self._stalled_ts
         else:
@@ -444,17 +534,17 @@ class Forwarder:
                     retained_pos=rpos, retained_seq=rseq,
                     committed_seq=self.committed_seq if self.keep_until == "history" else None)
 
-    def retained(self) -> tuple[int, int]:
-        """(pos, seq) from which the spool must keep records."""
+    def retained(self) -> SpoolPosition:
+        """From where the spool must keep records."""
         if self.keep_until == "history":
-            return min(self.committed_pos, self.acked_pos), min(self.committed_seq, self.acked_seq)
-        return self.acked_pos, self.acked_seq
+            return SpoolPosition(min(self.committed_pos, self.acked_pos), min(self.committed_seq, self.acked_seq))
+        return SpoolPosition(self.acked_pos, self.acked_seq)
 
     def kafka_state(self) -> dict:
         st = {"topic_ids": self.topic_ids, "offsets": self.offsets}
         if self.keep_until == "history":
             self._merge_pending(256)
-            st["pending"] = [[e, q, [[t, p, n] for (t, p), n in d.items()], ids] for e, q, d, ids in self.pending]
+            st["pending"] = [c.to_json() for c in self.pending]
         return st
 
     def _merge_pending(self, limit: int) -> None:
@@ -469,10 +559,10 @@ class Forwarder:
                 if b is None:
                     out.append(a)
                     break
-                d = dict(a[2])
-                for tp, n in b[2].items():
-                    d[tp] = max(n, d.get(tp, 0))
-                out.append([b[0], b[1], d, {**a[3], **b[3]}])
+                offsets = dict(a.offsets)
+                for tp, n in b.offsets.items():
+                    offsets[tp] = max(n, offsets.get(tp, 0))
+                out.append(AckedChunk(b.end, b.next_seq, offsets, {**a.topic_ids, **b.topic_ids}))
             pend = out
         self.pending = pend
 
@@ -500,12 +590,12 @@ class Forwarder:
         pend = self.pending
         is_committed = progress.is_committed
         while pend:
-            end, seq, d, ids = pend[0]
-            if not all(is_committed(state, t, ids.get(t), p, n - 1) for (t, p), n in d.items()):
+            c = pend[0]
+            if not all(is_committed(state, t, c.topic_ids.get(t), p, n - 1) for (t, p), n in c.offsets.items()):
                 break
             pend.popleft()
-            self.committed_pos, self.committed_seq = end, seq
-        if (not pend and not self.inflight and self._resend_from is None and self._replay_reason is None
+            self.committed_pos, self.committed_seq = c.end, c.next_seq
+        if (not pend and not self.inflight and self.state not in REWINDING
                 and self.source.pos >= self.acked_pos):
             # everything acked was committed (or skipped: torn tails, other shards' records)
             self.committed_pos = max(self.committed_pos, self.acked_pos)
@@ -524,6 +614,7 @@ class Forwarder:
         except Exception as exc:  # NoBrokersAvailable / KafkaTimeoutError / config errors
             self._set_down(f"{type(exc).__name__}: {exc}")
             return False
+        self.state = State.FORWARDING                 # CONNECTING -> FORWARDING (or at once REPLAYING:)
         # load metadata of topics we produced to before, to notice re-created topics
         for t in list(self.topic_ids):
             try:
@@ -555,7 +646,7 @@ class Forwarder:
                 self.topic_ids[t] = cur
             elif cur != known:
                 self.topic_ids[t] = cur
-                self._replay(f"topic {t} was re-created (topic id {known} -> {cur})")
+                self._lost(f"topic {t} was re-created (topic id {known} -> {cur})")
 
     def _metadata_fresh(self) -> bool | None:
         md = self._metadata()
@@ -565,70 +656,90 @@ class Forwarder:
         age = time.monotonic() * 1000 - ts
         return age < self.pcfg.get("metadata_max_age_ms", 300000) + 2000
 
-    def _replay(self, reason: str) -> None:
-        if self._replay_reason is None:
-            self._replay_reason = reason
+    # -- transitions ---------------------------------------------------------------------------------
+    def _lost(self, reason: str) -> None:
+        """Kafka lost data: -> REPLAYING (kept while a replay is already under way)."""
+        if self.state not in LOST:
+            self.state = State.REPLAYING
+            self.lost_reason = reason
             log.warning("Kafka lost data: %s", reason)
 
+    def _chunk_failed(self, c: InFlight) -> None:
+        """-> RESENDING from the chunk's first record (a replay under way ends there instead)."""
+        self.resend_at = SpoolPosition(c.start, c.first_seq)
+        if self.state not in LOST:
+            self.state = State.RESENDING
+
+    def _forward_from(self, pos: int, seq: int | None) -> None:
+        """RESENDING/PROBING -> FORWARDING: read again from pos."""
+        self.state = State.FORWARDING
+        self.resend_at = self.lost_reason = self.probe_since_ms = None
+        self.source.seek(pos, seq)
+
+    # -- acknowledgements ------------------------------------------------------------------------------
     def _reap(self) -> None:
         inflight = self.inflight
         while inflight:
-            ent = inflight[0]
-            fut = ent[0]
+            c = inflight[0]
+            fut = c.future
             if fut is not None and not fut.poll():
                 break
             inflight.popleft()
-            self.inflight_records -= ent[6]
-            if self._resend_from is not None:
+            self.inflight_records -= c.records
+            if self.resend_at is not None:
                 continue                      # will be sent again
             if fut is None or fut.exception is None:
-                tps = {}
-                if fut is not None:
-                    for (topic, part), base in fut.value.items():
-                        tp = f"{topic}/{part}"
-                        last = self.offsets.get(tp)
-                        if last is not None and base <= last and self._replay_reason is None:
-                            self._replay(f"offset of {tp} went back from {last} to {base}")
-                        n = fut.counts[(topic, part)]
-                        self.offsets[tp] = base + n - 1
-                        tps[(topic, part)] = base + n
-                        if topic not in self.topic_ids:
-                            m = self._metadata()
-                            tid = m.topic_id(topic) if m is not None and hasattr(m, "topic_id") else None
-                            self.topic_ids[topic] = str(tid) if tid else ""
-                    self._set_up()
-                    self._last_ack = time.monotonic()
-                if self.keep_until == "history" and self._replay_reason is None:
-                    self.pending.append([ent[2], ent[3] + 1, tps,
-                                         {t: self.topic_ids.get(t) or None for t, _ in tps}])
-                self.acked_pos = max(self.acked_pos, ent[2])
-                if ent[3] + 1 > self.acked_seq:
-                    self.acked_seq = ent[3] + 1
-                if ent[3] + 1 > self.max_acked_seq:
-                    new = ent[3] + 1 - max(self.max_acked_seq, ent[7])
-                    self.max_acked_seq = ent[3] + 1
-                    if fut is not None:
-                        self.forwarded += min(ent[6], max(0, new))
+                self._acked(c, fut)
             else:
-                exc = fut.exception
-                retriable = getattr(exc, "retriable", False) or "Timeout" in type(exc).__name__
-                if not retriable and type(exc).__name__ in ("MessageSizeTooLargeError", "RecordTooLargeError",
-                                                            "InvalidTopicError", "InvalidRecordError",
-                                                            "TopicAuthorizationFailedError",
-                                                            "CorruptRecordError"):
-                    if ent[6] == 1:
-                        log.error("Kafka refused record seq=%d for good (%s): dropped", ent[3], exc)
-                        self.poisoned += 1
-                        self.failed += 1
-                        self.acked_pos = max(self.acked_pos, ent[2])
-                        self.acked_seq = max(self.acked_seq, ent[3] + 1)
-                        continue
-                    self._single_until = ent[2]     # find the refused record: one per request
-                self.failed += ent[6]
-                self._set_down(f"{type(exc).__name__}: {exc}")
-                self._resend_from = (ent[1], ent[7], ent[4])
-                self._stalled_ts = ent[4]
+                self._refused(c, fut.exception)
 
+    def _acked(self, c: InFlight, fut: ChunkFuture | None) -> None:
+        tps = {}
+        if fut is not None:
+            for (topic, part), base in fut.value.items():
+                tp = f"{topic}/{part}"
+                last = self.offsets.get(tp)
+                if last is not None and base <= last and self.state not in LOST:
+                    self._lost(f"offset of {tp} went back from {last} to {base}")
+                n = fut.counts[(topic, part)]
+                self.offsets[tp] = base + n - 1
+                tps[(topic, part)] = base + n
+                if topic not in self.topic_ids:
+                    m = self._metadata()
+                    tid = m.topic_id(topic) if m is not None and hasattr(m, "topic_id") else None
+                    self.topic_ids[topic] = str(tid) if tid else ""
+            self._set_up()
+            self._last_ack = time.monotonic()
+        next_seq = c.last_seq + 1
+        if self.keep_until == "history" and self.state not in LOST:
+            self.pending.append(AckedChunk(c.end, next_seq, tps,
+                                           {t: self.topic_ids.get(t) or None for t, _ in tps}))
+        self.acked_pos = max(self.acked_pos, c.end)
+        if next_seq > self.acked_seq:
+            self.acked_seq = next_seq
+        if next_seq > self.max_acked_seq:
+            new = next_seq - max(self.max_acked_seq, c.first_seq)
+            self.max_acked_seq = next_seq
+            if fut is not None:
+                self.forwarded += min(c.records, max(0, new))
+
+    def _refused(self, c: InFlight, exc: Exception) -> None:
+        retriable = getattr(exc, "retriable", False) or "Timeout" in type(exc).__name__
+        if not retriable and type(exc).__name__ in REFUSED_FOR_GOOD:
+            if c.records == 1:
+                log.error("Kafka refused record seq=%d for good (%s): dropped", c.last_seq, exc)
+                self.poisoned += 1
+                self.failed += 1
+                self.acked_pos = max(self.acked_pos, c.end)
+                self.acked_seq = max(self.acked_seq, c.last_seq + 1)
+                return
+            self._single_until = c.end     # find the refused record: one per request
+        self.failed += c.records
+        self._set_down(f"{type(exc).__name__}: {exc}")
+        self._chunk_failed(c)
+        self._stalled_ts = c.first_ts
+
+    # -- sending ---------------------------------------------------------------------------------------
     def _fill(self) -> bool:
         if len(self.inflight) >= 4:           # chunks (requests) in flight
             return False
@@ -642,21 +753,23 @@ class Forwarder:
             return False
         single = self.source.pos < self._single_until
         want = 1 if single else min(room, self.chunk_records)
-        entries = self.source.read(want, 1 << 20)
-        self._read_empty = not entries
+        batch = self.source.read(want, 1 << 20)
+        got = len(batch)
+        self._read_empty = not got
         self._last_read = now
-        self._last_full = len(entries) >= want
-        if not entries:
+        self._last_full = got >= want
+        if not got:
             if not self.inflight:
                 self._stalled_ts = None
                 self.acked_pos = max(self.acked_pos, self.source.pos)
             return False
-        groups: dict[str, list] = {}
+        groups: dict[bytes, list] = {}
         n_own = 0
         first_ts = None
-        for start, end, seq, payload in entries:
+        shards, shard = self.shards, self.shard
+        for seq, payload in zip(batch.seqs, batch.payloads):
             try:
-                if self.shards > 1 and entry_shard(payload, self.shards) != self.shard:
+                if shards > 1 and entry_shard(payload, shards) != shard:
                     continue  # another forwarder's topic (per-topic order stays within one forwarder)
                 kt, ts, body = entry_fields(payload)
             except (ValueError, struct.error, IndexError) as exc:
@@ -669,10 +782,10 @@ class Forwarder:
                 groups[kt] = lst = []
             lst.append((ts, body))
             n_own += 1
-        start, first_seq = entries[0][0], entries[0][2]
-        end, last_seq = entries[-1][1], entries[-1][2]
+        start, first_seq = batch.start, batch.first_seq
         if first_ts is None:
-            first_ts = entry_timestamp(entries[0][3]) if len(entries[0][3]) >= 9 else 0
+            p0 = batch.payloads[0]
+            first_ts = entry_timestamp(p0) if len(p0) >= 9 else 0
         fut = None
         if groups:
             try:
@@ -680,7 +793,7 @@ class Forwarder:
             except NotReady as exc:
                 self.source.seek(start, first_seq)
                 self._stalled_ts = first_ts
-                self._retry_at = time.monotonic() + 0.05
+                self.retry_at = time.monotonic() + 0.05
                 if time.monotonic() - self._last_ack > self.unreachable_after:
                     self._set_down(str(exc))
                 return True
@@ -690,41 +803,43 @@ class Forwarder:
                     self._set_down(f"{name}: {exc}")
                     self.source.seek(start, first_seq)
                     self._stalled_ts = first_ts
-                    self._retry_at = time.monotonic() + 0.5
+                    self.retry_at = time.monotonic() + 0.5
                     return True
                 raise
         if start < self._replay_until:
             self.replayed += n_own
-        self.inflight.append([fut, start, end, last_seq, first_ts, time.monotonic(), n_own, first_seq])
+        self.inflight.append(InFlight(fut, start, batch.end, first_seq, batch.last_seq, first_ts,
+                                      time.monotonic(), n_own))
         self.inflight_records += n_own
         return True
 
-    def _handle_rewinds(self) -> None:
+    def _rewind(self) -> None:
+        """RESENDING, REPLAYING, PROBING: act once nothing is in flight."""
         if self.inflight:
             return                            # wait until nothing is in flight
-        if self._replay_reason is not None:
+        if self.state in LOST:
             # Tansu acknowledges records produced to a topic it no longer has (after a restart)
             # and drops them; only a Metadata request re-creates the topic. So refresh the
-            # metadata first and replay only once it describes the new Kafka.
+            # metadata first (PROBING) and replay only once it describes the new Kafka.
             md = self._metadata()
             mono_ms = time.monotonic() * 1000
             if md is not None and hasattr(md, "request_update"):
-                if self._replay_wait is None:
-                    self._replay_wait = mono_ms
+                if self.state is State.REPLAYING:
+                    self.state = State.PROBING
+                    self.probe_since_ms = mono_ms
                     md.request_update()
                     return
-                if getattr(md, "_last_successful_refresh_ms", mono_ms) <= self._replay_wait + 1:
-                    if mono_ms - self._replay_wait < 15000:
+                if getattr(md, "_last_successful_refresh_ms", mono_ms) <= self.probe_since_ms + 1:
+                    if mono_ms - self.probe_since_ms < 15000:
                         md.request_update()
-                        self._retry_at = time.monotonic() + 0.05
+                        self.retry_at = time.monotonic() + 0.05
                         return
                 for t in self.topic_ids:
                     tid = md.topic_id(t) if hasattr(md, "topic_id") else None
                     self.topic_ids[t] = str(tid) if tid else ""
                 self._ids_valid_after = mono_ms
-            self._replay_wait = None
             now_ms = int(time.time() * 1000)
-            upto = self.acked_pos if self._resend_from is None else self._resend_from[0]
+            upto = self.acked_pos if self.resend_at is None else self.resend_at.pos
             if self.keep_until == "history":
                 start = min(self.committed_pos, upto)  # everything the table does not have yet
                 self.pending.clear()
@@ -739,18 +854,16 @@ class Forwarder:
                         "not yet committed by the history job" if self.keep_until == "history"
                         else "forwarded in the replay window", start, upto, upto - start)
             self.offsets = {}
-            self._replay_reason = None
-            self._resend_from = None
-            self.source.seek(start, None)
-        elif self._resend_from is not None:
-            pos, seq, ts = self._resend_from
-            self._resend_from = None
-            self.source.seek(pos, seq)
-            self._retry_at = time.monotonic() + 0.5
+            self._forward_from(start, None)
+        else:                                 # RESENDING
+            pos, seq = self.resend_at
+            self._forward_from(pos, seq)
+            self.retry_at = time.monotonic() + 0.5
 
     # -- main loop --------------------------------------------------------------------------------------
     def run(self) -> None:
-        self.acked_pos, self.acked_seq, kstate = self.source.load()
+        ck = self.source.load()
+        self.acked_pos, self.acked_seq, kstate = ck.pos, ck.seq, ck.kafka
         self.max_acked_seq = self.acked_seq
         self.topic_ids = dict(kstate.get("topic_ids") or {})
         self.offsets = {k: int(v) for k, v in (kstate.get("offsets") or {}).items()}
@@ -758,12 +871,11 @@ class Forwarder:
             c = self.source.committed()
             self.committed_pos, self.committed_seq = c if c is not None else (self.acked_pos, self.acked_seq)
             if self.committed_pos < self.acked_pos:   # sent before the restart, not yet committed
-                self.pending = collections.deque(
-                    [e, q, {(t, p): n for t, p, n in d}, ids] for e, q, d, ids in kstate.get("pending") or ())
+                self.pending = collections.deque(AckedChunk.from_json(v) for v in kstate.get("pending") or ())
                 if not self.pending:                  # unknown offsets: send them again
                     self._replay_until = self.acked_pos
                     self.source.seek(self.committed_pos, None)
-        last_status = last_ckpt = last_house = last_check = 0.0
+        last_status = last_ckpt = last_house = 0.0
         timeout = 0.0
         try:
             while True:
@@ -775,37 +887,14 @@ class Forwarder:
                         log.debug("poll: %s", exc)
                 else:
                     cmds = self.control.wait(timeout)
-                for c in cmds:
-                    if c in ("stop", "eof"):
-                        self.exit_reason = c
+                for cmd in cmds:
+                    if cmd in ("stop", "eof"):
+                        self.exit_reason = cmd
                         return
-                    if c == "drain" and self._draining_deadline is None:
-                        self._draining_deadline = time.monotonic() + self.drain_timeout
+                    if cmd == "drain" and self.drain_deadline is None:
+                        self.drain_deadline = time.monotonic() + self.drain_timeout
                 now = time.monotonic()
-                busy = False
-                if self._ensure_producer():
-                    self.producer.poll(0)
-                    self._reap()
-                    if now - last_check > 1.0:
-                        last_check = now
-                        self.producer.maybe_refresh()
-                        self._check_topic_ids()
-                        fresh = self._metadata_fresh()
-                        if fresh is False and now - self._last_ack > self.unreachable_after:
-                            self._set_down("no metadata from Kafka for a while")
-                        elif fresh and self.kafka_up is False and not self.inflight and self._resend_from is None:
-                            self._set_up()
-                        if self.inflight and now - self.inflight[0][5] > self.unreachable_after \
-                                and self.inflight[0][0] is not None and not self.inflight[0][0].poll():
-                            self._set_down(f"no acknowledgement for {self.unreachable_after:.0f}s")
-                    if self._resend_from is not None or self._replay_reason is not None:
-                        if now >= self._retry_at:
-                            self._handle_rewinds()
-                    elif now >= self._retry_at:
-                        busy = self._fill()
-                elif self._stalled_ts is None and now - self._stall_probe > 1.0:
-                    self._stall_probe = now
-                    self._stalled_ts = self.source.ts_at(self.acked_pos)
+                busy = self.step(now)
                 if now - last_status >= self.status_interval:
                     last_status = now
                     self.publish(self.status())
@@ -818,12 +907,11 @@ class Forwarder:
                 if now - last_house >= 1.0:
                     last_house = now
                     self.source.housekeeping(self.acked_pos, self.acked_seq, self.window_s, self.window_n,
-                                             keep_from=self.retained()[0] if self.keep_until == "history"
+                                             keep_from=self.retained().pos if self.keep_until == "history"
                                              else None)
-                if self._draining_deadline is not None:
-                    caught_up = (self._read_empty and not self.inflight and self._resend_from is None
-                                 and self._replay_reason is None)
-                    if caught_up or now > self._draining_deadline:
+                if self.drain_deadline is not None:
+                    caught_up = self._read_empty and not self.inflight and self.state not in REWINDING
+                    if caught_up or now > self.drain_deadline:
                         if not caught_up:
                             log.warning("drain timeout; unforwarded records stay in the spool")
                         self.exit_reason = "drained"
@@ -832,18 +920,52 @@ class Forwarder:
         finally:
             self._shutdown()
 
+    def step(self, now: float) -> bool:
+        """One turn of the state machine: connect, take the answers, check Kafka once a second,
+        then rewind or send. -> whether a chunk was sent (turn again at once)."""
+        if not self._ensure_producer():
+            if self._stalled_ts is None and now - self._stall_probe > 1.0:
+                self._stall_probe = now
+                self._stalled_ts = self.source.ts_at(self.acked_pos)
+            return False
+        self.producer.poll(0)
+        self._reap()
+        if now - self._last_check > 1.0:
+            self._last_check = now
+            self._check_kafka(now)
+        if now < self.retry_at:
+            return False
+        if self.state in REWINDING:
+            self._rewind()
+            return False
+        return self._fill()
+
+    def _check_kafka(self, now: float) -> None:
+        """Once a second: re-created topics, stale metadata, a chunk unanswered for too long."""
+        self.producer.maybe_refresh()
+        self._check_topic_ids()
+        fresh = self._metadata_fresh()
+        if fresh is False and now - self._last_ack > self.unreachable_after:
+            self._set_down("no metadata from Kafka for a while")
+        elif fresh and self.kafka_up is False and not self.inflight and self.resend_at is None:
+            self._set_up()
+        oldest = self.inflight[0] if self.inflight else None
+        if oldest is not None and now - oldest.sent_at > self.unreachable_after \
+                and oldest.future is not None and not oldest.future.poll():
+            self._set_down(f"no acknowledgement for {self.unreachable_after:.0f}s")
+
     def _resume_pos(self) -> int:
         """Where a restarted forwarder must start reading: the first record not acknowledged
         (below acked_pos only while a replay is in progress)."""
-        if self._resend_from is not None:
-            p = self._resend_from[0]
+        if self.resend_at is not None:
+            p = self.resend_at.pos
         elif self.inflight:
-            p = self.inflight[0][1]
+            p = self.inflight[0].start
         else:
             p = self.source.pos
         return min(p, self.acked_pos)
 
-    def _committed_ckpt(self):
+    def _committed_ckpt(self) -> SpoolPosition | None:
         return self.retained() if self.keep_until == "history" else None
 
     def _shutdown(self) -> None:

@@ -24,7 +24,7 @@ import time
 from .forwarder import Forwarder, MemorySource, SpoolSource, ThreadControl
 from .record import SinkRecord, encode_message, encode_record
 from .spool import FRAME_SIZE, DirLock, SpoolWriter
-from broker.core.topics import matches as topic_matches  # one topic-filter matcher for the project
+from mqtt_topics import matches as topic_matches  # one topic-filter matcher for the project
 
 log = logging.getLogger("sink")
 

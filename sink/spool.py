@@ -41,6 +41,7 @@ import struct
 import threading
 import time
 import zlib
+from typing import NamedTuple
 
 from .record import entry_timestamp
 
@@ -53,6 +54,57 @@ MAX_PAYLOAD = 256 * 1024 * 1024    # anything larger is treated as corruption
 SEG_SUFFIX = ".seg"
 CHECKPOINT = "checkpoint.json"
 READ_CHUNK = 1 << 20
+
+
+class SpoolPosition(NamedTuple):
+    """A place in the spool: byte position and the seq of the record there (or next there)."""
+    pos: int
+    seq: int
+
+
+class SpoolEntry(NamedTuple):
+    """One record as read back: its frame's [start, end) byte positions, seq, entry bytes."""
+    start: int
+    end: int
+    seq: int
+    payload: bytes
+
+
+class SpoolBatch:
+    """Records read in one go, in spool order (a forwarder chunk), as parallel lists: one
+    list append per field and no object per record (the forwarder's per-record budget is a
+    few microseconds). Iterating yields :class:`SpoolEntry` values."""
+    __slots__ = ("starts", "ends", "seqs", "payloads")
+
+    def __init__(self, starts: list[int], ends: list[int], seqs: list[int], payloads: list[bytes]):
+        self.starts, self.ends, self.seqs, self.payloads = starts, ends, seqs, payloads
+
+    @property
+    def start(self) -> int:
+        """Position of the first record (the batch must not be empty)."""
+        return self.starts[0]
+
+    @property
+    def end(self) -> int:
+        """Position after the last record."""
+        return self.ends[-1]
+
+    @property
+    def first_seq(self) -> int:
+        return self.seqs[0]
+
+    @property
+    def last_seq(self) -> int:
+        return self.seqs[-1]
+
+    def __len__(self) -> int:
+        return len(self.seqs)
+
+    def __iter__(self):
+        return map(SpoolEntry, self.starts, self.ends, self.seqs, self.payloads)
+
+    def __getitem__(self, i: int) -> SpoolEntry:
+        return SpoolEntry(self.starts[i], self.ends[i], self.seqs[i], self.payloads[i])
 
 
 def seg_name(base: int) -> str:
@@ -526,12 +578,14 @@ class SpoolReader:
         self._fd_base = base
         return self._fd
 
-    def read(self, max_records: int = 1000, max_bytes: int = 4 << 20) -> list[tuple[int, int, int, bytes]]:
-        """-> up to max_records of (start_pos, end_pos, seq, payload) from self.pos on;
-        advances self.pos. Empty list when caught up."""
-        out: list = []
+    def read(self, max_records: int = 1000, max_bytes: int = 4 << 20) -> SpoolBatch:
+        """-> up to max_records records from self.pos on; advances self.pos. Empty when caught up."""
+        out = SpoolBatch([], [], [], [])
+        add_start, add_end, add_seq, add_payload = (out.starts.append, out.ends.append, out.seqs.append,
+                                                    out.payloads.append)
+        seqs = out.seqs
         nbytes = 0
-        while len(out) < max_records and nbytes < max_bytes:
+        while len(seqs) < max_records and nbytes < max_bytes:
             base, nxt = self._locate()
             if base is None:
                 return out
@@ -549,11 +603,15 @@ class SpoolReader:
             got = 0
             bad = None
             try:
+                at = base + off
                 for foff, fend, seq, payload in parse_frames(buf):
-                    out.append((base + off + foff, base + off + fend, seq, bytes(payload)))
+                    add_start(at + foff)
+                    add_end(at + fend)
+                    add_seq(seq)
+                    add_payload(bytes(payload))
                     got = fend
                     nbytes += fend - foff
-                    if len(out) >= max_records or nbytes >= max_bytes:
+                    if len(seqs) >= max_records or nbytes >= max_bytes:
                         break
             except CorruptFrame as exc:
                 bad = exc

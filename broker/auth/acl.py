@@ -57,7 +57,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from ..core.topics import matches, valid_topic_filter
+from mqtt_topics import matches, valid_topic_filter
 
 READ = 1
 WRITE = 2

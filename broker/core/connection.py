@@ -15,7 +15,7 @@ from ..protocol.codec import Decoder, encode, encode_ack
 from ..protocol.errors import MalformedPacket, MQTTError, ProtocolError
 from .message import Message
 from .session import NEVER, Subscription
-from .topics import parse_shared, valid_topic_filter
+from mqtt_topics import parse_shared, valid_topic_filter
 
 log = logging.getLogger("broker.connection")
 

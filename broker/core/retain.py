@@ -1,7 +1,7 @@
 """Retained messages (3.3.1.3): one per topic, found by topic filter."""
 from __future__ import annotations
 
-from .topics import matches
+from mqtt_topics import matches
 
 
 class _Node:

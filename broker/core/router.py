@@ -1,7 +1,7 @@
 """Subscriptions -> matching sessions: the topic trie, $share groups and a match cache."""
 from __future__ import annotations
 
-from .topics import TopicTrie
+from mqtt_topics import TopicTrie
 
 CACHE_ENTRIES = 100_000
 CACHE_BYTES = 16 << 20

@@ -17,7 +17,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from ..core.topics import valid_topic_filter
+from mqtt_topics import valid_topic_filter
 
 log = logging.getLogger("broker.dashboard")
 

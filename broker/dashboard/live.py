@@ -10,7 +10,7 @@ import base64
 import time
 from collections import deque
 
-from ..core.topics import matches
+from mqtt_topics import matches
 
 PROTOCOLS = {3: "3.1", 4: "3.1.1", 5: "5.0"}
 DROP_REASONS = ("queue_full", "expired", "too_large", "slow_consumer", "not_authorized",

@@ -26,7 +26,7 @@ from ..protocol import packets as P
 from ..protocol.properties import decode_properties, encode_properties
 from ..core.message import Message
 from ..core.session import NEVER, Session, Subscription
-from ..core.topics import parse_shared, valid_topic_filter
+from mqtt_topics import parse_shared, valid_topic_filter
 
 log = logging.getLogger("broker.store")
 

@@ -13,7 +13,7 @@ from broker.auth import (ACL, AccessControl, AuthFileError, BAD_USER_NAME_OR_PAS
                          overlaps, verify_password)
 from broker.auth import passwords as pwmod
 from broker.auth.__main__ import main as cli
-from broker.core.topics import matches
+from mqtt_topics import matches
 
 ROOT = Path(__file__).resolve().parents[2]
 FAST = dict(n=2 ** 8, r=8, p=1)   # cheap scrypt parameters for tests

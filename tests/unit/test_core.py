@@ -2,7 +2,7 @@
 from broker.config import MQTTConfig
 from broker.core.broker import Broker
 from broker.core.connection import Connection
-from broker.core.topics import TopicTrie, matches, parse_shared, valid_topic_filter
+from mqtt_topics import TopicTrie, matches, parse_shared, valid_topic_filter
 from broker.core.retain import RetainedStore
 from broker.protocol import packets as P
 from broker.protocol import properties as PR

@@ -3,7 +3,7 @@
 from hypothesis import given, settings, strategies as st
 
 from sink import progress
-from sink.forwarder import Forwarder, MemorySource, ThreadControl
+from sink.forwarder import AckedChunk, Forwarder, MemorySource, ThreadControl
 
 
 def fwd(tmp_path):
@@ -13,9 +13,9 @@ def fwd(tmp_path):
     f.source.end_pos = 300
     f.source._read_seq = 0
     # three acknowledged chunks: spool end position, next seq, {(topic, partition): next offset}, ids
-    f.pending.extend([[100, 10, {("m", 0): 10}, {"m": "A"}],
-                      [200, 20, {("m", 0): 15, ("m", 1): 5}, {"m": "A"}],
-                      [300, 30, {("m", 1): 15}, {"m": "A"}]])
+    f.pending.extend([AckedChunk(100, 10, {("m", 0): 10}, {"m": "A"}),
+                      AckedChunk(200, 20, {("m", 0): 15, ("m", 1): 5}, {"m": "A"}),
+                      AckedChunk(300, 30, {("m", 1): 15}, {"m": "A"})])
     return f
 
 
@@ -48,16 +48,16 @@ def test_merging_the_pending_list_is_conservative(chunks, limit):
     every chunk in it is."""
     f = Forwarder(MemorySource(1 << 20), ThreadControl(), lambda st: None, "127.0.0.1:1", keep_until="history")
     for i, d in enumerate(chunks):
-        f.pending.append([(i + 1) * 10, i + 1, dict(d), {"a": "X", "b": "X"}])
+        f.pending.append(AckedChunk((i + 1) * 10, i + 1, dict(d), {"a": "X", "b": "X"}))
     orig = list(f.pending)
     f._merge_pending(limit)
     assert len(f.pending) <= max(limit, 1)
-    assert f.pending[-1][:2] == orig[-1][:2]
+    assert (f.pending[-1].end, f.pending[-1].next_seq) == (orig[-1].end, orig[-1].next_seq)
     # each merged entry covers the chunks up to its end, with offsets at least theirs
     j = 0
-    for end, seq, d, ids in f.pending:
-        while j < len(orig) and orig[j][0] <= end:
-            for tp, n in orig[j][2].items():
-                assert d[tp] >= n
+    for c in f.pending:
+        while j < len(orig) and orig[j].end <= c.end:
+            for tp, n in orig[j].offsets.items():
+                assert c.offsets[tp] >= n
             j += 1
     assert j == len(orig)

@@ -1,0 +1,142 @@
+"""Topic names, topic filters and the subscription trie (MQTT section 4.7).
+
+A leaf module: pure functions and one data structure, no imports from broker or sink, so
+both the broker (routing, retain, ACLs) and the sink (per-topic rules) use the same matcher.
+"""
+from __future__ import annotations
+
+SHARE_PREFIX = "$share/"
+
+
+def valid_topic_name(topic: str) -> bool:
+    """A non-empty topic name without wildcards [MQTT-4.7.0-1], [MQTT-3.3.2-2]."""
+    return bool(topic) and "+" not in topic and "#" not in topic
+
+
+def valid_topic_filter(filt: str) -> bool:
+    """[MQTT-4.7.1-1..3]: '#' last and alone in its level, '+' alone in its level."""
+    if not filt:
+        return False
+    if "+" not in filt and "#" not in filt:
+        return True
+    levels = filt.split("/")
+    last = len(levels) - 1
+    for i, level in enumerate(levels):
+        if "#" in level and (level != "#" or i != last):
+            return False
+        if "+" in level and level != "+":
+            return False
+    return True
+
+
+def parse_shared(filt: str) -> tuple[str, str] | None:
+    """'$share/{group}/{filter}' -> (group, filter); None when not shared.
+
+    Raises ValueError for a malformed shared subscription (4.8.2).
+    """
+    if not filt.startswith(SHARE_PREFIX):
+        return None
+    rest = filt[len(SHARE_PREFIX):]
+    group, sep, inner = rest.partition("/")
+    if not group or not sep or not inner or "+" in group or "#" in group:
+        raise ValueError("shared subscription must be $share/{ShareName}/{filter}")
+    return group, inner
+
+
+def matches(filt: str, topic: str) -> bool:
+    """Whether a topic filter matches a topic name (used for rules and retained messages)."""
+    if topic.startswith("$") and filt[:1] in ("+", "#"):  # [MQTT-4.7.2-1]
+        return False
+    f = filt.split("/")
+    t = topic.split("/")
+    for i, level in enumerate(f):
+        if level == "#":
+            return True
+        if i >= len(t):
+            return False
+        if level != "+" and level != t[i]:
+            return False
+    return len(f) == len(t)
+
+
+class _Node:
+    __slots__ = ("children", "values")
+
+    def __init__(self):
+        self.children: dict[str, _Node] = {}
+        self.values: dict = {}
+
+
+class TopicTrie:
+    """Maps topic filters to {key: value} and finds every filter matching a topic."""
+
+    def __init__(self):
+        self.root = _Node()
+
+    def add(self, filt: str, key, value) -> bool:
+        """Store value under key for filt; return True when the key was new."""
+        node = self.root
+        for level in filt.split("/"):
+            child = node.children.get(level)
+            if child is None:
+                child = node.children[level] = _Node()
+            node = child
+        new = key not in node.values
+        node.values[key] = value
+        return new
+
+    def remove(self, filt: str, key) -> bool:
+        path = [self.root]
+        levels = filt.split("/")
+        for level in levels:
+            node = path[-1].children.get(level)
+            if node is None:
+                return False
+            path.append(node)
+        if path[-1].values.pop(key, None) is None:
+            return False
+        for i in range(len(levels), 0, -1):  # prune empty branches
+            node = path[i]
+            if node.values or node.children:
+                break
+            del path[i - 1].children[levels[i - 1]]
+        return True
+
+    def match(self, topic: str) -> list[dict]:
+        """The value dicts of every node whose filter matches topic."""
+        levels = topic.split("/")
+        out: list[dict] = []
+        n = len(levels)
+        root = self.root
+        dollar = topic.startswith("$")
+
+        def step(c: _Node, i: int) -> None:
+            """Continue below child c, which matched level i."""
+            if i + 1 == n:
+                if c.values:
+                    out.append(c.values)
+                h = c.children.get("#")  # 'a/#' also matches 'a' [MQTT-4.7.1-2]
+                if h is not None and h.values:
+                    out.append(h.values)
+            else:
+                walk(c, i + 1)
+
+        def walk(node: _Node, i: int) -> None:
+            children = node.children
+            if not children:
+                return
+            wild = not (dollar and i == 0)  # [MQTT-4.7.2-1]
+            if wild:
+                h = children.get("#")
+                if h is not None and h.values:
+                    out.append(h.values)
+            c = children.get(levels[i])
+            if c is not None:
+                step(c, i)
+            if wild:
+                c = children.get("+")
+                if c is not None:
+                    step(c, i)
+
+        walk(root, 0)
+        return out

@@ -1,0 +1,281 @@
+"""The forwarder's state machine (sink/forwarder.py State), one step at a time, with a fake clock
+and a fake Kafka: which decision it takes on a failed chunk, a refused record, lost data and a
+Kafka that is not there yet."""
+import pytest
+
+from sink import forwarder as fw
+from sink.forwarder import Forwarder, MemorySource, State, ThreadControl
+from sink.record import decode_body, encode_message
+
+T0 = 1_800_000_000.0          # wall clock of the fake clock at monotonic 0
+
+
+class Clock:
+    def __init__(self):
+        self.now = 1000.0
+
+    def monotonic(self):
+        return self.now
+
+    def time(self):
+        return T0 + self.now
+
+    def sleep(self, s):
+        self.now += s
+
+    def advance(self, s):
+        self.now += s
+
+
+class KafkaTimeoutError(Exception):
+    retriable = True
+
+
+class MessageSizeTooLargeError(Exception):   # Kafka refuses the record for good
+    retriable = False
+
+
+class Future:
+    def __init__(self, groups):
+        self.groups = groups
+        self.counts = {(t, 0): len(v) for t, v in groups.items()}
+        self.exception = self.value = None
+        self.done = False
+
+    def poll(self):
+        return self.done
+
+    def values(self):
+        return [int(decode_body(body)[1]) for recs in self.groups.values() for _, body in recs]
+
+
+class Cluster:
+    def __init__(self):
+        self._last_successful_refresh_ms = 0
+        self.updates = 0
+
+    def topic_id(self, topic):
+        return "id-1"
+
+    def request_update(self):
+        self.updates += 1
+
+
+class FakeKafka:
+    """Stands in for produce.BatchSender: records what is sent; the test answers each request."""
+    attempts = 0
+    refuse_connect = 0
+
+    def __init__(self, pcfg):
+        FakeKafka.attempts += 1
+        if FakeKafka.refuse_connect:
+            FakeKafka.refuse_connect -= 1
+            raise KafkaTimeoutError("no brokers")
+        self.sent: list[Future] = []
+        self.log: list[int] = []          # values Kafka has, in order
+        self.cluster = Cluster()
+        FakeKafka.last = self
+
+    def send(self, groups):
+        fut = Future(groups)
+        self.sent.append(fut)
+        return fut
+
+    def ack(self, i, base=None):
+        fut = self.sent[i]
+        fut.value = {tp: (len(self.log) if base is None else base) for tp in fut.counts}
+        self.log += fut.values()
+        fut.done = True
+
+    def fail(self, i, exc):
+        self.sent[i].exception = exc
+        self.sent[i].done = True
+
+    def poll(self, ms=0):
+        pass
+
+    def maybe_refresh(self):
+        pass
+
+    def partitions_for(self, topic, wait_ms=0):
+        return {0}
+
+    def close(self):
+        pass
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    c = Clock()
+    monkeypatch.setattr(fw, "time", c)
+    monkeypatch.setattr(fw, "BatchSender", FakeKafka)
+    FakeKafka.attempts = FakeKafka.refuse_connect = 0
+    return c
+
+
+def forwarder(clock, n, chunk=4, **kw):
+    src = MemorySource(1 << 20)
+    f = Forwarder(src, ThreadControl(), lambda st: None, "127.0.0.1:1", chunk_records=chunk, linger_ms=0, **kw)
+    add(f, clock, 0, n)
+    return f
+
+
+def add(f, clock, first, n):
+    for i in range(first, first + n):
+        f.source.append(encode_message("mqtt.messages", "t/x", str(i).encode(), 1, False, "c", None, 5,
+                                       int(clock.time() * 1000), f"id-{i}"))
+
+
+def steps(f, clock, n=1):
+    for _ in range(n):
+        f.step(clock.monotonic())
+
+
+def test_failed_chunk_waits_for_the_others_rewinds_to_its_first_record_and_backs_off(clock):
+    f = forwarder(clock, 10)
+    steps(f, clock, 3)                      # connect, then one chunk per step: 0-3, 4-7, 8-9
+    k = FakeKafka.last
+    assert f.state is State.FORWARDING and [fut.values() for fut in k.sent] == [[0, 1, 2, 3], [4, 5, 6, 7],
+                                                                                 [8, 9]]
+    k.ack(0)
+    k.fail(1, KafkaTimeoutError("request timed out"))
+    steps(f, clock)
+    assert f.state is State.RESENDING and f.resend_at.seq == 4
+    assert f._resume_pos() == f.resend_at.pos    # a restart now would start at the failed chunk
+    assert f.acked_seq == 4 and f.failed == 4 and f.kafka_up is False
+    assert len(k.sent) == 3                 # nothing new while one is still in flight
+    k.ack(2)                                # acknowledged, but behind the failed chunk: sent again
+    steps(f, clock)
+    assert f.state is State.FORWARDING and f.acked_seq == 4 and not f.inflight
+    steps(f, clock)
+    assert len(k.sent) == 3                 # backing off
+    clock.advance(0.5)
+    steps(f, clock, 2)
+    assert [fut.values() for fut in k.sent[3:]] == [[4, 5, 6, 7], [8, 9]]
+    k.ack(3)
+    k.ack(4)
+    steps(f, clock)
+    assert f.acked_seq == 10 and f.forwarded == 10 and f.kafka_up is True
+    assert k.log[-6:] == [4, 5, 6, 7, 8, 9]    # in order from the failed record: duplicates, no gap
+
+
+def test_a_record_refused_for_good_is_found_one_by_one_and_dropped_alone(clock):
+    f = forwarder(clock, 3)
+    steps(f, clock, 2)
+    k = FakeKafka.last
+    k.fail(0, MessageSizeTooLargeError("too large"))
+    steps(f, clock)                         # -> RESENDING, one record per request up to the chunk's end
+    assert f.state is State.FORWARDING and f.failed == 3 and f.poisoned == 0
+    clock.advance(0.5)
+    steps(f, clock, 3)
+    assert [fut.values() for fut in k.sent[1:]] == [[0], [1], [2]]
+    k.ack(1)
+    k.fail(2, MessageSizeTooLargeError("too large"))
+    k.ack(3)
+    steps(f, clock)
+    assert f.poisoned == 1 and f.state is State.FORWARDING and f.resend_at is None
+    assert f.acked_seq == 3 and f.forwarded == 2 and k.log == [0, 2]
+    steps(f, clock)
+    add(f, clock, 3, 5)
+    steps(f, clock)
+    assert k.sent[-1].values() == [3, 4, 5, 6]   # past the refused chunk: whole chunks again
+
+
+def test_kafka_losing_data_probes_metadata_then_replays_the_window(clock):
+    f = forwarder(clock, 6, chunk=3)
+    steps(f, clock, 3)
+    k = FakeKafka.last
+    k.ack(0)
+    k.ack(1)
+    steps(f, clock)
+    assert f.acked_seq == 6 and f.offsets == {"mqtt.messages/0": 5}
+    add(f, clock, 6, 4)
+    steps(f, clock, 2)                      # 6-8 and 9 in flight
+    k.ack(2, base=0)                        # the offset went back: Kafka restarted empty
+    steps(f, clock)
+    assert f.state is State.REPLAYING and "went back from 5 to 0" in f.lost_reason
+    assert len(k.sent) == 4 and k.cluster.updates == 0   # nothing sent, waits for the one in flight
+    k.ack(3)
+    steps(f, clock)
+    assert f.state is State.PROBING and k.cluster.updates == 1
+    clock.advance(0.05)
+    steps(f, clock)                         # no fresh metadata yet: keep probing, send nothing
+    assert f.state is State.PROBING and k.cluster.updates == 2 and len(k.sent) == 4
+    k.cluster._last_successful_refresh_ms = clock.monotonic() * 1000 + 10
+    clock.advance(0.05)
+    steps(f, clock)
+    assert f.state is State.FORWARDING and f.replays == 1 and f.offsets == {}
+    steps(f, clock, 4)
+    assert [fut.values() for fut in k.sent[4:]] == [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9]]
+    assert f.replayed == 10 and f.acked_seq == 10
+
+
+def test_probing_gives_up_waiting_for_fresh_metadata_after_15_seconds(clock):
+    f = forwarder(clock, 2)
+    steps(f, clock, 2)
+    k = FakeKafka.last
+    k.ack(0)
+    steps(f, clock)
+    f._lost("test")
+    steps(f, clock)
+    assert f.state is State.PROBING
+    clock.advance(14)
+    steps(f, clock)
+    assert f.state is State.PROBING and f.replays == 0
+    clock.advance(1.01)
+    steps(f, clock)
+    assert f.state is State.FORWARDING and f.replays == 1
+
+
+def test_connecting_retries_once_a_second(clock):
+    FakeKafka.refuse_connect = 2
+    f = forwarder(clock, 1)
+    steps(f, clock, 3)
+    assert f.state is State.CONNECTING and FakeKafka.attempts == 1 and f.kafka_up is False
+    clock.advance(1.0)
+    steps(f, clock)
+    assert f.state is State.CONNECTING and FakeKafka.attempts == 2
+    clock.advance(1.0)
+    steps(f, clock)
+    assert f.state is State.FORWARDING and FakeKafka.attempts == 3 and f.kafka_up is True
+    steps(f, clock)
+    assert FakeKafka.last.sent[0].values() == [0]
+
+
+def test_lingers_for_fuller_chunks_unless_the_last_read_was_full(clock):
+    f = forwarder(clock, 6, chunk=4)
+    f.linger = 0.005
+    steps(f, clock, 2)                      # connect; a full chunk of 4
+    steps(f, clock)                         # the read was full: read again at once (2 left)
+    k = FakeKafka.last
+    assert [fut.values() for fut in k.sent] == [[0, 1, 2, 3], [4, 5]]
+    add(f, clock, 6, 1)
+    steps(f, clock)
+    assert len(k.sent) == 2 and f._lingering   # the last read was short: wait a few ms
+    clock.advance(0.006)
+    steps(f, clock)
+    assert k.sent[-1].values() == [6]
+
+
+def test_history_mode_replays_from_the_committed_position_not_the_window(clock):
+    """keep_until = "history": after Kafka lost data, what the table has not committed is sent
+    again, from the committed position (the replay window plays no part)."""
+    f = forwarder(clock, 6, chunk=3, keep_until="history")
+    steps(f, clock, 3)
+    k = FakeKafka.last
+    k.ack(0)
+    k.ack(1)
+    steps(f, clock)
+    assert [(c.end, c.next_seq) for c in f.pending] == [(f.pending[0].end, 3), (f.acked_pos, 6)]
+    f.committed_pos, f.committed_seq = f.pending[0].end, 3      # the table has the first chunk
+    f.pending.popleft()
+    f._lost("test")
+    steps(f, clock)                         # -> PROBING
+    k.cluster._last_successful_refresh_ms = clock.monotonic() * 1000 + 10
+    steps(f, clock)
+    assert f.state is State.FORWARDING and not f.pending
+    steps(f, clock, 2)
+    assert k.sent[-1].values() == [3, 4, 5] and len(k.sent) == 3
+    k.ack(2)
+    steps(f, clock)
+    assert [(c.end, c.next_seq) for c in f.pending] == [(f.acked_pos, 6)]   # awaits the table again
