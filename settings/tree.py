@@ -62,7 +62,7 @@ class Section:
         out = {}
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            if isinstance(value, Section) or value is None:
+            if "section" in f.metadata or value is None:
                 continue
             if isinstance(value, tuple):
                 value = [v._asdict() if hasattr(v, "_asdict") else v for v in value]
