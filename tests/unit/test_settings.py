@@ -294,3 +294,38 @@ def test_settings_is_a_leaf_and_the_job_does_not_import_the_broker():
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                          check=True, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
     assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_component_defaults_agree_with_the_tree():
+    """Constructors that components also use without a config (tests, benches) keep keyword
+    defaults; each is the tree's default for the key it stands for, never a second value."""
+    import inspect
+
+    from broker.auth import AccessControl
+    from broker.auth.checks import CheckQueue
+    from broker.observability.sys_topics import SysPublisher
+    from broker.store.sqlite import Store
+    from sink.forwarder import Forwarder
+    from sink.spool import SpoolWriter
+
+    def default(fn, name):
+        return inspect.signature(fn).parameters[name].default
+
+    sink, persistence, auth = SinkConfig(), settings.PersistenceConfig(), settings.AuthConfig()
+    pairs = [
+        (default(Store.__init__, "synchronous"), persistence.synchronous),
+        (default(Store.__init__, "max_pending"), persistence.max_pending_changes),
+        (default(SysPublisher.__init__, "interval"), settings.MetricsConfig().sys_interval),
+        (default(SpoolWriter.__init__, "segment_bytes"), sink.spool_segment_bytes),
+        (default(Forwarder.__init__, "replay_window_seconds"), sink.replay_window_seconds),
+        (default(Forwarder.__init__, "replay_window_messages"), sink.replay_window_messages),
+        (default(Forwarder.__init__, "max_inflight"), sink.max_inflight),
+        (default(Forwarder.__init__, "drain_timeout"), sink.drain_timeout_seconds),
+        (default(Forwarder.__init__, "keep_until"), sink.keep_until),
+        (default(CheckQueue.__init__, "max_pending"), auth.max_pending_checks),
+        (default(CheckQueue.__init__, "threads"), auth.check_threads),
+    ] + [(default(AccessControl.__init__, k), getattr(auth, k))
+         for k in ("cache_seconds", "reload_interval", "decision_cache_size", "max_pending_checks",
+                   "check_threads", "max_deferred_bytes", "client_id_pattern", "allow_anonymous")]
+    for i, (got, want) in enumerate(pairs):
+        assert got == want, f"pair {i}: {got!r} != the tree's {want!r}"
