@@ -12,9 +12,9 @@ import dataclasses
 import functools
 from dataclasses import MISSING, dataclass, field
 
-from .checks import (COUNT, PORT, SECONDS, Bool, Check, ConfigError, Enum, HostPorts, Int, IntList,
-                     Num, Pattern, Rules, Spec, Str, StrList, Table, connect_address, did_you_mean,
-                     starting_offsets, DOC, check)
+from .checks import (COUNT, DOC, PORT, SECONDS, Bool, Check, ConfigError, Enum, HostPorts, Int,
+                     IntList, Num, Pattern, Rules, Spec, Str, StrList, Table, check,
+                     connect_address, did_you_mean, starting_offsets)
 
 
 def key(default=MISSING, spec: Spec | None = None, *, factory=MISSING):
@@ -292,6 +292,6 @@ def sections() -> dict[str, dict[str, Spec]]:
     return {"broker": Config.specs(), **{name: cls.specs() for name, cls in SECTIONS.items()}}
 
 
-__all__ = ["AuthConfig", "Config", "ConfigError", "DashboardConfig", "HistoryConfig",
-           "ListenerConfig", "MQTTConfig", "MetricsConfig", "PersistenceConfig", "SECTIONS",
-           "Section", "SinkConfig", "key", "sections", "DOC", "did_you_mean"]
+__all__ = ["DOC", "SECTIONS", "AuthConfig", "Config", "ConfigError", "DashboardConfig",
+           "HistoryConfig", "ListenerConfig", "MQTTConfig", "MetricsConfig", "PersistenceConfig",
+           "Section", "SinkConfig", "did_you_mean", "key", "sections"]
