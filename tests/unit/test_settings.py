@@ -330,3 +330,17 @@ def test_component_defaults_agree_with_the_tree():
                    "check_threads", "max_deferred_bytes", "client_id_pattern", "allow_anonymous")]
     for i, (got, want) in enumerate(pairs):
         assert got == want, f"pair {i}: {got!r} != the tree's {want!r}"
+
+
+def test_job_flag_defaults_agree_with_the_tree():
+    """sink.job's JobConfig (the job's flags without a config file) defaults to the tree's."""
+    from sink.job import JobConfig
+    job, h, sink = JobConfig(), settings.HistoryConfig(), SinkConfig()
+    assert job.bootstrap == f"127.0.0.1:{sink.embedded_port}"
+    assert job.topics == [sink.topic]
+    assert (job.table, job.trigger_seconds, job.source, job.dedup_window, job.starting_offsets,
+            job.connect, job.connect_host, job.connect_port, job.kafka) == \
+        (h.table, h.trigger_seconds, h.source, h.dedup_window, h.starting_offsets, h.connect,
+         h.connect_host, h.connect_port, h.kafka)
+    assert job.checkpoint is None and h.checkpoint == ""
+    assert job.max_records_per_trigger is None and h.max_records_per_trigger == 0
