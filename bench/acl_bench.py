@@ -13,7 +13,7 @@ import tempfile
 import time
 
 from broker.auth import AccessControl
-from broker.config import MQTTConfig
+from settings import MQTTConfig
 from broker.core.broker import Broker
 from broker.core.connection import Connection
 from broker.protocol import packets as P

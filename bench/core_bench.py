@@ -6,7 +6,7 @@ Prints messages/s through the core for fan-in (one subscriber) and fan-out.
 import argparse
 import time
 
-from broker.config import MQTTConfig
+from settings import MQTTConfig
 from broker.core.broker import Broker
 from broker.core.connection import Connection
 from broker.protocol import packets as P

@@ -9,7 +9,7 @@ import resource
 import tempfile
 import time
 
-from broker.config import MQTTConfig
+from settings import MQTTConfig
 from broker.core.broker import Broker
 from broker.core.message import Message
 from broker.core.session import Session, Subscription

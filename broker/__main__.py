@@ -6,9 +6,11 @@ import asyncio
 import logging
 import sys
 
+import settings
+from settings import one_line
+from settings import report as report_config_error
+
 from . import config as config_mod
-from .config_check import one_line
-from .config_check import report as report_config_error
 from .server import install_uvloop, serve
 
 log = logging.getLogger("broker")
@@ -38,7 +40,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def build_config(args) -> config_mod.Config:
+def build_config(args) -> settings.Config:
     """Every setting checked: ConfigError (one line, naming the key) for the first bad one."""
     flags = [("broker", name, getattr(args, name), "--" + name.replace("_", "-"))
              for name in ("host", "port", "data_dir", "log_level", "log_format")
@@ -50,7 +52,7 @@ def build_config(args) -> config_mod.Config:
         flags.append(("sink", "enabled", True, "--sink"))
     if args.no_sink:
         flags.append(("sink", "enabled", False, "--no-sink"))
-    return config_mod.load(args.config, sets=args.set, flags=flags)
+    return settings.load(args.config, sets=args.set, flags=flags)
 
 
 def setup_logging(level: str, fmt: str) -> None:
@@ -74,10 +76,7 @@ def main(argv=None) -> int:
     try:
         cfg = build_config(args)
         from .auth import from_config as auth_from_config
-        auth = auth_from_config(cfg.extra.get("auth"))
-        if (cfg.extra.get("dashboard") or {}).get("enabled"):
-            from .dashboard import settings as dashboard_settings
-            dashboard_settings(cfg.extra.get("dashboard"), cfg.history)  # errors stop here
+        auth = auth_from_config(cfg.auth)   # reads the password and ACL files: errors stop here
         config_mod.check_tls_files(cfg)
     except ValueError as exc:  # ConfigError, and what auth/dashboard find (files, ...)
         return report_config_error(exc)
@@ -86,17 +85,17 @@ def main(argv=None) -> int:
     setup_logging(cfg.log_level, cfg.log_format)
     sink = store = None
     try:  # directories that cannot be created, a spool locked by another broker: one line
-        if cfg.sink.get("enabled"):
+        if cfg.sink.enabled:
             from sink.service import Sink
             sink = Sink.from_config(cfg.sink, cfg.data_dir, history=cfg.history)
             sink.start()
-        if cfg.persistence.get("enabled", True):
+        p = cfg.persistence
+        if p.enabled:
             import os
 
             from .store.sqlite import Store
-            path = cfg.persistence.get("path") or os.path.join(cfg.data_dir, "state.db")
-            store = Store(path, synchronous=str(cfg.persistence.get("synchronous", "NORMAL")).upper(),
-                          max_pending=int(cfg.persistence.get("max_pending_changes", 1_000_000)))
+            store = Store(p.path or os.path.join(cfg.data_dir, "state.db"),
+                          synchronous=p.synchronous, max_pending=p.max_pending_changes)
     except (OSError, RuntimeError) as exc:
         log.error("cannot start: %s (check --data-dir, sink.spool_dir, persistence.path)",
                   one_line(exc))

@@ -7,7 +7,7 @@ import logging
 import signal
 import socket
 
-from .config import Config
+from .config import Config, ListenerConfig
 from .core.broker import Broker
 from .core.connection import Connection, StoredAck
 from .transport import tls
@@ -21,7 +21,7 @@ WRITE_HIGH_WATER = 1 << 20  # bytes buffered for a client before QoS 0 is droppe
 class MQTTProtocol(asyncio.Protocol):
     __slots__ = ("server", "conn", "listener", "transport", "discard", "linger_timer")
 
-    def __init__(self, server: "Server", listener: dict):
+    def __init__(self, server: "Server", listener: ListenerConfig):
         self.server = server
         self.listener = listener
         self.conn: Connection | None = None
@@ -217,7 +217,7 @@ class Server:
                                        conn.awaiting_auth, done)
 
     # ------------------------------------------------------------ lifecycle
-    def listener_specs(self) -> list[dict]:
+    def listener_specs(self) -> list[ListenerConfig]:
         # the checks live with the other config checks
         from .config import listener_specs
         return listener_specs(self.config)
@@ -227,7 +227,7 @@ class Server:
         if self.store is not None:
             self.store.load(self.broker)
         for spec in self.listener_specs():
-            kind = spec["type"]
+            kind = spec.type
             ctx = None
             if kind in ("tls", "wss"):
                 ctx = tls.make_context(spec)
@@ -237,23 +237,23 @@ class Server:
                 srv = await start_listener(self, spec, ctx)
             else:
                 srv = await self.loop.create_server(
-                    lambda spec=spec: MQTTProtocol(self, spec), spec["host"], spec["port"],
+                    lambda spec=spec: MQTTProtocol(self, spec), spec.host, spec.port,
                     reuse_address=True, backlog=4096, ssl=ctx)
             self.servers.append(srv)
             port = list(srv.sockets)[0].getsockname()[1]
-            self.ports[spec["name"]] = port
-            log.info("listening for MQTT (%s) on %s:%s%s", kind, spec["host"], port,
-                     spec.get("path", "/mqtt") if kind in ("ws", "wss") else "")
+            self.ports[spec.name] = port
+            log.info("listening for MQTT (%s) on %s:%s%s", kind, spec.host, port,
+                     spec.path if kind in ("ws", "wss") else "")
         m = self.config.metrics
-        if m.get("enabled", False):
+        if m.enabled:
             from .observability.metrics import start_http
-            srv = await start_http(self, m.get("host", "127.0.0.1"), int(m.get("port", 9100)))
+            srv = await start_http(self, m.host, m.port)
             self.servers.append(srv)
             self.ports["metrics"] = srv.sockets[0].getsockname()[1]
-        if m.get("sys_interval", 10):
+        if m.sys_interval:
             from .observability.sys_topics import SysPublisher
-            self.sys = SysPublisher(self, float(m.get("sys_interval", 10)))
-        if (self.config.extra.get("dashboard") or {}).get("enabled"):
+            self.sys = SysPublisher(self, m.sys_interval)
+        if self.config.dashboard.enabled:
             from .dashboard import start as start_dashboard
             self.dashboard = await start_dashboard(self)
             self.ports["dashboard"] = self.dashboard.port
@@ -268,7 +268,7 @@ class Server:
         for ctx, spec in self.tls_contexts:
             try:
                 tls.load(ctx, spec)
-                log.info("reloaded TLS certificate %s", spec.get("certfile"))
+                log.info("reloaded TLS certificate %s", spec.certfile)
             except ValueError as exc:
                 log.error("%s (keeping the previous certificate)", exc)
         reload_auth = getattr(self.broker.auth, "reload", None)

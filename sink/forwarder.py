@@ -1022,12 +1022,13 @@ def main() -> int:
         except (BrokenPipeError, ValueError):
             pass
 
-    fwd = Forwarder(SpoolSource(cfg["spool_dir"], cfg.get("retain_max_bytes", 1 << 30), shard, shards),
-                    PipeControl(0), publish, cfg["bootstrap"], cfg.get("kafka"),
-                    cfg.get("replay_window_seconds", 3600), cfg.get("replay_window_messages", 1_000_000),
-                    cfg.get("max_inflight", 10000), cfg.get("drain_timeout", 5.0),
-                    shard=shard, shards=shards, keep_until=cfg.get("keep_until", "kafka"),
-                    committed_file=cfg.get("committed_file"))
+    # every setting comes from the Sink (Sink._fwd_config: [sink] of the typed config tree)
+    fwd = Forwarder(SpoolSource(cfg["spool_dir"], cfg["retain_max_bytes"], shard, shards),
+                    PipeControl(0), publish, cfg["bootstrap"], cfg["kafka"],
+                    cfg["replay_window_seconds"], cfg["replay_window_messages"],
+                    cfg["max_inflight"], cfg["drain_timeout"],
+                    shard=shard, shards=shards, keep_until=cfg["keep_until"],
+                    committed_file=cfg["committed_file"])
     try:
         fwd.run()
     finally:

@@ -128,46 +128,35 @@ def _topics(value) -> list[str]:
 
 
 def load_config(path: str | None) -> dict:
-    """The job's settings from the broker's config file, every key of which is checked the way
-    the broker checks it (broker.config.ConfigError: one line naming the key)."""
-    if not path:
-        return {}
-    # one loader for the project's config file
-    from broker.config import ConfigError, load
+    """The job's settings from the broker's config file (no file: the defaults), every key of
+    which is checked the way the broker checks it (settings.ConfigError: one line naming the key)."""
+    # one loader and one typed tree for the project's config file (the leaf package settings/)
+    from settings import ConfigError, load
     cfg = load(path, env={})
     out = {}
     # [sink] is the broker's section (config/broker.toml): read Kafka from where it forwards to.
-    sink = cfg.sink
-    bs = sink.get("bootstrap_servers", "")
-    bs = ",".join(bs) if isinstance(bs, list) else str(bs or "").strip()
-    if bs:
-        out["bootstrap"] = bs
-    elif "embedded_port" in sink:  # empty = the broker starts an embedded Kafka on this port
-        port = int(sink.get("embedded_port") or 0)
-        if port <= 0:
+    sink, hist = cfg.sink, cfg.history
+    if sink.bootstrap_servers:
+        out["bootstrap"] = sink.bootstrap_servers
+    else:  # empty = the broker starts an embedded Kafka on this port
+        if sink.embedded_port <= 0:
             raise ConfigError("sink.embedded_port", "an embedded Kafka on a random port cannot "
                               "be found by the history job: give its address with "
-                              "--kafka-bootstrap", port, os.path.basename(path))
-        out["bootstrap"] = f"127.0.0.1:{port}"
-    sink_topics = [sink.get("topic") or DEFAULT_TOPIC] if sink else []
-    for rule in sink.get("rules", []) or []:
-        if isinstance(rule, dict) and rule.get("topic") and rule["topic"] not in sink_topics:
-            sink_topics.append(str(rule["topic"]))
-    if sink_topics:
-        out["topics"] = sink_topics  # [history] kafka_topics, then --kafka-topic, override
-    hist = cfg.history
-    for key in ("table", "checkpoint", "source", "dedup_window", "starting_offsets"):
-        if hist.get(key):  # "" means the default
-            out[key] = str(hist[key])
-    if isinstance(hist.get("kafka"), dict):  # [history.kafka]: TLS/SASL for a secured cluster
-        out["kafka"] = dict(hist["kafka"])
-    if hist.get("kafka_topics"):  # [] means: the topics [sink] forwards to
-        out["topics"] = _topics(hist["kafka_topics"])
-    if "trigger_seconds" in hist:
-        out["trigger_seconds"] = float(hist["trigger_seconds"])
-    if "max_records_per_trigger" in hist:
-        out["max_records_per_trigger"] = int(hist["max_records_per_trigger"]) or None
-    out.update(connect_settings(hist, path))
+                              "--kafka-bootstrap", sink.embedded_port, os.path.basename(path or ""))
+        out["bootstrap"] = f"127.0.0.1:{sink.embedded_port}"
+    sink_topics = [sink.topic]
+    for rule in sink.rules:
+        if rule.topic not in sink_topics:
+            sink_topics.append(rule.topic)
+    # [history] kafka_topics (() means: the topics [sink] forwards to), then --kafka-topic, override
+    out["topics"] = _topics(list(hist.kafka_topics)) or sink_topics
+    for key in ("table", "checkpoint", "source", "dedup_window", "starting_offsets", "connect_host"):
+        if getattr(hist, key):  # "" means the default
+            out[key] = getattr(hist, key)
+    out["kafka"] = dict(hist.kafka)  # [history.kafka]: TLS/SASL for a secured cluster
+    out["trigger_seconds"] = hist.trigger_seconds
+    out["max_records_per_trigger"] = hist.max_records_per_trigger or None
+    out.update(connect=hist.connect, connect_port=hist.connect_port)
     return out
 
 
@@ -670,8 +659,8 @@ def check_kafka(bootstrap: str, timeout: float = 10.0,
 
 
 def main(argv=None) -> int:
-    from broker.config import ConfigError
-    from broker.config_check import report as report_config_error
+    from settings import ConfigError
+    from settings import report as report_config_error
     try:
         cfg, args = config_from_args(argv)
     except ConfigError as exc:

@@ -32,9 +32,11 @@ import time
 from decimal import Decimal
 from pathlib import Path
 
-DEFAULT_TABLE = "./data/history"
+from settings import HistoryConfig, connect_address  # noqa: F401  (connect_address: sink.query's API)
+
+DEFAULT_TABLE = HistoryConfig().table             # [history] table
 VIEW = "messages"
-DEFAULT_CONNECT_URL = "sc://127.0.0.1:15002"
+DEFAULT_CONNECT_URL = HistoryConfig().connect_url  # [history] connect_host / connect_port
 
 
 class TableMissing(Exception):
@@ -130,17 +132,6 @@ def write_rows(columns: list[str], rows: list, fmt: str, out=sys.stdout, max_wid
 
 # ---- Spark Connect (the running job's session) or a local session ---------------------------
 
-def connect_address(url: str) -> tuple[str, int]:
-    """(host, port) of an sc://host:port[/;params] URL; ValueError when it is not one."""
-    if not url.startswith("sc://"):
-        raise ValueError(f"a Spark Connect URL looks like sc://HOST:PORT, not {url!r}")
-    hostport = url[len("sc://"):].split("/")[0].split(";")[0]
-    host, _, port = hostport.rpartition(":")
-    if not host or not port.isdigit():
-        raise ValueError(f"a Spark Connect URL looks like sc://HOST:PORT, not {url!r}")
-    return host.strip("[]"), int(port)
-
-
 def connect_reachable(url: str, timeout: float = 1.0) -> bool:
     """Whether something listens at the URL's address (the job's Spark Connect server)."""
     import socket
@@ -208,7 +199,7 @@ def main(argv=None) -> int:
         except ValueError as exc:
             if args.connect != os.environ.get("SINK_CONNECT_URL"):
                 p.error(f"--connect: {exc}")
-            from broker.config_check import ConfigError, report
+            from settings import ConfigError, report
             return report(ConfigError("SINK_CONNECT_URL", "must be sc://HOST:PORT (the history "
                                       "job's Spark Connect server)", args.connect))
 

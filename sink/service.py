@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import json
 import logging
 import os
@@ -25,102 +26,48 @@ from .forwarder import Forwarder, MemorySource, SpoolSource, ThreadControl
 from .record import SinkRecord, encode_message, encode_record
 from .spool import FRAME_SIZE, DirLock, SpoolWriter
 from mqtt_topics import matches as topic_matches  # one topic-filter matcher for the project
+from settings import HistoryConfig, SinkConfig
 
 log = logging.getLogger("sink")
-
-DEFAULTS = dict(
-    enabled=True,
-    bootstrap_servers="",
-    topic="mqtt.messages",
-    rules=[],
-    exclude=[],
-    durability="spool",
-    spool_dir="",
-    spool_max_bytes=1 << 30,
-    spool_segment_bytes=16 << 20,
-    keep_until="kafka",
-    committed_file="",
-    replay_window_seconds=3600.0,
-    replay_window_messages=1_000_000,
-    embedded_port=9092,
-    embedded_log_file="",
-    stats_interval=60.0,
-    forwarder="process",
-    forwarder_cpus=[],
-    forwarders=1,
-    max_inflight=10000,
-    drain_timeout_seconds=5.0,
-    kafka={},
-)
 
 _MISSING = object()
 _EXCLUDED = object()
 _REFUSED = object()
 
 
-def normalize_config(cfg: dict | None, data_dir: str) -> dict:
-    c = dict(DEFAULTS)
-    for k, v in (cfg or {}).items():
-        if k not in DEFAULTS:
-            log.warning("unknown config key [sink] %s ignored", k)
-            continue
-        c[k] = v
-    if c["durability"] not in ("spool", "async", "none"):
-        raise ValueError(f"sink.durability must be 'spool', 'async' or 'none', not {c['durability']!r}")
-    if c["keep_until"] not in ("kafka", "history"):
-        raise ValueError(f"sink.keep_until must be 'kafka' or 'history', not {c['keep_until']!r}")
-    if c["forwarder"] not in ("process", "thread"):
-        raise ValueError(f"sink.forwarder must be 'process' or 'thread', not {c['forwarder']!r}")
-    rules = c["rules"] or []
-    if isinstance(rules, dict):
-        rules = [{"filter": f, "topic": t} for f, t in rules.items()]
-    norm = []
-    for r in rules:
-        if not isinstance(r, dict) or "filter" not in r or "topic" not in r:
-            raise ValueError(f"sink.rules entries need 'filter' and 'topic': {r!r}")
-        norm.append((str(r["filter"]), str(r["topic"])))
-    c["rules"] = norm
-    c["spool_dir"] = c["spool_dir"] or os.path.join(data_dir, "spool")
-    for k in ("spool_max_bytes", "spool_segment_bytes", "replay_window_messages", "embedded_port",
-              "max_inflight", "forwarders"):
-        c[k] = int(c[k])
-    for k in ("replay_window_seconds", "stats_interval", "drain_timeout_seconds"):
-        c[k] = float(c[k])
-    if isinstance(c["exclude"], str):
-        c["exclude"] = [x.strip() for x in c["exclude"].split(",") if x.strip()]
-    c["exclude"] = [str(x) for x in (c["exclude"] or [])]
-    c["kafka"] = dict(c["kafka"] or {})
-    cpus = c["forwarder_cpus"]
-    if isinstance(cpus, (int, str)):
-        cpus = [x for x in str(cpus).split(",") if x.strip()]
-    c["forwarder_cpus"] = [int(x) for x in cpus or []]
-    return c
+def normalize_config(cfg: SinkConfig | dict | None, data_dir: str) -> SinkConfig:
+    """The [sink] section (a dict is checked as one: ConfigError naming a bad key), with
+    spool_dir resolved ("" = <data_dir>/spool)."""
+    if not isinstance(cfg, SinkConfig):
+        cfg = SinkConfig.from_table(cfg)
+    return dataclasses.replace(cfg, spool_dir=cfg.spool_dir or os.path.join(data_dir, "spool"))
 
 
-def committed_file(cfg: dict, history: dict | None) -> str:
+def committed_file(cfg: SinkConfig, history: HistoryConfig | None) -> str:
     """Where the history job reports what the table has committed: [sink] committed_file, else
     found from [history] table/checkpoint the way the job finds it (sink/progress.py)."""
-    if cfg.get("committed_file"):
-        return str(cfg["committed_file"])
+    if cfg.committed_file:
+        return cfg.committed_file
     from .progress import committed_path
-    h = history or {}
-    return committed_path(str(h.get("table") or "./data/history"), h.get("checkpoint") or None)
+    h = history or HistoryConfig()
+    return committed_path(h.table, h.checkpoint or None)
 
 
 class Sink:
-    def __init__(self, cfg: dict, data_dir: str, history: dict | None = None):
+    def __init__(self, cfg: SinkConfig | dict | None, data_dir: str,
+                 history: HistoryConfig | None = None):
         self.cfg = normalize_config(cfg, data_dir)
-        self.committed_file = committed_file(self.cfg, history) if self.cfg["keep_until"] == "history" else None
+        self.committed_file = committed_file(self.cfg, history) if self.cfg.keep_until == "history" else None
         self.data_dir = data_dir
-        self.durable = self.cfg["durability"] == "spool"          # acks wait for the fsync
-        self.on_disk = self.cfg["durability"] in ("spool", "async")  # records go through the spool file
-        self.max_bytes = self.cfg["spool_max_bytes"]
+        self.durable = self.cfg.durability == "spool"          # acks wait for the fsync
+        self.on_disk = self.cfg.durability in ("spool", "async")  # records go through the spool file
+        self.max_bytes = self.cfg.spool_max_bytes
         self._route_cache: dict[str, str | None] = {}
         # message ids: "<prefix>-<n hex>", one prefix and counter per Kafka topic, so the ids a
         # history job reads from one topic are consecutive (sink/dedup.py keeps them as intervals)
         self._ids: dict[str, list] = {}
         self.embedded = None
-        self.bootstrap = self.cfg["bootstrap_servers"] or ""
+        self.bootstrap = self.cfg.bootstrap_servers
         self._writer: SpoolWriter | None = None
         self._mem: MemorySource | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -155,7 +102,8 @@ class Sink:
         self._bg: threading.Thread | None = None
 
     @classmethod
-    def from_config(cls, cfg: dict, data_dir: str, history: dict | None = None) -> "Sink":
+    def from_config(cls, cfg: SinkConfig | dict | None, data_dir: str,
+                    history: HistoryConfig | None = None) -> "Sink":
         return cls(cfg, data_dir, history)
 
     # ------------------------------------------------------------------------------------------
@@ -165,15 +113,15 @@ class Sink:
         c = self.cfg
         if not self.bootstrap:
             from .kafka_embedded import EmbeddedKafka
-            port = int(c["embedded_port"]) or None
-            logf = c["embedded_log_file"] or None
+            port = c.embedded_port or None
+            logf = c.embedded_log_file or None
             self.embedded = EmbeddedKafka(port=port, log_file=logf).start()
             self.bootstrap = self.embedded.bootstrap
             log.info("embedded Kafka (Tansu, memory storage) at %s", self.bootstrap)
         if logging.getLogger("kafka").level == logging.NOTSET:
             logging.getLogger("kafka").setLevel(logging.CRITICAL)   # our own WARNING/INFO say it
         if self.on_disk:
-            self._writer = SpoolWriter(c["spool_dir"], int(c["spool_segment_bytes"]), fsync=self.durable,
+            self._writer = SpoolWriter(c.spool_dir, c.spool_segment_bytes, fsync=self.durable,
                                        on_durable=self._on_durable, on_written=self._notify_forwarder,
                                        on_error=self._on_write_error).open()
             self._fwd_pos, self._fwd_seq = self._writer.ckpt_pos, self._writer.ckpt_seq
@@ -183,11 +131,11 @@ class Sink:
             backlog = self._writer.next_seq - self._fwd_seq
             if backlog > 0:
                 log.info("%d unforwarded records in the spool %s will be replayed",
-                         backlog, c["spool_dir"])
+                         backlog, c.spool_dir)
         else:
             self._mem = MemorySource(self.max_bytes)
-        if self.on_disk and c["forwarder"] == "process":
-            for shard in range(max(1, c["forwarders"])):
+        if self.on_disk and c.forwarder == "process":
+            for shard in range(max(1, c.forwarders)):
                 self._start_process(shard)
         else:
             self._start_thread()
@@ -195,17 +143,17 @@ class Sink:
         self._bg.start()
         self._started = True
         log.info("started (durability=%s, forwarder=%s, kafka=%s, topic=%s, spool=%s)",
-                 c["durability"], c["forwarder"] if self.on_disk else "thread", self.bootstrap, c["topic"],
-                 c["spool_dir"] if self.on_disk else "memory")
+                 c.durability, c.forwarder if self.on_disk else "thread", self.bootstrap, c.topic,
+                 c.spool_dir if self.on_disk else "memory")
 
     def _fwd_config(self) -> dict:
         c = self.cfg
-        return dict(spool_dir=c["spool_dir"], bootstrap=self.bootstrap, kafka=c["kafka"],
-                    keep_until=c["keep_until"], committed_file=self.committed_file,
-                    replay_window_seconds=c["replay_window_seconds"],
-                    replay_window_messages=c["replay_window_messages"],
-                    max_inflight=c["max_inflight"], drain_timeout=c["drain_timeout_seconds"],
-                    retain_max_bytes=self.max_bytes, cpus=c["forwarder_cpus"],
+        return dict(spool_dir=c.spool_dir, bootstrap=self.bootstrap, kafka=c.kafka,
+                    keep_until=c.keep_until, committed_file=self.committed_file,
+                    replay_window_seconds=c.replay_window_seconds,
+                    replay_window_messages=c.replay_window_messages,
+                    max_inflight=c.max_inflight, drain_timeout=c.drain_timeout_seconds,
+                    retain_max_bytes=self.max_bytes, cpus=c.forwarder_cpus,
                     log_level=logging.getLogger("sink").getEffectiveLevel(),
                     watch_pid=self.embedded.proc.pid if self.embedded and self.embedded.proc else None)
 
@@ -217,7 +165,7 @@ class Sink:
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         proc = subprocess.Popen([sys.executable, "-m", "sink.forwarder"], stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, env=env, cwd=root, start_new_session=True)
-        shards = max(1, self.cfg["forwarders"])
+        shards = max(1, self.cfg.forwarders)
         proc.stdin.write(json.dumps({**self._fwd_config(), "shard": shard, "shards": shards}).encode()
                          + b"\n")
         proc.stdin.flush()
@@ -264,13 +212,13 @@ class Sink:
     def _start_thread(self) -> None:
         self._ctl = ThreadControl()
         c = self.cfg
-        source = SpoolSource(c["spool_dir"], self.max_bytes) if self.on_disk else self._mem
-        self._fwd_lock = DirLock(c["spool_dir"], "forwarder.lock") if self.on_disk else None
+        source = SpoolSource(c.spool_dir, self.max_bytes) if self.on_disk else self._mem
+        self._fwd_lock = DirLock(c.spool_dir, "forwarder.lock") if self.on_disk else None
         if self._fwd_lock:
             self._fwd_lock.acquire(timeout=15)
-        self._fwd = Forwarder(source, self._ctl, self._apply_status, self.bootstrap, c["kafka"],
-                              c["replay_window_seconds"], c["replay_window_messages"], c["max_inflight"],
-                              c["drain_timeout_seconds"], keep_until=c["keep_until"],
+        self._fwd = Forwarder(source, self._ctl, self._apply_status, self.bootstrap, c.kafka,
+                              c.replay_window_seconds, c.replay_window_messages, c.max_inflight,
+                              c.drain_timeout_seconds, keep_until=c.keep_until,
                               committed_file=self.committed_file)
         self._fwd_thread = threading.Thread(target=self._run_thread_fwd, name="sink-forwarder", daemon=True)
         self._fwd_thread.start()
@@ -294,13 +242,13 @@ class Sink:
 
     # -- event loop API ------------------------------------------------------------------------
     def _route(self, topic: str) -> str | None:
-        for f in self.cfg["exclude"]:
+        for f in self.cfg.exclude:
             if topic_matches(f, topic):
                 return None
-        for f, kt in self.cfg["rules"]:
+        for f, kt in self.cfg.rules:
             if topic_matches(f, topic):
                 return kt
-        return self.cfg["topic"]
+        return self.cfg.topic
 
     def _target(self, topic: str):
         """Kafka topic for an accepted message, _EXCLUDED, or _REFUSED (closed / spool full)."""
@@ -447,10 +395,10 @@ class Sink:
             spool_uncommitted_messages=(max(0, next_seq - self._committed_seq)
                                         if self._committed_seq is not None else 0),
             lag_seconds=st.get("lag_seconds", 0.0), kafka_up=bool(st.get("kafka_up", False)),
-            durability=self.cfg["durability"], bootstrap=self.bootstrap)
+            durability=self.cfg.durability, bootstrap=self.bootstrap)
 
     def _background(self) -> None:
-        interval = float(self.cfg["stats_interval"] or 0)
+        interval = self.cfg.stats_interval
         next_stats = time.monotonic() + interval if interval > 0 else float("inf")
         while not self._stop_ev.wait(1.0):
             if self._closed:
@@ -496,7 +444,7 @@ class Sink:
         self._stop_ev.set()
         if self._writer is not None:
             self._writer.flush()
-        drain = float(self.cfg["drain_timeout_seconds"])
+        drain = self.cfg.drain_timeout_seconds
         procs = list(self._procs.values())
         for p in procs:  # all drain at once
             try:

@@ -8,7 +8,7 @@ Configured by the ``[auth]`` table of the TOML config (see config/broker.toml)::
     allow_anonymous = false                # default: false with a password file, else true
     client_id_pattern = "%u-*"             # optional: client ids a user may choose (else 0x85)
 
-``from_config(cfg.extra.get("auth", {}))`` returns an ``AccessControl`` for the broker core (or
+``from_config(cfg.auth)`` (the typed [auth] section, settings.AuthConfig) returns an ``AccessControl`` for the broker core (or
 None when nothing is configured: everyone may do everything, as before).
 
 CONNECT outcome (MQTT 5 reason code / MQTT 3.1.1 return code):
@@ -35,9 +35,9 @@ import logging
 import re
 import time
 
-from ..config_check import ConfigError, check
+from settings import AuthConfig, ConfigError
+
 from .acl import ACL, AuthFileError, covers, file_signature, overlaps
-from .checks import DEFAULT_MAX_PENDING
 from .passwords import PasswordFile, hash_password, verify_password
 
 __all__ = ["AccessControl", "from_config", "ACL", "AuthFileError", "PasswordFile",
@@ -50,31 +50,22 @@ BAD_USER_NAME_OR_PASSWORD = 0x86
 NOT_AUTHORIZED = 0x87
 CLIENT_IDENTIFIER_NOT_VALID = 0x85
 
-KEYS = {
-    "allow_anonymous": "true/false: clients without a user name may connect",
-    "password_file": "path of the password file",
-    "acl_file": "path of the ACL file",
-    "cache_seconds": "seconds a password check result is remembered (0 = off)",
-    "reload_interval": "seconds between checks whether the files changed",
-    "decision_cache_size": "ACL decisions remembered per (client, user, topic) (0 = off)",
-    "client_id_pattern": "client ids a user may connect with, e.g. \"%u-*\" ('' = any)",
-    "max_pending_checks": "password checks waiting or running at once; more CONNECTs get 0x89",
-    "check_threads": "threads running password checks (0 = CPUs, at most 4)",
-    "max_deferred_bytes": "bytes a client may send after CONNECT while its password is checked",
-}
-
-DEFAULT_MAX_DEFERRED_BYTES = 1 << 20
+_DEFAULT = AuthConfig()  # the one place the [auth] defaults are written: settings/tree.py
+DEFAULT_MAX_DEFERRED_BYTES = _DEFAULT.max_deferred_bytes
 
 
 class AccessControl:
     """The broker core's access-control object: authenticate / allow_publish / allow_subscribe."""
 
     def __init__(self, password_file: str | None = None, acl_file: str | None = None,
-                 allow_anonymous: bool | None = None, cache_seconds: float = 120.0,
-                 reload_interval: float = 2.0, decision_cache_size: int = 100_000,
-                 max_pending_checks: int = DEFAULT_MAX_PENDING, check_threads: int = 0,
-                 max_deferred_bytes: int = DEFAULT_MAX_DEFERRED_BYTES,
-                 client_id_pattern: str = "", clock=time.monotonic):
+                 allow_anonymous: bool | None = None,
+                 cache_seconds: float = _DEFAULT.cache_seconds,
+                 reload_interval: float = _DEFAULT.reload_interval,
+                 decision_cache_size: int = _DEFAULT.decision_cache_size,
+                 max_pending_checks: int = _DEFAULT.max_pending_checks,
+                 check_threads: int = _DEFAULT.check_threads,
+                 max_deferred_bytes: int = _DEFAULT.max_deferred_bytes,
+                 client_id_pattern: str = _DEFAULT.client_id_pattern, clock=time.monotonic):
         if allow_anonymous is None:
             allow_anonymous = not password_file
         if not allow_anonymous and not password_file:
@@ -204,25 +195,25 @@ class AccessControl:
         return r
 
 
-def from_config(table: dict | None) -> AccessControl | None:
-    """AccessControl from the [auth] table; None when it configures nothing (allow all).
+def from_config(cfg: AuthConfig | dict | None) -> AccessControl | None:
+    """AccessControl from the [auth] section; None when it configures nothing (allow all).
 
-    Raises ConfigError naming the key (and, for a bad file, its first problems).
+    A dict is checked as an [auth] table. Raises ConfigError naming the key (and, for a bad
+    file, its first problems).
     """
-    table = {key: check("auth", key, value) for key, value in dict(table or {}).items()}
-    allow = table.get("allow_anonymous")
-    ints = ("decision_cache_size", "max_pending_checks", "check_threads", "max_deferred_bytes")
-    kw = {key: int(table[key]) if key in ints else float(table[key])
-          for key in ("cache_seconds", "reload_interval") + ints if key in table}
-    pattern = table.get("client_id_pattern", "")
-    if pattern:
-        kw["client_id_pattern"] = pattern
-    pw = table.get("password_file") or None
-    acl = table.get("acl_file") or None
-    if pw is None and acl is None and allow in (None, True) and not pattern:
+    if not isinstance(cfg, AuthConfig):
+        cfg = AuthConfig.from_table(cfg)
+    pw, acl = cfg.password_file or None, cfg.acl_file or None
+    if pw is None and acl is None and cfg.allow_anonymous in (None, True) \
+            and not cfg.client_id_pattern:
         return None
     try:
-        return AccessControl(password_file=pw, acl_file=acl, allow_anonymous=allow, **kw)
+        return AccessControl(
+            password_file=pw, acl_file=acl, allow_anonymous=cfg.allow_anonymous,
+            cache_seconds=cfg.cache_seconds, reload_interval=cfg.reload_interval,
+            decision_cache_size=cfg.decision_cache_size, max_pending_checks=cfg.max_pending_checks,
+            check_threads=cfg.check_threads, max_deferred_bytes=cfg.max_deferred_bytes,
+            client_id_pattern=cfg.client_id_pattern)
     except AuthFileError as exc:
         key, path = ("acl_file", acl) if acl and exc.errors and exc.errors[0].startswith(acl) \
             else ("password_file", pw)

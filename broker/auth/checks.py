@@ -19,9 +19,11 @@ import os
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 
+from settings import AuthConfig
+
 log = logging.getLogger("broker.auth")
 
-DEFAULT_MAX_PENDING = 64
+DEFAULT_MAX_PENDING = AuthConfig().max_pending_checks  # [auth] max_pending_checks
 THREAD_NAME = "auth-check"
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from . import live
+from . import JOB_HINT, live
 from .history import BadRequest, HistoryClient, JobNotRunning, make_query
 
 log = logging.getLogger("broker.dashboard")
@@ -48,16 +48,19 @@ def _int(request, name: str, default: int, lo: int, hi: int) -> int:
 
 
 class Dashboard:
-    def __init__(self, server, settings: dict, passwords=None):
+    def __init__(self, server, settings, passwords=None, committed_file: str | None = None):
+        """settings: the DashboardConfig (connect_url resolved); committed_file: where the
+        history job reports its progress (None: not on this machine)."""
         self.server = server
         self.s = settings
+        self.committed_file = committed_file
         self.passwords = passwords       # broker.auth.PasswordFile, or None: no login
-        self.users = set(settings["users"])
-        self.counter = live.TopicCounter(server.broker, settings["max_topics"])
-        self.history = HistoryClient(settings["connect_url"], settings["history_timeout_seconds"],
-                                     settings["job_hint"])
-        self.job = {"running": None, "url": settings["connect_url"]}
-        self.sampler = live.Sampler(server, settings["sample_seconds"], settings["keep_points"],
+        self.users = set(settings.users)
+        self.counter = live.TopicCounter(server.broker, settings.max_topics)
+        self.history = HistoryClient(settings.connect_url, settings.history_timeout_seconds,
+                                     JOB_HINT)
+        self.job = {"running": None, "url": settings.connect_url}
+        self.sampler = live.Sampler(server, settings.sample_seconds, settings.keep_points,
                                     self.counter, self.history_status)
         self.runner: web.AppRunner | None = None
         self.port = 0
@@ -66,7 +69,7 @@ class Dashboard:
     # ------------------------------------------------------------ status of the history job
     def history_status(self) -> dict:
         out = dict(self.job)
-        committed = self.s.get("committed_file")
+        committed = self.committed_file
         if committed:
             from sink.progress import read_committed
             state = read_committed(committed) if os.path.exists(committed) else None
@@ -89,7 +92,7 @@ class Dashboard:
                 self.sampler.sample()
             except Exception:
                 log.exception("dashboard sample failed")
-            await asyncio.sleep(self.s["sample_seconds"])
+            await asyncio.sleep(self.s.sample_seconds)
 
     # ------------------------------------------------------------ middlewares
     @web.middleware
@@ -134,25 +137,25 @@ class Dashboard:
         except ValueError:
             raise BadRequest("'since' must be a time in epoch seconds") from None
         return web.json_response({
-            "now": time.time(), "sample_seconds": self.s["sample_seconds"],
+            "now": time.time(), "sample_seconds": self.s.sample_seconds,
             "points": self.sampler.series(since), "totals": live.overview(self.server),
             "sink": live.sink_stats(self.server) if self.server.sink is not None else None,
             "history": self.history_status()})
 
     async def api_clients(self, request):
-        limit = _int(request, "limit", self.s["max_clients_listed"], 1, self.s["max_clients_listed"])
+        limit = _int(request, "limit", self.s.max_clients_listed, 1, self.s.max_clients_listed)
         q = request.query.get("q", "")[:256]
         return web.json_response(live.clients(self.server.broker, q, limit))
 
     async def api_topics(self, request):
         from .history import check_filter
         filt = check_filter(request.query.get("filter") or "#")
-        limit = _int(request, "limit", self.s["max_topics_listed"], 1, self.s["max_topics_listed"])
+        limit = _int(request, "limit", self.s.max_topics_listed, 1, self.s.max_topics_listed)
         return web.json_response(live.topics(self.server.broker, self.counter, filt, limit))
 
     async def api_history(self, request):
         q = make_query(request.query.get("filter"), request.query.get("from"),
-                       request.query.get("to"), self.s["history_max_days"])
+                       request.query.get("to"), self.s.history_max_days)
         return web.json_response(await self.history.ask(q))
 
     # ------------------------------------------------------------ lifecycle
@@ -170,12 +173,12 @@ class Dashboard:
     async def start(self) -> None:
         self.runner = web.AppRunner(self.app(), access_log=None)
         await self.runner.setup()
-        site = web.TCPSite(self.runner, self.s["host"], self.s["port"], reuse_address=True)
+        site = web.TCPSite(self.runner, self.s.host, self.s.port, reuse_address=True)
         await site.start()
         self.port = site._server.sockets[0].getsockname()[1]
         self.sampler.sample()  # the baseline for the first rates
         self._tasks = [asyncio.create_task(self._sample()), asyncio.create_task(self._watch_job())]
-        log.info("dashboard on http://%s:%s/%s", self.s["host"], self.port,
+        log.info("dashboard on http://%s:%s/%s", self.s.host, self.port,
                  " (log in with the broker's password file)" if self.passwords else "")
 
     async def stop(self) -> None:

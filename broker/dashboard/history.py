@@ -164,7 +164,7 @@ class HistoryClient:
     """Spark Connect questions from the broker, one at a time, in a worker thread."""
 
     def __init__(self, url: str, timeout: float, start_hint: str):
-        from sink.query import connect_address
+        from settings import connect_address
         self.url = url
         self.host, self.port = connect_address(url)
         self.timeout = timeout

@@ -7,28 +7,27 @@ import ssl
 log = logging.getLogger("broker.tls")
 
 
-def make_context(listener: dict) -> ssl.SSLContext:
-    certfile = listener.get("certfile")
-    keyfile = listener.get("keyfile")
-    if not certfile:
-        raise ValueError(f"TLS listener on port {listener.get('port')} needs certfile (and keyfile)")
+def make_context(listener) -> ssl.SSLContext:
+    """listener: a settings.ListenerConfig of type tls or wss."""
+    if not listener.certfile:
+        raise ValueError(f"TLS listener on port {listener.port} needs certfile (and keyfile)")
     ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     load(ctx, listener)
     return ctx
 
 
-def load(ctx: ssl.SSLContext, listener: dict) -> None:
+def load(ctx: ssl.SSLContext, listener) -> None:
     """(Re)load certificates into ctx; new handshakes use them, open connections are untouched."""
     try:
-        ctx.load_cert_chain(listener["certfile"], listener.get("keyfile"))
-        cafile = listener.get("cafile")
+        ctx.load_cert_chain(listener.certfile, listener.keyfile or None)
+        cafile = listener.cafile
         if cafile:
             ctx.load_verify_locations(cafile)
-        ctx.verify_mode = (ssl.CERT_REQUIRED if listener.get("require_client_cert")
+        ctx.verify_mode = (ssl.CERT_REQUIRED if listener.require_client_cert
                            else ssl.CERT_OPTIONAL if cafile else ssl.CERT_NONE)
     except (OSError, ssl.SSLError) as exc:
-        raise ValueError(f"cannot load TLS certificate {listener.get('certfile')}: {exc}") from None
+        raise ValueError(f"cannot load TLS certificate {listener.certfile}: {exc}") from None
 
 
 def peer_identity(ssl_object) -> str | None:
@@ -47,10 +46,10 @@ def peer_identity(ssl_object) -> str | None:
     return None
 
 
-def listener_identity(listener: dict, ssl_object) -> str | None:
+def listener_identity(listener, ssl_object) -> str | None:
     """What Connection.identity must be for a socket on this listener: None when the listener
     does not use certificates as user names, else the certificate's name, or "" when the client
     showed no verified certificate (the CONNECT is then refused, never trusted as claimed)."""
-    if not listener.get("use_identity_as_username"):
+    if not listener.use_identity_as_username:
         return None
     return peer_identity(ssl_object) or ""

@@ -134,9 +134,9 @@ async def discard_input(ws, seconds: float, max_bytes: int) -> None:
         ws.transport.abort()
 
 
-async def start_listener(server, listener: dict, ssl_context=None):
+async def start_listener(server, listener, ssl_context=None):
     """Start a ws:// (or wss:// with ssl_context) listener; returns the websockets Server."""
-    path = listener.get("path", "/mqtt")
+    path = listener.path
     loop = asyncio.get_running_loop()
     cfg = server.config.mqtt
     connections = server.broker.connections
@@ -183,7 +183,7 @@ async def start_listener(server, listener: dict, ssl_context=None):
             except (asyncio.TimeoutError, Exception):
                 pass
 
-    return await serve(handler, listener.get("host", "0.0.0.0"), listener.get("port", 9001),
+    return await serve(handler, listener.host, listener.port,
                        subprotocols=["mqtt"], process_request=process_request, ssl=ssl_context,
                        compression=None, ping_interval=None,
                        # refused from the frame header, never buffered (same bound as TCP's

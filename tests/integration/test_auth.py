@@ -14,7 +14,7 @@ import pytest
 
 from broker.auth import AccessControl, hash_password
 from broker.auth import passwords as pwmod
-from broker.config import Config
+from settings import Config
 from broker.server import Server
 from tests.integration.helpers import P, RawClient, bye, cid, publish_ok, recv_publish, uniq
 

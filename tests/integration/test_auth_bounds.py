@@ -16,7 +16,7 @@ import pytest
 from broker.auth import AccessControl, hash_password
 from broker.auth import passwords as pwmod
 from broker.auth.checks import THREAD_NAME
-from broker.config import Config
+from settings import Config, MetricsConfig
 from broker.protocol.codec import encode
 from broker.server import Server
 from tests.integration.helpers import P, RawClient, bye
@@ -95,8 +95,8 @@ def test_flood_of_wrong_passwords_is_bounded_and_a_good_connect_is_answered(pwfi
     rec = Recorder(monkeypatch)
     auth = AccessControl(password_file=str(pwfile), cache_seconds=0, max_pending_checks=bound,
                          check_threads=2)
-    b = Broker(auth, metrics={"enabled": True, "host": "127.0.0.1", "port": 0,
-                              "sys_interval": 0})
+    b = Broker(auth, metrics=MetricsConfig(enabled=True, host="127.0.0.1", port=0,
+                                           sys_interval=0))
     rec.server = b.server
     b.start()
     flood = []

@@ -183,7 +183,7 @@ def test_bad_flags():
 def test_contradictory_auth():
     from broker.auth import from_config
     with pytest.raises(ConfigError) as e:
-        from_config(config.load(None, env={}, sets=["auth.allow_anonymous=false"]).extra["auth"])
+        from_config(config.load(None, env={}, sets=["auth.allow_anonymous=false"]).auth)
     assert_one_line(e.value, "auth.allow_anonymous", ["needs auth.password_file"])
 
 
@@ -226,29 +226,29 @@ def test_every_documented_value_passes_as_text():
             elif isinstance(value, (int, float, str)):
                 items.append(f"{section}.{key}={value}")
     cfg = load_set(*items)
-    assert cfg.sink["durability"] == "spool" and cfg.mqtt.receive_maximum == 1024
-    assert cfg.mqtt.connect_timeout == 10.0 and cfg.sink["enabled"] is False
+    assert cfg.sink.durability == "spool" and cfg.mqtt.receive_maximum == 1024
+    assert cfg.mqtt.connect_timeout == 10.0 and cfg.sink.enabled is False
 
 
 def test_env_and_set_values_are_typed():
     cfg = config.load(None, env={"MQTT_BROKER_MQTT__RETAIN_AVAILABLE": "FALSE",
                                  "MQTT_BROKER_SINK__TOPIC": "1234"},
                       sets=["mqtt.connect_timeout=3", "sink.forwarder_cpus=1,2"])
-    assert cfg.mqtt.retain_available is False and cfg.sink["topic"] == "1234"
-    assert cfg.mqtt.connect_timeout == 3.0 and cfg.sink["forwarder_cpus"] == "1,2"
+    assert cfg.mqtt.retain_available is False and cfg.sink.topic == "1234"
+    assert cfg.mqtt.connect_timeout == 3.0 and cfg.sink.forwarder_cpus == (1, 2)
 
 
 def test_schema_matches_the_modules_and_the_docs():
-    """The schema knows exactly the keys the components read, and config/broker.toml documents
-    every one of them."""
-    from broker import dashboard
-    from broker.auth import KEYS
-    from sink.job import CONNECT_KEYS, JobConfig  # noqa: F401
-    from sink.service import DEFAULTS as SINK
+    """The schema is the typed tree the components read (settings/tree.py), and
+    config/broker.toml documents every one of its keys."""
+    from settings import AuthConfig, Config, DashboardConfig, SinkConfig
+    from sink.job import CONNECT_KEYS
     s = sections()
-    assert set(s["sink"]) == set(SINK)
-    assert set(s["dashboard"]) == set(dashboard.DEFAULTS)
-    assert set(s["auth"]) == set(KEYS)
+    assert set(s["sink"]) == set(SinkConfig.__dataclass_fields__)
+    assert set(s["dashboard"]) == set(DashboardConfig.__dataclass_fields__)
+    assert set(s["auth"]) == set(AuthConfig.__dataclass_fields__)
+    assert set(s) - {"broker"} | {"listeners"} == {
+        name for name, f in Config.__dataclass_fields__.items() if "section" in f.metadata}
     assert CONNECT_KEYS <= set(s["history"])
     doc = (ROOT / "config/broker.toml").read_text()
     for section, keys in s.items():

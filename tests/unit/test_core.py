@@ -239,8 +239,8 @@ def test_config_precedence_file_env_flags(tmp_path):
            "MQTT_BROKER_METRICS__ENABLED": "true"}
     cfg = config.load(str(f), env=env)
     assert (cfg.port, cfg.mqtt.receive_maximum, cfg.mqtt.maximum_qos) == (2000, 20, 1)
-    assert cfg.sink["topic"] == "from-env" and cfg.metrics["enabled"] is True
-    assert cfg.extra["auth"]["allow_anonymous"] is False
+    assert cfg.sink.topic == "from-env" and cfg.metrics.enabled is True
+    assert cfg.auth.allow_anonymous is False
     import os
     old = dict(os.environ)
     os.environ.update(env)

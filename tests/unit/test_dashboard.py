@@ -109,17 +109,21 @@ def test_topic_counter_bounded_and_idle_topics_make_room():
 
 
 def test_dashboard_settings():
-    s = dashboard_settings({}, {"connect_host": "0.0.0.0", "connect_port": 15123,
-                                "table": "/data/h"})
-    assert s["connect_url"] == "sc://127.0.0.1:15123" and s["host"] == "127.0.0.1"
-    assert s["committed_file"] == "/data/h_checkpoint/history_committed.json"
-    assert dashboard_settings({"users": "a, b"})["users"] == ["a", "b"]
+    from broker.dashboard import committed_file
+    from settings import DashboardConfig, HistoryConfig, load
+    history = HistoryConfig(connect_host="0.0.0.0", connect_port=15123, table="/data/h")
+    s = dashboard_settings(DashboardConfig(), history)
+    assert s.connect_url == "sc://127.0.0.1:15123" and s.host == "127.0.0.1"
+    assert committed_file(history) == "/data/h_checkpoint/history_committed.json"
+    assert dashboard_settings(DashboardConfig(connect_url="sc://h:1"), history).connect_url == \
+        "sc://h:1"
+    assert load(None, env={}, sets=["dashboard.users=a, b"]).dashboard.users == ("a", "b")
     for bad, word in (({"nope": 1}, "dashboard.nope"), ({"port": "x"}, "dashboard.port"),
                       ({"enabled": "yes"}, "dashboard.enabled"),
                       ({"connect_url": "http://x"}, "connect_url"),
                       ({"users": [1]}, "dashboard.users")):
         with pytest.raises(ValueError, match=word):
-            dashboard_settings(bad)
+            DashboardConfig.from_table(bad)
 
 
 def test_job_connect_settings():
@@ -141,8 +145,9 @@ def test_job_config_file_connect_keys(tmp_path):
     from sink.job import load_config
     f = tmp_path / "b.toml"
     f.write_text('[history]\nconnect = false\nconnect_host = "0.0.0.0"\nconnect_port = 16000\n')
-    assert load_config(str(f)) == {"connect": False, "connect_host": "0.0.0.0",
-                                   "connect_port": 16000}
+    got = load_config(str(f))
+    assert {k: got[k] for k in ("connect", "connect_host", "connect_port")} == \
+        {"connect": False, "connect_host": "0.0.0.0", "connect_port": 16000}
     f.write_text('[history]\nconnect_port = 70000\n')
     from broker.config import ConfigError
     with pytest.raises(ConfigError, match="history.connect_port = 70000"):

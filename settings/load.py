@@ -1,0 +1,121 @@
+"""Loading: defaults < TOML file (--config) < environment (MQTT_BROKER_*) < --set < flags.
+
+Every key is checked once, here, into the typed tree (settings/tree.py); the first bad one is a
+ConfigError (one line naming it). Cross-key rules (a listener's port, certfile...) too.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+
+from .checks import DOC, ConfigError, check, did_you_mean
+from .tree import Config, ListenerConfig, sections
+
+
+def apply_setting(cfg: Config, section: str, key: str, value, source: str = "",
+                  text: bool = False) -> None:
+    """Check section.key (ConfigError naming it) and store it; text: a string from --set / env."""
+    if section == "listeners":
+        raise ConfigError(f"listeners.{key}", "listeners are [[listeners]] tables in the config "
+                          "file; they cannot be set from --set or the environment", value, source)
+    value = check(section, key, value, source, text)
+    setattr(cfg if section == "broker" else getattr(cfg, section), key, value)
+
+
+def apply_file(cfg: Config, data: dict, source: str) -> None:
+    schema = sections()
+    for section, table in data.items():
+        if section == "listeners":
+            cfg.listeners = check_listeners(table, source)
+        elif not isinstance(table, dict):
+            homes = [s for s in schema if section in schema[s]]
+            hint = f" (did you mean {homes[0]}.{section} under [{homes[0]}]?)" if homes else ""
+            raise ConfigError(section, f"a setting outside any table{hint}; settings belong in "
+                              f"[{'], ['.join(schema)}]", table, source)
+        elif section not in schema:
+            raise ConfigError(f"[{section}]", f"unknown section{did_you_mean(section, schema)}; "
+                              f"sections: {', '.join(schema)}, listeners", source=source)
+        else:
+            for key, value in table.items():
+                apply_setting(cfg, section, key, value, source)
+
+
+def check_listeners(value, source: str = "") -> list[ListenerConfig]:
+    """[[listeners]] tables (or ListenerConfigs) as ListenerConfigs, every key checked."""
+    if not isinstance(value, list) or not all(isinstance(x, (dict, ListenerConfig))
+                                              for x in value):
+        raise ConfigError("listeners", "must be [[listeners]] tables (see the end of "
+                          f"{DOC})", value, source)
+    return [spec if isinstance(spec, ListenerConfig) else
+            ListenerConfig.from_table(spec, source, name=f"listeners[{i}]")
+            for i, spec in enumerate(value)]
+
+
+def listener_specs(cfg: Config) -> list[ListenerConfig]:
+    """The plain TCP listener, then [[listeners]] with host and name filled in; ConfigError for
+    a bad one."""
+    specs = [ListenerConfig(type="tcp", host=cfg.host, port=cfg.port, name="mqtt")]
+    for i, spec in enumerate(check_listeners(cfg.listeners)):
+        spec = dataclasses.replace(spec, host=spec.host or cfg.host,
+                                   name=spec.name or f"{spec.type}{i}")
+        where = f"listeners[{i}]"
+        if spec.port is None:
+            raise ConfigError(f"{where}.port", f"missing: a {spec.type} listener needs a port "
+                              "(1-65535, or 0 for any free port)")
+        if spec.type in ("tls", "wss") and not spec.certfile:
+            raise ConfigError(f"{where}.certfile", f"missing: a {spec.type} listener needs "
+                              "certfile (PEM certificate chain; keyfile if the key is apart)")
+        if spec.use_identity_as_username and (spec.type not in ("tls", "wss") or not spec.cafile):
+            raise ConfigError(f"{where}.use_identity_as_username", "needs type tls or wss and "
+                              "a cafile to verify client certificates with", True)
+        specs.append(spec)
+    return specs
+
+
+def read_toml(path: str) -> dict:
+    """The TOML file at path; ConfigError saying what is wrong."""
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError("--config", "the file does not exist", path) from None
+    except OSError as exc:
+        raise ConfigError("--config", f"cannot read the file: {exc.strerror or exc}", path) from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError("--config", f"not valid TOML: {exc}", path) from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError("--config", f"not valid TOML (not UTF-8): {exc.reason}", path) from None
+
+
+def load(path: str | None = None, env: dict | None = None, sets=(), flags=()) -> Config:
+    """Defaults < the TOML file < MQTT_BROKER_* environment < --set SECTION.KEY=VALUE < flags
+    ((section, key, value, flag) tuples); every key checked, ConfigError for the first bad one."""
+    cfg = Config()
+    if path:
+        apply_file(cfg, read_toml(path), os.path.basename(path))
+    env = os.environ if env is None else env
+    # Containers: MQTT_BROKER_PORT=1884, MQTT_BROKER_MQTT__RECEIVE_MAXIMUM=100, MQTT_BROKER_SINK__TOPIC=x,
+    # MQTT_BROKER_AUTH__PASSWORD_FILE=/etc/broker/passwd, MQTT_BROKER_METRICS__ENABLED=true
+    for var in sorted(env):
+        if not var.startswith("MQTT_BROKER_"):
+            continue
+        parts = var[len("MQTT_BROKER_"):].lower().split("__")
+        if len(parts) == 1:
+            parts = ["broker", parts[0]]
+        if len(parts) != 2 or not all(parts):
+            raise ConfigError(".".join(parts), "not a setting: use MQTT_BROKER_<KEY> for [broker] "
+                              "keys and MQTT_BROKER_<SECTION>__<KEY> for others (nested tables "
+                              "only in the config file)", env[var], var)
+        apply_setting(cfg, parts[0], parts[1], env[var], var, text=True)
+    for item in sets:
+        key, sep, raw = item.partition("=")
+        section, dot, name = key.strip().partition(".")
+        if not sep or not dot or not section or not name:
+            raise ConfigError("--set", "expected SECTION.KEY=VALUE, e.g. --set "
+                              "mqtt.maximum_qos=1", item)
+        apply_setting(cfg, section, name, raw, "--set", text=True)
+    for section, key, value, flag in flags:
+        apply_setting(cfg, section, key, value, flag)
+    listener_specs(cfg)
+    return cfg

@@ -1,0 +1,297 @@
+"""The configuration tree: one slotted dataclass per TOML table, one field per key.
+
+Each field is the key's only default and carries what the key accepts (its Spec, in the field's
+metadata; without one it follows from the default: bool, a whole number >= 0, a number >= 0, a
+string). The loader (settings/load.py) checks every key through these Specs, so the tree holds
+typed values only; components take their section (``cfg.sink``, ``cfg.metrics``...) and read
+attributes. The TOML keys are the field names; config/broker.toml documents each one.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from dataclasses import MISSING, dataclass, field
+
+from .checks import (COUNT, DOC, PORT, SECONDS, Bool, Check, ConfigError, Enum, HostPorts, Int,
+                     IntList, Num, Pattern, Rules, Spec, Str, StrList, Table, check,
+                     connect_address, did_you_mean, starting_offsets)
+
+
+def key(default=MISSING, spec: Spec | None = None, *, factory=MISSING):
+    """A field: its default (or factory, for a table) and, when the default's type does not say
+    it all, what it accepts."""
+    meta = {"check": spec} if spec is not None else {}
+    if factory is not MISSING:
+        return field(default_factory=factory, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def _inferred(default) -> Spec:
+    if isinstance(default, bool):
+        return Bool()
+    if isinstance(default, int):
+        return Int(0)
+    if isinstance(default, float):
+        return SECONDS
+    if isinstance(default, str):
+        return Str()
+    raise TypeError(f"no Spec for default {default!r}: give one with key()")
+
+
+class Section:
+    """A TOML table as a dataclass (subclasses are slotted dataclasses)."""
+    __slots__ = ()
+    TABLE = ""   # its name in the config file
+
+    @classmethod
+    def specs(cls) -> dict[str, Spec]:
+        return _specs(cls)
+
+    @classmethod
+    def from_table(cls, table: dict | None, source: str = "", name: str = ""):
+        """The section with table's keys checked (ConfigError naming the first bad one)."""
+        section = cls()
+        specs = {cls.TABLE: cls.specs()}
+        for k, value in dict(table or {}).items():
+            setattr(section, k, check(cls.TABLE, k, value, source, schema=specs,
+                                      name=f"{name}.{k}" if name else ""))
+        return section
+
+    def to_table(self) -> dict:
+        """The TOML table that loads back into this section (None: key left out)."""
+        out = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if "section" in f.metadata or value is None:
+                continue
+            if isinstance(value, tuple):
+                value = [v._asdict() if hasattr(v, "_asdict") else v for v in value]
+            out[f.name] = value
+        return out
+
+
+@functools.cache
+def _specs(cls) -> dict[str, Spec]:
+    out = {}
+    for f in dataclasses.fields(cls):
+        if "section" in f.metadata:
+            continue
+        default = f.default if f.default is not MISSING else f.default_factory()
+        out[f.name] = f.metadata.get("check") or _inferred(default)
+    return out
+
+
+def section(cls):
+    return field(default_factory=cls, metadata={"section": cls})
+
+
+@dataclass(slots=True)
+class MQTTConfig(Section):
+    """Protocol limits and the capabilities advertised in CONNACK ([mqtt] in the TOML file)."""
+    TABLE = "mqtt"
+    # QoS 1/2 PUBLISHes a client may have unacknowledged towards us; [MQTT-3.2.2.3.3] 0 is a Protocol Error
+    receive_maximum: int = key(1024, Int(1, 65535))
+    maximum_qos: int = key(2, Int(0, 2))
+    retain_available: bool = True
+    maximum_packet_size: int = key(268435455, Int(1, 268435455))  # larger inbound: DISCONNECT 0x95
+    topic_alias_maximum: int = key(10, Int(0, 65535))  # inbound aliases a v5 client may use (Mosquitto's)
+    outbound_topic_aliases: bool = True  # assign aliases towards clients that allow them
+    wildcard_subscription_available: bool = True
+    subscription_identifiers_available: bool = True
+    shared_subscription_available: bool = True
+    server_keep_alive: int = key(0, Int(0, 65535))  # 0: accept the client's keep alive
+    max_keep_alive: int = key(65535, Int(0, 65535))
+    # seconds (7 days) an offline session is kept at most; 0xFFFFFFFF: no cap
+    session_expiry_maximum: int = key(604800, Int(0, 0xFFFFFFFF))
+    persistent_client_expiration: int = 604800  # seconds a 3.1.x clean-session-0 session is kept offline
+    max_queued_messages: int = 1000      # per session; when full the newest message is dropped
+    queue_qos0_messages: bool = False    # queue QoS 0 for offline persistent sessions
+    validate_payload_format: bool = True  # 0x99 when Payload Format Indicator=1 and payload isn't UTF-8
+    max_client_id_length: int = key(65535, Int(1, 65535))
+    max_topic_levels: int = key(128, Int(1))
+    max_topic_length: int = key(65535, Int(1, 65535))  # bytes of a topic name or filter
+    publish_will_on_shutdown: bool = False
+    session_owner_check: bool = True     # a session's client id is refused (0x87) to other users
+    connect_timeout: float = key(10.0, Num(0, lo_open=True))  # seconds to receive CONNECT
+    close_linger_seconds: float = 2.0    # after a server DISCONNECT: input dropped this long at most...
+    close_linger_bytes: int = 1048576    # ...and this much at most, before the socket is closed
+    max_connections: int = 0             # 0: unlimited
+    max_connect_packet_size: int = 131072  # bytes a packet may have before CONNECT is accepted (0x95)
+    max_subscriptions_per_client: int = 1000  # filters a session may hold; more get SUBACK 0x97
+    max_filters_per_subscribe: int = 10000  # more in one SUBSCRIBE: DISCONNECT 0x97
+    max_retained_replay: int = 100000    # retained messages waiting to be sent to one session
+    match_cache_entries: int = 100000    # topics remembered by the subscription match cache
+    match_cache_bytes: int = 16777216    # total topic length the match cache may hold
+    max_topic_alias_bytes: int = 65536   # topic length held by one connection's inbound aliases (0x97)
+    max_sessions: int = 100000           # sessions held, connected + offline; a new one beyond: 0x97; 0: unlimited
+
+
+@dataclass(slots=True)
+class SinkConfig(Section):
+    """[sink]: the broker's Kafka sink (sink/service.py, sink/forwarder.py)."""
+    TABLE = "sink"
+    enabled: bool = False
+    bootstrap_servers: str = key("", HostPorts())   # "" = an embedded Kafka on embedded_port
+    topic: str = key("mqtt.messages", Pattern(r".+", "a Kafka topic name"))
+    rules: tuple = key((), Rules())                 # Rule(filter, topic) pairs; first match wins
+    exclude: tuple = key((), StrList())             # MQTT topic filters never forwarded
+    durability: str = key("spool", Enum("spool", "async", "none"))
+    spool_dir: str = ""                             # "" = <data_dir>/spool
+    spool_max_bytes: int = key(1 << 30, Int(1))
+    spool_segment_bytes: int = key(16 << 20, Int(4096))
+    keep_until: str = key("kafka", Enum("kafka", "history"))
+    committed_file: str = ""                        # "" = the history job's (from [history])
+    replay_window_seconds: float = 3600.0
+    replay_window_messages: int = 1_000_000
+    embedded_port: int = key(9092, PORT)
+    embedded_log_file: str = ""
+    stats_interval: float = 60.0
+    forwarder: str = key("process", Enum("process", "thread"))
+    forwarder_cpus: tuple = key((), IntList())
+    forwarders: int = key(1, Int(1, 256))
+    max_inflight: int = key(10000, Int(1))
+    drain_timeout_seconds: float = 5.0
+    kafka: dict = key(factory=dict, spec=Table("[sink.kafka]"))  # KafkaProducer options
+
+
+@dataclass(slots=True)
+class HistoryConfig(Section):
+    """[history]: the Spark history job (sink/job.py) and where its queries are served."""
+    TABLE = "history"
+    table: str = "./data/history"
+    checkpoint: str = ""                            # "" = <table>_checkpoint
+    kafka_topics: tuple = key((), StrList())        # () = [sink] topic + the topics of its rules
+    trigger_seconds: float = key(5.0, Num(0, lo_open=True))
+    source: str = key("auto", Enum("auto", "kafka", "python"))
+    max_records_per_trigger: int = key(0, COUNT)    # 0 = no cap
+    dedup_window: str = key("24 hours", Pattern(r"\s*\d+\s+(second|minute|hour|day|week)s?\s*",
+                                                "a duration like '24 hours' or '30 minutes'"))
+    starting_offsets: str = key("earliest", Check(
+        starting_offsets, "'earliest', 'latest' or a JSON offsets object", empty_ok=False))
+    connect: bool = True
+    connect_host: str = "127.0.0.1"
+    connect_port: int = key(15002, Int(1, 65535))
+    kafka: dict = key(factory=dict, spec=Table("[history.kafka]"))
+
+    @property
+    def connect_url(self) -> str:
+        """The job's Spark Connect server as a client reaches it."""
+        host = "127.0.0.1" if self.connect_host in ("", "0.0.0.0", "::") else self.connect_host
+        return f"sc://{host}:{self.connect_port}"
+
+
+@dataclass(slots=True)
+class PersistenceConfig(Section):
+    """[persistence]: sessions and retained messages in SQLite (broker/store/sqlite.py)."""
+    TABLE = "persistence"
+    enabled: bool = True
+    path: str = ""                                  # "" = <data_dir>/state.db
+    synchronous: str = key("NORMAL", Enum("OFF", "NORMAL", "FULL", "EXTRA", any_case=True))
+    max_pending_changes: int = key(1_000_000, Int(1))
+
+
+@dataclass(slots=True)
+class MetricsConfig(Section):
+    """[metrics]: Prometheus /metrics and /health, and $SYS topics."""
+    TABLE = "metrics"
+    enabled: bool = False
+    host: str = "127.0.0.1"
+    port: int = key(9100, PORT)
+    sys_interval: float = 10.0                      # seconds between $SYS updates; 0 = off
+
+
+@dataclass(slots=True)
+class DashboardConfig(Section):
+    """[dashboard]: the web dashboard (broker/dashboard/)."""
+    TABLE = "dashboard"
+    enabled: bool = False
+    host: str = "127.0.0.1"                         # localhost unless you mean to expose it
+    port: int = key(18083, PORT)
+    sample_seconds: float = key(2.0, Num(0.2, 3600))  # live charts: one point every N seconds...
+    keep_points: int = key(900, Int(10, 100000))      # ...keeping this many (30 minutes at 2 s)
+    max_topics: int = key(10000, Int(0, 10_000_000))  # topics with a per-topic rate counter
+    max_topics_listed: int = key(2000, Int(1, 100000))
+    max_clients_listed: int = key(500, Int(1, 100000))
+    connect_url: str = key("", Check(connect_address, '"sc://HOST:PORT" ("" = the history job\'s)'))
+    history_timeout_seconds: float = key(30.0, Num(1, 3600))
+    history_max_days: float = key(31.0, Num(0.001, 36600))  # longest range of a history chart
+    users: tuple = key((), StrList())               # () = every user of the password file
+
+
+@dataclass(slots=True)
+class AuthConfig(Section):
+    """[auth]: password file, ACL file and the bounds of password checks (broker/auth/)."""
+    TABLE = "auth"
+    allow_anonymous: bool | None = key(None, Bool())  # None: false with a password_file, else true
+    password_file: str = ""
+    acl_file: str = ""
+    cache_seconds: float = 120.0                    # password-check results remembered; 0 = off
+    reload_interval: float = 2.0                    # seconds between checks whether the files changed
+    decision_cache_size: int = 100_000              # ACL decisions remembered; 0 = off
+    client_id_pattern: str = ""                     # "%u-*": client ids a user may choose; "" = any
+    max_pending_checks: int = key(64, Int(1))       # more CONNECTs waiting: 0x89 Server busy
+    check_threads: int = 0                          # 0 = CPUs, at most 4
+    max_deferred_bytes: int = 1 << 20               # sent behind a CONNECT while it is checked
+
+
+@dataclass(slots=True)
+class ListenerConfig(Section):
+    """One [[listeners]] table: an extra TLS / WebSocket listener."""
+    TABLE = "listeners"
+    type: str = key("tcp", Enum("tcp", "tls", "ws", "wss"))
+    port: int | None = key(None, PORT)              # required
+    host: str = ""                                  # "" = [broker] host
+    name: str = ""                                  # "" = <type><index>
+    path: str = key("/mqtt", Pattern(r"/.*", 'a URL path starting with "/"'))
+    certfile: str = ""                              # tls/wss: certificate chain (PEM)
+    keyfile: str = ""                               # "" = in certfile
+    cafile: str = ""                                # verify client certificates against this CA
+    require_client_cert: bool = False
+    use_identity_as_username: bool = False
+
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+@dataclass(slots=True)
+class Config(Section):
+    """The whole file: [broker] keys as attributes, then one attribute per table."""
+    TABLE = "broker"
+    host: str = "0.0.0.0"
+    port: int = key(1883, PORT)
+    data_dir: str = "./data"
+    log_level: str = key("INFO", Enum(*LOG_LEVELS, any_case=True))
+    log_format: str = key("text", Enum("text", "json"))
+    mqtt: MQTTConfig = section(MQTTConfig)
+    sink: SinkConfig = section(SinkConfig)
+    history: HistoryConfig = section(HistoryConfig)
+    persistence: PersistenceConfig = section(PersistenceConfig)
+    metrics: MetricsConfig = section(MetricsConfig)
+    dashboard: DashboardConfig = section(DashboardConfig)
+    auth: AuthConfig = section(AuthConfig)
+    listeners: list = field(default_factory=list, metadata={"section": ListenerConfig})
+
+    def to_tables(self) -> dict:
+        """The config file (as a dict) that loads back into this tree."""
+        out = {"broker": self.to_table()}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, Section):
+                out[f.name] = value.to_table()
+        out["listeners"] = [x.to_table() for x in self.listeners]
+        return out
+
+
+SECTIONS = {f.name: f.metadata["section"] for f in dataclasses.fields(Config)
+            if "section" in f.metadata and f.name != "listeners"}
+
+
+@functools.cache
+def sections() -> dict[str, dict[str, Spec]]:
+    """{table: {key: Spec}} for every table the file may have but [[listeners]]."""
+    return {"broker": Config.specs(), **{name: cls.specs() for name, cls in SECTIONS.items()}}
+
+
+__all__ = ["DOC", "SECTIONS", "AuthConfig", "Config", "ConfigError", "DashboardConfig",
+           "HistoryConfig", "ListenerConfig", "MQTTConfig", "MetricsConfig", "PersistenceConfig",
+           "Section", "SinkConfig", "did_you_mean", "key", "sections"]

@@ -1,0 +1,346 @@
+"""The typed configuration tree (settings/): every documented key is one field with one default,
+valid values round-trip through the tree, components read sections (not dicts with defaults),
+and the package is a leaf both the broker and the history job import (issue 11)."""
+from __future__ import annotations
+
+import dataclasses
+import re
+import subprocess
+import sys
+import tomllib
+from dataclasses import MISSING
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
+
+import settings
+from settings import Config, ConfigError, ListenerConfig, SinkConfig, load, sections
+from settings.checks import (Bool, Check, Enum, HostPorts, IntList, Num, Pattern, Rule, Rules,
+                             Str, StrList, Table, connect_address)
+from settings.load import apply_file
+from settings.tree import SECTIONS
+
+ROOT = Path(__file__).resolve().parents[2]
+DOC = ROOT / "config/broker.toml"
+
+
+def section_classes() -> dict:
+    return {"broker": Config, **SECTIONS, "listeners": ListenerConfig}
+
+
+def keys_of(cls) -> list[str]:
+    return [f.name for f in dataclasses.fields(cls) if "section" not in f.metadata]
+
+
+# ---- every key in config/broker.toml: exactly one typed field with one default -------------
+def documented_keys() -> dict[str, dict[str, object]]:
+    """{section: {key: value or None (documented only in a comment)}} of config/broker.toml."""
+    data = tomllib.loads(DOC.read_text())
+    out = {name: dict(table) for name, table in data.items()}
+    section = None
+    for line in DOC.read_text().splitlines():
+        m = re.match(r"^#?\s*\[\[?([a-z_.]+)\]?\]", line)
+        if m:
+            section = m.group(1)
+            top, _, sub = section.partition(".")
+            if sub:  # [sink.kafka], [history.kafka]: a table-valued key
+                out.setdefault(top, {}).setdefault(sub, None)
+            continue
+        m = re.match(r"^#\s*([a-z_]+)\s*=", line)   # a key documented in a comment
+        if m and section:
+            top, _, sub = section.partition(".")
+            if not sub:  # [history.kafka] / [sink.kafka] comments are Kafka's own names
+                out.setdefault(top, {}).setdefault(m.group(1), None)
+    return out
+
+
+def test_every_documented_key_is_one_field_with_one_default():
+    classes = section_classes()
+    doc = documented_keys()
+    assert set(doc) == set(classes), "a section of config/broker.toml has no typed section"
+    for name, table in doc.items():
+        cls = classes[name]
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        for key, value in table.items():
+            assert key in fields, f"{name}.{key} is documented but not a field of {cls.__name__}"
+            f = fields[key]
+            # one default: either a value or a factory, never none and never both
+            assert (f.default is MISSING) != (f.default_factory is MISSING), f"{name}.{key}"
+            if value is None or name == "listeners":
+                continue
+            # the documented value is the default (as the loader types it)
+            default = getattr(cls(), key)
+            assert sections()[name][key].check(value, False) == default, \
+                f"{name}.{key}: config/broker.toml says {value!r}, the tree's default is {default!r}"
+        # and the other way round: every field is documented
+        assert set(keys_of(cls)) == set(table), f"[{name}] keys not documented: " \
+            f"{set(keys_of(cls)) - set(table)}"
+
+
+def test_checks_are_the_trees():
+    """The check table is derived from the tree: one Spec per field, nothing else."""
+    for name, cls in section_classes().items():
+        if name == "listeners":
+            assert set(cls.specs()) == set(keys_of(cls))
+            continue
+        assert sections()[name] == cls.specs()
+        assert list(sections()[name]) == keys_of(cls)
+        for f in dataclasses.fields(cls):
+            if "check" in f.metadata:
+                assert sections()[name][f.name] is f.metadata["check"]
+
+
+def test_defaults_are_typed_and_valid():
+    """Each default passes its own check unchanged (the tree's default is a legal setting)."""
+    for name, cls in section_classes().items():
+        obj = cls()
+        for key, spec in cls.specs().items():
+            value = getattr(obj, key)
+            if value is None:   # optional keys: auth.allow_anonymous, a listener's port
+                continue
+            shown = [r._asdict() for r in value] if isinstance(spec, Rules) else \
+                list(value) if isinstance(value, tuple) else value
+            assert spec.check(shown, False) == value, f"{name}.{key}"
+
+
+def test_sections_are_slotted():
+    for cls in section_classes().values():
+        with pytest.raises(AttributeError):
+            cls().no_such_setting = 1
+
+
+# ---- valid values round-trip through the tree (hypothesis) ----------------------------------
+HOST = st.from_regex(r"[a-z0-9][a-z0-9.-]{0,20}", fullmatch=True)
+TEXT = st.text(max_size=20)
+
+
+def valid(spec):
+    """(strategy of valid file values, function giving the typed value the tree must hold)."""
+    same = (lambda v: v)
+    if isinstance(spec, Bool):
+        return st.booleans(), same
+    if isinstance(spec, Num):
+        hi = spec.hi if spec.hi is not None else 1e12
+        if spec.whole:
+            return st.integers(spec.lo, int(hi)), same
+        return st.one_of(st.floats(spec.lo, hi, exclude_min=spec.lo_open, allow_nan=False),
+                         st.integers(int(spec.lo) + 1, int(hi))), float
+    if isinstance(spec, Enum):
+        if spec.any_case:
+            return st.sampled_from(spec.choices).map(str.lower) | st.sampled_from(spec.choices), \
+                str.upper
+        return st.sampled_from(spec.choices), same
+    if isinstance(spec, Pattern):
+        return st.from_regex(spec.regex, fullmatch=True), same
+    if isinstance(spec, Check):
+        if spec.fn is connect_address:
+            return st.just("") | st.builds("sc://{}:{}".format, HOST, st.integers(0, 65535)), same
+        return st.sampled_from(["earliest", "latest", '{"t": {"0": 5}}']), same
+    if isinstance(spec, Str):
+        return TEXT, same
+    if isinstance(spec, StrList):
+        return st.lists(TEXT, max_size=4), tuple
+    if isinstance(spec, IntList):
+        return st.lists(st.integers(0, 4096), max_size=4), tuple
+    if isinstance(spec, HostPorts):
+        hp = st.builds("{}:{}".format, HOST, st.integers(1, 65535))
+        return st.lists(hp, max_size=3), ",".join
+    if isinstance(spec, Rules):
+        rule = st.fixed_dictionaries({"filter": TEXT.filter(bool), "topic": TEXT.filter(bool)})
+        return st.lists(rule, max_size=3), lambda v: tuple(Rule(r["filter"], r["topic"]) for r in v)
+    if isinstance(spec, Table):
+        return st.dictionaries(TEXT.filter(bool), st.integers() | TEXT | st.booleans(),
+                               max_size=3), same
+    raise AssertionError(f"no strategy for {spec!r}")
+
+
+KEYS = [(name, key, spec) for name, specs in sections().items() for key, spec in specs.items()]
+
+
+@st.composite
+def config_files(draw):
+    """A config file (as the dict tomllib gives) setting some keys, and the tree it must give."""
+    data: dict = {}
+    want = []
+    for name, key, spec in draw(st.lists(st.sampled_from(KEYS), min_size=1, max_size=12,
+                                         unique_by=lambda c: c[:2])):
+        strategy, typed = valid(spec)
+        value = draw(strategy)
+        data.setdefault(name, {})[key] = value
+        want.append((name, key, typed(value)))
+    return data, want
+
+
+def section_of(cfg: Config, name: str):
+    return cfg if name == "broker" else getattr(cfg, name)
+
+
+@hsettings(max_examples=300, deadline=None)
+@given(config_files())
+def test_valid_values_round_trip(case):
+    data, want = case
+    cfg = Config()
+    apply_file(cfg, data, "t.toml")
+    for name, key, typed in want:
+        got = getattr(section_of(cfg, name), key)
+        assert got == typed and type(got) is type(typed), (name, key, got, typed)
+    again = Config()
+    apply_file(again, cfg.to_tables(), "again.toml")   # the tree, written out and read back
+    assert again == cfg
+
+
+SCALARS = [(n, k, s) for n, k, s in KEYS if isinstance(s, (Bool, Num, Str, Enum))]
+
+
+@hsettings(max_examples=300, deadline=None)
+@given(st.sampled_from(SCALARS).flatmap(
+    lambda c: valid(c[2])[0].map(lambda v: (c, v))))
+def test_scalar_values_round_trip_as_text(case):
+    """--set / MQTT_BROKER_* give text: the same field value as the file's typed value."""
+    (name, key, spec), value = case
+    typed = valid(spec)[1]
+    text = ("true" if value else "false") if isinstance(value, bool) else \
+        repr(value) if isinstance(value, float) else str(value)
+    via_set = load(None, env={}, sets=[f"{name}.{key}={text}"])
+    via_env = load(None, env={("MQTT_BROKER_" + key if name == "broker" else
+                               f"MQTT_BROKER_{name}__{key}").upper(): text})
+    for cfg in (via_set, via_env):
+        assert getattr(section_of(cfg, name), key) == typed(value)
+
+
+def test_lists_from_text():
+    cfg = load(None, env={"MQTT_BROKER_SINK__EXCLUDE": "$SYS/#, debug/#"},
+               sets=["history.kafka_topics=a,b", "sink.bootstrap_servers= k1:9092 ,k2:9093"])
+    assert cfg.sink.exclude == ("$SYS/#", "debug/#")
+    assert cfg.history.kafka_topics == ("a", "b")
+    assert cfg.sink.bootstrap_servers == "k1:9092,k2:9093"
+
+
+# ---- components take their section ----------------------------------------------------------
+def test_sink_takes_its_section(tmp_path):
+    """spool_max_bytes has one default (the tree's), which reaches the forwarder's config; a
+    [sink] dict is checked like the file (an unknown key is an error, no longer a warning)."""
+    from sink.service import Sink
+    s = Sink({}, str(tmp_path))
+    assert s.max_bytes == SinkConfig().spool_max_bytes == 1 << 30
+    assert s.cfg.spool_dir == str(tmp_path / "spool")
+    s = Sink(SinkConfig(spool_max_bytes=12345, forwarder_cpus=(0,)), str(tmp_path))
+    fwd = s._fwd_config()
+    assert fwd["retain_max_bytes"] == 12345 and fwd["cpus"] == (0,)
+    with pytest.raises(ConfigError, match=r"sink\.spool_max_byte = 1.*did you mean sink\.spool_max_bytes"):
+        Sink({"spool_max_byte": 1}, str(tmp_path))
+    with pytest.raises(ConfigError, match="sink.durability"):
+        Sink({"durability": "fast"}, str(tmp_path))
+
+
+def test_job_reads_the_tree(tmp_path):
+    from sink.job import config_from_args, load_config
+    f = tmp_path / "j.toml"
+    f.write_text('[sink]\nbootstrap_servers = ["k1:9092", "k2:9092"]\ntopic = "m"\n'
+                 'rules = [{ filter = "a/#", topic = "ka" }, { filter = "b/#", topic = "m" }]\n'
+                 '[history]\nmax_records_per_trigger = 0\ntrigger_seconds = 2\n')
+    got = load_config(str(f))
+    assert got["bootstrap"] == "k1:9092,k2:9092" and got["topics"] == ["m", "ka"]
+    assert got["max_records_per_trigger"] is None and got["trigger_seconds"] == 2.0
+    cfg, _ = config_from_args([])                        # no file: the tree's defaults
+    h = settings.HistoryConfig()
+    assert (cfg.table, cfg.connect_port, cfg.dedup_window) == (h.table, h.connect_port,
+                                                                h.dedup_window)
+    assert cfg.topics == [SinkConfig().topic]
+
+
+def test_query_defaults_are_the_trees():
+    from sink import query
+    assert query.DEFAULT_CONNECT_URL == settings.HistoryConfig().connect_url == \
+        "sc://127.0.0.1:15002"
+    assert query.DEFAULT_TABLE == settings.HistoryConfig().table
+
+
+def test_listeners_are_typed():
+    cfg = Config(port=1, listeners=[{"type": "ws", "port": 2}])
+    specs = settings.listener_specs(cfg)
+    assert [(s.type, s.host, s.port, s.name, s.path) for s in specs] == [
+        ("tcp", "0.0.0.0", 1, "mqtt", "/mqtt"), ("ws", "0.0.0.0", 2, "ws0", "/mqtt")]
+
+
+CONFIG_KEYS = sorted({key for specs in sections().values() for key in specs}
+                     | set(ListenerConfig.specs()), key=len, reverse=True)
+READERS = ["broker/__main__.py", "broker/server.py", "broker/transport/tls.py",
+           "broker/transport/websocket.py", "broker/auth/__init__.py",
+           "broker/dashboard/__init__.py", "broker/dashboard/api.py", "sink/service.py",
+           "sink/query.py"]
+
+
+@pytest.mark.parametrize("path", READERS)
+def test_components_do_not_read_settings_from_dicts(path):
+    """No component reads a setting as dict.get("key", default): a second default."""
+    text = (ROOT / path).read_text()
+    pattern = re.compile(r"""\.get\(\s*["'](""" + "|".join(CONFIG_KEYS) + r""")["']""")
+    assert not pattern.findall(text), f"{path}: {pattern.findall(text)}"
+
+
+def test_settings_is_a_leaf_and_the_job_does_not_import_the_broker():
+    code = ("import sys; import settings, sink.job, sink.query; "
+            "print(sorted(m.split('.')[0] for m in sys.modules if m.split('.')[0] in "
+            "('broker', 'sink', 'settings')))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                         check=True, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    assert "broker" not in out.stdout, out.stdout
+    code = ("import sys; before = set(sys.modules); import settings; "
+            "print(sorted({m.split('.')[0] for m in set(sys.modules) - before}"
+            " - set(sys.stdlib_module_names) - {'settings'}))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                         check=True, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_component_defaults_agree_with_the_tree():
+    """Constructors that components also use without a config (tests, benches) keep keyword
+    defaults; each is the tree's default for the key it stands for, never a second value."""
+    import inspect
+
+    from broker.auth import AccessControl
+    from broker.auth.checks import CheckQueue
+    from broker.observability.sys_topics import SysPublisher
+    from broker.store.sqlite import Store
+    from sink.forwarder import Forwarder
+    from sink.spool import SpoolWriter
+
+    def default(fn, name):
+        return inspect.signature(fn).parameters[name].default
+
+    sink, persistence, auth = SinkConfig(), settings.PersistenceConfig(), settings.AuthConfig()
+    pairs = [
+        (default(Store.__init__, "synchronous"), persistence.synchronous),
+        (default(Store.__init__, "max_pending"), persistence.max_pending_changes),
+        (default(SysPublisher.__init__, "interval"), settings.MetricsConfig().sys_interval),
+        (default(SpoolWriter.__init__, "segment_bytes"), sink.spool_segment_bytes),
+        (default(Forwarder.__init__, "replay_window_seconds"), sink.replay_window_seconds),
+        (default(Forwarder.__init__, "replay_window_messages"), sink.replay_window_messages),
+        (default(Forwarder.__init__, "max_inflight"), sink.max_inflight),
+        (default(Forwarder.__init__, "drain_timeout"), sink.drain_timeout_seconds),
+        (default(Forwarder.__init__, "keep_until"), sink.keep_until),
+        (default(CheckQueue.__init__, "max_pending"), auth.max_pending_checks),
+        (default(CheckQueue.__init__, "threads"), auth.check_threads),
+    ] + [(default(AccessControl.__init__, k), getattr(auth, k))
+         for k in ("cache_seconds", "reload_interval", "decision_cache_size", "max_pending_checks",
+                   "check_threads", "max_deferred_bytes", "client_id_pattern", "allow_anonymous")]
+    for i, (got, want) in enumerate(pairs):
+        assert got == want, f"pair {i}: {got!r} != the tree's {want!r}"
+
+
+def test_job_flag_defaults_agree_with_the_tree():
+    """sink.job's JobConfig (the job's flags without a config file) defaults to the tree's."""
+    from sink.job import JobConfig
+    job, h, sink = JobConfig(), settings.HistoryConfig(), SinkConfig()
+    assert job.bootstrap == f"127.0.0.1:{sink.embedded_port}"
+    assert job.topics == [sink.topic]
+    assert (job.table, job.trigger_seconds, job.source, job.dedup_window, job.starting_offsets,
+            job.connect, job.connect_host, job.connect_port, job.kafka) == \
+        (h.table, h.trigger_seconds, h.source, h.dedup_window, h.starting_offsets, h.connect,
+         h.connect_host, h.connect_port, h.kafka)
+    assert job.checkpoint is None and h.checkpoint == ""
+    assert job.max_records_per_trigger is None and h.max_records_per_trigger == 0
