@@ -33,6 +33,25 @@ class Subscription:
         self.read_check = False  # the ACL denies some topics it matches: check each message
 
 
+class Inflight:
+    """An outbound QoS 1/2 PUBLISH awaiting its acknowledgement (session.inflight_out[pid]):
+    the message, as sent (qos, retain, sub_ids), whether PUBREC came (released: the next
+    packet is PUBREL), and its handle in the persistent store (None when not stored)."""
+    __slots__ = ("msg", "qos", "retain", "sub_ids", "released", "handle")
+
+    def __init__(self, msg, qos: int, retain: bool, sub_ids, handle=None, released: bool = False):
+        self.msg = msg
+        self.qos = qos
+        self.retain = retain
+        self.sub_ids = sub_ids
+        self.released = released
+        self.handle = handle
+
+    def __repr__(self) -> str:
+        return (f"Inflight({self.msg.topic!r}, qos={self.qos}, retain={self.retain}, "
+                f"sub_ids={self.sub_ids}, released={self.released}, handle={self.handle})")
+
+
 class Session:
     __slots__ = ("client_id", "subscriptions", "inflight_out", "queue", "inflight_in",
                  "expiry_interval", "expires_at", "will", "will_at", "link", "next_pid",
@@ -45,8 +64,8 @@ class Session:
         self.username: str | None = None
         self.link_level = 5  # protocol level of the last connection (for the sink record)
         self.subscriptions: dict[str, Subscription] = {}
-        # packet id -> [message, qos, retain, sub_ids, released]; insertion order = send order
-        self.inflight_out: dict[int, list] = {}
+        # packet id -> Inflight; insertion order = send order
+        self.inflight_out: dict[int, Inflight] = {}
         self.queue: deque = deque()          # (message, qos, retain, sub_ids) waiting to be sent
         self.inflight_in: set[int] = set()   # QoS 2 packet ids received, PUBREL not yet seen
         self.expiry_interval = 0
@@ -133,7 +152,7 @@ class Session:
                     seq = store.enqueue(self.client_id, msg, qos, retain, sub_ids, pid)
                 else:
                     store.set_pid(seq, pid)
-            self.inflight_out[pid] = [msg, qos, retain, sub_ids, False, seq]
+            self.inflight_out[pid] = Inflight(msg, qos, retain, sub_ids, seq)
             b = bytearray(data)
             b[off] = pid >> 8
             b[off + 1] = pid & 0xFF
@@ -236,17 +255,17 @@ class Session:
     def _resend(self, pid: int, now: float) -> int:
         """Resend one in-flight message; returns 1 when something was sent."""
         link = self.link
-        entry = self.inflight_out[pid]
-        msg, qos, retain, sub_ids, released, seq = entry
-        if released:
+        e = self.inflight_out[pid]
+        if e.released:
             link.write(encode_ack(P.PUBREL, pid, 0, None, link.level))
             return 1
+        msg = e.msg
         expiry = msg.remaining_expiry(now) if msg.expires_at is not None else None
-        data, off = msg.encoded(link.level, qos, retain, sub_ids, expiry)
+        data, off = msg.encoded(link.level, e.qos, e.retain, e.sub_ids, expiry)
         if len(data) > link.max_packet_size:  # [MQTT-3.1.2-25]: discard as if completed
             del self.inflight_out[pid]
-            if seq is not None:
-                self.store.remove(seq)
+            if e.handle is not None:
+                self.store.remove(e.handle)
             return 0
         b = bytearray(data)
         b[0] |= 0x08
@@ -270,8 +289,8 @@ class Session:
         entry = self.inflight_out.pop(pid, None)
         if entry is None:
             return False
-        if entry[5] is not None:
-            self.store.remove(entry[5])
+        if entry.handle is not None:
+            self.store.remove(entry.handle)
         self._freed(now)
         return True
 
@@ -283,13 +302,13 @@ class Session:
             return 0x92
         if reason_code >= 0x80:
             del self.inflight_out[pid]
-            if entry[5] is not None:
-                self.store.remove(entry[5])
+            if entry.handle is not None:
+                self.store.remove(entry.handle)
             self._freed(now)
             return None
-        entry[4] = True
-        if entry[5] is not None:
-            self.store.set_released(entry[5])
+        entry.released = True
+        if entry.handle is not None:
+            self.store.set_released(entry.handle)
         return 0
 
     def purge_expired(self, now: float) -> int:
@@ -299,10 +318,11 @@ class Session:
             return 0
         keep = deque()
         for e in q:
-            if e[0].expires_at is None or e[0].expires_at > now:
+            msg, _, _, _, seq = e
+            if msg.expires_at is None or msg.expires_at > now:
                 keep.append(e)
-            elif e[4] is not None:
-                self.store.remove(e[4])
+            elif seq is not None:
+                self.store.remove(seq)
         dropped = len(q) - len(keep)
         if dropped:
             self.queue = keep

@@ -25,7 +25,7 @@ import zlib
 from ..protocol import packets as P
 from ..protocol.properties import decode_properties, encode_properties
 from ..core.message import Message
-from ..core.session import NEVER, Session, Subscription
+from ..core.session import NEVER, Inflight, Session, Subscription
 from ..core.topics import parse_shared, valid_topic_filter
 
 log = logging.getLogger("broker.store")
@@ -241,7 +241,7 @@ class Store:
                 return
             sub_ids = tuple(int(x) for x in ids.split(",")) if ids else None
             if pid:
-                s.inflight_out[pid] = [m, qos, bool(retain), sub_ids, bool(released), seq]
+                s.inflight_out[pid] = Inflight(m, qos, bool(retain), sub_ids, seq, bool(released))
             else:
                 s.queue.append((m, qos, bool(retain), sub_ids, seq))
 
@@ -322,8 +322,10 @@ class Store:
         if rewrite:
             self.ops = [(f"DELETE FROM {t}", ()) for t in _TABLES]
             for s in broker.sessions.values():
-                for e in list(s.queue) + list(s.inflight_out.values()):
+                for e in s.queue:
                     e[0].store_id = None  # every message is written anew
+                for e in s.inflight_out.values():
+                    e.msg.store_id = None
             for m in broker.retained.all():
                 m.store_id = None
         for s in broker.sessions.values():
@@ -335,9 +337,9 @@ class Store:
             for i, (m, qos, retain, ids, seq) in enumerate(list(s.queue)):
                 s.queue[i] = (m, qos, retain, ids, self.enqueue(s.client_id, m, qos, retain, ids))
             for pid, e in s.inflight_out.items():
-                e[5] = self.enqueue(s.client_id, e[0], e[1], e[2], e[3], pid)
-                if e[4]:
-                    self.set_released(e[5])
+                e.handle = self.enqueue(s.client_id, e.msg, e.qos, e.retain, e.sub_ids, pid)
+                if e.released:
+                    self.set_released(e.handle)
             for pid in s.inflight_in:
                 self.qos2_add(s.client_id, pid)
         for m in broker.retained.all():
