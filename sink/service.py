@@ -361,6 +361,11 @@ class Sink:
             f"{self._id_prefix}{self._id_n:x}"))
         return self._appended()
 
+    def hook(self):
+        """The broker hook handing accepted messages to this sink (sink/hook.py)."""
+        from .hook import SinkHook
+        return SinkHook(self)
+
     def barrier(self) -> "asyncio.Future | None":
         """A future for the records appended since the previous barrier: its result once they
         are on disk, an OSError if any of them could not be written; None if nothing to wait for."""

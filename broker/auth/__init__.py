@@ -36,6 +36,7 @@ import re
 import time
 
 from ..config_check import ConfigError, check
+from ..core.hooks import AUTH_CHECKS, Hook
 from .acl import ACL, AuthFileError, covers, file_signature, overlaps
 from .checks import DEFAULT_MAX_PENDING
 from .passwords import PasswordFile, hash_password, verify_password
@@ -66,8 +67,11 @@ KEYS = {
 DEFAULT_MAX_DEFERRED_BYTES = 1 << 20
 
 
-class AccessControl:
-    """The broker core's access-control object: authenticate / allow_publish / allow_subscribe."""
+class AccessControl(Hook):
+    """The auth hook of the broker core (core/hooks.py): it provides every check
+    (authenticate, check_client_id, allow_publish, allow_subscribe, allow_read,
+    needs_read_check)."""
+    provides = frozenset(AUTH_CHECKS)
 
     def __init__(self, password_file: str | None = None, acl_file: str | None = None,
                  allow_anonymous: bool | None = None, cache_seconds: float = 120.0,
@@ -99,6 +103,9 @@ class AccessControl:
         self._read_cache: dict = {}
         self.client_id_pattern = client_id_pattern
         self.on_acl_reload = None  # set by the broker: re-flag subscriptions after a reload
+
+    def attach(self, broker) -> None:
+        self.on_acl_reload = broker.flag_read_checks  # re-flag subscriptions after a reload
 
     # ---------------------------------------------------------------- reload
     def reload(self) -> None:
