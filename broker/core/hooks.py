@@ -131,6 +131,9 @@ class Checks:
             setattr(self, name, fns[0] if len(fns) == 1 else _all(fns))
         fns = by["needs_read_check"]
         self.needs_read_check = fns[0] if len(fns) == 1 else _any(fns)
+        # the password file the dashboard logs users in with (broker/dashboard), if any
+        self.passwords = next((h.passwords for h in hooks
+                               if getattr(h, "passwords", None) is not None), None)
 
     def reload(self) -> None:
         for h in self.hooks:
