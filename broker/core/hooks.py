@@ -190,15 +190,13 @@ class Persistence:
                     raise ValueError(f"two hooks store messages ({type(self.owner).__name__}, "
                                      f"{type(h).__name__}): attach one persistent store")
                 self.owner = h
+        # the owner's changes not yet committed, a list it keeps (cleared in place): connection.py
+        # compares its length before and after a message to tell whether the ack waits for a commit
+        self.ops = getattr(self.owner, "ops", ())
         for method, event in self._METHODS.items():
             fns = [getattr(h, event) for h in hooks if event in h.provides]
             setattr(self, method, fns[0] if len(fns) == 1 else _fan_out(fns) if fns else _noop)
 
-    @property
-    def ops(self):
-        """The owner's changes not yet committed (connection.py compares their count before and
-        after a message to tell whether its acknowledgement waits for the commit)."""
-        return getattr(self.owner, "ops", ())
 
 
 class Hooks:

@@ -79,7 +79,7 @@ class Store(Hook):
         self.clock = clock
         self.wall = wall
         self.synchronous = synchronous
-        self.ops: list = []
+        self.ops: list = []   # pending changes; the same list for the store's life (cleared in place)
         self.failing = 0      # consecutive failed commits (0: healthy)
         self.max_pending = max_pending  # changes kept while commits fail; beyond: rewrite later
         self.resync = False   # changes were dropped: the next commit rewrites the whole state
@@ -268,9 +268,9 @@ class Store(Hook):
     def snapshot(self, broker, rewrite: bool = False) -> int:
         """Write the whole in-memory state: after recovering from a damaged file, or (rewrite)
         replacing everything in the file after changes had to be dropped. Returns commit()'s."""
-        self.ops = []
+        self.ops.clear()
         if rewrite:
-            self.ops = [(f"DELETE FROM {t}", ()) for t in _TABLES]
+            self.ops.extend((f"DELETE FROM {t}", ()) for t in _TABLES)
             for s in broker.sessions.values():
                 for e in s.queue:
                     e[0].store_id = None  # every message is written anew
@@ -388,7 +388,7 @@ class Store(Hook):
         except sqlite3.Error as exc:
             self._commit_failed(exc, ops)
             return -1
-        self.ops = []
+        self.ops.clear()
         if self.failing:
             log.info("state store: writes to %s succeed again (%d changes kept in memory were "
                      "written%s)", self.path, n, ": the whole state" if self.resync else "")
@@ -399,7 +399,7 @@ class Store(Hook):
     def _rewrite(self) -> int:
         """Changes were dropped: replace the file's content by the whole in-memory state."""
         if len(self.ops) > self.max_pending:
-            self.ops = []  # superseded by the rewrite: kept bounded meanwhile
+            self.ops.clear()  # superseded by the rewrite: kept bounded meanwhile
         if self.clock() < self.retry_at or self.broker is None:
             return -1
         return self.snapshot(self.broker, rewrite=True)
@@ -429,7 +429,7 @@ class Store(Hook):
                       len(ops), exc, self.max_pending)
             self.resync = True
         if self.resync:
-            self.ops = []
+            self.ops.clear()
 
     def collect_garbage(self) -> None:
         """Delete stored messages nothing refers to any more."""

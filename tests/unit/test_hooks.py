@@ -322,7 +322,7 @@ def test_store_load_goes_through_the_broker_api(tmp_path):
     clock = Clock()
     store = Store(str(tmp_path / "s.db"), clock=clock, wall=clock)
     b = Broker(MQTTConfig(), clock=clock, wall=clock, store=store)
-    assert b.store is not None and b.store.owner is store
+    assert b.store is not None and b.store.owner is store and b.store.ops is store.ops
     c = persistent(b, "s", will=P.Will("w", b"bye", 1, False))
     c.send(P.Subscribe(1, [("t/#", P.SubscriptionOptions(2))]))
     c.received()
