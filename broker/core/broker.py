@@ -71,7 +71,9 @@ class Broker:
         """Attach a hook (core/hooks.py): it receives the events in its `provides`."""
         self.hooks.add(hook)
         self._hooks_changed()
-        hook.attach(self)
+        attach = getattr(hook, "attach", None)
+        if attach is not None:
+            attach(self)
 
     def remove_hook(self, hook) -> None:
         self.hooks.remove(hook)

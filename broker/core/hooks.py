@@ -219,6 +219,9 @@ class Hooks:
         if unknown:
             raise ValueError(f"{type(hook).__name__} provides unknown events {sorted(unknown)}; "
                              f"known: {', '.join(EVENTS)}")
+        missing = sorted(e for e in hook.provides if not callable(getattr(hook, e, None)))
+        if missing:
+            raise TypeError(f"{type(hook).__name__} provides {missing} but has no such methods")
         self.hooks.append(hook)
         try:
             self._index()
