@@ -78,7 +78,9 @@ class Session:
         self.queue_qos0 = queue_qos0
         self.stats = stats if stats is not None else {}
         self.sent = sent if sent is not None else [0, 0, 0]  # PUBLISH sent, by QoS
-        self.store = None  # the persistent store while this session outlives its connection
+        # while this session outlives its connection: the persistence events its changes are
+        # reported to (core/hooks.py Persistence: the hooks providing them), else None
+        self.store = None
         self.resend_pending: deque = deque()  # in-flight packet ids waiting to be resent
         # retained messages for new subscriptions, sent by pump() under backpressure:
         # [matched messages, next index, granted QoS, sub_ids, retained store] per subscription
