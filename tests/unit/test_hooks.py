@@ -5,6 +5,8 @@ import subprocess
 import sys
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from broker.config import MQTTConfig
 from broker.core.broker import Broker
@@ -364,3 +366,27 @@ def test_store_load_goes_through_the_broker_api(tmp_path):
     assert s.inflight_out[d.packet_id].msg.payload == b"q"
     assert s.will.topic == "w" and b2.delayed_wills["s"] is s  # an abnormal end: will due now
     store2.close()
+
+
+OBSERVED = ("on_message_accepted", "on_retain", "on_will_published", "on_client_connected",
+            "on_client_disconnected", "on_session_saved", "on_subscribed")
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.sets(st.sampled_from(OBSERVED)), min_size=0, max_size=5),
+       st.lists(st.booleans(), min_size=5, max_size=5))
+def test_each_hook_gets_exactly_the_events_it_provides(provides, removed):
+    """Any number of hooks with any subsets of events, some removed again: every event reaches
+    every hook still attached that provides it, and no other."""
+    hooks = [Recorder(p) for p in provides]
+    b, _ = make(*hooks)
+    gone = [h for h, r in zip(hooks, removed) if r]
+    for h in gone:
+        b.remove_hook(h)
+    c = persistent(b, "c", will=P.Will("w", b"bye", 0, False))
+    c.send(P.Subscribe(1, [("t", P.SubscriptionOptions(0))]))
+    c.send(P.Publish("t", b"kept", 0, True))
+    c.conn.connection_lost()
+    for h in hooks:
+        expected = set() if h in gone else set(h.provides)
+        assert set(h.names()) == expected, (h.provides, h.calls)
