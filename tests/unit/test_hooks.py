@@ -145,6 +145,28 @@ def test_core_imports_nothing_from_sink_store_server_or_asyncio():
     assert out.stdout.strip() == "[]"
 
 
+def test_core_source_has_no_import_of_sink_store_server_auth_or_asyncio():
+    """Also imports inside functions (the sink's record type was imported lazily before)."""
+    import ast
+    import glob
+    bad = []
+    for path in glob.glob(os.path.join(ROOT, "broker", "core", "*.py")) + \
+            glob.glob(os.path.join(ROOT, "broker", "protocol", "*.py")):
+        for node in ast.walk(ast.parse(open(path).read())):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [("." * node.level) + (node.module or "")]
+            else:
+                continue
+            for n in names:
+                if n.split(".")[0] in ("sink", "asyncio", "socket") or \
+                        n.lstrip(".").split(".")[0] in ("store", "server", "transport", "auth",
+                                                        "observability") and n.startswith(".."):
+                    bad.append((os.path.basename(path), n))
+    assert bad == []
+
+
 def test_recording_hook_sees_accepted_messages_retained_changes_and_session_saves():
     rec = Recorder(set(EVENTS) - set(AUTH_CHECKS))
     b, clock = make(rec)
