@@ -247,6 +247,7 @@ class Broker:
         s.expiry_interval = cap
         s.username = username
         s.next_pid = next_pid or 1
+        # stopped while connected (no stored expiry): offline from now, for its interval
         s.expires_at = (now + (expires_at_wall - wall) if expires_at_wall is not None else
                         (None if cap == NEVER else now + cap))
         s.store = self.store
