@@ -12,7 +12,7 @@ import time
 
 from ..config import MQTTConfig
 from ..protocol import properties as PR
-from .hooks import AllowAll, Hooks  # noqa: F401 (AllowAll: the checks without an auth hook)
+from .hooks import AllowAll, Hooks  # AllowAll: the checks without an auth hook
 from .message import Message
 from .retain import RetainedStore
 from .router import Router

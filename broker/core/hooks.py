@@ -79,8 +79,7 @@ class Hook:
     def on_message_stored(self, client_id: str, msg, qos: int, retain: bool, sub_ids,
                           pid: int | None = None):
         """An outbound message of a persistent session is queued (pid None) or in flight:
-        returns a handle the following events name."""
-        return None
+        returns a handle the following events name (None: not stored)."""
 
     def on_stored_sending(self, handle, pid: int) -> None:
         """A queued message is sent with packet id `pid`."""
@@ -176,11 +175,11 @@ class Persistence:
     turned into the SESSION_EVENTS and STORED_EVENTS of the hooks providing them. Each
     method is bound once, when the hooks change: to the one handler (no extra call), to a
     fan-out over several, or to a no-op."""
-    _METHODS = {"save_session": "on_session_saved", "delete_session": "on_session_deleted",
-                "save_subscription": "on_subscribed", "delete_subscription": "on_unsubscribed",
-                "qos2_add": "on_qos2_received", "qos2_remove": "on_qos2_released",
-                "enqueue": "on_message_stored", "set_pid": "on_stored_sending",
-                "set_released": "on_stored_released", "remove": "on_stored_done"}
+    _METHODS = (("save_session", "on_session_saved"), ("delete_session", "on_session_deleted"),
+                ("save_subscription", "on_subscribed"), ("delete_subscription", "on_unsubscribed"),
+                ("qos2_add", "on_qos2_received"), ("qos2_remove", "on_qos2_released"),
+                ("enqueue", "on_message_stored"), ("set_pid", "on_stored_sending"),
+                ("set_released", "on_stored_released"), ("remove", "on_stored_done"))
 
     def __init__(self, hooks: list):
         self.owner = None  # the hook holding stored message copies (STORED_EVENTS), if any
@@ -193,10 +192,9 @@ class Persistence:
         # the owner's changes not yet committed, a list it keeps (cleared in place): connection.py
         # compares its length before and after a message to tell whether the ack waits for a commit
         self.ops = getattr(self.owner, "ops", ())
-        for method, event in self._METHODS.items():
+        for method, event in self._METHODS:
             fns = [getattr(h, event) for h in hooks if event in h.provides]
             setattr(self, method, fns[0] if len(fns) == 1 else _fan_out(fns) if fns else _noop)
-
 
 
 class Hooks:
@@ -227,6 +225,7 @@ class Hooks:
             self._index()
         except ValueError:
             self.hooks.remove(hook)
+            self._index()
             raise
 
     def remove(self, hook) -> None:

@@ -22,11 +22,11 @@ import sqlite3
 import time
 import zlib
 
-from ..protocol import packets as P
-from ..protocol.properties import decode_properties, encode_properties
 from ..core.hooks import SESSION_EVENTS, STORED_EVENTS, Hook
 from ..core.message import Message
 from ..core.session import Session, Subscription
+from ..protocol import packets as P
+from ..protocol.properties import decode_properties, encode_properties
 
 log = logging.getLogger("broker.store")
 
