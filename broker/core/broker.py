@@ -284,7 +284,8 @@ class Broker:
         if s is None:
             return False
         if pid:
-            s.inflight_out[pid] = Inflight(msg, qos, retain, sub_ids, handle, released)
+            e = s.inflight_out[pid] = Inflight(msg, qos, retain, sub_ids, handle)
+            e.released = released
         else:
             s.queue.append((msg, qos, retain, sub_ids, handle))
         return True

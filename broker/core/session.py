@@ -39,12 +39,12 @@ class Inflight:
     packet is PUBREL), and its handle in the persistent store (None when not stored)."""
     __slots__ = ("msg", "qos", "retain", "sub_ids", "released", "handle")
 
-    def __init__(self, msg, qos: int, retain: bool, sub_ids, handle=None, released: bool = False):
+    def __init__(self, msg, qos: int, retain: bool, sub_ids, handle):
         self.msg = msg
         self.qos = qos
         self.retain = retain
         self.sub_ids = sub_ids
-        self.released = released
+        self.released = False
         self.handle = handle
 
     def __repr__(self) -> str:
