@@ -52,6 +52,13 @@ class Inflight:
                 f"sub_ids={self.sub_ids}, released={self.released}, handle={self.handle})")
 
 
+# Acknowledged Inflight records, reused by the next PUBLISH sent (any session): allocating and
+# freeing one per QoS 1/2 message costs more than the rest of the in-flight bookkeeping.
+_free_inflight: list = []
+FREE_INFLIGHT_MAX = 4096
+_new = object.__new__
+
+
 class Session:
     __slots__ = ("client_id", "subscriptions", "inflight_out", "queue", "inflight_in",
                  "expiry_interval", "expires_at", "will", "will_at", "link", "next_pid",
@@ -154,7 +161,15 @@ class Session:
                     seq = store.enqueue(self.client_id, msg, qos, retain, sub_ids, pid)
                 else:
                     store.set_pid(seq, pid)
-            self.inflight_out[pid] = Inflight(msg, qos, retain, sub_ids, seq)
+            free = _free_inflight
+            e = free.pop() if free else _new(Inflight)  # Inflight(msg, qos, retain, sub_ids, seq)
+            e.msg = msg
+            e.qos = qos
+            e.retain = retain
+            e.sub_ids = sub_ids
+            e.released = False
+            e.handle = seq
+            self.inflight_out[pid] = e
             b = bytearray(data)
             b[off] = pid >> 8
             b[off + 1] = pid & 0xFF
@@ -293,6 +308,9 @@ class Session:
             return False
         if entry.handle is not None:
             self.store.remove(entry.handle)
+        if len(_free_inflight) < FREE_INFLIGHT_MAX:
+            entry.msg = entry.sub_ids = None  # holds no message while unused
+            _free_inflight.append(entry)
         self._freed(now)
         return True
 
