@@ -414,3 +414,32 @@ def test_each_hook_gets_exactly_the_events_it_provides(provides, removed):
     for h in hooks:
         expected = set() if h in gone else set(h.provides)
         assert set(h.names()) == expected, (h.provides, h.calls)
+
+
+# ---------------------------------------------------------------- in-flight records
+def test_inflight_records_have_named_fields_and_are_reused_only_once_acknowledged():
+    from broker.core import session as S
+    S._free_inflight.clear()  # other tests may have filled it
+    b, _ = make()
+    s1, s2, pub = Client(b), Client(b), Client(b)
+    for c, cid in ((s1, "a"), (s2, "b")):
+        c.connect(cid)
+        c.send(P.Subscribe(1, [("t", P.SubscriptionOptions(2))]))
+        c.received()
+    pub.connect("p")
+    pub.send(P.Publish("t", b"one", 2, packet_id=1))
+    (d1,), (d2,) = s1.received(), s2.received()
+    e1 = b.sessions["a"].inflight_out[d1.packet_id]
+    e2 = b.sessions["b"].inflight_out[d2.packet_id]
+    assert (e1.msg.payload, e1.qos, e1.retain, e1.released, e1.handle) == (b"one", 2, False, False, None)
+    s1.send(P.Ack(P.PUBREC, d1.packet_id))
+    assert s1.received()[0].type == P.PUBREL and e1.released
+    s1.send(P.Ack(P.PUBCOMP, d1.packet_id))
+    assert d1.packet_id not in b.sessions["a"].inflight_out
+    assert e1 in S._free_inflight and e1.msg is None  # holds no message while unused
+    pub.send(P.Publish("t", b"two", 1, packet_id=2))
+    (n1,), (n2,) = s1.received(), s2.received()
+    reused = b.sessions["a"].inflight_out[n1.packet_id]
+    assert reused.msg.payload == b"two" and reused.qos == 1 and not reused.released
+    # the unacknowledged record of the other session is untouched
+    assert e2.msg.payload == b"one" and b.sessions["b"].inflight_out[d2.packet_id] is e2
