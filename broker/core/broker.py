@@ -64,7 +64,7 @@ class Broker:
         self.topic_counts_max = 0
         for hook in (store, sink, auth, *hooks):
             if hook is not None:
-                self.add_hook(hook if hasattr(hook, "provides") else hook.hook())
+                self.add_hook(_as_hook(hook))
 
     # ------------------------------------------------------------ hooks
     def add_hook(self, hook) -> None:
@@ -440,6 +440,18 @@ class Broker:
         for conn in list(self.connections):
             conn.server_disconnect(0x8B, "server shutting down",
                                    publish_will=self.cfg.publish_will_on_shutdown)
+
+
+def _as_hook(obj):
+    """A hook, or the hook an extension object makes (sink.service.Sink.hook())."""
+    if hasattr(obj, "provides"):
+        return obj
+    make = getattr(obj, "hook", None)
+    if make is None:
+        raise TypeError(f"{type(obj).__name__} is not a hook: it has neither a `provides` set "
+                        "nor a hook() method (see broker/core/hooks.py; for a sink object "
+                        "wrap it: sink.hook.SinkHook(obj))")
+    return make()
 
 
 def _will_delay(will) -> int:

@@ -246,6 +246,8 @@ def test_hooks_registry_refuses_what_is_not_a_hook():
     b, _ = make()
     with pytest.raises(TypeError, match="not a hook"):
         b.add_hook(object())
+    with pytest.raises(TypeError, match="SinkHook"):
+        Broker(sink=object())  # a sink object that makes no hook
     with pytest.raises(ValueError, match="unknown events"):
         b.add_hook(Recorder({"on_message_routed"}))
     b.add_hook(Recorder(set(STORED_EVENTS)))
