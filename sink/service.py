@@ -24,7 +24,7 @@ import time
 
 from .forwarder import Forwarder, MemorySource, SpoolSource, ThreadControl
 from .record import SinkRecord, encode_message, encode_record
-from .spool import FRAME_SIZE, DirLock, SpoolWriter
+from .spool import DirLock, SpoolWriter
 from mqtt_topics import matches as topic_matches  # one topic-filter matcher for the project
 from settings import HistoryConfig, SinkConfig
 
@@ -314,6 +314,11 @@ class Sink:
             kt, topic, payload, qos, retain, client_id, username, protocol, accepted_at_ms,
             self._next_id(kt)))
         return self._appended()
+
+    def hook(self):
+        """The broker hook handing accepted messages to this sink (sink/hook.py)."""
+        from .hook import SinkHook
+        return SinkHook(self)
 
     def barrier(self) -> "asyncio.Future | None":
         """A future for the records appended since the previous barrier: its result once they

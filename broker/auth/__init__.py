@@ -37,6 +37,7 @@ import time
 
 from settings import AuthConfig, ConfigError
 
+from ..core.hooks import AUTH_CHECKS, Hook
 from .acl import ACL, AuthFileError, covers, file_signature, overlaps
 from .passwords import PasswordFile, hash_password, verify_password
 
@@ -54,8 +55,11 @@ _DEFAULT = AuthConfig()  # the one place the [auth] defaults are written: settin
 DEFAULT_MAX_DEFERRED_BYTES = _DEFAULT.max_deferred_bytes
 
 
-class AccessControl:
-    """The broker core's access-control object: authenticate / allow_publish / allow_subscribe."""
+class AccessControl(Hook):
+    """The auth hook of the broker core (core/hooks.py): it provides every check
+    (authenticate, check_client_id, allow_publish, allow_subscribe, allow_read,
+    needs_read_check)."""
+    provides = frozenset(AUTH_CHECKS)
 
     def __init__(self, password_file: str | None = None, acl_file: str | None = None,
                  allow_anonymous: bool | None = None,
@@ -90,6 +94,9 @@ class AccessControl:
         self._read_cache: dict = {}
         self.client_id_pattern = client_id_pattern
         self.on_acl_reload = None  # set by the broker: re-flag subscriptions after a reload
+
+    def attach(self, broker) -> None:
+        self.on_acl_reload = broker.flag_read_checks  # re-flag subscriptions after a reload
 
     # ---------------------------------------------------------------- reload
     def reload(self) -> None:

@@ -2,7 +2,8 @@
 
 Sans-I/O. The asyncio server (broker/server.py) creates a Connection per socket,
 feeds it bytes, flushes `dirty` connections once per event-loop turn and calls
-`tick()` about once a second.
+`tick()` about once a second. Persistence, the sink and auth are hooks (core/hooks.py):
+the broker runs without any of them, and imports none of them.
 """
 from __future__ import annotations
 
@@ -11,52 +12,31 @@ import time
 
 from ..config import MQTTConfig
 from ..protocol import properties as PR
+from .hooks import AllowAll, Hooks  # AllowAll: the checks without an auth hook
 from .message import Message
 from .retain import RetainedStore
 from .router import Router
-from .session import NEVER, Session
+from .session import NEVER, Inflight, Session, Subscription
+from .topics import parse_shared, valid_topic_filter
 
 log = logging.getLogger("broker")
 
 
-class AllowAll:
-    """Default access control: anonymous access, every topic."""
-
-    def authenticate(self, client_id: str, username: str | None, password: bytes | None) -> int:
-        return 0
-
-    def allow_publish(self, client_id: str, username: str | None, topic: str) -> bool:
-        return True
-
-    def allow_subscribe(self, client_id: str, username: str | None, topic_filter: str) -> bool:
-        return True
-
-    def check_client_id(self, client_id: str, username: str | None) -> int:
-        return 0
-
-    def needs_read_check(self, client_id: str, username: str | None, topic_filter: str) -> bool:
-        return False
-
-    def allow_read(self, client_id: str, username: str | None, topic: str) -> bool:
-        return True
-
-
 class Broker:
     def __init__(self, mqtt: MQTTConfig | None = None, sink=None, auth=None,
-                 clock=time.monotonic, wall=time.time, store=None):
+                 clock=time.monotonic, wall=time.time, store=None, hooks=()):
+        """sink, auth, store: hooks (or objects whose hook() makes one, as sink.service.Sink),
+        attached like those of `hooks`, in the order store, sink, auth, hooks."""
         self.cfg = mqtt or MQTTConfig()
-        self.store = store               # persistent state (broker/store/sqlite.py), or None
-        self.sink = sink                 # object with submit(record) -> bool, or None
+        self.hooks = Hooks()
+        # derived from the hooks (_hooks_changed): the checks (AllowAll without an auth hook);
+        # the persistence events persistent sessions call (session.store), or None; the hook
+        # accepted messages go to (connection.py calls to_sink only when set), or None
+        self.auth = AllowAll()
+        self.store = None
+        self.sink = None
         # hold PUBACK/PUBREC until the sink's barrier says the message is on disk
-        self.sink_durable = bool(sink is not None and getattr(sink, "durable", False))
-        if sink is not None:
-            from sink.record import SinkRecord  # the sink is optional: imported only when used
-            self._record_type = SinkRecord
-        # the common case (no properties, no expiry) without building a SinkRecord, when the sink can
-        self._submit_message = getattr(sink, "submit_message", None)
-        self.auth = auth or AllowAll()
-        if hasattr(self.auth, "on_acl_reload"):
-            self.auth.on_acl_reload = self.flag_read_checks
+        self.sink_durable = False
         self.clock = clock
         self.wall = wall
         self.sessions: dict[str, Session] = {}
@@ -82,6 +62,32 @@ class Broker:
         # messages routed per topic, only while the dashboard is on (broker/dashboard/live.py)
         self.topic_counts: dict | None = None
         self.topic_counts_max = 0
+        for hook in (store, sink, auth, *hooks):
+            if hook is not None:
+                self.add_hook(_as_hook(hook))
+
+    # ------------------------------------------------------------ hooks
+    def add_hook(self, hook) -> None:
+        """Attach a hook (core/hooks.py): it receives the events in its `provides`."""
+        self.hooks.add(hook)
+        self._hooks_changed()
+        attach = getattr(hook, "attach", None)
+        if attach is not None:
+            attach(self)
+
+    def remove_hook(self, hook) -> None:
+        self.hooks.remove(hook)
+        self._hooks_changed()
+
+    def _hooks_changed(self) -> None:
+        h = self.hooks
+        self.auth = h.auth
+        self.store = h.persistence
+        accepting = h.providing("on_message_accepted")
+        self.sink = accepting[0] if accepting else None
+        self.sink_durable = any(getattr(a, "durable", False) for a in accepting)
+        for s in self.sessions.values():  # persistent sessions report to the current hooks
+            s.store = self.store if s.expiry_interval else None
 
     # ------------------------------------------------------------ sessions
     def new_client_id(self) -> str:
@@ -126,11 +132,19 @@ class Broker:
             old.will = None
             old.will_at = None
             old.expires_at = None
+            for f in self.hooks.on_client_connected:
+                f(old, True)
             return old, True
+        s = self._new_session(client_id)
+        for f in self.hooks.on_client_connected:
+            f(s, False)
+        return s, False
+
+    def _new_session(self, client_id: str) -> Session:
         s = Session(client_id, self.cfg.max_queued_messages, self.cfg.queue_qos0_messages,
                     self.stats, self.sent_by_qos)
         self.sessions[client_id] = s
-        return s, False
+        return s
 
     def end_session(self, session: Session) -> None:
         """The session ends: remove its subscriptions; a pending will is published now."""
@@ -147,14 +161,15 @@ class Broker:
     def connection_closed(self, session: Session, publish_will: bool, now: float) -> None:
         """The network connection of a session went away."""
         session.link = None
+        for f in self.hooks.on_client_disconnected:
+            f(session, publish_will)
         if session.replay:
             session.replay_to_queue()
         will = session.will
         if publish_will and will is not None:
-            delay = (will.properties or {}).get(PR.WILL_DELAY_INTERVAL, 0)
-            if delay and session.expiry_interval:
-                session.will_at = now + delay
-                self.delayed_wills[session.client_id] = session
+            delay = _will_delay(will)
+            if delay and session.expiry_interval:  # [MQTT-3.1.3-9]
+                self._defer_will(session, now + delay)
             else:
                 self.publish_will(session)
         elif not publish_will:
@@ -168,6 +183,11 @@ class Broker:
             session.store.save_session(session)
             if self.schedule_flush is not None:
                 self.schedule_flush()  # commit soon even though nothing is written
+
+    def _defer_will(self, session: Session, at: float) -> None:
+        """The will is published at `at` (tick()), unless the client reconnects first."""
+        session.will_at = at
+        self.delayed_wills[session.client_id] = session
 
     def publish_will(self, session: Session) -> None:
         will = session.will
@@ -190,6 +210,8 @@ class Broker:
             return
         msg = Message(will.topic, will.payload, will.qos, will.retain, props, expires_at,
                       session.client_id, self.wall())
+        for f in self.hooks.on_will_published:
+            f(session, msg)
         if self.sink is not None and not self.to_sink(msg, session.client_id, session.username,
                                                       session.link_level):
             return
@@ -204,14 +226,115 @@ class Broker:
             for sub in s.subscriptions.values():
                 sub.read_check = check(s.client_id, s.username, sub.filter)
 
+    # ------------------------------------------------------------ restore (a persistent store)
+    def restore_session(self, client_id: str, interval: int, expires_at_wall: float | None,
+                        username: str | None = None, will=None, next_pid: int = 1) -> Session | None:
+        """A persistent session read back at start: offline until its client reconnects. The
+        current mqtt.session_expiry_maximum / persistent_client_expiration apply (a stored
+        "never" too). None when it expired while the broker was down (or under the caps): its
+        deletion is reported like any session's. A will is due after its delay, as if the
+        connection had just been lost (the broker stopped while the session was connected)."""
+        now, wall = self.clock(), self.wall()
+        cap = self.granted_expiry(interval, v5=interval != NEVER)
+        capped = cap < interval
+        if capped and expires_at_wall is not None:
+            expires_at_wall -= interval - cap  # offline since expires_at - interval
+        if (expires_at_wall is not None and expires_at_wall <= wall) or (capped and cap == 0):
+            if self.store is not None:
+                self.store.delete_session(client_id)
+            return None
+        s = self._new_session(client_id)
+        s.expiry_interval = cap
+        s.username = username
+        s.next_pid = next_pid or 1
+        # stopped while connected (no stored expiry): offline from now, for its interval
+        s.expires_at = (now + (expires_at_wall - wall) if expires_at_wall is not None else
+                        (None if cap == NEVER else now + cap))
+        s.store = self.store
+        if will is not None:
+            s.will = will
+            self._defer_will(s, now + _will_delay(will))  # [MQTT-3.1.3-9]: an abnormal end
+        if capped and self.store is not None:
+            self.store.save_session(s)
+        return s
+
+    def restore_subscription(self, client_id: str, filt: str, qos: int, no_local: bool,
+                             retain_as_published: bool, retain_handling: int,
+                             sub_id: int | None) -> Subscription | None:
+        """A stored subscription of a restored session (None: no such session); ValueError for
+        a filter that is not one."""
+        s = self.sessions.get(client_id)
+        if s is None:
+            return None
+        shared = parse_shared(filt)
+        group, tf = shared if shared else (None, filt)
+        if not valid_topic_filter(tf):
+            raise ValueError(f"invalid topic filter {filt!r}")
+        sub = Subscription(filt, tf, group, qos, no_local, retain_as_published, retain_handling,
+                           sub_id, s)
+        sub.read_check = self.auth.needs_read_check(client_id, s.username, filt)
+        s.subscriptions[filt] = sub
+        self.router.add(sub)
+        return sub
+
+    def restore_outbound(self, client_id: str, msg: Message, qos: int, retain: bool, sub_ids,
+                         pid: int | None, released: bool, handle) -> bool:
+        """A stored outbound message of a restored session: in flight (pid) or queued."""
+        s = self.sessions.get(client_id)
+        if s is None:
+            return False
+        if pid:
+            e = s.inflight_out[pid] = Inflight(msg, qos, retain, sub_ids, handle)
+            e.released = released
+        else:
+            s.queue.append((msg, qos, retain, sub_ids, handle))
+        return True
+
+    def restore_qos2(self, client_id: str, pid: int) -> None:
+        """An inbound QoS 2 packet id of a restored session, still awaiting its PUBREL."""
+        s = self.sessions.get(client_id)
+        if s is not None:
+            s.inflight_in.add(pid)
+
+    def restore_retained(self, msg: Message) -> bool:
+        """A stored retained message; False (not kept) when it has expired."""
+        if msg.expires_at is not None and msg.expires_at <= self.clock():
+            return False
+        self.retained.set(msg.topic, msg)
+        return True
+
+    def restored(self) -> None:
+        """The store finished restoring: warn when the sessions read back fill mqtt.max_sessions."""
+        limit = self.cfg.max_sessions
+        if limit and len(self.sessions) >= limit:
+            log.warning("restored %d sessions, mqtt.max_sessions is %d: CONNECTs with new client ids "
+                        "are refused (0x97) until sessions end; raise mqtt.max_sessions",
+                        len(self.sessions), limit)
+
+    # ------------------------------------------------------------ read-only figures
+    def stats_view(self) -> dict:
+        """Figures for metrics, $SYS and the dashboard, read at call time (nothing is counted
+        on the hot path for them): gauges, then the counters (copies)."""
+        sessions = self.sessions.values()
+        connected = sum(1 for c in self.connections if c.session is not None)
+        v = {"connections": len(self.connections), "clients_connected": connected,
+             "sessions": len(self.sessions), "subscriptions": self.router.count,
+             "retained": self.retained.count,
+             "queued": sum(len(s.queue) for s in sessions),
+             "inflight": sum(len(s.inflight_out) for s in sessions),
+             "received_by_qos": tuple(self.received_by_qos), "sent_by_qos": tuple(self.sent_by_qos)}
+        v.update(self.stats)
+        return v
+
     # ------------------------------------------------------------ messages
     def retain(self, msg: Message) -> None:
         """[MQTT-3.3.1-5..7]: store/replace; an empty payload deletes and is not stored."""
         if not self.cfg.retain_available:
             return
-        self.retained.set(msg.topic, msg if msg.payload else None)
-        if self.store is not None:
-            self.store.retain_set(msg.topic, msg if msg.payload else None)
+        m = msg if msg.payload else None
+        self.retained.set(msg.topic, m)
+        for f in self.hooks.on_retain:
+            f(msg.topic, m)
 
     def route(self, msg: Message, sender) -> int:
         """Deliver to every matching subscription; returns how many sessions got it."""
@@ -274,29 +397,20 @@ class Broker:
         return n
 
     def to_sink(self, msg: Message, client_id: str, username: str | None, protocol: int) -> bool:
-        """Hand an accepted message to the sink; False when the sink refuses (spool full)."""
-        p = msg.props
-        if not p and msg.expires_at is None and self._submit_message is not None:
-            if self._submit_message(msg.topic, msg.payload, msg.qos, msg.retain, client_id, username, protocol,
-                                    int(msg.accepted_at * 1000)):
-                return True
-            self.stats["sink_refused"] += 1
-            return False
-        rec = self._record_type(topic=msg.topic, payload=msg.payload, qos=msg.qos, retain=msg.retain,
-                         client_id=client_id, username=username, protocol=protocol,
-                         accepted_at_ms=int(msg.accepted_at * 1000))
-        if p:
-            rec.payload_format = p.get(PR.PAYLOAD_FORMAT_INDICATOR)
-            rec.content_type = p.get(PR.CONTENT_TYPE)
-            rec.response_topic = p.get(PR.RESPONSE_TOPIC)
-            rec.correlation_data = p.get(PR.CORRELATION_DATA)
-            rec.user_properties = p.get(PR.USER_PROPERTY)
-        if msg.expires_at is not None:
-            rec.message_expiry = msg.remaining_expiry(self.clock())
-        if self.sink.submit(rec):
-            return True
-        self.stats["sink_refused"] += 1
-        return False
+        """Hand an accepted message to the hooks taking them (the sink: sink/hook.py); False
+        when one refuses it (spool full)."""
+        for accept in self.hooks.on_message_accepted:
+            if not accept(msg, client_id, username, protocol):
+                self.stats["sink_refused"] += 1
+                return False
+        return True
+
+    def publish_local(self, msg: Message) -> int:
+        """A message of the broker itself ($SYS): retained in memory and routed; no hook sees
+        it (not stored, not sent to the sink). Returns how many sessions got it."""
+        if msg.retain:
+            self.retained.set(msg.topic, msg if msg.payload else None)
+        return self.route(msg, None)
 
     # ------------------------------------------------------------ output
     def mark_dirty(self, conn) -> None:
@@ -326,3 +440,20 @@ class Broker:
         for conn in list(self.connections):
             conn.server_disconnect(0x8B, "server shutting down",
                                    publish_will=self.cfg.publish_will_on_shutdown)
+
+
+def _as_hook(obj):
+    """A hook, or the hook an extension object makes (sink.service.Sink.hook())."""
+    if hasattr(obj, "provides"):
+        return obj
+    make = getattr(obj, "hook", None)
+    if make is None:
+        raise TypeError(f"{type(obj).__name__} is not a hook: it has neither a `provides` set "
+                        "nor a hook() method (see broker/core/hooks.py; for a sink object "
+                        "wrap it: sink.hook.SinkHook(obj))")
+    return make()
+
+
+def _will_delay(will) -> int:
+    """The Will Delay Interval (3.1.3.2.2), 0 when absent."""
+    return (will.properties or {}).get(PR.WILL_DELAY_INTERVAL, 0)

@@ -33,6 +33,32 @@ class Subscription:
         self.read_check = False  # the ACL denies some topics it matches: check each message
 
 
+class Inflight:
+    """An outbound QoS 1/2 PUBLISH awaiting its acknowledgement (session.inflight_out[pid]):
+    the message, as sent (qos, retain, sub_ids), whether PUBREC came (released: the next
+    packet is PUBREL), and its handle in the persistent store (None when not stored)."""
+    __slots__ = ("msg", "qos", "retain", "sub_ids", "released", "handle")
+
+    def __init__(self, msg, qos: int, retain: bool, sub_ids, handle):
+        self.msg = msg
+        self.qos = qos
+        self.retain = retain
+        self.sub_ids = sub_ids
+        self.released = False
+        self.handle = handle
+
+    def __repr__(self) -> str:
+        return (f"Inflight({self.msg.topic!r}, qos={self.qos}, retain={self.retain}, "
+                f"sub_ids={self.sub_ids}, released={self.released}, handle={self.handle})")
+
+
+# Acknowledged Inflight records, reused by the next PUBLISH sent (any session): allocating and
+# freeing one per QoS 1/2 message costs more than the rest of the in-flight bookkeeping.
+_free_inflight: list = []
+FREE_INFLIGHT_MAX = 4096
+_new = object.__new__
+
+
 class Session:
     __slots__ = ("client_id", "subscriptions", "inflight_out", "queue", "inflight_in",
                  "expiry_interval", "expires_at", "will", "will_at", "link", "next_pid",
@@ -45,8 +71,8 @@ class Session:
         self.username: str | None = None
         self.link_level = 5  # protocol level of the last connection (for the sink record)
         self.subscriptions: dict[str, Subscription] = {}
-        # packet id -> [message, qos, retain, sub_ids, released]; insertion order = send order
-        self.inflight_out: dict[int, list] = {}
+        # packet id -> Inflight; insertion order = send order
+        self.inflight_out: dict[int, Inflight] = {}
         self.queue: deque = deque()          # (message, qos, retain, sub_ids) waiting to be sent
         self.inflight_in: set[int] = set()   # QoS 2 packet ids received, PUBREL not yet seen
         self.expiry_interval = 0
@@ -59,7 +85,9 @@ class Session:
         self.queue_qos0 = queue_qos0
         self.stats = stats if stats is not None else {}
         self.sent = sent if sent is not None else [0, 0, 0]  # PUBLISH sent, by QoS
-        self.store = None  # the persistent store while this session outlives its connection
+        # while this session outlives its connection: the persistence events its changes are
+        # reported to (core/hooks.py Persistence: the hooks providing them), else None
+        self.store = None
         self.resend_pending: deque = deque()  # in-flight packet ids waiting to be resent
         # retained messages for new subscriptions, sent by pump() under backpressure:
         # [matched messages, next index, granted QoS, sub_ids, retained store] per subscription
@@ -133,7 +161,15 @@ class Session:
                     seq = store.enqueue(self.client_id, msg, qos, retain, sub_ids, pid)
                 else:
                     store.set_pid(seq, pid)
-            self.inflight_out[pid] = [msg, qos, retain, sub_ids, False, seq]
+            free = _free_inflight
+            e = free.pop() if free else _new(Inflight)  # Inflight(msg, qos, retain, sub_ids, seq)
+            e.msg = msg
+            e.qos = qos
+            e.retain = retain
+            e.sub_ids = sub_ids
+            e.released = False
+            e.handle = seq
+            self.inflight_out[pid] = e
             b = bytearray(data)
             b[off] = pid >> 8
             b[off + 1] = pid & 0xFF
@@ -236,17 +272,17 @@ class Session:
     def _resend(self, pid: int, now: float) -> int:
         """Resend one in-flight message; returns 1 when something was sent."""
         link = self.link
-        entry = self.inflight_out[pid]
-        msg, qos, retain, sub_ids, released, seq = entry
-        if released:
+        e = self.inflight_out[pid]
+        if e.released:
             link.write(encode_ack(P.PUBREL, pid, 0, None, link.level))
             return 1
+        msg = e.msg
         expiry = msg.remaining_expiry(now) if msg.expires_at is not None else None
-        data, off = msg.encoded(link.level, qos, retain, sub_ids, expiry)
+        data, off = msg.encoded(link.level, e.qos, e.retain, e.sub_ids, expiry)
         if len(data) > link.max_packet_size:  # [MQTT-3.1.2-25]: discard as if completed
             del self.inflight_out[pid]
-            if seq is not None:
-                self.store.remove(seq)
+            if e.handle is not None:
+                self.store.remove(e.handle)
             return 0
         b = bytearray(data)
         b[0] |= 0x08
@@ -270,8 +306,11 @@ class Session:
         entry = self.inflight_out.pop(pid, None)
         if entry is None:
             return False
-        if entry[5] is not None:
-            self.store.remove(entry[5])
+        if entry.handle is not None:
+            self.store.remove(entry.handle)
+        if len(_free_inflight) < FREE_INFLIGHT_MAX:
+            entry.msg = entry.sub_ids = None  # holds no message while unused
+            _free_inflight.append(entry)
         self._freed(now)
         return True
 
@@ -283,13 +322,13 @@ class Session:
             return 0x92
         if reason_code >= 0x80:
             del self.inflight_out[pid]
-            if entry[5] is not None:
-                self.store.remove(entry[5])
+            if entry.handle is not None:
+                self.store.remove(entry.handle)
             self._freed(now)
             return None
-        entry[4] = True
-        if entry[5] is not None:
-            self.store.set_released(entry[5])
+        entry.released = True
+        if entry.handle is not None:
+            self.store.set_released(entry.handle)
         return 0
 
     def purge_expired(self, now: float) -> int:
@@ -299,10 +338,11 @@ class Session:
             return 0
         keep = deque()
         for e in q:
-            if e[0].expires_at is None or e[0].expires_at > now:
+            msg, _, _, _, seq = e
+            if msg.expires_at is None or msg.expires_at > now:
                 keep.append(e)
-            elif e[4] is not None:
-                self.store.remove(e[4])
+            elif seq is not None:
+                self.store.remove(seq)
         dropped = len(q) - len(keep)
         if dropped:
             self.queue = keep

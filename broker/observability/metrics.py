@@ -21,23 +21,21 @@ class BrokerCollector:
         self.server = server
 
     def collect(self):
-        b = self.server.broker
-        st = b.stats
-        yield GaugeMetricFamily("mqtt_connections", "Open client connections", value=len(b.connections))
-        yield GaugeMetricFamily("mqtt_sessions", "Sessions (connected and offline)", value=len(b.sessions))
-        yield GaugeMetricFamily("mqtt_subscriptions", "Subscriptions", value=b.router.count)
-        yield GaugeMetricFamily("mqtt_retained_messages", "Retained messages", value=b.retained.count)
-        queued = sum(len(s.queue) for s in b.sessions.values())
-        inflight = sum(len(s.inflight_out) for s in b.sessions.values())
-        yield GaugeMetricFamily("mqtt_queued_messages", "Messages queued for sessions", value=queued)
-        yield GaugeMetricFamily("mqtt_inflight_messages", "Unacknowledged outbound QoS 1/2", value=inflight)
+        st = self.server.broker.stats_view()  # read-only figures (core/broker.py)
+        yield GaugeMetricFamily("mqtt_connections", "Open client connections", value=st["connections"])
+        yield GaugeMetricFamily("mqtt_sessions", "Sessions (connected and offline)", value=st["sessions"])
+        yield GaugeMetricFamily("mqtt_subscriptions", "Subscriptions", value=st["subscriptions"])
+        yield GaugeMetricFamily("mqtt_retained_messages", "Retained messages", value=st["retained"])
+        yield GaugeMetricFamily("mqtt_queued_messages", "Messages queued for sessions", value=st["queued"])
+        yield GaugeMetricFamily("mqtt_inflight_messages", "Unacknowledged outbound QoS 1/2",
+                                value=st["inflight"])
         c = CounterMetricFamily("mqtt_messages_received", "PUBLISH received from clients", labels=["qos"])
         for q in range(3):
-            c.add_metric([str(q)], b.received_by_qos[q])
+            c.add_metric([str(q)], st["received_by_qos"][q])
         yield c
         c = CounterMetricFamily("mqtt_messages_sent", "PUBLISH sent to clients", labels=["qos"])
         for q in range(3):
-            c.add_metric([str(q)], b.sent_by_qos[q])
+            c.add_metric([str(q)], st["sent_by_qos"][q])
         yield c
         yield CounterMetricFamily("mqtt_bytes_received", "Bytes received", value=self.server.bytes_in)
         yield CounterMetricFamily("mqtt_bytes_sent", "Bytes sent", value=self.server.bytes_out)
@@ -88,9 +86,9 @@ async def start_http(server, host: str, port: int):
             if path == "/metrics":
                 body, ctype, status = generate_latest(registry), "text/plain; version=0.0.4", "200 OK"
             elif path in ("/health", "/healthz"):
-                b = server.broker
+                st = server.broker.stats_view()
                 info = {"status": "ok", "uptime_seconds": round(time.time() - started, 1),
-                        "connections": len(b.connections), "sessions": len(b.sessions)}
+                        "connections": st["connections"], "sessions": st["sessions"]}
                 if server.sink is not None:
                     try:
                         info["sink"] = {k: v for k, v in server.sink.stats().items()

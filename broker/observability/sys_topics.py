@@ -19,32 +19,31 @@ class SysPublisher:
         self.last = 0.0
 
     def values(self) -> dict[str, str]:
-        b = self.server.broker
-        connected = sum(1 for c in b.connections if c.session is not None)
+        st = self.server.broker.stats_view()  # read-only figures (core/broker.py)
+        received, sent = str(sum(st["received_by_qos"])), str(sum(st["sent_by_qos"]))
         return {
             "$SYS/broker/version": f"mqtt-history-broker {__version__}",
             "$SYS/broker/uptime": f"{int(time.time() - self.started)} seconds",
-            "$SYS/broker/clients/connected": str(connected),
-            "$SYS/broker/clients/total": str(len(b.sessions)),
-            "$SYS/broker/clients/disconnected": str(len(b.sessions) - connected),
-            "$SYS/broker/messages/received": str(sum(b.received_by_qos)),
-            "$SYS/broker/messages/sent": str(sum(b.sent_by_qos)),
-            "$SYS/broker/publish/messages/received": str(sum(b.received_by_qos)),
-            "$SYS/broker/publish/messages/sent": str(sum(b.sent_by_qos)),
+            "$SYS/broker/clients/connected": str(st["clients_connected"]),
+            "$SYS/broker/clients/total": str(st["sessions"]),
+            "$SYS/broker/clients/disconnected": str(st["sessions"] - st["clients_connected"]),
+            "$SYS/broker/messages/received": received,
+            "$SYS/broker/messages/sent": sent,
+            "$SYS/broker/publish/messages/received": received,
+            "$SYS/broker/publish/messages/sent": sent,
             "$SYS/broker/publish/messages/dropped": str(
-                sum(b.stats.get(k, 0) for k in ("dropped_queue_full", "dropped_expired",
-                                                "dropped_too_large", "dropped_slow_consumer"))),
+                sum(st.get(k, 0) for k in ("dropped_queue_full", "dropped_expired",
+                                           "dropped_too_large", "dropped_slow_consumer"))),
             "$SYS/broker/bytes/received": str(self.server.bytes_in),
             "$SYS/broker/bytes/sent": str(self.server.bytes_out),
-            "$SYS/broker/retained messages/count": str(b.retained.count),
-            "$SYS/broker/subscriptions/count": str(b.router.count),
-            "$SYS/broker/store/messages/count": str(sum(len(s.queue) for s in b.sessions.values())),
+            "$SYS/broker/retained messages/count": str(st["retained"]),
+            "$SYS/broker/subscriptions/count": str(st["subscriptions"]),
+            "$SYS/broker/store/messages/count": str(st["queued"]),
         }
 
     def publish(self) -> None:
+        """Retained in memory and routed (Broker.publish_local): never stored nor sent to the sink."""
         b = self.server.broker
         now = time.time()
         for topic, value in self.values().items():
-            msg = Message(topic, value.encode(), 0, True, None, None, None, now)
-            b.retained.set(topic, msg)
-            b.route(msg, None)
+            b.publish_local(Message(topic, value.encode(), 0, True, None, None, None, now))

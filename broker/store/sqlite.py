@@ -22,11 +22,11 @@ import sqlite3
 import time
 import zlib
 
+from ..core.hooks import SESSION_EVENTS, STORED_EVENTS, Hook
+from ..core.message import Message
+from ..core.session import Session, Subscription
 from ..protocol import packets as P
 from ..protocol.properties import decode_properties, encode_properties
-from ..core.message import Message
-from ..core.session import NEVER, Session, Subscription
-from mqtt_topics import parse_shared, valid_topic_filter
 
 log = logging.getLogger("broker.store")
 
@@ -67,18 +67,23 @@ def _ids(sub_ids) -> str | None:
     return ",".join(map(str, sub_ids)) if sub_ids else None
 
 
-class Store:
+class Store(Hook):
+    """The persistence hook: persistent sessions' state and retained messages, in SQLite.
+    Its hook events are its own operations (see the aliases at the end of the class); the
+    server commits them (commit()) once per event-loop turn."""
+    provides = frozenset(SESSION_EVENTS + STORED_EVENTS + ("on_retain",))
+
     def __init__(self, path: str, clock=time.monotonic, wall=time.time, synchronous: str = "NORMAL",
                  max_pending: int = 1_000_000):
         self.path = path
         self.clock = clock
         self.wall = wall
         self.synchronous = synchronous
-        self.ops: list = []
+        self.ops: list = []   # pending changes; the same list for the store's life (cleared in place)
         self.failing = 0      # consecutive failed commits (0: healthy)
         self.max_pending = max_pending  # changes kept while commits fail; beyond: rewrite later
         self.resync = False   # changes were dropped: the next commit rewrites the whole state
-        self.broker = None    # set by load(): the state a rewrite writes
+        self.broker = None    # set when attached to a broker: the state a rewrite writes
         self.retry_at = 0.0   # clock() before which a failing store does not try again
         self.db = self._open()
         self.seq = self.db.execute("SELECT COALESCE(MAX(seq), 0) FROM outbound").fetchone()[0]
@@ -156,7 +161,8 @@ class Store:
         Row by row for every table: a row that cannot be read or has wrong types is skipped
         and counted, and so is an unreadable part of a damaged file; the log says what."""
         t0 = time.perf_counter()
-        self.broker = broker
+        if self not in broker.hooks:
+            broker.add_hook(self)  # restored sessions report their changes to this store
         src = self.db
         if self.salvaged:
             try:
@@ -193,62 +199,18 @@ class Store:
             m.store_id = mid
             messages[mid] = m
 
-        sessions = broker.sessions
-
         def session(cid, interval, expires_at, username, will, next_pid):
-            # the current mqtt.session_expiry_maximum / persistent_client_expiration apply: a
-            # stored "never" (3.1.x clean session 0 before those caps, or an earlier config) too
-            cap = broker.granted_expiry(interval, v5=interval != NEVER)
-            capped = cap < interval
-            if capped and expires_at is not None:
-                expires_at -= interval - cap  # offline since expires_at - interval
-            if (expires_at is not None and expires_at <= wall) or (capped and cap == 0):
-                self.delete_session(cid)
-                return  # expired while the broker was down (or under the current caps)
-            interval = cap
-            s = Session(cid, broker.cfg.max_queued_messages, broker.cfg.queue_qos0_messages,
-                        broker.stats, broker.sent_by_qos)
-            s.expiry_interval = interval
-            s.username = username
-            s.next_pid = next_pid or 1
-            # the broker stopped while the session was connected: it is offline from now
-            s.expires_at = (now + (expires_at - wall) if expires_at is not None else
-                            (None if interval == NEVER else now + interval))
-            if will:
-                s.will = decode_will(will)
-            s.store = self
-            sessions[cid] = s
-            if capped:
-                self.save_session(s)
+            broker.restore_session(cid, interval, expires_at, username,
+                                   decode_will(will) if will else None, next_pid)
 
         def subscription(cid, filt, qos, no_local, rap, rh, sub_id):
-            s = sessions.get(cid)
-            if s is None:
-                return
-            shared = parse_shared(filt)
-            group, tf = shared if shared else (None, filt)
-            if not valid_topic_filter(tf):
-                raise ValueError(f"invalid topic filter {filt!r}")
-            sub = Subscription(filt, tf, group, qos, bool(no_local), bool(rap), rh, sub_id, s)
-            sub.read_check = broker.auth.needs_read_check(cid, s.username, filt)
-            s.subscriptions[filt] = sub
-            broker.router.add(sub)
+            broker.restore_subscription(cid, filt, qos, bool(no_local), bool(rap), rh, sub_id)
 
         def outbound(seq, cid, mid, qos, retain, ids, pid, released):
-            s = sessions.get(cid)
             m = messages.get(mid)
-            if s is None or m is None:
-                return
-            sub_ids = tuple(int(x) for x in ids.split(",")) if ids else None
-            if pid:
-                s.inflight_out[pid] = [m, qos, bool(retain), sub_ids, bool(released), seq]
-            else:
-                s.queue.append((m, qos, bool(retain), sub_ids, seq))
-
-        def qos2(cid, pid):
-            s = sessions.get(cid)
-            if s is not None:
-                s.inflight_in.add(pid)
+            if m is not None:
+                sub_ids = tuple(int(x) for x in ids.split(",")) if ids else None
+                broker.restore_outbound(cid, m, qos, bool(retain), sub_ids, pid, bool(released), seq)
 
         nret = 0
 
@@ -257,40 +219,28 @@ class Store:
             m = messages.get(mid)
             if m is not None and m.topic != topic:
                 raise ValueError(f"retained topic {topic!r} is not its message's {m.topic!r}")
-            if m is not None and (m.expires_at is None or m.expires_at > now):
-                broker.retained.set(topic, m)
+            if m is not None and broker.restore_retained(m):
                 nret += 1
 
         restore("messages", _ok_message, message)
         restore("sessions", _ok_session, session)
         restore("subscriptions", _ok_subscription, subscription)
         restore("outbound", _ok_outbound, outbound)
-        restore("qos2_in", _ok_qos2, qos2)
+        restore("qos2_in", _ok_qos2, broker.restore_qos2)
         restore("retained", _ok_retained, retained)
-        # wills of sessions that were connected when the broker stopped: an abnormal end
-        for s in sessions.values():
-            if s.will is not None:
-                from ..protocol import properties as PR
-                delay = (s.will.properties or {}).get(PR.WILL_DELAY_INTERVAL, 0)
-                s.will_at = now + delay
-                broker.delayed_wills[s.client_id] = s
         self._report(restored)
         if self.salvaged:
             src.close()
             for m in messages.values():
                 m.store_id = None  # ids of the old file: the fresh one gets every message anew
             self.snapshot(broker)
-        summary = {"sessions": len(sessions), "retained": nret, "messages": len(messages),
+        summary = {"sessions": len(broker.sessions), "retained": nret, "messages": len(messages),
                    "seconds": round(time.perf_counter() - t0, 3), "dropped": dict(self.dropped),
                    "skipped": {t: len(v) for t, v in self.skipped.items()}}
         log.info("restored %d sessions, %d retained messages, %d stored messages in %.3fs%s",
-                 len(sessions), nret, len(messages), summary["seconds"],
+                 len(broker.sessions), nret, len(messages), summary["seconds"],
                  f"; dropped unreadable rows: {self.dropped}" if self.dropped else "")
-        limit = broker.cfg.max_sessions
-        if limit and len(sessions) >= limit:
-            log.warning("restored %d sessions, mqtt.max_sessions is %d: CONNECTs with new client ids "
-                        "are refused (0x97) until sessions end; raise mqtt.max_sessions",
-                        len(sessions), limit)
+        broker.restored()
         return summary
 
     def _drop(self, table: str, rowid, exc: Exception) -> None:
@@ -318,12 +268,14 @@ class Store:
     def snapshot(self, broker, rewrite: bool = False) -> int:
         """Write the whole in-memory state: after recovering from a damaged file, or (rewrite)
         replacing everything in the file after changes had to be dropped. Returns commit()'s."""
-        self.ops = []
+        self.ops.clear()
         if rewrite:
-            self.ops = [(f"DELETE FROM {t}", ()) for t in _TABLES]
+            self.ops.extend((f"DELETE FROM {t}", ()) for t in _TABLES)
             for s in broker.sessions.values():
-                for e in list(s.queue) + list(s.inflight_out.values()):
+                for e in s.queue:
                     e[0].store_id = None  # every message is written anew
+                for e in s.inflight_out.values():
+                    e.msg.store_id = None
             for m in broker.retained.all():
                 m.store_id = None
         for s in broker.sessions.values():
@@ -335,9 +287,9 @@ class Store:
             for i, (m, qos, retain, ids, seq) in enumerate(list(s.queue)):
                 s.queue[i] = (m, qos, retain, ids, self.enqueue(s.client_id, m, qos, retain, ids))
             for pid, e in s.inflight_out.items():
-                e[5] = self.enqueue(s.client_id, e[0], e[1], e[2], e[3], pid)
-                if e[4]:
-                    self.set_released(e[5])
+                e.handle = self.enqueue(s.client_id, e.msg, e.qos, e.retain, e.sub_ids, pid)
+                if e.released:
+                    self.set_released(e.handle)
             for pid in s.inflight_in:
                 self.qos2_add(s.client_id, pid)
         for m in broker.retained.all():
@@ -436,7 +388,7 @@ class Store:
         except sqlite3.Error as exc:
             self._commit_failed(exc, ops)
             return -1
-        self.ops = []
+        self.ops.clear()
         if self.failing:
             log.info("state store: writes to %s succeed again (%d changes kept in memory were "
                      "written%s)", self.path, n, ": the whole state" if self.resync else "")
@@ -447,7 +399,7 @@ class Store:
     def _rewrite(self) -> int:
         """Changes were dropped: replace the file's content by the whole in-memory state."""
         if len(self.ops) > self.max_pending:
-            self.ops = []  # superseded by the rewrite: kept bounded meanwhile
+            self.ops.clear()  # superseded by the rewrite: kept bounded meanwhile
         if self.clock() < self.retry_at or self.broker is None:
             return -1
         return self.snapshot(self.broker, rewrite=True)
@@ -477,7 +429,7 @@ class Store:
                       len(ops), exc, self.max_pending)
             self.resync = True
         if self.resync:
-            self.ops = []
+            self.ops.clear()
 
     def collect_garbage(self) -> None:
         """Delete stored messages nothing refers to any more."""
@@ -496,6 +448,22 @@ class Store:
                       self.path)
         self.collect_garbage()
         self.db.close()
+
+    # ------------------------------------------------------------ the hook (core/hooks.py)
+    def attach(self, broker) -> None:
+        self.broker = broker
+
+    on_session_saved = save_session
+    on_session_deleted = delete_session
+    on_subscribed = save_subscription
+    on_unsubscribed = delete_subscription
+    on_qos2_received = qos2_add
+    on_qos2_released = qos2_remove
+    on_message_stored = enqueue
+    on_stored_sending = set_pid
+    on_stored_released = set_released
+    on_stored_done = remove
+    on_retain = retain_set
 
 
 # Row checks at load: the types each column must have (anything else is a damaged row).

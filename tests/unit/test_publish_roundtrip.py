@@ -266,7 +266,7 @@ def check(form, c: Case, level: int, topic: bytes, alias: int | None, body: byte
     assert p["payload"] == body
     if c.qos:
         # the packet id patched in is the one the session holds this message under
-        assert p["pid"] and session.inflight_out[p["pid"]][0].payload == body
+        assert p["pid"] and session.inflight_out[p["pid"]].msg.payload == body
     else:
         assert p["pid"] is None
     if level == 5:

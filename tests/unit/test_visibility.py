@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from broker.auth import ACL, AccessControl, from_config
+from sink.hook import SinkHook
 from broker.config import MQTTConfig
 from broker.core.broker import Broker
 from broker.protocol import packets as P
@@ -236,7 +237,7 @@ def test_sys_publish_never_reaches_sink_retained_or_subscribers():
             return True
 
     sink = Sink()
-    b = Broker(MQTTConfig(), sink=sink, clock=Clock(), wall=Clock())
+    b = Broker(MQTTConfig(), sink=SinkHook(sink), clock=Clock(), wall=Clock())
     watcher = Client(b)
     watcher.connect("watch")
     watcher.send(P.Subscribe(1, [("$SYS/#", P.SubscriptionOptions(1))]))

@@ -1,0 +1,248 @@
+"""Hooks: how persistence, the Kafka sink, auth, $SYS and metrics attach to the core.
+
+A hook declares in `provides` the events it handles (mochi-mqtt's Provides()). The registry
+keeps, per event, the tuple of the bound handlers of the hooks that provide it, recomputed when
+a hook is added or removed: an event nobody provides costs an empty-tuple test, so the broker
+runs with no hook at all. Sans-I/O: this module imports nothing outside the core.
+
+Events (handler signatures are the Hook methods below):
+
+* messages: on_message_accepted (may refuse: the sink's spool is full), on_retain,
+  on_will_published
+* clients: on_client_connected, on_client_disconnected
+* session state, for persistent sessions only (Session Expiry Interval > 0 / 3.1.1 clean
+  session 0): on_session_saved, on_session_deleted, on_subscribed, on_unsubscribed,
+  on_qos2_received, on_qos2_released
+* stored copies of outbound messages (queued or in flight): on_message_stored returns a handle,
+  then on_stored_sending / on_stored_released / on_stored_done. One hook at most provides these
+  (it owns the handles).
+* checks (auth): authenticate, check_client_id, allow_publish, allow_subscribe, allow_read,
+  needs_read_check. With no hook providing one, everything is allowed (AllowAll).
+"""
+from __future__ import annotations
+
+MESSAGE_EVENTS = ("on_message_accepted", "on_retain", "on_will_published")
+CLIENT_EVENTS = ("on_client_connected", "on_client_disconnected")
+SESSION_EVENTS = ("on_session_saved", "on_session_deleted", "on_subscribed", "on_unsubscribed",
+                  "on_qos2_received", "on_qos2_released")
+STORED_EVENTS = ("on_message_stored", "on_stored_sending", "on_stored_released", "on_stored_done")
+AUTH_CHECKS = ("authenticate", "check_client_id", "allow_publish", "allow_subscribe",
+               "allow_read", "needs_read_check")
+EVENTS = MESSAGE_EVENTS + CLIENT_EVENTS + SESSION_EVENTS + STORED_EVENTS + AUTH_CHECKS
+
+
+class Hook:
+    """Base class: subclasses set `provides` and implement those methods."""
+    provides: frozenset = frozenset()
+
+    def attach(self, broker) -> None:
+        """Called when the hook is added to a broker (e.g. to call back into it)."""
+
+    # ---------------------------------------------------------------- messages
+    def on_message_accepted(self, msg, client_id: str, username: str | None, protocol: int) -> bool:
+        """A PUBLISH (or will) was accepted, before it is routed. False refuses it: the
+        publisher gets 0x97 Quota exceeded and nobody receives it."""
+        return True
+
+    def on_retain(self, topic: str, msg) -> None:
+        """The retained message of `topic` was set (msg) or deleted (None)."""
+
+    def on_will_published(self, session, msg) -> None:
+        """A will message is being published (routed unless a check refuses it)."""
+
+    # ---------------------------------------------------------------- clients
+    def on_client_connected(self, session, present: bool) -> None:
+        """A CONNECT is accepted: its session opened (resumed when present)."""
+
+    def on_client_disconnected(self, session, publish_will: bool) -> None:
+        """The network connection of a session went away."""
+
+    # ---------------------------------------------------------------- persistent sessions
+    def on_session_saved(self, session) -> None:
+        """A persistent session's own fields changed (expiry, username, will, next pid)."""
+
+    def on_session_deleted(self, client_id: str) -> None:
+        """A persistent session ended: forget it and everything it held."""
+
+    def on_subscribed(self, client_id: str, sub) -> None:
+        """A persistent session's subscription was added or replaced."""
+
+    def on_unsubscribed(self, client_id: str, filt: str) -> None:
+        """A persistent session's subscription was removed."""
+
+    def on_qos2_received(self, client_id: str, pid: int) -> None:
+        """An inbound QoS 2 PUBLISH awaits its PUBREL."""
+
+    def on_qos2_released(self, client_id: str, pid: int) -> None:
+        """The PUBREL came (or the PUBREC failed): the packet id is free."""
+
+    def on_message_stored(self, client_id: str, msg, qos: int, retain: bool, sub_ids,
+                          pid: int | None = None):
+        """An outbound message of a persistent session is queued (pid None) or in flight:
+        returns a handle the following events name (None: not stored)."""
+
+    def on_stored_sending(self, handle, pid: int) -> None:
+        """A queued message is sent with packet id `pid`."""
+
+    def on_stored_released(self, handle) -> None:
+        """PUBREC came for a QoS 2 message: PUBREL is next."""
+
+    def on_stored_done(self, handle) -> None:
+        """Acknowledged, expired or discarded: the copy is no longer needed."""
+
+
+class AllowAll(Hook):
+    """The checks when no auth hook is attached: anonymous access, every topic."""
+    provides = frozenset(AUTH_CHECKS)
+
+    def authenticate(self, client_id: str, username: str | None, password: bytes | None) -> int:
+        return 0
+
+    def allow_publish(self, client_id: str, username: str | None, topic: str) -> bool:
+        return True
+
+    def allow_subscribe(self, client_id: str, username: str | None, topic_filter: str) -> bool:
+        return True
+
+    def check_client_id(self, client_id: str, username: str | None) -> int:
+        return 0
+
+    def needs_read_check(self, client_id: str, username: str | None, topic_filter: str) -> bool:
+        return False
+
+    def allow_read(self, client_id: str, username: str | None, topic: str) -> bool:
+        return True
+
+
+class Checks:
+    """The checks of several auth hooks: a refusal by any of them refuses (deny wins)."""
+
+    def __init__(self, hooks: list):
+        default = AllowAll()
+        by = {c: [getattr(h, c) for h in hooks if c in h.provides] or [getattr(default, c)]
+              for c in AUTH_CHECKS}
+        self.hooks = hooks
+        for name in ("authenticate", "check_client_id"):  # the first non-zero code
+            fns = by[name]
+            setattr(self, name, fns[0] if len(fns) == 1 else _first_code(fns))
+        for name in ("allow_publish", "allow_subscribe", "allow_read"):
+            fns = by[name]
+            setattr(self, name, fns[0] if len(fns) == 1 else _all(fns))
+        fns = by["needs_read_check"]
+        self.needs_read_check = fns[0] if len(fns) == 1 else _any(fns)
+        # the password file the dashboard logs users in with (broker/dashboard), if any
+        self.passwords = next((h.passwords for h in hooks
+                               if getattr(h, "passwords", None) is not None), None)
+
+    def reload(self) -> None:
+        for h in self.hooks:
+            r = getattr(h, "reload", None)
+            if r is not None:
+                r()
+
+
+def _first_code(fns):
+    def check(*args):
+        for f in fns:
+            code = f(*args)
+            if code:
+                return code
+        return 0
+    return check
+
+
+def _all(fns):
+    return lambda *args: all(f(*args) for f in fns)
+
+
+def _any(fns):
+    return lambda *args: any(f(*args) for f in fns)
+
+
+def _fan_out(fns):
+    def dispatch(*args):
+        for f in fns:
+            f(*args)
+    return dispatch
+
+
+def _noop(*args) -> None:
+    return None
+
+
+class Persistence:
+    """What the core calls on a persistent session's state (session.store, broker.store),
+    turned into the SESSION_EVENTS and STORED_EVENTS of the hooks providing them. Each
+    method is bound once, when the hooks change: to the one handler (no extra call), to a
+    fan-out over several, or to a no-op."""
+    _METHODS = (("save_session", "on_session_saved"), ("delete_session", "on_session_deleted"),
+                ("save_subscription", "on_subscribed"), ("delete_subscription", "on_unsubscribed"),
+                ("qos2_add", "on_qos2_received"), ("qos2_remove", "on_qos2_released"),
+                ("enqueue", "on_message_stored"), ("set_pid", "on_stored_sending"),
+                ("set_released", "on_stored_released"), ("remove", "on_stored_done"))
+
+    def __init__(self, hooks: list):
+        self.owner = None  # the hook holding stored message copies (STORED_EVENTS), if any
+        for h in hooks:
+            if h.provides & set(STORED_EVENTS):
+                if self.owner is not None:
+                    raise ValueError(f"two hooks store messages ({type(self.owner).__name__}, "
+                                     f"{type(h).__name__}): attach one persistent store")
+                self.owner = h
+        # the owner's changes not yet committed, a list it keeps (cleared in place): connection.py
+        # compares its length before and after a message to tell whether the ack waits for a commit
+        self.ops = getattr(self.owner, "ops", ())
+        for method, event in self._METHODS:
+            fns = [getattr(h, event) for h in hooks if event in h.provides]
+            setattr(self, method, fns[0] if len(fns) == 1 else _fan_out(fns) if fns else _noop)
+
+
+class Hooks:
+    """The registry: hooks in the order added; per event, the tuple of handlers."""
+
+    def __init__(self):
+        self.hooks: list = []
+        self._index()
+
+    def __iter__(self):
+        return iter(self.hooks)
+
+    def __contains__(self, hook) -> bool:
+        return hook in self.hooks
+
+    def add(self, hook) -> None:
+        if not isinstance(getattr(hook, "provides", None), (set, frozenset)):
+            raise TypeError(f"{type(hook).__name__} is not a hook: it declares no `provides` set")
+        unknown = set(hook.provides) - set(EVENTS)
+        if unknown:
+            raise ValueError(f"{type(hook).__name__} provides unknown events {sorted(unknown)}; "
+                             f"known: {', '.join(EVENTS)}")
+        missing = sorted(e for e in hook.provides if not callable(getattr(hook, e, None)))
+        if missing:
+            raise TypeError(f"{type(hook).__name__} provides {missing} but has no such methods")
+        self.hooks.append(hook)
+        try:
+            self._index()
+        except ValueError:
+            self.hooks.remove(hook)
+            self._index()
+            raise
+
+    def remove(self, hook) -> None:
+        self.hooks.remove(hook)
+        self._index()
+
+    def providing(self, event: str) -> list:
+        return [h for h in self.hooks if event in h.provides]
+
+    def _index(self) -> None:
+        hooks = self.hooks
+        for event in EVENTS:
+            setattr(self, event, tuple(getattr(h, event) for h in hooks if event in h.provides))
+        auth = [h for h in hooks if h.provides & set(AUTH_CHECKS)]
+        # one auth hook providing every check is used as is (no indirection, its own extras
+        # such as reload() stay reachable); else the combination, AllowAll filling the gaps
+        self.auth = (auth[0] if len(auth) == 1 and auth[0].provides >= set(AUTH_CHECKS)
+                     else Checks(auth) if auth else AllowAll())
+        persistent = [h for h in hooks if h.provides & set(SESSION_EVENTS + STORED_EVENTS)]
+        self.persistence = Persistence(persistent) if persistent else None

@@ -1,0 +1,52 @@
+"""The sink's side of the broker hooks (broker/core/hooks.py): accepted messages become sink
+records. The broker core imports nothing from sink/; this adapter imports the core's Hook.
+
+    Broker(..., sink=Sink(...))       # Sink.hook() makes the SinkHook
+    Broker(..., hooks=[SinkHook(x)])  # any object with submit(SinkRecord) -> bool
+"""
+from __future__ import annotations
+
+import time
+
+from broker.core.hooks import Hook
+from broker.protocol import properties as PR
+
+from .record import SinkRecord
+
+
+class SinkHook(Hook):
+    """on_message_accepted -> sink.submit_message (no properties, no expiry: no SinkRecord
+    built, the hot path) or sink.submit(SinkRecord). False when the sink refuses (spool full)."""
+    provides = frozenset({"on_message_accepted"})
+
+    def __init__(self, sink):
+        self.sink = sink
+        # the common case (no properties, no expiry) without building a SinkRecord, when the sink can
+        self._submit_message = getattr(sink, "submit_message", None)
+        self.clock = time.monotonic
+
+    @property
+    def durable(self) -> bool:
+        """Acknowledgements wait for the sink's barrier() (the spool's fsync)."""
+        return bool(getattr(self.sink, "durable", False))
+
+    def attach(self, broker) -> None:
+        self.clock = broker.clock  # Message.expires_at is on the broker's clock
+
+    def on_message_accepted(self, msg, client_id: str, username: str | None, protocol: int) -> bool:
+        p = msg.props
+        if not p and msg.expires_at is None and self._submit_message is not None:
+            return self._submit_message(msg.topic, msg.payload, msg.qos, msg.retain, client_id,
+                                        username, protocol, int(msg.accepted_at * 1000))
+        rec = SinkRecord(topic=msg.topic, payload=msg.payload, qos=msg.qos, retain=msg.retain,
+                         client_id=client_id, username=username, protocol=protocol,
+                         accepted_at_ms=int(msg.accepted_at * 1000))
+        if p:
+            rec.payload_format = p.get(PR.PAYLOAD_FORMAT_INDICATOR)
+            rec.content_type = p.get(PR.CONTENT_TYPE)
+            rec.response_topic = p.get(PR.RESPONSE_TOPIC)
+            rec.correlation_data = p.get(PR.CORRELATION_DATA)
+            rec.user_properties = p.get(PR.USER_PROPERTY)
+        if msg.expires_at is not None:
+            rec.message_expiry = msg.remaining_expiry(self.clock())
+        return self.sink.submit(rec)
