@@ -9,7 +9,7 @@ KPORT=${KPORT:-19095}
 "$PY" -c "
 import signal, sys, time
 sys.path.insert(0, '.')
-from sink.kafka_embedded import EmbeddedKafka
+from sink.forward.kafka_embedded import EmbeddedKafka
 k = EmbeddedKafka(port=$KPORT).start()
 signal.signal(signal.SIGTERM, lambda *a: (k.stop(), sys.exit(0)))
 time.sleep(3600)

@@ -1,4 +1,4 @@
-"""Cost of the history job's de-duplication (sink/dedup.py) as its history grows (not a test).
+"""Cost of the history job's de-duplication (sink/history/dedup.py) as its history grows (not a test).
 
     .venv/bin/python bench/dedup_ledger.py [--rows-per-batch 100000] [--batches 300]
                                            [--partitions 4] [--tasks 2] [--gaps-per-batch 2]
@@ -23,7 +23,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from sink.dedup import LedgerStore, TaskFilter, load_ledger, write_task_summary  # noqa: E402
+from sink.history.dedup import LedgerStore, TaskFilter, load_ledger, write_task_summary  # noqa: E402
 
 
 def _columns(ids: list[bytes]) -> tuple:

@@ -4,7 +4,7 @@
                                           [--seconds 150]
 
 The job drops duplicate message ids with Spark's dropDuplicatesWithinWatermark (RocksDB state,
-the job's settings from sink/spark.py). This feeds it unique ids from Spark's
+the job's settings from sink/history/spark.py). This feeds it unique ids from Spark's
 rate-micro-batch source (no Kafka, no Python: the operator alone) and prints, every 5th
 batch, the ids held and the time the operator spends looking for ids to evict
 (allRemovalsTimeMs, summed over tasks) - Spark scans the whole state for that on every
@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from sink.spark import get_spark  # noqa: E402
+from sink.history.spark import get_spark  # noqa: E402
 
 
 def main() -> int:

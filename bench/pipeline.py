@@ -41,7 +41,7 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, HERE)
 
 from loadgen import Client, Subscriber, connect, make_payload, publish_packet  # noqa: E402
-from sink.kafka_embedded import EmbeddedKafka, free_port  # noqa: E402
+from sink.forward.kafka_embedded import EmbeddedKafka, free_port  # noqa: E402
 
 PY = sys.executable
 TICK = os.sysconf("SC_CLK_TCK")
@@ -126,7 +126,7 @@ def kafka_count(spool_dir: str) -> int:
     """Records Kafka acknowledged (acks=all): the forwarders' checkpoints (a fresh spool starts
     at seq 0; written every 0.5 s). Tansu's ListOffsets is not used: its "latest" offsets lag by
     one per partition."""
-    from sink.spool import read_min_checkpoint
+    from sink.forward.spool import read_min_checkpoint
     ck = read_min_checkpoint(spool_dir)
     return int(ck["seq"]) if ck else 0
 
@@ -268,7 +268,7 @@ def run_one(a, rate: int) -> dict:
                                start_new_session=True)
 
         def forwarders():
-            return [p for p in children(broker.pid) if "sink.forwarder" in cmdline(p)]
+            return [p for p in children(broker.pid) if "sink.forward.forwarder" in cmdline(p)]
 
         meter = CpuMeter({
             "broker": lambda: [broker.pid],

@@ -26,9 +26,9 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from sink.kafka_embedded import EmbeddedKafka  # noqa: E402
-from sink.record import SinkRecord  # noqa: E402
-from sink.service import Sink  # noqa: E402
+from sink.forward.kafka_embedded import EmbeddedKafka  # noqa: E402
+from sink.forward.record import SinkRecord  # noqa: E402
+from sink.forward.service import Sink  # noqa: E402
 
 
 def pct(xs, p):

@@ -33,8 +33,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from sink.job import JobConfig, start_query  # noqa: E402
-from sink.kafka_embedded import EmbeddedKafka  # noqa: E402
+from sink.history.job import JobConfig, start_query  # noqa: E402
+from sink.forward.kafka_embedded import EmbeddedKafka  # noqa: E402
 
 TOPIC = "mqtt.messages"
 
@@ -213,7 +213,7 @@ def throughput(spark, kafka, n: int, payload: int, source: str, label: str, work
 
 def latency(spark, kafka, samples: int, trigger: float, source: str, work: Path) -> list[float]:
     from kafka import KafkaProducer
-    from sink.query import run_sql
+    from sink.history.query import run_sql
     cfg = JobConfig(bootstrap=kafka.bootstrap, table=str(work / "latency"),
                     trigger_seconds=trigger, source=source, starting_offsets="latest")
     query, _ = start_query(spark, cfg)
@@ -261,7 +261,7 @@ def main() -> int:
     args = ap.parse_args()
     parts = set(args.only or ("cpu", "throughput", "latency"))
 
-    from sink.spark import get_spark
+    from sink.history.spark import get_spark
     t = time.monotonic()
     spark = get_spark("mqtt-history-bench")
     print(f"SparkSession started in {time.monotonic() - t:.1f}s; cores: {os.cpu_count()}", flush=True)

@@ -5,7 +5,7 @@
 Appends 120-byte records the way the broker does (every 1 ms the records of that millisecond,
 then a kick), with fdatasync on (durability "spool"), in a temporary directory, and prints the
 writer's fdatasync count per second and the process's CPU per record (user + system), for each
-group-commit interval given (sink/spool.py GROUP_COMMIT_SECONDS).
+group-commit interval given (sink/forward/spool.py GROUP_COMMIT_SECONDS).
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from sink.spool import SpoolWriter  # noqa: E402
+from sink.forward.spool import SpoolWriter  # noqa: E402
 
 
 def run(rate: int, seconds: float, group_commit: float) -> tuple:

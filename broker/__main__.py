@@ -86,7 +86,7 @@ def main(argv=None) -> int:
     sink = store = None
     try:  # directories that cannot be created, a spool locked by another broker: one line
         if cfg.sink.enabled:
-            from sink.service import Sink
+            from sink.forward.service import Sink
             sink = Sink.from_config(cfg.sink, cfg.data_dir, history=cfg.history)
             sink.start()
         p = cfg.persistence

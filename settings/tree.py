@@ -128,7 +128,7 @@ class MQTTConfig(Section):
 
 @dataclass(slots=True)
 class SinkConfig(Section):
-    """[sink]: the broker's Kafka sink (sink/service.py, sink/forwarder.py)."""
+    """[sink]: the broker's Kafka sink (sink/forward/service.py, sink/forward/forwarder.py)."""
     TABLE = "sink"
     enabled: bool = False
     bootstrap_servers: str = key("", HostPorts())   # "" = an embedded Kafka on embedded_port
@@ -156,7 +156,7 @@ class SinkConfig(Section):
 
 @dataclass(slots=True)
 class HistoryConfig(Section):
-    """[history]: the Spark history job (sink/job.py) and where its queries are served."""
+    """[history]: the Spark history job (sink/history/job.py) and where its queries are served."""
     TABLE = "history"
     table: str = "./data/history"
     checkpoint: str = ""                            # "" = <table>_checkpoint

@@ -25,7 +25,7 @@ log = logging.getLogger("broker")
 class Broker:
     def __init__(self, mqtt: MQTTConfig | None = None, sink=None, auth=None,
                  clock=time.monotonic, wall=time.time, store=None, hooks=()):
-        """sink, auth, store: hooks (or objects whose hook() makes one, as sink.service.Sink),
+        """sink, auth, store: hooks (or objects whose hook() makes one, as sink.forward.service.Sink),
         attached like those of `hooks`, in the order store, sink, auth, hooks."""
         self.cfg = mqtt or MQTTConfig()
         self.hooks = Hooks()
@@ -397,7 +397,7 @@ class Broker:
         return n
 
     def to_sink(self, msg: Message, client_id: str, username: str | None, protocol: int) -> bool:
-        """Hand an accepted message to the hooks taking them (the sink: sink/hook.py); False
+        """Hand an accepted message to the hooks taking them (the sink: sink/forward/hook.py); False
         when one refuses it (spool full)."""
         for accept in self.hooks.on_message_accepted:
             if not accept(msg, client_id, username, protocol):
@@ -443,14 +443,14 @@ class Broker:
 
 
 def _as_hook(obj):
-    """A hook, or the hook an extension object makes (sink.service.Sink.hook())."""
+    """A hook, or the hook an extension object makes (sink.forward.service.Sink.hook())."""
     if hasattr(obj, "provides"):
         return obj
     make = getattr(obj, "hook", None)
     if make is None:
         raise TypeError(f"{type(obj).__name__} is not a hook: it has neither a `provides` set "
                         "nor a hook() method (see broker/core/hooks.py; for a sink object "
-                        "wrap it: sink.hook.SinkHook(obj))")
+                        "wrap it: sink.forward.hook.SinkHook(obj))")
     return make()
 
 

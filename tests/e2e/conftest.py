@@ -15,7 +15,7 @@ if str(ROOT) not in sys.path:
 @pytest.fixture(scope="session")
 def spark():
     """One local SparkSession for the whole run (starting one takes 8-14 s)."""
-    from sink.spark import get_spark
+    from sink.history.spark import get_spark
     session = get_spark("mqtt-history-tests")
     yield session
     session.stop()
@@ -24,7 +24,7 @@ def spark():
 @pytest.fixture
 def kafka(tmp_path):
     """A fresh embedded Kafka (Tansu, memory only) per test."""
-    from sink.kafka_embedded import EmbeddedKafka
+    from sink.forward.kafka_embedded import EmbeddedKafka
     k = EmbeddedKafka(log_file=str(tmp_path / "tansu.log"))
     k.start()
     try:

@@ -23,7 +23,7 @@ from pathlib import Path
 import paho.mqtt.client as mqtt
 import pytest
 
-from sink.kafka_embedded import EmbeddedKafka
+from sink.forward.kafka_embedded import EmbeddedKafka
 from tests.conftest import ROOT, BrokerProcess, free_port, wait_port
 
 pytestmark = [pytest.mark.e2e, pytest.mark.kafka, pytest.mark.timeout(600)]
@@ -128,7 +128,7 @@ class Stack:
 
         from kafka import KafkaProducer
 
-        from sink.record import SinkRecord, to_kafka
+        from sink.forward.record import SinkRecord, to_kafka
         prod = KafkaProducer(bootstrap_servers=self.kafka.bootstrap)
         now = time.time()
         for r in range(ROOMS):
@@ -212,7 +212,7 @@ def test_batches_and_days_written_later_are_visible_to_the_server(stack):
     date partition (a record accepted three days ago) appear without any refresh."""
     from kafka import KafkaProducer
 
-    from sink.record import SinkRecord, to_kafka
+    from sink.forward.record import SinkRecord, to_kafka
     old_ms = int((time.time() - 3 * 86400) * 1000)
     rec = SinkRecord(topic="late/arrival", payload=b"42", qos=1, retain=False, client_id="late",
                      username=None, protocol=5, accepted_at_ms=old_ms,

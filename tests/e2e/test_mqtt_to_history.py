@@ -10,8 +10,8 @@ import pytest
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from sink.job import JobConfig, run
-from sink.query import run_sql
+from sink.history.job import JobConfig, run
+from sink.history.query import run_sql
 from tests.conftest import BrokerProcess
 from tests.integration.test_sink_kafka import consume
 

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from sink.job import DEDUP_MARKER, JobConfig, SOURCE_MARKER, run
-from sink.query import run_sql
+from sink.history.job import DEDUP_MARKER, JobConfig, SOURCE_MARKER, run
+from sink.history.query import run_sql
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -119,7 +119,7 @@ def test_history_columns_and_dedup(spark, kafka, tmp_path):
     cfg = history_job(kafka.bootstrap, tmp_path, available_now=True)  # source auto
     assert run(spark, cfg) == 0
     assert Path(cfg.checkpoint_dir, SOURCE_MARKER).read_text().strip() == "python"
-    # the Python source dropped the copies (sink/dedup.py), not Spark's watermark operator
+    # the Python source dropped the copies (sink/history/dedup.py), not Spark's watermark operator
     assert Path(cfg.checkpoint_dir, DEDUP_MARKER).read_text().strip() == "source"
     assert any(Path(cfg.checkpoint_dir, "dedup").glob("ledger-*.pkl"))
 
@@ -332,13 +332,13 @@ def test_kafka_restart_offsets_go_backwards(spark, kafka, tmp_path):
     assert run(spark, cfg) == 0
     count, ids = ids_and_count(spark, cfg.table)
     assert count == 143 and {m["message_id"] for m in third} <= ids
-    # (sink.source logs a WARNING "... offsets went backwards ..." to the job's stderr.)
+    # (sink.history.source logs a WARNING "... offsets went backwards ..." to the job's stderr.)
 
 
 # ---- offset planning of the Python source (no Spark, no Kafka: fast) --------------------------
 
 def test_source_offset_planning():
-    from sink.source import KafkaRange, KafkaRanges, KafkaStreamReader, SourceOptions, _allocate
+    from sink.history.source import KafkaRange, KafkaRanges, KafkaStreamReader, SourceOptions, _allocate
     r = KafkaStreamReader(SourceOptions.parse({"kafka.bootstrap.servers": "h:1",
                                                "subscribe": "a"}))
     same = {"a": "id1"}
@@ -370,7 +370,7 @@ def test_source_offset_planning():
 
 
 def test_job_config(tmp_path):
-    from sink.job import config_from_args
+    from sink.history.job import config_from_args
     cfg_file = tmp_path / "c.toml"
     cfg_file.write_text('[sink]\nbootstrap_servers = ""\nembedded_port = 9999\n'
                         'rules = [{ filter = "s/#", topic = "mqtt.s" }]\n'
@@ -390,7 +390,7 @@ def test_job_config(tmp_path):
     cfg, _ = config_from_args(["--config", str(cfg_file)])
     opts = cfg.kafka_options()
     assert opts["kafka.security.protocol"] == "SASL_SSL" and opts["kafka.ssl.check.hostname"] == "false"
-    from sink.source import SourceOptions
+    from sink.history.source import SourceOptions
     conf = dict(SourceOptions.parse({k.lower(): v for k, v in opts.items()}).client_conf)
     assert conf == {"security_protocol": "SASL_SSL", "ssl_cafile": "/etc/ca.pem",
                     "sasl_mechanism": "PLAIN", "ssl_check_hostname": False}

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 from kafka import KafkaConsumer, TopicPartition
 
-from sink.kafka_embedded import EmbeddedKafka, free_port
-from sink.record import SinkRecord, from_kafka, to_kafka
-from sink.service import Sink
+from sink.forward.kafka_embedded import EmbeddedKafka, free_port
+from sink.forward.record import SinkRecord, from_kafka, to_kafka
+from sink.forward.service import Sink
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -228,8 +228,8 @@ def test_kafka_outage_and_empty_restart(kafka, tmp_path, mode, caplog):
 DRIVER = textwrap.dedent("""
     import asyncio, os, sys, time
     sys.path.insert(0, {root!r})
-    from sink.record import SinkRecord
-    from sink.service import Sink
+    from sink.forward.record import SinkRecord
+    from sink.forward.service import Sink
     s = Sink.from_config({{"bootstrap_servers": {bootstrap!r}, "forwarder": "process"}}, {data!r})
     s.start()
     print("FWD", s._procs[0].pid, flush=True)

@@ -200,7 +200,7 @@ def test_bad_auth_files(tmp_path):
 
 
 def test_job_embedded_port_zero(tmp_path):
-    from sink.job import load_config
+    from sink.history.job import load_config
     f = tmp_path / "j.toml"
     f.write_text("[sink]\nembedded_port = 0\n")
     with pytest.raises(ConfigError) as e:
@@ -242,7 +242,7 @@ def test_schema_matches_the_modules_and_the_docs():
     """The schema is the typed tree the components read (settings/tree.py), and
     config/broker.toml documents every one of its keys."""
     from settings import AuthConfig, Config, DashboardConfig, SinkConfig
-    from sink.job import CONNECT_KEYS
+    from sink.history.job import CONNECT_KEYS
     s = sections()
     assert set(s["sink"]) == set(SinkConfig.__dataclass_fields__)
     assert set(s["dashboard"]) == set(DashboardConfig.__dataclass_fields__)

@@ -127,7 +127,7 @@ def test_dashboard_settings():
 
 
 def test_job_connect_settings():
-    from sink.job import UsageError, config_from_args, connect_conf, connect_settings
+    from sink.history.job import UsageError, config_from_args, connect_conf, connect_settings
     cfg, _ = config_from_args(["--connect-port", "15555"])
     assert connect_conf(cfg) == {
         "spark.connect.grpc.binding.address": "127.0.0.1",
@@ -142,7 +142,7 @@ def test_job_connect_settings():
 
 
 def test_job_config_file_connect_keys(tmp_path):
-    from sink.job import load_config
+    from sink.history.job import load_config
     f = tmp_path / "b.toml"
     f.write_text('[history]\nconnect = false\nconnect_host = "0.0.0.0"\nconnect_port = 16000\n')
     got = load_config(str(f))
@@ -157,7 +157,7 @@ def test_job_config_file_connect_keys(tmp_path):
 def test_job_refuses_a_taken_connect_port():
     import socket
 
-    from sink.job import UsageError, check_connect_port, config_from_args
+    from sink.history.job import UsageError, check_connect_port, config_from_args
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         s.listen()
@@ -167,7 +167,7 @@ def test_job_refuses_a_taken_connect_port():
 
 
 def test_query_connect_url_parsing():
-    from sink.query import connect_address, connect_reachable
+    from sink.history.query import connect_address, connect_reachable
     assert connect_address("sc://h:15002") == ("h", 15002)
     assert connect_address("sc://[::1]:15002/;token=x") == ("::1", 15002)
     for bad in ("h:15002", "sc://h", "sc://h:x"):

@@ -1,4 +1,4 @@
-"""sink/dedup.py: the history job's duplicate-id ledger, without Spark or Kafka."""
+"""sink/history/dedup.py: the history job's duplicate-id ledger, without Spark or Kafka."""
 from __future__ import annotations
 
 import random
@@ -6,7 +6,7 @@ import random
 import numpy as np
 from hypothesis import given, settings, strategies as st
 
-from sink.dedup import (Ledger, LedgerStore, TaskFilter, contains, load_ledger, merge,
+from sink.history.dedup import (Ledger, LedgerStore, TaskFilter, contains, load_ledger, merge,
                         offsets_key, parse_ids, to_intervals, write_task_summary)
 
 
@@ -190,10 +190,10 @@ def test_window_expires_an_idle_prefix(tmp_path):
 
 
 def test_job_uses_the_source_for_new_local_checkpoints_only(tmp_path):
-    from sink.job import DEDUP_MARKER, JobConfig, dedup_in_source
+    from sink.history.job import DEDUP_MARKER, JobConfig, dedup_in_source
     new = JobConfig(table=str(tmp_path / "t1"))
     assert dedup_in_source(new)
-    old = JobConfig(table=str(tmp_path / "t2"))   # made with Spark's operator, before sink.dedup
+    old = JobConfig(table=str(tmp_path / "t2"))   # made with Spark's operator, before sink.history.dedup
     (tmp_path / "t2_checkpoint" / "offsets").mkdir(parents=True)
     (tmp_path / "t2_checkpoint" / "offsets" / "0").write_text("v1")
     assert not dedup_in_source(old)

@@ -9,11 +9,11 @@ import types
 
 import pytest
 
-from sink.record import SinkRecord
-from sink.service import Sink
-from sink.spool import SpoolWriter
+from sink.forward.record import SinkRecord
+from sink.forward.service import Sink
+from sink.forward.spool import SpoolWriter
 from tests.diskfull import SmallFS
-from sink.record import encode_entry
+from sink.forward.record import encode_entry
 from tests.unit.test_spool import ids, read_all
 
 ENOSPC = OSError(errno.ENOSPC, "No space left on device")
@@ -108,7 +108,7 @@ def test_spool_writer_refuses_on_disk_full_and_recovers(small_fs, caplog):
             w.append(payload(i))
         assert w.flush(10)
         small_fs.fill()
-        with caplog.at_level(logging.INFO, logger="sink.spool"):
+        with caplog.at_level(logging.INFO, logger="sink.forward.spool"):
             for i in range(10, 20):
                 w.append(payload(i))
             w.kick()
@@ -126,7 +126,7 @@ def test_spool_writer_refuses_on_disk_full_and_recovers(small_fs, caplog):
             for i in range(21, 30):
                 w.append(payload(i))
             assert w.flush(10)
-        logs = [r for r in caplog.records if r.name == "sink.spool"]
+        logs = [r for r in caplog.records if r.name == "sink.forward.spool"]
         assert len([r for r in logs if r.levelno == logging.ERROR]) == 1  # once per burst
         assert "free disk space" in logs[0].getMessage()
         assert any("succeed again" in r.getMessage() and r.levelno == logging.INFO for r in logs)
@@ -144,7 +144,7 @@ def test_spool_writer_refuses_on_disk_full_and_recovers(small_fs, caplog):
 @pytest.mark.timeout(60)
 async def test_sink_barrier_fails_on_disk_full_then_recovers(small_fs, tmp_path):
     """The Sink with its real spool writer on a full disk (Kafka unreachable: not needed)."""
-    from sink.kafka_embedded import free_port
+    from sink.forward.kafka_embedded import free_port
     s = Sink.from_config({"bootstrap_servers": f"127.0.0.1:{free_port()}", "forwarder": "thread",
                           "drain_timeout_seconds": 0.5,
                           "spool_dir": os.path.join(small_fs.path, "spool")}, str(tmp_path))

@@ -3,7 +3,7 @@
 from hypothesis import given, settings, strategies as st
 
 from sink import progress
-from sink.forwarder import AckedChunk, Forwarder, MemorySource, ThreadControl
+from sink.forward.forwarder import AckedChunk, Forwarder, MemorySource, ThreadControl
 
 
 def fwd(tmp_path):

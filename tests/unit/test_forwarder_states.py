@@ -1,11 +1,11 @@
-"""The forwarder's state machine (sink/forwarder.py State), one step at a time, with a fake clock
+"""The forwarder's state machine (sink/forward/forwarder.py State), one step at a time, with a fake clock
 and a fake Kafka: which decision it takes on a failed chunk, a refused record, lost data and a
 Kafka that is not there yet."""
 import pytest
 
-from sink import forwarder as fw
-from sink.forwarder import Forwarder, MemorySource, State, ThreadControl
-from sink.record import decode_body, encode_message
+from sink.forward import forwarder as fw
+from sink.forward.forwarder import Forwarder, MemorySource, State, ThreadControl
+from sink.forward.record import decode_body, encode_message
 
 T0 = 1_800_000_000.0          # wall clock of the fake clock at monotonic 0
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from sink.job import committed_from_checkpoint, committed_offsets
+from sink.history.job import committed_from_checkpoint, committed_offsets
 from sink.progress import committed_path, is_committed, read_committed, write_committed
 
 

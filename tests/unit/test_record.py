@@ -1,7 +1,7 @@
 """SinkRecord <-> Kafka record and spool entry encodings."""
 import pytest
 
-from sink.record import (SinkRecord, decode_entry, encode_entry, encode_record, entry_timestamp,
+from sink.forward.record import (SinkRecord, decode_entry, encode_entry, encode_record, entry_timestamp,
                          from_kafka, to_kafka)
 
 

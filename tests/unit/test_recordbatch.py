@@ -1,5 +1,5 @@
 """sink/recordbatch.py (vectorised decoding of Kafka v2 record batches) against kafka-python's own
-record parser, and sink.source.to_arrow (the rows the history job reads) against the record
+record parser, and sink.history.source.to_arrow (the rows the history job reads) against the record
 contract. Property-based: sizes around the varint boundaries, empty and null keys/values, many
 headers, null header values, several batches, compression."""
 from __future__ import annotations
@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from kafka.record import MemoryRecords, MemoryRecordsBuilder
 
 from sink import recordbatch as rb
-from sink.schema import H_USER_PREFIX, HEADER_COLUMNS, HEADER_COLUMNS_SCHEMA, KAFKA_SCHEMA
+from sink.history.schema import H_USER_PREFIX, HEADER_COLUMNS, HEADER_COLUMNS_SCHEMA, KAFKA_SCHEMA
 
 
 def _ms(t: datetime) -> int:
@@ -135,7 +135,7 @@ def test_old_message_format_is_refused_with_a_hint():
 
 def _to_arrow(d, columns, ingested_ms=0):
     from pyspark.sql.pandas.types import to_arrow_schema
-    from sink.source import to_arrow
+    from sink.history.source import to_arrow
     schema = to_arrow_schema(HEADER_COLUMNS_SCHEMA if columns else KAFKA_SCHEMA, timezone="UTC")
     return to_arrow(pa, schema, d, "mqtt.messages", 3, columns, ingested_ms).to_pylist()
 

@@ -223,7 +223,7 @@ def test_lists_from_text():
 def test_sink_takes_its_section(tmp_path):
     """spool_max_bytes has one default (the tree's), which reaches the forwarder's config; a
     [sink] dict is checked like the file (an unknown key is an error, no longer a warning)."""
-    from sink.service import Sink
+    from sink.forward.service import Sink
     s = Sink({}, str(tmp_path))
     assert s.max_bytes == SinkConfig().spool_max_bytes == 1 << 30
     assert s.cfg.spool_dir == str(tmp_path / "spool")
@@ -237,7 +237,7 @@ def test_sink_takes_its_section(tmp_path):
 
 
 def test_job_reads_the_tree(tmp_path):
-    from sink.job import config_from_args, load_config
+    from sink.history.job import config_from_args, load_config
     f = tmp_path / "j.toml"
     f.write_text('[sink]\nbootstrap_servers = ["k1:9092", "k2:9092"]\ntopic = "m"\n'
                  'rules = [{ filter = "a/#", topic = "ka" }, { filter = "b/#", topic = "m" }]\n'
@@ -253,7 +253,7 @@ def test_job_reads_the_tree(tmp_path):
 
 
 def test_query_defaults_are_the_trees():
-    from sink import query
+    from sink.history import query
     assert query.DEFAULT_CONNECT_URL == settings.HistoryConfig().connect_url == \
         "sc://127.0.0.1:15002"
     assert query.DEFAULT_TABLE == settings.HistoryConfig().table
@@ -270,8 +270,8 @@ CONFIG_KEYS = sorted({key for specs in sections().values() for key in specs}
                      | set(ListenerConfig.specs()), key=len, reverse=True)
 READERS = ["broker/__main__.py", "broker/server.py", "broker/transport/tls.py",
            "broker/transport/websocket.py", "broker/auth/__init__.py",
-           "broker/dashboard/__init__.py", "broker/dashboard/api.py", "sink/service.py",
-           "sink/query.py"]
+           "broker/dashboard/__init__.py", "broker/dashboard/api.py", "sink/forward/service.py",
+           "sink/history/query.py"]
 
 
 @pytest.mark.parametrize("path", READERS)
@@ -306,8 +306,8 @@ def test_component_defaults_agree_with_the_tree():
     from broker.auth.checks import CheckQueue
     from broker.observability.sys_topics import SysPublisher
     from broker.store.sqlite import Store
-    from sink.forwarder import Forwarder
-    from sink.spool import SpoolWriter
+    from sink.forward.forwarder import Forwarder
+    from sink.forward.spool import SpoolWriter
 
     def default(fn, name):
         return inspect.signature(fn).parameters[name].default
@@ -334,7 +334,7 @@ def test_component_defaults_agree_with_the_tree():
 
 def test_job_flag_defaults_agree_with_the_tree():
     """sink.job's JobConfig (the job's flags without a config file) defaults to the tree's."""
-    from sink.job import JobConfig
+    from sink.history.job import JobConfig
     job, h, sink = JobConfig(), settings.HistoryConfig(), SinkConfig()
     assert job.bootstrap == f"127.0.0.1:{sink.embedded_port}"
     assert job.topics == [sink.topic]

@@ -6,9 +6,9 @@ import time
 
 import pytest
 
-from sink.forwarder import SpoolSource
-from sink.record import SinkRecord, decode_entry, encode_entry
-from sink.spool import (FRAME_SIZE, SpoolReader, SpoolWriter, frame, list_segments, read_checkpoint,
+from sink.forward.forwarder import SpoolSource
+from sink.forward.record import SinkRecord, decode_entry, encode_entry
+from sink.forward.spool import (FRAME_SIZE, SpoolReader, SpoolWriter, frame, list_segments, read_checkpoint,
                         scan_segment, seg_name, write_checkpoint)
 
 
@@ -206,8 +206,8 @@ def test_unforwarded_segments_are_never_deleted(tmp_path):
 @pytest.mark.asyncio
 async def test_sink_barrier_without_kafka(tmp_path):
     """submit/barrier never wait for Kafka: durable acks while Kafka is unreachable."""
-    from sink.kafka_embedded import free_port
-    from sink.service import Sink
+    from sink.forward.kafka_embedded import free_port
+    from sink.forward.service import Sink
     s = Sink.from_config({"bootstrap_servers": f"127.0.0.1:{free_port()}", "forwarder": "thread",
                           "drain_timeout_seconds": 0.5}, str(tmp_path))
     s.start()

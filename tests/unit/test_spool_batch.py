@@ -1,7 +1,7 @@
 """SpoolReader.read returns a SpoolBatch: named fields over parallel lists; its bounds hold."""
 from hypothesis import given, settings, strategies as st
 
-from sink.spool import FRAME_SIZE, SpoolEntry, SpoolReader, SpoolWriter
+from sink.forward.spool import FRAME_SIZE, SpoolEntry, SpoolReader, SpoolWriter
 
 
 @settings(max_examples=25, deadline=None)

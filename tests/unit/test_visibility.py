@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from broker.auth import ACL, AccessControl, from_config
-from sink.hook import SinkHook
+from sink.forward.hook import SinkHook
 from broker.config import MQTTConfig
 from broker.core.broker import Broker
 from broker.protocol import packets as P

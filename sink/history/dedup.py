@@ -16,7 +16,7 @@ of them on every micro-batch to evict the old ones, so its cost grows with rate 
 - Ids of another form (not ending in ``-<lowercase hex>``, at most 15 digits) and records
   without an id are never dropped.
 
-Exactly once, with Spark's offset log (sink/source.py):
+Exactly once, with Spark's offset log (sink/history/source.py):
 - The planning process keeps the *ledger*: the groups seen before a micro-batch. For a batch
   ``(start, end)`` it writes ``ledger-<key(start)>`` (key = hash of the offsets) and a manifest
   ``batch-<key(end)>/manifest.json`` naming the start, before any task runs.

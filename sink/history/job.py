@@ -1,0 +1,714 @@
+"""The history job: Kafka (records written by the broker's forwarder) -> Parquet history table.
+
+    python -m sink.job [--kafka-bootstrap HOST:PORT] [--table DIR] [--checkpoint DIR]
+                       [--config FILE] [--kafka-topic T] [--trigger-seconds N]
+                       [--source auto|kafka|python] [--available-now]
+
+Exactly once, and no duplicate message ids:
+- Spark's file sink (Parquet, partitioned by ``date``) + a checkpoint. Every micro-batch's
+  offsets are logged before it runs and its files are listed in ``<table>/_spark_metadata``
+  only when the batch commits; ``spark.read.parquet(table)`` reads only listed files. A job
+  killed mid-batch (even SIGKILL) re-runs that batch with the same offsets on restart; a
+  half-written batch is never visible and never counted twice.
+- Duplicate message ids (producer retries, a replayed broker spool, a re-read after Kafka lost
+  its log) are removed by the Python source (sink/history/dedup.py: the ids seen, as intervals per id
+  prefix, in ``<checkpoint>/dedup``; exactly once with the offset log; cost independent of how
+  many ids were seen). With Spark's Kafka connector, or a checkpoint made before, by
+  ``dropDuplicatesWithinWatermark("message_id")`` on ``ingested_at`` (the micro-batch's time,
+  kept in the offset log) with ``dedup_window``, whose cost grows with the ids it holds.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+log = logging.getLogger("sink.job")
+
+DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
+DEFAULT_TABLE = "./data/history"
+DEFAULT_TOPIC = "mqtt.messages"
+DEFAULT_TRIGGER_SECONDS = 5.0
+DEFAULT_DEDUP_WINDOW = "24 hours"
+SOURCES = ("auto", "kafka", "python")
+QUERY_NAME = "mqtt_history"
+DEFAULT_CONNECT_HOST = "127.0.0.1"
+DEFAULT_CONNECT_PORT = 15002
+SOURCE_MARKER = "sink_source"  # file in the checkpoint: which Kafka reader it was made with
+DEDUP_MARKER = "sink_dedup"    # file in the checkpoint: "source" (sink.history.dedup) or "spark"
+_UNIT_MS = {"second": 1000, "minute": 60_000, "hour": 3_600_000, "day": 86_400_000,
+            "week": 7 * 86_400_000}
+
+
+class UsageError(Exception):
+    """A problem the person running the job must fix (bad flag, config, path...)."""
+
+
+@dataclass
+class JobConfig:
+    bootstrap: str = DEFAULT_BOOTSTRAP
+    table: str = DEFAULT_TABLE
+    checkpoint: str | None = None
+    topics: list[str] = field(default_factory=lambda: [DEFAULT_TOPIC])
+    trigger_seconds: float = DEFAULT_TRIGGER_SECONDS
+    source: str = "auto"
+    max_records_per_trigger: int | None = None
+    available_now: bool = False
+    dedup_window: str = DEFAULT_DEDUP_WINDOW
+    starting_offsets: str = "earliest"
+    # Kafka client properties (security.protocol, sasl.mechanism, ssl.cafile, ...): passed as
+    # kafka.<name> options to Spark's connector and, where kafka-python knows them, to our source
+    kafka: dict = field(default_factory=dict)
+    # Spark Connect server in the job's own session (queries while the job runs)
+    connect: bool = True
+    connect_host: str = DEFAULT_CONNECT_HOST
+    connect_port: int = DEFAULT_CONNECT_PORT
+
+    @property
+    def dedup_window_ms(self) -> int:
+        n, unit = self.dedup_window.split()
+        return int(n) * _UNIT_MS[unit.rstrip("s")]
+
+    @property
+    def checkpoint_dir(self) -> str:
+        if self.checkpoint:
+            return self.checkpoint
+        # String based, so that hdfs://... and s3a://... tables work too.
+        return self.table.rstrip("/") + "_checkpoint"
+
+    def kafka_options(self) -> dict[str, str]:
+        """Options understood by both Spark's kafka source and sink.history.source (same names)."""
+        opts = {"kafka.bootstrap.servers": self.bootstrap, "startingOffsets": self.starting_offsets}
+        if len(self.topics) == 1 and self.topics[0].startswith("re:"):
+            opts["subscribePattern"] = self.topics[0][3:]
+        else:
+            opts["subscribe"] = ",".join(self.topics)
+        if self.max_records_per_trigger:
+            opts["maxOffsetsPerTrigger"] = str(self.max_records_per_trigger)
+        for name, value in self.kafka.items():
+            opts[f"kafka.{name}"] = str(value).lower() if isinstance(value, bool) else str(value)
+        return opts
+
+    def validate(self) -> "JobConfig":
+        if self.source not in SOURCES:
+            raise UsageError(f"source must be one of {', '.join(SOURCES)}, not {self.source!r}")
+        if not self.topics or any(not t for t in self.topics):
+            raise UsageError("no Kafka topic given: use --kafka-topic T or [history] kafka_topics")
+        if any(t.startswith("re:") for t in self.topics) and len(self.topics) > 1:
+            raise UsageError("a topic pattern (re:<regex>) cannot be combined with other topics")
+        if self.trigger_seconds <= 0:
+            raise UsageError(f"trigger seconds must be > 0, not {self.trigger_seconds}")
+        if self.max_records_per_trigger is not None and self.max_records_per_trigger <= 0:
+            raise UsageError("max_records_per_trigger must be a positive number")
+        import re
+        if not re.fullmatch(r"\s*\d+\s+(second|minute|hour|day|week)s?\s*", self.dedup_window):
+            raise UsageError(f"dedup_window must look like '24 hours' or '30 minutes', "
+                             f"not {self.dedup_window!r}")
+        if not 0 < self.connect_port < 65536:
+            raise UsageError(f"--connect-port must be 1-65535, not {self.connect_port}")
+        host, _, port = self.bootstrap.split(",")[0].rpartition(":")
+        if not host or not port.isdigit():
+            raise UsageError(f"Kafka bootstrap must look like HOST:PORT, not {self.bootstrap!r}")
+        return self
+
+
+def _topics(value) -> list[str]:
+    if isinstance(value, str):
+        value = value.split(",")
+    if not isinstance(value, list):
+        raise UsageError(f"kafka_topics must be a list of topic names or a string, not {value!r}")
+    return [str(t).strip() for t in value if str(t).strip()]
+
+
+def load_config(path: str | None) -> dict:
+    """The job's settings from the broker's config file (no file: the defaults), every key of
+    which is checked the way the broker checks it (settings.ConfigError: one line naming the key)."""
+    # one loader and one typed tree for the project's config file (the leaf package settings/)
+    from settings import ConfigError, load
+    cfg = load(path, env={})
+    out = {}
+    # [sink] is the broker's section (config/broker.toml): read Kafka from where it forwards to.
+    sink, hist = cfg.sink, cfg.history
+    if sink.bootstrap_servers:
+        out["bootstrap"] = sink.bootstrap_servers
+    else:  # empty = the broker starts an embedded Kafka on this port
+        if sink.embedded_port <= 0:
+            raise ConfigError("sink.embedded_port", "an embedded Kafka on a random port cannot "
+                              "be found by the history job: give its address with "
+                              "--kafka-bootstrap", sink.embedded_port, os.path.basename(path or ""))
+        out["bootstrap"] = f"127.0.0.1:{sink.embedded_port}"
+    sink_topics = [sink.topic]
+    for rule in sink.rules:
+        if rule.topic not in sink_topics:
+            sink_topics.append(rule.topic)
+    # [history] kafka_topics (() means: the topics [sink] forwards to), then --kafka-topic, override
+    out["topics"] = _topics(list(hist.kafka_topics)) or sink_topics
+    for key in ("table", "checkpoint", "source", "dedup_window", "starting_offsets", "connect_host"):
+        if getattr(hist, key):  # "" means the default
+            out[key] = getattr(hist, key)
+    out["kafka"] = dict(hist.kafka)  # [history.kafka]: TLS/SASL for a secured cluster
+    out["trigger_seconds"] = hist.trigger_seconds
+    out["max_records_per_trigger"] = hist.max_records_per_trigger or None
+    out.update(connect=hist.connect, connect_port=hist.connect_port)
+    return out
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m sink.job",
+        description="Copy MQTT messages from Kafka into the Parquet history table "
+                    "(Spark Structured Streaming, exactly once, duplicate message ids dropped).",
+        epilog="Flags override the config file, which overrides the defaults. "
+               "Query the table with: python -m sink.query \"SELECT ... FROM messages\"")
+    p.add_argument("--kafka-bootstrap", metavar="HOST:PORT",
+                   help=f"Kafka bootstrap servers (default {DEFAULT_BOOTSTRAP}, or "
+                        "[sink] bootstrap_servers)")
+    p.add_argument("--table", metavar="DIR", help=f"history table directory (default {DEFAULT_TABLE})")
+    p.add_argument("--checkpoint", metavar="DIR",
+                   help="checkpoint directory (default: <table>_checkpoint beside the table)")
+    p.add_argument("--config", metavar="FILE", help="TOML config; reads [history] and [sink]")
+    p.add_argument("--kafka-topic", metavar="T", action="append",
+                   help=f"Kafka topic to read (repeat or comma-separate for several; "
+                        f"re:<regex> for a pattern; default {DEFAULT_TOPIC})")
+    p.add_argument("--trigger-seconds", metavar="N", type=float,
+                   help=f"micro-batch interval in seconds (default {DEFAULT_TRIGGER_SECONDS:g})")
+    p.add_argument("--source", choices=SOURCES,
+                   help="Kafka reader: Spark's connector (kafka), our Python source (python), or "
+                        "auto: the connector when it is on the classpath (default auto)")
+    p.add_argument("--available-now", action="store_true",
+                   help="process the records that are in Kafka now, then exit")
+    p.add_argument("--connect-port", metavar="N", type=int,
+                   help=f"serve Spark Connect on this port while the job runs (default "
+                        f"{DEFAULT_CONNECT_PORT}, or [history] connect_port)")
+    p.add_argument("--no-connect", action="store_true",
+                   help="do not serve Spark Connect (sink.query then starts its own session)")
+    p.add_argument("--log-level", default=os.environ.get("SINK_LOG_LEVEL", "INFO"),
+                   help="log level of the job (default INFO)")
+    return p
+
+
+def config_from_args(argv=None) -> tuple[JobConfig, argparse.Namespace]:
+    args = build_parser().parse_args(argv)
+    values = load_config(args.config)
+    flags = {"bootstrap": args.kafka_bootstrap, "table": args.table,
+             "checkpoint": args.checkpoint, "trigger_seconds": args.trigger_seconds,
+             "source": args.source}
+    values.update({k: v for k, v in flags.items() if v is not None})
+    if args.kafka_topic:
+        values["topics"] = _topics(",".join(args.kafka_topic))
+    if args.connect_port is not None:
+        values["connect_port"] = args.connect_port
+    if args.no_connect:
+        values["connect"] = False
+    if not isinstance(logging.getLevelName(args.log_level.upper()), int):
+        raise UsageError(f"--log-level must be DEBUG, INFO, WARNING or ERROR, not {args.log_level!r}")
+    cfg = JobConfig(**values, available_now=args.available_now)
+    return cfg.validate(), args
+
+
+# ---- building the query ------------------------------------------------------------------
+
+def _native_kafka_available(spark, cfg: JobConfig):
+    """Try Spark's kafka source. Returns the streaming DataFrame, or None when the
+    spark-sql-kafka connector is not on the classpath (KAFKA_DATA_SOURCE_NOT_ENABLED)."""
+    from pyspark.errors import AnalysisException
+    reader = spark.readStream.format("kafka").option("includeHeaders", "true") \
+        .option("failOnDataLoss", "false")
+    for k, v in cfg.kafka_options().items():
+        reader = reader.option(k, v)
+    try:
+        return reader.load()
+    except AnalysisException as exc:
+        cond = getattr(exc, "getCondition", lambda: None)() or ""
+        if cond == "KAFKA_DATA_SOURCE_NOT_ENABLED" or "KAFKA_DATA_SOURCE_NOT_ENABLED" in str(exc):
+            return None
+        raise
+
+
+def dedup_in_source(cfg: JobConfig) -> bool:
+    """Whether the Python source drops duplicate ids (sink.history.dedup: state in the checkpoint, cost
+    independent of the window) rather than Spark's dropDuplicatesWithinWatermark, whose every
+    batch scans all ids of the window. The source needs a local checkpoint (its tasks write
+    there); a checkpoint made with Spark's operator keeps it (its plan has that state)."""
+    if not is_local_path(cfg.checkpoint_dir):
+        return False
+    ck = _local(cfg.checkpoint_dir)
+    try:
+        return (ck / DEDUP_MARKER).read_text().strip() == "source"
+    except OSError:
+        pass
+    offsets = ck / "offsets"
+    return not (offsets.is_dir() and any(offsets.iterdir()))  # a new checkpoint
+
+
+def _python_kafka(spark, cfg: JobConfig):
+    from sink.history.source import FORMAT_NAME, KafkaPythonSource
+    if not getattr(spark, "_mqtt_kafka_registered", False):
+        spark.dataSource.register(KafkaPythonSource)
+        spark._mqtt_kafka_registered = True
+    reader = (spark.readStream.format(FORMAT_NAME).option("headers", "columns")
+              .option("maxPartitions", str(spark.sparkContext.defaultParallelism)))
+    for k, v in cfg.kafka_options().items():
+        reader = reader.option(k, v)
+    if dedup_in_source(cfg):
+        reader = (reader.option("dedup.dir", str(_local(cfg.checkpoint_dir) / "dedup"))
+                  .option("dedup.windowMs", str(cfg.dedup_window_ms)))
+    return reader.load()
+
+
+def is_local_path(path: str) -> bool:
+    """A path on this machine (no URI scheme such as hdfs:// or s3a://)."""
+    return "://" not in path or path.startswith("file://")
+
+
+def _local(path: str) -> Path:
+    return Path(path[len("file://"):] if path.startswith("file://") else path)
+
+
+def _recorded_source(checkpoint: str) -> str | None:
+    if not is_local_path(checkpoint):
+        return None
+    try:
+        return (_local(checkpoint) / SOURCE_MARKER).read_text().strip() or None
+    except OSError:
+        return None
+
+
+def kafka_stream(spark, cfg: JobConfig):
+    """(streaming DataFrame of Kafka records, "kafka"|"python")."""
+    wanted = cfg.source
+    recorded = _recorded_source(cfg.checkpoint_dir)
+    if recorded and wanted != "auto" and wanted != recorded:
+        raise UsageError(
+            f"the checkpoint {cfg.checkpoint_dir} was written with --source {recorded}; its "
+            f"offsets cannot be used with --source {wanted}. Use --source {recorded}, or a new "
+            "--checkpoint (the message_id de-duplication does not span checkpoints)")
+    if wanted == "auto" and recorded:
+        wanted = recorded
+    if wanted in ("auto", "kafka"):
+        df = _native_kafka_available(spark, cfg)
+        if df is not None:
+            return df, "kafka"
+        if wanted == "kafka":
+            raise UsageError(
+                "--source kafka needs Spark's Kafka connector, which is not on the classpath "
+                "(KAFKA_DATA_SOURCE_NOT_ENABLED). Start with spark-submit --packages "
+                "org.apache.spark:spark-sql-kafka-0-10_2.13:<spark version>, or use --source "
+                "python (or auto)")
+        log.info("Spark's Kafka connector is not on the classpath: using the Python Kafka "
+                 "source (sink.history.source)")
+    return _python_kafka(spark, cfg), "python"
+
+
+def build_history_stream(kafka_df, dedup_window: str = DEFAULT_DEDUP_WINDOW,
+                         deduplicated: bool = False):
+    """Kafka records -> history rows with duplicate message ids removed (by Spark's operator,
+    unless the source did it: ``deduplicated``)."""
+    from sink.history.schema import to_history
+    if deduplicated:
+        return to_history(kafka_df)
+    return (to_history(kafka_df)
+            .withWatermark("ingested_at", dedup_window)
+            .dropDuplicatesWithinWatermark(["message_id"]))
+
+
+def start_query(spark, cfg: JobConfig):
+    """Start the streaming query (file sink + checkpoint). Returns (query, source used)."""
+    from sink.history.schema import PARTITION_COLUMN
+    spark.conf.set("spark.sql.session.timeZone", "UTC")  # `date` is the UTC day
+    kafka_df, used = kafka_stream(spark, cfg)
+    in_source = used == "python" and dedup_in_source(cfg)
+    if is_local_path(cfg.checkpoint_dir):  # remote (hdfs://, s3a://) dirs: Spark makes them
+        _local(cfg.checkpoint_dir).mkdir(parents=True, exist_ok=True)
+        (_local(cfg.checkpoint_dir) / SOURCE_MARKER).write_text(used + "\n")
+        (_local(cfg.checkpoint_dir) / DEDUP_MARKER).write_text(
+            ("source" if in_source else "spark") + "\n")
+    history = build_history_stream(kafka_df, cfg.dedup_window, in_source)
+    writer = (history.writeStream
+              .format("parquet")
+              .option("path", cfg.table)
+              .option("checkpointLocation", cfg.checkpoint_dir)
+              .partitionBy(PARTITION_COLUMN)
+              .outputMode("append")
+              .queryName(QUERY_NAME))
+    if cfg.available_now:
+        writer = writer.trigger(availableNow=True)
+    else:
+        writer = writer.trigger(processingTime=f"{cfg.trigger_seconds:g} seconds")
+    query = writer.start()
+    _report_commits(spark, cfg, query)
+    log.info("history job started: source=%s topics=%s bootstrap=%s table=%s checkpoint=%s %s",
+             used, ",".join(cfg.topics), cfg.bootstrap, cfg.table, cfg.checkpoint_dir,
+             "available-now" if cfg.available_now else f"trigger={cfg.trigger_seconds:g}s")
+    return query, used
+
+
+# ---- progress ------------------------------------------------------------------------------
+
+def _offsets(value) -> dict[str, int]:
+    """{"topic-p": offset} from either source's offset JSON."""
+    if not value:
+        return {}
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return {}
+    if isinstance(value, dict) and "t" in value and isinstance(value["t"], dict):
+        value = value["t"]  # sink.history.source format
+    out = {}
+    for topic, parts in (value or {}).items():
+        if isinstance(parts, dict):
+            for p, off in parts.items():
+                if isinstance(off, int):
+                    out[f"{topic}-{p}"] = off
+    return out
+
+
+def backlog(progress: dict) -> int | None:
+    """Records in Kafka not yet processed, from a StreamingQueryProgress dict."""
+    total, known = 0, False
+    for src in progress.get("sources", []):
+        end, latest = _offsets(src.get("endOffset")), _offsets(src.get("latestOffset"))
+        if latest:
+            known = True
+            total += sum(max(0, off - end.get(k, 0)) for k, off in latest.items())
+    return total if known else None
+
+
+def describe_progress(p: dict) -> str:
+    rows = p.get("numInputRows", 0)
+    lag = backlog(p)
+    dur = p.get("durationMs", {}).get("triggerExecution")
+    return (f"batch {p.get('batchId')}: {rows} rows, "
+            f"{p.get('processedRowsPerSecond', 0.0) or 0.0:.0f} rows/s processed, "
+            f"{p.get('inputRowsPerSecond', 0.0) or 0.0:.0f} rows/s arriving, "
+            f"took {dur if dur is not None else '?'} ms, "
+            f"backlog {lag if lag is not None else 'unknown'} records")
+
+
+# ---- what the table has committed (sink/progress.py: read by the broker's spool) -------------
+
+def committed_offsets(end_offsets) -> dict[str, dict]:
+    """{kafka_topic: {"topic_id", "offsets": {partition: next offset}}} from the end offsets of
+    a committed micro-batch: one JSON (str or dict) per source, either sink.history.source's
+    ({"t": {topic: {p: n}}, "ids": {topic: id}}) or Spark's Kafka connector's ({topic: {p: n}},
+    which carries no topic id: null)."""
+    out: dict[str, dict] = {}
+    for value in end_offsets:
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except ValueError:
+                continue
+        if not isinstance(value, dict):
+            continue
+        ids = value.get("ids", {}) if "t" in value else {}
+        for topic, parts in (value["t"] if "t" in value else value).items():
+            if isinstance(parts, dict):
+                out[topic] = {"topic_id": ids.get(topic) or None,
+                              "offsets": {int(p): int(n) for p, n in parts.items()
+                                          if isinstance(n, int) and n >= 0}}
+    return out
+
+
+def committed_from_checkpoint(checkpoint: str) -> tuple[int, dict] | None:
+    """(batch id, offsets) of the last batch in the checkpoint's commit log, or None."""
+    root = _local(checkpoint)
+    try:
+        batches = [int(f.name) for f in (root / "commits").iterdir() if f.name.isdigit()]
+        if not batches:
+            return None
+        lines = (root / "offsets" / str(max(batches))).read_text().splitlines()
+    except (OSError, ValueError):
+        return None
+    # offsets/N: "v1", the batch metadata, then one line per source
+    return max(batches), committed_offsets([ln for ln in lines[2:] if ln.strip()])
+
+
+def _report_commits(spark, cfg: JobConfig, query) -> None:
+    """Keep ``progress.committed_path(table, checkpoint)`` up to date: now (from the checkpoint:
+    a job killed between a commit and its report catches up) and after every micro-batch
+    (query progress is posted once the batch is in the commit log). Source.commit() would be
+    a batch late: Spark calls it only when it plans the next batch."""
+    if not is_local_path(cfg.checkpoint_dir):
+        return  # the broker reads a local file only
+    from pyspark.sql.streaming import StreamingQueryListener
+    from sink.progress import committed_path, write_committed
+    path = committed_path(cfg.table, str(_local(cfg.checkpoint_dir)))
+
+    lock, newest = threading.Lock(), [-1]
+
+    def write(batch_id: int, topics: dict) -> None:
+        with lock:  # listener events arrive late: never replace a newer batch's report
+            if batch_id <= newest[0]:
+                return
+            try:
+                write_committed(path, batch_id, topics)
+                newest[0] = batch_id
+            except OSError as exc:  # the table is still right; the spool just keeps more
+                log.warning("cannot write %s (%s): the broker's spool keeps records longer",
+                            path, exc)
+
+    def catch_up() -> None:
+        last = committed_from_checkpoint(cfg.checkpoint_dir)
+        if last and last[1]:
+            write(*last)
+
+    catch_up()
+
+    class Reporter(StreamingQueryListener):
+        def onQueryStarted(self, event):
+            pass
+
+        def onQueryProgress(self, event):
+            p = json.loads(event.progress.json)
+            if p.get("id") != str(query.id) or "addBatch" not in p.get("durationMs", {}):
+                return
+            topics = committed_offsets([s.get("endOffset") for s in p.get("sources", [])])
+            if topics:
+                write(p["batchId"], topics)
+
+        def onQueryIdle(self, event):
+            pass
+
+        def onQueryTerminated(self, event):
+            pass
+
+    listener = Reporter()
+    spark.streams.addListener(listener)
+    query._commit_reporter = listener
+    query._commit_catch_up = catch_up  # once the query has ended: its last batches' events
+    # may still be queued in the listener bus
+
+
+def run(spark, cfg: JobConfig, stop_event: threading.Event | None = None,
+        poll_seconds: float = 1.0) -> int:
+    """Run the query until it ends (available-now) or stop_event is set. Returns an exit code."""
+    stop_event = stop_event or threading.Event()
+    query, _ = start_query(spark, cfg)
+    last_batch, last_idle_log = -1, time.monotonic()
+
+    def report():
+        nonlocal last_batch, last_idle_log
+        for p in query.recentProgress:
+            if p.get("batchId", -1) <= last_batch:
+                continue
+            last_batch = p["batchId"]
+            if p.get("numInputRows", 0) or cfg.available_now:
+                log.info("%s", describe_progress(p))
+            elif time.monotonic() - last_idle_log > 60:
+                last_idle_log = time.monotonic()
+                log.info("idle: %s", describe_progress(p))
+
+    try:
+        while query.isActive and not stop_event.is_set():
+            query.awaitTermination(poll_seconds)
+            report()
+        if stop_event.is_set() and query.isActive:
+            log.info("stopping: waiting for the query to stop (committed batches are kept; an "
+                     "unfinished batch is redone on the next start)")
+            query.stop()
+        report()
+        exc = query.exception()
+        if exc is not None:
+            log.error("the history query failed: %s", _short_error(exc))
+            return 1
+        log.info("history job stopped (last batch %s)", last_batch)
+        return 0
+    finally:
+        if query.isActive:
+            query.stop()
+        if getattr(query, "_commit_reporter", None) is not None:
+            spark.streams.removeListener(query._commit_reporter)
+            query._commit_catch_up()
+
+
+def _short_error(exc) -> str:
+    """The useful lines of a StreamingQueryException (our own messages, not the JVM stack)."""
+    text = str(exc)
+    for marker in ("ConnectionError:", "TimeoutError:", "ValueError:", "RuntimeError:"):
+        idx = text.find(marker)
+        if idx >= 0:
+            return text[idx:].splitlines()[0]
+    return text.splitlines()[0] if text else repr(exc)
+
+
+# ---- Spark Connect: the job's session answers queries while it runs ------------------------
+
+CONNECT_KEYS = {"connect", "connect_host", "connect_port"}
+CONNECT_VIEW = "messages"
+
+
+def connect_settings(hist: dict, where: str = "[history]") -> dict:
+    """connect / connect_host / connect_port of a [history] table, checked."""
+    out = {}
+    if "connect" in hist:
+        if not isinstance(hist["connect"], bool):
+            raise UsageError(f"[history] connect in {where} must be true or false, "
+                             f"not {hist['connect']!r}")
+        out["connect"] = hist["connect"]
+    if hist.get("connect_host"):
+        out["connect_host"] = str(hist["connect_host"])
+    if "connect_port" in hist:
+        port = hist["connect_port"]
+        if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
+            raise UsageError(f"[history] connect_port in {where} must be a port number "
+                             f"(1-65535), not {port!r}")
+        out["connect_port"] = port
+    return out
+
+
+def connect_enabled(cfg: JobConfig) -> bool:
+    # an --available-now run ends when Kafka is drained: nothing to serve
+    return cfg.connect and not cfg.available_now
+
+
+def connect_url(cfg: JobConfig) -> str:
+    host = "127.0.0.1" if cfg.connect_host in ("", "0.0.0.0", "::") else cfg.connect_host
+    return f"sc://{host}:{cfg.connect_port}"
+
+
+def connect_conf(cfg: JobConfig) -> dict[str, str]:
+    """Where the Spark Connect server of the job's SparkContext listens (read when it starts).
+
+    Under spark-submit the SparkContext exists before this code runs: pass the same settings
+    as --conf (see deploy/spark-submit.md)."""
+    if not connect_enabled(cfg):
+        return {}
+    return {"spark.connect.grpc.binding.address": cfg.connect_host,
+            "spark.connect.grpc.binding.port": str(cfg.connect_port)}
+
+
+def check_connect_port(cfg: JobConfig) -> None:
+    """Fail early, with what to do, when the Spark Connect port is taken."""
+    if not connect_enabled(cfg):
+        return
+    import socket
+    if not 0 < cfg.connect_port < 65536:
+        raise UsageError(f"Spark Connect port must be 1-65535, not {cfg.connect_port}")
+    with socket.socket(socket.AF_INET6 if ":" in cfg.connect_host else socket.AF_INET) as s:
+        try:
+            s.bind((cfg.connect_host, cfg.connect_port))
+        except OSError as exc:
+            raise UsageError(
+                f"cannot serve Spark Connect on {cfg.connect_host}:{cfg.connect_port} ({exc}): is "
+                "another history job running? Use --connect-port N ([history] connect_port), or "
+                "--no-connect ([history] connect = false)") from None
+
+
+def messages_table_sql(table: str, name: str = CONNECT_VIEW) -> str:
+    """CREATE TABLE for the history table in the session catalog (shared by every session of
+    the SparkContext, so Spark Connect clients see it). Not partitioned in the catalog: the
+    file sink's _spark_metadata log lists the files (and ``date=`` partitions) on every query,
+    so batches and days the stream adds later are visible at once (nothing to refresh)."""
+    from sink.history.schema import HISTORY_SCHEMA
+    cols = ", ".join(f"`{f.name}` {f.dataType.simpleString()}" for f in HISTORY_SCHEMA.fields)
+    location = str(_local(table).resolve()) if is_local_path(table) else table
+    location = location.replace("\\", "\\\\").replace("'", "\\'")
+    return f"CREATE TABLE IF NOT EXISTS `{name}` ({cols}) USING parquet LOCATION '{location}'"
+
+
+def serve_connect(spark, cfg: JobConfig) -> None:
+    """Register the table ``messages``, then start the Spark Connect server in this session's
+    SparkContext and say where to connect."""
+    if not connect_enabled(cfg):
+        return
+    if is_local_path(cfg.table):
+        _local(cfg.table).mkdir(parents=True, exist_ok=True)
+    spark.sql(messages_table_sql(cfg.table))
+    # Started only now (not with spark.plugins at SparkContext start): the server's sessions
+    # derive from the first session it sees, which must be this one with `messages` in its
+    # catalog, not one a client's early request would make the server create on its own.
+    jvm = spark.sparkContext._jvm
+    jvm.org.apache.spark.sql.connect.service.SparkConnectService.start(spark.sparkContext._jsc.sc())
+    log.info("Spark Connect on %s: query the table as `messages`, e.g. python -m sink.query "
+             "\"SELECT count(*) FROM messages\" or SparkSession.builder.remote(%r)",
+             connect_url(cfg), connect_url(cfg))
+
+
+def check_kafka(bootstrap: str, timeout: float = 10.0,
+                stop: threading.Event | None = None) -> None:
+    """Wait until Kafka accepts connections; fail with a clear message after ``timeout`` s."""
+    import socket
+    last, warned = None, time.monotonic()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and not (stop and stop.is_set()):
+        for server in bootstrap.split(","):
+            host, _, port = server.strip().rpartition(":")
+            try:
+                with socket.create_connection((host, int(port)), timeout=1.0):
+                    return
+            except OSError as exc:
+                last = exc
+        if time.monotonic() - warned > 10:
+            warned = time.monotonic()
+            log.warning("waiting for Kafka at %s (%s)", bootstrap, last)
+        time.sleep(0.5)
+    if stop and stop.is_set():
+        return
+    raise ConnectionError(f"cannot reach Kafka at {bootstrap} ({last}). Is Kafka running? "
+                          "Set the address with --kafka-bootstrap or [sink] bootstrap_servers")
+
+
+def main(argv=None) -> int:
+    from settings import ConfigError
+    from settings import report as report_config_error
+    try:
+        cfg, args = config_from_args(argv)
+    except ConfigError as exc:
+        return report_config_error(exc)
+    except UsageError as exc:
+        print(f"sink.job: error: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("kafka").setLevel(logging.WARNING)
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+    logging.getLogger("SQLQueryContextLogger").setLevel(logging.CRITICAL)
+    stop = threading.Event()
+
+    def on_signal(signum, _frame):
+        if stop.is_set():
+            log.warning("second %s: exiting now", signal.Signals(signum).name)
+            os._exit(130)
+        log.info("%s received: stopping after the current step", signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    try:
+        # A broker starting beside the job may need a moment to bring its (embedded) Kafka up.
+        check_kafka(cfg.bootstrap, timeout=10.0 if cfg.available_now else 120.0, stop=stop)
+        if stop.is_set():
+            log.info("history job stopped before it started")
+            return 0
+        from sink.history.spark import get_spark
+        check_connect_port(cfg)
+        spark = get_spark("mqtt-history-job", conf=connect_conf(cfg))
+        serve_connect(spark, cfg)
+        # SparkContext installs its own SIGINT handler (cancel jobs + KeyboardInterrupt): ours
+        # must win so that Ctrl-C stops the query cleanly.
+        signal.signal(signal.SIGINT, on_signal)
+        signal.signal(signal.SIGTERM, on_signal)
+        try:
+            return run(spark, cfg, stop)
+        finally:
+            spark.stop()
+    except UsageError as exc:
+        log.error("%s", exc)
+        return 2
+    except ConnectionError as exc:
+        log.error("%s", exc)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
