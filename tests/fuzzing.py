@@ -18,6 +18,7 @@ from broker.protocol import properties as PR
 from broker.protocol.codec import Decoder, encode, encode_ack, encode_publish
 from broker.protocol.errors import MQTTError
 from broker.protocol.properties import encode_vbi
+from tests import vectors
 
 V4, V5 = P.MQTT_311, P.MQTT_5
 O = P.SubscriptionOptions
@@ -67,18 +68,12 @@ def _server_packets(level: int) -> list:
     ]
 
 
-# Real captured MQTT 5.0 bytes (/work/shared/seeds/003_*.txt: PUBLISH QoS 0 with Response Topic,
-# Correlation Data, Message Expiry; PUBACK / PUBREC / PUBREL / PUBCOMP).
-CAPTURED = [bytes.fromhex(
-    "30 31 00 07 72 65 71 75 65 73 74 10 02 00 00 01 2c 08 00 08 72 65 73 70 6f 6e 73 65"
-    " 54 68 69 73 20 69 73 20 61 20 51 6f 53 20 30 20 6d 65 73 73 61 67 65"),
-    bytes.fromhex("40 04 64 4a 10 00"), bytes.fromhex("50 04 11 c2 10 00"),
-    bytes.fromhex("62 03 11 c2 00"), bytes.fromhex("70 04 11 c2 00 00")]
-
 # level -> encoded client packets (CONNECT first) / every packet type, for the decoder
 CLIENT_SEEDS = {lv: [encode(p, lv) for p in _client_packets(lv)] for lv in (V4, V5)}
 SEEDS = {lv: CLIENT_SEEDS[lv] + [encode(p, lv) for p in _server_packets(lv)] for lv in (V4, V5)}
-SEEDS[V5] = SEEDS[V5] + CAPTURED
+# plus the shared byte fixtures (tests/vectors.py: every packet type, the captured seeds/003 bytes)
+for _lv in (V4, V5):
+    SEEDS[_lv] = SEEDS[_lv] + [v.data for v in vectors.of(_lv, max_size=1024)]
 ALL_SEEDS = SEEDS[V4] + SEEDS[V5]
 
 # lengths around every Variable Byte Integer / two-byte-length boundary

@@ -341,12 +341,12 @@ def decode_subscribe(body: bytes, v5: bool, max_filters: int = 0) -> P.Subscribe
         if v5:
             if o & 0xC0:  # [MQTT-3.8.3-5]
                 raise MalformedPacket("SUBSCRIBE options reserved bits set")
-            if (o >> 4) & 3 == 3:
+            if (o >> 4) & 3 == 3:  # 3.8.3.1: a Protocol Error
                 raise ProtocolError("Retain Handling 3")
-        elif o & 0xFC:  # [MQTT-3-8.3-4] (3.1.1)
-            raise MalformedPacket("SUBSCRIBE requested QoS reserved bits set")
-        if o & 3 == 3:
-            raise MalformedPacket("SUBSCRIBE requested QoS 3")
+            if o & 3 == 3:  # 3.8.3.1: a Protocol Error
+                raise ProtocolError("SUBSCRIBE requested QoS 3")
+        elif o & 0xFC or o & 3 == 3:  # [MQTT-3.8.3-4] (3.1.1): malformed
+            raise MalformedPacket("SUBSCRIBE requested QoS 3 or reserved bits set")
         if max_filters and len(topics) == max_filters:  # a limit of this implementation (reason code 0x97)
             raise ProtocolError(f"SUBSCRIBE with more than {max_filters} topic filters "
                                 f"(mqtt.max_filters_per_subscribe)", rc.QUOTA_EXCEEDED)
