@@ -19,6 +19,7 @@ from broker.protocol.codec import Decoder, encode, encode_ack, encode_publish
 from broker.protocol.errors import MQTTError
 from broker.protocol.properties import encode_vbi
 from tests import vectors
+from tests.sansio import drain, feed
 
 V4, V5 = P.MQTT_311, P.MQTT_5
 O = P.SubscriptionOptions
@@ -363,10 +364,10 @@ class CoreTarget:
         for level, props in ((V5, {PR.TOPIC_ALIAS_MAXIMUM: 3, PR.RECEIVE_MAXIMUM: 4}), (V4, None)):
             c = Connection(self.broker)
             # keep alive 0: the fake clock jumps ahead, the subscribers must not time out
-            c.data_received(encode(P.Connect(f"sub{level}", level, keep_alive=0, properties=props),
+            feed(c, encode(P.Connect(f"sub{level}", level, keep_alive=0, properties=props),
                                    level))
             sp = {PR.SUBSCRIPTION_IDENTIFIER: [7]} if level == V5 else None
-            c.data_received(encode(P.Subscribe(1, [("#", O(2))], sp), level))
+            feed(c, encode(P.Subscribe(1, [("#", O(2))], sp), level))
             self.subs.append((c, Decoder(level)))
         self.drain()
 
@@ -374,17 +375,17 @@ class CoreTarget:
         """Subscribers read (and must be able to decode) what the broker sent, and ack it."""
         for c, dec in self.subs:
             for _ in range(100):
-                data = b"".join(bytes(x) for x in c.take_output())
+                data = drain(c)
                 if not data:
                     break
                 pkts, err = dec.feed(data)
                 assert err is None, f"broker sent a subscriber bytes it cannot decode: {err}"
                 for p in pkts:
                     if p.type == P.PUBLISH and p.qos:
-                        c.data_received(encode(P.Ack(P.PUBACK if p.qos == 1 else P.PUBREC,
+                        feed(c, encode(P.Ack(P.PUBACK if p.qos == 1 else P.PUBREC,
                                                      p.packet_id), dec.level))
                     elif p.type == P.PUBREL:
-                        c.data_received(encode(P.Ack(P.PUBCOMP, p.packet_id), dec.level))
+                        feed(c, encode(P.Ack(P.PUBCOMP, p.packet_id), dec.level))
                     assert p.type != P.DISCONNECT, p
             assert not c.close_requested
         self.broker.dirty.clear()
@@ -410,7 +411,7 @@ class CoreTarget:
             entry = pending[rng.randrange(len(pending))]
             conn, parts, fed = entry
             part = parts.pop(0)
-            conn.data_received(part)  # nothing may escape: an exception here is a crash
+            feed(conn, part)  # nothing may escape: an exception here is a crash
             entry[2] = fed = fed + len(part)
             assert conn.decoder.buffered() <= fed  # holds at most what arrived
             if not parts:
@@ -418,7 +419,7 @@ class CoreTarget:
             if rng.random() < 0.1:
                 self.now += rng.choice((0.5, 30, 100))
                 for c, _ in self.subs:
-                    c.data_received(PINGREQ)  # the subscribers are alive (keep alive)
+                    feed(c, PINGREQ)  # the subscribers are alive (keep alive)
                 b.tick(self.now)
         for conn in conns:
             self._check(conn)
@@ -432,7 +433,7 @@ class CoreTarget:
         """What one hostile connection got, and that it still works unless it was dropped."""
         cfg = self.cfg
         self._check_state(conn, cfg)
-        out = b"".join(bytes(x) for x in conn.take_output())
+        out = drain(conn)
         closed = conn.close_requested
         if out == V4_REFUSE_VERSION:  # [MQTT-3.1.2-2]: answered in 3.1.1 terms
             assert closed
@@ -455,8 +456,8 @@ class CoreTarget:
             assert closed, "protocol error reported but the connection stays open"
         if not closed and conn.session is not None and conn.session.link is conn \
                 and conn.decoder.buffered() == 0:
-            conn.data_received(PINGREQ)  # still working: answers a PINGREQ
-            reply = b"".join(bytes(x) for x in conn.take_output())
+            feed(conn, PINGREQ)  # still working: answers a PINGREQ
+            reply = drain(conn)
             assert reply.endswith(PINGRESP), reply.hex()
 
     @staticmethod

@@ -79,6 +79,13 @@ _CAPTURED_PUBLISH = h("""30 31 00 07 72 65 71 75 65 73 74 10 02 00 00 01 2c 08 0
 72 65 73 70 6f 6e 73 65 54 68 69 73 20 69 73 20 61 20 51 6f
 53 20 30 20 6d 65 73 73 61 67 65""")
 
+
+
+def _seed_publish(qos: int, packet_id: int) -> bytes:
+    d = _CAPTURED_PUBLISH
+    return bytes((0x30 | qos << 1, d[1] + 2)) + d[2:11] + packet_id.to_bytes(2, "big") + d[11:]
+
+
 VALID = [
     # ---- captured MQTT 5.0 bytes (/work/shared/seeds/003_*.txt)
     ok("seed_publish_qos0_expiry_response_topic", V5, _CAPTURED_PUBLISH,
@@ -88,6 +95,14 @@ VALID = [
        P.Ack(P.PUBACK, 0x644A, rc.NO_MATCHING_SUBSCRIBERS), captured=True),
     ok("seed_pubrec_no_matching_subscribers", V5, h("50 04 11 c2 10 00"),
        P.Ack(P.PUBREC, 0x11C2, rc.NO_MATCHING_SUBSCRIBERS), captured=True),
+    # the seeds/003 exchanges at QoS 1 and 2 ("32 33 00 ..", "34 33 00 ..": the captured PUBLISH
+    # with the packet identifier its PUBACK / PUBREC carries)
+    ok("seed_publish_qos1", V5, _seed_publish(1, 0x644A),
+       P.Publish("request", b"This is a QoS 0 message", 1, False, False, 0x644A,
+                 {PR.MESSAGE_EXPIRY_INTERVAL: 300, PR.RESPONSE_TOPIC: "response"})),
+    ok("seed_publish_qos2", V5, _seed_publish(2, 0x11C2),
+       P.Publish("request", b"This is a QoS 0 message", 2, False, False, 0x11C2,
+                 {PR.MESSAGE_EXPIRY_INTERVAL: 300, PR.RESPONSE_TOPIC: "response"})),
     # success with an explicit reason code: we send the short form (3.6.2.1, 3.7.2.1)
     ok("seed_pubrel", V5, h("62 03 11 c2 00"), P.Ack(P.PUBREL, 0x11C2), canonical=False,
        captured=True),
