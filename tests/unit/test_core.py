@@ -339,7 +339,7 @@ def test_retained_replay_qos1_respects_receive_maximum_and_skips_replaced():
     sub.connect("s", props={PR.RECEIVE_MAXIMUM: 5})
     sub.send(P.Subscribe(1, [("r/#", P.SubscriptionOptions(1))]))
     suback, *pubs = sub.received()
-    assert len(pubs) == 5  # [MQTT-3.3.4-7]
+    assert len(pubs) == 5  # [MQTT-3.3.4-9]
     # a retained message replaced meanwhile: the new one is routed live, the old one not replayed
     pub.send(P.Publish("r/19", b"new", 1, True, False, 99))
     pub.received()

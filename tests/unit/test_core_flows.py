@@ -78,6 +78,7 @@ def test_connect_v311_empty_client_id_MQTT_3_1_3_6():
 
 
 def test_connect_v31_MQIsdp():
+    """MQTT 3.1 ("MQIsdp", level 3) is accepted like 3.1.1: CONNACK 0 ([MQTT-3.1.4-5])."""
     b, _ = make()
     assert exchange(Client(b, V4).conn, v("connect_v31_mqisdp").data) == h("20 02 00 00")
 
@@ -94,6 +95,7 @@ def test_subscribe_suback_v5_MQTT_3_8_4_1():
 
 
 def test_subscribe_suback_v311_MQTT_3_8_4_1():
+    """3.1.1 [MQTT-3.8.4-1]: SUBSCRIBE -> SUBACK with the granted QoS."""
     b, _ = make()
     c = connected(b, V4)
     assert exchange(c.conn, v("subscribe_v311").data) == h("90 03 00 01 01")
@@ -154,7 +156,8 @@ def test_publish_qos0_without_expiry_forwarded_byte_exact():
 
 
 def test_publish_qos0_v5_to_v311_subscriber_drops_properties():
-    """A v5 PUBLISH to a 3.1.1 subscriber: the same message without properties (3.1.1 has none)."""
+    """[MQTT-4.5.0-1]: a v5 PUBLISH reaches a 3.1.1 subscriber: the same message without
+    properties (3.1.1 has none)."""
     b, _ = make()
     sub = subscriber(b, V4, "request", 0)
     pub = connected(b, V5, "pub")
