@@ -62,7 +62,7 @@ CASES = [
     # SUBSCRIBE / UNSUBSCRIBE
     ("subscribe-no-filters", frame(0x82, b"\x00\x01\x00"), PROTO),
     ("subscribe-reserved-option-bits", SUB_OPTS(0xC1), MAL),
-    ("subscribe-qos3", SUB_OPTS(0x03), MAL),
+    ("subscribe-qos3", SUB_OPTS(0x03), PROTO),  # 3.8.3.1: a Protocol Error (v5)
     ("subscribe-retain-handling-3", SUB_OPTS(0x31), PROTO),
     ("subscribe-filter-without-options", frame(0x82, b"\x00\x01\x00" + encode_utf8("m/x")), MAL),
     ("subscribe-filter-bad-utf8", frame(0x82, b"\x00\x01\x00\x00\x02\xc3\x28\x01"), MAL),

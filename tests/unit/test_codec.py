@@ -74,6 +74,26 @@ def test_every_packet_type_has_a_vector_at_each_level():
     assert len(V.CAPTURED) == 5  # all of seeds/003
 
 
+_STREAMABLE = {lv: [v for v in V.of(lv) if v.data[0] >> 4 != P.CONNECT] for lv in (P.MQTT_311, P.MQTT_5)}
+
+
+@settings(max_examples=150, deadline=None)
+@given(level=st.sampled_from([P.MQTT_311, P.MQTT_5]), data=st.data())
+def test_vectors_in_one_stream_cut_anywhere(level, data):
+    """Any sequence of fixtures, cut into reads at any points (within or between packets, the
+    edge-length ones too), decodes to the fixtures' packets in order."""
+    vecs = data.draw(st.lists(st.sampled_from(_STREAMABLE[level]), min_size=1, max_size=6))
+    stream = b"".join(x.data for x in vecs)
+    cuts = sorted(set(data.draw(st.lists(st.integers(1, max(1, len(stream) - 1)), max_size=8))))
+    d = Decoder(level)
+    got = []
+    for a, b in zip([0, *cuts], [*cuts, len(stream)]):
+        pkts, err = d.feed(stream[a:b])
+        assert err is None
+        got += pkts
+    assert got == [x.packet for x in vecs] and d.buffered() == 0
+
+
 def test_seed_qos1_and_qos2_first_bytes():
     # seeds/003: QoS 1 PUBLISH starts 0x32, QoS 2 starts 0x34
     assert encode_publish(b"request", b"x", 1, False, False, 0x644A, None, 5)[0] == 0x32
