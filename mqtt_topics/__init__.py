@@ -9,13 +9,13 @@ SHARE_PREFIX = "$share/"
 
 
 def valid_topic_name(topic: str) -> bool:
-    """A non-empty topic name without wildcards [MQTT-4.7.0-1], [MQTT-3.3.2-2]."""
+    """A non-empty topic name without wildcards [MQTT-4.7.3-1], [MQTT-4.7.0-1], [MQTT-3.3.2-2]."""
     return bool(topic) and "+" not in topic and "#" not in topic
 
 
 def valid_topic_filter(filt: str) -> bool:
-    """[MQTT-4.7.1-1..3]: '#' last and alone in its level, '+' alone in its level."""
-    if not filt:
+    """[MQTT-4.7.1-1]: '#' last and alone in its level; [MQTT-4.7.1-2]: '+' alone in its level."""
+    if not filt:  # [MQTT-4.7.3-1]
         return False
     if "+" not in filt and "#" not in filt:
         return True
@@ -32,7 +32,7 @@ def valid_topic_filter(filt: str) -> bool:
 def parse_shared(filt: str) -> tuple[str, str] | None:
     """'$share/{group}/{filter}' -> (group, filter); None when not shared.
 
-    Raises ValueError for a malformed shared subscription (4.8.2).
+    Raises ValueError for a malformed shared subscription [MQTT-4.8.2-1], [MQTT-4.8.2-2].
     """
     if not filt.startswith(SHARE_PREFIX):
         return None
@@ -115,7 +115,7 @@ class TopicTrie:
             if i + 1 == n:
                 if c.values:
                     out.append(c.values)
-                h = c.children.get("#")  # 'a/#' also matches 'a' [MQTT-4.7.1-2]
+                h = c.children.get("#")  # 'a/#' also matches 'a' (4.7.1.2)
                 if h is not None and h.values:
                     out.append(h.values)
             else:

@@ -89,7 +89,7 @@ def section(cls):
 class MQTTConfig(Section):
     """Protocol limits and the capabilities advertised in CONNACK ([mqtt] in the TOML file)."""
     TABLE = "mqtt"
-    # QoS 1/2 PUBLISHes a client may have unacknowledged towards us; [MQTT-3.2.2.3.3] 0 is a Protocol Error
+    # QoS 1/2 PUBLISHes a client may have unacknowledged towards us; 0 is a Protocol Error (3.2.2.3.3)
     receive_maximum: int = key(1024, Int(1, 65535))
     maximum_qos: int = key(2, Int(0, 2))
     retain_available: bool = True

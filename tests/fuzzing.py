@@ -18,6 +18,8 @@ from broker.protocol import properties as PR
 from broker.protocol.codec import Decoder, encode, encode_ack, encode_publish
 from broker.protocol.errors import MQTTError
 from broker.protocol.properties import encode_vbi
+from tests import vectors
+from tests.sansio import drain, feed
 
 V4, V5 = P.MQTT_311, P.MQTT_5
 O = P.SubscriptionOptions
@@ -67,18 +69,12 @@ def _server_packets(level: int) -> list:
     ]
 
 
-# Real captured MQTT 5.0 bytes (/work/shared/seeds/003_*.txt: PUBLISH QoS 0 with Response Topic,
-# Correlation Data, Message Expiry; PUBACK / PUBREC / PUBREL / PUBCOMP).
-CAPTURED = [bytes.fromhex(
-    "30 31 00 07 72 65 71 75 65 73 74 10 02 00 00 01 2c 08 00 08 72 65 73 70 6f 6e 73 65"
-    " 54 68 69 73 20 69 73 20 61 20 51 6f 53 20 30 20 6d 65 73 73 61 67 65"),
-    bytes.fromhex("40 04 64 4a 10 00"), bytes.fromhex("50 04 11 c2 10 00"),
-    bytes.fromhex("62 03 11 c2 00"), bytes.fromhex("70 04 11 c2 00 00")]
-
 # level -> encoded client packets (CONNECT first) / every packet type, for the decoder
 CLIENT_SEEDS = {lv: [encode(p, lv) for p in _client_packets(lv)] for lv in (V4, V5)}
 SEEDS = {lv: CLIENT_SEEDS[lv] + [encode(p, lv) for p in _server_packets(lv)] for lv in (V4, V5)}
-SEEDS[V5] = SEEDS[V5] + CAPTURED
+# plus the shared byte fixtures (tests/vectors.py: every packet type, the captured seeds/003 bytes)
+for _lv in (V4, V5):
+    SEEDS[_lv] = SEEDS[_lv] + [v.data for v in vectors.of(_lv, max_size=1024)]
 ALL_SEEDS = SEEDS[V4] + SEEDS[V5]
 
 # lengths around every Variable Byte Integer / two-byte-length boundary
@@ -368,10 +364,10 @@ class CoreTarget:
         for level, props in ((V5, {PR.TOPIC_ALIAS_MAXIMUM: 3, PR.RECEIVE_MAXIMUM: 4}), (V4, None)):
             c = Connection(self.broker)
             # keep alive 0: the fake clock jumps ahead, the subscribers must not time out
-            c.data_received(encode(P.Connect(f"sub{level}", level, keep_alive=0, properties=props),
+            feed(c, encode(P.Connect(f"sub{level}", level, keep_alive=0, properties=props),
                                    level))
             sp = {PR.SUBSCRIPTION_IDENTIFIER: [7]} if level == V5 else None
-            c.data_received(encode(P.Subscribe(1, [("#", O(2))], sp), level))
+            feed(c, encode(P.Subscribe(1, [("#", O(2))], sp), level))
             self.subs.append((c, Decoder(level)))
         self.drain()
 
@@ -379,17 +375,17 @@ class CoreTarget:
         """Subscribers read (and must be able to decode) what the broker sent, and ack it."""
         for c, dec in self.subs:
             for _ in range(100):
-                data = b"".join(bytes(x) for x in c.take_output())
+                data = drain(c)
                 if not data:
                     break
                 pkts, err = dec.feed(data)
                 assert err is None, f"broker sent a subscriber bytes it cannot decode: {err}"
                 for p in pkts:
                     if p.type == P.PUBLISH and p.qos:
-                        c.data_received(encode(P.Ack(P.PUBACK if p.qos == 1 else P.PUBREC,
+                        feed(c, encode(P.Ack(P.PUBACK if p.qos == 1 else P.PUBREC,
                                                      p.packet_id), dec.level))
                     elif p.type == P.PUBREL:
-                        c.data_received(encode(P.Ack(P.PUBCOMP, p.packet_id), dec.level))
+                        feed(c, encode(P.Ack(P.PUBCOMP, p.packet_id), dec.level))
                     assert p.type != P.DISCONNECT, p
             assert not c.close_requested
         self.broker.dirty.clear()
@@ -415,7 +411,7 @@ class CoreTarget:
             entry = pending[rng.randrange(len(pending))]
             conn, parts, fed = entry
             part = parts.pop(0)
-            conn.data_received(part)  # nothing may escape: an exception here is a crash
+            feed(conn, part)  # nothing may escape: an exception here is a crash
             entry[2] = fed = fed + len(part)
             assert conn.decoder.buffered() <= fed  # holds at most what arrived
             if not parts:
@@ -423,7 +419,7 @@ class CoreTarget:
             if rng.random() < 0.1:
                 self.now += rng.choice((0.5, 30, 100))
                 for c, _ in self.subs:
-                    c.data_received(PINGREQ)  # the subscribers are alive (keep alive)
+                    feed(c, PINGREQ)  # the subscribers are alive (keep alive)
                 b.tick(self.now)
         for conn in conns:
             self._check(conn)
@@ -437,7 +433,7 @@ class CoreTarget:
         """What one hostile connection got, and that it still works unless it was dropped."""
         cfg = self.cfg
         self._check_state(conn, cfg)
-        out = b"".join(bytes(x) for x in conn.take_output())
+        out = drain(conn)
         closed = conn.close_requested
         if out == V4_REFUSE_VERSION:  # [MQTT-3.1.2-2]: answered in 3.1.1 terms
             assert closed
@@ -460,8 +456,8 @@ class CoreTarget:
             assert closed, "protocol error reported but the connection stays open"
         if not closed and conn.session is not None and conn.session.link is conn \
                 and conn.decoder.buffered() == 0:
-            conn.data_received(PINGREQ)  # still working: answers a PINGREQ
-            reply = b"".join(bytes(x) for x in conn.take_output())
+            feed(conn, PINGREQ)  # still working: answers a PINGREQ
+            reply = drain(conn)
             assert reply.endswith(PINGRESP), reply.hex()
 
     @staticmethod

@@ -10,7 +10,8 @@ from ..protocol.properties import encode_properties
 
 class Message:
     """Immutable once routed. `props` holds the properties forwarded unaltered
-    (Topic Alias and Subscription Identifiers removed); `forms` caches the encoded
+    ([MQTT-3.3.2-4], [MQTT-3.3.2-15], [MQTT-3.3.2-16], [MQTT-3.3.2-17], [MQTT-3.3.2-18],
+    [MQTT-3.3.2-20]; Topic Alias and Subscription Identifiers removed); `forms` caches the encoded
     PUBLISH per distinct outgoing form so each form is encoded once."""
 
     __slots__ = ("topic", "topic_bytes", "payload", "qos", "retain", "props", "expires_at",
@@ -61,8 +62,9 @@ class Message:
                 if alias:
                     props[PR.TOPIC_ALIAS] = alias
                 if sub_ids:
-                    props[PR.SUBSCRIPTION_IDENTIFIER] = list(sub_ids)  # [MQTT-3.3.4-3]
+                    props[PR.SUBSCRIPTION_IDENTIFIER] = list(sub_ids)  # [MQTT-3.3.4-3], [MQTT-3.3.4-4]
                 block = encode_properties(props)
+        # DUP 0: a first send [MQTT-3.3.1-3] (resends set it, Session.resume)
         data = encode_publish(topic, self.payload, qos, retain, False, 1 if qos else None,
                               block, level)
         off = -1

@@ -20,7 +20,7 @@ class RetainedStore:
         self.count = 0
 
     def set(self, topic: str, message) -> None:
-        """Store or replace; a None message deletes [MQTT-3.3.1-6], [MQTT-3.3.1-7]."""
+        """Store or replace [MQTT-3.3.1-5]; a None message deletes [MQTT-3.3.1-6], [MQTT-3.3.1-7]."""
         if message is None:
             self.delete(topic)
             return
@@ -82,17 +82,17 @@ class RetainedStore:
                 return
             level = levels[i]
             if level == "#":
-                # '#' matches the parent level too [MQTT-4.7.1-2]
+                # '#' matches the parent level too (4.7.1.2)
                 if i > 0 and node.message is not None:
                     out.append(node.message)
                 for name, child in node.children.items():
-                    if i == 0 and name.startswith("$"):
+                    if i == 0 and name.startswith("$"):  # [MQTT-4.7.2-1]
                         continue
                     collect(child, False)
                 return
             if level == "+":
                 for name, child in node.children.items():
-                    if i == 0 and name.startswith("$"):
+                    if i == 0 and name.startswith("$"):  # [MQTT-4.7.2-1]
                         continue
                     walk(child, i + 1)
                 return

@@ -66,7 +66,8 @@ class Router:
         return hit
 
     def pick(self, key, members: list):
-        """One member of a shared subscription group, round robin, preferring connected sessions."""
+        """One member of a shared subscription group (4.8.2: each message to one session), round
+        robin, preferring connected sessions."""
         n = len(members)
         start = self.next_member.get(key, 0)
         for i in range(n):

@@ -52,7 +52,7 @@ def filter_regex(filt: str) -> str:
     for i, level in enumerate(levels):
         if level == "#":
             prefix = "/".join(parts)
-            # 'a/#' matches 'a' and everything below it [MQTT-4.7.1-2]
+            # 'a/#' matches 'a' and everything below it (4.7.1.2)
             body = ".*" if i == 0 else prefix + "(/.*)?"
             break
         parts.append("[^/]*" if level == "+" else _quote(level))

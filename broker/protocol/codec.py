@@ -17,7 +17,9 @@ from .properties import (decode_binary, decode_properties, decode_utf8, decode_v
 _H = struct.Struct(">H")
 _pack_H = _H.pack
 
-# Fixed header flags that must be exactly this value (2.1.3); PUBLISH is checked on its own.
+# Fixed header flags that must be exactly this value [MQTT-2.1.3-1]: PUBREL [MQTT-3.6.1-1],
+# SUBSCRIBE [MQTT-3.8.1-1], UNSUBSCRIBE [MQTT-3.10.1-1], DISCONNECT [MQTT-3.14.1-1],
+# AUTH [MQTT-3.15.1-1]; PUBLISH is checked on its own.
 _REQUIRED_FLAGS = {P.CONNECT: 0, P.CONNACK: 0, P.PUBACK: 0, P.PUBREC: 0, P.PUBREL: 2,
                    P.PUBCOMP: 0, P.SUBSCRIBE: 2, P.SUBACK: 0, P.UNSUBSCRIBE: 2, P.UNSUBACK: 0,
                    P.PINGREQ: 0, P.PINGRESP: 0, P.DISCONNECT: 0, P.AUTH: 0}
@@ -108,7 +110,7 @@ class Decoder:
                     if length < 0:
                         break
                 end = pos + hdr + length
-                if end - pos > limit:  # [MQTT-3.1.2-24] / 4.13: Packet too large
+                if end - pos > limit:  # [MQTT-3.2.2-15] / 4.13: Packet too large
                     raise self._too_large(end - pos, limit)
                 if end > n:
                     need = end - pos
@@ -171,10 +173,10 @@ def decode_publish(buf: bytes, start: int, body: int, end: int, level: int) -> P
         topic = str(buf[body + 2:pos], "utf-8")  # [MQTT-3.3.2-1]
     except UnicodeDecodeError:
         raise MalformedPacket("topic name is not well-formed UTF-8") from None
-    if "\x00" in topic:
+    if "\x00" in topic:  # [MQTT-4.7.3-2]
         raise MalformedPacket("topic name contains U+0000")
     packet_id = None
-    if qos:
+    if qos:  # only QoS 1 and 2 carry a packet identifier [MQTT-2.2.1-2]
         if pos + 2 > end:
             raise MalformedPacket("PUBLISH too short for its packet identifier")
         packet_id = (buf[pos] << 8) | buf[pos + 1]
@@ -232,7 +234,7 @@ def decode_packet(first: int, body: bytes, level: int, max_filters: int = 0):
             props, pos = decode_properties(body, pos, "UNSUBSCRIBE")
         topics = []
         while pos < len(body):
-            t, pos = decode_utf8(body, pos)
+            t, pos = decode_utf8(body, pos)  # [MQTT-3.10.3-1]
             topics.append(t)
         if not topics:  # [MQTT-3.10.3-2]
             raise ProtocolError("UNSUBSCRIBE with no topic filter")
@@ -306,21 +308,21 @@ def decode_connect(body: bytes) -> P.Connect:
     props = None
     if level == P.MQTT_5:
         props, pos = decode_properties(body, pos, "CONNECT")
-    client_id, pos = decode_utf8(body, pos)
+    client_id, pos = decode_utf8(body, pos)  # [MQTT-3.1.3-3], [MQTT-3.1.3-4]
     will = None
-    if will_flag:
+    if will_flag:  # Will Properties, Will Topic, Will Payload present [MQTT-3.1.2-9]
         wprops = None
         if level == P.MQTT_5:
             wprops, pos = decode_properties(body, pos, "WILL")
-        wtopic, pos = decode_utf8(body, pos)
+        wtopic, pos = decode_utf8(body, pos)  # [MQTT-3.1.3-11]
         wpayload, pos = decode_binary(body, pos)
         will = P.Will(wtopic, wpayload, will_qos, will_retain, wprops)
     username = password = None
-    if flags & 0x80:
+    if flags & 0x80:  # [MQTT-3.1.2-17], [MQTT-3.1.3-12]
         username, pos = decode_utf8(body, pos)
-    if flags & 0x40:
+    if flags & 0x40:  # [MQTT-3.1.2-19]
         password, pos = decode_binary(body, pos)
-    if pos != len(body):
+    if pos != len(body):  # fields without their flag [MQTT-3.1.2-16], [MQTT-3.1.2-18]; [MQTT-3.1.4-1]
         raise MalformedPacket("CONNECT has trailing bytes")
     return P.Connect(client_id, level, name, bool(flags & 2), keep_alive, username, password,
                      will, props)
@@ -333,7 +335,7 @@ def decode_subscribe(body: bytes, v5: bool, max_filters: int = 0) -> P.Subscribe
         props, pos = decode_properties(body, pos, "SUBSCRIBE")
     topics = []
     while pos < len(body):
-        filt, pos = decode_utf8(body, pos)
+        filt, pos = decode_utf8(body, pos)  # [MQTT-3.8.3-1]
         if pos >= len(body):
             raise MalformedPacket("SUBSCRIBE topic filter without options")
         o = body[pos]
@@ -341,12 +343,12 @@ def decode_subscribe(body: bytes, v5: bool, max_filters: int = 0) -> P.Subscribe
         if v5:
             if o & 0xC0:  # [MQTT-3.8.3-5]
                 raise MalformedPacket("SUBSCRIBE options reserved bits set")
-            if (o >> 4) & 3 == 3:
+            if (o >> 4) & 3 == 3:  # 3.8.3.1: a Protocol Error
                 raise ProtocolError("Retain Handling 3")
-        elif o & 0xFC:  # [MQTT-3-8.3-4] (3.1.1)
-            raise MalformedPacket("SUBSCRIBE requested QoS reserved bits set")
-        if o & 3 == 3:
-            raise MalformedPacket("SUBSCRIBE requested QoS 3")
+            if o & 3 == 3:  # 3.8.3.1: a Protocol Error
+                raise ProtocolError("SUBSCRIBE requested QoS 3")
+        elif o & 0xFC or o & 3 == 3:  # [MQTT-3.8.3-4] (3.1.1): malformed
+            raise MalformedPacket("SUBSCRIBE requested QoS 3 or reserved bits set")
         if max_filters and len(topics) == max_filters:  # a limit of this implementation (reason code 0x97)
             raise ProtocolError(f"SUBSCRIBE with more than {max_filters} topic filters "
                                 f"(mqtt.max_filters_per_subscribe)", rc.QUOTA_EXCEEDED)
@@ -373,7 +375,7 @@ def encode_publish(topic: bytes, payload: bytes, qos: int, retain: bool, dup: bo
     if qos:
         head += _pack_H(packet_id)
     if level == P.MQTT_5:
-        head += props if props else b"\x00"
+        head += props if props else b"\x00"  # [MQTT-2.2.2-1]
     n = len(head) + len(payload)
     if n < 128:
         return bytes((first, n)) + head + payload
@@ -438,7 +440,7 @@ def encode(pkt, level: int = P.MQTT_5) -> bytes:
 
 def encode_ack(ptype: int, packet_id: int, reason_code: int = 0, props: dict | None = None,
                level: int = P.MQTT_5) -> bytes:
-    first = (ptype << 4) | (2 if ptype == P.PUBREL else 0)
+    first = (ptype << 4) | (2 if ptype == P.PUBREL else 0)  # [MQTT-3.6.1-1]
     if level != P.MQTT_5 or (reason_code == 0 and not props):  # 3.4.2.1: short form
         return bytes((first, 2, packet_id >> 8, packet_id & 0xFF))
     # reason code plus a property block (empty when no properties), as common clients send

@@ -99,7 +99,7 @@ def decode_utf8(buf, pos: int) -> tuple[str, int]:
         raise MalformedPacket("string is not well-formed UTF-8") from None
     if "\x00" in s:  # [MQTT-1.5.4-2]
         raise MalformedPacket("string contains U+0000")
-    return s, end
+    return s, end  # a leading U+FEFF is kept, not stripped [MQTT-1.5.4-3]
 
 
 def decode_binary(buf, pos: int) -> tuple[bytes, int]:
@@ -123,7 +123,7 @@ def decode_vbi(buf, pos: int) -> tuple[int, int]:
         pos += 1
         value |= (b & 0x7F) << shift
         if not b & 0x80:
-            if i and b == 0:
+            if i and b == 0:  # [MQTT-1.5.5-1]
                 raise MalformedPacket("variable byte integer is not minimally encoded")
             return value, pos
         shift += 7
@@ -131,6 +131,7 @@ def decode_vbi(buf, pos: int) -> tuple[int, int]:
 
 
 def encode_vbi(n: int) -> bytes:
+    """Variable Byte Integer in the fewest bytes [MQTT-1.5.5-1]."""
     if n < 128:
         return bytes((n,))
     out = bytearray()
@@ -189,13 +190,13 @@ def decode_properties(buf, pos: int, packet: str) -> tuple[dict | None, int]:
             pos += 4
         elif kind == VBI:
             value, pos = decode_vbi(buf, pos)
-            if value == 0:  # [MQTT-3.8.2.1.2] Subscription Identifier 0 is a protocol error
+            if value == 0:  # 3.8.2.1.2: a Subscription Identifier of 0 is a Protocol Error
                 raise ProtocolError("Subscription Identifier 0 is not allowed")
         elif kind == UTF8:
             value, pos = decode_utf8(buf, pos)
         elif kind == BINARY:
             value, pos = decode_binary(buf, pos)
-        else:
+        else:  # UTF-8 String Pair: both strings checked as UTF-8 strings [MQTT-1.5.7-1]
             k, pos = decode_utf8(buf, pos)
             v, pos = decode_utf8(buf, pos)
             props.setdefault(USER_PROPERTY, []).append((k, v))
@@ -222,7 +223,7 @@ def decode_properties(buf, pos: int, packet: str) -> tuple[dict | None, int]:
 def encode_properties(props: dict | None) -> bytes:
     """Encode a property block including its length prefix."""
     if not props:
-        return b"\x00"
+        return b"\x00"  # no properties: a Property Length of zero [MQTT-2.2.2-1]
     out = bytearray()
     for pid, value in props.items():
         kind = TYPES[pid]

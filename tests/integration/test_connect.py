@@ -194,7 +194,7 @@ def test_session_expiry_interval_elapses(broker):
 
 
 def test_session_expiry_on_disconnect_after_zero_is_protocol_error(broker):
-    """[MQTT-3.14.2-2]: Session Expiry set non-zero on DISCONNECT after 0 at CONNECT: 0x82."""
+    """3.14.2.2.2: Session Expiry set non-zero on DISCONNECT after 0 at CONNECT: 0x82."""
     c = connect(broker.port)
     c.send(P.Disconnect(0, {PR.SESSION_EXPIRY_INTERVAL: 60}))
     expect_disconnect(c, rc.PROTOCOL_ERROR)
@@ -377,7 +377,7 @@ def test_will_delay_cancelled_by_reconnect(broker):
 
 @pytest.mark.timeout(20)
 def test_will_published_when_session_ends_before_delay(broker):
-    """[MQTT-3.1.3-9]: the will is published when the session ends, if that is before the delay."""
+    """[MQTT-3.1.2-8]: the will is published when the session ends, if that is before the delay."""
     topic = uniq("willsess")
     w = watcher(broker.port, topic)
     c = connect(broker.port, cid("ws"), properties={PR.SESSION_EXPIRY_INTERVAL: 1},
@@ -429,7 +429,7 @@ def test_enhanced_auth_method_refused_0x8C(broker):
 
 
 def test_auth_packet_without_method_0x82(broker):
-    """[MQTT-4.12.0-2..]: AUTH on a connection without an authentication method: DISCONNECT 0x82."""
+    """[MQTT-4.12.0-7]: AUTH on a connection without an authentication method: DISCONNECT 0x82."""
     c = connect(broker.port)
     c.send(P.Auth(0x18, {PR.AUTHENTICATION_METHOD: "X"}))
     expect_disconnect(c, rc.PROTOCOL_ERROR)
@@ -473,7 +473,7 @@ def test_connect_raw_v5_encoding_roundtrip(broker):
 
 
 def test_disconnect_session_expiry_zero_ends_session(broker):
-    """[MQTT-3.14.2-2] / 3.1.2.11.2: DISCONNECT with Session Expiry 0 ends a session that was to last."""
+    """3.14.2.2.2 / 3.1.2.11.2: DISCONNECT with Session Expiry 0 ends a session that was to last."""
     me = cid("sei0")
     c = connect(broker.port, me, properties={PR.SESSION_EXPIRY_INTERVAL: 60})
     c.send(P.Disconnect(0, {PR.SESSION_EXPIRY_INTERVAL: 0}))
@@ -520,7 +520,7 @@ def test_keep_alive_above_maximum_gets_server_keep_alive(make_broker):
 
 
 def test_client_id_too_long_0x85(make_broker):
-    """[MQTT-3.1.3-5]: a client id the broker does not accept: CONNACK 0x85 (3.1.1: return code 2)."""
+    """[MQTT-3.1.3-8]: a client id the broker does not accept: CONNACK 0x85 (3.1.1: return code 2)."""
     b = make_broker({"mqtt.max_client_id_length": 10})
     c = RawClient(b.port)
     assert c.connect("x" * 11).reason_code == rc.CLIENT_IDENTIFIER_NOT_VALID

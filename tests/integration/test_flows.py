@@ -29,7 +29,7 @@ def test_qos1_both_directions(broker):
     assert (m.qos, m.dup, m.payload) == (1, False, b"one") and m.packet_id
     sub.send(P.Ack(P.PUBACK, m.packet_id))
     assert sub.nothing(0.5)
-    # the packet identifier can be reused once acknowledged [MQTT-2.2.1-2]
+    # the packet identifier can be reused once acknowledged (2.2.1)
     publish_ok(pub, topic, b"two", qos=1, pid=77, expect_code=0)
     m2 = recv_publish(sub)
     assert m2.payload == b"two"
@@ -260,7 +260,7 @@ def test_resume_respects_new_receive_maximum(broker):
 
 
 def test_inbound_maximum_packet_size_0x95(make_broker):
-    """[MQTT-3.2.2-?] / 4.13: the broker advertises Maximum Packet Size; a larger PUBLISH gets
+    """[MQTT-3.2.2-15] / 4.13: the broker advertises Maximum Packet Size; a larger PUBLISH gets
     DISCONNECT 0x95 and is not delivered; a PUBLISH at the limit is accepted."""
     b = make_broker({"mqtt.maximum_packet_size": 200})
     c = connect(b.port)

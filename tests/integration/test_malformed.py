@@ -62,7 +62,7 @@ CASES = [
     # SUBSCRIBE / UNSUBSCRIBE
     ("subscribe-no-filters", frame(0x82, b"\x00\x01\x00"), PROTO),
     ("subscribe-reserved-option-bits", SUB_OPTS(0xC1), MAL),
-    ("subscribe-qos3", SUB_OPTS(0x03), MAL),
+    ("subscribe-qos3", SUB_OPTS(0x03), PROTO),  # 3.8.3.1: a Protocol Error (v5)
     ("subscribe-retain-handling-3", SUB_OPTS(0x31), PROTO),
     ("subscribe-filter-without-options", frame(0x82, b"\x00\x01\x00" + encode_utf8("m/x")), MAL),
     ("subscribe-filter-bad-utf8", frame(0x82, b"\x00\x01\x00\x00\x02\xc3\x28\x01"), MAL),
@@ -137,7 +137,7 @@ def test_malformed_connect_refused(broker, data):
 
 
 def test_oversize_announced_is_refused_before_body(make_broker):
-    """4.13 / [MQTT-3.2.2-?]: a packet whose Remaining Length exceeds the Maximum Packet Size is
+    """4.13 / [MQTT-3.2.2-15]: a packet whose Remaining Length exceeds the Maximum Packet Size is
     refused (0x95) as soon as its header arrives, without waiting for the body."""
     b = make_broker({"mqtt.maximum_packet_size": 1024})
     c = connect(b.port)
@@ -185,7 +185,7 @@ def test_malformed_after_valid_in_same_segment(broker):
 
 
 def test_publish_before_connack_processing_order(broker):
-    """[MQTT-3.1.4-?]: CONNECT followed at once by SUBSCRIBE and PUBLISH in one write is processed in
+    """3.1.4: CONNECT followed at once by SUBSCRIBE and PUBLISH in one write is processed in
     order (CONNACK first)."""
     topic = uniq("pipeline")
     c = RawClient(broker.port)

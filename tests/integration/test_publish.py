@@ -1,4 +1,4 @@
-"""MQTT 5.0 section 3.3 PUBLISH through real sockets: one test (or case) per [MQTT-3.3.x-n].
+"""MQTT 5.0 section 3.3 PUBLISH through real sockets: one test (or case) per normative statement of 3.3.
 
 Every test names the conformance statement it checks. Tests that make the broker
 close a connection also check that another client is still served.

@@ -54,8 +54,8 @@ BAD_FILTERS = ["a/#/b", "a+", "#a", "a/b#", "a/+b/c", "", "$share/g", "$share//a
 
 @pytest.mark.parametrize("filt", BAD_FILTERS)
 def test_invalid_filter_0x8F(broker, filt):
-    """[MQTT-4.7.1-1..3], 4.8.2: an invalid Topic Filter gets 0x8F; the other filters of the same
-    SUBSCRIBE are still granted and work."""
+    """[MQTT-4.7.1-1], [MQTT-4.7.1-2], [MQTT-4.8.2-1], [MQTT-4.8.2-2]: an invalid Topic Filter
+    gets 0x8F; the other filters of the same SUBSCRIBE are still granted and work."""
     good = uniq("goodfilter")
     c = connect(broker.port)
     c.send(P.Subscribe(3, [(filt, P.SubscriptionOptions(1)), (good, P.SubscriptionOptions(1))]))
@@ -118,7 +118,7 @@ def test_dollar_topics_not_matched_by_leading_wildcards(make_broker):
 
 
 def test_shared_subscription_one_member_each(broker):
-    """4.8.2 [MQTT-4.8.2-?]: each message of a shared subscription goes to exactly one member of the
+    """4.8.2: each message of a shared subscription goes to exactly one member of the
     group; different groups and non-shared subscribers each get every message."""
     topic = uniq("shared")
     members = [connect(broker.port) for _ in range(3)]
@@ -156,7 +156,7 @@ def test_shared_subscription_member_leaves(broker):
 
 
 def test_shared_subscription_no_retained(broker):
-    """3.3.1.3 / [MQTT-3.8.4-?]: retained messages are not sent for a new shared subscription."""
+    """3.3.1.3: retained messages are not sent for a new shared subscription."""
     topic = uniq("sharedret")
     pub = connect(broker.port)
     publish_ok(pub, topic, b"r", qos=1, retain=True)

@@ -12,6 +12,7 @@ from broker.protocol import properties as PR
 from broker.protocol import reason_codes as rc
 from broker.protocol.codec import Decoder, encode
 from tests import fuzzing as F
+from tests.sansio import drain, feed
 
 V4, V5 = P.MQTT_311, P.MQTT_5
 FUZZ = settings(max_examples=300, deadline=None, database=None,
@@ -70,11 +71,11 @@ def test_fuzz_findings(level, hexdata, code):
     """Each finding as bytes on a fresh broker, with the exact answer expected."""
     t = F.CoreTarget()
     conn = F._Watched(t.broker)
-    conn.data_received(encode(P.Connect("f", level), level))
-    (ack,), _ = Decoder(level).feed(b"".join(conn.take_output()))
+    feed(conn, encode(P.Connect("f", level), level))
+    (ack,), _ = Decoder(level).feed(drain(conn))
     assert ack.type == P.CONNACK and ack.reason_code == 0
-    conn.data_received(bytes.fromhex(hexdata))
-    out = b"".join(bytes(x) for x in conn.take_output())
+    feed(conn, bytes.fromhex(hexdata))
+    out = drain(conn)
     assert conn.close_requested
     if code is None:
         assert out == b""  # 3.1.1: closed without a DISCONNECT

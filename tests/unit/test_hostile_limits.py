@@ -186,7 +186,7 @@ def test_disconnect_expiry_after_zero_at_connect_is_still_a_protocol_error():
     b, _ = make(session_expiry_maximum=100)
     c = Client(b)
     c.connect("z")
-    c.send(P.Disconnect(0, {PR.SESSION_EXPIRY_INTERVAL: 5}))  # [MQTT-3.14.2-2]
+    c.send(P.Disconnect(0, {PR.SESSION_EXPIRY_INTERVAL: 5}))  # 3.14.2.2.2: non-zero after 0 at CONNECT
     (d,) = c.received()
     assert (d.type, d.reason_code) == (P.DISCONNECT, rc.PROTOCOL_ERROR)
 

@@ -22,7 +22,7 @@ def topic_and_matching_filter(draw):
     filt = [("+" if draw(st.booleans()) else lv) for lv in levels]
     cut = draw(st.none() | st.integers(0, len(levels)))
     if cut is not None:
-        filt = filt[:cut] + ["#"]   # 'a/#' also matches 'a' [MQTT-4.7.1-2]
+        filt = filt[:cut] + ["#"]   # 'a/#' also matches 'a' (4.7.1.2)
     return join(levels), join(filt)
 
 
