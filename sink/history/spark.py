@@ -17,7 +17,7 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-PROJECT_ROOT = str(Path(__file__).resolve().parent.parent)
+PROJECT_ROOT = str(Path(__file__).resolve().parents[2])
 
 #: Settings every session gets (the job, sink.query, tests); callers may override via ``conf``.
 DEFAULT_CONF = {
