@@ -1,7 +1,7 @@
 """MQTT over WebSockets (MQTT 5.0 section 6): binary frames, the "mqtt" subprotocol.
 
 Uses the `websockets` library; each WebSocket connection is served by the same MQTTProtocol
-as a TCP socket (server.py), through a transport adapter, so the limits are the same:
+as a TCP socket (connection_protocol.py), through a transport adapter, so the limits are the same:
 `max_connections`, the write-buffer high-water mark with pause_writing/resume_writing (a
 stalled reader gets QoS 0 dropped and QoS 1/2 queued in its bounded session, as on TCP),
 and inbound size: a WebSocket message larger than `maximum_packet_size` (+ WS_FRAME_SLACK for
@@ -19,7 +19,7 @@ from websockets.datastructures import Headers
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Response
 
-from ..server import MQTTProtocol
+from .connection_protocol import MQTTProtocol
 
 log = logging.getLogger("broker.websocket")
 
