@@ -1,7 +1,8 @@
 """One protocol object per client connection (uvicorn style), for TCP, TLS and WebSocket.
 
 MQTTProtocol owns what the sans-I/O Connection (core/connection.py) must not: the transport,
-flow control (pause_writing/resume_writing), the linger timer of a graceful close, and the
+flow control both ways (pause_writing/resume_writing towards the Connection, pause_reading of
+a client that sends without reading), the linger timer of a graceful close, and the
 events the Connection returns: AuthRequested (the password check on the CheckQueue's threads)
 and MessageAccepted (acks waiting for durability). AckGate is the one place where
 acknowledgements that wait for durability are decided and sent, as successes or failures.
@@ -24,6 +25,11 @@ log = logging.getLogger("broker.server")
 
 LARGE_READ = 16384         # a read this big is flushed at once instead of at the end of the turn
 WRITE_HIGH_WATER = 1 << 20  # bytes buffered for a client before QoS 0 is dropped / QoS 1-2 queued
+# Inbound backpressure: while output is paused, what still grows the buffer is the answers to the
+# client's own packets (acks, PINGRESP, SUBACK); past this many buffered bytes its input is not
+# read until the buffer drains (resume_writing), so a client that sends without reading cannot
+# make the broker buffer answers without bound.
+READ_PAUSE_WATER = 2 * WRITE_HIGH_WATER
 DISK_ERROR = "the message could not be stored (broker disk error)"
 
 
@@ -82,7 +88,8 @@ def _failure(fut) -> str | None:
 
 
 class MQTTProtocol(asyncio.Protocol):
-    __slots__ = ("server", "conn", "listener", "transport", "discard", "linger_timer")
+    __slots__ = ("server", "conn", "listener", "transport", "discard", "linger_timer",
+                 "reading_paused")
 
     def __init__(self, server, listener: dict):
         self.server = server
@@ -91,6 +98,7 @@ class MQTTProtocol(asyncio.Protocol):
         self.transport = None
         self.discard = -1          # >= 0 while closing: input bytes still allowed (and dropped)
         self.linger_timer = None
+        self.reading_paused = False
 
     # ------------------------------------------------------------ transport events
     def connection_made(self, transport) -> None:
@@ -121,9 +129,12 @@ class MQTTProtocol(asyncio.Protocol):
             if self.discard < 0:
                 self.transport.abort()
             return
-        events = self.conn.data_received(data)
+        conn = self.conn
+        events = conn.data_received(data)
         if events:
             self.handle_events(events)
+        if conn.paused and not self.reading_paused:
+            self.pause_reading_if_flooded()
         if len(data) >= LARGE_READ:
             # The loop may hand us many large reads from one socket in a row (libuv reads
             # up to 32 x 64 KiB per wake-up): write out now so output never piles up for a
@@ -137,7 +148,19 @@ class MQTTProtocol(asyncio.Protocol):
         self.conn.pause_writing()
 
     def resume_writing(self) -> None:
+        if self.reading_paused:
+            self.reading_paused = False
+            if not self.transport.is_closing():
+                self.transport.resume_reading()
         self.conn.resume_writing()
+
+    def pause_reading_if_flooded(self) -> None:
+        """Output is paused and the client still sends: stop reading it once the answers
+        buffered for it pass READ_PAUSE_WATER; resume_writing() reads again."""
+        t = self.transport
+        if t is not None and not t.is_closing() and t.get_write_buffer_size() > READ_PAUSE_WATER:
+            self.reading_paused = True
+            t.pause_reading()
 
     def connection_lost(self, exc) -> None:
         if self.linger_timer is not None:
@@ -210,6 +233,9 @@ class MQTTProtocol(asyncio.Protocol):
         t = self.transport
         if self.discard >= 0 or t.is_closing():
             return
+        if self.reading_paused:  # the client's input is read (and dropped) while lingering
+            self.reading_paused = False
+            t.resume_reading()
         if not t.can_write_eof():  # TLS (close_notify) and WebSocket (Close frame) close themselves
             t.close()
             return

@@ -42,6 +42,8 @@ class WSTransport:
         self.high = 65536
         self.low = 16384
         self.paused = False
+        self.reading = asyncio.Event()  # cleared by pause_reading(): the handler stops reading
+        self.reading.set()
         self.wake = asyncio.Event()
         self.closing = False
         self.task = loop.create_task(self._writer())
@@ -70,8 +72,15 @@ class WSTransport:
             return
         self.closing = True
         self.wake.set()
+        self.reading.set()  # the handler ends its read loop
         # a client that reads nothing keeps the writer waiting: do not wait for it forever
         self.loop.call_later(CLOSE_TIMEOUT, self._abort_if_stuck)
+
+    def pause_reading(self) -> None:
+        self.reading.clear()  # websockets then stops reading the socket (its max_queue)
+
+    def resume_reading(self) -> None:
+        self.reading.set()
 
     def is_closing(self) -> bool:
         return self.closing
@@ -112,6 +121,8 @@ class WSTransport:
                     return
         except ConnectionClosed:
             return
+        finally:
+            self.reading.set()  # a handler waiting to read again sees the end
 
 
 async def discard_input(ws, seconds: float, max_bytes: int) -> None:
@@ -168,6 +179,10 @@ async def start_listener(server, listener: dict, ssl_context=None):
                     proto.data_received(message)
                     if conn.close_requested:
                         break
+                    if not transport.reading.is_set():  # inbound backpressure (pause_reading)
+                        await transport.reading.wait()
+                        if conn.close_requested or transport.closing or transport.task.done():
+                            break
         except ConnectionClosed as exc:
             if exc.sent is not None and exc.sent.code == 1009:  # websockets refused the frame
                 log.info("closing %s: WebSocket message larger than %d bytes (maximum packet "
