@@ -105,7 +105,7 @@ class Connection:
     def acks_done(self, acks: list, failure: str | None = None) -> None:
         """The acks of MessageAccepted events, decided: failure None means the messages are
         durable, send the acks as they are; otherwise never a success: v5 the same ack with
-        0x80 Unspecified error, 3.1.x has no failure ack: close. [MQTT-4.3.2-2], [MQTT-4.3.3-2]:
+        0x80 Unspecified error, 3.1.x has no failure ack: close. [MQTT-4.3.2-4], [MQTT-4.3.3-8]:
         the PUBACK/PUBREC goes out only once the broker owns the message."""
         self.pending_acks -= len(acks)
         if self.state == _CLOSED:
@@ -130,7 +130,7 @@ class Connection:
             failed = True
             ptype, pid = a[0] >> 4, (a[2] << 8) | a[3]  # an encoded PUBACK/PUBREC
             if ptype == P.PUBREC and pid in session.inflight_in:
-                # 4.3.3: after a PUBREC >= 0x80 a PUBLISH with this id is a new message
+                # [MQTT-4.3.3-9]: after a PUBREC >= 0x80 a PUBLISH with this id is a new message
                 session.inflight_in.discard(pid)
                 if session.store is not None:
                     session.store.qos2_remove(session.client_id, pid)
