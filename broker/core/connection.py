@@ -10,6 +10,7 @@ Packets are checked against the MQTT 5.0 rules (section 3 and 4.13).
 from __future__ import annotations
 
 import logging
+from types import MappingProxyType
 
 from ..protocol import packets as P
 from ..protocol import properties as PR
@@ -25,6 +26,9 @@ log = logging.getLogger("broker.connection")
 
 _NEW, _CONNECTED, _CLOSED, _AUTHENTICATING = 0, 1, 2, 3
 MAX_DEFERRED = 1000  # packets a client may send while its password is being checked
+# memory per idle connection: nothing allocated until used (shared, read-only placeholders)
+NO_ALIASES = MappingProxyType({})
+NO_OUTPUT: tuple = ()
 
 
 class Connection:
@@ -55,10 +59,10 @@ class Connection:
         self.alias_max = 0
         self.request_problem_info = True
         # topic aliases: inbound alias -> topic, outbound topic -> alias
-        self.in_aliases: dict[int, str] = {}
+        self.in_aliases = NO_ALIASES  # a dict once the client maps one
         self.in_alias_bytes = 0  # length of the topics in in_aliases (mqtt.max_topic_alias_bytes)
-        self.out_aliases: dict[str, int] = {}
-        self.out: list = []
+        self.out_aliases = NO_ALIASES  # a dict once the broker assigns one
+        self.out = NO_OUTPUT       # a list while there is output for this turn
         self.is_dirty = False
         self.close_requested = False
         self.events: list | None = None  # events for the caller, created on the first one
@@ -75,14 +79,18 @@ class Connection:
 
     # ------------------------------------------------------------ output
     def write(self, data) -> None:
-        self.out.append(data)
+        out = self.out
+        if out:
+            out.append(data)
+        else:
+            self.out = [data]
         if not self.is_dirty:
             self.is_dirty = True
             self.broker.mark_dirty(self)
 
     def take_output(self) -> list:
         out = self.out
-        self.out = []
+        self.out = NO_OUTPUT
         self.is_dirty = False
         s = self.session
         if s is not None and s.replay and not self.paused and s.link is self:
@@ -157,12 +165,14 @@ class Connection:
             return a, False
         if len(self.out_aliases) < self.alias_max and self.broker.cfg.outbound_topic_aliases:
             a = len(self.out_aliases) + 1
+            if self.out_aliases is NO_ALIASES:
+                self.out_aliases = {}
             self.out_aliases[topic] = a
             return a, True
         return 0, True
 
     def outbound_aliases_reset(self) -> None:
-        self.out_aliases.clear()  # [MQTT-3.3.2-7]: aliases do not outlive the connection
+        self.out_aliases = NO_ALIASES  # [MQTT-3.3.2-7]: aliases do not outlive the connection
 
     # ------------------------------------------------------------ input
     def data_received(self, data: bytes):
@@ -567,13 +577,15 @@ class Connection:
                                 f"{size} bytes of topics, more than {limit} "
                                 "(mqtt.max_topic_alias_bytes): reuse aliases or send topic names",
                                 rc.QUOTA_EXCEEDED)
+        if self.in_aliases is NO_ALIASES:
+            self.in_aliases = {}
         self.in_aliases[alias] = topic
         self.in_alias_bytes = size
 
     def forget_alias(self, alias: int) -> None:
         """A PUBLISH mapping `alias` was refused for its topic: the alias maps nothing now, so
         later PUBLISHes using it alone are not sent to an earlier topic."""
-        old = self.in_aliases.pop(alias, None)
+        old = self.in_aliases.pop(alias, None) if self.in_aliases else None
         if old is not None:
             self.in_alias_bytes -= len(old)
 
