@@ -1,12 +1,15 @@
 """Python memory the broker holds per idle connection, by allocation site (tracemalloc).
 
     PYTHONPATH=. .venv/bin/python bench/idle_memory.py --conns 1000 [--level 4] [--top 15]
+    PYTHONPATH=. .venv/bin/python bench/idle_memory.py --conns 2000 --cpu   # CPU per connection setup
 
 Runs a broker Server (uvloop, as in production) in a child process with tracemalloc on, opens
 `--conns` connected, idle MQTT clients from this process, and prints the growth of the broker's
 traced memory between before and after, divided by the number of connections, with the top
 allocation sites. (RSS per connection, which also counts the allocator's slack, is the bench's
-`conns` scenario.)
+`conns` scenario.) With --cpu, tracemalloc stays off and the broker's CPU time (user + system,
+getrusage) per connection set up (accept, CONNECT, CONNACK) is printed instead: robust on a
+loaded machine, unlike connections per second.
 """
 from __future__ import annotations
 
@@ -21,12 +24,17 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 
 CHILD = r"""
-import asyncio, sys, tracemalloc, gc
+import asyncio, sys, tracemalloc, gc, resource
 sys.path.insert(0, sys.argv[1])
 from broker.config import Config
 from broker.server import Server, install_uvloop
 install_uvloop()
 top = int(sys.argv[2])
+cpu_only = sys.argv[3] == "cpu"
+
+def cpu():
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
 
 async def main():
     server = Server(Config(host="127.0.0.1", port=0))
@@ -37,6 +45,14 @@ async def main():
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(r), sys.stdin)
     await r.readline()                      # "start": the clients are about to connect
     gc.collect()
+    if cpu_only:
+        t0 = cpu()
+        await r.readline()
+        n = int((await r.readline()).decode())
+        print(f"{(cpu() - t0) / n * 1e6:.1f} us broker CPU per connection set up ({n} connections)")
+        print("END", flush=True)
+        await server.stop()
+        return
     tracemalloc.start(6)
     before = tracemalloc.take_snapshot()
     await r.readline()                      # "measure n"
@@ -64,11 +80,13 @@ def main() -> None:
     p.add_argument("--conns", type=int, default=1000)
     p.add_argument("--level", type=int, default=4, choices=[4, 5])
     p.add_argument("--top", type=int, default=12)
+    p.add_argument("--cpu", action="store_true", help="CPU per connection set up, no tracemalloc")
     a = p.parse_args()
     sys.path.insert(0, REPO)
     from broker.protocol import packets as P
     from broker.protocol.codec import encode
-    child = subprocess.Popen([sys.executable, "-c", CHILD, REPO, str(a.top)], stdin=subprocess.PIPE,
+    child = subprocess.Popen([sys.executable, "-c", CHILD, REPO, str(a.top),
+                              "cpu" if a.cpu else "mem"], stdin=subprocess.PIPE,
                              stdout=subprocess.PIPE, text=True)
     port = int(child.stdout.readline())
     child.stdin.write("start\n")
