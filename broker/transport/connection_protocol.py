@@ -25,11 +25,11 @@ log = logging.getLogger("broker.server")
 
 LARGE_READ = 16384         # a read this big is flushed at once instead of at the end of the turn
 WRITE_HIGH_WATER = 1 << 20  # bytes buffered for a client before QoS 0 is dropped / QoS 1-2 queued
-# Inbound backpressure: while output is paused, what still grows the buffer is the answers to the
-# client's own packets (acks, PINGRESP, SUBACK); past this many buffered bytes its input is not
-# read until the buffer drains (resume_writing), so a client that sends without reading cannot
-# make the broker buffer answers without bound.
-READ_PAUSE_WATER = 2 * WRITE_HIGH_WATER
+# Inbound backpressure: while output is paused (deliveries are queued or dropped), what still
+# grows the buffer is the answers to the client's own packets (acks, PINGRESP, SUBACK); once they
+# add this many bytes its input is not read until the buffer drains (resume_writing), so a client
+# that sends without reading cannot make the broker buffer answers without bound.
+READ_PAUSE_GROWTH = WRITE_HIGH_WATER
 DISK_ERROR = "the message could not be stored (broker disk error)"
 
 
@@ -89,7 +89,7 @@ def _failure(fut) -> str | None:
 
 class MQTTProtocol(asyncio.Protocol):
     __slots__ = ("server", "conn", "listener", "transport", "discard", "linger_timer",
-                 "reading_paused")
+                 "reading_paused", "read_limit")
 
     def __init__(self, server, listener: dict):
         self.server = server
@@ -99,6 +99,7 @@ class MQTTProtocol(asyncio.Protocol):
         self.discard = -1          # >= 0 while closing: input bytes still allowed (and dropped)
         self.linger_timer = None
         self.reading_paused = False
+        self.read_limit = 0        # while output is paused: buffered bytes past which reading stops
 
     # ------------------------------------------------------------ transport events
     def connection_made(self, transport) -> None:
@@ -145,20 +146,22 @@ class MQTTProtocol(asyncio.Protocol):
         return False  # the transport closes (after writing what it holds)
 
     def pause_writing(self) -> None:
+        self.read_limit = self.transport.get_write_buffer_size() + READ_PAUSE_GROWTH
         self.conn.pause_writing()
 
     def resume_writing(self) -> None:
         if self.reading_paused:
             self.reading_paused = False
-            if not self.transport.is_closing():
-                self.transport.resume_reading()
+            t = self.transport
+            if t is not None and not t.is_closing():
+                t.resume_reading()
         self.conn.resume_writing()
 
     def pause_reading_if_flooded(self) -> None:
         """Output is paused and the client still sends: stop reading it once the answers
-        buffered for it pass READ_PAUSE_WATER; resume_writing() reads again."""
+        buffered for it since the pause pass READ_PAUSE_GROWTH; resume_writing() reads again."""
         t = self.transport
-        if t is not None and not t.is_closing() and t.get_write_buffer_size() > READ_PAUSE_WATER:
+        if t is not None and not t.is_closing() and t.get_write_buffer_size() > self.read_limit:
             self.reading_paused = True
             t.pause_reading()
 

@@ -8,7 +8,7 @@ from broker.protocol import packets as P
 from broker.protocol import reason_codes as rc
 from broker.protocol.codec import Decoder, encode
 from broker.server import Server
-from broker.transport.connection_protocol import READ_PAUSE_WATER, MQTTProtocol
+from broker.transport.connection_protocol import READ_PAUSE_GROWTH, MQTTProtocol
 
 
 class FakeTransport:
@@ -155,11 +155,14 @@ async def test_inbound_backpressure_pauses_reading_of_a_client_that_does_not_rea
     server, proto, t = serve()
     proto.data_received(b"\xc0\x00")
     assert t.reading                       # output not paused: reading goes on
+    t.buffered = 3 << 20                   # deliveries of one turn, well past the high-water mark
     proto.pause_writing()                  # asyncio: the write buffer passed the high-water mark
-    t.buffered = READ_PAUSE_WATER
     proto.data_received(b"\xc0\x00")
-    assert t.reading and proto.conn.paused  # answers buffered, still under the read mark
-    t.buffered = READ_PAUSE_WATER + 1
+    assert t.reading and proto.conn.paused  # a reading client (acks) is still read
+    t.buffered += READ_PAUSE_GROWTH        # answers piled up since the pause, up to the bound
+    proto.data_received(b"\xc0\x00")
+    assert t.reading
+    t.buffered += 1
     proto.data_received(b"\xc0\x00")
     assert not t.reading                   # stops reading the client
     t.buffered = 0
@@ -170,7 +173,7 @@ async def test_inbound_backpressure_pauses_reading_of_a_client_that_does_not_rea
 async def test_graceful_close_reads_again_to_discard_input():
     server, proto, t = serve()
     proto.pause_writing()
-    t.buffered = READ_PAUSE_WATER + 1
+    t.buffered = READ_PAUSE_GROWTH + 1
     proto.data_received(b"\xc0\x00")
     assert not t.reading
     proto.conn.server_disconnect(rc.ADMINISTRATIVE_ACTION, "bye")
