@@ -152,7 +152,7 @@ async def test_held_stored_ack_fails_when_the_store_commit_fails_even_if_the_spo
 
 
 async def test_inbound_backpressure_pauses_reading_of_a_client_that_does_not_read():
-    server, proto, t = serve()
+    _, proto, t = serve()
     proto.data_received(b"\xc0\x00")
     assert t.reading                       # output not paused: reading goes on
     t.buffered = 3 << 20                   # deliveries of one turn, well past the high-water mark

@@ -9,7 +9,8 @@ from broker.core.broker import AllowAll, Broker
 from broker.core.events import AuthRequested
 from broker.protocol import packets as P
 from broker.protocol.codec import Decoder, encode
-from tests.unit.test_core import Client as CoreClient, Clock
+from tests.unit.test_core import Client as CoreClient
+from tests.unit.test_core import Clock
 
 
 class Auth(AllowAll):
