@@ -45,10 +45,10 @@ class Broker:
         self.connections: set = set()
         self.dirty: list = []            # connections with bytes to write
         self.schedule_flush = None       # set by the server: called when dirty becomes non-empty
-        # set by the server when password checks are slow: defer_auth(conn, connect, client_id,
-        # assigned) runs auth.authenticate off the event loop, then calls conn.auth_done(...);
-        # it returns False when too many checks are pending (the CONNECT is refused with 0x89)
-        self.defer_auth = None
+        # set by the server when password checks are slow: a CONNECT with a user name then
+        # returns an AuthRequested event (core/events.py); the caller runs auth.authenticate
+        # off the event loop and calls conn.auth_done(...)
+        self.defer_auth = False
         self.max_deferred_bytes = 1 << 20  # bytes a client may send while its check runs
         self.delayed_wills: dict[str, Session] = {}
         self.stats = {"dropped_queue_full": 0, "dropped_expired": 0, "dropped_too_large": 0,

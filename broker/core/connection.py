@@ -1,18 +1,23 @@
 """One client connection: CONNECT rules, inbound PUBLISH flows, SUBSCRIBE, keep alive.
 
-Sans-I/O: `data_received(bytes)` in; encoded packets accumulate in `out` and the
-server writes them; `close_requested` asks the server to close the socket after
-writing. Packets are checked against the MQTT 5.0 rules (section 3 and 4.13).
+Sans-I/O: `data_received(bytes)` in, events out (core/events.py: AuthRequested,
+MessageAccepted; an empty tuple on the fast path); encoded packets accumulate in `out`
+and the caller writes them; `close_requested` asks the caller to close the socket after
+writing. Flow control is an input: pause_writing()/resume_writing(). The connection holds
+no transport: the asyncio side (broker/transport/connection_protocol.py) owns it.
+Packets are checked against the MQTT 5.0 rules (section 3 and 4.13).
 """
 from __future__ import annotations
 
 import logging
+from types import MappingProxyType
 
 from ..protocol import packets as P
 from ..protocol import properties as PR
 from ..protocol import reason_codes as rc
 from ..protocol.codec import Decoder, encode, encode_ack
 from ..protocol.errors import MalformedPacket, MQTTError, ProtocolError
+from .events import NO_EVENTS, AuthRequested, MessageAccepted
 from .message import Message
 from .session import NEVER, Subscription
 from mqtt_topics import parse_shared, valid_topic_filter
@@ -21,14 +26,17 @@ log = logging.getLogger("broker.connection")
 
 _NEW, _CONNECTED, _CLOSED, _AUTHENTICATING = 0, 1, 2, 3
 MAX_DEFERRED = 1000  # packets a client may send while its password is being checked
+# memory per idle connection: nothing allocated until used (shared, read-only placeholders)
+NO_ALIASES = MappingProxyType({})
+NO_OUTPUT: tuple = ()
 
 
 class Connection:
     __slots__ = ("broker", "peer", "decoder", "state", "level", "client_id", "username", "session",
                  "keep_alive", "last_rx", "connected_at", "receive_max", "max_packet_size",
                  "alias_max", "request_problem_info", "in_aliases", "in_alias_bytes", "out_aliases", "out",
-                 "is_dirty", "close_requested", "held_acks", "pending_acks",
-                 "connect_seen", "transport", "paused", "identity", "deferred",
+                 "is_dirty", "close_requested", "events", "pending_acks",
+                 "connect_seen", "owner", "paused", "identity", "deferred",
                  "deferred_bytes", "connect_expiry")
 
     def __init__(self, broker, peer: str = "?"):
@@ -51,17 +59,17 @@ class Connection:
         self.alias_max = 0
         self.request_problem_info = True
         # topic aliases: inbound alias -> topic, outbound topic -> alias
-        self.in_aliases: dict[int, str] = {}
+        self.in_aliases = NO_ALIASES  # a dict once the client maps one
         self.in_alias_bytes = 0  # length of the topics in in_aliases (mqtt.max_topic_alias_bytes)
-        self.out_aliases: dict[str, int] = {}
-        self.out: list = []
+        self.out_aliases = NO_ALIASES  # a dict once the broker assigns one
+        self.out = NO_OUTPUT       # a list while there is output for this turn
         self.is_dirty = False
         self.close_requested = False
-        self.held_acks: list = []  # acks waiting for the sink's durable barrier
-        self.pending_acks = 0      # QoS>0 PUBLISHes accepted but not yet acknowledged
+        self.events: list | None = None  # events for the caller, created on the first one
+        self.pending_acks = 0      # QoS>0 PUBLISHes accepted, ack waiting for durability
         self.connect_seen = False
-        self.transport = None      # set by the server glue
-        self.paused = False        # the transport's write buffer is full (backpressure)
+        self.owner = None          # the caller's handle (opaque here; the flush hands it back)
+        self.paused = False        # input: the caller cannot take more output (pause_writing)
         self.identity: str | None = None  # verified TLS client certificate name, if used
         self.deferred: list | None = None  # packets received while the password is checked
         self.deferred_bytes = 0            # bytes received while the password is checked
@@ -71,38 +79,51 @@ class Connection:
 
     # ------------------------------------------------------------ output
     def write(self, data) -> None:
-        self.out.append(data)
+        out = self.out
+        if out:
+            out.append(data)
+        else:
+            self.out = [data]
         if not self.is_dirty:
             self.is_dirty = True
             self.broker.mark_dirty(self)
 
     def take_output(self) -> list:
         out = self.out
-        self.out = []
+        self.out = NO_OUTPUT
         self.is_dirty = False
         s = self.session
         if s is not None and s.replay and not self.paused and s.link is self:
             s.pump(self.broker.clock())  # a paced retained replay: its next burst, for the next turn
         return out
 
-    def release_acks(self, acks: list) -> None:
-        """The sink made the messages durable: now send their PUBACK/PUBREC."""
+    def emit(self, event) -> None:
+        if self.events is None:
+            self.events = [event]
+        else:
+            self.events.append(event)
+
+    def take_events(self):
+        ev = self.events
+        if ev is None:
+            return NO_EVENTS
+        self.events = None
+        return ev
+
+    def acks_done(self, acks: list, failure: str | None = None) -> None:
+        """The acks of MessageAccepted events, decided: failure None means the messages are
+        durable, send the acks as they are; otherwise never a success: v5 the same ack with
+        0x80 Unspecified error, 3.1.x has no failure ack: close. [MQTT-4.3.2-4], [MQTT-4.3.3-8]:
+        the PUBACK/PUBREC goes out only once the broker owns the message."""
+        self.pending_acks -= len(acks)
         if self.state == _CLOSED:
             return
-        for a in acks:
-            self.write(a)
-        self.pending_acks -= len(acks)
-
-    def fail_acks(self, acks: list, why: str) -> None:
-        """The messages of these held PUBACK/PUBREC could not be made durable: never a success.
-        v5: the same ack with 0x80 Unspecified error; 3.1.x has no failure ack: close."""
-        self.pending_acks -= len(acks)
-        if self.state != _CLOSED:
+        if failure is not None:
             acks = list(acks)
-            self.fail_stored_acks(acks, why, all_acks=True)
-            for a in acks:
-                if a:
-                    self.write(a)
+            self.fail_stored_acks(acks, failure, all_acks=True)
+        for a in acks:
+            if a:
+                self.write(a)
 
     def fail_stored_acks(self, packets: list, why: str, all_acks: bool = False) -> None:
         """Replace, in place, the acks in `packets` whose messages changed state the store could
@@ -117,7 +138,7 @@ class Connection:
             failed = True
             ptype, pid = a[0] >> 4, (a[2] << 8) | a[3]  # an encoded PUBACK/PUBREC
             if ptype == P.PUBREC and pid in session.inflight_in:
-                # 4.3.3: after a PUBREC >= 0x80 a PUBLISH with this id is a new message
+                # [MQTT-4.3.3-9]: after a PUBREC >= 0x80 a PUBLISH with this id is a new message
                 session.inflight_in.discard(pid)
                 if session.store is not None:
                     session.store.qos2_remove(session.client_id, pid)
@@ -126,6 +147,10 @@ class Connection:
             log.warning("closing %s (%s): %s; a 3.1.x client has no failure acknowledgement",
                         self.client_id, self.peer, why)
             self.close(publish_will=True)
+
+    def pause_writing(self) -> None:
+        """The caller's write buffer is full: QoS 0 is dropped, QoS 1/2 queued (Session)."""
+        self.paused = True
 
     def resume_writing(self) -> None:
         """The transport drained: send what waited in the session's queue."""
@@ -140,15 +165,23 @@ class Connection:
             return a, False
         if len(self.out_aliases) < self.alias_max and self.broker.cfg.outbound_topic_aliases:
             a = len(self.out_aliases) + 1
+            if self.out_aliases is NO_ALIASES:
+                self.out_aliases = {}
             self.out_aliases[topic] = a
             return a, True
         return 0, True
 
     def outbound_aliases_reset(self) -> None:
-        self.out_aliases.clear()  # [MQTT-3.3.2-7]: aliases do not outlive the connection
+        self.out_aliases = NO_ALIASES  # [MQTT-3.3.2-7]: aliases do not outlive the connection
 
     # ------------------------------------------------------------ input
-    def data_received(self, data: bytes) -> None:
+    def data_received(self, data: bytes):
+        """Feed bytes read from the client; returns the events for the caller (NO_EVENTS
+        mostly). Output accumulates in `out`."""
+        self.feed(data)
+        return self.take_events()
+
+    def feed(self, data: bytes) -> None:
         if self.state == _CLOSED:
             return
         self.last_rx = self.broker.clock()
@@ -240,18 +273,22 @@ class Connection:
                 return self.refuse(rc.NOT_AUTHORIZED, "this listener needs a client certificate "
                                    "(use_identity_as_username): connect with one")
             c.username = self.identity  # TLS client certificate authenticates (listener option)
-        elif b.defer_auth is not None and c.username is not None:
+        elif b.defer_auth and c.username is not None:
             # a user name may cost a slow password hash (with or without a password: unknown
-            # users and missing passwords cost a dummy hash): checked off the event loop,
-            # CONNACK follows when it is done
-            self.state = _AUTHENTICATING
-            self.deferred = []
-            self.deferred_bytes = 0
-            if not b.defer_auth(self, c, client_id, assigned):
-                self.state, self.deferred = _NEW, None
-                return self.refuse(rc.SERVER_BUSY, "too many password checks waiting; "
-                                                   "try again later")
-            return
+            # users and missing passwords cost a dummy hash): unless the result is remembered
+            # (no hash: reconnect storms), the caller checks it off the event loop
+            # (AuthRequested) and calls auth_done(); CONNACK follows then
+            cached = getattr(b.auth, "authenticate_cached", None)
+            code = cached(client_id, c.username, c.password) if cached is not None else None
+            if code is None:
+                self.state = _AUTHENTICATING
+                self.deferred = []
+                self.deferred_bytes = 0
+                self.emit(AuthRequested(c, client_id, assigned))
+                return
+            if code:
+                return self.refuse(code, "not authorized" if code == rc.NOT_AUTHORIZED
+                                   else "bad user name or password")
         else:
             code = b.auth.authenticate(client_id, c.username, c.password)
             if code:
@@ -276,23 +313,27 @@ class Connection:
         self.refuse(rc.QUOTA_EXCEEDED, f"{what} sent before CONNACK "
                                        "(wait for CONNACK before sending more)")
 
-    def auth_done(self, c: P.Connect, client_id: str, assigned: str | None, code: int) -> None:
-        """The deferred password check finished: refuse, or accept and run what waited."""
+    def auth_done(self, c: P.Connect, client_id: str, assigned: str | None, code: int,
+                  why: str | None = None):
+        """The AuthRequested check finished (code 0: accepted): refuse, or accept and run what
+        waited. Returns the events of what waited, like data_received()."""
         if self.state != _AUTHENTICATING:
-            return  # the connection went away meanwhile
+            return NO_EVENTS  # the connection went away meanwhile
         self.state = _NEW
         waiting, self.deferred = self.deferred, None
         try:
             if code:
-                return self.refuse(code, "not authorized" if code == rc.NOT_AUTHORIZED
-                                   else "bad user name or password")
+                self.refuse(code, why or ("not authorized" if code == rc.NOT_AUTHORIZED
+                                          else "bad user name or password"))
+                return self.take_events()
             self.accept(c, client_id, assigned)
             for pkt in waiting:
                 if self.state != _CONNECTED or self.close_requested:
-                    return
+                    break
                 self.handle(pkt)
         except MQTTError as exc:
             self.violation(exc)
+        return self.take_events()
 
     def accept(self, c: P.Connect, client_id: str, assigned: str | None) -> None:
         """CONNECT passed authentication: will checks, session, CONNACK."""
@@ -489,9 +530,10 @@ class Connection:
         data = encode_ack(P.PUBACK if qos == 1 else P.PUBREC, pid, code, None, self.level)
         if stored:  # a success only once the store commits what the message changed
             data = StoredAck(data)
-        if self.broker.sink is not None and code < 0x80 and self.broker.sink_durable:
-            self.held_acks.append(data)  # released by the server once the spool is durable
+        if code < 0x80 and self.broker.sink_durable:
+            # sent by the caller once the sink says the message is durable (acks_done)
             self.pending_acks += 1
+            self.emit(MessageAccepted(pid, data))
         else:
             self.write(data)
 
@@ -535,13 +577,15 @@ class Connection:
                                 f"{size} bytes of topics, more than {limit} "
                                 "(mqtt.max_topic_alias_bytes): reuse aliases or send topic names",
                                 rc.QUOTA_EXCEEDED)
+        if self.in_aliases is NO_ALIASES:
+            self.in_aliases = {}
         self.in_aliases[alias] = topic
         self.in_alias_bytes = size
 
     def forget_alias(self, alias: int) -> None:
         """A PUBLISH mapping `alias` was refused for its topic: the alias maps nothing now, so
         later PUBLISHes using it alone are not sent to an earlier topic."""
-        old = self.in_aliases.pop(alias, None)
+        old = self.in_aliases.pop(alias, None) if self.in_aliases else None
         if old is not None:
             self.in_alias_bytes -= len(old)
 

@@ -47,7 +47,7 @@ class Decoder:
     def __init__(self, level: int = P.MQTT_5, max_packet_size: int = 268435460,
                  connect_limit: int | None = None):
         self.buf = b""     # start of an incomplete packet (empty when nothing is buffered)
-        self.more = []     # later chunks of that packet, while `need` is known
+        self.more = None   # later chunks of that packet (a list), while `need` is known
         self.have = 0      # bytes in buf + more
         self.need = 0      # total size of the incomplete packet, 0 while its header is incomplete
         self.level = level
@@ -63,16 +63,18 @@ class Decoder:
                 if self.need > self.max_packet_size:  # began in the CONNECT's read, not accepted yet
                     err = self._too_large(self.need, self.max_packet_size)
                     self.buf = b""
-                    self.more = []
+                    self.more = None
                     self.have = self.need = 0
                     return [], err
-                self.more.append(data)
+                more = self.more
+                if more is None:
+                    more = self.more = [self.buf]  # allocated only while a packet is split
+                more.append(data)
                 self.have += len(data)
                 if self.have < self.need:
                     return [], None
-                self.more.insert(0, self.buf)
-                buf = b"".join(self.more)  # the one copy of a packet that arrived in pieces
-                self.more = []
+                buf = b"".join(more)  # the one copy of a packet that arrived in pieces
+                self.more = None
             else:
                 buf = self.buf + data  # only the few bytes of an incomplete fixed header waited
         else:

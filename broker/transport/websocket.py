@@ -1,7 +1,7 @@
 """MQTT over WebSockets (MQTT 5.0 section 6): binary frames, the "mqtt" subprotocol.
 
 Uses the `websockets` library; each WebSocket connection is served by the same MQTTProtocol
-as a TCP socket (server.py), through a transport adapter, so the limits are the same:
+as a TCP socket (connection_protocol.py), through a transport adapter, so the limits are the same:
 `max_connections`, the write-buffer high-water mark with pause_writing/resume_writing (a
 stalled reader gets QoS 0 dropped and QoS 1/2 queued in its bounded session, as on TCP),
 and inbound size: a WebSocket message larger than `maximum_packet_size` (+ WS_FRAME_SLACK for
@@ -19,7 +19,7 @@ from websockets.datastructures import Headers
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Response
 
-from ..server import MQTTProtocol
+from .connection_protocol import MQTTProtocol
 
 log = logging.getLogger("broker.websocket")
 
@@ -42,6 +42,8 @@ class WSTransport:
         self.high = 65536
         self.low = 16384
         self.paused = False
+        self.reading = asyncio.Event()  # cleared by pause_reading(): the handler stops reading
+        self.reading.set()
         self.wake = asyncio.Event()
         self.closing = False
         self.task = loop.create_task(self._writer())
@@ -70,8 +72,15 @@ class WSTransport:
             return
         self.closing = True
         self.wake.set()
+        self.reading.set()  # the handler ends its read loop
         # a client that reads nothing keeps the writer waiting: do not wait for it forever
         self.loop.call_later(CLOSE_TIMEOUT, self._abort_if_stuck)
+
+    def pause_reading(self) -> None:
+        self.reading.clear()  # websockets then stops reading the socket (its max_queue)
+
+    def resume_reading(self) -> None:
+        self.reading.set()
 
     def is_closing(self) -> bool:
         return self.closing
@@ -112,6 +121,8 @@ class WSTransport:
                     return
         except ConnectionClosed:
             return
+        finally:
+            self.reading.set()  # a handler waiting to read again sees the end
 
 
 async def discard_input(ws, seconds: float, max_bytes: int) -> None:
@@ -168,6 +179,10 @@ async def start_listener(server, listener, ssl_context=None):
                     proto.data_received(message)
                     if conn.close_requested:
                         break
+                    if not transport.reading.is_set():  # inbound backpressure (pause_reading)
+                        await transport.reading.wait()
+                        if conn.close_requested or transport.closing or transport.task.done():
+                            break
         except ConnectionClosed as exc:
             if exc.sent is not None and exc.sent.code == 1009:  # websockets refused the frame
                 log.info("closing %s: WebSocket message larger than %d bytes (maximum packet "

@@ -1,29 +1,45 @@
-"""The core's side of deferred password checks, without sockets: which CONNECTs are deferred,
-Server busy when the check queue is full, and the byte cap on what waits for the CONNACK."""
+"""The core's side of deferred password checks, without sockets: which CONNECTs are deferred
+(an AuthRequested event), Server busy when the check queue is full, and the byte cap on what
+waits for the CONNACK."""
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from broker.config import MQTTConfig
 from broker.core.broker import AllowAll, Broker
+from broker.core.events import AuthRequested
 from broker.protocol import packets as P
 from broker.protocol.codec import Decoder, encode
-from tests.unit.test_core import Client, Clock
+from tests.unit.test_core import Client as CoreClient
+from tests.unit.test_core import Clock
 
 
 class Auth(AllowAll):
     pass
 
 
+class Client(CoreClient):
+    """With a fake caller for AuthRequested: the check is queued (b.checks), or refused at once
+    with Server busy when b.accept is false (a full CheckQueue)."""
+
+    def send(self, pkt):
+        self.feed(encode(pkt, self.level))
+
+    def feed(self, data):
+        for ev in self.conn.data_received(data):
+            assert type(ev) is AuthRequested
+            b = self.conn.broker
+            if b.accept:
+                b.checks.append((self.conn, *ev))
+            else:
+                assert self.conn.auth_done(*ev, 0x89, "busy") == ()
+
+
 def make(accept=True, cap=1 << 20):
     clock = Clock()
     b = Broker(MQTTConfig(), clock=clock, wall=clock, auth=Auth())
     b.checks = []
-
-    def defer_auth(conn, c, client_id, assigned):
-        if accept:
-            b.checks.append((conn, c, client_id, assigned))
-        return accept
-    b.defer_auth = defer_auth
+    b.accept = accept
+    b.defer_auth = True
     b.max_deferred_bytes = cap
     return b
 
@@ -63,13 +79,13 @@ def test_bytes_waiting_for_connack_are_capped(cap, sizes, level):
     b = make(cap=cap)
     c = Client(b, level)
     connect = encode(P.Connect("u", level, username="alice", password=b"pw"), level)
-    c.conn.data_received(connect)
+    c.feed(connect)
     total = len(connect)
     refused_at = None if total <= cap else 0
     if refused_at is None:
         for i, n in enumerate(sizes):
             data = encode(P.Publish("t", b"x" * n), level)
-            c.conn.data_received(data)
+            c.feed(data)
             total += len(data)
             if total > cap:
                 refused_at = i
@@ -93,6 +109,6 @@ def test_too_many_packets_before_connack_get_quota_exceeded():
     b = make()
     c = Client(b)
     c.send(P.Connect("u", 5, username="alice", password=b"pw"))
-    c.conn.data_received(encode(P.PingReq(), 5) * (MAX_DEFERRED + 5))
+    c.feed(encode(P.PingReq(), 5) * (MAX_DEFERRED + 5))
     assert [(p.type, p.reason_code) for p in out(c)] == [(P.CONNACK, 0x97)]
     assert c.conn.close_requested

@@ -1,0 +1,248 @@
+"""One protocol object per client connection (uvicorn style), for TCP, TLS and WebSocket.
+
+MQTTProtocol owns what the sans-I/O Connection (core/connection.py) must not: the transport,
+flow control both ways (pause_writing/resume_writing towards the Connection, pause_reading of
+a client that sends without reading), the linger timer of a graceful close, and the
+events the Connection returns: AuthRequested (the password check on the CheckQueue's threads)
+and MessageAccepted (acks waiting for durability). AckGate is the one place where
+acknowledgements that wait for durability are decided and sent, as successes or failures.
+
+WebSocket (transport/websocket.py) wraps its framing around the same MQTTProtocol through a
+transport adapter, so both share every check.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+
+from ..core.connection import Connection, StoredAck
+from ..core.events import AuthRequested, MessageAccepted
+from ..protocol import reason_codes as rc
+from . import tls
+
+log = logging.getLogger("broker.server")
+
+LARGE_READ = 16384         # a read this big is flushed at once instead of at the end of the turn
+WRITE_HIGH_WATER = 1 << 20  # bytes buffered for a client before QoS 0 is dropped / QoS 1-2 queued
+# Inbound backpressure: while output is paused (deliveries are queued or dropped), what still
+# grows the buffer is the answers to the client's own packets (acks, PINGRESP, SUBACK); once they
+# add this many bytes its input is not read until the buffer drains (resume_writing), so a client
+# that sends without reading cannot make the broker buffer answers without bound.
+READ_PAUSE_GROWTH = WRITE_HIGH_WATER
+DISK_ERROR = "the message could not be stored (broker disk error)"
+
+
+class AckGate:
+    """PUBACK/PUBREC that wait for durability, decided in one place (one per server).
+
+    Order: a held ack goes out after the sink's barrier (the spool wrote the message) and after
+    the store's commit of the turn it was accepted in (flush() commits before writing). A failed
+    barrier turns the acks into failures; a failed store commit turns the StoredAcks (acks of
+    messages that changed stored state) into failures, whether they are still held or already
+    in a connection's output. Once a commit succeeded its StoredAcks are decided for good."""
+
+    __slots__ = ("sink", "store", "turn")
+
+    def __init__(self, sink, store):
+        self.sink = sink
+        self.store = store
+        self.turn: list = []  # (conn, acks) held for the sink since the store's last commit
+
+    def hold(self, conn: Connection, acks: list) -> None:
+        """The acks of one read's MessageAccepted events: one barrier for all of them."""
+        fut = self.sink.barrier() if self.sink is not None else None
+        if fut is None:
+            self.send(conn, acks, None)
+            return
+        if self.store is not None:
+            self.turn.append((conn, acks))  # the store's next commit decides them too
+        fut.add_done_callback(lambda f: self.send(conn, acks, _failure(f)))
+
+    @staticmethod
+    def send(conn: Connection, acks: list, failure: str | None) -> None:
+        """The one place held acks leave: successes, or their failure codes."""
+        conn.acks_done(acks, failure)
+
+    def commit_store(self, dirty: list) -> None:
+        """Commit the state changes made so far; if that fails, the acks waiting to be written
+        whose messages needed those changes become failures (the store retries the changes)."""
+        held, self.turn = self.turn, []
+        if self.store.commit() >= 0:
+            for _, acks in held:  # decided: a later failed commit must not turn them
+                for i, a in enumerate(acks):
+                    if type(a) is StoredAck:
+                        acks[i] = bytes(a)
+            return
+        for conn in list(dirty):
+            conn.fail_stored_acks(conn.out, DISK_ERROR)
+        for conn, acks in held:
+            conn.fail_stored_acks(acks, DISK_ERROR)
+
+
+def _failure(fut) -> str | None:
+    """The sink's barrier resolved: None (durable) or why it failed."""
+    if fut.cancelled() or fut.exception() is not None:
+        return DISK_ERROR
+    return None
+
+
+class MQTTProtocol(asyncio.Protocol):
+    __slots__ = ("server", "conn", "listener", "transport", "discard", "linger_timer",
+                 "reading_paused", "read_limit")
+
+    def __init__(self, server, listener: dict):
+        self.server = server
+        self.listener = listener
+        self.conn: Connection | None = None
+        self.transport = None
+        self.discard = -1          # >= 0 while closing: input bytes still allowed (and dropped)
+        self.linger_timer = None
+        self.reading_paused = False
+        self.read_limit = 0        # while output is paused: buffered bytes past which reading stops
+
+    # ------------------------------------------------------------ transport events
+    def connection_made(self, transport) -> None:
+        server = self.server
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            try:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            except OSError:
+                pass
+        transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)
+        self.transport = transport
+        peer = transport.get_extra_info("peername")
+        conn = self.conn = Connection(server.broker, f"{peer[0]}:{peer[1]}" if peer else "?")
+        conn.owner = self
+        max_conn = server.config.mqtt.max_connections
+        if max_conn and len(server.broker.connections) > max_conn:
+            log.warning("refusing %s: max_connections (%d) reached", conn.peer, max_conn)
+            conn.finish(publish_will=False)
+            self.close_gracefully()
+            return
+        conn.identity = tls.listener_identity(self.listener, transport.get_extra_info("ssl_object"))
+
+    def data_received(self, data: bytes) -> None:
+        self.server.bytes_in += len(data)
+        if self.discard >= 0:  # closing: input never reaches the core
+            self.discard -= len(data)
+            if self.discard < 0:
+                self.transport.abort()
+            return
+        conn = self.conn
+        events = conn.data_received(data)
+        if events:
+            self.handle_events(events)
+        if conn.paused and not self.reading_paused:
+            self.pause_reading_if_flooded()
+        if len(data) >= LARGE_READ:
+            # The loop may hand us many large reads from one socket in a row (libuv reads
+            # up to 32 x 64 KiB per wake-up): write out now so output never piles up for a
+            # whole turn, which bounds memory and latency under fan-out.
+            self.server.flush()
+
+    def eof_received(self):
+        return False  # the transport closes (after writing what it holds)
+
+    def pause_writing(self) -> None:
+        self.read_limit = self.transport.get_write_buffer_size() + READ_PAUSE_GROWTH
+        self.conn.pause_writing()
+
+    def resume_writing(self) -> None:
+        if self.reading_paused:
+            self.reading_paused = False
+            t = self.transport
+            if t is not None and not t.is_closing():
+                t.resume_reading()
+        self.conn.resume_writing()
+
+    def pause_reading_if_flooded(self) -> None:
+        """Output is paused and the client still sends: stop reading it once the answers
+        buffered for it since the pause pass READ_PAUSE_GROWTH; resume_writing() reads again."""
+        t = self.transport
+        if t is not None and not t.is_closing() and t.get_write_buffer_size() > self.read_limit:
+            self.reading_paused = True
+            t.pause_reading()
+
+    def connection_lost(self, exc) -> None:
+        if self.linger_timer is not None:
+            self.linger_timer.cancel()
+        if self.conn is not None:
+            self.conn.connection_lost()
+        self.transport = None
+
+    # ------------------------------------------------------------ the Connection's events
+    def handle_events(self, events) -> None:
+        acks = None
+        for ev in events:
+            if type(ev) is MessageAccepted:
+                if acks is None:
+                    acks = [ev.ack]
+                else:
+                    acks.append(ev.ack)
+            elif type(ev) is AuthRequested:
+                self.check_password(ev)
+        if acks is not None:
+            self.server.acks.hold(self.conn, acks)
+
+    def check_password(self, ev: AuthRequested) -> None:
+        """Run the password check on the CheckQueue's threads (bounded); a full queue refuses
+        the CONNECT with 0x89 Server busy (3.1.x: return code 3)."""
+        server = self.server
+        auth = server.broker.auth
+        c, client_id = ev.connect, ev.client_id
+
+        def check() -> int:  # in a worker thread
+            return auth.authenticate(client_id, c.username, c.password)
+
+        def done(code) -> None:
+            self.auth_done(ev, 0x80 if code is None else code)
+
+        t = self.transport
+        peer = t.get_extra_info("peername") if t is not None else None
+        if not server.auth_checks.submit(peer[0] if peer else self.conn.peer, check,
+                                         self.conn.awaiting_auth, done):
+            self.auth_done(ev, rc.SERVER_BUSY, "too many password checks waiting; try again later")
+
+    def auth_done(self, ev: AuthRequested, code: int, why: str | None = None) -> None:
+        events = self.conn.auth_done(ev.connect, ev.client_id, ev.assigned, code, why)
+        if events:
+            self.handle_events(events)
+
+    # ------------------------------------------------------------ output
+    def write_output(self) -> int:
+        """Write what the Connection accumulated this turn, in one call; the byte count."""
+        conn = self.conn
+        out = conn.take_output()
+        t = self.transport
+        if t is None:
+            return 0
+        n = 0
+        if out:
+            data = out[0] if len(out) == 1 else b"".join(out)
+            n = len(data)
+            t.write(data)
+        if conn.close_requested:
+            self.close_gracefully()
+        return n
+
+    def close_gracefully(self) -> None:
+        """Close after the last output (a server DISCONNECT) without resetting the connection
+        under a client that is still sending: a socket closed with unread input sends a TCP RST,
+        and the client's next send or read fails before it has read the DISCONNECT. So send
+        FIN after the output (half-close), then read and drop the client's input until it
+        closes too, for at most close_linger_seconds / close_linger_bytes, then close."""
+        t = self.transport
+        if self.discard >= 0 or t.is_closing():
+            return
+        if self.reading_paused:  # the client's input is read (and dropped) while lingering
+            self.reading_paused = False
+            t.resume_reading()
+        if not t.can_write_eof():  # TLS (close_notify) and WebSocket (Close frame) close themselves
+            t.close()
+            return
+        cfg = self.server.config.mqtt
+        t.write_eof()
+        self.discard = cfg.close_linger_bytes
+        self.linger_timer = self.server.loop.call_later(cfg.close_linger_seconds, t.abort)

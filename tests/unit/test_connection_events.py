@@ -1,0 +1,300 @@
+"""The Connection as a sans-I/O state machine: bytes in, bytes + events out, a fake clock.
+
+AuthRequested (the caller checks the password, then auth_done), MessageAccepted (the ack waits
+for durability, then acks_done with success or a failure), the bound on what waits for a
+CONNACK, and AckGate's store-commit decisions (transport/connection_protocol.py) without a loop.
+"""
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from broker.config import MQTTConfig
+from broker.core.broker import AllowAll, Broker
+from broker.core.connection import Connection, StoredAck
+from broker.core.events import NO_EVENTS, AuthRequested, MessageAccepted
+from broker.protocol import packets as P
+from broker.protocol import reason_codes as rc
+from broker.protocol.codec import Decoder, encode, encode_ack
+from tests.unit.test_core import Clock
+
+CONNECT_V5 = encode(P.Connect("c", 5, keep_alive=10), 5)
+PUBACK_7 = b"\x40\x02\x00\x07"   # v5 success without properties, and 3.1.1
+PUBACK_7_NO_MATCH = b"\x40\x04\x00\x07\x10\x00"  # v5: 0x10 No matching subscribers
+
+
+class Sink:
+    """A durable sink: every message is taken; acks wait for its barrier."""
+    durable = True
+
+    def __init__(self):
+        self.records = []
+
+    def submit(self, rec):
+        self.records.append(rec)
+        return True
+
+    def submit_message(self, topic, *rest):
+        self.records.append(topic)
+        return True
+
+
+class Cached(AllowAll):
+    """Remembers alice's password (no hash needed); bob's needs a check."""
+
+    def authenticate_cached(self, client_id, username, password):
+        return 0 if username == "alice" else None
+
+
+def broker(sink=None, defer=False, **cfg):
+    clock = Clock()
+    b = Broker(MQTTConfig(**cfg), sink=sink, auth=Cached(), clock=clock, wall=clock)
+    b.defer_auth = defer
+    return b, clock
+
+
+def output(conn, level=5) -> bytes:
+    return b"".join(bytes(x) for x in conn.take_output())
+
+
+def decode(data: bytes, level=5) -> list:
+    pkts, err = Decoder(level).feed(data)
+    assert err is None
+    return pkts
+
+
+def connected(b, level=5) -> Connection:
+    conn = Connection(b)
+    assert conn.data_received(encode(P.Connect("c", level), level)) is NO_EVENTS
+    (ack,) = decode(output(conn, level), level)
+    assert ack.type == P.CONNACK and ack.reason_code == 0
+    return conn
+
+
+def publish(qos, pid=7, topic="t", level=5) -> bytes:
+    return encode(P.Publish(topic, b"m", qos, False, False, pid if qos else None), level)
+
+
+# ------------------------------------------------------------ fast paths: no event objects
+def test_no_events_without_durability_waits():
+    b, _ = broker()
+    conn = connected(b)
+    assert conn.data_received(publish(0)) is NO_EVENTS
+    assert conn.data_received(publish(1)) is NO_EVENTS
+    assert output(conn) == PUBACK_7_NO_MATCH  # sent at once
+    sinked, _ = broker(Sink())
+    conn = connected(sinked)
+    assert conn.data_received(publish(0)) is NO_EVENTS and output(conn) == b""
+
+
+# ------------------------------------------------------------ AuthRequested
+def test_auth_requested_holds_what_follows_until_auth_done():
+    b, clock = broker(defer=True)
+    conn = Connection(b)
+    connect = encode(P.Connect("c", 5, username="bob", password=b"pw"), 5)
+    events = conn.data_received(connect + publish(1) + b"\xc0\x00")
+    assert [type(e) for e in events] == [AuthRequested]
+    (ev,) = events
+    assert (ev.client_id, ev.assigned, ev.connect.username) == ("c", None, "bob")
+    assert output(conn) == b"" and conn.awaiting_auth()   # [MQTT-3.1.4-5]: nothing processed
+    assert conn.data_received(b"\xc0\x00") is NO_EVENTS and output(conn) == b""
+    clock.t += 5
+    assert conn.auth_done(*ev, 0) is NO_EVENTS
+    pkts = decode(output(conn))
+    assert [p.type for p in pkts] == [P.CONNACK, P.PUBACK, P.PINGRESP, P.PINGRESP]
+    assert not conn.awaiting_auth() and conn.deferred is None
+
+
+def test_auth_requested_refused_and_late_answers_ignored():
+    b, _ = broker(defer=True)
+    conn = Connection(b)
+    (ev,) = conn.data_received(encode(P.Connect("c", 5, username="bob", password=b"x"), 5)
+                               + publish(1))
+    assert conn.auth_done(*ev, rc.BAD_USER_NAME_OR_PASSWORD) is NO_EVENTS
+    (ack,) = decode(output(conn))
+    assert (ack.type, ack.reason_code) == (P.CONNACK, 0x86) and conn.close_requested
+    assert conn.auth_done(*ev, 0) is NO_EVENTS and output(conn) == b""  # already closed
+    assert "c" not in b.sessions
+
+
+def test_server_busy_reason_comes_from_the_caller():
+    b, _ = broker(defer=True)
+    conn = Connection(b)
+    (ev,) = conn.data_received(encode(P.Connect("c", 5, username="bob", password=b"x"), 5))
+    conn.auth_done(*ev, rc.SERVER_BUSY, "too many password checks waiting")
+    (ack,) = decode(output(conn))
+    assert ack.reason_code == 0x89 and ack.properties[0x1F] == "too many password checks waiting"
+
+
+def test_cached_password_needs_no_event():
+    b, _ = broker(defer=True)
+    conn = Connection(b)
+    assert conn.data_received(encode(P.Connect("c", 5, username="alice", password=b"pw"), 5)
+                              + publish(1)) is NO_EVENTS
+    assert [p.type for p in decode(output(conn))] == [P.CONNACK, P.PUBACK]
+
+
+def test_deferred_publish_with_durable_sink_returns_message_accepted_from_auth_done():
+    b, _ = broker(Sink(), defer=True)
+    conn = Connection(b)
+    (ev,) = conn.data_received(encode(P.Connect("c", 5, username="bob", password=b"x"), 5)
+                               + publish(1))
+    (acc,) = conn.auth_done(*ev, 0)
+    assert acc == MessageAccepted(7, PUBACK_7_NO_MATCH)
+    assert [p.type for p in decode(output(conn))] == [P.CONNACK]
+
+
+def padded_publish(size: int) -> bytes | None:
+    """A QoS 0 PUBLISH of exactly `size` bytes, or None when none is that small."""
+    for n in range(size, -1, -1):
+        data = encode(P.Publish("t", b"x" * n), 5)
+        if len(data) == size:
+            return data
+        if len(data) < size:
+            return None
+    return None
+
+
+@settings(max_examples=80, deadline=None)
+@given(cap=st.integers(60, 100_000), extra=st.integers(-2, 2))  # < max_connect_packet_size
+def test_deferral_bound_is_exact(cap, extra):
+    """Bytes from the read carrying the CONNECT on: up to max_deferred_bytes wait, one more
+    byte gets CONNACK 0x97 Quota exceeded and the close [MQTT-3.2.2-7]."""
+    b, _ = broker(defer=True)
+    b.max_deferred_bytes = cap
+    connect = encode(P.Connect("c", 5, username="bob", password=b"x"), 5)
+    pad = padded_publish(cap + extra - len(connect))
+    assume(pad is not None)
+    conn = Connection(b)
+    (ev,) = conn.data_received(connect)
+    conn.data_received(pad)
+    if extra > 0:
+        assert [(p.type, p.reason_code) for p in decode(output(conn))] == [(P.CONNACK, 0x97)]
+        assert conn.close_requested and conn.deferred is None
+        assert conn.auth_done(*ev, 0) is NO_EVENTS and output(conn) == b""
+    else:
+        assert output(conn) == b"" and len(conn.deferred) == 1
+        conn.auth_done(*ev, 0)
+        assert [p.type for p in decode(output(conn))] == [P.CONNACK]
+        assert not conn.close_requested and conn.deferred is None
+
+
+# ------------------------------------------------------------ MessageAccepted
+def test_message_accepted_then_success():
+    b, _ = broker(Sink())
+    conn = connected(b)
+    events = conn.data_received(publish(1, 7) + publish(2, 8))
+    assert [type(e) for e in events] == [MessageAccepted, MessageAccepted]
+    assert [e.packet_id for e in events] == [7, 8]
+    assert output(conn) == b"" and conn.pending_acks == 2  # nothing before durability
+    conn.acks_done([e.ack for e in events])
+    assert output(conn) == PUBACK_7_NO_MATCH + b"\x50\x04\x00\x08\x10\x00"
+    assert conn.pending_acks == 0
+
+
+def test_message_accepted_then_failure_v5_frees_the_qos2_packet_id():
+    b, _ = broker(Sink())
+    conn = connected(b)
+    (e1,) = conn.data_received(publish(1, 7))
+    (e2,) = conn.data_received(publish(2, 9))
+    conn.acks_done([e1.ack, e2.ack], "disk full")
+    a1, a2 = decode(output(conn))
+    assert (a1.type, a1.packet_id, a1.reason_code) == (P.PUBACK, 7, rc.UNSPECIFIED_ERROR)
+    assert (a2.type, a2.packet_id, a2.reason_code) == (P.PUBREC, 9, rc.UNSPECIFIED_ERROR)
+    assert a1.properties[0x1F] == "disk full" and not conn.close_requested
+    # 4.3.3: after a PUBREC >= 0x80 the same packet id is a new message, not a duplicate
+    (e3,) = conn.data_received(publish(2, 9))
+    assert type(e3) is MessageAccepted and conn.pending_acks == 1
+
+
+def test_message_accepted_failure_closes_a_311_connection():
+    b, _ = broker(Sink())
+    conn = connected(b, 4)
+    (ev,) = conn.data_received(publish(1, 7, level=4))
+    assert ev.ack == PUBACK_7
+    conn.acks_done([ev.ack], "disk full")
+    assert output(conn, 4) == b"" and conn.close_requested  # 3.1.x has no failure ack
+    assert conn not in b.connections
+
+
+def test_acks_after_close_are_dropped():
+    b, _ = broker(Sink())
+    conn = connected(b)
+    (ev,) = conn.data_received(publish(1))
+    conn.connection_lost()
+    conn.acks_done([ev.ack])
+    assert output(conn) == b"" and conn.pending_acks == 0
+
+
+def test_pending_acks_count_against_receive_maximum():
+    b, _ = broker(Sink(), receive_maximum=2)
+    conn = connected(b)
+    assert len(conn.data_received(publish(1, 1) + publish(1, 2))) == 2
+    assert conn.data_received(publish(1, 3)) is NO_EVENTS  # [MQTT-3.3.4-9]
+    (d,) = decode(output(conn))
+    assert (d.type, d.reason_code) == (P.DISCONNECT, rc.RECEIVE_MAXIMUM_EXCEEDED)
+
+
+# ------------------------------------------------------------ store commit (AckGate)
+class Store:
+    def __init__(self, result):
+        self.result = result
+        self.ops, self.resync = [], False
+
+    def commit(self):
+        return self.result
+
+
+def test_failed_store_commit_fails_stored_acks_in_output_and_held():
+    from broker.transport.connection_protocol import AckGate
+    b, _ = broker()
+    conn = connected(b)
+    conn.write(StoredAck(PUBACK_7))
+    conn.write(b"\xd0\x00")
+    held = [StoredAck(encode_ack(P.PUBREC, 8, 0, None, 5)), encode_ack(P.PUBACK, 9, 0, None, 5)]
+    gate = AckGate(None, Store(-1))
+    gate.turn.append((conn, held))
+    gate.commit_store(b.dirty)
+    a, ping = decode(output(conn))
+    assert (a.packet_id, a.reason_code, ping.type) == (7, rc.UNSPECIFIED_ERROR, P.PINGRESP)
+    assert held[1] == encode_ack(P.PUBACK, 9, 0, None, 5)  # not a StoredAck: unaffected
+    conn.acks_done(held)
+    rec, ok = decode(output(conn))
+    assert (rec.type, rec.reason_code, ok.reason_code) == (P.PUBREC, rc.UNSPECIFIED_ERROR, 0)
+
+
+def test_committed_stored_acks_are_decided_for_good():
+    from broker.transport.connection_protocol import AckGate
+    b, _ = broker()
+    conn = connected(b)
+    held = [StoredAck(PUBACK_7)]
+    gate = AckGate(None, Store(1))
+    gate.turn.append((conn, held))
+    gate.commit_store(b.dirty)
+    assert type(held[0]) is bytes and not gate.turn
+    gate.store.result = -1
+    gate.commit_store(b.dirty)      # a later failure does not turn it
+    conn.acks_done(held)
+    assert output(conn) == PUBACK_7
+
+
+def test_failed_stored_ack_311_closes():
+    from broker.transport.connection_protocol import AckGate
+    b, _ = broker()
+    conn = connected(b, 4)
+    conn.write(StoredAck(PUBACK_7))
+    AckGate(None, Store(-1)).commit_store(b.dirty)
+    assert output(conn, 4) == b"" and conn.close_requested
+
+
+# ------------------------------------------------------------ timers with the fake clock
+def test_keep_alive_timeout_on_the_fake_clock():
+    b, clock = broker()
+    conn = Connection(b)
+    conn.data_received(CONNECT_V5)
+    output(conn)
+    clock.t += 15          # 1.5 x keep alive: still in time [MQTT-3.1.2-22]
+    conn.check_timeouts(clock())
+    assert output(conn) == b""
+    clock.t += 0.5
+    conn.check_timeouts(clock())
+    (d,) = decode(output(conn))
+    assert (d.type, d.reason_code) == (P.DISCONNECT, rc.KEEP_ALIVE_TIMEOUT) and conn.close_requested

@@ -1,0 +1,217 @@
+"""The per-connection protocol object (transport/connection_protocol.py) with a fake transport:
+held acks sent in one place after the sink's barrier and the store's commit, as successes or
+failures; flow control both ways; the password check through the CheckQueue."""
+import asyncio
+
+from broker.config import Config
+from broker.protocol import packets as P
+from broker.protocol import reason_codes as rc
+from broker.protocol.codec import Decoder, encode
+from broker.server import Server
+from broker.transport.connection_protocol import READ_PAUSE_GROWTH, MQTTProtocol
+
+
+class FakeTransport:
+    def __init__(self):
+        self.data = bytearray()
+        self.buffered = 0          # what get_write_buffer_size() reports
+        self.reading = True
+        self.closing = False
+        self.eof = False
+
+    def get_extra_info(self, name, default=None):
+        return ("10.0.0.1", 1234) if name == "peername" else default
+
+    def set_write_buffer_limits(self, high=None, low=None):
+        pass
+
+    def write(self, data):
+        self.data += data
+
+    def get_write_buffer_size(self):
+        return self.buffered
+
+    def pause_reading(self):
+        assert self.reading
+        self.reading = False
+
+    def resume_reading(self):
+        assert not self.reading
+        self.reading = True
+
+    def is_closing(self):
+        return self.closing
+
+    def can_write_eof(self):
+        return True
+
+    def write_eof(self):
+        self.eof = True
+
+    def abort(self):
+        self.closing = True
+
+    def close(self):
+        self.closing = True
+
+    def received(self, level=5):
+        pkts, err = Decoder(level).feed(bytes(self.data))
+        assert err is None
+        self.data.clear()
+        return pkts
+
+
+class Sink:
+    durable = True
+
+    def __init__(self):
+        self.futures = []
+
+    def submit_message(self, *args):
+        return True
+
+    def barrier(self):
+        fut = asyncio.get_running_loop().create_future()
+        self.futures.append(fut)
+        return fut
+
+
+class Store:
+    def __init__(self):
+        self.ops, self.resync, self.result = [], False, 0
+
+    def commit(self):
+        self.ops = []
+        return self.result
+
+
+def serve(sink=None, store=None, level=5, **mqtt):
+    server = Server(Config(**mqtt), sink=sink, store=store)
+    server.loop = asyncio.get_running_loop()
+    proto = MQTTProtocol(server, {})
+    t = FakeTransport()
+    proto.connection_made(t)
+    proto.data_received(encode(P.Connect("c", level), level))
+    server.flush()
+    assert t.received(level)[0].type == P.CONNACK
+    return server, proto, t
+
+
+def publish(qos, pid, level=5):
+    return encode(P.Publish("t", b"m", qos, False, False, pid), level)
+
+
+async def settle():
+    for _ in range(3):
+        await asyncio.sleep(0)
+
+
+async def test_held_ack_goes_out_after_the_barrier():
+    sink = Sink()
+    server, proto, t = serve(sink)
+    proto.data_received(publish(1, 7) + publish(1, 8))
+    server.flush()
+    assert t.received() == [] and len(sink.futures) == 1  # one barrier for the read
+    sink.futures[0].set_result(None)
+    await settle()
+    server.flush()
+    assert [(p.packet_id, p.reason_code) for p in t.received()] == [(7, 0x10), (8, 0x10)]
+
+
+async def test_failed_barrier_sends_failure_codes_v5_and_closes_311():
+    sink = Sink()
+    server, proto, t = serve(sink)
+    proto.data_received(publish(2, 9))
+    sink.futures[0].set_exception(OSError("disk full"))
+    await settle()
+    server.flush()
+    (rec,) = t.received()
+    assert (rec.type, rec.reason_code) == (P.PUBREC, rc.UNSPECIFIED_ERROR) and not t.eof
+    server, proto, t = serve(sink, level=4)
+    proto.data_received(publish(1, 1, level=4))
+    sink.futures[-1].set_exception(OSError("disk full"))
+    await settle()
+    server.flush()
+    assert t.received(4) == [] and t.eof  # 3.1.x: closed, never a success
+
+
+async def test_held_stored_ack_fails_when_the_store_commit_fails_even_if_the_spool_wrote():
+    from broker.core.connection import StoredAck
+    sink, store = Sink(), Store()
+    server, proto, t = serve(sink, store)
+    conn = proto.conn
+    server.acks.hold(conn, [StoredAck(b"\x40\x02\x00\x05")])
+    conn.pending_acks += 1
+    store.ops, store.result = ["change"], -1
+    server.flush()                 # the commit fails: the held StoredAck is now a failure
+    sink.futures[0].set_result(None)
+    await settle()
+    server.flush()
+    (ack,) = t.received()
+    assert (ack.packet_id, ack.reason_code) == (5, rc.UNSPECIFIED_ERROR)
+
+
+async def test_inbound_backpressure_pauses_reading_of_a_client_that_does_not_read():
+    _, proto, t = serve()
+    proto.data_received(b"\xc0\x00")
+    assert t.reading                       # output not paused: reading goes on
+    t.buffered = 3 << 20                   # deliveries of one turn, well past the high-water mark
+    proto.pause_writing()                  # asyncio: the write buffer passed the high-water mark
+    proto.data_received(b"\xc0\x00")
+    assert t.reading and proto.conn.paused  # a reading client (acks) is still read
+    t.buffered += READ_PAUSE_GROWTH        # answers piled up since the pause, up to the bound
+    proto.data_received(b"\xc0\x00")
+    assert t.reading
+    t.buffered += 1
+    proto.data_received(b"\xc0\x00")
+    assert not t.reading                   # stops reading the client
+    t.buffered = 0
+    proto.resume_writing()
+    assert t.reading and not proto.conn.paused
+
+
+async def test_graceful_close_reads_again_to_discard_input():
+    server, proto, t = serve()
+    proto.pause_writing()
+    t.buffered = READ_PAUSE_GROWTH + 1
+    proto.data_received(b"\xc0\x00")
+    assert not t.reading
+    proto.conn.server_disconnect(rc.ADMINISTRATIVE_ACTION, "bye")
+    server.flush()
+    assert t.eof and t.reading             # half-closed, the client's input is drained
+    proto.connection_lost(None)
+
+
+async def test_password_check_runs_on_the_check_queue_and_busy_refuses():
+    from broker.auth.checks import CheckQueue
+    from broker.core.broker import AllowAll
+
+    class Auth(AllowAll):
+        passwords = object()
+        max_pending_checks = 1
+
+        def authenticate(self, client_id, username, password):
+            return 0 if password == b"good" else rc.BAD_USER_NAME_OR_PASSWORD
+
+    server = Server(Config(), auth=Auth())
+    server.loop = asyncio.get_running_loop()
+    assert isinstance(server.auth_checks, CheckQueue)
+    conns = []
+    for pw in (b"good", b"bad"):
+        proto = MQTTProtocol(server, {})
+        t = FakeTransport()
+        proto.connection_made(t)
+        proto.data_received(encode(P.Connect(f"c{pw.decode()}", 5, username="u", password=pw))
+                            + b"\xc0\x00")
+        conns.append((proto, t))
+    server.flush()
+    (busy,) = conns[1][1].received()      # one check pending at most: the second is refused
+    assert (busy.type, busy.reason_code) == (P.CONNACK, rc.SERVER_BUSY)
+    for _ in range(200):
+        await asyncio.sleep(0.01)
+        server.flush()
+        if conns[0][1].data:
+            break
+    ack, pong = conns[0][1].received()
+    assert (ack.type, ack.reason_code, pong.type) == (P.CONNACK, 0, P.PINGRESP)
+    server.auth_checks.close()
