@@ -16,6 +16,8 @@ import asyncio
 import logging
 import socket
 
+from settings import ListenerConfig
+
 from ..core.connection import Connection, StoredAck
 from ..core.events import AuthRequested, MessageAccepted
 from ..protocol import reason_codes as rc
@@ -91,7 +93,7 @@ class MQTTProtocol(asyncio.Protocol):
     __slots__ = ("server", "conn", "listener", "transport", "discard", "linger_timer",
                  "reading_paused", "read_limit")
 
-    def __init__(self, server, listener: dict):
+    def __init__(self, server, listener: ListenerConfig):
         self.server = server
         self.listener = listener
         self.conn: Connection | None = None

@@ -25,6 +25,10 @@ class Sink:
     """A durable sink: every message is taken; acks wait for its barrier."""
     durable = True
 
+    def hook(self):
+        from sink.forward.hook import SinkHook
+        return SinkHook(self)
+
     def __init__(self):
         self.records = []
 

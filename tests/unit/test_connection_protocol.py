@@ -3,7 +3,8 @@ held acks sent in one place after the sink's barrier and the store's commit, as 
 failures; flow control both ways; the password check through the CheckQueue."""
 import asyncio
 
-from broker.config import Config
+from broker.config import Config, ListenerConfig
+from broker.core.hooks import Hook
 from broker.protocol import packets as P
 from broker.protocol import reason_codes as rc
 from broker.protocol.codec import Decoder, encode
@@ -64,6 +65,10 @@ class FakeTransport:
 class Sink:
     durable = True
 
+    def hook(self):
+        from sink.forward.hook import SinkHook
+        return SinkHook(self)
+
     def __init__(self):
         self.futures = []
 
@@ -76,7 +81,9 @@ class Sink:
         return fut
 
 
-class Store:
+class Store(Hook):
+    """Only what the AckGate uses: commit() and its pending ops."""
+
     def __init__(self):
         self.ops, self.resync, self.result = [], False, 0
 
@@ -88,7 +95,7 @@ class Store:
 def serve(sink=None, store=None, level=5, **mqtt):
     server = Server(Config(**mqtt), sink=sink, store=store)
     server.loop = asyncio.get_running_loop()
-    proto = MQTTProtocol(server, {})
+    proto = MQTTProtocol(server, ListenerConfig())
     t = FakeTransport()
     proto.connection_made(t)
     proto.data_received(encode(P.Connect("c", level), level))
@@ -198,7 +205,7 @@ async def test_password_check_runs_on_the_check_queue_and_busy_refuses():
     assert isinstance(server.auth_checks, CheckQueue)
     conns = []
     for pw in (b"good", b"bad"):
-        proto = MQTTProtocol(server, {})
+        proto = MQTTProtocol(server, ListenerConfig())
         t = FakeTransport()
         proto.connection_made(t)
         proto.data_received(encode(P.Connect(f"c{pw.decode()}", 5, username="u", password=pw))
