@@ -139,6 +139,7 @@ class SinkConfig(Section):
     spool_dir: str = ""                             # "" = <data_dir>/spool
     spool_max_bytes: int = key(1 << 30, Int(1))
     spool_segment_bytes: int = key(16 << 20, Int(4096))
+    spool_group_commit_ms: float = key(2.0, Num(0, 1000))  # at most one fdatasync per this long, under load
     keep_until: str = key("kafka", Enum("kafka", "history"))
     committed_file: str = ""                        # "" = the history job's (from [history])
     replay_window_seconds: float = 3600.0
@@ -166,6 +167,7 @@ class HistoryConfig(Section):
     max_records_per_trigger: int = key(0, COUNT)    # 0 = no cap
     dedup_window: str = key("24 hours", Pattern(r"\s*\d+\s+(second|minute|hour|day|week)s?\s*",
                                                 "a duration like '24 hours' or '30 minutes'"))
+    dedup_max_prefixes: int = key(100_000, Int(1))  # id prefixes the de-duplication remembers
     starting_offsets: str = key("earliest", Check(
         starting_offsets, "'earliest', 'latest' or a JSON offsets object", empty_ok=False))
     connect: bool = True

@@ -122,6 +122,7 @@ class Sink:
             logging.getLogger("kafka").setLevel(logging.CRITICAL)   # our own WARNING/INFO say it
         if self.on_disk:
             self._writer = SpoolWriter(c.spool_dir, c.spool_segment_bytes, fsync=self.durable,
+                                       group_commit=c.spool_group_commit_ms / 1000,
                                        on_durable=self._on_durable, on_written=self._notify_forwarder,
                                        on_error=self._on_write_error).open()
             self._fwd_pos, self._fwd_seq = self._writer.ckpt_pos, self._writer.ckpt_seq

@@ -277,7 +277,8 @@ class DirLock:
 # ---------------------------------------------------------------------------
 # Writer side (inside the broker process)
 # ---------------------------------------------------------------------------
-#: Under load, the writer waits until this long after its last fdatasync before the next one,
+#: Under load, the writer waits until this long after its last fdatasync before the next one
+#: ([sink] spool_group_commit_ms),
 #: so one sync covers more records (at 25,000 msg/s: ~50 instead of a few); an idle spool's
 #: first record is written at once. Adds at most this much to a QoS 1/2 acknowledgement.
 GROUP_COMMIT_SECONDS = 0.002

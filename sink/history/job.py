@@ -62,6 +62,7 @@ class JobConfig:
     max_records_per_trigger: int | None = None
     available_now: bool = False
     dedup_window: str = DEFAULT_DEDUP_WINDOW
+    dedup_max_prefixes: int = 100_000
     starting_offsets: str = "earliest"
     # Kafka client properties (security.protocol, sasl.mechanism, ssl.cafile, ...): passed as
     # kafka.<name> options to Spark's connector and, where kafka-python knows them, to our source
@@ -155,6 +156,7 @@ def load_config(path: str | None) -> dict:
             out[key] = getattr(hist, key)
     out["kafka"] = dict(hist.kafka)  # [history.kafka]: TLS/SASL for a secured cluster
     out["trigger_seconds"] = hist.trigger_seconds
+    out["dedup_max_prefixes"] = hist.dedup_max_prefixes
     out["max_records_per_trigger"] = hist.max_records_per_trigger or None
     out.update(connect=hist.connect, connect_port=hist.connect_port)
     return out
@@ -259,7 +261,8 @@ def _python_kafka(spark, cfg: JobConfig):
         reader = reader.option(k, v)
     if dedup_in_source(cfg):
         reader = (reader.option("dedup.dir", str(_local(cfg.checkpoint_dir) / "dedup"))
-                  .option("dedup.windowMs", str(cfg.dedup_window_ms)))
+                  .option("dedup.windowMs", str(cfg.dedup_window_ms))
+                  .option("dedup.maxGroups", str(cfg.dedup_max_prefixes)))
     return reader.load()
 
 

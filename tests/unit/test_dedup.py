@@ -201,3 +201,17 @@ def test_job_uses_the_source_for_new_local_checkpoints_only(tmp_path):
     assert dedup_in_source(old)
     assert not dedup_in_source(JobConfig(table="s3a://bucket/history"))  # tasks write locally
     assert JobConfig(dedup_window=" 36 hours ").dedup_window_ms == 36 * 3600 * 1000
+
+
+def test_bounds_reach_the_source_and_the_spool_writer(tmp_path):
+    from settings import HistoryConfig, SinkConfig
+    from sink.forward.spool import SpoolWriter
+    from sink.history.source import SourceOptions
+    opts = SourceOptions.parse({"kafka.bootstrap.servers": "h:1", "subscribe": "t",
+                                "dedup.dir": str(tmp_path), "dedup.maxGroups": "7",
+                                "dedup.windowMs": "1000"})
+    assert (opts.dedup_dir, opts.dedup_max_groups, opts.dedup_window_ms) == (str(tmp_path), 7, 1000)
+    assert HistoryConfig().dedup_max_prefixes == 100_000 == opts.__class__.dedup_max_groups
+    assert SinkConfig().spool_group_commit_ms == 2.0
+    assert SpoolWriter(str(tmp_path), fsync=True, group_commit=0.0).group_commit == 0.0
+    assert SpoolWriter(str(tmp_path), fsync=False).group_commit == 0.0  # no sync, no wait
