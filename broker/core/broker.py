@@ -287,7 +287,7 @@ class Broker:
             e = s.inflight_out[pid] = Inflight(msg, qos, retain, sub_ids, handle)
             e.released = released
         else:
-            s.queue.append((msg, qos, retain, sub_ids, handle))
+            s.queued().append((msg, qos, retain, sub_ids, handle))
         return True
 
     def restore_qos2(self, client_id: str, pid: int) -> None:

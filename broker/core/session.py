@@ -12,6 +12,7 @@ from ..protocol import packets as P
 from ..protocol.codec import encode_ack
 
 NEVER = 0xFFFFFFFF  # Session Expiry Interval meaning "does not expire"
+NOTHING = ()  # an empty queue not made yet: len() 0, false, iterable; queued() makes the deque
 REPLAY_BURST = 1 << 20  # bytes of retained replay written per pump: the rest waits for the next turn
 
 
@@ -73,7 +74,9 @@ class Session:
         self.subscriptions: dict[str, Subscription] = {}
         # packet id -> Inflight; insertion order = send order
         self.inflight_out: dict[int, Inflight] = {}
-        self.queue: deque = deque()          # (message, qos, retain, sub_ids) waiting to be sent
+        # (message, qos, retain, sub_ids) waiting to be sent; NOTHING until the first one (an idle
+        # connection holds no deques: 760 bytes each)
+        self.queue: deque | tuple = NOTHING
         self.inflight_in: set[int] = set()   # QoS 2 packet ids received, PUBREL not yet seen
         self.expiry_interval = 0
         self.expires_at: float | None = None
@@ -88,10 +91,10 @@ class Session:
         # while this session outlives its connection: the persistence events its changes are
         # reported to (core/hooks.py Persistence: the hooks providing them), else None
         self.store = None
-        self.resend_pending: deque = deque()  # in-flight packet ids waiting to be resent
+        self.resend_pending: deque | tuple = NOTHING  # in-flight packet ids waiting to be resent
         # retained messages for new subscriptions, sent by pump() under backpressure:
         # [matched messages, next index, granted QoS, sub_ids, retained store] per subscription
-        self.replay: deque = deque()
+        self.replay: deque | tuple = NOTHING
         self.replay_pending = 0  # messages in `replay` not yet sent
 
     # ------------------------------------------------------------ outbound
@@ -122,7 +125,14 @@ class Session:
             self.stats["dropped_queue_full"] = self.stats.get("dropped_queue_full", 0) + 1
             return
         seq = self.store.enqueue(self.client_id, msg, qos, retain, sub_ids) if self.store else None
-        self.queue.append((msg, qos, retain, sub_ids, seq))
+        self.queued().append((msg, qos, retain, sub_ids, seq))
+
+    def queued(self) -> deque:
+        """The queue, made at its first message."""
+        q = self.queue
+        if q is NOTHING:
+            q = self.queue = deque()
+        return q
 
     def _alloc_pid(self) -> int:
         pid = self.next_pid
@@ -193,6 +203,8 @@ class Session:
             msgs = msgs[:max(room, 0)]
             self.stats["dropped_retained_replay"] = self.stats.get("dropped_retained_replay", 0) + dropped
         if msgs:
+            if self.replay is NOTHING:
+                self.replay = deque()
             self.replay.append([msgs, 0, qos, sub_ids, retained])
             self.replay_pending += len(msgs)
             self.pump(now)
@@ -226,7 +238,7 @@ class Session:
     def replay_to_queue(self) -> None:
         """The connection went away mid-replay: what is left waits in the queue like any
         message for an offline session (QoS 0 only with queue_qos0_messages; bounded)."""
-        replay, self.replay = self.replay, deque()
+        replay, self.replay = self.replay, NOTHING
         self.replay_pending = 0
         for msgs, i, qos, sub_ids, retained in replay:
             for msg in msgs[i:]:
@@ -260,12 +272,14 @@ class Session:
         """
         link = self.link
         link.outbound_aliases_reset()
-        self.resend_pending = deque()
+        self.resend_pending = NOTHING
         budget = link.receive_max
         for pid in list(self.inflight_out):
             if budget > 0:
                 budget -= self._resend(pid, now)
             else:
+                if self.resend_pending is NOTHING:
+                    self.resend_pending = deque()
                 self.resend_pending.append(pid)
         self.pump(now)
 
