@@ -155,7 +155,7 @@ class Server:
         if self.dashboard is not None:
             await self.dashboard.stop()
         self.broker.shutdown()
-        self.flush()
+        self.flush()  # the DISCONNECTs go out, then the connections close [MQTT-3.14.4-2]
         if self.auth_checks is not None:
             self.auth_checks.close()
         if self.store is not None:

@@ -122,13 +122,14 @@ class Broker:
         return True
 
     def open_session(self, client_id: str, clean_start: bool) -> tuple[Session, bool]:
-        """[MQTT-3.1.2-4..6]: Clean Start discards any existing session."""
+        """[MQTT-3.1.2-4]: Clean Start discards any existing session; else it is resumed
+        [MQTT-3.1.2-5] or a new one is created [MQTT-3.1.2-6]."""
         old = self.sessions.get(client_id)
         if old is not None and clean_start:
             self.end_session(old)
             old = None
         if old is not None:
-            self.delayed_wills.pop(client_id, None)  # reconnected in time: will not sent
+            self.delayed_wills.pop(client_id, None)  # [MQTT-3.1.3-9] reconnected in time: will not sent
             old.will = None
             old.will_at = None
             old.expires_at = None
@@ -156,7 +157,7 @@ class Broker:
         if session.store is not None:
             session.store.delete_session(session.client_id)
         if self.delayed_wills.pop(session.client_id, None) is session and session.will:
-            self.publish_will(session)  # [MQTT-3.1.3-9]: will delay elapsed or session ended
+            self.publish_will(session)  # [MQTT-3.1.2-8]: will delay elapsed or session ended
 
     def connection_closed(self, session: Session, publish_will: bool, now: float) -> None:
         """The network connection of a session went away."""
@@ -168,12 +169,13 @@ class Broker:
         will = session.will
         if publish_will and will is not None:
             delay = _will_delay(will)
-            if delay and session.expiry_interval:  # [MQTT-3.1.3-9]
+            if delay and session.expiry_interval:  # [MQTT-3.1.2-8]
                 self._defer_will(session, now + delay)
             else:
                 self.publish_will(session)
         elif not publish_will:
-            session.will = None
+            session.will = None  # [MQTT-3.1.2-10] discarded (DISCONNECT 0x00)
+        # [MQTT-3.1.2-23]: kept after the connection closes unless the interval is 0
         if session.expiry_interval == 0:
             self.end_session(session)
             return
@@ -191,7 +193,7 @@ class Broker:
 
     def publish_will(self, session: Session) -> None:
         will = session.will
-        session.will = None
+        session.will = None  # [MQTT-3.1.2-10] removed once published
         session.will_at = None
         if will is None:
             return
@@ -253,7 +255,7 @@ class Broker:
         s.store = self.store
         if will is not None:
             s.will = will
-            self._defer_will(s, now + _will_delay(will))  # [MQTT-3.1.3-9]: an abnormal end
+            self._defer_will(s, now + _will_delay(will))  # [MQTT-3.1.2-8]: an abnormal end
         if capped and self.store is not None:
             self.store.save_session(s)
         return s
@@ -328,7 +330,8 @@ class Broker:
 
     # ------------------------------------------------------------ messages
     def retain(self, msg: Message) -> None:
-        """[MQTT-3.3.1-5..7]: store/replace; an empty payload deletes and is not stored."""
+        """[MQTT-3.3.1-5] store/replace; an empty payload deletes [MQTT-3.3.1-6] and is not
+        stored [MQTT-3.3.1-7]."""
         if not self.cfg.retain_available:
             return
         m = msg if msg.payload else None
@@ -390,7 +393,7 @@ class Broker:
             s = self.router.pick(key, members)  # 4.8.2: one member of each group
             if s.read_check and not may_read(s.session.client_id, s.session.username, msg.topic):
                 continue
-            qos = s.qos if s.qos < mqos else mqos
+            qos = s.qos if s.qos < mqos else mqos  # [MQTT-4.8.2-3] the granted QoS
             s.session.deliver(msg, qos, msg.retain and s.retain_as_published,
                               (s.sub_id,) if s.sub_id else None, now)
             n += 1
@@ -431,7 +434,7 @@ class Broker:
         for s in list(self.sessions.values()):
             if s.link is None and s.expires_at is not None and s.expires_at <= now:
                 log.debug("session %s expired", s.client_id)
-                self.end_session(s)
+                self.end_session(s)  # [MQTT-4.1.0-2]
             elif s.queue and s.link is None:
                 s.purge_expired(now)
 

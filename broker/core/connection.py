@@ -228,6 +228,7 @@ class Connection:
         elif t == P.PUBREC:
             code = self.session.received(pkt.packet_id, pkt.reason_code, self.broker.clock())
             if code is not None:
+                # [MQTT-4.3.3-4] PUBREL with the PUBLISH's id (none after a PUBREC >= 0x80)
                 self.write(encode_ack(P.PUBREL, pkt.packet_id, code, None, self.level))
         elif t == P.PUBREL:
             self.on_pubrel(pkt)
@@ -236,7 +237,7 @@ class Connection:
         elif t == P.UNSUBSCRIBE:
             self.on_unsubscribe(pkt)
         elif t == P.PINGREQ:
-            self.write(b"\xd0\x00")
+            self.write(b"\xd0\x00")  # [MQTT-3.12.4-1] PINGRESP
         elif t == P.DISCONNECT:
             self.on_disconnect(pkt)
         elif t == P.CONNECT:  # [MQTT-3.1.0-2]
@@ -263,9 +264,9 @@ class Connection:
             if self.level == P.MQTT_31:
                 return self.refuse(rc.CLIENT_IDENTIFIER_NOT_VALID, "MQTT 3.1 needs a client id")
             client_id = assigned = b.new_client_id()  # [MQTT-3.1.3-6]
-        if len(client_id) > cfg.max_client_id_length:
+        if len(client_id) > cfg.max_client_id_length:  # [MQTT-3.1.3-8] refused: CONNACK 0x85, close
             return self.refuse(rc.CLIENT_IDENTIFIER_NOT_VALID, "client id too long")
-        if PR.AUTHENTICATION_METHOD in props:
+        if PR.AUTHENTICATION_METHOD in props:  # [MQTT-4.12.0-1] CONNACK 0x8C, close
             return self.refuse(rc.BAD_AUTHENTICATION_METHOD,
                                "enhanced authentication is not configured on this broker")
         if self.identity is not None:
@@ -306,7 +307,7 @@ class Connection:
         self.deferred.append(pkt)
 
     def refuse_deferred(self, what: str) -> None:
-        """[MQTT-3.1.4-5]: nothing after CONNECT is processed before it is accepted, so it waits
+        """[MQTT-3.1.4-6]: nothing after CONNECT is processed before it is accepted, so it waits
         in memory; past the limit: CONNACK 0x97 Quota exceeded (an implementation-imposed
         limit, 3.2.2.2) and close [MQTT-3.2.2-7]."""
         self.deferred = None
@@ -343,14 +344,14 @@ class Connection:
         props = c.properties or {}
         if c.will is not None:
             w = c.will
-            if not w.topic or "+" in w.topic or "#" in w.topic:
+            if not w.topic or "+" in w.topic or "#" in w.topic:  # [MQTT-4.7.3-1], [MQTT-4.7.0-1]
                 raise MalformedPacket("will topic is not a valid topic name", rc.TOPIC_NAME_INVALID)
-            if w.qos > cfg.maximum_qos:
+            if w.qos > cfg.maximum_qos:  # [MQTT-3.2.2-12]
                 return self.refuse(rc.QOS_NOT_SUPPORTED, "will QoS above the maximum QoS")
-            if w.retain and not cfg.retain_available:
+            if w.retain and not cfg.retain_available:  # [MQTT-3.2.2-13]
                 return self.refuse(rc.RETAIN_NOT_SUPPORTED, "retained messages are not available")
         if assigned is None:
-            code = b.auth.check_client_id(client_id, c.username)
+            code = b.auth.check_client_id(client_id, c.username)  # [MQTT-3.1.3-8]
             if code:
                 return self.refuse(code, "client id not allowed for this user (auth.client_id_pattern)")
         old = b.sessions.get(client_id)
@@ -379,17 +380,17 @@ class Connection:
         elif keep_alive > cfg.max_keep_alive or (keep_alive == 0 and cfg.max_keep_alive < 65535):
             keep_alive = cfg.max_keep_alive
             server_ka = keep_alive if v5 else None
-        self.keep_alive = keep_alive
+        self.keep_alive = keep_alive  # [MQTT-3.2.2-22] the client's unless CONNACK has Server Keep Alive
 
         # [MQTT-3.1.4-3]: a client already connected with this id is taken over
         if old is not None and old.link is not None:
             old.link.server_disconnect(rc.SESSION_TAKEN_OVER, "another connection used this client id",
                                        publish_will=True)
-        session, present = b.open_session(client_id, c.clean_start)
+        session, present = b.open_session(client_id, c.clean_start)  # [MQTT-3.1.4-4]
         session.expiry_interval = expiry
         session.username = c.username
         session.link_level = self.level
-        session.will = c.will
+        session.will = c.will  # [MQTT-3.1.2-7]
         if b.store is not None and expiry and session.store is None:
             session.store = b.store  # outlives the connection: keep it on disk
         if session.store is not None:
@@ -402,7 +403,7 @@ class Connection:
         if v5:
             ack_props = {}
             if assigned:
-                ack_props[PR.ASSIGNED_CLIENT_IDENTIFIER] = assigned
+                ack_props[PR.ASSIGNED_CLIENT_IDENTIFIER] = assigned  # [MQTT-3.1.3-7], [MQTT-3.2.2-16]
             if cfg.receive_maximum != 65535:
                 ack_props[PR.RECEIVE_MAXIMUM] = cfg.receive_maximum
             if cfg.maximum_qos < 2:
@@ -424,7 +425,7 @@ class Connection:
             if PR.SESSION_EXPIRY_INTERVAL in props and expiry != props[PR.SESSION_EXPIRY_INTERVAL]:
                 ack_props[PR.SESSION_EXPIRY_INTERVAL] = expiry
         # [MQTT-3.2.2-2], [MQTT-3.2.2-3]: session present only when resuming
-        self.write(encode(P.Connack(present, 0, ack_props or None), self.level))
+        self.write(encode(P.Connack(present, 0, ack_props or None), self.level))  # [MQTT-3.1.4-5]
         session.link = self
         log.debug("client %s connected from %s (level %d, session present %s)",
                   client_id, self.peer, self.level, present)
@@ -463,7 +464,7 @@ class Connection:
                     new_alias = 0
             if PR.MESSAGE_EXPIRY_INTERVAL in p.properties:
                 expires_at = b.clock() + p.properties[PR.MESSAGE_EXPIRY_INTERVAL]
-        if not topic:
+        if not topic:  # [MQTT-4.7.3-1]
             raise ProtocolError("PUBLISH with an empty topic and no topic alias")
         if "+" in topic or "#" in topic:  # [MQTT-3.3.2-2]
             raise ProtocolError("topic name contains a wildcard", rc.TOPIC_NAME_INVALID)
@@ -476,7 +477,7 @@ class Connection:
                 return
             if len(session.inflight_in) + self.pending_acks >= cfg.receive_maximum:
                 raise ProtocolError("more unacknowledged QoS 1/2 PUBLISHes than Receive Maximum",
-                                    rc.RECEIVE_MAXIMUM_EXCEEDED)  # [MQTT-3.3.4-9]
+                                    rc.RECEIVE_MAXIMUM_EXCEEDED)  # [MQTT-3.3.4-7]
             if qos == 1 and pid in session.inflight_in:
                 self.ack(qos, pid, rc.PACKET_IDENTIFIER_IN_USE)
                 return
@@ -513,7 +514,7 @@ class Connection:
             return self.ack(qos, pid, rc.QUOTA_EXCEEDED) if qos else None
         store = b.store
         ops = len(store.ops) if qos and store is not None else -1
-        if p.retain:
+        if p.retain:  # [MQTT-3.3.1-8] RETAIN 0: nothing stored, replaced or removed
             b.retain(msg)
         n = b.route(msg, session)
         if qos:
@@ -553,7 +554,7 @@ class Connection:
     def resolve_alias(self, topic: str, alias: int) -> str:
         """Inbound Topic Alias (3.3.2.3.4): the topic a PUBLISH names. A Topic Name with an alias
         is mapped by map_alias() only once the topic is accepted (valid, allowed by the ACL)."""
-        if alias == 0 or alias > self.broker.cfg.topic_alias_maximum:  # [MQTT-3.3.2-8], [-9]
+        if alias == 0 or alias > self.broker.cfg.topic_alias_maximum:  # [MQTT-3.3.2-8], [MQTT-3.3.2-9]
             raise ProtocolError(f"topic alias {alias} is outside 1..{self.broker.cfg.topic_alias_maximum}",
                                 rc.TOPIC_ALIAS_INVALID)
         if topic:
@@ -591,13 +592,13 @@ class Connection:
 
     def on_pubrel(self, pkt: P.Ack) -> None:
         try:
-            self.session.inflight_in.remove(pkt.packet_id)
+            self.session.inflight_in.remove(pkt.packet_id)  # [MQTT-4.3.3-12] the id is free again
             code = rc.SUCCESS
             if self.session.store is not None:
                 self.session.store.qos2_remove(self.session.client_id, pkt.packet_id)
         except KeyError:
             code = rc.PACKET_IDENTIFIER_NOT_FOUND  # 0x92
-        self.write(encode_ack(P.PUBCOMP, pkt.packet_id, code, None, self.level))
+        self.write(encode_ack(P.PUBCOMP, pkt.packet_id, code, None, self.level))  # [MQTT-4.3.3-11]
 
     # ------------------------------------------------------------ SUBSCRIBE
     def on_subscribe(self, s: P.Subscribe) -> None:
@@ -616,6 +617,7 @@ class Connection:
         try:
             for filt, o in s.topics:
                 code = self.subscribe_one(filt, o, sub_id, subscribed)
+                # [MQTT-3.9.3-1] in filter order, [MQTT-3.9.3-2] a Subscribe Reason Code each
                 codes.append(code if v5 or code < 0x80 else 0x80)
         finally:
             if session.store is not None:
@@ -679,7 +681,8 @@ class Connection:
         b.router.add(sub)
         earlier = subscribed.get(filt)
         new = not existed if earlier is None else earlier[1]  # new before this SUBSCRIBE
-        # Retain Handling: 0 send, 1 send if new, 2 don't; never for shared [MQTT-3.8.4-4..5]
+        # Retain Handling: 0 send [MQTT-3.3.1-9], 1 send if new [MQTT-3.3.1-10], 2 don't
+        # [MQTT-3.3.1-11]; never for shared
         send = group is None and (o.retain_handling == 0 or (o.retain_handling == 1 and new))
         subscribed[filt] = (send, new, topic_filter, qos, (sub_id,) if sub_id else None)
         return qos
@@ -688,14 +691,16 @@ class Connection:
         codes = []
         session = self.session
         for filt in u.topics:
-            sub = session.subscriptions.pop(filt, None)
+            sub = session.subscriptions.pop(filt, None)  # [MQTT-3.10.4-1] exact match
             if sub is None:
                 codes.append(rc.NO_SUBSCRIPTION_EXISTED)
             else:
-                self.broker.router.remove(sub)
+                self.broker.router.remove(sub)  # [MQTT-3.10.4-2]
                 codes.append(rc.SUCCESS)
                 if session.store is not None:
                     session.store.delete_subscription(session.client_id, filt)
+        # [MQTT-3.10.4-4] [MQTT-3.10.4-5] always an UNSUBACK, same id; [MQTT-3.10.4-6] one for all
+        # filters; [MQTT-3.11.3-1] codes in filter order
         self.write(encode(P.Unsuback(u.packet_id, codes), self.level))
 
     # ------------------------------------------------------------ DISCONNECT / errors
@@ -704,7 +709,7 @@ class Connection:
         props = d.properties or {}
         session = self.session
         if PR.SESSION_EXPIRY_INTERVAL in props:
-            if self.connect_expiry == 0 and props[PR.SESSION_EXPIRY_INTERVAL]:  # [MQTT-3.14.2-2]
+            if self.connect_expiry == 0 and props[PR.SESSION_EXPIRY_INTERVAL]:  # (section 3.14.2.2.2)
                 raise ProtocolError("Session Expiry Interval set on DISCONNECT after 0 at CONNECT")
             # capped like the CONNECT's: mqtt.session_expiry_maximum
             session.expiry_interval = b.granted_expiry(props[PR.SESSION_EXPIRY_INTERVAL])
@@ -712,7 +717,7 @@ class Connection:
         self.close(publish_will=d.reason_code == rc.DISCONNECT_WITH_WILL)
 
     def violation(self, exc: MQTTError) -> None:
-        """A malformed packet or protocol error ends only this connection (4.13)."""
+        """A malformed packet or protocol error ends only this connection [MQTT-4.13.1-1] (4.13)."""
         code = exc.reason_code
         log.info("closing %s (%s): %s (0x%02X %s)", self.client_id or "connection", self.peer, exc,
                  code, rc.name(code))

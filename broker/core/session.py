@@ -114,7 +114,7 @@ class Session:
         elif qos == 0:
             self._send(msg, 0, retain, sub_ids, now)
         elif self.queue or len(self.inflight_out) >= link.receive_max:
-            # [MQTT-3.3.4-7]: never more unacknowledged QoS>0 PUBLISHes than the client's Receive Maximum
+            # [MQTT-3.3.4-9]: never more unacknowledged QoS>0 PUBLISHes than the client's Receive Maximum
             self._enqueue(msg, qos, retain, sub_ids)
         else:
             self._send(msg, qos, retain, sub_ids, now)
@@ -137,7 +137,7 @@ class Session:
     def _alloc_pid(self) -> int:
         pid = self.next_pid
         inflight = self.inflight_out
-        while pid in inflight:
+        while pid in inflight:  # [MQTT-2.2.1-4] non-zero and not in use
             pid = pid + 1 if pid < 65535 else 1
         self.next_pid = pid + 1 if pid < 65535 else 1
         return pid
@@ -179,7 +179,7 @@ class Session:
             e.sub_ids = sub_ids
             e.released = False
             e.handle = seq
-            self.inflight_out[pid] = e
+            self.inflight_out[pid] = e  # [MQTT-4.3.2-3] [MQTT-4.3.3-3] unacknowledged until acked
             b = bytearray(data)
             b[off] = pid >> 8
             b[off + 1] = pid & 0xFF
@@ -223,7 +223,7 @@ class Session:
                 continue
             msg = msgs[i]
             q = qos if qos < msg.qos else msg.qos
-            if q and len(inflight) >= limit:  # [MQTT-3.3.4-7]
+            if q and len(inflight) >= limit:  # [MQTT-3.3.4-9]
                 return
             msgs[i] = None  # hold nothing once sent
             entry[1] = i + 1
@@ -287,7 +287,7 @@ class Session:
         """Resend one in-flight message; returns 1 when something was sent."""
         link = self.link
         e = self.inflight_out[pid]
-        if e.released:
+        if e.released:  # [MQTT-4.3.3-6] the PUBREL, never the PUBLISH again
             link.write(encode_ack(P.PUBREL, pid, 0, None, link.level))
             return 1
         msg = e.msg
@@ -330,7 +330,7 @@ class Session:
 
     def received(self, pid: int, reason_code: int, now: float) -> int | None:
         """PUBREC: returns the reason code for our PUBREL (0x92 when unknown), or None
-        when the PUBREC reported a failure and the flow ends [MQTT-4.3.3-?]."""
+        when the PUBREC reported a failure and the flow ends [MQTT-4.3.3-4] [MQTT-4.4.0-2]."""
         entry = self.inflight_out.get(pid)
         if entry is None:
             return 0x92
@@ -340,7 +340,7 @@ class Session:
                 self.store.remove(entry.handle)
             self._freed(now)
             return None
-        entry.released = True
+        entry.released = True  # [MQTT-4.3.3-5] PUBREL unacknowledged until PUBCOMP
         if entry.handle is not None:
             self.store.set_released(entry.handle)
         return 0

@@ -225,7 +225,7 @@ class MQTTProtocol(asyncio.Protocol):
             data = out[0] if len(out) == 1 else b"".join(out)
             n = len(data)
             t.write(data)
-        if conn.close_requested:
+        if conn.close_requested:  # [MQTT-3.14.4-2] closed after the last output (a DISCONNECT)
             self.close_gracefully()
         return n
 

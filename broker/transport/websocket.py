@@ -176,7 +176,7 @@ async def start_listener(server, listener, ssl_context=None):
                     if isinstance(message, str):  # [MQTT-6.0.0-1]: binary frames only
                         log.info("text frame from %s: closing", conn.peer)
                         break
-                    proto.data_received(message)
+                    proto.data_received(message)  # [MQTT-6.0.0-2] frames need not align with packets
                     if conn.close_requested:
                         break
                     if not transport.reading.is_set():  # inbound backpressure (pause_reading)
@@ -199,8 +199,9 @@ async def start_listener(server, listener, ssl_context=None):
                 pass
 
     return await serve(handler, listener.host, listener.port,
+                       # [MQTT-6.0.0-3] [MQTT-6.0.0-4]: "mqtt" offered and selected, else HTTP 400
                        subprotocols=["mqtt"], process_request=process_request, ssl=ssl_context,
                        compression=None, ping_interval=None,
                        # refused from the frame header, never buffered (same bound as TCP's
-                       # decoder: [MQTT-3.1.2-24] maximum packet size)
+                       # decoder: [MQTT-3.2.2-15] maximum packet size)
                        max_size=cfg.maximum_packet_size + WS_FRAME_SLACK)
