@@ -713,8 +713,9 @@ class Connection:
                 raise ProtocolError("Session Expiry Interval set on DISCONNECT after 0 at CONNECT")
             # capped like the CONNECT's: mqtt.session_expiry_maximum
             session.expiry_interval = b.granted_expiry(props[PR.SESSION_EXPIRY_INTERVAL])
-        # [MQTT-3.14.4-3]: a normal DISCONNECT discards the will; 0x04 keeps it
-        self.close(publish_will=d.reason_code == rc.DISCONNECT_WITH_WILL)
+        # [MQTT-3.14.4-3]: DISCONNECT 0x00 (and any 3.1.1 DISCONNECT, whose code is 0) discards
+        # the will; [MQTT-3.1.2-8]: any other code (0x04, or an error such as 0x80) keeps it
+        self.close(publish_will=d.reason_code != rc.SUCCESS)
 
     def violation(self, exc: MQTTError) -> None:
         """A malformed packet or protocol error ends only this connection [MQTT-4.13.1-1] (4.13)."""
