@@ -48,9 +48,15 @@ def write_committed(path: str, batch_id: int, topics: dict[str, dict]) -> None:
                            "offsets": {str(p): int(n) for p, n in v.get("offsets", {}).items()}}
                        for t, v in topics.items()}}
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    atomic_write(path, json.dumps(data, separators=(",", ":")).encode())
+
+
+def atomic_write(path: str, raw: bytes) -> None:
+    """Replace the file at ``path`` with ``raw``: a temporary name, fsync, rename (readers see
+    the old or the new content, never a mix)."""
     tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(data, f, separators=(",", ":"))
+    with open(tmp, "wb") as f:
+        f.write(raw)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)

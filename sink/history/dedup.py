@@ -35,12 +35,13 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import pickle
 from collections import OrderedDict
 from pathlib import Path
 
 import numpy as np
+
+from sink.progress import atomic_write
 
 log = logging.getLogger("sink.dedup")
 
@@ -230,20 +231,11 @@ def offsets_key(offsets: dict) -> str:
     return hashlib.sha1(json.dumps(core, sort_keys=True).encode()).hexdigest()[:20]
 
 
-def _atomic_write(path: Path, raw: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(raw)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def write_task_summary(batch_dir: str, task: str, summary: dict) -> None:
     d = Path(batch_dir)
     d.mkdir(parents=True, exist_ok=True)
     name = hashlib.sha1(task.encode()).hexdigest()[:16]
-    _atomic_write(d / f"task-{name}.pkl", pickle.dumps(summary, protocol=5))
+    atomic_write(d / f"task-{name}.pkl", pickle.dumps(summary, protocol=5))
 
 
 _loaded: dict = {}
@@ -285,12 +277,12 @@ class LedgerStore:
         ledger = self._ledger_for(sk)
         path = self.ledger_path(sk)
         if not path.exists():
-            _atomic_write(path, ledger.dumps())
+            atomic_write(path, ledger.dumps())
         bdir = self.batch_dir(ek)
         bdir.mkdir(exist_ok=True)
         manifest = bdir / "manifest.json"
         if not manifest.exists():
-            _atomic_write(manifest, json.dumps({"start": sk, "ts": ts_ms}).encode())
+            atomic_write(manifest, json.dumps({"start": sk, "ts": ts_ms}).encode())
         self._cleanup(keep_ledger=path.name, keep_batch=bdir.name)
         return str(path), str(bdir)
 
@@ -329,7 +321,7 @@ class LedgerStore:
     def _cleanup(self, keep_ledger: str, keep_batch: str) -> None:
         """Only the ledger of the running batch and its batch dir are needed from now on."""
         for p in self.dir.iterdir():
-            if p.name in (keep_ledger, keep_batch) or p.name.startswith("."):
+            if p.name in (keep_ledger, keep_batch):
                 continue
             try:
                 if p.is_dir():

@@ -250,7 +250,7 @@ def dedup_in_source(cfg: JobConfig) -> bool:
     return not (offsets.is_dir() and any(offsets.iterdir()))  # a new checkpoint
 
 
-def _python_kafka(spark, cfg: JobConfig):
+def _python_kafka(spark, cfg: JobConfig, dedup: bool):
     from sink.history.source import FORMAT_NAME, KafkaPythonSource
     if not getattr(spark, "_mqtt_kafka_registered", False):
         spark.dataSource.register(KafkaPythonSource)
@@ -259,7 +259,7 @@ def _python_kafka(spark, cfg: JobConfig):
               .option("maxPartitions", str(spark.sparkContext.defaultParallelism)))
     for k, v in cfg.kafka_options().items():
         reader = reader.option(k, v)
-    if dedup_in_source(cfg):
+    if dedup:
         reader = (reader.option("dedup.dir", str(_local(cfg.checkpoint_dir) / "dedup"))
                   .option("dedup.windowMs", str(cfg.dedup_window_ms))
                   .option("dedup.maxGroups", str(cfg.dedup_max_prefixes)))
@@ -284,8 +284,9 @@ def _recorded_source(checkpoint: str) -> str | None:
         return None
 
 
-def kafka_stream(spark, cfg: JobConfig):
-    """(streaming DataFrame of Kafka records, "kafka"|"python")."""
+def kafka_stream(spark, cfg: JobConfig, dedup: bool = False):
+    """(streaming DataFrame of Kafka records, "kafka"|"python"); ``dedup``: the Python source
+    drops duplicate ids (dedup_in_source)."""
     wanted = cfg.source
     recorded = _recorded_source(cfg.checkpoint_dir)
     if recorded and wanted != "auto" and wanted != recorded:
@@ -307,7 +308,7 @@ def kafka_stream(spark, cfg: JobConfig):
                 "python (or auto)")
         log.info("Spark's Kafka connector is not on the classpath: using the Python Kafka "
                  "source (sink.history.source)")
-    return _python_kafka(spark, cfg), "python"
+    return _python_kafka(spark, cfg, dedup), "python"
 
 
 def build_history_stream(kafka_df, dedup_window: str = DEFAULT_DEDUP_WINDOW,
@@ -326,8 +327,9 @@ def start_query(spark, cfg: JobConfig):
     """Start the streaming query (file sink + checkpoint). Returns (query, source used)."""
     from sink.history.schema import PARTITION_COLUMN
     spark.conf.set("spark.sql.session.timeZone", "UTC")  # `date` is the UTC day
-    kafka_df, used = kafka_stream(spark, cfg)
-    in_source = used == "python" and dedup_in_source(cfg)
+    in_source = dedup_in_source(cfg)  # decided before the marker below is written
+    kafka_df, used = kafka_stream(spark, cfg, in_source)
+    in_source = in_source and used == "python"
     if is_local_path(cfg.checkpoint_dir):  # remote (hdfs://, s3a://) dirs: Spark makes them
         _local(cfg.checkpoint_dir).mkdir(parents=True, exist_ok=True)
         (_local(cfg.checkpoint_dir) / SOURCE_MARKER).write_text(used + "\n")

@@ -445,12 +445,17 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 keep = (d.offset >= pos) & (d.offset < partition.end)
                 pos = d.next_offset
                 idle_since = time.monotonic()
-                if dedup is not None and keep.any():
-                    keep[keep] = dedup.keep(d.data, *_message_ids(d.take(keep) if not keep.all() else d))
-                if keep.any():
-                    yield to_arrow(pa, schema, d if keep.all() else d.take(keep),
-                                   partition.topic, partition.partition, self.opts.columns,
-                                   partition.ingested_ms)
+                if not keep.any():
+                    continue
+                if not keep.all():
+                    d = d.take(keep)
+                if dedup is not None:  # ids seen before (sink.history.dedup): one take for both
+                    fresh = dedup.keep(d.data, *_message_ids(d))
+                    if not fresh.all():
+                        d = d.take(fresh)
+                if len(d):
+                    yield to_arrow(pa, schema, d, partition.topic, partition.partition,
+                                   self.opts.columns, partition.ingested_ms)
                 continue
             if high_watermark is not None and 0 <= high_watermark <= pos:
                 log.warning("%s: log ends at %d, before the planned end %d (log reset?); "

@@ -317,13 +317,19 @@ def test_disconnect_with_an_error_code_keeps_the_will_MQTT_3_1_2_8():
     assert exchange(watcher.conn) == WILL_QOS1
 
 
+def _v311_will_client(b):
+    """A 3.1.1 client with a will (w/t, "bye", QoS 0), connected."""
+    dev = Client(b, V4)
+    will = h("10 18 00 04 4d 51 54 54 04 06 00 3c 00 02 63 31 00 03 77 2f 74 00 03 62 79 65")
+    assert exchange(dev.conn, will) == h("20 02 00 00")
+    return dev
+
+
 def test_v311_disconnect_discards_the_will_MQTT_3_14_4_3():
     """3.1.1 [MQTT-3.14.4-3]: DISCONNECT discards the will."""
     b, clock = make()
     watcher = subscriber(b, V4, "w/#", 0, "watcher")
-    dev = Client(b, V4)
-    will = h("10 18 00 04 4d 51 54 54 04 06 00 3c 00 02 63 31 00 03 77 2f 74 00 03 62 79 65")
-    assert exchange(dev.conn, will) == h("20 02 00 00")
+    dev = _v311_will_client(b)
     assert exchange(dev.conn, h("e0 00")) == b""
     dev.conn.connection_lost()
     b.tick(clock.t + 1)
@@ -334,9 +340,7 @@ def test_v311_will_on_close_without_disconnect_MQTT_3_1_2_8():
     """3.1.1 [MQTT-3.1.2-8]: the will of a connection lost without DISCONNECT is published."""
     b, clock = make()
     watcher = subscriber(b, V4, "w/#", 0, "watcher")
-    dev = Client(b, V4)
-    will = h("10 18 00 04 4d 51 54 54 04 06 00 3c 00 02 63 31 00 03 77 2f 74 00 03 62 79 65")
-    assert exchange(dev.conn, will) == h("20 02 00 00")
+    dev = _v311_will_client(b)
     dev.conn.connection_lost()
     b.tick(clock.t + 1)
     assert exchange(watcher.conn) == h("30 08 00 03 77 2f 74 62 79 65")
