@@ -33,7 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from sink.history.job import JobConfig, start_query  # noqa: E402
+from sink.history.job import JobConfig, progress_since, start_query  # noqa: E402
 from sink.forward.kafka_embedded import EmbeddedKafka  # noqa: E402
 
 TOPIC = "mqtt.messages"
@@ -135,12 +135,14 @@ def cpu_per_record(spark, kafka, n: int, batch: int, source: str, work: Path,
     query, used = start_query(spark, cfg)
     snaps, rows, deadline = {}, 0, time.monotonic() + 1800
     try:
+        last = -1
         while rows < n and time.monotonic() < deadline and query.isActive:
-            p = query.lastProgress
-            if p and p["batchId"] not in snaps and p.get("numInputRows", 0):
-                detail: dict = {}
-                snaps[p["batchId"]] = (job_cpu(exclude, detail), detail, time.monotonic(), p)
-                rows += p["numInputRows"]
+            for p in progress_since(query, last)[-1:]:  # the JVM renders only new reports
+                last = p["batchId"]
+                if p["batchId"] not in snaps and p.get("numInputRows", 0):
+                    detail: dict = {}
+                    snaps[p["batchId"]] = (job_cpu(exclude, detail), detail, time.monotonic(), p)
+                    rows += p["numInputRows"]
             time.sleep(0.1)
     finally:
         query.stop()

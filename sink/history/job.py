@@ -323,6 +323,17 @@ def build_history_stream(kafka_df, dedup_window: str = DEFAULT_DEDUP_WINDOW,
             .dropDuplicatesWithinWatermark(["message_id"]))
 
 
+#: Parquet writer settings per column (parquet-mr's ``<key>#<column>``, passed through the file
+#: sink's options): no dictionary for the columns whose values are distinct by construction (the
+#: writer would hash every value into a dictionary, find it too big and fall back, page after
+#: page), and no min/max statistics for the payload, which no query prunes on. Payloads keep
+#: their dictionary: devices often repeat theirs.
+PARQUET_OPTIONS = {
+    **{f"parquet.enable.dictionary#{c}": "false" for c in ("message_id", "kafka_offset")},
+    **{f"parquet.column.statistics.enabled#{c}": "false" for c in ("payload", "payload_text")},
+}
+
+
 def start_query(spark, cfg: JobConfig):
     """Start the streaming query (file sink + checkpoint). Returns (query, source used)."""
     from sink.history.schema import PARTITION_COLUMN
@@ -336,8 +347,10 @@ def start_query(spark, cfg: JobConfig):
         (_local(cfg.checkpoint_dir) / DEDUP_MARKER).write_text(
             ("source" if in_source else "spark") + "\n")
     history = build_history_stream(kafka_df, cfg.dedup_window, in_source)
-    writer = (history.writeStream
-              .format("parquet")
+    writer = history.writeStream.format("parquet")
+    for key, value in PARQUET_OPTIONS.items():
+        writer = writer.option(key, value)
+    writer = (writer
               .option("path", cfg.table)
               .option("checkpointLocation", cfg.checkpoint_dir)
               .partitionBy(PARTITION_COLUMN)
@@ -439,59 +452,49 @@ def committed_from_checkpoint(checkpoint: str) -> tuple[int, dict] | None:
 
 
 def _report_commits(spark, cfg: JobConfig, query) -> None:
-    """Keep ``progress.committed_path(table, checkpoint)`` up to date: now (from the checkpoint:
-    a job killed between a commit and its report catches up) and after every micro-batch
-    (query progress is posted once the batch is in the commit log). Source.commit() would be
-    a batch late: Spark calls it only when it plans the next batch."""
+    """Keep ``progress.committed_path(table, checkpoint)`` up to date from the checkpoint's
+    commit log: now (a job killed between a commit and its report catches up) and then at every
+    poll of run() (``query._commit_catch_up``), so within a poll interval of each commit.
+
+    The commit log is read rather than listening to query progress: a Python
+    StreamingQueryListener costs the JVM a py4j callback per batch whose conversion looks
+    classes up through the class path (about 5% of the job's JVM CPU, bench/spark_bench.py)."""
     if not is_local_path(cfg.checkpoint_dir):
         return  # the broker reads a local file only
-    from pyspark.sql.streaming import StreamingQueryListener
     from sink.progress import committed_path, write_committed
     path = committed_path(cfg.table, str(_local(cfg.checkpoint_dir)))
-
-    lock, newest = threading.Lock(), [-1]
-
-    def write(batch_id: int, topics: dict) -> None:
-        with lock:  # listener events arrive late: never replace a newer batch's report
-            if batch_id <= newest[0]:
-                return
-            try:
-                write_committed(path, batch_id, topics)
-                newest[0] = batch_id
-            except OSError as exc:  # the table is still right; the spool just keeps more
-                log.warning("cannot write %s (%s): the broker's spool keeps records longer",
-                            path, exc)
+    newest = [-1]
 
     def catch_up() -> None:
         last = committed_from_checkpoint(cfg.checkpoint_dir)
-        if last and last[1]:
-            write(*last)
+        if not last or not last[1] or last[0] <= newest[0]:
+            return
+        try:
+            write_committed(path, *last)
+            newest[0] = last[0]
+        except OSError as exc:  # the table is still right; the spool just keeps more
+            log.warning("cannot write %s (%s): the broker's spool keeps records longer", path, exc)
 
     catch_up()
+    query._commit_catch_up = catch_up
 
-    class Reporter(StreamingQueryListener):
-        def onQueryStarted(self, event):
-            pass
 
-        def onQueryProgress(self, event):
-            p = json.loads(event.progress.json)
-            if p.get("id") != str(query.id) or "addBatch" not in p.get("durationMs", {}):
-                return
-            topics = committed_offsets([s.get("endOffset") for s in p.get("sources", [])])
-            if topics:
-                write(p["batchId"], topics)
-
-        def onQueryIdle(self, event):
-            pass
-
-        def onQueryTerminated(self, event):
-            pass
-
-    listener = Reporter()
-    spark.streams.addListener(listener)
-    query._commit_reporter = listener
-    query._commit_catch_up = catch_up  # once the query has ended: its last batches' events
-    # may still be queued in the listener bus
+def progress_since(query, after: int) -> list[dict]:
+    """The query's progress reports with a batchId above ``after``, oldest first, as dicts.
+    PySpark's ``recentProgress`` renders every retained report (up to 100) as JSON on each call;
+    this walks the JVM's list from the newest back and renders only the new ones."""
+    jsq = getattr(query, "_jsq", None)
+    if jsq is None:  # Spark Connect's StreamingQuery
+        return [p for p in query.recentProgress if p.get("batchId", -1) > after]
+    reports = jsq.recentProgress()
+    out = []
+    for i in range(len(reports) - 1, -1, -1):
+        jp = reports[i]
+        if jp.batchId() <= after:
+            break
+        out.append(json.loads(jp.json()))
+    out.reverse()
+    return out
 
 
 def run(spark, cfg: JobConfig, stop_event: threading.Event | None = None,
@@ -499,11 +502,12 @@ def run(spark, cfg: JobConfig, stop_event: threading.Event | None = None,
     """Run the query until it ends (available-now) or stop_event is set. Returns an exit code."""
     stop_event = stop_event or threading.Event()
     query, _ = start_query(spark, cfg)
+    commit_catch_up = getattr(query, "_commit_catch_up", None)
     last_batch, last_idle_log = -1, time.monotonic()
 
     def report():
         nonlocal last_batch, last_idle_log
-        for p in query.recentProgress:
+        for p in progress_since(query, last_batch):
             if p.get("batchId", -1) <= last_batch:
                 continue
             last_batch = p["batchId"]
@@ -517,6 +521,8 @@ def run(spark, cfg: JobConfig, stop_event: threading.Event | None = None,
         while query.isActive and not stop_event.is_set():
             query.awaitTermination(poll_seconds)
             report()
+            if commit_catch_up:
+                commit_catch_up()
         if stop_event.is_set() and query.isActive:
             log.info("stopping: waiting for the query to stop (committed batches are kept; an "
                      "unfinished batch is redone on the next start)")
@@ -531,9 +537,8 @@ def run(spark, cfg: JobConfig, stop_event: threading.Event | None = None,
     finally:
         if query.isActive:
             query.stop()
-        if getattr(query, "_commit_reporter", None) is not None:
-            spark.streams.removeListener(query._commit_reporter)
-            query._commit_catch_up()
+        if commit_catch_up:
+            commit_catch_up()
 
 
 def _short_error(exc) -> str:

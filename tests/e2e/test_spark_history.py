@@ -125,6 +125,14 @@ def test_history_columns_and_dedup(spark, kafka, tmp_path):
 
     rows = run_sql(spark, cfg.table, "SELECT * FROM messages")
     assert len(rows) == 203
+    # the writer's per-column settings (job.PARQUET_OPTIONS) reached the files
+    import pyarrow.parquet as pq
+    chunks = {}
+    for f in Path(cfg.table).rglob("*.parquet"):
+        rg = pq.ParquetFile(f).metadata.row_group(0)
+        chunks.update({rg.column(i).path_in_schema: rg.column(i) for i in range(rg.num_columns)})
+    assert not any("DICTIONARY" in e for e in chunks["message_id"].encodings)
+    assert not chunks["payload"].is_stats_set and chunks["topic"].is_stats_set
     assert len({r.message_id for r in rows}) == 203
     by_id = {r.message_id: r for r in rows}
 
