@@ -241,6 +241,54 @@ def encode_message(kafka_topic: str, topic: str, payload, qos: int, retain: bool
     return _ENTRY_HEAD.pack(ENTRY_VERSION, ts_ms, len(kt), len(body)) + kt + body
 
 
+class MessageEncoder:
+    """encode_message() for the broker's hot path, with what repeats from message to message
+    cached: per MQTT topic its key field, per Kafka topic its name, per sender (client id, user
+    name) its header run. The same bytes as encode_message() (a hypothesis test checks); each
+    cache holds at most `max_entries` (then it starts over), so no client can grow it."""
+    __slots__ = ("max_entries", "_keys", "_senders", "_kts")
+
+    def __init__(self, max_entries: int = 100_000):
+        self.max_entries = max_entries
+        self._keys: dict[str, bytes] = {}
+        self._senders: dict[tuple, tuple[bytes, bytes]] = {}
+        self._kts: dict[str, bytes] = {}
+
+    def _cache(self, d: dict, k, v):
+        if len(d) >= self.max_entries:
+            d.clear()
+        d[k] = v
+        return v
+
+    def encode(self, kafka_topic: str, topic: str, payload, qos: int, retain: bool, client_id: str,
+               username: str | None, protocol: int, ts_ms: int, message_id: bytes) -> bytes:
+        f = _FLAGS.get((qos, 1 if retain else 0, protocol))
+        if f is None:  # values outside the contract's common ones
+            return encode_message(kafka_topic, topic, payload, qos, retain, client_id, username,
+                                  protocol, ts_ms, message_id.decode())
+        key = self._keys.get(topic)
+        if key is None:
+            k = topic.encode()
+            key = self._cache(self._keys, topic, vlen(len(k)) + k)
+        sender = self._senders.get((client_id, username))
+        if sender is None:  # (header count: id, sender, 3 flags; the sender's headers)
+            c = client_id.encode()
+            run = _HN_CLIENT_ID + vlen(len(c)) + c
+            if username is not None:
+                u = username.encode()
+                run += _HN_USERNAME + vlen(len(u)) + u
+            sender = self._cache(self._senders, (client_id, username),
+                                 (_VT[5 if username is None else 6], run))
+        kt = self._kts.get(kafka_topic)
+        if kt is None:
+            kt = self._cache(self._kts, kafka_topic, kafka_topic.encode())
+        value = payload if type(payload) is bytes else bytes(payload)
+        lv = len(value)
+        body = b"".join((key, _VT[lv] if lv < 8192 else zz_varint(lv), value, sender[0],
+                         _HN_MESSAGE_ID, vlen(len(message_id)), message_id, sender[1], f))
+        return _ENTRY_HEAD.pack(ENTRY_VERSION, ts_ms, len(kt), len(body)) + kt + body
+
+
 def entry_fields(buf: bytes) -> tuple[bytes, int, bytes]:
     """entry_parts() for the forwarder's loop: (kafka topic as UTF-8 bytes, timestamp, body),
     slicing the bytes it was given. Raises ValueError if malformed."""

@@ -23,7 +23,7 @@ import threading
 import time
 
 from .forwarder import Forwarder, MemorySource, SpoolSource, ThreadControl
-from .record import SinkRecord, encode_message, encode_record
+from .record import MessageEncoder, SinkRecord, encode_record
 from .spool import DirLock, SpoolWriter
 from mqtt_topics import matches as topic_matches  # one topic-filter matcher for the project
 from settings import HistoryConfig, SinkConfig
@@ -65,7 +65,8 @@ class Sink:
         self._route_cache: dict[str, str | None] = {}
         # message ids: "<prefix>-<n hex>", one prefix and counter per Kafka topic, so the ids a
         # history job reads from one topic are consecutive (sink/history/dedup.py keeps them as intervals)
-        self._ids: dict[str, list] = {}
+        self._ids: dict[str, list] = {}   # Kafka topic -> [prefix, counter, prefix as bytes]
+        self._encode = MessageEncoder().encode
         self.embedded = None
         self.bootstrap = self.cfg.bootstrap_servers
         self._writer: SpoolWriter | None = None
@@ -284,10 +285,15 @@ class Sink:
             self._ctl.notify()
         return True
 
-    def _next_id(self, kafka_topic: str) -> str:
+    def _id_counter(self, kafka_topic: str) -> list:
         c = self._ids.get(kafka_topic)
         if c is None:
-            c = self._ids[kafka_topic] = [f"{int(time.time()):x}{secrets.token_hex(4)}-", 0]
+            prefix = f"{int(time.time()):x}{secrets.token_hex(4)}-"
+            c = self._ids[kafka_topic] = [prefix, 0, prefix.encode()]
+        return c
+
+    def _next_id(self, kafka_topic: str) -> str:
+        c = self._id_counter(kafka_topic)
         c[1] += 1
         return f"{c[0]}{c[1]:x}"
 
@@ -307,13 +313,13 @@ class Sink:
         """submit() of a message without MQTT 5 properties or expiry, no SinkRecord built (the
         broker's hot path). Same record, same result."""
         kt = self._target(topic)
-        if kt is _EXCLUDED:
-            return True
-        if kt is _REFUSED:
-            return False
-        (self._writer if self.on_disk else self._mem).append(encode_message(
+        if kt.__class__ is not str:
+            return kt is _EXCLUDED
+        c = self._ids.get(kt) or self._id_counter(kt)
+        n = c[1] = c[1] + 1
+        (self._writer if self.on_disk else self._mem).append(self._encode(
             kt, topic, payload, qos, retain, client_id, username, protocol, accepted_at_ms,
-            self._next_id(kt)))
+            c[2] + b"%x" % n))
         return self._appended()
 
     def hook(self):

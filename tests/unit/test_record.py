@@ -60,3 +60,30 @@ def test_spool_entry_round_trip():
     for cut in (1, 10, len(buf) - 1):
         with pytest.raises(ValueError):
             decode_entry(buf[:cut])
+
+
+# ---- the broker's cached encoder gives the same bytes --------------------------------------
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from sink.forward.record import MessageEncoder, encode_message  # noqa: E402
+
+_text = st.text(max_size=20)
+_message = st.tuples(
+    st.sampled_from(["mqtt.messages", "other.topic"]), _text,          # Kafka topic, MQTT topic
+    st.one_of(st.binary(max_size=300), st.binary(min_size=8190, max_size=8200)),  # varint 2/3 bytes
+    st.integers(0, 3), st.booleans(), _text, st.one_of(st.none(), _text),  # qos (3: no ready run)
+    st.sampled_from([3, 4, 5, 6]), st.integers(0, 2**53),              # protocol, timestamp
+    st.text(alphabet="0123456789abcdef-", min_size=0, max_size=70))  # message id (length varint)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_message, min_size=1, max_size=12), st.integers(1, 4))
+def test_message_encoder_matches_encode_message(messages, cache_size):
+    """Cache hits, misses and a cache starting over (max_entries 1..4) all give the bytes of
+    encode_message(); the caches never hold more than max_entries."""
+    enc = MessageEncoder(max_entries=cache_size)
+    for m in messages + messages:  # the second pass hits the caches
+        *head, mid = m
+        assert enc.encode(*head, mid.encode()) == encode_message(*head, mid)
+    assert max(len(enc._keys), len(enc._senders), len(enc._kts)) <= cache_size
