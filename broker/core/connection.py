@@ -224,9 +224,14 @@ class Connection:
                 raise ProtocolError("the first packet must be CONNECT")
             self.on_connect(pkt)
         elif t in (P.PUBACK, P.PUBCOMP):
-            self.session.acked(pkt.packet_id, self.broker.clock())
+            qos = 1 if t == P.PUBACK else 2
+            if self.session.acked(pkt.packet_id, qos, self.broker.clock()) is False:
+                raise ProtocolError(f"{P.TYPE_NAMES[t]} for packet id {pkt.packet_id}, whose "
+                                    "delivery waits for another acknowledgement")
         elif t == P.PUBREC:
             code = self.session.received(pkt.packet_id, pkt.reason_code, self.broker.clock())
+            if code == -1:
+                raise ProtocolError(f"PUBREC for packet id {pkt.packet_id}, a QoS 1 delivery")
             if code is not None:
                 # [MQTT-4.3.3-4] PUBREL with the PUBLISH's id (none after a PUBREC >= 0x80)
                 self.write(encode_ack(P.PUBREL, pkt.packet_id, code, None, self.level))

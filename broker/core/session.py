@@ -315,11 +315,18 @@ class Session:
         if self.queue or self.replay:
             self.pump(now)
 
-    def acked(self, pid: int, now: float) -> bool:
-        """PUBACK or PUBCOMP for an outbound message: free its slot."""
-        entry = self.inflight_out.pop(pid, None)
+    def acked(self, pid: int, qos: int, now: float) -> bool | None:
+        """PUBACK (`qos` 1) or PUBCOMP (`qos` 2) for an outbound message: free its slot. None
+        when no message has that id (ignored); False when the packet is not the one the message's
+        flow waits for - a PUBACK for QoS 2, a PUBCOMP for QoS 1 or before PUBREC - which the
+        caller treats as a Protocol Error, as Mosquitto does."""
+        entry = self.inflight_out.get(pid)
         if entry is None:
+            return None
+        # [MQTT-4.3.2-3] a QoS 1 PUBLISH waits for PUBACK; [MQTT-4.3.3-5] a PUBREL for PUBCOMP
+        if entry.qos != qos or (qos == 2 and not entry.released):
             return False
+        del self.inflight_out[pid]
         if entry.handle is not None:
             self.store.remove(entry.handle)
         if len(_free_inflight) < FREE_INFLIGHT_MAX:
@@ -329,11 +336,14 @@ class Session:
         return True
 
     def received(self, pid: int, reason_code: int, now: float) -> int | None:
-        """PUBREC: returns the reason code for our PUBREL (0x92 when unknown), or None
-        when the PUBREC reported a failure and the flow ends [MQTT-4.3.3-4] [MQTT-4.4.0-2]."""
+        """PUBREC: returns the reason code for our PUBREL (0x92 when unknown), None when the
+        PUBREC reported a failure and the flow ends [MQTT-4.3.3-4] [MQTT-4.4.0-2], or -1 when the
+        message is QoS 1 (a Protocol Error for the caller)."""
         entry = self.inflight_out.get(pid)
         if entry is None:
             return 0x92
+        if entry.qos != 2:  # [MQTT-4.3.2-3] a QoS 1 PUBLISH waits for PUBACK, not PUBREC
+            return -1
         if reason_code >= 0x80:
             del self.inflight_out[pid]
             if entry.handle is not None:
