@@ -2,6 +2,7 @@
 A script, not a test.
 
     .venv/bin/python bench/pipeline.py --rates 5000,15000,25000,50000 --duration 20
+    .venv/bin/python bench/pipeline.py --rates 25000 --broker-only --mosquitto   # the baseline
 
 For each offered rate it starts, as a new user would run them: the embedded Kafka (Tansu), the
 broker with the sink (`--kafka-bootstrap`), and the history job (`python -m sink.job`, 2 s
@@ -344,26 +345,46 @@ def run_one(a, rate: int) -> dict:
             shutil.rmtree(work, ignore_errors=True)
 
 
-def run_broker_only(a, rate: int, work: str, env: dict) -> dict:
-    """The same load on a broker without the sink: its CPU per message is the baseline."""
-    port = free_port()
-    broker = subprocess.Popen([PY, "-m", "broker", "--port", str(port), "--data-dir", os.path.join(work, "data"),
-                               "--no-sink", "--log-level", "WARNING"] + sum((["--set", s] for s in a.set or []), []),
-                              cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+def _load_on(argv: list, port: int, a, rate: int, env: dict) -> tuple[dict, float]:
+    """Start a broker (argv), offer the load, stop it: (load result, its CPU us per accepted)."""
+    broker = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
                               start_new_session=True)
     try:
         wait_port(port)
         c0 = cpu_s(broker.pid)
         load, _ = asyncio.run(offer("127.0.0.1", port, rate, a.duration, a.publishers, a.window))
-        n = load["accepted"]
-        us = (cpu_s(broker.pid) - c0) / max(n, 1) * 1e6
-        return dict(rate=rate, **load, accepted_per_s=round(n / load["publish_seconds"]),
-                    kafka_acked=None, table_rows=None, seconds_to_kafka=None, seconds_to_table=None,
-                    table_per_s=None, cpu_us_per_msg={"broker": round(us, 1), "forwarder": 0, "tansu": 0,
-                                                      "job": 0, "total": round(us, 1)})
+        return load, (cpu_s(broker.pid) - c0) / max(load["accepted"], 1) * 1e6
     finally:
         os.killpg(broker.pid, signal.SIGTERM)
         broker.wait(30)
+
+
+def run_broker_only(a, rate: int, work: str, env: dict) -> dict:
+    """The same load on a broker without the sink: its CPU per message is the baseline; with
+    --mosquitto, the same load on Mosquitto too (no persistence; in-flight and queue limits
+    lifted so that it delivers everything) and the ratio of the two."""
+    port = free_port()
+    try:
+        load, us = _load_on([PY, "-m", "broker", "--port", str(port), "--data-dir", os.path.join(work, "data"),
+                             "--no-sink", "--log-level", "WARNING"] + sum((["--set", s] for s in a.set or []), []),
+                            port, a, rate, env)
+        n = load["accepted"]
+        out = dict(rate=rate, **load, accepted_per_s=round(n / load["publish_seconds"]),
+                   kafka_acked=None, table_rows=None, seconds_to_kafka=None, seconds_to_table=None,
+                   table_per_s=None, cpu_us_per_msg={"broker": round(us, 1), "forwarder": 0, "tansu": 0,
+                                                     "job": 0, "total": round(us, 1)})
+        if a.mosquitto:
+            port = free_port()
+            conf = os.path.join(work, "mosquitto.conf")
+            with open(conf, "w") as f:
+                f.write(f"listener {port} 127.0.0.1\nallow_anonymous true\n"
+                        "max_inflight_messages 0\nmax_queued_messages 1000000\n")
+            mload, mus = _load_on([a.mosquitto, "-c", conf], port, a, rate, env)
+            out["mosquitto"] = dict(accepted=mload["accepted"], delivered=mload["delivered_to_subscriber"],
+                                    cpu_us_per_msg=round(mus, 1))
+            out["ours_over_mosquitto_cpu"] = round(us / mus, 2) if mus else None
+        return out
+    finally:
         shutil.rmtree(work, ignore_errors=True)
 
 
@@ -383,6 +404,8 @@ def main(argv=None) -> int:
     ap.add_argument("--job-startup", type=float, default=120.0, help="max seconds for the job to start")
     ap.add_argument("--broker-only", action="store_true",
                     help="the same load on a broker without the sink (baseline CPU per message)")
+    ap.add_argument("--mosquitto", nargs="?", const=shutil.which("mosquitto") or "/usr/sbin/mosquitto",
+                    help="with --broker-only: the same load on Mosquitto too (CPU us per message, ratio)")
     ap.add_argument("--keep", action="store_true", help="keep the work directories (logs, table)")
     ap.add_argument("--json", action="store_true", help="one JSON line per rate instead of the table")
     a = ap.parse_args(argv)
@@ -404,6 +427,12 @@ def main(argv=None) -> int:
                   f"{r.get('cpu_us_per_msg_publishing', {}).get('broker')} / "
                   f"{r.get('cpu_us_per_msg_publishing', {}).get('forwarder')} | "
                   f"{r.get('loadgen_us_per_msg')} | {'warm' if r.get('warmup') else 'cold start'} |")
+        for r in results:
+            if "mosquitto" in r:
+                m = r["mosquitto"]
+                print(f"{r['rate']}/s offered, no sink: ours {r['cpu_us_per_msg']['broker']} us/msg, Mosquitto "
+                      f"{m['cpu_us_per_msg']} us/msg ({m['accepted']} accepted, {m['delivered']} delivered); "
+                      f"ours/Mosquitto CPU = {r['ours_over_mosquitto_cpu']}")
     return 0
 
 
