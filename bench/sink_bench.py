@@ -18,7 +18,6 @@ import argparse
 import asyncio
 import multiprocessing as mp
 import os
-import statistics
 import sys
 import tempfile
 import time

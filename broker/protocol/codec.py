@@ -11,7 +11,7 @@ import struct
 from . import packets as P
 from . import reason_codes as rc
 from .errors import MalformedPacket, ProtocolError
-from .properties import (decode_binary, decode_properties, decode_utf8, decode_vbi,
+from .properties import (decode_binary, decode_properties, decode_utf8,
                          encode_binary, encode_properties, encode_utf8, encode_vbi)
 
 _H = struct.Struct(">H")
