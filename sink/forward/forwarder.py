@@ -73,7 +73,9 @@ DEFAULT_PRODUCER = dict(
     acks="all",
     enable_idempotence=False,               # Tansu forgets producer ids on restart
     max_in_flight_requests_per_connection=5,  # chunks in flight; a failure re-sends from the first
-    linger_ms=5,
+    # records gather up to 20 ms into one request: at 25,000 msg/s, 20 ms instead of 5 costs the
+    # forwarder 20% and Tansu 40% less CPU (bench/pipeline.py); the table's 2 s trigger hides it
+    linger_ms=20,
     batch_size=256 * 1024,
     max_block_ms=1000,                      # send() never blocks long (metadata unknown)
     bootstrap_timeout_ms=2000,
@@ -435,7 +437,8 @@ class Forwarder:
                  max_inflight: int = 10000, drain_timeout: float = 5.0,
                  unreachable_after: float = 3.0, status_interval: float = 0.1,
                  shard: int = 0, shards: int = 1, keep_until: str = "kafka",
-                 committed_file: str | None = None, chunk_records: int = 2000, linger_ms: float = 5.0):
+                 committed_file: str | None = None, chunk_records: int = 2000,
+                 linger_ms: float | None = None):
         # -- configuration
         self.source = source
         self.control = control
@@ -447,7 +450,8 @@ class Forwarder:
         self.keep_until = keep_until
         self.committed_file = committed_file
         self.chunk_records = chunk_records
-        self.linger = linger_ms / 1000
+        # how long records gather into a chunk: [sink.kafka] linger_ms, as for a Kafka producer
+        self.linger = float(self.pcfg["linger_ms"] if linger_ms is None else linger_ms) / 1000
         self.shard, self.shards = shard, shards  # this forwarder sends topics with crc32 % shards == shard
         self.window_s = float(replay_window_seconds)
         self.window_n = int(replay_window_messages)

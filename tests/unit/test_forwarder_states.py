@@ -279,3 +279,14 @@ def test_history_mode_replays_from_the_committed_position_not_the_window(clock):
     k.ack(2)
     steps(f, clock)
     assert [(c.end, c.next_seq) for c in f.pending] == [(f.acked_pos, 6)]   # awaits the table again
+
+
+def test_linger_comes_from_sink_kafka_linger_ms(clock):
+    """[sink.kafka] linger_ms sets how long records gather into one request (default 20 ms);
+    an explicit linger_ms argument (tests) wins."""
+    src = MemorySource(1 << 20)
+    assert Forwarder(src, ThreadControl(), lambda st: None, "127.0.0.1:1").linger == 0.020
+    assert Forwarder(src, ThreadControl(), lambda st: None, "127.0.0.1:1",
+                     kafka_opts={"linger_ms": 50}).linger == 0.050
+    assert Forwarder(src, ThreadControl(), lambda st: None, "127.0.0.1:1",
+                     kafka_opts={"linger_ms": 50}, linger_ms=0).linger == 0
