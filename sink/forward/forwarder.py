@@ -889,6 +889,11 @@ class Forwarder:
                         self.producer.poll(int(timeout * 1000))
                     except Exception as exc:
                         log.debug("poll: %s", exc)
+                elif self._lingering and timeout > 0:
+                    # records gather until the linger ends: the spool's notifications would only
+                    # wake us early (hundreds of times a second under load)
+                    cmds = self.control.wait(0)
+                    time.sleep(timeout)
                 else:
                     cmds = self.control.wait(timeout)
                 for cmd in cmds:
@@ -920,7 +925,8 @@ class Forwarder:
                             log.warning("drain timeout; unforwarded records stay in the spool")
                         self.exit_reason = "drained"
                         return
-                timeout = 0.0 if busy else (0.002 if self.inflight or self._lingering else 0.05)
+                timeout = (0.0 if busy else 0.002 if self.inflight else
+                           max(0.0005, self._last_read + self.linger - now) if self._lingering else 0.05)
         finally:
             self._shutdown()
 
