@@ -173,6 +173,7 @@ class HistoryConfig(Section):
     connect: bool = True
     connect_host: str = "127.0.0.1"
     connect_port: int = key(15002, Int(1, 65535))
+    nice: int = key(10, Int(0, 19))                 # the job's niceness: the broker's CPU comes first
     kafka: dict = key(factory=dict, spec=Table("[history.kafka]"))
 
     @property

@@ -43,6 +43,7 @@ DEFAULT_CONNECT_HOST = "127.0.0.1"
 DEFAULT_CONNECT_PORT = 15002
 SOURCE_MARKER = "sink_source"  # file in the checkpoint: which Kafka reader it was made with
 DEDUP_MARKER = "sink_dedup"    # file in the checkpoint: "source" (sink.history.dedup) or "spark"
+DEFAULT_NICE = 10
 _UNIT_MS = {"second": 1000, "minute": 60_000, "hour": 3_600_000, "day": 86_400_000,
             "week": 7 * 86_400_000}
 
@@ -71,6 +72,9 @@ class JobConfig:
     connect: bool = True
     connect_host: str = DEFAULT_CONNECT_HOST
     connect_port: int = DEFAULT_CONNECT_PORT
+    # niceness of the job's processes (driver, JVM, Python workers inherit it): under load the
+    # broker's CPU comes first and the job catches up in between (0 = as started)
+    nice: int = DEFAULT_NICE
 
     @property
     def dedup_window_ms(self) -> int:
@@ -112,6 +116,8 @@ class JobConfig:
         if not re.fullmatch(r"\s*\d+\s+(second|minute|hour|day|week)s?\s*", self.dedup_window):
             raise UsageError(f"dedup_window must look like '24 hours' or '30 minutes', "
                              f"not {self.dedup_window!r}")
+        if not 0 <= self.nice <= 19:
+            raise UsageError(f"nice must be 0-19, not {self.nice}")
         if not 0 < self.connect_port < 65536:
             raise UsageError(f"--connect-port must be 1-65535, not {self.connect_port}")
         host, _, port = self.bootstrap.split(",")[0].rpartition(":")
@@ -158,7 +164,7 @@ def load_config(path: str | None) -> dict:
     out["trigger_seconds"] = hist.trigger_seconds
     out["dedup_max_prefixes"] = hist.dedup_max_prefixes
     out["max_records_per_trigger"] = hist.max_records_per_trigger or None
-    out.update(connect=hist.connect, connect_port=hist.connect_port)
+    out.update(connect=hist.connect, connect_port=hist.connect_port, nice=hist.nice)
     return out
 
 
@@ -191,6 +197,9 @@ def build_parser() -> argparse.ArgumentParser:
                         f"{DEFAULT_CONNECT_PORT}, or [history] connect_port)")
     p.add_argument("--no-connect", action="store_true",
                    help="do not serve Spark Connect (sink.query then starts its own session)")
+    p.add_argument("--nice", metavar="N", type=int,
+                   help=f"run at this niceness (0-19; default {DEFAULT_NICE}, or [history] nice): "
+                        "on a machine shared with the broker, the broker's CPU comes first")
     p.add_argument("--log-level", default=os.environ.get("SINK_LOG_LEVEL", "INFO"),
                    help="log level of the job (default INFO)")
     return p
@@ -201,7 +210,7 @@ def config_from_args(argv=None) -> tuple[JobConfig, argparse.Namespace]:
     values = load_config(args.config)
     flags = {"bootstrap": args.kafka_bootstrap, "table": args.table,
              "checkpoint": args.checkpoint, "trigger_seconds": args.trigger_seconds,
-             "source": args.source}
+             "source": args.source, "nice": args.nice}
     values.update({k: v for k, v in flags.items() if v is not None})
     if args.kafka_topic:
         values["topics"] = _topics(",".join(args.kafka_topic))
@@ -668,6 +677,18 @@ def check_kafka(bootstrap: str, timeout: float = 10.0,
                           "Set the address with --kafka-bootstrap or [sink] bootstrap_servers")
 
 
+def lower_priority(nice: int) -> None:
+    """Run at niceness `nice` (never raised back if already lower); the JVM and the Python
+    workers started later inherit it."""
+    try:
+        now = os.getpriority(os.PRIO_PROCESS, 0)
+        if nice > now:
+            os.setpriority(os.PRIO_PROCESS, 0, nice)
+            log.info("running at niceness %d ([history] nice): the broker's CPU comes first", nice)
+    except OSError as exc:
+        log.warning("cannot set niceness %d: %s", nice, exc)
+
+
 def main(argv=None) -> int:
     from settings import ConfigError
     from settings import report as report_config_error
@@ -694,6 +715,7 @@ def main(argv=None) -> int:
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
+    lower_priority(cfg.nice)
     try:
         # A broker starting beside the job may need a moment to bring its (embedded) Kafka up.
         check_kafka(cfg.bootstrap, timeout=10.0 if cfg.available_now else 120.0, stop=stop)

@@ -60,6 +60,7 @@ BAD_SETS = [
     ("history.dedup_window=1d", "history.dedup_window", ["'24 hours'"]),
     ("history.starting_offsets=first", "history.starting_offsets", ["'earliest', 'latest'"]),
     ("history.connect_port=0", "history.connect_port", ["from 1 to 65535"]),
+    ("history.nice=20", "history.nice", ["from 0 to 19"]),
     ("dashboard.sample_seconds=0", "dashboard.sample_seconds", ["from 0.2 to 3600"]),
     ("dashboard.connect_url=http://x:1", "dashboard.connect_url", ["sc://HOST:PORT"]),
     ("dashboard.keep_points=5", "dashboard.keep_points", ["from 10 to 100000"]),

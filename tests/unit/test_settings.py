@@ -344,3 +344,27 @@ def test_job_flag_defaults_agree_with_the_tree():
          h.connect_host, h.connect_port, h.kafka)
     assert job.checkpoint is None and h.checkpoint == ""
     assert job.max_records_per_trigger is None and h.max_records_per_trigger == 0
+
+
+def test_job_niceness_from_config_and_flag(tmp_path):
+    """[history] nice (default 10), overridden by --nice; checked 0-19."""
+    from sink.history.job import UsageError, config_from_args
+    assert config_from_args([])[0].nice == settings.HistoryConfig().nice == 10
+    f = tmp_path / "j.toml"
+    f.write_text("[history]\nnice = 3\n")
+    assert config_from_args(["--config", str(f)])[0].nice == 3
+    assert config_from_args(["--config", str(f), "--nice", "0"])[0].nice == 0
+    with pytest.raises(UsageError, match="nice must be 0-19"):
+        config_from_args(["--nice", "25"])
+
+
+def test_job_lowers_its_priority_and_children_inherit_it():
+    """lower_priority(n) sets the process's niceness (the JVM and Python workers it starts
+    inherit it) and never raises it back."""
+    code = ("import os, subprocess, sys; from sink.history.job import lower_priority; "
+            "lower_priority(7); lower_priority(3); "
+            "print(os.getpriority(os.PRIO_PROCESS, 0), subprocess.check_output("
+            "[sys.executable, '-c', 'import os; print(os.getpriority(os.PRIO_PROCESS, 0))']).decode().strip())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=ROOT)
+    assert out.stdout.split() == ["7", "7"]
