@@ -403,6 +403,22 @@ def test_overlapping_subscriptions_max_qos_MQTT_3_3_4_2():
     bye(c, pub)
 
 
+@given(granted=st.lists(st.integers(0, 2), min_size=1, max_size=4), qos=st.integers(0, 2))
+@settings(max_examples=40, deadline=None)
+def test_overlapping_subscriptions_any_qos_MQTT_3_3_4_2(granted, qos):
+    """[MQTT-3.3.4-2] For any overlapping subscriptions of one client and any published QoS: one
+    copy, at the highest QoS granted to the matching subscriptions but not above the QoS of the
+    PUBLISH ([MQTT-3.8.4-8])."""
+    b, _ = make()
+    c = connected(b)
+    filters = ["o/#", "o/+/c", "o/b/+", "o/b/c"][:len(granted)]
+    for i, (f, g) in enumerate(zip(filters, granted), 1):
+        assert subscribe(c, f, qos=g, pid=i) == [g]
+    pub = connected(b)
+    publish_ok(pub, "o/b/c", b"o", qos=qos)
+    assert [(m.payload, m.qos) for m in publishes(c)] == [(b"o", min(qos, max(granted)))]
+
+
 def test_subscription_identifiers_sent_MQTT_3_3_4_3():
     """[MQTT-3.3.4-3] The Subscription Identifier of the matching subscription is sent; none when
     the subscription had none."""

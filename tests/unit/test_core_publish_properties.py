@@ -228,11 +228,13 @@ def test_topic_alias_above_maximum_MQTT_3_3_2_9(maximum, alias):
     assert_served(b)
 
 
-@given(maximum=st.integers(0, 65535), alias=st.integers(0, 65535))
+@given(maximum=st.integers(0, 65535), offset=st.integers(-2, 1) | st.none(), anywhere=st.integers(0, 65535))
 @settings(max_examples=80, deadline=None)
-def test_topic_alias_range_MQTT_3_3_2_8_9(maximum, alias):
+def test_topic_alias_range_MQTT_3_3_2_8_9(maximum, offset, anywhere):
     """[MQTT-3.3.2-8], [MQTT-3.3.2-9], [MQTT-3.3.2-12] For any Topic Alias Maximum: aliases
-    1..maximum are accepted, 0 and anything above is DISCONNECT 0x94."""
+    1..maximum are accepted, 0 and anything above is DISCONNECT 0x94 (tried at the edges of the
+    range and anywhere in 0..65535)."""
+    alias = anywhere if offset is None else min(max(maximum + offset, 0), 65535)
     b, _ = make(topic_alias_maximum=maximum)
     c = connected(b)
     assert props(c.connack).get(PR.TOPIC_ALIAS_MAXIMUM, 0) == maximum
