@@ -222,3 +222,17 @@ def assert_served(broker) -> None:
     assert (m.topic, m.payload, m.qos) == ("alive", b"still-alive", 1)
     ack(sub, m)
     bye(sub, pub)
+
+# ---------------------------------------------------------------- what the server does around the core
+
+def closed(conn: Connection) -> bool:
+    """Whether the core asked for the connection to be closed (the server closes the socket
+    after writing what is in `out`)."""
+    return conn.close_requested
+
+
+def advance(broker, clock: Clock, seconds: float) -> None:
+    """Time passes: the fake clock moves on and the broker's timers run once (the server calls
+    Broker.tick() every second: keep alive, delayed wills, session and message expiry)."""
+    clock.t += seconds
+    broker.tick()
