@@ -34,7 +34,7 @@ CORE_CASES = [
     ("pingresp_from_client_v311", V4, h("d0 00"), PROTO),
     # [MQTT-3.3.4-6]: a PUBLISH from a client must not carry a Subscription Identifier
     ("publish_subscription_identifier", V5, h("32 0b 00 03 6d 2f 78 00 01 02 0b 05 78"), PROTO),
-    # [MQTT-3.1.0-2]: a second CONNECT
+    # [MQTT-3.1.0-2]: a second CONNECT (3.1.1 and 3.1: closed)
     ("second_connect", V5, h("10 0f 00 04 4d 51 54 54 05 02 00 3c 00 00 02 63 32"), PROTO),
     ("second_connect_v311", V4, h("10 0e 00 04 4d 51 54 54 04 02 00 3c 00 02 63 32"), PROTO),
 ]
@@ -146,17 +146,7 @@ def test_malformed_after_valid_in_same_read_MQTT_4_13_1_1():
 
 # ---------------------------------------------------------------- CONNECT and the first bytes
 
-@pytest.mark.parametrize("level", [V4, V3])
-def test_second_connect_v311_closed_MQTT_3_1_0_2(level):
-    """3.1.1 [MQTT-3.1.0-2]: a second CONNECT is a protocol violation: the connection is closed."""
-    b, _ = make()
-    c = connected(b, "c1", level)
-    again = h("10 11 00 04 4d 51 54 54 04 02 00 3c 00 05 61 67 61 69 6e")  # client id "again"
-    assert_ended(c, exchange(c.conn, again), level, PROTO)
-    assert_served(b)
-
-
-def test_pipelined_connect_subscribe_publish_in_order_MQTT_3_1_4_6():
+def test_pipelined_connect_subscribe_publish_in_order():
     """3.1.4: CONNECT followed at once by SUBSCRIBE and PUBLISH in one read is processed in
     order (CONNACK first)."""
     b, _ = make()

@@ -117,7 +117,7 @@ def test_suback_granted_qos_in_order_MQTT_3_8_4_1():
 
 
 def test_suback_downgraded_by_maximum_qos_MQTT_3_2_2_10():
-    """3.9.3: the granted QoS is at most the broker's Maximum QoS; delivery uses it."""
+    """[MQTT-3.2.2-10], 3.9.3: the granted QoS is at most the broker's Maximum QoS; delivery uses it."""
     b, _ = make(maximum_qos=1)
     c = connected(b, "c")
     assert subscribe(c, "t", qos=2).reason_codes == [1]
@@ -224,7 +224,7 @@ MATCHING = [
 
 
 @pytest.mark.parametrize("filt,topic,match", MATCHING, ids=[f"{f}|{t}" for f, t, _ in MATCHING])
-def test_topic_filter_matching_MQTT_4_7_1_2(filt, topic, match):
+def test_topic_filter_matching(filt, topic, match):
     """4.7.1-4.7.2 (examples of the standard): a filter matches exactly the topics it should, for
     live and for retained messages; '$' rules apply at the first level."""
     b, _ = make()
@@ -277,7 +277,7 @@ def test_shared_subscription_member_leaves():
     assert [x.payload for x in drain(a)] == [b"%d" % i for i in range(5)]
 
 
-def test_shared_subscription_no_retained_MQTT_3_3_1_9():
+def test_shared_subscription_no_retained():
     """3.3.1.3: retained messages are not sent for a new shared subscription."""
     b, _ = make()
     pub = connected(b, "pub")
