@@ -29,6 +29,11 @@ MAX_DEFERRED = 1000  # packets a client may send while its password is being che
 # memory per idle connection: nothing allocated until used (shared, read-only placeholders)
 NO_ALIASES = MappingProxyType({})
 NO_OUTPUT: tuple = ()
+NO_PROPERTIES = MappingProxyType({})  # a packet without properties (3.1.1, or none sent)
+# CONNACK bytes by (level, session present, properties), the same for most connections: encoded
+# once (never with an Assigned Client Identifier, which is one connection's; bounded)
+_CONNACKS: dict = {}
+_CONNACKS_MAX = 64
 
 
 class Connection:
@@ -268,7 +273,7 @@ class Connection:
         cfg = b.cfg
         self.level = c.protocol_level
         v5 = self.level == P.MQTT_5
-        props = c.properties or {}
+        props = c.properties or NO_PROPERTIES
         client_id = c.client_id
         assigned = None
         if not client_id:
@@ -355,7 +360,7 @@ class Connection:
         b = self.broker
         cfg = b.cfg
         v5 = self.level == P.MQTT_5
-        props = c.properties or {}
+        props = c.properties or NO_PROPERTIES
         if c.will is not None:
             w = c.will
             if not w.topic or "+" in w.topic or "#" in w.topic:  # [MQTT-4.7.3-1], [MQTT-4.7.0-1]
@@ -442,7 +447,7 @@ class Connection:
             if PR.SESSION_EXPIRY_INTERVAL in props and expiry != props[PR.SESSION_EXPIRY_INTERVAL]:
                 ack_props[PR.SESSION_EXPIRY_INTERVAL] = expiry
         # [MQTT-3.2.2-2], [MQTT-3.2.2-3]: session present only when resuming
-        self.write(encode(P.Connack(present, 0, ack_props or None), self.level))  # [MQTT-3.1.4-5]
+        self.write(_connack(self.level, present, ack_props, assigned))  # [MQTT-3.1.4-5]
         session.link = self
         if log.isEnabledFor(logging.DEBUG):  # self.peer makes a string: only when logged
             log.debug("client %s connected from %s (level %d, session present %s)",
@@ -729,7 +734,7 @@ class Connection:
     # ------------------------------------------------------------ DISCONNECT / errors
     def on_disconnect(self, d: P.Disconnect) -> None:
         b = self.broker
-        props = d.properties or {}
+        props = d.properties or NO_PROPERTIES
         session = self.session
         if PR.SESSION_EXPIRY_INTERVAL in props:
             if self.connect_expiry == 0 and props[PR.SESSION_EXPIRY_INTERVAL]:  # (section 3.14.2.2.2)
@@ -802,6 +807,19 @@ class Connection:
                 self.close(publish_will=False)
         elif self.keep_alive and now - self.last_rx > self.keep_alive * 1.5:  # [MQTT-3.1.2-22]
             self.server_disconnect(rc.KEEP_ALIVE_TIMEOUT, "keep alive timeout", publish_will=True)
+
+
+def _connack(level: int, present: bool, props: dict | None, assigned: str | None) -> bytes:
+    """A successful CONNACK; encoded once for all connections that get the same one."""
+    if assigned:
+        return encode(P.Connack(present, 0, props), level)
+    key = (level, present, *props.items()) if props else (level, present)
+    data = _CONNACKS.get(key)
+    if data is None:
+        data = encode(P.Connack(present, 0, props or None), level)
+        if len(_CONNACKS) < _CONNACKS_MAX:
+            _CONNACKS[key] = data
+    return data
 
 
 class StoredAck(bytes):

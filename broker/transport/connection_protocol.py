@@ -117,7 +117,8 @@ class MQTTProtocol(asyncio.Protocol):
             conn.finish(publish_will=False)
             self.close_gracefully()
             return
-        conn.identity = tls.listener_identity(self.listener, transport.get_extra_info("ssl_object"))
+        if self.listener.use_identity_as_username:
+            conn.identity = tls.listener_identity(self.listener, transport.get_extra_info("ssl_object"))
 
     def peer_name(self) -> str:
         """The client's address ("host:port"), for log lines."""
