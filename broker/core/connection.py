@@ -29,6 +29,10 @@ MAX_DEFERRED = 1000  # packets a client may send while its password is being che
 # memory per idle connection: nothing allocated until used (shared, read-only placeholders)
 NO_ALIASES = MappingProxyType({})
 NO_OUTPUT: tuple = ()
+# close_requested: True when the broker ends the connection (the caller lingers: the client may
+# still be sending, and must read the DISCONNECT, not a reset); CLIENT_DONE after the client's
+# DISCONNECT, when the client sends nothing more [MQTT-3.14.4-1]: the socket is closed at once
+CLIENT_DONE = 2
 NO_PROPERTIES = MappingProxyType({})  # a packet without properties (3.1.1, or none sent)
 # CONNACK bytes by (level, session present, properties), the same for most connections: encoded
 # once (never with an Assigned Client Identifier, which is one connection's; bounded)
@@ -744,6 +748,7 @@ class Connection:
         # [MQTT-3.14.4-3]: DISCONNECT 0x00 (and any 3.1.1 DISCONNECT, whose code is 0) discards
         # the will; [MQTT-3.1.2-8]: any other code (0x04, or an error such as 0x80) keeps it
         self.close(publish_will=d.reason_code != rc.SUCCESS)
+        self.close_requested = CLIENT_DONE  # (3.14.4: the Server closes the Network Connection)
 
     def violation(self, exc: MQTTError) -> None:
         """A malformed packet or protocol error ends only this connection [MQTT-4.13.1-1] (4.13)."""

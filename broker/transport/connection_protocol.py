@@ -17,7 +17,7 @@ import logging
 
 from settings import ListenerConfig
 
-from ..core.connection import Connection, StoredAck
+from ..core.connection import CLIENT_DONE, Connection, StoredAck
 from ..core.events import AuthRequested, MessageAccepted
 from ..protocol import reason_codes as rc
 from . import tls
@@ -229,7 +229,10 @@ class MQTTProtocol(asyncio.Protocol):
             n = len(data)
             t.write(data)
         if conn.close_requested:  # [MQTT-3.14.4-2] closed after the last output (a DISCONNECT)
-            self.close_gracefully()
+            if conn.close_requested == CLIENT_DONE:
+                t.close()  # the client's DISCONNECT: nothing more comes, no linger
+            else:
+                self.close_gracefully()
         return n
 
     def close_gracefully(self) -> None:
