@@ -66,6 +66,8 @@ async def run(a) -> list[float]:
     server = Server(Config(host="127.0.0.1", port=0))
     await server.start()
     spec = server.listener_specs()[0]
+    if a.gc_threshold:
+        gc.set_threshold(a.gc_threshold)
     if not a.no_freeze:
         gc.collect()
         gc.freeze()  # as serve() does
@@ -103,6 +105,7 @@ def main() -> None:
     ap.add_argument("--hold", type=int, default=5000, help="connections kept open meanwhile")
     ap.add_argument("--level", type=int, default=4, choices=[4, 5])
     ap.add_argument("--no-freeze", action="store_true", help="no gc.freeze() (serve() does one)")
+    ap.add_argument("--gc-threshold", type=int, default=0, help="gc.set_threshold(N) (default: leave)")
     ap.add_argument("--profile", action="store_true")
     a = ap.parse_args()
     install_uvloop()

@@ -623,13 +623,14 @@ class Connection:
     def on_pubrel(self, pkt: P.Ack) -> None:
         session = self.session
         pid = pkt.packet_id
-        if pid in session.inflight_in:
+        try:
             session.inflight_in.remove(pid)  # [MQTT-4.3.3-12] the id is free again
+        except (KeyError, AttributeError):  # not awaited (AttributeError: NO_IDS, none ever was)
+            code = rc.PACKET_IDENTIFIER_NOT_FOUND  # 0x92
+        else:
             code = rc.SUCCESS
             if session.store is not None:
                 session.store.qos2_remove(session.client_id, pid)
-        else:
-            code = rc.PACKET_IDENTIFIER_NOT_FOUND  # 0x92
         self.write(encode_ack(P.PUBCOMP, pid, code, None, self.level))  # [MQTT-4.3.3-11]
 
     # ------------------------------------------------------------ SUBSCRIBE
