@@ -387,10 +387,11 @@ class Connection:
                                                   "try again later")
         self.client_id = client_id
         self.username = c.username
-        self.receive_max = props.get(PR.RECEIVE_MAXIMUM, 65535)
-        self.max_packet_size = props.get(PR.MAXIMUM_PACKET_SIZE, 268435460)
-        self.alias_max = props.get(PR.TOPIC_ALIAS_MAXIMUM, 0)
-        self.request_problem_info = bool(props.get(PR.REQUEST_PROBLEM_INFORMATION, 1))
+        if props:  # else the defaults set in __init__
+            self.receive_max = props.get(PR.RECEIVE_MAXIMUM, 65535)
+            self.max_packet_size = props.get(PR.MAXIMUM_PACKET_SIZE, 268435460)
+            self.alias_max = props.get(PR.TOPIC_ALIAS_MAXIMUM, 0)
+            self.request_problem_info = bool(props.get(PR.REQUEST_PROBLEM_INFORMATION, 1))
         if v5:
             self.connect_expiry = props.get(PR.SESSION_EXPIRY_INTERVAL, 0)
             expiry = b.granted_expiry(self.connect_expiry)
