@@ -286,10 +286,10 @@ class Broker:
         s = self.sessions.get(client_id)
         if s is None:
             return False
+        s.may_send_qos12()
         if pid:
-            e = Inflight(msg, qos, retain, sub_ids, handle)
+            e = s.inflight_out[pid] = Inflight(msg, qos, retain, sub_ids, handle)
             e.released = released
-            s.add_inflight(pid, e)
         else:
             s.queued().append((msg, qos, retain, sub_ids, handle))
         return True

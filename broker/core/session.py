@@ -90,7 +90,8 @@ class Session:
         self.link_level = 5  # protocol level of the last connection (for the sink record)
         # filter -> Subscription (NO_ENTRIES until the first: add_subscription())
         self.subscriptions: dict[str, Subscription] = NO_ENTRIES
-        # packet id -> Inflight; insertion order = send order (NO_ENTRIES until the first)
+        # packet id -> Inflight; insertion order = send order. NO_ENTRIES until QoS 1/2 messages
+        # may come (the first QoS 1/2 subscription, a restored message): _send() writes unchecked
         self.inflight_out: dict[int, Inflight] = NO_ENTRIES
         # (message, qos, retain, sub_ids) waiting to be sent; NOTHING until the first one (an idle
         # connection holds no deques: 760 bytes each)
@@ -122,6 +123,14 @@ class Session:
         if subs is NO_ENTRIES:
             subs = self.subscriptions = {}
         subs[sub.filter] = sub
+        if sub.qos:
+            self.may_send_qos12()
+
+    def may_send_qos12(self) -> None:
+        """QoS 1/2 messages may be sent from now on: the in-flight table exists (every QoS 1/2
+        message comes through a QoS 1/2 subscription, or is restored from the store)."""
+        if self.inflight_out is NO_ENTRIES:
+            self.inflight_out = {}
 
     def qos2_received(self, pid: int) -> None:
         """A QoS 2 PUBLISH with this packet id was accepted: its PUBREL is awaited."""
@@ -129,13 +138,6 @@ class Session:
         if ids is NO_IDS:
             ids = self.inflight_in = set()
         ids.add(pid)
-
-    def add_inflight(self, pid: int, entry: Inflight) -> None:
-        """An outbound QoS 1/2 PUBLISH awaiting its acknowledgement."""
-        try:
-            self.inflight_out[pid] = entry
-        except TypeError:  # NO_ENTRIES: the session's first
-            self.inflight_out = {pid: entry}
 
     # ------------------------------------------------------------ outbound
     def deliver(self, msg, qos: int, retain: bool, sub_ids, now: float) -> None:
@@ -219,10 +221,7 @@ class Session:
             e.sub_ids = sub_ids
             e.released = False
             e.handle = seq
-            try:  # [MQTT-4.3.2-3] [MQTT-4.3.3-3] unacknowledged until acked
-                self.inflight_out[pid] = e
-            except TypeError:  # NO_ENTRIES: the session's first (no test on this hot path)
-                self.inflight_out = {pid: e}
+            self.inflight_out[pid] = e  # [MQTT-4.3.2-3] [MQTT-4.3.3-3] unacknowledged until acked
             b = bytearray(data)
             b[off] = pid >> 8
             b[off + 1] = pid & 0xFF
