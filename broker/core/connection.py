@@ -622,17 +622,14 @@ class Connection:
             self.in_alias_bytes -= len(old)
 
     def on_pubrel(self, pkt: P.Ack) -> None:
-        session = self.session
-        pid = pkt.packet_id
         try:
-            session.inflight_in.remove(pid)  # [MQTT-4.3.3-12] the id is free again
+            self.session.inflight_in.remove(pkt.packet_id)  # [MQTT-4.3.3-12] the id is free again
+            code = rc.SUCCESS
+            if self.session.store is not None:
+                self.session.store.qos2_remove(self.session.client_id, pkt.packet_id)
         except (KeyError, AttributeError):  # not awaited (AttributeError: NO_IDS, none ever was)
             code = rc.PACKET_IDENTIFIER_NOT_FOUND  # 0x92
-        else:
-            code = rc.SUCCESS
-            if session.store is not None:
-                session.store.qos2_remove(session.client_id, pid)
-        self.write(encode_ack(P.PUBCOMP, pid, code, None, self.level))  # [MQTT-4.3.3-11]
+        self.write(encode_ack(P.PUBCOMP, pkt.packet_id, code, None, self.level))  # [MQTT-4.3.3-11]
 
     # ------------------------------------------------------------ SUBSCRIBE
     def on_subscribe(self, s: P.Subscribe) -> None:
