@@ -254,6 +254,7 @@ class Session:
 
     def _pump_replay(self, link, now: float) -> None:
         replay = self.replay
+        inflight = self.inflight_out
         limit = link.receive_max
         budget = REPLAY_BURST
         while replay and not link.paused and budget > 0:
@@ -264,7 +265,7 @@ class Session:
                 continue
             msg = msgs[i]
             q = qos if qos < msg.qos else msg.qos
-            if q and len(self.inflight_out) >= limit:  # [MQTT-3.3.4-9] (_send may replace it)
+            if q and len(inflight) >= limit:  # [MQTT-3.3.4-9]
                 return
             msgs[i] = None  # hold nothing once sent
             entry[1] = i + 1
