@@ -352,6 +352,9 @@ def summarize(runs, names):
                     agg["connections"] = median(r.get("connections") for r in rs)
                     agg["alive_at_measure"] = min(r.get("alive_at_measure", 0) for r in rs)
                     agg["connects_per_s"] = median(r.get("connects_per_s") for r in rs)
+                    for k in ("broker_us_per_connect", "broker_us_per_close", "loadgen_us_per_conn"):
+                        if all(r.get(k) is not None for r in rs):
+                            agg[k] = median(r[k] for r in rs)
             out[sc][b] = agg
     return out
 
@@ -421,6 +424,10 @@ def print_report(summary, names, a):
             print(f"{sc:<26} {b:<10} {fmt_num((g.get('broker_cpu') or 0) * 100):>7}% "
                   f"{fmt_num((g.get('broker_core_other') or 0) * 100):>5}% {fmt_num((lg or 0) * 100):>6}% {fmt_num(g.get('loadgen_cpu_max', 0) * 100):>6}% "
                   f"{fmt_num(g.get('sent_per_s')):>11} {deliv:>24} {fmt_num(g['rss_peak_kib'] / 1024, 1):>8}MiB")
+            if g.get("broker_us_per_connect") is not None:
+                print(f"{'':<26} {'':<10} broker CPU {g['broker_us_per_connect']:.1f} us per connect (accept, "
+                      f"CONNECT, CONNACK) + {g['broker_us_per_close']:.1f} us per close (DISCONNECT, close); "
+                      f"load generator {g['loadgen_us_per_conn']:.1f} us per connect")
             if g.get("loadgen_cpu_max", 0) > LOADGEN_CPU_WARN:
                 warnings.append(f"{sc}/{b}: load generator used {g['loadgen_cpu_max'] * 100:.0f}% of its core "
                                 f"-> it may be the bottleneck; this figure is a lower bound")

@@ -717,6 +717,8 @@ async def run_latency(a, loop):
 
 
 async def run_conns(a, loop):
+    meter = Meter(a.broker_pid)
+    m0 = meter.snap()
     t0 = time.perf_counter()
     clients = await gather_limited(
         [connect(loop, lambda i=i: Client(f"bidle{i}-{os.getpid()}"), a.host, a.port,
@@ -724,14 +726,27 @@ async def run_conns(a, loop):
          for i in range(a.conns)],
         limit=a.conn_concurrency)
     t_conn = time.perf_counter() - t0
+    m1 = meter.snap()
     print(f"READY {len(clients)}", flush=True)
     # wait for the orchestrator to measure RSS
     await loop.run_in_executor(None, sys.stdin.readline)
     alive = sum(1 for c in clients if not c.closed.done())
-    close_all(clients)
+    m2 = meter.snap()
+    close_all(clients)  # DISCONNECT, then close
+    await asyncio.wait([c.closed for c in clients], timeout=30)
     await asyncio.sleep(0.2)
-    return {"connections": len(clients), "alive_at_measure": alive, "connect_s": t_conn,
-            "connects_per_s": len(clients) / t_conn if t_conn else None}
+    m3 = meter.snap()
+    n = len(clients)
+    res = {"connections": n, "alive_at_measure": alive, "connect_s": t_conn,
+           "connects_per_s": n / t_conn if t_conn else None,
+           # CPU per connection (robust on a busy machine, unlike connects_per_s): the broker's
+           # (/proc/<pid>/stat) for accept + CONNECT + CONNACK, and for DISCONNECT + close
+           # (including ~0.2 s idle); the load generator's for the connect phase
+           "loadgen_us_per_conn": (m1[1] - m0[1]) / n * 1e6 if n else None}
+    if m0[2] is not None and m3[2] is not None and n:
+        res["broker_us_per_connect"] = (m1[2] - m0[2]) / n * 1e6
+        res["broker_us_per_close"] = (m3[2] - m2[2]) / n * 1e6
+    return res
 
 
 async def amain(a):

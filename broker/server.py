@@ -4,6 +4,7 @@ events, held acks) is transport/connection_protocol.py."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import signal
 
@@ -175,6 +176,11 @@ def install_uvloop() -> bool:
 async def serve(config: Config, sink=None, auth=None, store=None) -> None:
     server = Server(config, sink=sink, auth=auth, store=store)
     await server.start()
+    # Everything made so far (modules, config, restored state) lives as long as the process: out
+    # of the garbage collector's sight, so its full passes walk only what came after (bench.py
+    # `conns`: the collector's time per connection 8.4 -> 4.6 us)
+    gc.collect()
+    gc.freeze()
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

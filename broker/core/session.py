@@ -13,6 +13,23 @@ from ..protocol.codec import encode_ack
 
 NEVER = 0xFFFFFFFF  # Session Expiry Interval meaning "does not expire"
 NOTHING = ()  # an empty queue not made yet: len() 0, false, iterable; queued() makes the deque
+
+
+class _NoEntries(dict):
+    """The dict a session shares while it has none of its own (subscriptions, inflight_out): it
+    reads as empty; a write raises TypeError (the writer gives the session its own dict)."""
+    __slots__ = ()
+
+    def _read_only(self, *args, **kwargs):
+        raise TypeError("a session's shared empty dict is read-only")
+
+    __setitem__ = setdefault = update = __ior__ = _read_only
+
+
+# memory per idle connection: an idle session makes no containers (an empty dict is 64 bytes, an
+# empty set 216); these shared, read-only empties stand in until the first entry
+NO_ENTRIES = _NoEntries()
+NO_IDS: frozenset = frozenset()
 REPLAY_BURST = 1 << 20  # bytes of retained replay written per pump: the rest waits for the next turn
 
 
@@ -71,13 +88,16 @@ class Session:
         self.client_id = client_id
         self.username: str | None = None
         self.link_level = 5  # protocol level of the last connection (for the sink record)
-        self.subscriptions: dict[str, Subscription] = {}
-        # packet id -> Inflight; insertion order = send order
-        self.inflight_out: dict[int, Inflight] = {}
+        # filter -> Subscription (NO_ENTRIES until the first: add_subscription())
+        self.subscriptions: dict[str, Subscription] = NO_ENTRIES
+        # packet id -> Inflight; insertion order = send order. NO_ENTRIES until QoS 1/2 messages
+        # may come (the first QoS 1/2 subscription, a restored message): _send() writes unchecked
+        self.inflight_out: dict[int, Inflight] = NO_ENTRIES
         # (message, qos, retain, sub_ids) waiting to be sent; NOTHING until the first one (an idle
         # connection holds no deques: 760 bytes each)
         self.queue: deque | tuple = NOTHING
-        self.inflight_in: set[int] = set()   # QoS 2 packet ids received, PUBREL not yet seen
+        # QoS 2 packet ids received, PUBREL not yet seen (NO_IDS until the first: qos2_received())
+        self.inflight_in: set[int] | frozenset = NO_IDS
         self.expiry_interval = 0
         self.expires_at: float | None = None
         self.will = None
@@ -96,6 +116,28 @@ class Session:
         # [matched messages, next index, granted QoS, sub_ids, retained store] per subscription
         self.replay: deque | tuple = NOTHING
         self.replay_pending = 0  # messages in `replay` not yet sent
+
+    def add_subscription(self, sub: Subscription) -> None:
+        """Add or replace the subscription for sub.filter."""
+        subs = self.subscriptions
+        if subs is NO_ENTRIES:
+            subs = self.subscriptions = {}
+        subs[sub.filter] = sub
+        if sub.qos:
+            self.may_send_qos12()
+
+    def may_send_qos12(self) -> None:
+        """QoS 1/2 messages may be sent from now on: the in-flight table exists (every QoS 1/2
+        message comes through a QoS 1/2 subscription, or is restored from the store)."""
+        if self.inflight_out is NO_ENTRIES:
+            self.inflight_out = {}
+
+    def qos2_received(self, pid: int) -> None:
+        """A QoS 2 PUBLISH with this packet id was accepted: its PUBREL is awaited."""
+        ids = self.inflight_in
+        if ids is NO_IDS:
+            ids = self.inflight_in = set()
+        ids.add(pid)
 
     # ------------------------------------------------------------ outbound
     def deliver(self, msg, qos: int, retain: bool, sub_ids, now: float) -> None:

@@ -14,11 +14,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 
 from settings import ListenerConfig
 
-from ..core.connection import Connection, StoredAck
+from ..core.connection import CLIENT_DONE, Connection, StoredAck
 from ..core.events import AuthRequested, MessageAccepted
 from ..protocol import reason_codes as rc
 from . import tls
@@ -105,17 +104,12 @@ class MQTTProtocol(asyncio.Protocol):
 
     # ------------------------------------------------------------ transport events
     def connection_made(self, transport) -> None:
+        # TCP_NODELAY: uvloop and asyncio set it on every TCP transport they make (also under
+        # TLS and WebSocket); asking for the socket here would cost an object per connection
         server = self.server
-        sock = transport.get_extra_info("socket")
-        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
-            try:
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            except OSError:
-                pass
         transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)
         self.transport = transport
-        peer = transport.get_extra_info("peername")
-        conn = self.conn = Connection(server.broker, f"{peer[0]}:{peer[1]}" if peer else "?")
+        conn = self.conn = Connection(server.broker, None)  # conn.peer: peer_name(), when logged
         conn.owner = self
         max_conn = server.config.mqtt.max_connections
         if max_conn and len(server.broker.connections) > max_conn:
@@ -123,7 +117,14 @@ class MQTTProtocol(asyncio.Protocol):
             conn.finish(publish_will=False)
             self.close_gracefully()
             return
-        conn.identity = tls.listener_identity(self.listener, transport.get_extra_info("ssl_object"))
+        if self.listener.use_identity_as_username:
+            conn.identity = tls.listener_identity(self.listener, transport.get_extra_info("ssl_object"))
+
+    def peer_name(self) -> str:
+        """The client's address ("host:port"), for log lines."""
+        t = self.transport
+        peer = t.get_extra_info("peername") if t is not None else None
+        return f"{peer[0]}:{peer[1]}" if peer else "?"
 
     def data_received(self, data: bytes) -> None:
         self.server.bytes_in += len(data)
@@ -170,8 +171,10 @@ class MQTTProtocol(asyncio.Protocol):
     def connection_lost(self, exc) -> None:
         if self.linger_timer is not None:
             self.linger_timer.cancel()
-        if self.conn is not None:
-            self.conn.connection_lost()
+        conn = self.conn
+        if conn is not None:
+            conn.connection_lost()
+            conn.owner = None  # no reference cycle: both are freed now, not by a GC pass
         self.transport = None
 
     # ------------------------------------------------------------ the Connection's events
@@ -226,7 +229,10 @@ class MQTTProtocol(asyncio.Protocol):
             n = len(data)
             t.write(data)
         if conn.close_requested:  # [MQTT-3.14.4-2] closed after the last output (a DISCONNECT)
-            self.close_gracefully()
+            if conn.close_requested == CLIENT_DONE:
+                t.close()  # the client's DISCONNECT: nothing more comes, no linger
+            else:
+                self.close_gracefully()
         return n
 
     def close_gracefully(self) -> None:

@@ -189,6 +189,23 @@ async def test_graceful_close_reads_again_to_discard_input():
     proto.connection_lost(None)
 
 
+async def test_client_disconnect_closes_at_once_server_disconnect_lingers():
+    """After the client's DISCONNECT nothing more comes [MQTT-3.14.4-1]: the socket is closed
+    at once, no half-close and linger timer; a broker-ended connection still lingers."""
+    for level in (5, 4):
+        server, proto, t = serve(level=level)
+        proto.data_received(encode(P.Disconnect(), level))
+        server.flush()
+        assert t.closing and not t.eof and proto.linger_timer is None
+        proto.connection_lost(None)
+    server, proto, t = serve()
+    proto.data_received(encode(P.Disconnect(rc.SUCCESS, {0x11: 10}), 5))  # expiry after 0: error
+    server.flush()
+    assert t.received()[0].reason_code == rc.PROTOCOL_ERROR
+    assert t.eof and not t.closing and proto.linger_timer is not None
+    proto.connection_lost(None)
+
+
 async def test_password_check_runs_on_the_check_queue_and_busy_refuses():
     from broker.auth.checks import CheckQueue
     from broker.core.broker import AllowAll
