@@ -1,7 +1,6 @@
 """Fixtures for the end-to-end tests: one SparkSession per test run, embedded Kafka (Tansu)."""
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 

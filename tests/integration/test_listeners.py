@@ -250,7 +250,7 @@ def test_sighup_reloads_certificate_without_dropping_connections(tmp_path):
         ca1.configure_trust(ctx1)
         ctx2 = ssl.create_default_context()
         ca2.configure_trust(ctx2)
-        from broker.protocol.codec import Decoder, encode
+        from broker.protocol.codec import encode
         old = _tls_connect_raw(port, ctx1)
         old.sendall(encode(P.Connect("old", 5), 5))
         assert old.recv(100)[:1] == b"\x20"

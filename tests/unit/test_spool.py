@@ -8,7 +8,7 @@ import pytest
 
 from sink.forward.forwarder import SpoolSource
 from sink.forward.record import SinkRecord, decode_entry, encode_entry
-from sink.forward.spool import (FRAME_SIZE, SpoolReader, SpoolWriter, frame, list_segments, read_checkpoint,
+from sink.forward.spool import (SpoolReader, SpoolWriter, frame, list_segments, read_checkpoint,
                         scan_segment, seg_name, write_checkpoint)
 
 
