@@ -9,7 +9,7 @@ from broker.protocol import packets as P
 from broker.protocol import properties as PR
 from broker.protocol.codec import encode, encode_publish
 from broker.protocol.properties import encode_vbi
-from tests.sansio import Client, closed
+from tests.sansio import Client, ack, closed, publish_ok  # noqa: F401 (shared helpers, re-exported)
 
 _ids = itertools.count(1)
 
@@ -59,34 +59,6 @@ def subscribe(c: Client, *filters: str, qos: int = 0, pid: int = 1, properties=N
 def publish(c: Client, topic: str, payload: bytes = b"x", qos: int = 0, pid: int = 1,
             retain: bool = False, dup: bool = False, properties: dict | None = None) -> None:
     c.send(P.Publish(topic, payload, qos, retain, dup, pid if qos else None, properties))
-
-
-def publish_ok(c: Client, topic: str, payload: bytes = b"x", qos: int = 0, pid: int = 1,
-               expect_code: int | None = None, **kw):
-    """Publish and complete the inbound flow; returns the PUBACK/PUBREC (None for QoS 0)."""
-    publish(c, topic, payload, qos, pid, **kw)
-    if qos == 0:
-        return None
-    a = take(c, P.PUBACK if qos == 1 else P.PUBREC)
-    assert a.packet_id == pid
-    if expect_code is not None:
-        assert a.reason_code == expect_code, f"reason 0x{a.reason_code:02X}, expected 0x{expect_code:02X}"
-    if qos == 2:
-        c.send(P.Ack(P.PUBREL, pid))
-        comp = take(c, P.PUBCOMP)
-        assert comp.packet_id == pid and comp.reason_code == 0
-    return a
-
-
-def ack(c: Client, m: P.Publish) -> None:
-    """Complete the flow of a PUBLISH received from the broker (PUBACK, or PUBREC+PUBCOMP)."""
-    if m.qos == 1:
-        c.send(P.Ack(P.PUBACK, m.packet_id))
-    elif m.qos == 2:
-        c.send(P.Ack(P.PUBREC, m.packet_id))
-        rel = take(c, P.PUBREL)
-        assert rel.packet_id == m.packet_id
-        c.send(P.Ack(P.PUBCOMP, m.packet_id))
 
 
 def bye(*clients: Client) -> None:

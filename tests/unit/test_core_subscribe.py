@@ -11,7 +11,8 @@ import pytest
 from broker.protocol import packets as P
 from broker.protocol import properties as PR
 from broker.protocol import reason_codes as rc
-from tests.sansio import Client, make
+from tests.sansio import Client, make, publish_ok
+from tests.sansio_pubsub import take
 
 V3, V4, V5 = P.MQTT_31, P.MQTT_311, P.MQTT_5
 O = P.SubscriptionOptions
@@ -33,35 +34,7 @@ def connected(b, cid: str, level: int = V5, clean: bool = True, props=None,
 def subscribe(c: Client, *filters, qos: int = 0, pid: int = 1, props=None, **opts) -> P.Suback:
     """SUBSCRIBE; returns the SUBACK (what follows it, e.g. retained messages, stays pending)."""
     c.send(P.Subscribe(pid, [(f, O(qos, **opts)) for f in filters], props))
-    return next_of(c, P.SUBACK)
-
-
-def next_of(c: Client, ptype: int):
-    """The first packet of `ptype` the broker sent; the others stay pending, in order."""
-    pkts = c.received()
-    for i, p in enumerate(pkts):
-        if p.type == ptype:
-            c.pending = pkts[:i] + pkts[i + 1:] + c.pending
-            return p
-    raise AssertionError(f"no {P.TYPE_NAMES[ptype]} in {pkts!r}")
-
-
-def publish_ok(c: Client, topic: str, payload: bytes = b"x", qos: int = 0, pid: int = 1,
-               retain: bool = False, expect_code: int | None = None):
-    """PUBLISH and complete the inbound flow; returns the PUBACK/PUBREC (None for QoS 0).
-    PUBLISHes the broker sends meanwhile (the client's own subscriptions) stay pending."""
-    c.send(P.Publish(topic, payload, qos, retain, False, pid if qos else None))
-    if qos == 0:
-        return None
-    a = next_of(c, P.PUBACK if qos == 1 else P.PUBREC)
-    assert a.packet_id == pid
-    if expect_code is not None:
-        assert a.reason_code == expect_code, f"reason 0x{a.reason_code:02X}, expected 0x{expect_code:02X}"
-    if qos == 2:
-        c.send(P.Ack(P.PUBREL, pid))
-        comp = next_of(c, P.PUBCOMP)
-        assert comp.packet_id == pid and comp.reason_code == 0
-    return a
+    return take(c, P.SUBACK)
 
 
 def drain(c: Client) -> list:
