@@ -247,6 +247,8 @@ def _decode_records(chunks: list, batch_info: list) -> Decoded:
     h_count, pos = _varints(data, pos, limit)
     if np.any(h_count < 0):
         raise CorruptBatchError("negative header count")
+    if np.any(h_count > (limit - pos) // 2):  # a header is at least two varints (key, value length)
+        raise CorruptBatchError("more headers than the record has bytes for")
     hoff = np.zeros(n + 1, np.int64)
     np.cumsum(h_count, out=hoff[1:])
     nh = int(hoff[-1])

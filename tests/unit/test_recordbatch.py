@@ -125,6 +125,16 @@ def test_corrupt_bytes_raise_a_clear_error(batch_list, data):
         pass
 
 
+def test_huge_header_count_is_corrupt_not_a_huge_allocation():
+    """A header count the record has no bytes for (here ~3e9, found by the property above) is
+    refused before anything is allocated for it, with the CRC check off too."""
+    raw = bytearray(build([[(0, None, None, [("mqtt.user.", None)]),
+                            (0, None, None, [("\x80\x800", None)])]]))
+    raw[82] = 128
+    with pytest.raises(rb.CorruptBatchError, match="more headers than the record"):
+        rb.decode(bytes(raw), check_crcs=False)
+
+
 def test_old_message_format_is_refused_with_a_hint():
     b = MemoryRecordsBuilder(magic=1, compression_type=0, batch_size=1 << 20)
     b.append(timestamp=1, key=b"k", value=b"v", headers=[])
