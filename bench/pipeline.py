@@ -7,10 +7,15 @@ A script, not a test.
 For each offered rate it starts, as a new user would run them: the embedded Kafka (Tansu), the
 broker with the sink (`--kafka-bootstrap`), and the history job (`python -m sink.job`, 2 s
 trigger, table in a temporary directory). Then 8 QoS 1 publishers (64-byte payloads, paced to
-the offered rate in 1 ms ticks, at most --window unacknowledged each) and one QoS 1 subscriber of
-everything run for --duration seconds. Reported:
+the offered rate in 1 ms ticks, at most --window unacknowledged each; what a full window holds
+back waits in the publisher and goes out when PUBACKs free it) and one QoS 1 subscriber of
+everything run for --duration seconds. A long-running job is warm: its JVM is still compiling
+hot code a minute after start (C2 compiler threads ~18% of a core at 65 s), so `--warmup 60`
+gives the steady-state figures. Reported:
 
 * accepted: PUBACKs received; the subscriber's count is checked too (the broker stays correct);
+  PUBACK latency percentiles (publish sent -> PUBACK read), the 1 ms ticks that ended with
+  messages waiting for a window, and what was still waiting when publishing ended;
 * time until all accepted messages are in Kafka (sum of the topic's end offsets) and in the
   table (rows in its Parquet files, read from the footers with pyarrow; no Spark session), after
   publishing ended, and the sustained rates (accepted / (duration + that time));
@@ -156,23 +161,36 @@ class TableCounter:
 
 # ------------------------------------------------------------------------- load
 class PacedPublisher(Client):
-    """QoS 1 publisher: sends what the pacer allows, at most `window` unacknowledged."""
+    """QoS 1 publisher: sends what the pacer allows, at most `window` unacknowledged. What a full
+    window holds back waits in the client, as a device's queue does, and goes out as PUBACKs
+    free the window (``drop_when_full``: it is dropped instead, the old behaviour)."""
 
-    def __init__(self, client_id, topic, window):
+    def __init__(self, client_id, topic, window, drop_when_full=False):
         super().__init__(client_id)
         self.window = window
         self.pkts = [None] + [publish_packet(topic, make_payload(0), 1, pid) for pid in range(1, window + 1)]
         self.free = list(range(window, 0, -1))
-        self.sent = self.acked = self.refused = 0
+        self.sent_at = [0.0] * (window + 1)
+        self.ack_latency: list[float] = []
+        self.drop_when_full = drop_when_full
+        self.sent = self.acked = self.refused = self.pending = 0
 
-    def send(self, n: int) -> int:
-        n = min(n, len(self.free))
-        if n <= 0 or self.transport.is_closing():
+    def send(self, n: int, now: float) -> int:
+        """Offer n more messages; returns how many went out now."""
+        want = n if self.drop_when_full else self.pending + n
+        k = min(want, len(self.free))
+        if self.transport.is_closing():
+            k = 0
+        if not self.drop_when_full:
+            self.pending = want - k
+        if k <= 0:
             return 0
-        pids = [self.free.pop() for _ in range(n)]
+        pids = [self.free.pop() for _ in range(k)]
+        for p in pids:
+            self.sent_at[p] = now
         self.transport.write(b"".join(self.pkts[p] for p in pids))
-        self.sent += n
-        return n
+        self.sent += k
+        return k
 
     def data_received(self, data):
         # PUBACK with a reason code >= 0x80 (MQTT 5) never happens on 3.1.1: count them all
@@ -180,36 +198,47 @@ class PacedPublisher(Client):
 
     def on_release(self, pid):
         self.acked += 1
+        self.ack_latency.append(time.monotonic() - self.sent_at[pid])
         self.free.append(pid)
 
 
-async def offer(host: str, port: int, rate: float, duration: float, publishers: int, window: int):
+def percentiles_ms(values: list[float]) -> dict:
+    if not values:
+        return {}
+    v = sorted(values)
+    pick = lambda q: round(v[min(len(v) - 1, int(q * len(v)))] * 1000, 1)  # noqa: E731
+    return {"p50": pick(0.50), "p99": pick(0.99), "p999": pick(0.999), "max": round(v[-1] * 1000, 1)}
+
+
+async def offer(host: str, port: int, rate: float, duration: float, publishers: int, window: int,
+                drop_when_full: bool = False):
     loop = asyncio.get_running_loop()
     sub = await connect(loop, lambda: Subscriber(f"psub-{os.getpid()}"), host, port)
     await sub.subscribe("bench/#", 1)
-    pubs = [await connect(loop, lambda i=i: PacedPublisher(f"ppub{i}-{os.getpid()}", f"bench/{i}", window),
-                          host, port) for i in range(publishers)]
+    pubs = [await connect(loop, lambda i=i: PacedPublisher(f"ppub{i}-{os.getpid()}", f"bench/{i}", window,
+                                                           drop_when_full), host, port)
+            for i in range(publishers)]
     await asyncio.sleep(0.2)
     t0 = time.monotonic()
     due = 0.0
     owed = 0
     i = 0
+    held_ticks = 0  # 1 ms ticks that ended with messages waiting for a window
     while True:
         now = time.monotonic() - t0
         if now >= duration:
             break
         target = int(rate * now)
         want = target - owed
-        if want > 0:
-            # spread exactly over the publishers (the remainder to the next ones in turn); one
-            # with a full window sends less (offered > accepted: the broker is the limit)
-            base, extra = divmod(want, publishers)
+        if want > 0 or any(p.pending for p in pubs):
+            # spread exactly over the publishers (the remainder to the next ones in turn)
+            base, extra = divmod(max(want, 0), publishers)
+            stamp = t0 + now
             for j in range(publishers):
-                n = base + (1 if j < extra else 0)
-                if n:
-                    pubs[(i + j) % publishers].send(n)
+                pubs[(i + j) % publishers].send(base + (1 if j < extra else 0), stamp)
             i += extra
-            owed += want                 # offered, whether or not a window had room
+            owed += max(want, 0)
+            held_ticks += any(p.pending for p in pubs)
         due += 0.001
         await asyncio.sleep(max(0.0, due - (time.monotonic() - t0)))
     t_pub_end = time.monotonic()
@@ -222,6 +251,8 @@ async def offer(host: str, port: int, rate: float, duration: float, publishers: 
     while time.monotonic() < deadline and sub.received < accepted:
         await asyncio.sleep(0.05)
     res = dict(offered=owed, sent=sum(p.sent for p in pubs), accepted=accepted,
+               not_sent_at_end=sum(p.pending for p in pubs), ticks_with_full_window=held_ticks,
+               ack_latency_ms=percentiles_ms([x for p in pubs for x in p.ack_latency]),
                delivered_to_subscriber=sub.received, publish_seconds=t_pub_end - t0)
     for c in pubs + [sub]:
         c.transport.close()
@@ -287,7 +318,8 @@ def run_one(a, rate: int) -> dict:
         base_kafka = base_table = 0
         warm = None
         if a.warmup > 0:  # a long-running job is warm (JIT, Python workers, RocksDB): get it there
-            wl, _ = asyncio.run(offer("127.0.0.1", port, rate, a.warmup, a.publishers, a.window))
+            wl, _ = asyncio.run(offer("127.0.0.1", port, rate, a.warmup, a.publishers, a.window,
+                                            a.drop_when_full))
             deadline = time.monotonic() + a.timeout
             while time.monotonic() < deadline and counter.count() < wl["accepted"]:
                 time.sleep(0.5)
@@ -297,7 +329,8 @@ def run_one(a, rate: int) -> dict:
         meter.start()
         t_start = time.monotonic()
         ru0 = resource.getrusage(resource.RUSAGE_SELF)
-        load, t_pub_end = asyncio.run(offer("127.0.0.1", port, rate, a.duration, a.publishers, a.window))
+        load, t_pub_end = asyncio.run(offer("127.0.0.1", port, rate, a.duration, a.publishers, a.window,
+                                            a.drop_when_full))
         ru1 = resource.getrusage(resource.RUSAGE_SELF)
         n = load["accepted"]
         cpu_pub = meter.since_start()      # publishing (and its last acks): the live cost
@@ -352,7 +385,8 @@ def _load_on(argv: list, port: int, a, rate: int, env: dict) -> tuple[dict, floa
     try:
         wait_port(port)
         c0 = cpu_s(broker.pid)
-        load, _ = asyncio.run(offer("127.0.0.1", port, rate, a.duration, a.publishers, a.window))
+        load, _ = asyncio.run(offer("127.0.0.1", port, rate, a.duration, a.publishers, a.window,
+                                            a.drop_when_full))
         return load, (cpu_s(broker.pid) - c0) / max(load["accepted"], 1) * 1e6
     finally:
         os.killpg(broker.pid, signal.SIGTERM)
@@ -394,6 +428,10 @@ def main(argv=None) -> int:
     ap.add_argument("--duration", type=float, default=20.0, help="seconds of publishing per rate")
     ap.add_argument("--publishers", type=int, default=8)
     ap.add_argument("--window", type=int, default=500, help="unacknowledged QoS 1 PUBLISHes per publisher")
+    ap.add_argument("--drop-when-full", action="store_true",
+                    help="a publisher whose window is full drops its share of a tick instead of "
+                         "queueing it (the behaviour before 2026-11-23: one ack stall of window/rate "
+                         "seconds loses messages for good)")
     ap.add_argument("--trigger", type=float, default=2.0, help="job micro-batch trigger, seconds")
     ap.add_argument("--keep-until", default="history", choices=["history", "kafka"], help="[sink] keep_until")
     ap.add_argument("--set", action="append", help="extra broker --set SECTION.KEY=VALUE (repeatable)")
@@ -417,8 +455,8 @@ def main(argv=None) -> int:
     if not a.json:
         print("| offered/s | accepted | accepted/s | to Kafka s | to table s | into table/s "
               "| broker us | forwarder us | Tansu us | job us | total us/msg | broker / forwarder us while publishing "
-              "| load generator us | job |")
-        print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+              "| load generator us | job | PUBACK ms p50/p99/max | ms with a full window |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
         for r in results:
             c = r["cpu_us_per_msg"]
             print(f"| {r['rate']} | {r['accepted']} | {r['accepted_per_s']} | {r['seconds_to_kafka']} | "
@@ -426,7 +464,9 @@ def main(argv=None) -> int:
                   f"{c['tansu']} | {c['job']} | {c['total']} | "
                   f"{r.get('cpu_us_per_msg_publishing', {}).get('broker')} / "
                   f"{r.get('cpu_us_per_msg_publishing', {}).get('forwarder')} | "
-                  f"{r.get('loadgen_us_per_msg')} | {'warm' if r.get('warmup') else 'cold start'} |")
+                  f"{r.get('loadgen_us_per_msg')} | {'warm' if r.get('warmup') else 'cold start'} | "
+                  f"{'/'.join(str(r.get('ack_latency_ms', {}).get(k)) for k in ('p50', 'p99', 'max'))} | "
+                  f"{r.get('ticks_with_full_window')} |")
         for r in results:
             if "mosquitto" in r:
                 m = r["mosquitto"]
