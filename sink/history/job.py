@@ -677,9 +677,18 @@ def check_kafka(bootstrap: str, timeout: float = 10.0,
                           "Set the address with --kafka-bootstrap or [sink] bootstrap_servers")
 
 
+AUTOGROUP = "/proc/self/autogroup"
+
+
 def lower_priority(nice: int) -> None:
     """Run at niceness `nice` (never raised back if already lower); the JVM and the Python
-    workers started later inherit it."""
+    workers started later inherit it.
+
+    Linux with autogroup scheduling (sched_autogroup_enabled=1) shares the CPU fairly between
+    sessions first and applies a process's niceness only within its session: a job started in
+    its own session (setsid, as a supervisor or `start_new_session` does) would still take
+    half the CPU from the broker under load. Such a job leads its session, whose autogroup
+    holds only it and its children, so it lowers the autogroup's niceness too."""
     try:
         now = os.getpriority(os.PRIO_PROCESS, 0)
         if nice > now:
@@ -687,6 +696,19 @@ def lower_priority(nice: int) -> None:
             log.info("running at niceness %d ([history] nice): the broker's CPU comes first", nice)
     except OSError as exc:
         log.warning("cannot set niceness %d: %s", nice, exc)
+    if os.getsid(0) != os.getpid():
+        return  # sharing a session (and its autogroup) with others: the niceness above is enough
+    try:
+        with open(AUTOGROUP) as f:
+            now = int(f.read().rsplit("nice", 1)[1])
+        if nice > now:
+            with open(AUTOGROUP, "w") as f:
+                f.write(str(nice))
+    except FileNotFoundError:
+        pass  # no autogroup scheduling on this kernel
+    except (OSError, ValueError, IndexError) as exc:
+        log.warning("cannot set the niceness of this session's autogroup (%s) to %d: %s",
+                    AUTOGROUP, nice, exc)
 
 
 def main(argv=None) -> int:

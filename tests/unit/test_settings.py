@@ -368,3 +368,20 @@ def test_job_lowers_its_priority_and_children_inherit_it():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=ROOT)
     assert out.stdout.split() == ["7", "7"]
+
+
+def test_job_leading_its_session_lowers_its_autogroup_too():
+    """With autogroup scheduling the CPU is shared between sessions before niceness applies: a
+    job in its own session (setsid) lowers its autogroup's niceness, one sharing a session
+    leaves the autogroup (its neighbours', e.g. the broker's) alone."""
+    from pathlib import Path
+    if not Path("/proc/self/autogroup").exists():
+        pytest.skip("this kernel has no autogroup scheduling (/proc/self/autogroup): nothing to lower")
+    code = ("from sink.history.job import lower_priority; lower_priority(9); "
+            "print(open('/proc/self/autogroup').read().split()[-1])")
+    own = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=ROOT, start_new_session=True)
+    assert own.stdout.split() == ["9"]
+    shared = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                            cwd=ROOT)
+    assert shared.stdout.split() == [Path("/proc/self/autogroup").read_text().split()[-1]]
