@@ -1,7 +1,7 @@
 """Pipeline benchmark: MQTT -> broker (sink) -> Kafka (Tansu) -> Spark history table.
 A script, not a test.
 
-    .venv/bin/python bench/pipeline.py --rates 5000,15000,25000,50000 --duration 20
+    .venv/bin/python bench/pipeline.py --rates 5000,15000,25000,50000 --duration 20 --warmup 60
     .venv/bin/python bench/pipeline.py --rates 25000 --broker-only --mosquitto   # the baseline
 
 For each offered rate it starts, as a new user would run them: the embedded Kafka (Tansu), the
