@@ -173,7 +173,7 @@ class PacedPublisher(Client):
         self.sent_at = [0.0] * (window + 1)
         self.ack_latency: list[float] = []
         self.drop_when_full = drop_when_full
-        self.sent = self.acked = self.refused = self.pending = 0
+        self.sent = self.acked = self.pending = 0
 
     def send(self, n: int, now: float) -> int:
         """Offer n more messages; returns how many went out now."""

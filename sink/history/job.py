@@ -516,9 +516,7 @@ def run(spark, cfg: JobConfig, stop_event: threading.Event | None = None,
 
     def report():
         nonlocal last_batch, last_idle_log
-        for p in progress_since(query, last_batch):
-            if p.get("batchId", -1) <= last_batch:
-                continue
+        for p in progress_since(query, last_batch):  # only batches after last_batch
             last_batch = p["batchId"]
             if p.get("numInputRows", 0) or cfg.available_now:
                 log.info("%s", describe_progress(p))
