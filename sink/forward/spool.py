@@ -317,6 +317,7 @@ class SpoolWriter:
         self.next_seq = 0           # next seq to assign (event loop)
         self.end_pos = 0            # logical end including queued frames (event loop)
         self.durable_seq = -1       # last seq written (+fsynced when fsync) (writer thread)
+        self.decided_seq = -1       # last seq written or refused (writer thread)
         self.written_pos = 0        # position after the last written frame
         self.ckpt_pos = 0
         self.ckpt_seq = 0
@@ -356,7 +357,7 @@ class SpoolWriter:
                 next_seq = max(next_seq, info["last_seq"] + 1)
                 break
         self.next_seq = next_seq
-        self.durable_seq = next_seq - 1
+        self.durable_seq = self.decided_seq = next_seq - 1
         self._new_segment(base)
         self.end_pos = self.written_pos = base
         self._thread = threading.Thread(target=self._run, name="sink-spool-writer", daemon=True)
@@ -434,7 +435,7 @@ class SpoolWriter:
                     self.failing = 0
                 self._file_off += size
                 self.written_pos = start_pos + size
-                self.durable_seq = last
+                self.durable_seq = self.decided_seq = last
                 self.batches += 1
                 if self.on_durable:
                     self.on_durable(last, len(bufs))
@@ -476,6 +477,7 @@ class SpoolWriter:
                     pass
         self._base, self._file_off = start_pos + size, 0
         self.written_pos = start_pos + size
+        self.decided_seq = last
         if self.on_error:
             self.on_error(last, n, exc)
         time.sleep(0.1)
@@ -484,10 +486,10 @@ class SpoolWriter:
         """Block (not for the event loop) until everything appended is written."""
         target = self.next_seq - 1
         deadline = time.monotonic() + timeout
-        while self.durable_seq < target and time.monotonic() < deadline:
+        # until every record is written or refused (not "failing with an empty queue": the
+        # writer may hold the records it took from the queue and be about to succeed)
+        while self.decided_seq < target and time.monotonic() < deadline:
             if self._thread is None or not self._thread.is_alive():
-                return False
-            if self.failing and not self._q:  # the disk fails: the rest was refused
                 return False
             self._ev.set()
             time.sleep(0.002)
