@@ -699,14 +699,38 @@ def lower_priority(nice: int) -> None:
     try:
         with open(AUTOGROUP) as f:
             now = int(f.read().rsplit("nice", 1)[1])
-        if nice > now:
-            with open(AUTOGROUP, "w") as f:
-                f.write(str(nice))
     except FileNotFoundError:
-        pass  # no autogroup scheduling on this kernel
+        return  # no autogroup scheduling on this kernel
     except (OSError, ValueError, IndexError) as exc:
-        log.warning("cannot set the niceness of this session's autogroup (%s) to %d: %s",
-                    AUTOGROUP, nice, exc)
+        log.warning("cannot read this session's autogroup (%s): %s", AUTOGROUP, exc)
+        return
+    if nice > now:
+        set_autogroup_nice(nice)
+
+
+def set_autogroup_nice(nice: int, attempts: int = 10) -> bool:
+    """Write `nice` to this session's autogroup. Without CAP_SYS_ADMIN the kernel accepts one
+    such write per 100 ms on the whole machine and answers EAGAIN to the others
+    (proc_sched_autogroup_set_nice): wait and retry."""
+    for attempt in range(attempts):
+        try:
+            fd = os.open(AUTOGROUP, os.O_WRONLY)
+            try:
+                os.write(fd, str(nice).encode())
+            finally:
+                os.close(fd)
+            return True
+        except BlockingIOError:
+            if attempt + 1 < attempts:
+                time.sleep(0.11)
+        except OSError as exc:
+            log.warning("cannot set the niceness of this session's autogroup (%s) to %d: %s",
+                        AUTOGROUP, nice, exc)
+            return False
+    log.warning("cannot set the niceness of this session's autogroup (%s) to %d: the kernel "
+                "kept answering EAGAIN (it rate-limits these writes) for %.1f s",
+                AUTOGROUP, nice, attempts * 0.11)
+    return False
 
 
 def main(argv=None) -> int:
