@@ -477,8 +477,21 @@ class Meter:
         return None
 
     def broker_cpu(self):
+        """CPU seconds of the broker process (all threads): from schedstat, in ns (the clock-tick
+        figures of /proc/<pid>/stat step by 10 ms: 2 us per connection in `conns`), else stat."""
         if not self.broker_pid:
             return None
+        try:
+            total = 0
+            for task in os.listdir(f"/proc/{self.broker_pid}/task"):
+                try:
+                    with open(f"/proc/{self.broker_pid}/task/{task}/schedstat") as f:
+                        total += int(f.read().split()[0])
+                except FileNotFoundError:
+                    pass  # a thread that ended meanwhile
+            return total / 1e9
+        except (OSError, ValueError, IndexError):
+            pass
         try:
             with open(f"/proc/{self.broker_pid}/stat") as f:
                 fields = f.read().rsplit(")", 1)[1].split()
