@@ -698,7 +698,10 @@ def lower_priority(nice: int) -> None:
         return  # sharing a session (and its autogroup) with others: the niceness above is enough
     try:
         with open(AUTOGROUP) as f:
-            now = int(f.read().rsplit("nice", 1)[1])
+            text = f.read()
+        if not text.strip():
+            return  # the kernel's default autogroup (init's session) shows nothing: none of ours
+        now = int(text.rsplit("nice", 1)[1])
     except FileNotFoundError:
         return  # no autogroup scheduling on this kernel
     except (OSError, ValueError, IndexError) as exc:

@@ -378,23 +378,27 @@ def test_job_leading_its_session_lowers_its_autogroup_too():
     from pathlib import Path
     if not Path("/proc/self/autogroup").exists():
         pytest.skip("this kernel has no autogroup scheduling (/proc/self/autogroup): nothing to lower")
-    probe = ("import os; os.setsid(); n = open('/proc/self/autogroup').read().split()[-1]; "
+    # The file reads "/autogroup-N nice K", or nothing at all in the kernel's default autogroup
+    # (init's session, as under some CI runners): `nice` prints K, or "-" for nothing.
+    nice = "(open('/proc/self/autogroup').read().split() or ['-'])[-1]"
+    probe = (f"import os; os.setsid(); n = {nice}; "
              "open('/proc/self/autogroup', 'w').write(n)")  # the same value: may we write at all?
     probed = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
     if probed.returncode and "Errno 11" not in probed.stderr:  # EAGAIN: writable, rate-limited
         pytest.skip("/proc/self/autogroup is read-only here (e.g. a container's /proc): the job "
                     f"logs a warning and keeps its process niceness ({probed.stderr.strip()[-200:]})")
-    code = ("from sink.history.job import lower_priority; lower_priority(9); "
-            "print(open('/proc/self/autogroup').read().split()[-1])")
+    code = f"from sink.history.job import lower_priority; lower_priority(9); print({nice})"
     # the probe's write just used the kernel's one-write-per-100-ms allowance (without
     # CAP_SYS_ADMIN): lower_priority must wait for the next one, not give up
     own = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          cwd=ROOT, start_new_session=True)
     assert own.returncode == 0, own.stderr
     assert own.stdout.split() == ["9"], own.stderr
+    # sharing this session: its autogroup (or the default one, which shows nothing) is untouched
     shared = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert shared.returncode == 0, shared.stderr
-    assert shared.stdout.split() == [Path("/proc/self/autogroup").read_text().split()[-1]]
+    mine = (Path("/proc/self/autogroup").read_text().split() or ["-"])[-1]
+    assert shared.stdout.split() == [mine], shared.stderr
 
 
 def test_autogroup_write_retries_the_kernels_rate_limit(tmp_path, monkeypatch):
@@ -419,3 +423,22 @@ def test_autogroup_write_retries_the_kernels_rate_limit(tmp_path, monkeypatch):
     refusals[0] = 100
     assert job.set_autogroup_nice(8, attempts=3) is False
     assert refusals[0] == 97 and target.read_text() == "9"
+
+
+def test_job_in_the_default_autogroup_leaves_it_alone(tmp_path, monkeypatch, caplog):
+    """In the kernel's default autogroup (init's session, as under some CI runners and
+    supervisors) /proc/self/autogroup reads empty: lower_priority neither fails nor writes."""
+    from sink.history import job
+    target = tmp_path / "autogroup"
+    target.write_text("")
+    monkeypatch.setattr(job, "AUTOGROUP", str(target))
+    monkeypatch.setattr(job.os, "getsid", lambda pid: os.getpid())  # as the session's leader
+    monkeypatch.setattr(job.os, "setpriority", lambda *a: None)
+    writes = []
+    monkeypatch.setattr(job, "set_autogroup_nice", lambda n, attempts=10: writes.append(n))
+    with caplog.at_level("WARNING", logger="sink.job"):
+        job.lower_priority(9)
+    assert writes == [] and not caplog.records
+    target.write_text("/autogroup-7 nice 0\n")
+    job.lower_priority(9)
+    assert writes == [9]
