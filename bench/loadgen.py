@@ -693,7 +693,6 @@ async def run_latency(a, loop):
         if m0 is None and now >= warm_end:
             m0 = meter.snap()
             sub.samples.clear()
-            r0 = sub.received
             s0 = pub.sent
         if now >= end:
             break
