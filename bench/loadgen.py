@@ -455,6 +455,12 @@ class LatencyPublisher(Client):
 # ----------------------------------------------------------------- helpers
 
 
+def percentile(sorted_values: list, q: float):
+    """The q-quantile (0-1) of sorted values, nearest rank rounded down; None when empty."""
+    n = len(sorted_values)
+    return sorted_values[min(n - 1, int(q * n))] if n else None
+
+
 class Meter:
     broker_core = None
 
@@ -708,9 +714,7 @@ async def run_latency(a, loop):
     n = len(samples)
 
     def pct(q):
-        if not n:
-            return None
-        return samples[min(n - 1, int(q * n))] / 1e6
+        return percentile(samples, q) / 1e6 if n else None
 
     res.update({
         "rate_target": rate,

@@ -46,7 +46,7 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 sys.path.insert(0, HERE)
 
-from loadgen import Client, Subscriber, connect, make_payload, publish_packet  # noqa: E402
+from loadgen import Client, Subscriber, connect, make_payload, percentile, publish_packet  # noqa: E402
 from sink.forward.kafka_embedded import EmbeddedKafka, free_port  # noqa: E402
 
 PY = sys.executable
@@ -206,7 +206,7 @@ def percentiles_ms(values: list[float]) -> dict:
     if not values:
         return {}
     v = sorted(values)
-    pick = lambda q: round(v[min(len(v) - 1, int(q * len(v)))] * 1000, 1)  # noqa: E731
+    pick = lambda q: round(percentile(v, q) * 1000, 1)  # noqa: E731
     return {"p50": pick(0.50), "p99": pick(0.99), "p999": pick(0.999), "max": round(v[-1] * 1000, 1)}
 
 
@@ -224,13 +224,14 @@ async def offer(host: str, port: int, rate: float, duration: float, publishers: 
     owed = 0
     i = 0
     held_ticks = 0  # 1 ms ticks that ended with messages waiting for a window
+    held = False    # whether the last tick did
     while True:
         now = time.monotonic() - t0
         if now >= duration:
             break
         target = int(rate * now)
         want = target - owed
-        if want > 0 or any(p.pending for p in pubs):
+        if want > 0 or held:
             # spread exactly over the publishers (the remainder to the next ones in turn)
             base, extra = divmod(max(want, 0), publishers)
             stamp = t0 + now
@@ -238,7 +239,8 @@ async def offer(host: str, port: int, rate: float, duration: float, publishers: 
                 pubs[(i + j) % publishers].send(base + (1 if j < extra else 0), stamp)
             i += extra
             owed += max(want, 0)
-            held_ticks += any(p.pending for p in pubs)
+            held = any(p.pending for p in pubs)
+            held_ticks += held
         due += 0.001
         await asyncio.sleep(max(0.0, due - (time.monotonic() - t0)))
     t_pub_end = time.monotonic()
@@ -319,7 +321,7 @@ def run_one(a, rate: int) -> dict:
         warm = None
         if a.warmup > 0:  # a long-running job is warm (JIT, Python workers, RocksDB): get it there
             wl, _ = asyncio.run(offer("127.0.0.1", port, rate, a.warmup, a.publishers, a.window,
-                                            a.drop_when_full))
+                                      a.drop_when_full))
             deadline = time.monotonic() + a.timeout
             while time.monotonic() < deadline and counter.count() < wl["accepted"]:
                 time.sleep(0.5)
@@ -386,7 +388,7 @@ def _load_on(argv: list, port: int, a, rate: int, env: dict) -> tuple[dict, floa
         wait_port(port)
         c0 = cpu_s(broker.pid)
         load, _ = asyncio.run(offer("127.0.0.1", port, rate, a.duration, a.publishers, a.window,
-                                            a.drop_when_full))
+                                    a.drop_when_full))
         return load, (cpu_s(broker.pid) - c0) / max(load["accepted"], 1) * 1e6
     finally:
         os.killpg(broker.pid, signal.SIGTERM)

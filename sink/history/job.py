@@ -676,6 +676,7 @@ def check_kafka(bootstrap: str, timeout: float = 10.0,
 
 
 AUTOGROUP = "/proc/self/autogroup"
+AUTOGROUP_RETRY_SECONDS = 0.11  # the kernel takes one autogroup write per 100 ms (below)
 
 
 def lower_priority(nice: int) -> None:
@@ -725,14 +726,14 @@ def set_autogroup_nice(nice: int, attempts: int = 10) -> bool:
             return True
         except BlockingIOError:
             if attempt + 1 < attempts:
-                time.sleep(0.11)
+                time.sleep(AUTOGROUP_RETRY_SECONDS)
         except OSError as exc:
             log.warning("cannot set the niceness of this session's autogroup (%s) to %d: %s",
                         AUTOGROUP, nice, exc)
             return False
     log.warning("cannot set the niceness of this session's autogroup (%s) to %d: the kernel "
                 "kept answering EAGAIN (it rate-limits these writes) for %.1f s",
-                AUTOGROUP, nice, attempts * 0.11)
+                AUTOGROUP, nice, attempts * AUTOGROUP_RETRY_SECONDS)
     return False
 
 
