@@ -239,3 +239,24 @@ async def test_password_check_runs_on_the_check_queue_and_busy_refuses():
     ack, pong = conns[0][1].received()
     assert (ack.type, ack.reason_code, pong.type) == (P.CONNACK, 0, P.PINGRESP)
     server.auth_checks.close()
+
+
+async def test_listeners_accept_a_connection_once_its_first_bytes_arrived():
+    """TCP_DEFER_ACCEPT on every TCP listener (plain and WebSocket): the kernel hands the broker
+    a connection with its CONNECT (or HTTP upgrade) already there, one wake-up less each."""
+    import socket
+
+    import pytest
+    if not hasattr(socket, "TCP_DEFER_ACCEPT"):
+        pytest.skip("this platform has no TCP_DEFER_ACCEPT (Linux only)")
+    from broker.server import DEFER_ACCEPT_SECONDS
+    server = Server(Config(host="127.0.0.1", port=0,
+                           listeners=[ListenerConfig(type="ws", host="127.0.0.1", port=0)]))
+    await server.start()
+    try:
+        socks = [s for srv in server.servers for s in srv.sockets]
+        assert len(socks) == 2
+        for s in socks:
+            assert s.getsockopt(socket.IPPROTO_TCP, socket.TCP_DEFER_ACCEPT) >= DEFER_ACCEPT_SECONDS
+    finally:
+        await server.stop()
