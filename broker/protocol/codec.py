@@ -58,6 +58,20 @@ class Decoder:
 
     def feed(self, data: bytes) -> tuple[list, Exception | None]:
         """Return (packets decoded, error or None). Packets before an error are returned."""
+        n = len(data)
+        if 1 < n < 130 and data[1] == n - 2 and not self.buf and n <= self.max_packet_size:
+            # the common read: exactly one packet of at most 129 bytes, its Remaining Length in
+            # one byte (n - 2 < 0x80): decoded without the general loop below
+            first = data[0]
+            try:
+                if first >> 4 == P.PUBLISH:
+                    return [decode_publish(data, 0, 2, n, self.level)], None
+                pkt = decode_packet(first, data[2:], self.level, self.max_filters)
+            except (MalformedPacket, ProtocolError) as exc:
+                return [], exc
+            if pkt.type == P.CONNECT:
+                self.level = pkt.protocol_level
+            return [pkt], None
         if self.buf:
             if self.need:
                 if self.need > self.max_packet_size:  # began in the CONNECT's read, not accepted yet
@@ -246,8 +260,10 @@ def decode_packet(first: int, body: bytes, level: int, max_filters: int = 0):
             raise MalformedPacket(f"{P.TYPE_NAMES[ptype]} with a payload")
         return P.PingReq() if ptype == P.PINGREQ else P.PingResp()
     if ptype == P.DISCONNECT:
+        if not body:  # 3.1.1's only form, v5's normal one (3.14.2.1: no Reason Code: 0x00)
+            return P.DISCONNECT_NORMAL
         code, props = 0, None
-        if v5 and body:
+        if v5:
             code = body[0]
             if len(body) > 1:
                 props, pos = decode_properties(body, 1, "DISCONNECT")

@@ -136,6 +136,9 @@ class Disconnect:
     type = DISCONNECT
 
 
+DISCONNECT_NORMAL = Disconnect()  # the decoded empty DISCONNECT, shared: read, never changed
+
+
 @dataclass(slots=True)
 class Auth:
     reason_code: int = 0

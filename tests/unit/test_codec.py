@@ -274,6 +274,32 @@ def test_any_split_decodes_like_the_whole_stream(pkts, level, cuts, data):
     assert _decode_all([bytes((b,)) for b in stream[:200]] + [stream[200:]], level) == whole
 
 
+@settings(max_examples=200, deadline=None)
+@given(pkts=st.lists(_packets | st.builds(
+           lambda t, n, q: P.Publish(t, b"p" * n, q, False, False, 7 if q else None),
+           _topics, st.integers(90, 135), st.integers(0, 2)), min_size=1, max_size=6),
+       level=st.sampled_from([P.MQTT_311, P.MQTT_5]))
+def test_one_packet_per_read_decodes_like_the_stream(pkts, level):
+    """A read holding exactly one packet (the decoder's shortcut for packets up to 129 bytes,
+    payloads drawn so that packets fall on both sides of the one-byte Remaining Length) gives
+    what the same packets give in one read through the general loop."""
+    wires = [encode(P.Connect("c", level), level)] + [encode(p, level) for p in pkts]
+    assert _decode_all(wires, level) == _decode_all([b"".join(wires)], level)
+
+
+@pytest.mark.parametrize("size", [2, 4, 100, 127, 128, 129, 131, 132, 140])  # (no packet has 130 bytes)
+def test_one_packet_per_read_respects_the_packet_size_limit(size):
+    """[MQTT-3.2.2-15] / 4.13: a packet one byte over the limit is refused (0x95) also when it
+    arrives alone in one read; one of exactly the limit is decoded."""
+    wires = [encode(P.PingReq(), P.MQTT_5), encode(P.Ack(P.PUBACK, 1), P.MQTT_5)] + \
+        [encode(P.Publish("t", b"x" * k, 0, False, False), P.MQTT_5) for k in range(size)]
+    wire = next(w for w in wires if len(w) == size)
+    pkts, err = Decoder(P.MQTT_5, max_packet_size=size).feed(wire)
+    assert err is None and len(pkts) == 1
+    pkts, err = Decoder(P.MQTT_5, max_packet_size=size - 1).feed(wire)
+    assert pkts == [] and err.reason_code == rc.PACKET_TOO_LARGE
+
+
 def test_large_packet_in_chunks_is_decoded_with_linear_cost():
     """48 MiB arriving in 64 KiB reads: the bytes the decoder allocates over all reads stay
     a small multiple of the packet (it used to copy the whole buffer on every read: ~18 GB)."""
