@@ -361,7 +361,6 @@ def summarize(runs, names):
 
 def print_report(summary, names, a):
     ours, mosq = "ours", "mosquitto"
-    has = lambda sc, b: summary[sc].get(b, {}).get("runs", 0) > 0  # noqa: E731
     warnings = []
     W = 40
     print()

@@ -30,7 +30,6 @@ def run(n: int, subscribers: int, qos: int, level: int) -> float:
     pkts = [encode(P.Publish(f"bench/p{i % 8}", b"x" * 64, qos, packet_id=(i % 60000) + 1 if qos else None), level)
             for i in range(batch)]
     chunk = b"".join(pkts)
-    acks = b""
     t0 = time.perf_counter()
     sent = 0
     while sent < n:
@@ -38,7 +37,7 @@ def run(n: int, subscribers: int, qos: int, level: int) -> float:
         sent += batch
         pub.take_output()
         for c in subs:
-            out = c.take_output()
+            c.take_output()
             if qos == 1:
                 # acknowledge what was delivered so the window keeps moving
                 c.session.inflight_out.clear()

@@ -3,7 +3,7 @@
 Sans-I/O: `data_received(bytes)` in, events out (core/events.py: AuthRequested,
 MessageAccepted; an empty tuple on the fast path); encoded packets accumulate in `out`
 and the caller writes them; `close_requested` asks the caller to close the socket after
-writing. Flow control is an input: pause_writing()/resume_writing(). The connection holds
+writing (a dirty connection: after its flush; else, after the client's DISCONNECT, at once). Flow control is an input: pause_writing()/resume_writing(). The connection holds
 no transport: the asyncio side (broker/transport/connection_protocol.py) owns it.
 Packets are checked against the MQTT 5.0 rules (section 3 and 4.13).
 """
@@ -52,8 +52,8 @@ class Connection:
         self.broker = broker
         self._peer = peer  # None: asked from the owner at first use (peer)
         cfg = broker.cfg
-        self.decoder = Decoder(P.MQTT_5, cfg.maximum_packet_size, cfg.max_connect_packet_size)
-        self.decoder.max_filters = cfg.max_filters_per_subscribe
+        self.decoder = Decoder(P.MQTT_5, cfg.maximum_packet_size, cfg.max_connect_packet_size,
+                               cfg.max_filters_per_subscribe)
         self.state = _NEW
         self.level = P.MQTT_5
         self.client_id = ""
@@ -387,7 +387,7 @@ class Connection:
             # A session belongs to the user that created it: another user may not resume it,
             # discard it (Clean Start 1) nor take over its connection (README "Access control").
             return self.refuse(rc.NOT_AUTHORIZED, "this client id is in use by another user's session")
-        if old is None and b.session_limit_reached(client_id):  # mqtt.max_sessions (3.2.2.2: 0x97)
+        if old is None and cfg.max_sessions and b.session_limit_reached(client_id):  # (3.2.2.2: 0x97)
             return self.refuse(rc.QUOTA_EXCEEDED, "the broker holds as many sessions as it may; "
                                                   "try again later")
         self.client_id = client_id
@@ -741,18 +741,19 @@ class Connection:
 
     # ------------------------------------------------------------ DISCONNECT / errors
     def on_disconnect(self, d: P.Disconnect) -> None:
-        b = self.broker
-        props = d.properties or NO_PROPERTIES
-        session = self.session
-        if PR.SESSION_EXPIRY_INTERVAL in props:
+        props = d.properties
+        if props and PR.SESSION_EXPIRY_INTERVAL in props:
             if self.connect_expiry == 0 and props[PR.SESSION_EXPIRY_INTERVAL]:  # (section 3.14.2.2.2)
                 raise ProtocolError("Session Expiry Interval set on DISCONNECT after 0 at CONNECT")
             # capped like the CONNECT's: mqtt.session_expiry_maximum
-            session.expiry_interval = b.granted_expiry(props[PR.SESSION_EXPIRY_INTERVAL])
+            self.session.expiry_interval = self.broker.granted_expiry(props[PR.SESSION_EXPIRY_INTERVAL])
+        # (3.14.4: the Server closes the Network Connection.) Not marked dirty: with nothing to
+        # write the caller closes at once, after this read; output already waiting made the
+        # connection dirty, and the flush closes it after writing
+        self.close_requested = CLIENT_DONE
         # [MQTT-3.14.4-3]: DISCONNECT 0x00 (and any 3.1.1 DISCONNECT, whose code is 0) discards
         # the will; [MQTT-3.1.2-8]: any other code (0x04, or an error such as 0x80) keeps it
-        self.close(publish_will=d.reason_code != rc.SUCCESS)
-        self.close_requested = CLIENT_DONE  # (3.14.4: the Server closes the Network Connection)
+        self.finish(publish_will=d.reason_code != rc.SUCCESS)
 
     def violation(self, exc: MQTTError) -> None:
         """A malformed packet or protocol error ends only this connection [MQTT-4.13.1-1] (4.13)."""

@@ -25,6 +25,8 @@ _REQUIRED_FLAGS = {P.CONNECT: 0, P.CONNACK: 0, P.PUBACK: 0, P.PUBREC: 0, P.PUBRE
                    P.PINGREQ: 0, P.PINGRESP: 0, P.DISCONNECT: 0, P.AUTH: 0}
 
 PROTOCOL_NAMES = {3: "MQIsdp", 4: "MQTT", 5: "MQTT"}
+# CONNECT's first 7 bytes (Protocol Name "MQTT" as a UTF-8 string, Protocol Level) for 3.1.1 and 5
+_PROTOCOLS = {b"\x00\x04MQTT\x04": ("MQTT", 4), b"\x00\x04MQTT\x05": ("MQTT", 5)}
 
 
 class Decoder:
@@ -45,7 +47,7 @@ class Decoder:
                  "max_filters")
 
     def __init__(self, level: int = P.MQTT_5, max_packet_size: int = 268435460,
-                 connect_limit: int | None = None):
+                 connect_limit: int | None = None, max_filters: int = 0):
         self.buf = b""     # start of an incomplete packet (empty when nothing is buffered)
         self.more = None   # later chunks of that packet (a list), while `need` is known
         self.have = 0      # bytes in buf + more
@@ -54,7 +56,7 @@ class Decoder:
         self.after_connect = max_packet_size
         self.max_packet_size = (max_packet_size if connect_limit is None
                                 else min(connect_limit, max_packet_size))
-        self.max_filters = 0  # topic filters one SUBSCRIBE may carry (0: any number)
+        self.max_filters = max_filters  # topic filters one SUBSCRIBE may carry (0: any number)
 
     def feed(self, data: bytes) -> tuple[list, Exception | None]:
         """Return (packets decoded, error or None). Packets before an error are returned."""
@@ -297,16 +299,21 @@ def decode_packet(first: int, body: bytes, level: int, max_filters: int = 0):
 
 def decode_connect(body: bytes) -> P.Connect:
     """CONNECT (3.1). Errors before the protocol level is known are raised as for v5."""
-    name, pos = decode_utf8(body, 0)
-    if pos >= len(body):
-        raise MalformedPacket("CONNECT too short")
-    level = body[pos]
-    if (name, level) not in (("MQTT", 4), ("MQTT", 5), ("MQIsdp", 3)):
-        if name not in ("MQTT", "MQIsdp"):  # [MQTT-3.1.2-1]
-            raise MalformedPacket(f"unknown protocol name {name!r}")
-        # [MQTT-3.1.2-2]: CONNACK 0x84 / return code 1, then close
-        raise ProtocolError(f"unsupported protocol level {level}", rc.UNSUPPORTED_PROTOCOL_VERSION)
-    pos += 1
+    known = _PROTOCOLS.get(body[:7])  # the protocol name and level as most clients send them
+    if known is not None:
+        name, level = known
+        pos = 7
+    else:
+        name, pos = decode_utf8(body, 0)
+        if pos >= len(body):
+            raise MalformedPacket("CONNECT too short")
+        level = body[pos]
+        if (name, level) not in (("MQTT", 4), ("MQTT", 5), ("MQIsdp", 3)):
+            if name not in ("MQTT", "MQIsdp"):  # [MQTT-3.1.2-1]
+                raise MalformedPacket(f"unknown protocol name {name!r}")
+            # [MQTT-3.1.2-2]: CONNACK 0x84 / return code 1, then close
+            raise ProtocolError(f"unsupported protocol level {level}", rc.UNSUPPORTED_PROTOCOL_VERSION)
+        pos += 1
     if pos + 3 > len(body):
         raise MalformedPacket("CONNECT too short")
     flags = body[pos]

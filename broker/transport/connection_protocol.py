@@ -137,6 +137,9 @@ class MQTTProtocol(asyncio.Protocol):
         events = conn.data_received(data)
         if events:
             self.handle_events(events)
+        if conn.close_requested == CLIENT_DONE and not conn.is_dirty:
+            self.transport.close()  # the client's DISCONNECT and nothing to write: close now
+            return
         if conn.paused and not self.reading_paused:
             self.pause_reading_if_flooded()
         if len(data) >= LARGE_READ:

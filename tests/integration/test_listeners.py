@@ -81,7 +81,7 @@ def roundtrip(make, port, certs_dir=None):
         c.connect("127.0.0.1" if certs_dir is None else "localhost", port)
         c.loop_start()
     try:
-        r = sub.subscribe("t/#", qos=2)
+        sub.subscribe("t/#", qos=2)
         time.sleep(0.3)
         for q in (0, 1, 2):
             pub.publish(f"t/{q}", f"m{q}".encode(), qos=q).wait_for_publish(5)

@@ -195,7 +195,17 @@ async def test_client_disconnect_closes_at_once_server_disconnect_lingers():
     for level in (5, 4):
         server, proto, t = serve(level=level)
         proto.data_received(encode(P.Disconnect(), level))
+        # nothing to write: closed in the read itself, no flush needed
+        assert t.closing and proto.conn not in server.broker.dirty
         server.flush()
+        assert t.closing and not t.eof and proto.linger_timer is None and not t.data
+        proto.connection_lost(None)
+        # output from the same read (the PUBACK of a PUBLISH before the DISCONNECT) goes first
+        server, proto, t = serve(level=level)
+        proto.data_received(publish(1, 9, level) + encode(P.Disconnect(), level))
+        assert not t.closing and proto.conn in server.broker.dirty
+        server.flush()
+        assert [(p.type, p.packet_id) for p in t.received(level)] == [(P.PUBACK, 9)]
         assert t.closing and not t.eof and proto.linger_timer is None
         proto.connection_lost(None)
     server, proto, t = serve()

@@ -440,7 +440,7 @@ def test_inflight_records_have_named_fields_and_are_reused_only_once_acknowledge
     assert d1.packet_id not in b.sessions["a"].inflight_out
     assert e1 in S._free_inflight and e1.msg is None  # holds no message while unused
     pub.send(P.Publish("t", b"two", 1, packet_id=2))
-    (n1,), (n2,) = s1.received(), s2.received()
+    (n1,), (_n2,) = s1.received(), s2.received()
     reused = b.sessions["a"].inflight_out[n1.packet_id]
     assert reused.msg.payload == b"two" and reused.qos == 1 and not reused.released
     # the unacknowledged record of the other session is untouched
