@@ -22,6 +22,31 @@ from .topics import parse_shared, valid_topic_filter
 log = logging.getLogger("broker")
 
 
+def server_capabilities(cfg: MQTTConfig) -> dict:
+    """The CONNACK properties that follow from the configuration alone, in the order sent:
+    limits below the protocol's defaults and features not available [MQTT-3.2.2-9] .. (3.2.2.3)."""
+    caps = {}
+    if cfg.receive_maximum != 65535:
+        caps[PR.RECEIVE_MAXIMUM] = cfg.receive_maximum
+    if cfg.maximum_qos < 2:
+        caps[PR.MAXIMUM_QOS] = cfg.maximum_qos
+    if not cfg.retain_available:
+        caps[PR.RETAIN_AVAILABLE] = 0
+    if cfg.maximum_packet_size < 268435455:
+        caps[PR.MAXIMUM_PACKET_SIZE] = cfg.maximum_packet_size
+    if cfg.topic_alias_maximum:
+        caps[PR.TOPIC_ALIAS_MAXIMUM] = cfg.topic_alias_maximum
+    if not cfg.wildcard_subscription_available:
+        caps[PR.WILDCARD_SUBSCRIPTION_AVAILABLE] = 0
+    if not cfg.subscription_identifiers_available:
+        caps[PR.SUBSCRIPTION_IDENTIFIER_AVAILABLE] = 0
+    if not cfg.shared_subscription_available:
+        caps[PR.SHARED_SUBSCRIPTION_AVAILABLE] = 0
+    if cfg.server_keep_alive:  # [MQTT-3.2.2-21]
+        caps[PR.SERVER_KEEP_ALIVE] = cfg.server_keep_alive
+    return caps
+
+
 class Broker:
     def __init__(self, mqtt: MQTTConfig | None = None, sink=None, auth=None,
                  clock=time.monotonic, wall=time.time, store=None, hooks=()):
@@ -56,6 +81,10 @@ class Broker:
                       "dropped_slow_consumer": 0, "dropped_not_authorized": 0,
                       "dropped_topic_limit": 0, "sink_refused": 0, "connections_total": 0,
                       "dropped_retained_replay": 0, "refused_max_sessions": 0}
+        # the CONNACK properties every v5 connection gets (3.2.2.3), and the successful CONNACKs
+        # with only these, by (protocol level, session present): at most 6, encoded once
+        self.capabilities = server_capabilities(self.cfg)
+        self.connacks: dict = {}
         self.received_by_qos = [0, 0, 0]
         self.sent_by_qos = [0, 0, 0]
         self._id_counter = 0

@@ -34,10 +34,6 @@ NO_OUTPUT: tuple = ()
 # DISCONNECT, when the client sends nothing more [MQTT-3.14.4-1]: the socket is closed at once
 CLIENT_DONE = 2
 NO_PROPERTIES = MappingProxyType({})  # a packet without properties (3.1.1, or none sent)
-# CONNACK bytes by (level, session present, properties), the same for most connections: encoded
-# once (never with an Assigned Client Identifier, which is one connection's; bounded)
-_CONNACKS: dict = {}
-_CONNACKS_MAX = 64
 
 
 class Connection:
@@ -431,33 +427,22 @@ class Connection:
         self.connected_at = self.last_rx
         self.decoder.connect_accepted()  # max_connect_packet_size no longer applies
 
-        ack_props = None
-        if v5:
+        # [MQTT-3.2.2-2], [MQTT-3.2.2-3]: session present only when resuming [MQTT-3.1.4-5]
+        if not v5:
+            self.write(_connack(b, self.level, present))
+        elif (assigned is None and (server_ka is None or cfg.server_keep_alive)
+                and (PR.SESSION_EXPIRY_INTERVAL not in props or expiry == props[PR.SESSION_EXPIRY_INTERVAL])):
+            self.write(_connack(b, P.MQTT_5, present))  # the broker's capabilities only
+        else:
             ack_props = {}
             if assigned:
                 ack_props[PR.ASSIGNED_CLIENT_IDENTIFIER] = assigned  # [MQTT-3.1.3-7], [MQTT-3.2.2-16]
-            if cfg.receive_maximum != 65535:
-                ack_props[PR.RECEIVE_MAXIMUM] = cfg.receive_maximum
-            if cfg.maximum_qos < 2:
-                ack_props[PR.MAXIMUM_QOS] = cfg.maximum_qos
-            if not cfg.retain_available:
-                ack_props[PR.RETAIN_AVAILABLE] = 0
-            if cfg.maximum_packet_size < 268435455:
-                ack_props[PR.MAXIMUM_PACKET_SIZE] = cfg.maximum_packet_size
-            if cfg.topic_alias_maximum:
-                ack_props[PR.TOPIC_ALIAS_MAXIMUM] = cfg.topic_alias_maximum
-            if not cfg.wildcard_subscription_available:
-                ack_props[PR.WILDCARD_SUBSCRIPTION_AVAILABLE] = 0
-            if not cfg.subscription_identifiers_available:
-                ack_props[PR.SUBSCRIPTION_IDENTIFIER_AVAILABLE] = 0
-            if not cfg.shared_subscription_available:
-                ack_props[PR.SHARED_SUBSCRIPTION_AVAILABLE] = 0
+            ack_props.update(b.capabilities)
             if server_ka is not None:
                 ack_props[PR.SERVER_KEEP_ALIVE] = server_ka
             if PR.SESSION_EXPIRY_INTERVAL in props and expiry != props[PR.SESSION_EXPIRY_INTERVAL]:
                 ack_props[PR.SESSION_EXPIRY_INTERVAL] = expiry
-        # [MQTT-3.2.2-2], [MQTT-3.2.2-3]: session present only when resuming
-        self.write(_connack(self.level, present, ack_props, assigned))  # [MQTT-3.1.4-5]
+            self.write(encode(P.Connack(present, 0, ack_props), P.MQTT_5))
         session.link = self
         if log.isEnabledFor(logging.DEBUG):  # self.peer makes a string: only when logged
             log.debug("client %s connected from %s (level %d, session present %s)",
@@ -819,16 +804,12 @@ class Connection:
             self.server_disconnect(rc.KEEP_ALIVE_TIMEOUT, "keep alive timeout", publish_will=True)
 
 
-def _connack(level: int, present: bool, props: dict | None, assigned: str | None) -> bytes:
-    """A successful CONNACK; encoded once for all connections that get the same one."""
-    if assigned:
-        return encode(P.Connack(present, 0, props), level)
-    key = (level, present, *props.items()) if props else (level, present)
-    data = _CONNACKS.get(key)
+def _connack(b, level: int, present: bool) -> bytes:
+    """A successful CONNACK with no properties but the broker's capabilities (v5): encoded once."""
+    data = b.connacks.get((level, present))
     if data is None:
-        data = encode(P.Connack(present, 0, props or None), level)
-        if len(_CONNACKS) < _CONNACKS_MAX:
-            _CONNACKS[key] = data
+        props = (b.capabilities or None) if level == P.MQTT_5 else None
+        data = b.connacks[(level, present)] = encode(P.Connack(present, 0, props), level)
     return data
 
 

@@ -5,6 +5,8 @@ Moved from tests/integration/test_connect.py, which keeps the cases whose point 
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from broker.protocol import packets as P
 from broker.protocol import properties as PR
@@ -513,3 +515,58 @@ def test_connect_raw_v5_encoding_roundtrip():
     got = exchange(c.conn, connect_bytes(client_id="x") + encode(P.Disconnect()))
     assert got[0] == 0x20 and got[2:4] == b"\x00\x00", got
     assert c.conn.close_requested  # by the DISCONNECT
+
+
+# ---------------------------------------------------------------- CONNACK properties (3.2.2.3)
+
+
+def _expected_connack_props(cfg: dict, client_id: str, keep_alive: int, expiry: int | None) -> dict:
+    """What 3.2.2.3 says the CONNACK carries, written out independently of the broker's code."""
+    want = {}
+    if not client_id:
+        want[PR.ASSIGNED_CLIENT_IDENTIFIER] = ...  # any value [MQTT-3.2.2-16]
+    if cfg["receive_maximum"] != 65535:
+        want[PR.RECEIVE_MAXIMUM] = cfg["receive_maximum"]
+    if cfg["maximum_qos"] < 2:
+        want[PR.MAXIMUM_QOS] = cfg["maximum_qos"]
+    if not cfg["retain_available"]:
+        want[PR.RETAIN_AVAILABLE] = 0
+    if cfg["maximum_packet_size"] < 268435455:
+        want[PR.MAXIMUM_PACKET_SIZE] = cfg["maximum_packet_size"]
+    if cfg["topic_alias_maximum"]:
+        want[PR.TOPIC_ALIAS_MAXIMUM] = cfg["topic_alias_maximum"]
+    if cfg["server_keep_alive"]:  # [MQTT-3.2.2-21]
+        want[PR.SERVER_KEEP_ALIVE] = cfg["server_keep_alive"]
+    elif keep_alive > cfg["max_keep_alive"] or (keep_alive == 0 and cfg["max_keep_alive"] < 65535):
+        want[PR.SERVER_KEEP_ALIVE] = cfg["max_keep_alive"]
+    if expiry is not None and min(expiry, cfg["session_expiry_maximum"]) != expiry:
+        want[PR.SESSION_EXPIRY_INTERVAL] = cfg["session_expiry_maximum"]
+    return want
+
+
+@settings(max_examples=150, deadline=None)
+@given(cfg=st.fixed_dictionaries({
+           "receive_maximum": st.sampled_from([1, 10, 65535]),
+           "maximum_qos": st.integers(0, 2), "retain_available": st.booleans(),
+           "maximum_packet_size": st.sampled_from([200, 268435455]),
+           "topic_alias_maximum": st.sampled_from([0, 10]),
+           "server_keep_alive": st.sampled_from([0, 30]), "max_keep_alive": st.sampled_from([60, 65535]),
+           "session_expiry_maximum": st.sampled_from([0, 100, 604800])}),
+       clients=st.lists(st.tuples(st.sampled_from(["", "dev"]), st.sampled_from([0, 30, 60, 120]),
+                                  st.sampled_from([None, 0, 50, 1000])), min_size=1, max_size=4))
+def test_connack_properties_follow_the_configuration_and_the_connect(cfg, clients):
+    """Every CONNACK (also the ones the broker encodes once and reuses for connections that get the
+    same one) carries exactly the properties 3.2.2.3 asks for this configuration and CONNECT."""
+    b, _ = make(**cfg)
+    for i, (cid, keep_alive, expiry) in enumerate(clients):
+        c = Client(b)
+        a = c.connect(cid and f"{cid}{i}", keep_alive=keep_alive,
+                      props=None if expiry is None else {PR.SESSION_EXPIRY_INTERVAL: expiry})
+        assert a.reason_code == 0 and a.session_present is False
+        want = _expected_connack_props(cfg, cid, keep_alive, expiry)
+        got = dict(a.properties or {})
+        if PR.ASSIGNED_CLIENT_IDENTIFIER in want:
+            assert got.pop(PR.ASSIGNED_CLIENT_IDENTIFIER) in b.sessions
+            del want[PR.ASSIGNED_CLIENT_IDENTIFIER]
+        assert got == want, (cfg, cid, keep_alive, expiry)
+        bye(c)
