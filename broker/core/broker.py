@@ -12,7 +12,7 @@ import time
 
 from ..config import MQTTConfig
 from ..protocol import properties as PR
-from .hooks import AllowAll, Hooks  # AllowAll: the checks without an auth hook
+from .hooks import ALLOW_ALL, Hooks  # ALLOW_ALL: the checks without an auth hook
 from .message import Message
 from .retain import RetainedStore
 from .router import Router
@@ -54,10 +54,10 @@ class Broker:
         attached like those of `hooks`, in the order store, sink, auth, hooks."""
         self.cfg = mqtt or MQTTConfig()
         self.hooks = Hooks()
-        # derived from the hooks (_hooks_changed): the checks (AllowAll without an auth hook);
+        # derived from the hooks (_hooks_changed): the checks (ALLOW_ALL without an auth hook);
         # the persistence events persistent sessions call (session.store), or None; the hook
         # accepted messages go to (connection.py calls to_sink only when set), or None
-        self.auth = AllowAll()
+        self.auth = ALLOW_ALL  # `auth is ALLOW_ALL`: everything allowed, its checks are skipped
         self.store = None
         self.sink = None
         # hold PUBACK/PUBREC until the sink's barrier says the message is on disk

@@ -114,6 +114,9 @@ class AllowAll(Hook):
         return True
 
 
+ALLOW_ALL = AllowAll()  # the one the broker uses without an auth hook: callers skip its checks
+
+
 class Checks:
     """The checks of several auth hooks: a refusal by any of them refuses (deny wins)."""
 
@@ -243,6 +246,6 @@ class Hooks:
         # one auth hook providing every check is used as is (no indirection, its own extras
         # such as reload() stay reachable); else the combination, AllowAll filling the gaps
         self.auth = (auth[0] if len(auth) == 1 and auth[0].provides >= set(AUTH_CHECKS)
-                     else Checks(auth) if auth else AllowAll())
+                     else Checks(auth) if auth else ALLOW_ALL)
         persistent = [h for h in hooks if h.provides & set(SESSION_EVENTS + STORED_EVENTS)]
         self.persistence = Persistence(persistent) if persistent else None

@@ -8,9 +8,10 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from broker.config import MQTTConfig
-from broker.core.broker import AllowAll, Broker
+from broker.core.broker import Broker
 from broker.core.connection import Connection, StoredAck
 from broker.core.events import NO_EVENTS, AuthRequested, MessageAccepted
+from broker.core.hooks import AllowAll
 from broker.protocol import packets as P
 from broker.protocol import reason_codes as rc
 from broker.protocol.codec import Decoder, encode, encode_ack

@@ -218,7 +218,7 @@ async def test_client_disconnect_closes_at_once_server_disconnect_lingers():
 
 async def test_password_check_runs_on_the_check_queue_and_busy_refuses():
     from broker.auth.checks import CheckQueue
-    from broker.core.broker import AllowAll
+    from broker.core.hooks import AllowAll
 
     class Auth(AllowAll):
         passwords = object()

@@ -7,7 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from broker.config import MQTTConfig
-from broker.core.broker import AllowAll, Broker
+from broker.core.broker import Broker
+from broker.core.hooks import AllowAll
 from broker.protocol import packets as P
 from broker.protocol import properties as PR
 from broker.protocol import reason_codes as rc
