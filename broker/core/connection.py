@@ -235,19 +235,16 @@ class Connection:
 
     def handle(self, pkt) -> None:
         t = pkt.type
-        if t == P.PUBLISH:
-            if self.state != _CONNECTED:
-                if self.state == _AUTHENTICATING:
-                    return self.defer(pkt)
-                raise ProtocolError("PUBLISH before CONNECT")
-            self.on_publish(pkt)
-        elif self.state == _AUTHENTICATING:
-            self.defer(pkt)
-        elif self.state == _NEW:
+        if self.state != _CONNECTED:
+            if self.state == _AUTHENTICATING:
+                return self.defer(pkt)
             if t != P.CONNECT:  # [MQTT-3.1.0-1]
-                raise ProtocolError("the first packet must be CONNECT")
-            self.on_connect(pkt)
-        elif t in (P.PUBACK, P.PUBCOMP):
+                raise ProtocolError("PUBLISH before CONNECT" if t == P.PUBLISH
+                                    else "the first packet must be CONNECT")
+            return self.on_connect(pkt)
+        if t == P.PUBLISH:
+            self.on_publish(pkt)
+        elif t == P.PUBACK or t == P.PUBCOMP:
             qos = 1 if t == P.PUBACK else 2
             if self.session.acked(pkt.packet_id, qos, self.broker.clock()) is False:
                 raise ProtocolError(f"{P.TYPE_NAMES[t]} for packet id {pkt.packet_id}, whose "
@@ -261,14 +258,14 @@ class Connection:
                 self.write(encode_ack(P.PUBREL, pkt.packet_id, code, None, self.level))
         elif t == P.PUBREL:
             self.on_pubrel(pkt)
-        elif t == P.SUBSCRIBE:
-            self.on_subscribe(pkt)
-        elif t == P.UNSUBSCRIBE:
-            self.on_unsubscribe(pkt)
         elif t == P.PINGREQ:
             self.write(b"\xd0\x00")  # [MQTT-3.12.4-1] PINGRESP
         elif t == P.DISCONNECT:
             self.on_disconnect(pkt)
+        elif t == P.SUBSCRIBE:
+            self.on_subscribe(pkt)
+        elif t == P.UNSUBSCRIBE:
+            self.on_unsubscribe(pkt)
         elif t == P.CONNECT:  # [MQTT-3.1.0-2]
             raise ProtocolError("second CONNECT on a connection")
         elif t == P.AUTH:

@@ -25,6 +25,8 @@ _REQUIRED_FLAGS = {P.CONNECT: 0, P.CONNACK: 0, P.PUBACK: 0, P.PUBREC: 0, P.PUBRE
                    P.PINGREQ: 0, P.PINGRESP: 0, P.DISCONNECT: 0, P.AUTH: 0}
 
 PROTOCOL_NAMES = {3: "MQIsdp", 4: "MQTT", 5: "MQTT"}
+# packets that are only a fixed header (Remaining Length 0) with a shared decoded form, by first byte
+_BARE = {0xC0: P.PINGREQ_PACKET, 0xE0: P.DISCONNECT_NORMAL}
 # CONNECT's first 7 bytes (Protocol Name "MQTT" as a UTF-8 string, Protocol Level) for 3.1.1 and 5
 _PROTOCOLS = {b"\x00\x04MQTT\x04": ("MQTT", 4), b"\x00\x04MQTT\x05": ("MQTT", 5)}
 
@@ -68,6 +70,8 @@ class Decoder:
             try:
                 if first >> 4 == P.PUBLISH:
                     return [decode_publish(data, 0, 2, n, self.level)], None
+                if n == 2 and first in _BARE:  # PINGREQ, DISCONNECT: one shared instance each
+                    return [_BARE[first]], None
                 pkt = decode_packet(first, data[2:], self.level, self.max_filters)
             except (MalformedPacket, ProtocolError) as exc:
                 return [], exc
@@ -260,7 +264,7 @@ def decode_packet(first: int, body: bytes, level: int, max_filters: int = 0):
     if ptype in (P.PINGREQ, P.PINGRESP):
         if body:
             raise MalformedPacket(f"{P.TYPE_NAMES[ptype]} with a payload")
-        return P.PingReq() if ptype == P.PINGREQ else P.PingResp()
+        return P.PINGREQ_PACKET if ptype == P.PINGREQ else P.PingResp()
     if ptype == P.DISCONNECT:
         if not body:  # 3.1.1's only form, v5's normal one (3.14.2.1: no Reason Code: 0x00)
             return P.DISCONNECT_NORMAL

@@ -124,6 +124,9 @@ class PingReq:
     type = PINGREQ
 
 
+PINGREQ_PACKET = PingReq()  # the decoded PINGREQ, shared: read, never changed
+
+
 @dataclass(slots=True)
 class PingResp:
     type = PINGRESP
