@@ -206,14 +206,16 @@ class Connection:
         return ev
 
     def feed(self, data: bytes) -> None:
-        if self.state == _CLOSED:
-            return
+        state = self.state
+        if state != _CONNECTED:
+            if state == _CLOSED:
+                return
+            if state == _NEW and data[:1] != b"\x10" and not self.decoder.buf and data:
+                # [MQTT-3.1.0-1]: the first packet must be CONNECT; no need to wait for the rest
+                log.info("closing %s: first packet is not CONNECT", self.peer)
+                self.close(publish_will=False)
+                return
         self.last_rx = self.broker.clock()
-        if self.state == _NEW and data[:1] != b"\x10" and not self.decoder.buf and data:
-            # [MQTT-3.1.0-1]: the first packet must be CONNECT; no need to wait for the rest
-            log.info("closing %s: first packet is not CONNECT", self.peer)
-            self.close(publish_will=False)
-            return
         packets, error = self.decoder.feed(data)
         if error is not None and self.state == _NEW and not packets:
             self.connect_seen = data[:1] == b"\x10"
