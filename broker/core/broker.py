@@ -179,14 +179,16 @@ class Broker:
 
     def end_session(self, session: Session) -> None:
         """The session ends: remove its subscriptions; a pending will is published now."""
-        if self.sessions.get(session.client_id) is session:
-            del self.sessions[session.client_id]
-        for sub in session.subscriptions.values():
-            self.router.remove(sub)
-        session.subscriptions.clear()
+        client_id = session.client_id
+        if self.sessions.get(client_id) is session:
+            del self.sessions[client_id]
+        if session.subscriptions:
+            for sub in session.subscriptions.values():
+                self.router.remove(sub)
+            session.subscriptions.clear()
         if session.store is not None:
-            session.store.delete_session(session.client_id)
-        if self.delayed_wills.pop(session.client_id, None) is session and session.will:
+            session.store.delete_session(client_id)
+        if self.delayed_wills and self.delayed_wills.pop(client_id, None) is session and session.will:
             self.publish_will(session)  # [MQTT-3.1.2-8]: will delay elapsed or session ended
 
     def connection_closed(self, session: Session, publish_will: bool, now: float) -> None:

@@ -176,7 +176,8 @@ class MQTTProtocol(asyncio.Protocol):
             self.linger_timer.cancel()
         conn = self.conn
         if conn is not None:
-            conn.connection_lost()
+            if not conn.close_requested:  # (else the core ended the connection already)
+                conn.connection_lost()
             conn.owner = None  # no reference cycle: both are freed now, not by a GC pass
         self.transport = None
 
