@@ -8,6 +8,7 @@ import gc
 import logging
 import signal
 import socket
+from functools import partial
 
 from .config import Config, ListenerConfig
 from .core.broker import Broker
@@ -93,7 +94,7 @@ class Server:
                 srv = await start_listener(self, spec, ctx)
             else:
                 srv = await self.loop.create_server(
-                    lambda spec=spec: MQTTProtocol(self, spec), spec.host, spec.port,
+                    partial(MQTTProtocol, self, spec), spec.host, spec.port,
                     reuse_address=True, backlog=4096, ssl=ctx)
             self.servers.append(srv)
             defer_accept(srv.sockets)
