@@ -216,6 +216,13 @@ class Connection:
                 self.close(publish_will=False)
                 return
         self.last_rx = self.broker.clock()
+        if len(data) == 2 and state == _CONNECTED and not self.decoder.buf:
+            # a read of just a PINGREQ or an empty DISCONNECT (a quiet or a leaving client's
+            # traffic): answered without the decoder's and handle()'s dispatch
+            if data == b"\xc0\x00":
+                return self.write(b"\xd0\x00")  # [MQTT-3.12.4-1] PINGRESP
+            if data == b"\xe0\x00":
+                return self.on_disconnect(P.DISCONNECT_NORMAL)
         packets, error = self.decoder.feed(data)
         if error is not None and self.state == _NEW and not packets:
             self.connect_seen = data[:1] == b"\x10"

@@ -270,3 +270,22 @@ async def test_listeners_accept_a_connection_once_its_first_bytes_arrived():
             assert s.getsockopt(socket.IPPROTO_TCP, socket.TCP_DEFER_ACCEPT) >= DEFER_ACCEPT_SECONDS
     finally:
         await server.stop()
+
+
+async def test_bytes_of_a_pingreq_or_disconnect_inside_a_packet_are_not_one():
+    """The two-byte reads answered at once (PINGREQ, DISCONNECT) are so only between packets: the
+    same bytes ending a PUBLISH that began in an earlier read are its payload."""
+    for level in (5, 4):
+        for tail, answer in ((b"\xc0\x00", P.PINGRESP), (b"\xe0\x00", None)):
+            server, proto, t = serve(level=level)
+            head = encode(P.Publish("t", tail, 1, False, False, 3), level)[:-2]
+            proto.data_received(head)
+            proto.data_received(tail)  # the rest of the PUBLISH: its payload
+            server.flush()
+            assert [(p.type, p.packet_id) for p in t.received(level)] == [(P.PUBACK, 3)]
+            assert not t.closing
+            proto.data_received(tail)  # now a packet of its own
+            server.flush()
+            got = t.received(level)
+            assert [p.type for p in got] == ([answer] if answer else []) and t.closing == (answer is None)
+            proto.connection_lost(None)
