@@ -2,6 +2,7 @@
 
     PYTHONPATH=. .venv/bin/python bench/conn_cycle.py [--cycles 20000] [--repeats 5] [--level 4]
     PYTHONPATH=. .venv/bin/python bench/conn_cycle.py --profile     # cProfile of one run
+    PYTHONPATH=. .venv/bin/python bench/conn_cycle.py --instructions  # exact, under callgrind
 
 Drives the real per-connection path, MQTTProtocol (transport/connection_protocol.py) of a
 Server, with an in-memory transport: connection_made, CONNECT (clean, keep alive 60), the
@@ -9,6 +10,9 @@ flush writing CONNACK, DISCONNECT, the flush closing, connection_lost. `--hold N
 connections open meanwhile (as the bench's `conns` scenario does), which is what makes the
 garbage collector's passes cost something. Prints the best of `--repeats` runs, in us per
 connection: CPU time (process), so a busy machine inflates it less than wall-clock rates.
+`--instructions` counts instead the machine instructions of one connect + close (valgrind's
+callgrind, the difference between runs of 500 and 2,500 cycles): the same on any run, so it
+shows changes of a few percent that timings cannot (needs valgrind: apt-get install valgrind).
 """
 from __future__ import annotations
 
@@ -85,8 +89,8 @@ async def run(a) -> list[float]:
         held.append(p)
     results = []
     for r in range(a.repeats):
-        connects = [encode(P.Connect(f"c{r}-{i}", a.level, keep_alive=60), a.level)
-                    for i in range(a.cycles)]
+        connects = [encode(P.Connect(f"c{r}-{i:05d}", a.level, keep_alive=60), a.level)
+                    for i in range(max(a.cycles, a.encode))][:a.cycles]
         t0 = time.process_time()
         for data in connects:
             p = MQTTProtocol(server, spec)
@@ -102,6 +106,24 @@ async def run(a) -> list[float]:
     return results
 
 
+def instructions(level: int) -> int:
+    """Instructions per cycle: two runs under callgrind that differ only in their cycle count
+    (both encode the same CONNECTs up front), so start-up and set-up cancel out."""
+    import re
+    import subprocess
+    counts = []
+    for cycles in (500, 2500):
+        r = subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null",
+                            sys.executable, os.path.abspath(__file__), "--cycles", str(cycles),
+                            "--repeats", "1", "--hold", "100", "--level", str(level),
+                            "--encode", "2500"], capture_output=True, text=True)
+        m = re.search(r"Collected : (\d+)", r.stderr)
+        if r.returncode or m is None:
+            raise SystemExit(f"callgrind run failed (is valgrind installed?): {r.stderr[-500:]}")
+        counts.append(int(m.group(1)))
+    return (counts[1] - counts[0]) // 2000
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cycles", type=int, default=20000)
@@ -111,7 +133,14 @@ def main() -> None:
     ap.add_argument("--no-freeze", action="store_true", help="no gc.freeze() (serve() does one)")
     ap.add_argument("--gc-threshold", type=int, default=0, help="gc.set_threshold(N) (default: leave)")
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--instructions", action="store_true",
+                    help="machine instructions per connection, under callgrind")
+    ap.add_argument("--encode", type=int, default=0, help=argparse.SUPPRESS)  # CONNECTs encoded
     a = ap.parse_args()
+    if a.instructions:
+        print(f"{instructions(a.level):,} instructions per connect + close (callgrind); "
+              f"MQTT level {a.level}, 100 held open")
+        return
     install_uvloop()
     if a.profile:
         import cProfile

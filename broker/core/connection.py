@@ -3,8 +3,9 @@
 Sans-I/O: `data_received(bytes)` in, events out (core/events.py: AuthRequested,
 MessageAccepted; an empty tuple on the fast path); encoded packets accumulate in `out`
 and the caller writes them; `close_requested` asks the caller to close the socket after
-writing (a dirty connection: after its flush; else, after the client's DISCONNECT, at once). Flow control is an input: pause_writing()/resume_writing(). The connection holds
-no transport: the asyncio side (broker/transport/connection_protocol.py) owns it.
+writing (a dirty connection: after its flush; else, after the client's DISCONNECT, at once).
+Flow control is an input: pause_writing()/resume_writing(). The connection holds no
+transport: the asyncio side (broker/transport/connection_protocol.py) owns it.
 Packets are checked against the MQTT 5.0 rules (section 3 and 4.13).
 """
 from __future__ import annotations
