@@ -413,7 +413,7 @@ class CoreTarget:
             part = parts.pop(0)
             feed(conn, part)  # nothing may escape: an exception here is a crash
             entry[2] = fed = fed + len(part)
-            assert conn.decoder.buffered() <= fed  # holds at most what arrived
+            assert conn.buffered() <= fed  # holds at most what arrived
             if not parts:
                 pending.remove(entry)
             if rng.random() < 0.1:
@@ -455,7 +455,7 @@ class CoreTarget:
         if conn.errors:
             assert closed, "protocol error reported but the connection stays open"
         if not closed and conn.session is not None and conn.session.link is conn \
-                and conn.decoder.buffered() == 0:
+                and conn.buffered() == 0:
             feed(conn, PINGREQ)  # still working: answers a PINGREQ
             reply = drain(conn)
             assert reply.endswith(PINGRESP), reply.hex()

@@ -84,6 +84,9 @@ class Broker:
         # the CONNACK properties every v5 connection gets (3.2.2.3), and the successful CONNACKs
         # with only these, by (protocol level, session present): at most 6, encoded once
         self.capabilities = server_capabilities(self.cfg)
+        # a read of one packet up to this size is decoded whatever the connection's state (within
+        # both inbound limits), without a per-connection Decoder (connection.py feed)
+        self.small_packet_limit = min(self.cfg.maximum_packet_size, self.cfg.max_connect_packet_size)
         self.connacks: dict = {}
         self.received_by_qos = [0, 0, 0]
         self.sent_by_qos = [0, 0, 0]

@@ -16,7 +16,7 @@ from types import MappingProxyType
 from ..protocol import packets as P
 from ..protocol import properties as PR
 from ..protocol import reason_codes as rc
-from ..protocol.codec import Decoder, encode, encode_ack
+from ..protocol.codec import Decoder, decode_one, encode, encode_ack, is_one_packet
 from ..protocol.errors import MalformedPacket, MQTTError, ProtocolError
 from .events import NO_EVENTS, AuthRequested, MessageAccepted
 from .hooks import ALLOW_ALL
@@ -36,6 +36,7 @@ NO_OUTPUT: tuple = ()
 # DISCONNECT, when the client sends nothing more [MQTT-3.14.4-1]: the socket is closed at once
 CLIENT_DONE = 2
 NO_PROPERTIES = MappingProxyType({})  # a packet without properties (3.1.1, or none sent)
+NO_DECODER = object()  # feed(): this read is one whole small packet, decoded by codec.decode_one
 
 
 class Connection:
@@ -49,9 +50,9 @@ class Connection:
     def __init__(self, broker, peer: str | None = "?"):
         self.broker = broker
         self._peer = peer  # None: asked from the owner at first use (peer)
-        cfg = broker.cfg
-        self.decoder = Decoder(P.MQTT_5, cfg.maximum_packet_size, cfg.max_connect_packet_size,
-                               cfg.max_filters_per_subscribe)
+        # None while every read held whole packets of at most 129 bytes (codec.decode_one); a
+        # Decoder from the first read that does not (stream_decoder): most idle clients never need one
+        self.decoder: Decoder | None = None
         self.state = _NEW
         self.level = P.MQTT_5
         self.client_id = ""
@@ -208,23 +209,33 @@ class Connection:
 
     def feed(self, data: bytes) -> None:
         state = self.state
+        dec = self.decoder
         if state != _CONNECTED:
             if state == _CLOSED:
                 return
-            if state == _NEW and data[:1] != b"\x10" and not self.decoder.buf and data:
+            if state == _NEW and data[:1] != b"\x10" and (dec is None or not dec.buf) and data:
                 # [MQTT-3.1.0-1]: the first packet must be CONNECT; no need to wait for the rest
                 log.info("closing %s: first packet is not CONNECT", self.peer)
                 self.close(publish_will=False)
                 return
-        self.last_rx = self.broker.clock()
-        if len(data) == 2 and state == _CONNECTED and not self.decoder.buf:
-            # a read of just a PINGREQ or an empty DISCONNECT (a quiet or a leaving client's
-            # traffic): answered without the decoder's and handle()'s dispatch
-            if data == b"\xc0\x00":
-                return self.write(b"\xd0\x00")  # [MQTT-3.12.4-1] PINGRESP
-            if data == b"\xe0\x00":
-                return self.on_disconnect(P.DISCONNECT_NORMAL)
-        packets, error = self.decoder.feed(data)
+        b = self.broker
+        self.last_rx = b.clock()
+        if dec is None or not dec.buf:  # between packets
+            if len(data) == 2 and state == _CONNECTED:
+                # a read of just a PINGREQ or an empty DISCONNECT (a quiet or a leaving client's
+                # traffic): answered without decoding and handle()'s dispatch
+                if data == b"\xc0\x00":
+                    return self.write(b"\xd0\x00")  # [MQTT-3.12.4-1] PINGRESP
+                if data == b"\xe0\x00":
+                    return self.on_disconnect(P.DISCONNECT_NORMAL)
+            if dec is None and is_one_packet(data) and len(data) <= b.small_packet_limit:
+                dec = NO_DECODER  # a whole small packet: no Decoder needed
+        if dec is NO_DECODER:
+            packets, error = decode_one(data, self.level, b.cfg.max_filters_per_subscribe)
+        else:
+            if dec is None:
+                dec = self.stream_decoder()
+            packets, error = dec.feed(data)
         if error is not None and self.state == _NEW and not packets:
             self.connect_seen = data[:1] == b"\x10"
             self.level = _sniff_level(data)
@@ -242,6 +253,20 @@ class Connection:
             self.deferred_bytes += len(data)
             if self.deferred_bytes > self.broker.max_deferred_bytes:
                 self.refuse_deferred(f"more than {self.broker.max_deferred_bytes} bytes")
+
+    def stream_decoder(self) -> Decoder:
+        """The Decoder for reads that are not one whole small packet, made at the first: packets
+        split across reads, several per read, or larger; with max_connect_packet_size until the
+        CONNECT is accepted (connect_accepted())."""
+        cfg = self.broker.cfg
+        self.decoder = Decoder(self.level, cfg.maximum_packet_size,
+                               None if self.state == _CONNECTED else cfg.max_connect_packet_size,
+                               cfg.max_filters_per_subscribe)
+        return self.decoder
+
+    def buffered(self) -> int:
+        """Bytes of an incomplete packet held."""
+        return 0 if self.decoder is None else self.decoder.buffered()
 
     def handle(self, pkt) -> None:
         t = pkt.type
@@ -437,7 +462,8 @@ class Connection:
         # connected since the CONNECT arrived (not the TCP accept, ms earlier): the same float
         # as last_rx, 24 bytes less per idle connection
         self.connected_at = self.last_rx
-        self.decoder.connect_accepted()  # max_connect_packet_size no longer applies
+        if self.decoder is not None:
+            self.decoder.connect_accepted()  # max_connect_packet_size no longer applies
 
         # [MQTT-3.2.2-2], [MQTT-3.2.2-3]: session present only when resuming [MQTT-3.1.4-5]
         if not v5:

@@ -64,20 +64,10 @@ class Decoder:
         """Return (packets decoded, error or None). Packets before an error are returned."""
         n = len(data)
         if 1 < n < 130 and data[1] == n - 2 and not self.buf and n <= self.max_packet_size:
-            # the common read: exactly one packet of at most 129 bytes, its Remaining Length in
-            # one byte (n - 2 < 0x80): decoded without the general loop below
-            first = data[0]
-            try:
-                if first >> 4 == P.PUBLISH:
-                    return [decode_publish(data, 0, 2, n, self.level)], None
-                if n == 2 and first in _BARE:  # PINGREQ, DISCONNECT: one shared instance each
-                    return [_BARE[first]], None
-                pkt = decode_packet(first, data[2:], self.level, self.max_filters)
-            except (MalformedPacket, ProtocolError) as exc:
-                return [], exc
-            if pkt.type == P.CONNECT:
-                self.level = pkt.protocol_level
-            return [pkt], None
+            out = decode_one(data, self.level, self.max_filters)  # the common read
+            if out[0] and out[0][0].type == P.CONNECT:
+                self.level = out[0][0].protocol_level
+            return out
         if self.buf:
             if self.need:
                 if self.need > self.max_packet_size:  # began in the CONNECT's read, not accepted yet
@@ -174,6 +164,27 @@ class Decoder:
     def buffered(self) -> int:
         """Bytes of an incomplete packet held."""
         return self.have
+
+
+def is_one_packet(data: bytes) -> bool:
+    """Whether a read is exactly one packet of at most 129 bytes (its Remaining Length in one
+    byte: len - 2 < 0x80), which decode_one() decodes without a Decoder's buffering loop."""
+    n = len(data)
+    return 1 < n < 130 and data[1] == n - 2
+
+
+def decode_one(data: bytes, level: int, max_filters: int = 0) -> tuple[list, Exception | None]:
+    """The packet of a read that is_one_packet() (the caller checked it and the size limit):
+    ([packet], None) or ([], error), as Decoder.feed() returns them."""
+    first = data[0]
+    try:
+        if first >> 4 == P.PUBLISH:
+            return [decode_publish(data, 0, 2, len(data), level)], None
+        if first in _BARE and len(data) == 2:  # PINGREQ, DISCONNECT: one shared instance each
+            return [_BARE[first]], None
+        return [decode_packet(first, data[2:], level, max_filters)], None
+    except (MalformedPacket, ProtocolError) as exc:
+        return [], exc
 
 
 def decode_publish(buf: bytes, start: int, body: int, end: int, level: int) -> P.Publish:

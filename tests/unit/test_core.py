@@ -398,7 +398,7 @@ def test_huge_packet_before_connect_is_refused_from_its_header():
         body = encode(P.Connect("huge", level), level)[2:]
         c.conn.data_received(b"\x10" + encode_vbi(20 << 20) + body + b"\x00" * 60000)
         out = c.received()
-        assert c.conn.close_requested and c.conn.decoder.buffered() == 0
+        assert c.conn.close_requested and c.conn.buffered() == 0
         if level == 5:
             assert [(p.type, p.reason_code) for p in out] == [(P.CONNACK, 0x95)]
         else:
@@ -444,4 +444,4 @@ def test_connect_limit_lasts_until_the_connect_is_accepted():
     (ev,) = slow.conn.data_received(encode(P.Connect("slow", 5, username="u", password=b"pw")) + big[:100])
     assert ev.client_id == "slow"  # AuthRequested
     slow.conn.data_received(big[100:2000])
-    assert slow.conn.close_requested and slow.conn.decoder.buffered() == 0
+    assert slow.conn.close_requested and slow.conn.buffered() == 0

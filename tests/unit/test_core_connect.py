@@ -570,3 +570,30 @@ def test_connack_properties_follow_the_configuration_and_the_connect(cfg, client
             del want[PR.ASSIGNED_CLIENT_IDENTIFIER]
         assert got == want, (cfg, cid, keep_alive, expiry)
         bye(c)
+
+
+# ---------------------------------------------------------------- the per-connection decoder
+
+@pytest.mark.parametrize("level", [P.MQTT_311, P.MQTT_5])
+def test_a_decoder_is_made_only_for_reads_that_are_not_one_small_packet(level):
+    """Reads of one whole packet of at most 129 bytes need no per-connection Decoder (an idle
+    client never gets one). A split packet gets one: before CONNACK it keeps the smaller
+    max_connect_packet_size [MQTT-3.2.2-15] (0x95), after CONNACK the connection's limit."""
+    b, _ = make(max_connect_packet_size=200)
+    c = connect(b, "small", level)
+    c.send(P.PingReq())
+    c.send(P.Publish("t", b"x" * 50, 1, False, False, 1))
+    assert [p.type for p in c.received()] == [P.PINGRESP, P.PUBACK] and c.conn.decoder is None
+    big = encode(P.Publish("t", b"y" * 1000, 1, False, False, 2), level)  # > 200, in two reads
+    c.send_bytes(big[:300])
+    c.send_bytes(big[300:])
+    assert [(p.type, p.packet_id) for p in c.received()] == [(P.PUBACK, 2)]
+    assert c.conn.decoder is not None and c.conn.buffered() == 0 and not c.conn.close_requested
+    # before CONNACK: a CONNECT over max_connect_packet_size, split, is refused from its header
+    d = Client(b, level)
+    wire = encode(P.Connect("big", level, will=P.Will("w", b"z" * 300, 0, False)), level)
+    d.send_bytes(wire[:100])
+    got = d.received()
+    assert d.conn.close_requested and d.conn.buffered() == 0 and "big" not in b.sessions
+    if level == P.MQTT_5:
+        assert [(p.type, p.reason_code) for p in got] == [(P.CONNACK, rc.PACKET_TOO_LARGE)]
