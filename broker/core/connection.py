@@ -36,7 +36,6 @@ NO_OUTPUT: tuple = ()
 # DISCONNECT, when the client sends nothing more [MQTT-3.14.4-1]: the socket is closed at once
 CLIENT_DONE = 2
 NO_PROPERTIES = MappingProxyType({})  # a packet without properties (3.1.1, or none sent)
-NO_DECODER = object()  # feed(): this read is one whole small packet, decoded by codec.decode_one
 
 
 class Connection:
@@ -220,17 +219,15 @@ class Connection:
                 return
         b = self.broker
         self.last_rx = b.clock()
-        if dec is None or not dec.buf:  # between packets
+        if dec is None and is_one_packet(data) and len(data) <= b.small_packet_limit:
+            # the common read, one whole small packet: no Decoder needed (stream_decoder)
             if len(data) == 2 and state == _CONNECTED:
-                # a read of just a PINGREQ or an empty DISCONNECT (a quiet or a leaving client's
-                # traffic): answered without decoding and handle()'s dispatch
+                # just a PINGREQ or an empty DISCONNECT (a quiet or a leaving client's traffic):
+                # answered without handle()'s dispatch
                 if data == b"\xc0\x00":
                     return self.write(b"\xd0\x00")  # [MQTT-3.12.4-1] PINGRESP
                 if data == b"\xe0\x00":
                     return self.on_disconnect(P.DISCONNECT_NORMAL)
-            if dec is None and is_one_packet(data) and len(data) <= b.small_packet_limit:
-                dec = NO_DECODER  # a whole small packet: no Decoder needed
-        if dec is NO_DECODER:
             packets, error = decode_one(data, self.level, b.cfg.max_filters_per_subscribe)
         else:
             if dec is None:

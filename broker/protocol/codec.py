@@ -62,8 +62,7 @@ class Decoder:
 
     def feed(self, data: bytes) -> tuple[list, Exception | None]:
         """Return (packets decoded, error or None). Packets before an error are returned."""
-        n = len(data)
-        if 1 < n < 130 and data[1] == n - 2 and not self.buf and n <= self.max_packet_size:
+        if not self.buf and is_one_packet(data) and len(data) <= self.max_packet_size:
             out = decode_one(data, self.level, self.max_filters)  # the common read
             if out[0] and out[0][0].type == P.CONNECT:
                 self.level = out[0][0].protocol_level

@@ -2,13 +2,16 @@
 held acks sent in one place after the sink's barrier and the store's commit, as successes or
 failures; flow control both ways; the password check through the CheckQueue."""
 import asyncio
+import socket
+
+import pytest
 
 from broker.config import Config, ListenerConfig
 from broker.core.hooks import Hook
 from broker.protocol import packets as P
 from broker.protocol import reason_codes as rc
 from broker.protocol.codec import Decoder, encode
-from broker.server import Server
+from broker.server import DEFER_ACCEPT_SECONDS, Server
 from broker.transport.connection_protocol import READ_PAUSE_GROWTH, MQTTProtocol
 
 
@@ -254,12 +257,8 @@ async def test_password_check_runs_on_the_check_queue_and_busy_refuses():
 async def test_listeners_accept_a_connection_once_its_first_bytes_arrived():
     """TCP_DEFER_ACCEPT on every TCP listener (plain and WebSocket): the kernel hands the broker
     a connection with its CONNECT (or HTTP upgrade) already there, one wake-up less each."""
-    import socket
-
-    import pytest
     if not hasattr(socket, "TCP_DEFER_ACCEPT"):
         pytest.skip("this platform has no TCP_DEFER_ACCEPT (Linux only)")
-    from broker.server import DEFER_ACCEPT_SECONDS
     server = Server(Config(host="127.0.0.1", port=0,
                            listeners=[ListenerConfig(type="ws", host="127.0.0.1", port=0)]))
     await server.start()
