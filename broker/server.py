@@ -179,11 +179,7 @@ def install_uvloop() -> bool:
 async def serve(config: Config, sink=None, auth=None, store=None) -> None:
     server = Server(config, sink=sink, auth=auth, store=store)
     await server.start()
-    # Everything made so far (modules, config, restored state) lives as long as the process: out
-    # of the garbage collector's sight, so its full passes walk only what came after (bench.py
-    # `conns`: the collector's time per connection 8.4 -> 4.6 us)
-    gc.collect()
-    gc.freeze()
+    tune_gc()
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -191,6 +187,28 @@ async def serve(config: Config, sink=None, auth=None, store=None) -> None:
     loop.add_signal_handler(signal.SIGHUP, server.reload_tls)
     await stop.wait()
     await server.stop()
+
+
+# Young-generation threshold of the garbage collector (CPython's default is 700 allocations).
+# What a connection holds (protocol, Connection, Session, uvloop's transport) is freed by
+# reference counting when it closes (no cycles are left behind), so the collector's passes over
+# it are pure cost: every young pass walks each connection opened since the last one, and each
+# tenth pass walks them again. At 10,000 a burst of 5,000 connects costs 4% fewer instructions
+# (bench `conns` under callgrind: 108,900 -> 104,000 per connection; the collector's share
+# 12,900 -> 8,000). A young pass then walks at most 10,000 objects (under a millisecond), and
+# the cyclic garbage that waits for one (TLS and WebSocket connections make some) stays small.
+GC_YOUNG_THRESHOLD = 10_000
+
+
+def tune_gc() -> None:
+    """The garbage collector, for a server whose state is long-lived and cycle-free."""
+    # Everything made so far (modules, config, restored state) lives as long as the process: out
+    # of the collector's sight, so its full passes walk only what came after (bench.py `conns`:
+    # the collector's time per connection 8.4 -> 4.6 us)
+    gc.collect()
+    gc.freeze()
+    _, middle, old = gc.get_threshold()
+    gc.set_threshold(GC_YOUNG_THRESHOLD, middle, old)
 
 
 DEFER_ACCEPT_SECONDS = 1

@@ -139,7 +139,7 @@ class Decoder:
         except (MalformedPacket, ProtocolError) as exc:
             self.buf = b""
             self.have = self.need = 0
-            return out, exc
+            return out, exc.with_traceback(None)  # (see decode_one)
         if pos < n:
             self.buf = buf[pos:]  # (no copy for bytes when pos is 0)
             self.have = n - pos
@@ -183,7 +183,9 @@ def decode_one(data: bytes, level: int, max_filters: int = 0) -> tuple[list, Exc
             return [_BARE[first]], None
         return [decode_packet(first, data[2:], level, max_filters)], None
     except (MalformedPacket, ProtocolError) as exc:
-        return [], exc
+        # returned as a value, without its traceback: that would hold the caller's frames, and
+        # through them its connection, in a reference cycle only the garbage collector frees
+        return [], exc.with_traceback(None)
 
 
 def decode_publish(buf: bytes, start: int, body: int, end: int, level: int) -> P.Publish:

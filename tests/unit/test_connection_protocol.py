@@ -288,3 +288,63 @@ async def test_bytes_of_a_pingreq_or_disconnect_inside_a_packet_are_not_one():
             got = t.received(level)
             assert [p.type for p in got] == ([answer] if answer else []) and t.closing == (answer is None)
             proto.connection_lost(None)
+
+
+def _alive(*types) -> int:
+    import gc
+    return sum(1 for o in gc.get_objects() if type(o) in types)
+
+
+async def test_a_closed_connection_is_freed_without_the_garbage_collector():
+    """What server.tune_gc() relies on: whichever way a connection ends, its protocol, Connection
+    and Session are freed by reference counting (no cycle left for the collector), with and
+    without a will, subscriptions, in-flight messages and a session kept after it."""
+    import gc
+
+    from broker.core.connection import Connection
+    from broker.core.session import Session
+
+    def cycle(level, ending):
+        server, proto, t = serve(level=level)
+        b = server.broker
+        b.schedule_flush = lambda: None
+        proto.data_received(encode(P.Subscribe(1, [("a/#", P.SubscriptionOptions(qos=1))]), level))
+        proto.data_received(publish(1, 2, level) + publish(2, 3, level))
+        server.flush()
+        if ending == "disconnect":
+            proto.data_received(encode(P.Disconnect(), level))
+        elif ending == "violation":  # v5 AUTH without a method, 3.1.1 a reserved packet type
+            proto.data_received(b"\xf0\x00")
+        elif ending == "split violation":  # through the stream Decoder
+            proto.data_received(b"\xf0")
+            proto.data_received(b"\x00")
+        server.flush()
+        proto.connection_lost(None)
+        for s in list(b.sessions.values()):  # a kept session ends later (expiry): end it now
+            b.end_session(s)
+
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        before = _alive(MQTTProtocol, Connection, Session)
+        for level in (4, 5):
+            for ending in ("disconnect", "violation", "split violation", "lost"):
+                cycle(level, ending)
+        assert _alive(MQTTProtocol, Connection, Session) == before
+    finally:
+        if was:
+            gc.enable()
+
+
+def test_tune_gc_freezes_the_start_up_state_and_raises_the_young_threshold():
+    import gc
+
+    from broker.server import GC_YOUNG_THRESHOLD, tune_gc
+    threshold, frozen = gc.get_threshold(), gc.get_freeze_count()
+    try:
+        tune_gc()
+        assert gc.get_threshold() == (GC_YOUNG_THRESHOLD, threshold[1], threshold[2])
+        assert gc.get_freeze_count() > frozen
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*threshold)
