@@ -51,7 +51,7 @@ class Decoder:
     def __init__(self, level: int = P.MQTT_5, max_packet_size: int = 268435460,
                  connect_limit: int | None = None, max_filters: int = 0):
         self.buf = b""     # start of an incomplete packet (empty when nothing is buffered)
-        self.more = None   # later chunks of that packet (a list), while `need` is known
+        self.more: list | None = None  # later chunks of that packet, while `need` is known
         self.have = 0      # bytes in buf + more
         self.need = 0      # total size of the incomplete packet, 0 while its header is incomplete
         self.level = level
@@ -63,10 +63,10 @@ class Decoder:
     def feed(self, data: bytes) -> tuple[list, Exception | None]:
         """Return (packets decoded, error or None). Packets before an error are returned."""
         if not self.buf and is_one_packet(data) and len(data) <= self.max_packet_size:
-            out = decode_one(data, self.level, self.max_filters)  # the common read
-            if out[0] and out[0][0].type == P.CONNECT:
-                self.level = out[0][0].protocol_level
-            return out
+            one = decode_one(data, self.level, self.max_filters)  # the common read
+            if one[0] and one[0][0].type == P.CONNECT:
+                self.level = one[0][0].protocol_level
+            return one
         if self.buf:
             if self.need:
                 if self.need > self.max_packet_size:  # began in the CONNECT's read, not accepted yet
@@ -374,7 +374,7 @@ def decode_subscribe(body: bytes, v5: bool, max_filters: int = 0) -> P.Subscribe
     props = None
     if v5:
         props, pos = decode_properties(body, pos, "SUBSCRIBE")
-    topics = []
+    topics: list = []
     while pos < len(body):
         filt, pos = decode_utf8(body, pos)  # [MQTT-3.8.3-1]
         if pos >= len(body):
