@@ -104,39 +104,40 @@ class TopicTrie:
 
     def match(self, topic: str) -> list[dict]:
         """The value dicts of every node whose filter matches topic."""
-        levels = topic.split("/")
         out: list[dict] = []
-        n = len(levels)
-        root = self.root
-        dollar = topic.startswith("$")
-
-        def step(c: _Node, i: int) -> None:
-            """Continue below child c, which matched level i."""
-            if i + 1 == n:
-                if c.values:
-                    out.append(c.values)
-                h = c.children.get("#")  # 'a/#' also matches 'a' (4.7.1.2)
-                if h is not None and h.values:
-                    out.append(h.values)
-            else:
-                walk(c, i + 1)
-
-        def walk(node: _Node, i: int) -> None:
-            children = node.children
-            if not children:
-                return
-            wild = not (dollar and i == 0)  # [MQTT-4.7.2-1]
-            if wild:
-                h = children.get("#")
-                if h is not None and h.values:
-                    out.append(h.values)
-            c = children.get(levels[i])
-            if c is not None:
-                step(c, i)
-            if wild:
-                c = children.get("+")
-                if c is not None:
-                    step(c, i)
-
-        walk(root, 0)
+        _walk(self.root, topic.split("/"), 0, topic.startswith("$"), out)
         return out
+
+
+# The trie walk is two module functions, not closures in match(): a recursive closure is a
+# reference cycle (function -> cell -> function) that keeps the topic's levels, and the values
+# found, in memory until the garbage collector runs.
+def _walk(node: _Node, levels: list[str], i: int, dollar: bool, out: list[dict]) -> None:
+    """Collect the matches below `node`, whose children are candidates for levels[i]."""
+    children = node.children
+    if not children:
+        return
+    wild = not (dollar and i == 0)  # [MQTT-4.7.2-1]
+    if wild:
+        h = children.get("#")
+        if h is not None and h.values:
+            out.append(h.values)
+    c = children.get(levels[i])
+    if c is not None:
+        _step(c, levels, i, dollar, out)
+    if wild:
+        c = children.get("+")
+        if c is not None:
+            _step(c, levels, i, dollar, out)
+
+
+def _step(c: _Node, levels: list[str], i: int, dollar: bool, out: list[dict]) -> None:
+    """Continue below child c, which matched level i."""
+    if i + 1 == len(levels):
+        if c.values:
+            out.append(c.values)
+        h = c.children.get("#")  # 'a/#' also matches 'a' (4.7.1.2)
+        if h is not None and h.values:
+            out.append(h.values)
+    else:
+        _walk(c, levels, i + 1, dollar, out)

@@ -61,46 +61,8 @@ class RetainedStore:
 
     def match(self, filt: str) -> list:
         """Retained messages whose topic matches filt ('$' topics excluded from leading wildcards)."""
-        levels = filt.split("/")
-        out = []
-
-        def collect(node: _Node, topic_start: bool):
-            stack = [(node, topic_start)]
-            while stack:
-                nd, first = stack.pop()
-                if nd.message is not None:
-                    out.append(nd.message)
-                for name, child in nd.children.items():
-                    if first and name.startswith("$"):
-                        continue
-                    stack.append((child, False))
-
-        def walk(node: _Node, i: int):
-            if i == len(levels):
-                if node.message is not None:
-                    out.append(node.message)
-                return
-            level = levels[i]
-            if level == "#":
-                # '#' matches the parent level too (4.7.1.2)
-                if i > 0 and node.message is not None:
-                    out.append(node.message)
-                for name, child in node.children.items():
-                    if i == 0 and name.startswith("$"):  # [MQTT-4.7.2-1]
-                        continue
-                    collect(child, False)
-                return
-            if level == "+":
-                for name, child in node.children.items():
-                    if i == 0 and name.startswith("$"):  # [MQTT-4.7.2-1]
-                        continue
-                    walk(child, i + 1)
-                return
-            child = node.children.get(level)
-            if child is not None:
-                walk(child, i + 1)
-
-        walk(self.root, 0)
+        out: list = []
+        _walk(self.root, filt.split("/"), 0, out)
         return out
 
     def all(self):
@@ -115,3 +77,43 @@ class RetainedStore:
 
 
 __all__ = ["RetainedStore", "matches"]
+
+
+# The walk is module functions, not closures in match(): a recursive closure is a reference
+# cycle (function -> cell -> function) that keeps the messages found in memory until the
+# garbage collector runs.
+def _walk(node: _Node, levels: list, i: int, out: list) -> None:
+    """Collect the retained messages at or below `node` that match levels[i:]."""
+    if i == len(levels):
+        if node.message is not None:
+            out.append(node.message)
+        return
+    level = levels[i]
+    if level == "#":
+        # '#' matches the parent level too (4.7.1.2)
+        if i > 0 and node.message is not None:
+            out.append(node.message)
+        for name, child in node.children.items():
+            if i == 0 and name.startswith("$"):  # [MQTT-4.7.2-1]
+                continue
+            _collect(child, out)
+        return
+    if level == "+":
+        for name, child in node.children.items():
+            if i == 0 and name.startswith("$"):  # [MQTT-4.7.2-1]
+                continue
+            _walk(child, levels, i + 1, out)
+        return
+    child = node.children.get(level)
+    if child is not None:
+        _walk(child, levels, i + 1, out)
+
+
+def _collect(node: _Node, out: list) -> None:
+    """Every retained message at or below `node`."""
+    stack = [node]
+    while stack:
+        nd = stack.pop()
+        if nd.message is not None:
+            out.append(nd.message)
+        stack.extend(nd.children.values())

@@ -81,3 +81,30 @@ def test_leaf_imports_nothing_from_broker_or_sink():
     names = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
     names += [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
     assert not [m for m in names if m.split(".")[0] in ("broker", "sink")], names
+
+
+def test_matching_leaves_no_reference_cycles():
+    """A topic's match (the subscription trie for every PUBLISH, the retained store for every
+    SUBSCRIBE) is freed by reference counting: no garbage waits for the collector, which runs
+    seldom in the broker (server.tune_gc). A recursive closure did: it kept each topic's levels,
+    60 KB for a 60 KB topic, until a collection."""
+    import gc
+
+    from broker.core.retain import RetainedStore
+    trie, retained = TopicTrie(), RetainedStore()
+    for f in ("a/+/c", "a/#", "#", "+/b/+", "$SYS/#"):
+        trie.add(f, f, 1)
+    for t in ("a/b/c", "a/x", "$SYS/up", "z"):
+        retained.set(t, t)
+    gc.collect()
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        for i in range(200):
+            assert trie.match(f"a/{i}/c")
+            assert retained.match("a/#") and retained.match("+/b/+") == ["a/b/c"]
+        left = gc.collect()
+    finally:
+        if was:
+            gc.enable()
+    assert left < 200, f"{left} objects in reference cycles after 200 matches of each kind"
