@@ -197,6 +197,9 @@ async def serve(config: Config, sink=None, auth=None, store=None) -> None:
 # (bench `conns` under callgrind: 108,900 -> 104,000 per connection; the collector's share
 # 12,900 -> 8,000). A young pass then walks at most 10,000 objects (under a millisecond), and
 # the cyclic garbage that waits for one (TLS and WebSocket connections make some) stays small.
+# The per-message paths make no cycles either (tests: test_matching_leaves_no_reference_cycles,
+# test_a_closed_connection_is_freed_without_the_garbage_collector): one that did would hold its
+# garbage for up to 10,000 allocations instead of 700.
 GC_YOUNG_THRESHOLD = 10_000
 
 
