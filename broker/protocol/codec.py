@@ -25,8 +25,6 @@ _REQUIRED_FLAGS = {P.CONNECT: 0, P.CONNACK: 0, P.PUBACK: 0, P.PUBREC: 0, P.PUBRE
                    P.PINGREQ: 0, P.PINGRESP: 0, P.DISCONNECT: 0, P.AUTH: 0}
 
 PROTOCOL_NAMES = {3: "MQIsdp", 4: "MQTT", 5: "MQTT"}
-# packets that are only a fixed header (Remaining Length 0) with a shared decoded form, by first byte
-_BARE = {0xC0: P.PINGREQ_PACKET, 0xE0: P.DISCONNECT_NORMAL}
 # CONNECT's first 7 bytes (Protocol Name "MQTT" as a UTF-8 string, Protocol Level) for 3.1.1 and 5
 _PROTOCOLS = {b"\x00\x04MQTT\x04": ("MQTT", 4), b"\x00\x04MQTT\x05": ("MQTT", 5)}
 
@@ -179,8 +177,6 @@ def decode_one(data: bytes, level: int, max_filters: int = 0) -> tuple[list, Exc
     try:
         if first >> 4 == P.PUBLISH:
             return [decode_publish(data, 0, 2, len(data), level)], None
-        if first in _BARE and len(data) == 2:  # PINGREQ, DISCONNECT: one shared instance each
-            return [_BARE[first]], None
         return [decode_packet(first, data[2:], level, max_filters)], None
     except (MalformedPacket, ProtocolError) as exc:
         # returned as a value, without its traceback: that would hold the caller's frames, and
