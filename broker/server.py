@@ -12,6 +12,7 @@ from functools import partial
 
 from .config import Config, ListenerConfig
 from .core.broker import Broker
+from .protocol import native
 from .transport import tls
 from .transport.connection_protocol import AckGate, MQTTProtocol
 
@@ -179,6 +180,7 @@ def install_uvloop() -> bool:
 async def serve(config: Config, sink=None, auth=None, store=None) -> None:
     server = Server(config, sink=sink, auth=auth, store=store)
     await server.start()
+    log_codec()
     tune_gc()
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
@@ -187,6 +189,14 @@ async def serve(config: Config, sink=None, auth=None, store=None) -> None:
     loop.add_signal_handler(signal.SIGHUP, server.reload_tls)
     await stop.wait()
     await server.stop()
+
+
+def log_codec() -> None:
+    if native.running() == "compiled":
+        log.info("codec: compiled (mypyc)")
+    else:
+        log.info("codec: pure Python (slower; bash scripts/setup.sh compiles it when gcc and "
+                 "the Python headers are installed)")
 
 
 # Young-generation threshold of the garbage collector (CPython's default is 700 allocations).

@@ -1,1 +1,8 @@
-"""Sans-I/O MQTT wire format: packets, properties, reason codes, codec."""
+"""Sans-I/O MQTT wire format: packets, properties, reason codes, codec.
+
+codec and properties may run compiled (mypyc, built by scripts/setup.sh); `native.select`
+makes sure a compiled build older than its source never runs.
+"""
+from . import native
+
+CODEC = native.select(__name__)  # 'compiled', 'pure' or 'stale' (then pure, with a warning)
