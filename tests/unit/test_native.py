@@ -102,3 +102,49 @@ def test_the_digest_covers_both_sources(tmp_path):
         path.write_text(text + "\n")
         assert native.source_digest(str(tmp_path)) != before
         path.write_text(text)
+
+
+# Decodes a seeded corpus (every byte fixture, the fuzz seeds, and mutations of both), re-encodes
+# what decoded, and prints one digest of every outcome: packet, error type and reason code.
+_DIFFERENTIAL = r"""
+import hashlib, random, sys
+from broker.protocol import native
+from broker.protocol.codec import Decoder, decode_one, encode, is_one_packet
+from tests import fuzzing, vectors
+rng = random.Random(11)
+corpus = [v.data for v in vectors.ALL] + fuzzing.ALL_SEEDS
+inputs = corpus + [fuzzing.mutated(rng, corpus) for _ in range(4000)]
+h = hashlib.sha256()
+for data in inputs:
+    for level in (4, 5):
+        outs = [Decoder(level, 1 << 20).feed(data)]
+        if is_one_packet(data):  # decode_one's precondition (Connection.feed checks it)
+            outs.append(decode_one(data, level))
+        for out in outs:
+            pkts, err = out
+            h.update(repr(pkts).encode())
+            h.update(repr((type(err).__name__, getattr(err, "reason_code", None), str(err))).encode())
+            for p in pkts:
+                try:
+                    h.update(encode(p, level))
+                except Exception as exc:
+                    h.update(type(exc).__name__.encode())
+print(native.running(), len(inputs), h.hexdigest())
+"""
+
+
+def test_compiled_and_pure_codec_agree_on_every_input():
+    if broker.protocol.CODEC != "compiled" and os.environ.get(native.PURE_ENV) != "1":
+        pytest.skip("the codec is not compiled here (no gcc or Python headers): nothing to compare")
+    runs = {}
+    for pure in ("0", "1"):
+        out = subprocess.run([sys.executable, "-c", _DIFFERENTIAL], cwd=ROOT, capture_output=True,
+                             text=True, env={**os.environ, "PYTHONPATH": ROOT, native.PURE_ENV: pure},
+                             timeout=300)
+        assert out.returncode == 0, out.stderr
+        runs[pure] = out.stdout.split()
+    if os.environ.get(native.PURE_ENV) == "1" and runs["0"][0] == "pure":
+        pytest.skip("the codec is not compiled here: nothing to compare")
+    assert runs["0"][0] == "compiled" and runs["1"][0] == "pure"
+    assert int(runs["0"][1]) > 4000
+    assert runs["0"][2] == runs["1"][2]  # same packets, errors and re-encodings
