@@ -4,7 +4,7 @@
 
 Run by scripts/setup.sh. Does nothing when the compiled modules match the sources
 (broker/protocol/native.stamp holds the digest they were built from); otherwise builds them
-with the machine's C compiler (about 15 s) and writes the stamp. Without a compiler or the
+with the machine's C compiler (about 10 s) and writes the stamp. Without a compiler or the
 Python headers it says so and leaves the pure-Python codec in place: the broker runs the
 same, slower. `--clean` removes the compiled modules. See broker/protocol/native.py.
 """
@@ -19,13 +19,12 @@ import tempfile
 import warnings
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-# this script must not import the package (that would load the modules it replaces)
 PKG = os.path.join(ROOT, "broker", "protocol")
 GROUP = "broker.protocol._native"  # one shared library for both modules, inside the package
 
 
 def _native():
+    """broker/protocol/native.py alone: importing the package would load the modules it replaces."""
     import importlib.util
     spec = importlib.util.spec_from_file_location("_native_select", os.path.join(PKG, "native.py"))
     mod = importlib.util.module_from_spec(spec)
@@ -79,10 +78,10 @@ def main(argv=None) -> int:
         return 0
     native = _native()
     up_to_date = (len(native.compiled_files(PKG)) == len(native.COMPILED)
-                  and native._read_stamp() == native.source_digest(PKG))
+                  and native.read_stamp() == native.source_digest(PKG))
     if up_to_date and not args.force:
         return 0
-    print("build_native: compiling the codec with mypyc (about 15 s)", flush=True)
+    print("build_native: compiling the codec with mypyc (about 10 s)", flush=True)
     try:
         build()
     except BaseException as exc:  # SystemExit from setuptools on a compiler error

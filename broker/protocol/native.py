@@ -16,6 +16,7 @@ broker's hottest paths). Nothing here does I/O beyond reading the two sources at
 from __future__ import annotations
 
 import hashlib
+import importlib
 import importlib.machinery
 import importlib.util
 import os
@@ -56,7 +57,7 @@ def choose(have_compiled: bool, stamp: str | None, digest: str, pure_requested: 
     return "compiled" if stamp == digest else "stale"
 
 
-def _read_stamp() -> str | None:
+def read_stamp() -> str | None:
     try:
         with open(STAMP, encoding="ascii") as f:
             return f.read().strip()
@@ -81,7 +82,7 @@ def select(package: str) -> str:
     found = compiled_files()
     if not found:
         return "pure"
-    choice = choose(True, _read_stamp(), source_digest(), os.environ.get(PURE_ENV) == "1")
+    choice = choose(True, read_stamp(), source_digest(), os.environ.get(PURE_ENV) == "1")
     if choice == "stale":
         warnings.warn(f"{', '.join(os.path.basename(p) for p in found)} were compiled from an "
                       f"older codec.py/properties.py: running the pure-Python source instead "
@@ -95,6 +96,6 @@ def select(package: str) -> str:
 
 def running() -> str:
     """'compiled' or 'pure': what the imported codec is (for the start-up log)."""
-    codec = sys.modules.get(__package__ + ".codec")
+    codec = importlib.import_module(__package__ + ".codec")
     path = getattr(codec, "__file__", "") or ""
     return "pure" if path.endswith(".py") else "compiled"

@@ -148,3 +148,20 @@ def test_compiled_and_pure_codec_agree_on_every_input():
     assert runs["0"][0] == "compiled" and runs["1"][0] == "pure"
     assert int(runs["0"][1]) > 4000
     assert runs["0"][2] == runs["1"][2]  # same packets, errors and re-encodings
+
+
+def test_without_a_compiler_setup_goes_on_with_the_pure_codec(tmp_path):
+    """build_native.py where the C compiler fails: a warning saying what to install, no compiled
+    module left behind (not even the fake one there before), and the package runs the source."""
+    root = _copy_package(tmp_path, stamp="0" * 64)
+    os.makedirs(tmp_path / "scripts")
+    shutil.copy(os.path.join(ROOT, "scripts", "build_native.py"), tmp_path / "scripts")
+    out = subprocess.run([sys.executable, str(tmp_path / "scripts" / "build_native.py")],
+                         cwd=root, capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "CC": "/bin/false", "PYTHONPATH": root})
+    assert out.returncode == 0, out.stderr
+    assert "could not compile the codec" in out.stderr and "apt-get install gcc" in out.stderr
+    left = os.listdir(tmp_path / "broker" / "protocol")
+    assert not [f for f in left if f.endswith(".so") or f == "native.stamp"], left
+    imported = _import_codec(root, {native.PURE_ENV: "0"})
+    assert imported.returncode == 0 and imported.stdout.split()[0] == "pure", imported.stderr
