@@ -38,12 +38,12 @@ def source_digest(directory: str = HERE) -> str:
     return h.hexdigest()
 
 
-def compiled_files(directory: str = HERE) -> list[str]:
+def compiled_files() -> list[str]:
     """The extension modules this Python would import for COMPILED, where present."""
     found = []
     for name in COMPILED:
         for suffix in importlib.machinery.EXTENSION_SUFFIXES:
-            path = os.path.join(directory, name + suffix)
+            path = os.path.join(HERE, name + suffix)
             if os.path.exists(path):
                 found.append(path)
                 break
