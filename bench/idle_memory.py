@@ -27,7 +27,8 @@ CHILD = r"""
 import asyncio, sys, tracemalloc, gc, resource
 sys.path.insert(0, sys.argv[1])
 from broker.config import Config
-from broker.server import Server, install_uvloop
+from broker.server import Server
+from broker.transport.eventloop import install_uvloop
 install_uvloop()
 top = int(sys.argv[2])
 cpu_only = sys.argv[3] == "cpu"

@@ -11,7 +11,8 @@ from settings import one_line
 from settings import report as report_config_error
 
 from . import config as config_mod
-from .server import install_uvloop, serve
+from .server import serve
+from .transport.eventloop import install_uvloop
 
 log = logging.getLogger("broker")
 
@@ -83,6 +84,7 @@ def main(argv=None) -> int:
     if args.check_config:
         return 0
     setup_logging(cfg.log_level, cfg.log_format)
+    uv = install_uvloop()  # before the sink starts threads (transport/eventloop.py swaps a class)
     sink = store = None
     try:  # directories that cannot be created, a spool locked by another broker: one line
         if cfg.sink.enabled:
@@ -104,7 +106,6 @@ def main(argv=None) -> int:
             if sink.embedded is not None:  # started before the failure: not left running
                 sink.embedded.stop()
         return 1
-    uv = install_uvloop()
     log.info("starting broker (event loop: %s)", "uvloop" if uv else "asyncio")
     try:
         asyncio.run(serve(cfg, sink=sink, store=store, auth=auth))

@@ -15,6 +15,7 @@ from .core.broker import Broker
 from .protocol import native
 from .transport import tls
 from .transport.connection_protocol import AckGate, MQTTProtocol
+from .transport.eventloop import transport_table
 
 log = logging.getLogger("broker.server")
 
@@ -45,6 +46,7 @@ class Server:
         self.acks = AckGate(sink, store)  # acks waiting for durability, decided in one place
         self._ticker = None
         self._gc = 0
+        self.transports = None  # uvloop's TransportTable (transport/eventloop.py), if it has one
         self.sys = None
         self.dashboard = None  # broker/dashboard ([dashboard] enabled = true)
 
@@ -82,6 +84,7 @@ class Server:
 
     async def start(self) -> None:
         self.loop = asyncio.get_running_loop()
+        self.transports = transport_table(self.loop)
         if self.store is not None:
             self.store.load(self.broker)
         for spec in self.listener_specs():
@@ -137,6 +140,8 @@ class Server:
     def _tick(self) -> None:
         try:
             self.broker.tick()
+            if self.transports is not None:
+                self.transports.tidy()  # closed transports: at most about twice the live ones
             if self.store is not None:
                 self.commit_store()
                 self._gc += 1
@@ -166,15 +171,6 @@ class Server:
         if self.store is not None:
             self.store.close()
         await asyncio.sleep(0.05)
-
-
-def install_uvloop() -> bool:
-    try:
-        import uvloop
-    except ImportError:
-        return False
-    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
-    return True
 
 
 async def serve(config: Config, sink=None, auth=None, store=None) -> None:
