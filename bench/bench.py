@@ -355,6 +355,12 @@ def summarize(runs, names):
                     for k in ("broker_us_per_connect", "broker_us_per_close", "loadgen_us_per_conn"):
                         if all(r.get(k) is not None for r in rs):
                             agg[k] = median(r[k] for r in rs)
+                    colds = [r["cold"] for r in rs if r.get("cold")]
+                    if colds and len(colds) == len(rs):  # the loadgen's first round (--conn-warmup)
+                        agg["cold"] = {k: median(c.get(k) for c in colds)
+                                       for k in ("connects_per_s", "broker_us_per_connect",
+                                                 "broker_us_per_close", "loadgen_us_per_conn")
+                                       if all(c.get(k) is not None for c in colds)}
             out[sc][b] = agg
     return out
 
@@ -427,6 +433,11 @@ def print_report(summary, names, a):
                 print(f"{'':<26} {'':<10} broker CPU {g['broker_us_per_connect']:.1f} us per connect (accept, "
                       f"CONNECT, CONNACK) + {g['broker_us_per_close']:.1f} us per close (DISCONNECT, close); "
                       f"load generator {g['loadgen_us_per_conn']:.1f} us per connect")
+            c = g.get("cold") or {}
+            if c.get("broker_us_per_connect") is not None:
+                print(f"{'':<26} {'':<10} (its first round after start: {fmt_num(c['connects_per_s'])} conn/s, "
+                      f"{c['broker_us_per_connect']:.1f} + {c['broker_us_per_close']:.1f} us; "
+                      f"load generator {c['loadgen_us_per_conn']:.1f} us)")
             if g.get("loadgen_cpu_max", 0) > LOADGEN_CPU_WARN:
                 warnings.append(f"{sc}/{b}: load generator used {g['loadgen_cpu_max'] * 100:.0f}% of its core "
                                 f"-> it may be the bottleneck; this figure is a lower bound")

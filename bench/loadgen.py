@@ -32,10 +32,11 @@ import struct
 import sys
 import time
 
-try:
-    import uvloop
-except ImportError:  # pragma: no cover - bench still works, slower
-    uvloop = None
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+# uvloop as the broker runs it: its table of transports a dict (broker/transport/eventloop.py),
+# 3 us less of the load generator's CPU per connection, the same against every broker
+from broker.transport.eventloop import install_uvloop, transport_table  # noqa: E402
 
 PAYLOAD_SIZE = 64
 MQTT_VERSION = 4
@@ -115,12 +116,7 @@ class Client(asyncio.Protocol):
 
     # -- transport callbacks
     def connection_made(self, transport):
-        self.transport = transport
-        sock = transport.get_extra_info("socket")
-        try:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        except (OSError, AttributeError):
-            pass
+        self.transport = transport  # (TCP_NODELAY: uvloop and asyncio set it on TCP transports)
         transport.set_write_buffer_limits(high=256 * 1024, low=64 * 1024)
         transport.write(connect_packet(self.client_id))
 
@@ -732,36 +728,64 @@ async def run_latency(a, loop):
     return res
 
 
-async def run_conns(a, loop):
-    meter = Meter(a.broker_pid)
-    m0 = meter.snap()
+async def open_conns(a, loop, tag):
+    """Connect a.conns clients (CONNECT, CONNACK), a.conn_concurrency at a time; and the seconds."""
     t0 = time.perf_counter()
     clients = await gather_limited(
-        [connect(loop, lambda i=i: Client(f"bidle{i}-{os.getpid()}"), a.host, a.port,
+        [connect(loop, lambda i=i: Client(f"{tag}{i}-{os.getpid()}"), a.host, a.port,
                  timeout=120)
          for i in range(a.conns)],
         limit=a.conn_concurrency)
-    t_conn = time.perf_counter() - t0
+    return clients, time.perf_counter() - t0
+
+
+async def close_conns(clients):
+    close_all(clients)  # DISCONNECT, then close
+    await asyncio.wait([c.closed for c in clients], timeout=30)
+    await asyncio.sleep(0.2)
+
+
+def conn_figures(n, t_conn, m0, m1, m2, m3):
+    """connections/s and CPU per connection: the broker's (/proc/<pid>/schedstat) for accept +
+    CONNECT + CONNACK (m0-m1) and for DISCONNECT + close (m2-m3, including ~0.2 s idle), the
+    load generator's for the connect phase; robust on a busy machine, unlike connections/s"""
+    res = {"connections": n, "connect_s": t_conn, "connects_per_s": n / t_conn if t_conn else None,
+           "loadgen_us_per_conn": (m1[1] - m0[1]) / n * 1e6 if n else None}
+    if m0[2] is not None and m3[2] is not None and n:
+        res["broker_us_per_connect"] = (m1[2] - m0[2]) / n * 1e6
+        res["broker_us_per_close"] = (m3[2] - m2[2]) / n * 1e6
+    return res
+
+
+async def run_conns(a, loop):
+    meter = Meter(a.broker_pid)
+    cold = None
+    if a.conn_warmup:
+        # a round on the broker as it started (its memory not yet mapped, first code paths), its
+        # figures kept apart: what is measured is a broker that has served connections before,
+        # as a running service has (each broker gets the same round)
+        m0 = meter.snap()
+        clients, t_conn = await open_conns(a, loop, "bwarm")
+        m1 = m2 = meter.snap()
+        await close_conns(clients)
+        cold = conn_figures(len(clients), t_conn, m0, m1, m2, meter.snap())
+        del clients
+        table = transport_table(loop)
+        if table is not None:  # (the broker's tick does this: here the next round would free them)
+            table.prune()
+    m0 = meter.snap()
+    clients, t_conn = await open_conns(a, loop, "bidle")
     m1 = meter.snap()
     print(f"READY {len(clients)}", flush=True)
     # wait for the orchestrator to measure RSS
     await loop.run_in_executor(None, sys.stdin.readline)
     alive = sum(1 for c in clients if not c.closed.done())
     m2 = meter.snap()
-    close_all(clients)  # DISCONNECT, then close
-    await asyncio.wait([c.closed for c in clients], timeout=30)
-    await asyncio.sleep(0.2)
-    m3 = meter.snap()
-    n = len(clients)
-    res = {"connections": n, "alive_at_measure": alive, "connect_s": t_conn,
-           "connects_per_s": n / t_conn if t_conn else None,
-           # CPU per connection (robust on a busy machine, unlike connects_per_s): the broker's
-           # (/proc/<pid>/stat) for accept + CONNECT + CONNACK, and for DISCONNECT + close
-           # (including ~0.2 s idle); the load generator's for the connect phase
-           "loadgen_us_per_conn": (m1[1] - m0[1]) / n * 1e6 if n else None}
-    if m0[2] is not None and m3[2] is not None and n:
-        res["broker_us_per_connect"] = (m1[2] - m0[2]) / n * 1e6
-        res["broker_us_per_close"] = (m3[2] - m2[2]) / n * 1e6
+    await close_conns(clients)
+    res = conn_figures(len(clients), t_conn, m0, m1, m2, meter.snap())
+    res["alive_at_measure"] = alive
+    if cold is not None:
+        res["cold"] = cold
     return res
 
 
@@ -808,6 +832,8 @@ def main(argv=None):
     p.add_argument("--tick", type=float, default=0.001, help="pacing tick (uvloop timers have 1 ms resolution)")
     p.add_argument("--conns", type=int, default=5000)
     p.add_argument("--conn-concurrency", type=int, default=100)
+    p.add_argument("--conn-warmup", type=int, default=1, choices=(0, 1),
+                   help="conns: first connect and close --conns clients once, figures apart (1)")
     p.add_argument("--broker-pid", type=int, default=0)
     p.add_argument("--persistent", action="store_true", help="clean session 0 (persistent sessions)")
     p.add_argument("--broker-core", type=int, default=None)
@@ -821,11 +847,10 @@ def main(argv=None):
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     except (ValueError, OSError):
         pass
-    if uvloop is not None:
-        uvloop.install()
+    uv = install_uvloop()
     res = asyncio.run(amain(a))
     res["scenario"] = a.scenario
-    res["uvloop"] = uvloop is not None
+    res["uvloop"] = uv
     print(json.dumps(res), flush=True)
 
 
