@@ -6,7 +6,8 @@ closes on DISCONNECT, no MQTT logic. A script, not a test.
 
 The broker CPU per connect and per close it gets is what uvloop and the kernel cost; the
 broker's own figures minus these are what its Python costs per connection (2026-11-23 on the
-2-core machine: 34 + 20 us here, 48-56 + 24-28 us ours, 46 + 18-20 us Mosquitto 2.0.11).
+2-core machine, before the warm-up round and eventloop.py: 34 + 20 us here, 48-56 + 24-28 us
+ours, 46 + 18-20 us Mosquitto 2.0.11). It runs uvloop as the broker does (install_uvloop).
 """
 import asyncio
 import os
