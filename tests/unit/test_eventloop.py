@@ -10,6 +10,8 @@ import sys
 import textwrap
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from broker.transport.eventloop import PRUNE_SLACK, TransportTable
 
@@ -147,33 +149,62 @@ def test_the_servers_tick_bounds_the_closed_transports():
 
 
 class Transport:
-    def __init__(self, closing: bool):
-        self.closing = closing
+    def __init__(self):
+        self.closing = False
 
     def is_closing(self) -> bool:
         return self.closing
 
 
-@pytest.mark.parametrize("alive", [0, 1, 100, 1000])
-def test_tidy_keeps_at_most_twice_the_live_transports_plus_the_slack(alive):
-    """However many connections come and go, after a tidy() the table holds at most twice the
-    transports alive at its last prune, plus PRUNE_SLACK; and it prunes only once the table has
-    outgrown that (so a prune's cost, one pass, is O(1) per connection amortized)."""
-    table = TransportTable()
-    fd = 0
-    prunes = 0
-    for _ in range(20):
-        for _ in range(alive):  # these stay open
-            fd += 1
-            table[fd] = Transport(closing=False)
-        for _ in range(3 * PRUNE_SLACK):  # these come and go (their fds never reused: the worst)
-            fd += 1
-            table[fd] = Transport(closing=True)
-        live = sum(1 for t in table.values() if not t.is_closing())
-        before = len(table)
+# one step of a loop's life between two ticks: (connections opened, of the open ones how many
+# close (the oldest first), whether new connections reuse the lowest free fd numbers as the
+# kernel does or take new ones (the worst case for the table))
+steps = st.lists(st.tuples(st.integers(0, 600), st.integers(0, 600), st.booleans()),
+                 min_size=1, max_size=25)
+
+
+class CountingTable(TransportTable):
+    """A TransportTable that counts what its prunes look at."""
+
+    def __init__(self):
+        super().__init__()
+        self.looked_at = 0
+
+    def prune(self) -> int:
+        self.looked_at += len(self)
+        return super().prune()
+
+
+@settings(max_examples=200, deadline=None)
+@given(steps)
+def test_tidy_bounds_the_closed_transports_whatever_comes_and_goes(steps):
+    """However connections come and go, a tick's tidy() never drops a live transport; when it
+    prunes, exactly the live ones are left and it next prunes past twice their number plus
+    PRUNE_SLACK; after it the table holds at most that. Pruning costs O(1) per connection: all
+    the prunes together look at fewer than twice the entries ever added."""
+    table = CountingTable()
+    open_fds: list[int] = []
+    next_fd = 3
+    added = 0
+    for opened, closed, reuse in steps:
+        for _ in range(opened):
+            if reuse:  # the lowest fd number not open, as the kernel gives
+                taken = set(open_fds)
+                fd = next(n for n in range(3, next_fd + 1) if n not in taken)
+            else:
+                fd = next_fd
+            next_fd = max(next_fd, fd + 1)
+            table[fd] = Transport()
+            open_fds.append(fd)
+            added += 1
+        for fd in open_fds[:closed]:  # the oldest close
+            table[fd].closing = True
+        del open_fds[:closed]
+        looked_at = table.looked_at
         table.tidy()
-        if len(table) < before:
-            prunes += 1
-            assert len(table) == live  # a prune leaves exactly the live transports
-        assert len(table) <= table.keep <= 2 * live + PRUNE_SLACK
-    assert prunes >= 1
+        assert all(fd in table and not table[fd].is_closing() for fd in open_fds)
+        if table.looked_at > looked_at:  # it pruned
+            assert len(table) == len(open_fds)
+            assert table.keep == 2 * len(open_fds) + PRUNE_SLACK
+        assert len(table) <= table.keep
+    assert table.looked_at <= 2 * added
