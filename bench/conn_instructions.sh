@@ -28,7 +28,7 @@ count() {  # count N: instructions of a broker process that served N connections
   local pid=$!
   for _ in $(seq 240); do ss -ltn | grep -q ":$port " && break; sleep 0.5; done
   sleep 1
-  echo go | taskset -c 1 $py bench/loadgen.py --scenario conns --host 127.0.0.1 --port $port \
+  echo go | taskset -c 1 $py bench/loadgen.py --scenario conns --conn-warmup 0 --host 127.0.0.1 --port $port \
       --conns "$n" >/dev/null 2>&1
   sleep 1
   callgrind_control -d "$pid" >/dev/null 2>&1 || true  # dump now: the totals so far

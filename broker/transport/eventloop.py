@@ -62,7 +62,7 @@ def install_uvloop() -> bool:
             original = weakref.WeakValueDictionary
             weakref.WeakValueDictionary = TransportTable  # type: ignore[assignment, misc]
             try:
-                import uvloop
+                importlib.import_module("uvloop.loop")
             finally:
                 weakref.WeakValueDictionary = original  # type: ignore[misc]
         import uvloop

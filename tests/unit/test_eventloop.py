@@ -9,15 +9,12 @@ import subprocess
 import sys
 import textwrap
 
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from broker.transport.eventloop import PRUNE_SLACK, TransportTable
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-pytest.importorskip("uvloop", reason="uvloop is not installed (pip install -r requirements.txt)")
 
 
 def run_child(code: str) -> dict:
