@@ -108,7 +108,8 @@ def main(argv=None) -> int:
         return 1
     log.info("starting broker (event loop: %s)", "uvloop" if uv else "asyncio")
     try:
-        asyncio.run(serve(cfg, sink=sink, store=store, auth=auth))
+        hooks = [h for h in (store, sink) if h is not None]
+        asyncio.run(serve(cfg, auth=auth, hooks=hooks))
     except OSError as exc:
         log.error("cannot listen on %s:%s: %s (is another broker running? use --port)",
                   cfg.host, cfg.port, exc)

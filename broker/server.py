@@ -21,11 +21,12 @@ log = logging.getLogger("broker.server")
 
 
 class Server:
-    def __init__(self, config: Config, sink=None, auth=None, store=None):
+    def __init__(self, config: Config, auth=None, hooks=()):
+        """hooks: the persistence store, the sink, the cluster... (core/hooks.py), attached to
+        the broker after auth; the server only calls their lifecycle events."""
         self.config = config
-        self.sink = sink
-        self.store = store
-        self.broker = Broker(config.mqtt, sink=sink, auth=auth, store=store)
+        self.broker = Broker(config.mqtt, auth=auth, hooks=hooks)
+        self.hooks = self.broker.hooks
         self.broker.schedule_flush = self._schedule_flush
         self.auth_checks = None
         if getattr(auth, "passwords", None) is not None:
@@ -43,9 +44,8 @@ class Server:
         self.bytes_in = 0
         self.bytes_out = 0
         self._flush_scheduled = False
-        self.acks = AckGate(sink, store)  # acks waiting for durability, decided in one place
+        self.acks = AckGate(self.hooks, self._schedule_flush)  # acks waiting for durability, decided in one place
         self._ticker = None
-        self._gc = 0
         self.transports = None  # uvloop's TransportTable (transport/eventloop.py), if it has one
         self.sys = None
         self.dashboard = None  # broker/dashboard ([dashboard] enabled = true)
@@ -59,9 +59,8 @@ class Server:
     def flush(self) -> None:
         """Write what every dirty connection accumulated this turn, in one call each."""
         self._flush_scheduled = False
-        store = self.store
-        if store is not None and (store.ops or store.resync):
-            self.commit_store()  # state changes reach the store before the acknowledgements go out
+        for turn_end in self.hooks.on_turn_end:  # state changes are committed before the
+            turn_end()                           # acknowledgements that wait for them go out
         dirty = self.broker.dirty
         self.broker.dirty = []
         n = 0
@@ -73,9 +72,6 @@ class Server:
             n += owner.write_output()
         self.bytes_out += n
 
-    def commit_store(self) -> None:
-        self.acks.commit_store(self.broker.dirty)
-
     # ------------------------------------------------------------ lifecycle
     def listener_specs(self) -> list[ListenerConfig]:
         # the checks live with the other config checks
@@ -85,8 +81,8 @@ class Server:
     async def start(self) -> None:
         self.loop = asyncio.get_running_loop()
         self.transports = transport_table(self.loop)
-        if self.store is not None:
-            self.store.load(self.broker)
+        for start in self.hooks.on_start:  # restore state before clients can connect
+            start()
         for spec in self.listener_specs():
             kind = spec.type
             ctx = None
@@ -142,11 +138,8 @@ class Server:
             self.broker.tick()
             if self.transports is not None:
                 self.transports.tidy()  # closed transports: at most about twice the live ones
-            if self.store is not None:
-                self.commit_store()
-                self._gc += 1
-                if self._gc % 60 == 0:
-                    self.store.collect_garbage()
+            for tick in self.hooks.on_tick:
+                tick()
             if self.sys is not None:
                 now = self.loop.time()
                 if now - self.sys.last >= self.sys.interval:
@@ -168,13 +161,13 @@ class Server:
         self.flush()  # the DISCONNECTs go out, then the connections close [MQTT-3.14.4-2]
         if self.auth_checks is not None:
             self.auth_checks.close()
-        if self.store is not None:
-            self.store.close()
+        for stop in self.hooks.on_stop:
+            stop()
         await asyncio.sleep(0.05)
 
 
-async def serve(config: Config, sink=None, auth=None, store=None) -> None:
-    server = Server(config, sink=sink, auth=auth, store=store)
+async def serve(config: Config, auth=None, hooks=()) -> None:
+    server = Server(config, auth=auth, hooks=hooks)
     await server.start()
     log_codec()
     tune_gc()

@@ -55,13 +55,18 @@ class Broker:
         self.cfg = mqtt or MQTTConfig()
         self.hooks = Hooks()
         # derived from the hooks (_hooks_changed): the checks (ALLOW_ALL without an auth hook);
-        # the persistence events persistent sessions call (session.store), or None; the hook
-        # accepted messages go to (connection.py calls to_sink only when set), or None
+        # the persistence events persistent sessions call (session.store), or None; the hooks
+        # accepted messages are offered to (connection.py calls offer() only when there are some)
         self.auth = ALLOW_ALL  # `auth is ALLOW_ALL`: everything allowed, its checks are skipped
         self.store = None
-        self.sink = None
-        # hold PUBACK/PUBREC until the sink's barrier says the message is on disk
-        self.sink_durable = False
+        self.accepting: tuple = ()
+        # the hook that routes accepted messages instead of this broker (the cluster), and the
+        # one that admits CONNECTs (core/hooks.py ROUTING); None without a cluster
+        self.router_hook = None
+        self.admit = None
+        # some hook provides barrier(): PUBACK/PUBREC are held until it says the message is
+        # durable (MessageAccepted events; the ack gate decides, core/durability.py)
+        self.durable = False
         self.clock = clock
         self.wall = wall
         self.sessions: dict[str, Session] = {}
@@ -116,9 +121,10 @@ class Broker:
         h = self.hooks
         self.auth = h.auth
         self.store = h.persistence
-        accepting = h.providing("on_message_accepted")
-        self.sink = accepting[0] if accepting else None
-        self.sink_durable = any(getattr(a, "durable", False) for a in accepting)
+        self.accepting = h.on_message_accepted
+        self.durable = bool(h.barrier)
+        self.router_hook = h.route[0] if h.route else None
+        self.admit = h.admit[0] if h.admit else None
         for s in self.sessions.values():  # persistent sessions report to the current hooks
             s.store = self.store if s.expiry_interval else None
 
@@ -249,12 +255,10 @@ class Broker:
                       session.client_id, self.wall())
         for f in self.hooks.on_will_published:
             f(session, msg)
-        if self.sink is not None and not self.to_sink(msg, session.client_id, session.username,
-                                                      session.link_level):
+        if self.accepting and not self.offer(msg, session.client_id, session.username,
+                                             session.link_level):
             return
-        if will.retain:
-            self.retain(msg)
-        self.route(msg, None)
+        self.publish(msg, None)
 
     def flag_read_checks(self) -> None:
         """The ACL changed: which subscriptions need a per-message read check."""
@@ -349,6 +353,16 @@ class Broker:
                         "are refused (0x97) until sessions end; raise mqtt.max_sessions",
                         len(self.sessions), limit)
 
+    def hook_stats(self) -> dict:
+        """{section: {name: value}} of the hooks providing stats() (the sink's, the cluster's)."""
+        out: dict = {}
+        for stats in self.hooks.stats:
+            try:
+                out.update(stats())
+            except Exception as exc:  # figures must never fail because of one hook
+                log.debug("stats of a hook failed: %s", exc)
+        return out
+
     # ------------------------------------------------------------ read-only figures
     def stats_view(self) -> dict:
         """Figures for metrics, $SYS and the dashboard, read at call time (nothing is counted
@@ -375,7 +389,52 @@ class Broker:
         for f in self.hooks.on_retain:
             f(msg.topic, m)
 
-    def route(self, msg: Message, sender) -> int:
+    def publish(self, msg: Message, sender) -> int:
+        """An accepted message (offered to the hooks already): its retained update
+        [MQTT-3.3.1-5], then every matching subscription. Returns how many sessions got it,
+        or -1 when the hook that routes messages took it (the cluster: its log decides, and
+        every node delivers it with deliver())."""
+        hook = self.router_hook
+        if hook is not None:
+            hook(msg, sender)
+            return -1
+        if msg.retain:  # [MQTT-3.3.1-8] RETAIN 0: nothing stored, replaced or removed
+            self.retain(msg)
+        return self.route(msg, sender)
+
+    def deliver(self, msg: Message, sender_id: str | None, shared: bool = False) -> int:
+        """A message the routing hook hands back (from the cluster's log): to the matching
+        subscriptions of this node's sessions; No Local [MQTT-3.8.3-3] by the publisher's client
+        id, wherever it is connected now. Shared subscriptions only when `shared` (the cluster
+        gives each message to one member of a group, through its own stream)."""
+        sender = self.sessions.get(sender_id) if sender_id is not None else None
+        return self.route(msg, sender, shared)
+
+    def set_retained(self, topic: str, msg: Message | None) -> None:
+        """A retained message set (or deleted: None) elsewhere (the cluster's log): kept here
+        for new subscriptions, no hook told."""
+        self.retained.set(topic, msg)
+
+    def release_session(self, client_id: str, publish_will: bool, why: str) -> Session | None:
+        """The session moved to another node (the cluster): disconnect its client (DISCONNECT
+        0x8E to MQTT 5 [MQTT-3.1.4-3]) and forget it here, without ending it (no deletion
+        event: it lives on where it moved). Its will goes out only if `publish_will`."""
+        s = self.sessions.pop(client_id, None)
+        if s is None:
+            return None
+        self.delayed_wills.pop(client_id, None)
+        s.store = None  # its changes are no longer this node's to record
+        link, s.link = s.link, None  # (so closing the connection does not end the session)
+        for sub in s.subscriptions.values():
+            self.router.remove(sub)
+        if link is not None:
+            link.server_disconnect(0x8E, why, publish_will=False)
+        if publish_will and s.will is not None:
+            self.publish_will(s)
+        s.will = None
+        return s
+
+    def route(self, msg: Message, sender, shared: bool = True) -> int:
         """Deliver to every matching subscription; returns how many sessions got it."""
         tc = self.topic_counts
         if tc is not None:  # the dashboard's per-topic rates: bounded by entries
@@ -384,8 +443,10 @@ class Broker:
                 tc[msg.topic] = c + 1
             elif len(tc) < self.topic_counts_max:
                 tc[msg.topic] = 1
-        normal, shared = self.router.match(msg.topic)
-        if not normal and not shared:
+        normal, groups = self.router.match(msg.topic)
+        if not shared:
+            groups = ()
+        if not normal and not groups:
             return 0
         now = self.clock()
         mqos = msg.qos
@@ -425,7 +486,7 @@ class Broker:
                 sub_ids = tuple(ids) or None
             session.deliver(msg, qos, retain, sub_ids, now)
             n += 1
-        for key, members in shared:
+        for key, members in groups:
             s = self.router.pick(key, members)  # 4.8.2: one member of each group
             if s.read_check and not may_read(s.session.client_id, s.session.username, msg.topic):
                 continue
@@ -435,10 +496,10 @@ class Broker:
             n += 1
         return n
 
-    def to_sink(self, msg: Message, client_id: str, username: str | None, protocol: int) -> bool:
-        """Hand an accepted message to the hooks taking them (the sink: sink/forward/hook.py); False
-        when one refuses it (spool full)."""
-        for accept in self.hooks.on_message_accepted:
+    def offer(self, msg: Message, client_id: str, username: str | None, protocol: int) -> bool:
+        """Hand an accepted message to the hooks taking them (on_message_accepted: the sink,
+        the cluster); False when one refuses it (the sink's spool is full)."""
+        for accept in self.accepting:
             if not accept(msg, client_id, username, protocol):
                 self.stats["sink_refused"] += 1
                 return False

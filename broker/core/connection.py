@@ -18,7 +18,7 @@ from ..protocol import properties as PR
 from ..protocol import reason_codes as rc
 from ..protocol.codec import Decoder, decode_one, encode, encode_ack, is_one_packet
 from ..protocol.errors import MalformedPacket, MQTTError, ProtocolError
-from .events import NO_EVENTS, AuthRequested, MessageAccepted
+from .events import NO_EVENTS, AdmitRequested, AuthRequested, MessageAccepted
 from .hooks import ALLOW_ALL
 from .message import Message
 from .session import NEVER, Subscription
@@ -140,31 +140,26 @@ class Connection:
         if self.state == _CLOSED:
             return
         if failure is not None:
-            acks = list(acks)
-            self.fail_stored_acks(acks, failure, all_acks=True)
+            return self.fail_acks(acks, failure)
         for a in acks:
-            if a:
-                self.write(a)
+            self.write(a)
 
-    def fail_stored_acks(self, packets: list, why: str, all_acks: bool = False) -> None:
-        """Replace, in place, the acks in `packets` whose messages changed state the store could
-        not commit (StoredAck; every ack with all_acks) by failures (v5) or close (3.1.x)."""
+    def fail_acks(self, acks: list, why: str) -> None:
+        """The held acks become failures: v5 the same ack with 0x80 Unspecified error; 3.1.x has
+        no failure acknowledgement, so the connection is closed."""
         v5 = self.level == P.MQTT_5
         props = {PR.REASON_STRING: why} if v5 and self.request_problem_info else None
         session = self.session
-        failed = False
-        for i, a in enumerate(packets):
-            if not (all_acks or type(a) is StoredAck):
-                continue
-            failed = True
+        for a in acks:
             ptype, pid = a[0] >> 4, (a[2] << 8) | a[3]  # an encoded PUBACK/PUBREC
             if ptype == P.PUBREC and pid in session.inflight_in:
                 # [MQTT-4.3.3-9]: after a PUBREC >= 0x80 a PUBLISH with this id is a new message
                 session.inflight_in.discard(pid)
                 if session.store is not None:
                     session.store.qos2_remove(session.client_id, pid)
-            packets[i] = encode_ack(ptype, pid, rc.UNSPECIFIED_ERROR, props, P.MQTT_5) if v5 else b""
-        if failed and not v5 and self.state != _CLOSED:
+            if v5:
+                self.write(encode_ack(ptype, pid, rc.UNSPECIFIED_ERROR, props, P.MQTT_5))
+        if acks and not v5:
             log.warning("closing %s (%s): %s; a 3.1.x client has no failure acknowledgement",
                         self.client_id, self.peer, why)
             self.close(publish_will=True)
@@ -376,6 +371,17 @@ class Connection:
                   why: str | None = None):
         """The AuthRequested check finished (code 0: accepted): refuse, or accept and run what
         waited. Returns the events of what waited, like data_received()."""
+        return self._resume(c, client_id, assigned, code, why, False)
+
+    def admit_done(self, c: P.Connect, client_id: str, assigned: str | None,
+                   failure: str | None):
+        """The AdmitRequested token resolved: refuse (0x88 Server unavailable) with its failure,
+        or go on with the CONNECT and what waited. Returns events, like data_received()."""
+        return self._resume(c, client_id, assigned, rc.SERVER_UNAVAILABLE if failure else 0,
+                            failure, True)
+
+    def _resume(self, c: P.Connect, client_id: str, assigned: str | None, code: int,
+                why: str | None, admitted: bool):
         if self.state != _AUTHENTICATING:
             return NO_EVENTS  # the connection went away meanwhile
         self.state = _NEW
@@ -385,7 +391,10 @@ class Connection:
                 self.refuse(code, why or ("not authorized" if code == rc.NOT_AUTHORIZED
                                           else "bad user name or password"))
                 return self.take_events()
-            self.accept(c, client_id, assigned)
+            self.accept(c, client_id, assigned, admitted)
+            if self.state == _AUTHENTICATING:  # admission holds it now: they wait on
+                self.deferred = waiting
+                return self.take_events()
             for pkt in waiting:
                 if self.state != _CONNECTED or self.close_requested:
                     break
@@ -394,8 +403,9 @@ class Connection:
             self.violation(exc)
         return self.take_events()
 
-    def accept(self, c: P.Connect, client_id: str, assigned: str | None) -> None:
-        """CONNECT passed authentication: will checks, session, CONNACK."""
+    def accept(self, c: P.Connect, client_id: str, assigned: str | None,
+               admitted: bool = False) -> None:
+        """CONNECT passed authentication: will checks, admission, session, CONNACK."""
         b = self.broker
         cfg = b.cfg
         v5 = self.level == P.MQTT_5
@@ -441,6 +451,19 @@ class Connection:
             server_ka = keep_alive if v5 else None
         self.keep_alive = keep_alive  # [MQTT-3.2.2-22] the client's unless CONNACK has Server Keep Alive
 
+        if b.admit is not None and not admitted:
+            # the hook that admits CONNECTs (the cluster's claim on the client id) may hold it
+            token = b.admit(client_id, c.clean_start, expiry, c.will, c.username, self.level)
+            if token is not None:
+                if not token.done:
+                    self.state = _AUTHENTICATING  # what follows waits, as for a password check
+                    self.deferred = []
+                    self.deferred_bytes = 0
+                    self.emit(AdmitRequested(token, c, client_id, assigned))
+                    return
+                if token.failure is not None:
+                    return self.refuse(rc.SERVER_UNAVAILABLE, token.failure)
+            old = b.sessions.get(client_id)  # the admission may have brought the session here
         # [MQTT-3.1.4-3]: a client already connected with this id is taken over
         if old is not None and old.link is not None:
             old.link.server_disconnect(rc.SESSION_TAKEN_OVER, "another connection used this client id",
@@ -563,13 +586,17 @@ class Connection:
             # QoS 0 as received, nothing altered: subscribers on the same form get these bytes
             msg.forms[(True, 0, p.retain, None, None, 0, True) if self.level == 5
                       else (False, 0, p.retain)] = (p.raw, -1)
-        if b.sink is not None and not b.to_sink(msg, self.client_id, self.username, self.level):
+        if b.accepting and not b.offer(msg, self.client_id, self.username, self.level):
             return self.ack(qos, pid, rc.QUOTA_EXCEEDED) if qos else None
-        store = b.store
-        ops = len(store.ops) if qos and store is not None else -1
-        if p.retain:  # [MQTT-3.3.1-8] RETAIN 0: nothing stored, replaced or removed
-            b.retain(msg)
-        n = b.route(msg, session)
+        # b.publish(msg, session), inline: this is the per-message path
+        hook = b.router_hook
+        if hook is None:
+            if p.retain:  # [MQTT-3.3.1-8] RETAIN 0: nothing stored, replaced or removed
+                b.retain(msg)
+            n = b.route(msg, session)
+        else:
+            hook(msg, session)  # the cluster: through its log, then Broker.deliver() on every node
+            n = -1
         if qos:
             if qos == 2:
                 try:
@@ -578,17 +605,15 @@ class Connection:
                     session.qos2_received(pid)
                 if session.store is not None:
                     session.store.qos2_add(session.client_id, pid)
-            self.ack(qos, pid, rc.SUCCESS if n else rc.NO_MATCHING_SUBSCRIBERS,
-                     0 <= ops < len(store.ops))
+            self.ack(qos, pid, rc.SUCCESS if n else rc.NO_MATCHING_SUBSCRIBERS)
 
-    def ack(self, qos: int, pid: int, code: int, stored: bool = False) -> None:
+    def ack(self, qos: int, pid: int, code: int) -> None:
         if self.level != P.MQTT_5:
             code = 0
         data = encode_ack(P.PUBACK if qos == 1 else P.PUBREC, pid, code, None, self.level)
-        if stored:  # a success only once the store commits what the message changed
-            data = StoredAck(data)
-        if code < 0x80 and self.broker.sink_durable:
-            # sent by the caller once the sink says the message is durable (acks_done)
+        if code < 0x80 and self.broker.durable:
+            # sent by the caller once the hooks providing barrier() say the message is durable
+            # (the ack gate calls acks_done)
             self.pending_acks += 1
             self.emit(MessageAccepted(pid, data))
         else:
@@ -846,11 +871,6 @@ def _connack(b, level: int, present: bool) -> bytes:
         props = (b.capabilities or None) if level == P.MQTT_5 else None
         data = b.connacks[(level, present)] = encode(P.Connack(present, 0, props), level)
     return data
-
-
-class StoredAck(bytes):
-    """An encoded PUBACK/PUBREC that is a success only if the store commits this turn."""
-    __slots__ = ()
 
 
 def _sniff_level(data: bytes) -> int:

@@ -24,9 +24,20 @@ class AuthRequested(NamedTuple):
 
 class MessageAccepted(NamedTuple):
     """A QoS 1/2 PUBLISH was routed; its PUBACK/PUBREC (`ack`, already encoded) must wait
-    until the message is durable (the sink's barrier). The caller then calls
-    conn.acks_done([ack, ...], failure) once: failure None sends them as they are, a reason
-    string sends failures (v5 0x80, 3.1.x closes). An ack of type StoredAck is a success
-    only if the store's commit of this turn also succeeds."""
+    until the message is durable: until the tokens of the hooks providing barrier() resolve
+    (core/durability.py). The caller then calls conn.acks_done([ack, ...], failure) once:
+    failure None sends them as they are, a reason string sends failures (v5 0x80, 3.1.x
+    closes)."""
     packet_id: int
     ack: bytes
+
+
+class AdmitRequested(NamedTuple):
+    """The CONNECT passed its checks; the hook providing admit() (the cluster: a claim on the
+    client id through Kafka) holds it until `token` (core/durability.py) resolves. Then call
+    conn.admit_done(connect, client_id, assigned, token.failure); packets that follow wait
+    inside the connection meanwhile, as for AuthRequested."""
+    token: object
+    connect: object
+    client_id: str
+    assigned: str | None

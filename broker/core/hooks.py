@@ -18,6 +18,17 @@ Events (handler signatures are the Hook methods below):
   (it owns the handles).
 * checks (auth): authenticate, check_client_id, allow_publish, allow_subscribe, allow_read,
   needs_read_check. With no hook providing one, everything is allowed (AllowAll).
+* durability: barrier() -> Pending | None, what an acknowledgement of what the hook was handed
+  so far must wait for (core/durability.py). The ack gate asks each hook providing it once per
+  read with QoS 1/2 acks, and sends the acks when every token resolved, or their failure codes.
+* routing (one hook at most): route(msg, sender) takes an accepted message (and its retained
+  update) instead of the broker's own router: the cluster sends it through Kafka and every node
+  delivers it with Broker.deliver(); admit(...) -> Pending | None holds a CONNECT until the
+  client id is this node's (the cluster's claim), Broker.release_session() lets a session go.
+* lifecycle, called by the asyncio layer: on_start (listeners not yet open: restore state),
+  on_turn_end (the end of an event-loop turn, before its output is written: commit), on_tick
+  (about once a second), on_stop; and stats() -> {section: {name: value}} for metrics, $SYS and
+  the dashboard.
 """
 from __future__ import annotations
 
@@ -28,7 +39,13 @@ SESSION_EVENTS = ("on_session_saved", "on_session_deleted", "on_subscribed", "on
 STORED_EVENTS = ("on_message_stored", "on_stored_sending", "on_stored_released", "on_stored_done")
 AUTH_CHECKS = ("authenticate", "check_client_id", "allow_publish", "allow_subscribe",
                "allow_read", "needs_read_check")
-EVENTS = MESSAGE_EVENTS + CLIENT_EVENTS + SESSION_EVENTS + STORED_EVENTS + AUTH_CHECKS
+DURABILITY = ("barrier",)
+LIFECYCLE = ("on_start", "on_turn_end", "on_tick", "on_stop", "stats")
+# one hook at most: it routes accepted messages instead of the broker (the cluster, through its
+# log, back to Broker.deliver() on every node), and admits CONNECTs (a claim on the client id)
+ROUTING = ("route", "admit")
+EVENTS = (MESSAGE_EVENTS + CLIENT_EVENTS + SESSION_EVENTS + STORED_EVENTS + AUTH_CHECKS
+          + DURABILITY + LIFECYCLE + ROUTING)
 
 
 class Hook:
@@ -41,8 +58,43 @@ class Hook:
     # ---------------------------------------------------------------- messages
     def on_message_accepted(self, msg, client_id: str, username: str | None, protocol: int) -> bool:
         """A PUBLISH (or will) was accepted, before it is routed. False refuses it: the
-        publisher gets 0x97 Quota exceeded and nobody receives it."""
+        publisher gets 0x97 Quota exceeded and nobody receives it. A hook that must make it
+        durable also provides barrier()."""
         return True
+
+    # ---------------------------------------------------------------- durability
+    def barrier(self):
+        """A core.durability.Pending resolving once everything this hook was handed so far is
+        durable (its failure reason if it cannot be), or None when nothing waits."""
+        return None
+
+    # ---------------------------------------------------------------- routing
+    def route(self, msg, sender) -> None:
+        """Take an accepted message (offered to on_message_accepted first) and its retained
+        update; it reaches subscribers through Broker.deliver() (on this node and others)."""
+
+    def admit(self, client_id: str, clean_start: bool, expiry: int, will, username: str | None,
+              level: int):
+        """A CONNECT passed its checks: None to go on at once, or a Pending the CONNACK waits
+        for (its failure refuses the CONNECT with 0x88 Server unavailable)."""
+        return None
+
+    # ---------------------------------------------------------------- lifecycle
+    def on_start(self) -> None:
+        """The server starts (before it listens): restore state into the attached broker."""
+
+    def on_turn_end(self) -> None:
+        """An event-loop turn ends; its output is written next (after what this commits)."""
+
+    def on_tick(self) -> None:
+        """About once a second."""
+
+    def on_stop(self) -> None:
+        """The server stopped: release files and threads."""
+
+    def stats(self) -> dict:
+        """{section: {name: number or text}} for metrics, $SYS and the dashboard."""
+        return {}
 
     def on_retain(self, topic: str, msg) -> None:
         """The retained message of `topic` was set (msg) or deleted (None)."""
@@ -192,9 +244,6 @@ class Persistence:
                     raise ValueError(f"two hooks store messages ({type(self.owner).__name__}, "
                                      f"{type(h).__name__}): attach one persistent store")
                 self.owner = h
-        # the owner's changes not yet committed, a list it keeps (cleared in place): connection.py
-        # compares its length before and after a message to tell whether the ack waits for a commit
-        self.ops = getattr(self.owner, "ops", ())
         for method, event in self._METHODS:
             fns = [getattr(h, event) for h in hooks if event in h.provides]
             setattr(self, method, fns[0] if len(fns) == 1 else _fan_out(fns) if fns else _noop)
@@ -249,3 +298,6 @@ class Hooks:
                      else Checks(auth) if auth else ALLOW_ALL)
         persistent = [h for h in hooks if h.provides & set(SESSION_EVENTS + STORED_EVENTS)]
         self.persistence = Persistence(persistent) if persistent else None
+        for event in ROUTING:
+            if len(getattr(self, event)) > 1:
+                raise ValueError(f"two hooks provide {event}: attach one cluster")

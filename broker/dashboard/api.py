@@ -139,7 +139,7 @@ class Dashboard:
         return web.json_response({
             "now": time.time(), "sample_seconds": self.s.sample_seconds,
             "points": self.sampler.series(since), "totals": live.overview(self.server),
-            "sink": live.sink_stats(self.server) if self.server.sink is not None else None,
+            "sink": live.sink_stats(self.server) or None,
             "history": self.history_status()})
 
     async def api_clients(self, request):

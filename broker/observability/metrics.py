@@ -57,17 +57,12 @@ class BrokerCollector:
                                       "(auth.max_pending_checks reached)", value=checks.refused)
             yield CounterMetricFamily("mqtt_auth_skipped", "Password checks not run: the client "
                                       "left before its turn", value=checks.skipped)
-        sink = self.server.sink
-        if sink is not None:
-            try:
-                stats = sink.stats()
-            except Exception:  # a metrics scrape must never fail because of the sink
-                stats = {}
+        for section, stats in self.server.broker.hook_stats().items():
             for k, v in stats.items():
                 if isinstance(v, bool):
                     v = int(v)
                 if isinstance(v, (int, float)):
-                    yield GaugeMetricFamily(f"mqtt_sink_{k}", f"Kafka sink: {k}", value=v)
+                    yield GaugeMetricFamily(f"mqtt_{section}_{k}", f"{section}: {k}", value=v)
 
 
 async def start_http(server, host: str, port: int):
@@ -89,12 +84,9 @@ async def start_http(server, host: str, port: int):
                 st = server.broker.stats_view()
                 info = {"status": "ok", "uptime_seconds": round(time.time() - started, 1),
                         "connections": st["connections"], "sessions": st["sessions"]}
-                if server.sink is not None:
-                    try:
-                        info["sink"] = {k: v for k, v in server.sink.stats().items()
-                                        if isinstance(v, (int, float, bool, str))}
-                    except Exception as exc:
-                        info["sink"] = {"error": str(exc)}
+                for section, stats in server.broker.hook_stats().items():
+                    info[section] = {k: v for k, v in stats.items()
+                                     if isinstance(v, (int, float, bool, str))}
                 body, ctype, status = json.dumps(info).encode(), "application/json", "200 OK"
             else:
                 body, ctype, status = b"try /metrics or /health\n", "text/plain", "404 Not Found"

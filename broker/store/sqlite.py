@@ -22,6 +22,7 @@ import sqlite3
 import time
 import zlib
 
+from ..core.durability import Pending
 from ..core.hooks import SESSION_EVENTS, STORED_EVENTS, Hook
 from ..core.message import Message
 from ..core.session import Session, Subscription
@@ -47,6 +48,7 @@ CREATE INDEX IF NOT EXISTS outbound_client ON outbound (client_id);
 _INS_MSG = "INSERT INTO messages VALUES (?,?,?,?,?,?,?,?,?)"
 _INS_OUT = "INSERT INTO outbound VALUES (?,?,?,?,?,?,?,0)"
 _DEL_OUT = "DELETE FROM outbound WHERE seq=?"
+DISK_ERROR = "the message could not be stored (broker disk error)"
 RETRY_FIRST, RETRY_MAX = 0.25, 5.0  # seconds between commit retries while the disk fails
 _TABLES = ("messages", "sessions", "subscriptions", "outbound", "qos2_in", "retained")
 
@@ -71,7 +73,8 @@ class Store(Hook):
     """The persistence hook: persistent sessions' state and retained messages, in SQLite.
     Its hook events are its own operations (see the aliases at the end of the class); the
     server commits them (commit()) once per event-loop turn."""
-    provides = frozenset(SESSION_EVENTS + STORED_EVENTS + ("on_retain",))
+    provides = frozenset(SESSION_EVENTS + STORED_EVENTS + ("on_retain", "barrier", "on_start",
+                                                           "on_turn_end", "on_tick", "on_stop"))
 
     def __init__(self, path: str, clock=time.monotonic, wall=time.time, synchronous: str = "NORMAL",
                  max_pending: int = 1_000_000):
@@ -85,6 +88,9 @@ class Store(Hook):
         self.resync = False   # changes were dropped: the next commit rewrites the whole state
         self.broker = None    # set when attached to a broker: the state a rewrite writes
         self.retry_at = 0.0   # clock() before which a failing store does not try again
+        self.turn: Pending | None = None  # what acks of this turn's changes wait for (barrier)
+        self.marked = 0       # len(ops) at the last barrier() or commit: later ones are new
+        self.ticks = 0
         self.db = self._open()
         self.seq = self.db.execute("SELECT COALESCE(MAX(seq), 0) FROM outbound").fetchone()[0]
         self.msg_seq = self.db.execute("SELECT COALESCE(MAX(id), 0) FROM messages").fetchone()[0]
@@ -452,6 +458,40 @@ class Store(Hook):
     # ------------------------------------------------------------ the hook (core/hooks.py)
     def attach(self, broker) -> None:
         self.broker = broker
+
+    def barrier(self) -> Pending | None:
+        """Acks of what changed stored state wait for this turn's commit (on_turn_end): asked
+        after each read with acks, a token only if that read added changes (so while the disk
+        fails, acks of messages that changed nothing stored still succeed)."""
+        n = len(self.ops)
+        added = n > self.marked
+        self.marked = n
+        if not added:
+            return None
+        if self.turn is None:
+            self.turn = Pending()
+        return self.turn
+
+    def on_turn_end(self) -> None:
+        """Commit the turn's changes before its acknowledgements are written; if that fails,
+        the acks waiting for it become failures (the changes are kept and retried)."""
+        turn, self.turn = self.turn, None
+        ok = self.commit() >= 0 if self.ops or self.resync else True
+        self.marked = len(self.ops)  # what a failed commit keeps is not a later read's change
+        if turn is not None:
+            turn.resolve(None if ok else DISK_ERROR)
+
+    def on_tick(self) -> None:
+        self.on_turn_end()
+        self.ticks += 1
+        if self.ticks % 60 == 0:
+            self.collect_garbage()
+
+    def on_start(self) -> None:
+        self.load(self.broker)
+
+    def on_stop(self) -> None:
+        self.close()
 
     on_session_saved = save_session
     on_session_deleted = delete_session

@@ -17,8 +17,9 @@ import logging
 
 from settings import ListenerConfig
 
-from ..core.connection import CLIENT_DONE, Connection, StoredAck
-from ..core.events import AuthRequested, MessageAccepted
+from ..core.connection import CLIENT_DONE, Connection
+from ..core.durability import when_all
+from ..core.events import AdmitRequested, AuthRequested, MessageAccepted
 from ..protocol import reason_codes as rc
 from . import tls
 
@@ -31,61 +32,35 @@ WRITE_HIGH_WATER = 1 << 20  # bytes buffered for a client before QoS 0 is droppe
 # add this many bytes its input is not read until the buffer drains (resume_writing), so a client
 # that sends without reading cannot make the broker buffer answers without bound.
 READ_PAUSE_GROWTH = WRITE_HIGH_WATER
-DISK_ERROR = "the message could not be stored (broker disk error)"
 
 
 class AckGate:
     """PUBACK/PUBREC that wait for durability, decided in one place (one per server).
 
-    Order: a held ack goes out after the sink's barrier (the spool wrote the message) and after
-    the store's commit of the turn it was accepted in (flush() commits before writing). A failed
-    barrier turns the acks into failures; a failed store commit turns the StoredAcks (acks of
-    messages that changed stored state) into failures, whether they are still held or already
-    in a connection's output. Once a commit succeeded its StoredAcks are decided for good."""
+    The acks of one read wait for the tokens (core/durability.py) of every hook providing
+    barrier(), asked once for all of them: the state store's commit of this turn, the sink's
+    spool fsync, the cluster's Kafka acknowledgement. They leave as successes once all resolved,
+    or as failures (v5 0x80, 3.1.x close) when any failed; with no token they leave at once."""
 
-    __slots__ = ("sink", "store", "turn")
+    __slots__ = ("hooks", "end_turn")
 
-    def __init__(self, sink, store):
-        self.sink = sink
-        self.store = store
-        self.turn: list = []  # (conn, acks) held for the sink since the store's last commit
+    def __init__(self, hooks, end_turn):
+        self.hooks = hooks  # the broker's Hooks registry: its barrier tuple is read at each hold
+        # schedules the end of this event-loop turn (the server's flush, which runs on_turn_end:
+        # a token such as the store's is resolved by it even if nothing else is written)
+        self.end_turn = end_turn
 
     def hold(self, conn: Connection, acks: list) -> None:
-        """The acks of one read's MessageAccepted events: one barrier for all of them."""
-        fut = self.sink.barrier() if self.sink is not None else None
-        if fut is None:
-            self.send(conn, acks, None)
+        """The acks of one read's MessageAccepted events."""
+        tokens = [t for barrier in self.hooks.barrier if (t := barrier()) is not None]
+        if not tokens:
+            conn.acks_done(acks, None)
             return
-        if self.store is not None:
-            self.turn.append((conn, acks))  # the store's next commit decides them too
-        fut.add_done_callback(lambda f: self.send(conn, acks, _failure(f)))
-
-    @staticmethod
-    def send(conn: Connection, acks: list, failure: str | None) -> None:
-        """The one place held acks leave: successes, or their failure codes."""
-        conn.acks_done(acks, failure)
-
-    def commit_store(self, dirty: list) -> None:
-        """Commit the state changes made so far; if that fails, the acks waiting to be written
-        whose messages needed those changes become failures (the store retries the changes)."""
-        held, self.turn = self.turn, []
-        if self.store.commit() >= 0:
-            for _, acks in held:  # decided: a later failed commit must not turn them
-                for i, a in enumerate(acks):
-                    if type(a) is StoredAck:
-                        acks[i] = bytes(a)
-            return
-        for conn in list(dirty):
-            conn.fail_stored_acks(conn.out, DISK_ERROR)
-        for conn, acks in held:
-            conn.fail_stored_acks(acks, DISK_ERROR)
-
-
-def _failure(fut) -> str | None:
-    """The sink's barrier resolved: None (durable) or why it failed."""
-    if fut.cancelled() or fut.exception() is not None:
-        return DISK_ERROR
-    return None
+        self.end_turn()
+        if len(tokens) == 1:
+            tokens[0].add_done_callback(lambda t: conn.acks_done(acks, t.failure))
+        else:
+            when_all(tokens, lambda failure: conn.acks_done(acks, failure))
 
 
 class MQTTProtocol(asyncio.Protocol):
@@ -192,6 +167,8 @@ class MQTTProtocol(asyncio.Protocol):
                     acks.append(ev.ack)
             elif type(ev) is AuthRequested:
                 self.check_password(ev)
+            elif type(ev) is AdmitRequested:
+                ev.token.add_done_callback(lambda t, ev=ev: self.admit_done(ev, t.failure))
         if acks is not None:
             self.server.acks.hold(self.conn, acks)
 
@@ -213,6 +190,11 @@ class MQTTProtocol(asyncio.Protocol):
         if not server.auth_checks.submit(peer[0] if peer else self.conn.peer, check,
                                          self.conn.awaiting_auth, done):
             self.auth_done(ev, rc.SERVER_BUSY, "too many password checks waiting; try again later")
+
+    def admit_done(self, ev: AdmitRequested, failure: str | None) -> None:
+        events = self.conn.admit_done(ev.connect, ev.client_id, ev.assigned, failure)
+        if events:
+            self.handle_events(events)
 
     def auth_done(self, ev: AuthRequested, code: int, why: str | None = None) -> None:
         events = self.conn.auth_done(ev.connect, ev.client_id, ev.assigned, code, why)

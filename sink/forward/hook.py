@@ -8,27 +8,45 @@ from __future__ import annotations
 
 import time
 
+from broker.core.durability import Pending
 from broker.core.hooks import Hook
 from broker.protocol import properties as PR
 
 from .record import SinkRecord
 
+SPOOL_ERROR = "the message could not be stored (broker disk error)"
+
 
 class SinkHook(Hook):
     """on_message_accepted -> sink.submit_message (no properties, no expiry: no SinkRecord
-    built, the hot path) or sink.submit(SinkRecord). False when the sink refuses (spool full)."""
-    provides = frozenset({"on_message_accepted"})
+    built, the hot path) or sink.submit(SinkRecord). False when the sink refuses (spool full).
+    With durability "spool" it provides barrier(): acks wait for the spool's fsync."""
 
     def __init__(self, sink):
         self.sink = sink
         # the common case (no properties, no expiry) without building a SinkRecord, when the sink can
         self._submit_message = getattr(sink, "submit_message", None)
         self.clock = time.monotonic
+        provides = {"on_message_accepted"}
+        if getattr(sink, "durable", False):
+            provides.add("barrier")
+        if callable(getattr(sink, "stats", None)):
+            provides.add("stats")
+        self.provides = frozenset(provides)
 
-    @property
-    def durable(self) -> bool:
-        """Acknowledgements wait for the sink's barrier() (the spool's fsync)."""
-        return bool(getattr(self.sink, "durable", False))
+    def barrier(self) -> Pending | None:
+        """The sink's barrier (an asyncio future for the records appended since the last one)
+        as the core's token: a spool write that failed makes the acks failures."""
+        fut = self.sink.barrier()
+        if fut is None:
+            return None
+        token = Pending()
+        fut.add_done_callback(lambda f: token.resolve(
+            SPOOL_ERROR if f.cancelled() or f.exception() is not None else None))
+        return token
+
+    def stats(self) -> dict:
+        return {"sink": self.sink.stats()}
 
     def attach(self, broker) -> None:
         self.clock = broker.clock  # Message.expires_at is on the broker's clock

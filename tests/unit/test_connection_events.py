@@ -9,7 +9,9 @@ from hypothesis import strategies as st
 
 from broker.config import MQTTConfig
 from broker.core.broker import Broker
-from broker.core.connection import Connection, StoredAck
+from broker.core.connection import Connection
+from broker.core.durability import Pending, when_all
+from broker.core.message import Message
 from broker.core.events import NO_EVENTS, AuthRequested, MessageAccepted
 from broker.core.hooks import AllowAll
 from broker.protocol import packets as P
@@ -238,56 +240,59 @@ def test_pending_acks_count_against_receive_maximum():
     assert (d.type, d.reason_code) == (P.DISCONNECT, rc.RECEIVE_MAXIMUM_EXCEEDED)
 
 
-# ------------------------------------------------------------ store commit (AckGate)
-class Store:
-    def __init__(self, result):
-        self.result = result
-        self.ops, self.resync = [], False
+# ------------------------------------------------------------ durability tokens (core/durability.py)
+def test_a_pending_token_resolves_once_and_a_late_callback_runs_at_once():
+    seen = []
+    t = Pending()
+    t.add_done_callback(lambda x: seen.append(("early", x.failure)))
+    t.resolve("disk full")
+    t.resolve(None)                       # decided for good: a later outcome changes nothing
+    t.add_done_callback(lambda x: seen.append(("late", x.failure)))
+    assert seen == [("early", "disk full"), ("late", "disk full")]
 
-    def commit(self):
-        return self.result
+
+def test_when_all_waits_for_every_token_and_reports_the_first_failure():
+    a, b, c = Pending(), Pending(), Pending()
+    out = []
+    when_all([a, b, c], out.append)
+    b.resolve("spool write failed")
+    a.resolve()
+    assert out == []                      # c still pending: nothing decided
+    c.resolve("commit failed")
+    assert out == ["spool write failed"]  # the first failure in the order given
 
 
-def test_failed_store_commit_fails_stored_acks_in_output_and_held():
-    from broker.transport.connection_protocol import AckGate
+def test_the_stores_barrier_is_its_turn_commit(tmp_path):
+    """A PUBACK/PUBREC of a message that changed stored state waits for the commit of its
+    turn; a failed commit makes it a failure, and the changes stay pending for a retry."""
+    from broker.store.sqlite import Store
     b, _ = broker()
-    conn = connected(b)
-    conn.write(StoredAck(PUBACK_7))
-    conn.write(b"\xd0\x00")
-    held = [StoredAck(encode_ack(P.PUBREC, 8, 0, None, 5)), encode_ack(P.PUBACK, 9, 0, None, 5)]
-    gate = AckGate(None, Store(-1))
-    gate.turn.append((conn, held))
-    gate.commit_store(b.dirty)
-    a, ping = decode(output(conn))
-    assert (a.packet_id, a.reason_code, ping.type) == (7, rc.UNSPECIFIED_ERROR, P.PINGRESP)
-    assert held[1] == encode_ack(P.PUBACK, 9, 0, None, 5)  # not a StoredAck: unaffected
-    conn.acks_done(held)
-    rec, ok = decode(output(conn))
-    assert (rec.type, rec.reason_code, ok.reason_code) == (P.PUBREC, rc.UNSPECIFIED_ERROR, 0)
+    store = Store(str(tmp_path / "state.db"))
+    b.add_hook(store)
+    assert store.barrier() is None        # nothing changed: acks need not wait
+    store.retain_set("t", Message("t", b"v", 1, True, None, None, "c", 0.0))
+    ok = store.barrier()
+    assert ok is not None and not ok.done
+    assert store.barrier() is None        # a read that changed nothing since: no wait
+    store.retain_set("t2", Message("t2", b"v", 1, True, None, None, "c", 0.0))
+    assert store.barrier() is ok          # one token per turn
+    store.on_turn_end()
+    assert ok.done and ok.failure is None and not store.ops
+    store.retain_set("u", Message("u", b"v", 1, True, None, None, "c", 0.0))
+    failing = store.barrier()
+    store.db.execute("PRAGMA query_only=ON")  # every write now fails (as on a full disk)
+    store.on_turn_end()
+    assert failing.done and failing.failure and store.failing == 1 and store.ops
+    # the failed changes are kept for a retry; a later read that adds none is not held
+    assert store.barrier() is None
 
 
-def test_committed_stored_acks_are_decided_for_good():
-    from broker.transport.connection_protocol import AckGate
-    b, _ = broker()
-    conn = connected(b)
-    held = [StoredAck(PUBACK_7)]
-    gate = AckGate(None, Store(1))
-    gate.turn.append((conn, held))
-    gate.commit_store(b.dirty)
-    assert type(held[0]) is bytes and not gate.turn
-    gate.store.result = -1
-    gate.commit_store(b.dirty)      # a later failure does not turn it
-    conn.acks_done(held)
-    assert output(conn) == PUBACK_7
-
-
-def test_failed_stored_ack_311_closes():
-    from broker.transport.connection_protocol import AckGate
+def test_failed_acks_311_close_the_connection():
     b, _ = broker()
     conn = connected(b, 4)
-    conn.write(StoredAck(PUBACK_7))
-    AckGate(None, Store(-1)).commit_store(b.dirty)
-    assert output(conn, 4) == b"" and conn.close_requested
+    conn.pending_acks = 1
+    conn.acks_done([PUBACK_7], "disk full")
+    assert output(conn, 4) == b"" and conn.close_requested  # 3.1.x has no failure ack
 
 
 # ------------------------------------------------------------ timers with the fake clock

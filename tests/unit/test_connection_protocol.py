@@ -7,6 +7,7 @@ import socket
 import pytest
 
 from broker.config import Config, ListenerConfig
+from broker.core.durability import Pending
 from broker.core.hooks import Hook
 from broker.protocol import packets as P
 from broker.protocol import reason_codes as rc
@@ -85,18 +86,26 @@ class Sink:
 
 
 class Store(Hook):
-    """Only what the AckGate uses: commit() and its pending ops."""
+    """A durable hook like the state store: acks of a turn with changes wait for its commit."""
+    provides = frozenset({"barrier", "on_turn_end"})
 
     def __init__(self):
-        self.ops, self.resync, self.result = [], False, 0
+        self.turn, self.changed, self.result = None, False, 0
 
-    def commit(self):
-        self.ops = []
-        return self.result
+    def barrier(self):
+        if not self.changed:
+            return None
+        self.turn = self.turn or Pending()
+        return self.turn
+
+    def on_turn_end(self):
+        turn, self.turn, self.changed = self.turn, None, False
+        if turn is not None:
+            turn.resolve(None if self.result >= 0 else "disk error")
 
 
 def serve(sink=None, store=None, level=5, **mqtt):
-    server = Server(Config(**mqtt), sink=sink, store=store)
+    server = Server(Config(**mqtt), hooks=[h for h in (store, sink) if h is not None])
     server.loop = asyncio.get_running_loop()
     proto = MQTTProtocol(server, ListenerConfig())
     t = FakeTransport()
@@ -145,20 +154,31 @@ async def test_failed_barrier_sends_failure_codes_v5_and_closes_311():
     assert t.received(4) == [] and t.eof  # 3.1.x: closed, never a success
 
 
-async def test_held_stored_ack_fails_when_the_store_commit_fails_even_if_the_spool_wrote():
-    from broker.core.connection import StoredAck
+async def test_held_ack_fails_when_one_durable_hook_fails_even_if_another_succeeded():
+    """The ack gate waits for the tokens of every hook providing barrier() and sends a failure
+    when any failed [MQTT-4.3.2-4]: here the store's commit failed, the spool's write worked."""
     sink, store = Sink(), Store()
     server, proto, t = serve(sink, store)
-    conn = proto.conn
-    server.acks.hold(conn, [StoredAck(b"\x40\x02\x00\x05")])
-    conn.pending_acks += 1
-    store.ops, store.result = ["change"], -1
-    server.flush()                 # the commit fails: the held StoredAck is now a failure
+    store.changed, store.result = True, -1
+    proto.data_received(publish(1, 5))
+    server.flush()                 # the commit fails: the held ack is now a failure...
+    assert t.received() == []      # ...sent once the spool's barrier resolved too
     sink.futures[0].set_result(None)
     await settle()
     server.flush()
     (ack,) = t.received()
     assert (ack.packet_id, ack.reason_code) == (5, rc.UNSPECIFIED_ERROR)
+
+
+async def test_ack_waits_for_the_stores_commit_of_its_turn_and_goes_out_in_the_same_flush():
+    store = Store()
+    server, proto, t = serve(None, store)
+    store.changed = True
+    proto.data_received(publish(1, 6))
+    assert t.received() == [] and store.turn is not None
+    server.flush()                 # the commit succeeds: the ack goes out with this flush
+    (ack,) = t.received()
+    assert (ack.packet_id, ack.reason_code) == (6, 0x10)
 
 
 async def test_inbound_backpressure_pauses_reading_of_a_client_that_does_not_read():

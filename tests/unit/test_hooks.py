@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 
 from broker.config import MQTTConfig
 from broker.core.broker import Broker
-from broker.core.hooks import AUTH_CHECKS, EVENTS, STORED_EVENTS, AllowAll, Hook
+from broker.core.hooks import (AUTH_CHECKS, DURABILITY, EVENTS, LIFECYCLE, ROUTING, STORED_EVENTS,
+                                AllowAll, Hook)
 from broker.core.message import Message
 from broker.core.session import NEVER, Inflight
 from broker.protocol import packets as P
@@ -106,7 +107,7 @@ def test_event_dispatched_only_to_hooks_providing_it():
     assert retain_only.calls == [("on_retain", "r/1", b"kept")]
     assert connects_only.calls == [("on_client_connected", "p", False)]
     # nothing takes accepted messages nor persists sessions: connection.py skips those calls
-    assert b.sink is None and b.store is None and type(b.auth) is AllowAll
+    assert b.accepting == () and b.store is None and type(b.auth) is AllowAll
     b.remove_hook(retain_only)
     pub.send(P.Publish("r/1", b"", 0, True))
     assert retain_only.calls == [("on_retain", "r/1", b"kept")]  # removed: no longer called
@@ -115,7 +116,7 @@ def test_event_dispatched_only_to_hooks_providing_it():
 
 def test_broker_runs_without_any_hook():
     b, _ = make()
-    assert list(b.hooks) == [] and b.sink is None and b.store is None and not b.sink_durable
+    assert list(b.hooks) == [] and b.accepting == () and b.store is None and not b.durable
     sub = persistent(b, "s")
     sub.send(P.Subscribe(1, [("t/#", P.SubscriptionOptions(1))]))
     sub.received()
@@ -170,9 +171,9 @@ def test_core_source_has_no_import_of_sink_store_server_auth_or_asyncio():
 
 
 def test_recording_hook_sees_accepted_messages_retained_changes_and_session_saves():
-    rec = Recorder(set(EVENTS) - set(AUTH_CHECKS))
+    rec = Recorder(set(EVENTS) - set(AUTH_CHECKS) - set(DURABILITY) - set(LIFECYCLE) - set(ROUTING))
     b, _ = make(rec)
-    assert b.sink is rec and b.store is not None
+    assert b.accepting == (rec.on_message_accepted,) and b.store is not None
     sub = persistent(b, "s")
     sub.send(P.Subscribe(1, [("t/#", P.SubscriptionOptions(2))]))
     sub.received()
@@ -350,7 +351,7 @@ def test_store_load_goes_through_the_broker_api(tmp_path):
     clock = Clock()
     store = Store(str(tmp_path / "s.db"), clock=clock, wall=clock)
     b = Broker(MQTTConfig(), clock=clock, wall=clock, store=store)
-    assert b.store is not None and b.store.owner is store and b.store.ops is store.ops
+    assert b.store is not None and b.store.owner is store and b.hooks.barrier == (store.barrier,)
     c = persistent(b, "s", will=P.Will("w", b"bye", 1, False))
     c.send(P.Subscribe(1, [("t/#", P.SubscriptionOptions(2))]))
     c.received()
