@@ -70,6 +70,9 @@ def setup_logging(level: str, fmt: str) -> None:
     else:
         logging.basicConfig(level=level.upper(), stream=sys.stderr,
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # kafka-python narrates every connection and offset reset at INFO (DEBUG: every request):
+    # its warnings and errors are what an operator needs
+    logging.getLogger("kafka").setLevel(logging.WARNING)
 
 
 def main(argv=None) -> int:
@@ -91,16 +94,23 @@ def main(argv=None) -> int:
             from sink.forward.service import Sink
             sink = Sink.from_config(cfg.sink, cfg.data_dir, history=cfg.history)
             sink.start()
+        cluster = None
+        if cfg.cluster.enabled:
+            from cluster.node import ClusterNode
+            cluster = ClusterNode(cfg.cluster, cfg.cluster.bootstrap_servers or cfg.sink.bootstrap_servers)
         p = cfg.persistence
-        if p.enabled:
+        if cluster is not None and p.enabled:
+            log.info("cluster: sessions and retained messages live in Kafka; the local state "
+                     "store (persistence) is not used")
+        elif p.enabled:
             import os
 
             from .store.sqlite import Store
             store = Store(p.path or os.path.join(cfg.data_dir, "state.db"),
                           synchronous=p.synchronous, max_pending=p.max_pending_changes)
-    except (OSError, RuntimeError) as exc:
-        log.error("cannot start: %s (check --data-dir, sink.spool_dir, persistence.path)",
-                  one_line(exc))
+    except (OSError, RuntimeError, ValueError) as exc:
+        log.error("cannot start: %s (check --data-dir, sink.spool_dir, persistence.path, "
+                  "[cluster])", one_line(exc))
         if sink is not None:
             sink.close()
             if sink.embedded is not None:  # started before the failure: not left running
@@ -108,11 +118,14 @@ def main(argv=None) -> int:
         return 1
     log.info("starting broker (event loop: %s)", "uvloop" if uv else "asyncio")
     try:
-        hooks = [h for h in (store, sink) if h is not None]
+        hooks = [h for h in (store, cluster, sink) if h is not None]
         asyncio.run(serve(cfg, auth=auth, hooks=hooks))
     except OSError as exc:
         log.error("cannot listen on %s:%s: %s (is another broker running? use --port)",
                   cfg.host, cfg.port, exc)
+        return 1
+    except RuntimeError as exc:  # a hook that could not start (the cluster's Kafka)
+        log.error("cannot start: %s", one_line(exc))
         return 1
     finally:
         if sink is not None:

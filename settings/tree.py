@@ -253,6 +253,27 @@ class ListenerConfig(Section):
     use_identity_as_username: bool = False
 
 
+@dataclass(slots=True)
+class ClusterConfig(Section):
+    """[cluster]: one broker on many nodes, its shared state in Kafka (cluster/)."""
+    TABLE = "cluster"
+    enabled: bool = False
+    node_id: str = key("", Pattern(r"[A-Za-z0-9_.-]{0,64}", "letters, digits, '_', '.', '-' "
+                                   "(at most 64); unique in the cluster"))
+    bootstrap_servers: str = key("", HostPorts())   # "" = [sink] bootstrap_servers
+    topic_prefix: str = key("mqtt.cluster", Pattern(r"[A-Za-z0-9_.-]+", "a Kafka topic name prefix"))
+    partitions: int = key(8, Int(1, 1024))          # of the messages topic (created if missing)
+    replication_factor: int = key(1, Int(1, 16))    # of the topics it creates
+    heartbeat_seconds: float = key(1.0, Num(0.05, 60))
+    node_timeout: float = key(5.0, Num(0.5, 3600))  # a node not heard from this long is gone
+    handoff_timeout: float = key(3.0, Num(0, 600))  # wait for a live previous owner's last word
+    connect_timeout: float = key(10.0, Num(0.1, 600))  # a claim not applied by then: 0x88
+    checkpoint_seconds: float = key(1.0, Num(0.05, 3600))  # persistent sessions' progress
+    fetch_wait_ms: int = key(5, Int(1, 10000))      # Kafka fetch wait: latency vs idle CPU
+    server_reference: str = ""                      # sent with DISCONNECT 0x9C on SIGTERM
+    kafka: dict = key(factory=dict, spec=Table("[cluster.kafka]"))  # KafkaProducer/Consumer options
+
+
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
@@ -272,6 +293,7 @@ class Config(Section):
     metrics: MetricsConfig = section(MetricsConfig)
     dashboard: DashboardConfig = section(DashboardConfig)
     auth: AuthConfig = section(AuthConfig)
+    cluster: ClusterConfig = section(ClusterConfig)
     listeners: list = field(default_factory=list, metadata={"section": ListenerConfig})
 
     def to_tables(self) -> dict:
@@ -295,6 +317,6 @@ def sections() -> dict[str, dict[str, Spec]]:
     return {"broker": Config.specs(), **{name: cls.specs() for name, cls in SECTIONS.items()}}
 
 
-__all__ = ["DOC", "SECTIONS", "AuthConfig", "Config", "ConfigError", "DashboardConfig",
+__all__ = ["DOC", "SECTIONS", "AuthConfig", "ClusterConfig", "Config", "ConfigError", "DashboardConfig",
            "HistoryConfig", "ListenerConfig", "MQTTConfig", "MetricsConfig", "PersistenceConfig",
            "Section", "SinkConfig", "did_you_mean", "key", "sections"]

@@ -1,0 +1,180 @@
+"""The cluster's Kafka I/O: its topics, one producer, one consumer thread.
+
+The producer (kafka-python, acks=all, idempotent) is called from the event loop; its
+completions come back to the loop in batches. The consumer reads the control, retained and
+messages topics (assigned partitions, no consumer group: every node reads everything) on its own
+thread and hands the loop one batch at a time, waiting until the loop applied it (backpressure:
+a slow loop slows the reading, never grows a queue).
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import zlib
+from collections import deque
+
+log = logging.getLogger("cluster")
+
+# producer settings the cluster needs whatever [cluster.kafka] says
+_FORCED = {"acks": "all"}
+
+
+def partition_of(key: bytes, partitions: int) -> int:
+    """The partition of a record key: the same on every node (CRC-32, computed in C)."""
+    return zlib.crc32(key) % partitions
+
+
+class Topics:
+    def __init__(self, prefix: str):
+        self.messages = f"{prefix}.messages"
+        self.retained = f"{prefix}.retained"
+        self.control = f"{prefix}.control"
+
+
+def ensure_topics(bootstrap: str, topics: Topics, partitions: int, replication: int,
+                  kafka: dict) -> dict[str, int]:
+    """Create the cluster's topics if missing; returns {topic: partition count}."""
+    from kafka.admin import KafkaAdminClient, NewTopic
+    from kafka.errors import TopicAlreadyExistsError
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="mqtt-cluster-admin",
+                             **_admin_options(kafka))
+    try:
+        existing = set(admin.list_topics())
+        want = [
+            NewTopic(topics.messages, partitions, replication,
+                     topic_configs={"cleanup.policy": "delete"}),
+            # last record per key wins: retained by MQTT topic, control by client / node id;
+            # a long compaction lag leaves time for an owner to re-assert a record (control.py)
+            NewTopic(topics.retained, partitions, replication,
+                     topic_configs={"cleanup.policy": "compact"}),
+            NewTopic(topics.control, 1, replication,
+                     topic_configs={"cleanup.policy": "compact",
+                                    "min.compaction.lag.ms": str(24 * 3600 * 1000)}),
+        ]
+        missing = [t for t in want if t.name not in existing]
+        if missing:
+            try:
+                admin.create_topics(missing)
+            except TopicAlreadyExistsError:
+                pass  # another node created it meanwhile
+        counts = {}
+        deadline = time.monotonic() + 30
+        for t in want:
+            while True:
+                desc = admin.describe_topics([t.name])
+                parts = desc[0].get("partitions") if desc else None
+                if parts:
+                    counts[t.name] = len(parts)
+                    break
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"Kafka topic {t.name} was not created within 30 s")
+                time.sleep(0.1)
+        return counts
+    finally:
+        admin.close()
+
+
+def _admin_options(kafka: dict) -> dict:
+    keep = ("security_protocol", "ssl_cafile", "ssl_certfile", "ssl_keyfile", "ssl_password",
+            "sasl_mechanism", "sasl_plain_username", "sasl_plain_password", "request_timeout_ms")
+    return {k: v for k, v in kafka.items() if k in keep}
+
+
+def _consumer_options(kafka: dict) -> dict:
+    skip = ("acks", "linger_ms", "batch_size", "enable_idempotence", "retries", "compression_type",
+            "max_in_flight_requests_per_connection", "delivery_timeout_ms", "max_block_ms",
+            "buffer_memory", "partitioner", "transactional_id")
+    return {k: v for k, v in kafka.items() if k not in skip}
+
+
+def make_producer(bootstrap: str, kafka: dict):
+    from kafka import KafkaProducer
+    opts = {"linger_ms": 0, "enable_idempotence": True, "max_block_ms": 2000,
+            "delivery_timeout_ms": 30000, "request_timeout_ms": 10000,
+            "client_id": "mqtt-cluster"}
+    opts.update(kafka)
+    opts.update(_FORCED)
+    return KafkaProducer(bootstrap_servers=bootstrap, **opts)
+
+
+def make_consumer(bootstrap: str, kafka: dict, fetch_wait_ms: int):
+    from kafka import KafkaConsumer
+    opts = {"enable_auto_commit": False, "fetch_max_wait_ms": fetch_wait_ms,
+            "max_poll_records": 2000, "client_id": "mqtt-cluster-reader"}
+    opts.update(_consumer_options(kafka))
+    opts["group_id"] = None  # every node reads every partition: no consumer group here
+    return KafkaConsumer(bootstrap_servers=bootstrap, **opts)
+
+
+class Completions:
+    """Producer completions (from kafka-python's I/O thread) handed to the loop in batches:
+    one call_soon_threadsafe per wake-up, not per record."""
+
+    def __init__(self, loop, handle):
+        self.loop = loop
+        self.handle = handle      # handle(list of (tag, exception or None)) on the loop
+        self.items: deque = deque()
+        self.scheduled = False
+        self.lock = threading.Lock()
+
+    def done(self, tag, exc=None) -> None:
+        with self.lock:
+            self.items.append((tag, exc))
+            if self.scheduled:
+                return
+            self.scheduled = True
+        try:
+            self.loop.call_soon_threadsafe(self._drain)
+        except RuntimeError:  # the loop closed (shutdown)
+            pass
+
+    def _drain(self) -> None:
+        with self.lock:
+            items, self.items = self.items, deque()
+            self.scheduled = False
+        self.handle(items)
+
+
+class Reader(threading.Thread):
+    """Polls the consumer and applies each batch on the loop (apply(batch) -> None), one at a
+    time: the next poll waits until the loop applied the previous batch."""
+
+    def __init__(self, consumer, loop, apply, name: str = "cluster-reader"):
+        super().__init__(name=name, daemon=True)
+        self.consumer = consumer
+        self.loop = loop
+        self.apply = apply
+        self.stopping = False
+        self.error: Exception | None = None
+
+    def run(self) -> None:
+        done = threading.Event()
+
+        def on_loop(recs):
+            try:
+                self.apply(recs)
+            finally:
+                done.set()
+
+        while not self.stopping:
+            try:
+                recs = self.consumer.poll(timeout_ms=200)
+            except Exception as exc:  # Kafka unreachable: kafka-python retries inside poll
+                if not self.stopping:
+                    log.warning("cluster: reading Kafka failed (%s); retrying", exc)
+                    time.sleep(1)
+                continue
+            if not recs or self.stopping:
+                continue
+            done.clear()
+            try:
+                self.loop.call_soon_threadsafe(on_loop, recs)
+            except RuntimeError:
+                return  # the loop closed
+            while not done.wait(0.5):
+                if self.stopping:
+                    return
+
+    def stop(self) -> None:
+        self.stopping = True

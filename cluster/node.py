@@ -1,0 +1,766 @@
+"""A cluster node: the broker hook that makes one broker of many processes (README "Cluster").
+
+Attached like the state store and the sink (core/hooks.py), it provides:
+
+* route: every accepted message goes to the messages topic (key = MQTT topic: per-topic order)
+  and, when retained, to the retained topic; every node, this one included, reads the messages
+  topic and delivers each record to its own subscribers (Broker.deliver), so a message published
+  anywhere reaches every matching subscriber, in the log's order.
+* barrier: a QoS 1/2 PUBLISH is acknowledged once Kafka acknowledged its record (acks=all).
+* admit: a CONNECT writes a claim on its client id to the control topic and waits for it to be
+  applied; the last claim in the log owns the client id (cluster/control.py). A session that
+  lived on another node is rebuilt here from its last checkpoint and the messages topic.
+* the persistence events: persistent sessions' checkpoints (subscriptions, the log positions
+  below which everything was delivered and acknowledged, in-flight packet ids) go to the control
+  topic, so a session survives the node it was on, SIGKILL included.
+* timers of sessions whose node is gone (wills, expiry) are fired by one live node.
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+import uuid
+
+from broker.core.durability import Pending
+from broker.core.hooks import SESSION_EVENTS, STORED_EVENTS, Hook
+from mqtt_topics import matches
+
+from . import control as C
+from . import records as R
+from .link import (Completions, Reader, Topics, ensure_topics, make_consumer, make_producer,
+                   partition_of)
+
+log = logging.getLogger("cluster")
+
+NEVER = 0xFFFFFFFF
+UNAVAILABLE = "the cluster's Kafka did not confirm this connection in time; try again"
+
+
+class _Batch:
+    """Records produced since the last barrier(): its token resolves when all are acknowledged."""
+    __slots__ = ("count", "token", "failure")
+
+    def __init__(self):
+        self.count = 0
+        self.token: Pending | None = None
+        self.failure: str | None = None
+
+
+class _Handle:
+    """A stored outbound message of a persistent session: where it is in the messages topic."""
+    __slots__ = ("cid", "pos", "pid", "released")
+
+    def __init__(self, cid: str, pos, pid):
+        self.cid = cid
+        self.pos = pos           # (partition, offset), or None (not from the log: a retained replay)
+        self.pid = pid
+        self.released = False
+
+
+class _Claim:
+    __slots__ = ("token", "cid", "clean", "deadline", "client")
+
+    def __init__(self, token, cid, clean, deadline):
+        self.token = token
+        self.cid = cid
+        self.clean = clean
+        self.deadline = deadline
+        self.client = None
+
+
+class ClusterNode(Hook):
+    provides = frozenset(("route", "admit", "barrier", "on_start", "on_turn_end", "on_tick",
+                          "on_stop", "stats", "on_client_connected", "on_client_disconnected")
+                         + SESSION_EVENTS + STORED_EVENTS)
+
+    def __init__(self, cfg, bootstrap: str, wall=time.time):
+        if not cfg.node_id:
+            raise ValueError("cluster.node_id is empty: give each node an id of its own, "
+                             "e.g. --set cluster.node_id=n1")
+        if not bootstrap:
+            raise ValueError("the cluster needs a Kafka every node reaches: --kafka-bootstrap "
+                             "HOST:PORT or cluster.bootstrap_servers (README \"Cluster\")")
+        self.cfg = cfg
+        self.bootstrap = bootstrap
+        self.node = cfg.node_id
+        self.inc = uuid.uuid4().hex[:12]
+        self.topics = Topics(cfg.topic_prefix)
+        self.wall = wall
+        self.broker = None
+        self.loop = None
+        self.state: C.ControlState | None = None
+        self.partitions = cfg.partitions
+        self.producer = None
+        self.consumer = None
+        self.reader: Reader | None = None
+        self.completions: Completions | None = None
+        self.batch: _Batch | None = None
+        self.routed_upto: dict[int, int] = {}    # messages partition -> next offset to deliver
+        self.ids = itertools.count(1)
+        self.claims: dict[str, _Claim] = {}      # req -> a CONNECT waiting for its claim
+        self.handoffs: dict[str, _Claim] = {}    # cid -> a claim waiting for the last owner
+        self.bound: dict[str, int] = {}          # cid -> epoch of this node's session
+        self.handles: dict[str, set] = {}        # cid -> live stored-message handles
+        self.since: dict[tuple, dict] = {}       # (cid, filter) -> positions when subscribed
+        self.dirty: set[str] = set()             # persistent sessions whose state to write
+        self.progress: set[str] = set()          # ... whose positions moved
+        self.ended: set[str] = set()             # sessions ended here this turn
+        self.firing: set[tuple] = set()          # timers whose records are on their way
+        self.ready = False
+        self.fenced = False
+        self.beat_handle = None
+        self.last_checkpoint = 0.0
+        self.counters = {"produced": 0, "delivered": 0, "claims": 0, "takeovers": 0,
+                         "rebuilt_sessions": 0, "rebuilt_messages": 0, "wills_fired": 0,
+                         "evictions": 0, "produce_errors": 0}
+
+    # ------------------------------------------------------------ lifecycle
+    def attach(self, broker) -> None:
+        self.broker = broker
+
+    def on_start(self) -> None:
+        """Before the listeners open: create the topics, read the control and retained topics to
+        their ends (so retained messages and ownership are known before any client), join."""
+        import asyncio
+        self.loop = asyncio.get_running_loop()
+        counts = ensure_topics(self.bootstrap, self.topics, self.cfg.partitions,
+                               self.cfg.replication_factor, self.cfg.kafka)
+        self.partitions = counts[self.topics.messages]
+        self.state = C.ControlState(self.node, self.inc, time.monotonic)
+        self.producer = make_producer(self.bootstrap, self.cfg.kafka)
+        self.completions = Completions(self.loop, self._completed)
+        from kafka import TopicPartition
+        c = self.consumer = make_consumer(self.bootstrap, self.cfg.kafka, self.cfg.fetch_wait_ms)
+        msgs = [TopicPartition(self.topics.messages, p) for p in range(self.partitions)]
+        ret = [TopicPartition(self.topics.retained, p) for p in range(counts[self.topics.retained])]
+        ctl = [TopicPartition(self.topics.control, 0)]
+        c.assign(msgs + ret + ctl)
+        c.seek_to_beginning(*(ret + ctl))
+        c.seek_to_end(*msgs)
+        for tp in msgs:
+            self.routed_upto[tp.partition] = c.position(tp)
+        t0 = time.monotonic()
+        ends = c.end_offsets(ret + ctl)
+        self._read_until(lambda: all(c.position(tp) >= end for tp, end in ends.items()),
+                         "the control and retained topics")
+        self._write_control(f"n:{self.node}", C.node_record("join", self.node, self.inc,
+                                                            at=self.wall()))
+        self.producer.flush(10)
+        self._read_until(self.state.me_alive, "this node's join")
+        log.info("cluster: node %s joined (incarnation %s) in %.2f s: %d members alive (%s), "
+                 "%d clients known, %d retained messages", self.node, self.inc,
+                 time.monotonic() - t0, len(self.state.alive()), ", ".join(self.state.alive()),
+                 len(self.state.clients), self.broker.retained.count)
+        self.ready = True
+        self.reader = Reader(c, self.loop, self._apply)
+        self.reader.start()
+        self.beat_handle = self.loop.call_later(self.cfg.heartbeat_seconds, self._beat)
+
+    def _read_until(self, done, what: str, timeout: float = 60.0) -> None:
+        """Start-up only (the loop serves nothing yet): poll and apply on this thread."""
+        deadline = time.monotonic() + timeout
+        while not done():
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"cluster: could not read {what} from Kafka at "
+                                   f"{self.bootstrap} within {timeout:.0f} s")
+            recs = self.consumer.poll(timeout_ms=100)
+            if recs:
+                self._apply(recs)
+
+    def on_stop(self) -> None:
+        """SIGTERM: the connections were closed (their records written); say this node leaves."""
+        if self.beat_handle is not None:
+            self.beat_handle.cancel()
+        self.on_turn_end()
+        if self.producer is not None and self.ready and not self.fenced:
+            self._write_control(f"n:{self.node}", C.node_record("leave", self.node, self.inc))
+            try:
+                self.producer.flush(5)
+            except Exception as exc:
+                log.warning("cluster: could not write everything to Kafka at shutdown: %s", exc)
+        if self.reader is not None:
+            self.reader.stop()
+            self.reader.join(2)
+        for closeable in (self.producer, self.consumer):
+            try:
+                if closeable is not None:
+                    closeable.close(timeout=2) if closeable is self.producer else closeable.close()
+            except Exception:
+                pass
+
+    def stats(self) -> dict:
+        st = self.state
+        out = dict(self.counters)
+        out.update(node=self.node, members=len(st.alive()) if st else 0,
+                   clients_known=len(st.clients) if st else 0,
+                   clients_owned=sum(1 for c in st.clients.values()
+                                     if c.node == self.node and c.inc == self.inc) if st else 0)
+        return {"cluster": out}
+
+    def members(self) -> list[dict]:
+        """For $SYS, metrics and the dashboard: each member and the clients it owns."""
+        st = self.state
+        if st is None:
+            return []
+        owned: dict[str, int] = {}
+        for c in st.clients.values():
+            if c.connected:
+                owned[c.node] = owned.get(c.node, 0) + 1
+        return [{"node": m.node, "alive": m.alive, "left": m.left, "me": m.node == self.node,
+                 "clients": owned.get(m.node, 0) if m.alive else 0}
+                for m in sorted(st.members.values(), key=lambda m: m.node)]
+
+    def owner_of(self, client_id: str) -> str | None:
+        c = self.state.clients.get(client_id) if self.state else None
+        return c.node if c is not None else None
+
+    # ------------------------------------------------------------ producing
+    def _send(self, topic: str, key: bytes, value: bytes | None, headers=None, ts: int | None = None,
+              partition: int | None = None, batch: _Batch | None = None) -> None:
+        try:
+            fut = self.producer.send(topic, key=key, value=value, headers=headers,
+                                     partition=partition, timestamp_ms=ts)
+        except Exception as exc:  # the producer's buffer is full (Kafka unreachable)
+            self.counters["produce_errors"] += 1
+            if batch is not None:
+                batch.failure = f"the cluster's Kafka is unreachable: {exc}"
+            log.warning("cluster: cannot write to Kafka: %s", exc)
+            return
+        if batch is not None:
+            batch.count += 1
+        done = self.completions.done
+        fut.add_callback(lambda _meta, b=batch: done(b))
+        fut.add_errback(lambda exc, b=batch: done(b, exc))
+
+    def _completed(self, items) -> None:
+        for batch, exc in items:
+            if exc is not None:
+                self.counters["produce_errors"] += 1
+                log.warning("cluster: a Kafka write failed: %s", exc)
+            if batch is None:
+                continue
+            batch.count -= 1
+            if exc is not None and batch.failure is None:
+                batch.failure = f"the cluster's Kafka did not store the message: {exc}"
+            if batch.token is not None and (batch.count == 0 or batch.failure):
+                batch.token.resolve(batch.failure)
+
+    def _write_control(self, key: str, rec: dict | None) -> None:
+        self._send(self.topics.control, key.encode(), None if rec is None else R.dumps(rec),
+                   partition=0)
+
+    # ------------------------------------------------------------ the hook: messages
+    def route(self, msg, sender) -> None:
+        """An accepted message: to the messages topic (and the retained one); delivered here too
+        when this node reads it back, like on every node."""
+        b = self.batch
+        if b is None:
+            b = self.batch = _Batch()
+        client_id = sender.client_id if sender is not None else (msg.sender or "")
+        username = sender.username if sender is not None else None
+        level = sender.link_level if sender is not None else 5
+        broker = self.broker
+        key, value, headers, ts = R.message_record(msg, client_id, username, level, self.node,
+                                                   f"{self.node}-{self.inc}-{next(self.ids)}",
+                                                   broker.clock())
+        part = partition_of(key, self.partitions)
+        self._send(self.topics.messages, key, value, headers, ts, part, b)
+        self.counters["produced"] += 1
+        if msg.retain and broker.cfg.retain_available:
+            # [MQTT-3.3.1-5] kept cluster-wide; an empty payload deletes it [MQTT-3.3.1-6]
+            self._send(self.topics.retained, key, value if msg.payload else None, headers, ts,
+                       partition_of(key, self._retained_partitions()), b)
+
+    def _retained_partitions(self) -> int:
+        return self.partitions
+
+    def barrier(self) -> Pending | None:
+        b = self.batch
+        if b is None:
+            return None
+        self.batch = None
+        b.token = Pending()
+        if b.count == 0 or b.failure:
+            b.token.resolve(b.failure)
+        return b.token
+
+    # ------------------------------------------------------------ reading (on the loop)
+    def _apply(self, recs: dict) -> None:
+        topics = self.topics
+        broker = self.broker
+        clock_now, wall_now = broker.clock(), self.wall()
+        for tp, rs in recs.items():
+            if tp.topic == topics.control:
+                for r in rs:
+                    try:
+                        rec = R.loads(r.value)
+                    except ValueError:
+                        log.warning("cluster: unreadable control record at offset %d", r.offset)
+                        continue
+                    key = (r.key or b"").decode()
+                    self._act(self.state.apply(r.offset, key, rec, r.timestamp / 1000.0))
+            elif tp.topic == topics.retained:
+                for r in rs:
+                    topic = (r.key or b"").decode()
+                    if r.value is None:
+                        broker.set_retained(topic, None)
+                        continue
+                    msg, _, _ = R.decode_message(r.key, r.value, r.headers, r.timestamp,
+                                                 clock_now, wall_now)
+                    if msg.expires_at is not None and msg.expires_at <= clock_now:
+                        broker.set_retained(topic, None)  # expired meanwhile
+                    else:
+                        msg.retain = True
+                        broker.set_retained(topic, msg)
+        for tp, rs in recs.items():
+            if tp.topic != topics.messages:
+                continue
+            p = tp.partition
+            deliver = broker.deliver
+            n = 0
+            for r in rs:
+                msg, sender, _ = R.decode_message(r.key, r.value, r.headers, r.timestamp,
+                                                  clock_now, wall_now)
+                msg.store_id = (p, r.offset)  # its place in the log: persistent sessions' progress
+                deliver(msg, sender)
+                n += 1
+            self.routed_upto[p] = rs[-1].offset + 1
+            self.counters["delivered"] += n
+
+    # ------------------------------------------------------------ control effects
+    def _act(self, effects: list) -> None:
+        for ev in effects:
+            kind = type(ev)
+            if kind is C.Claimed:
+                self._claimed(ev)
+            elif kind is C.Superseded:
+                self._superseded(ev)
+            elif kind is C.HandedOver:
+                claim = self.handoffs.pop(ev.cid, None)
+                if claim is not None:
+                    self._rebuild(claim)
+            elif kind is C.WillDue:
+                self.firing.discard((ev.cid, "will"))
+                if ev.by == self.node:
+                    self._publish_will(ev)
+            elif kind is C.Ended:
+                self.firing.discard((ev.cid, "expire"))
+                self.firing.discard((ev.cid, "will"))
+            elif kind is C.Evicted:
+                self.counters["evictions"] += 1
+                if ev.me:
+                    self._fenced()
+                else:
+                    log.warning("cluster: node %s (incarnation %s) is gone; its clients' "
+                                "sessions and wills are taken over by the live nodes",
+                                ev.node, ev.inc)
+            elif kind is C.Stale:
+                if ev.cid in self.broker.sessions and self.bound.get(ev.cid) is not None:
+                    self.dirty.add(ev.cid)  # write this node's state again: it is the current one
+
+    def _claimed(self, ev: C.Claimed) -> None:
+        c = ev.client
+        if c.node != self.node or c.inc != self.inc:
+            return
+        claim = self.claims.pop(ev.req, None)
+        if claim is None:
+            return
+        claim.client = c
+        self.counters["claims"] += 1
+        if ev.prev is not None and (ev.prev.node != self.node or ev.prev.inc != self.inc):
+            self.counters["takeovers"] += 1
+        local = self.broker.sessions.get(c.cid)
+        if not claim.clean and local is None and c.session is not None:
+            if c.handed_over:
+                self._rebuild(claim)
+            else:
+                claim.deadline = time.monotonic() + self.cfg.handoff_timeout
+                self.handoffs[c.cid] = claim
+            return
+        claim.token.resolve()
+
+    def _superseded(self, ev: C.Superseded) -> None:
+        """This node's session of `cid` is another node's now (or ended there)."""
+        broker = self.broker
+        s = broker.sessions.get(ev.cid)
+        epoch = self.bound.pop(ev.cid, None)
+        self.dirty.discard(ev.cid)
+        self.progress.discard(ev.cid)
+        if s is not None and ev.final and epoch == ev.epoch:
+            rec = self._state_record(s, ev.epoch, final=True, connected=False)
+            self._write_control(f"c:{ev.cid}", rec)
+        self.handles.pop(ev.cid, None)
+        for k in [k for k in self.since if k[0] == ev.cid]:
+            del self.since[k]
+        if s is not None:
+            broker.release_session(ev.cid, ev.publish_will,
+                                   "session taken over by a connection on another node")
+
+    def _fenced(self) -> None:
+        """Other nodes declared this one dead (it was silent too long): every client of this node
+        is another node's to serve now. Drop them and join again as a new incarnation."""
+        log.error("cluster: this node (%s) was declared gone by the cluster (no heartbeat for "
+                  "cluster.node_timeout = %.1f s); dropping its clients and joining again",
+                  self.node, self.cfg.node_timeout)
+        broker = self.broker
+        for cid in list(broker.sessions):
+            self.bound.pop(cid, None)
+            broker.release_session(cid, False, "this node rejoins the cluster: reconnect")
+        self.handles.clear()
+        self.dirty.clear()
+        self.progress.clear()
+        for claim in list(self.claims.values()) + list(self.handoffs.values()):
+            claim.token.resolve(UNAVAILABLE)
+        self.claims.clear()
+        self.handoffs.clear()
+        self.inc = uuid.uuid4().hex[:12]
+        self.state.inc = self.inc
+        self._write_control(f"n:{self.node}", C.node_record("join", self.node, self.inc,
+                                                            at=self.wall()))
+
+    # ------------------------------------------------------------ admission (CONNECT)
+    def admit(self, client_id: str, clean_start: bool, expiry: int, will, username, level):
+        token = Pending()
+        if not self.ready or self.fenced:
+            token.resolve("this cluster node is not ready yet; try again")
+            return token
+        req = f"{self.inc}:{next(self.ids)}"
+        self.claims[req] = _Claim(token, client_id, clean_start,
+                                  time.monotonic() + self.cfg.connect_timeout)
+        rec = C.claim_record(self.node, self.inc, req, clean_start, expiry,
+                             R.will_to_dict(will, self.wall()), username)
+        self._write_control(f"c:{client_id}", rec)
+        return token
+
+    def _rebuild(self, claim: _Claim) -> None:
+        """Bring a session that lived on another node here: its subscriptions from its last
+        checkpoint, then what the messages topic holds for it from the checkpoint's positions
+        on (queued, and in flight with their packet ids [MQTT-4.4.0-1])."""
+        c = claim.client
+        ck = c.session or {}
+        broker = self.broker
+        cid = c.cid
+        s = broker.restore_session(cid, int(ck.get("expiry") or c.expiry), None,
+                                   ck.get("user"), None, int(ck.get("next_pid") or 1))
+        if s is None:  # expired under the current caps
+            claim.token.resolve()
+            return
+        self.bound[cid] = c.epoch
+        subs = []
+        for row in ck.get("subs", ()):
+            filt, qos, nl, rap, rh, sub_id = row[:6]
+            try:
+                sub = broker.restore_subscription(cid, filt, qos, bool(nl), bool(rap), rh, sub_id)
+            except ValueError:
+                continue
+            if sub is None:
+                continue
+            since = {int(k): v for k, v in (row[6] if len(row) > 6 and row[6] else {}).items()}
+            self.since[(cid, filt)] = since
+            if sub.group is None:
+                subs.append((sub, since))
+        for pid in ck.get("qos2", ()):
+            broker.restore_qos2(cid, pid)
+        self.counters["rebuilt_sessions"] += 1
+        start = {int(k): v for k, v in (ck.get("pos") or {}).items()}
+        stop = dict(self.routed_upto)  # from here on the live stream delivers to it
+        ranges = {p: (start.get(p, stop[p]), stop[p]) for p in stop if start.get(p, stop[p]) < stop[p]}
+        if not ranges or not subs:
+            claim.token.resolve()
+            return
+        inflight = {(p, off): (pid, rel) for p, off, pid, rel in ck.get("inflight", ())}
+        filters = [sub.topic_filter for sub, _ in subs]
+
+        def scan():
+            try:
+                found = self._scan(ranges, filters)
+                err = None
+            except Exception as exc:  # Kafka unreachable: the CONNECT fails, nothing half-done
+                found, err = [], exc
+            self.loop.call_soon_threadsafe(self._rebuilt, claim, s, subs, inflight, found, err)
+
+        threading.Thread(target=scan, name=f"cluster-rebuild-{cid}", daemon=True).start()
+
+    def _scan(self, ranges: dict, filters: list) -> list:
+        """(partition, offset, key, value, headers, timestamp) of the records in `ranges` whose
+        MQTT topic matches one of `filters` (another consumer, on this thread)."""
+        from kafka import TopicPartition
+        consumer = make_consumer(self.bootstrap, self.cfg.kafka, self.cfg.fetch_wait_ms)
+        try:
+            tps = {TopicPartition(self.topics.messages, p): r for p, r in ranges.items()}
+            consumer.assign(list(tps))
+            for tp, (lo, _) in tps.items():
+                consumer.seek(tp, lo)
+            left = set(tps)
+            out = []
+            deadline = time.monotonic() + self.cfg.connect_timeout
+            while left:
+                if time.monotonic() > deadline:
+                    raise TimeoutError("reading the session's messages took too long")
+                recs = consumer.poll(timeout_ms=200)
+                for tp, rs in recs.items():
+                    hi = tps[tp][1]
+                    for r in rs:
+                        if r.offset >= hi:
+                            break
+                        topic = (r.key or b"").decode()
+                        if any(matches(f, topic) for f in filters):
+                            out.append((tp.partition, r.offset, r.key, r.value, r.headers,
+                                        r.timestamp))
+                for tp in list(left):
+                    if consumer.position(tp) >= tps[tp][1]:
+                        left.discard(tp)
+                        consumer.pause(tp)
+            return out
+        finally:
+            consumer.close()
+
+    def _rebuilt(self, claim: _Claim, s, subs, inflight: dict, found: list, err) -> None:
+        broker = self.broker
+        cid = claim.cid
+        if err is not None:
+            log.warning("cluster: could not rebuild the session of %r: %s", cid[:100], err)
+            claim.token.resolve(UNAVAILABLE)
+            return
+        if broker.sessions.get(cid) is not s:
+            claim.token.resolve(UNAVAILABLE)  # taken over again meanwhile
+            return
+        clock_now, wall_now = broker.clock(), self.wall()
+        queued = []
+        for p, off, key, value, headers, ts in found:
+            msg, sender, _ = R.decode_message(key, value, headers, ts, clock_now, wall_now)
+            msg.store_id = (p, off)
+            got = _match(subs, msg, sender, cid, p, off)
+            if got is None:
+                continue
+            qos, retain, sub_ids = got
+            if msg.expires_at is not None and msg.expires_at <= clock_now:
+                continue  # [MQTT-3.3.2-5]
+            held = inflight.get((p, off))
+            if held is not None and qos:
+                pid, released = held
+                h = self.on_message_stored(cid, msg, qos, retain, sub_ids, pid)
+                if released:
+                    h.released = True
+                broker.restore_outbound(cid, msg, qos, retain, sub_ids, pid, bool(released), h)
+            elif qos or s.queue_qos0:
+                queued.append((msg, qos, retain, sub_ids))
+        room = max(0, s.max_queued - len(s.queue))
+        if len(queued) > room:  # the oldest are kept, as the newest are dropped when full
+            broker.stats["dropped_queue_full"] += len(queued) - room
+            queued = queued[:room]
+        entries = [(m, q, r, ids, self.on_message_stored(cid, m, q, r, ids)) for m, q, r, ids in queued]
+        if entries:
+            s.may_send_qos12()
+            q = s.queued()
+            q.extendleft(reversed(entries))  # older than what the live stream queued meanwhile
+        self.counters["rebuilt_messages"] += len(entries) + len(s.inflight_out)
+        claim.token.resolve()
+
+    # ------------------------------------------------------------ the hook: clients
+    def on_client_connected(self, session, present: bool) -> None:
+        c = self.state.clients.get(session.client_id)
+        if c is None or c.node != self.node or c.inc != self.inc:
+            return
+        self.bound[session.client_id] = c.epoch
+        self.dirty.add(session.client_id)
+
+    def on_client_disconnected(self, session, publish_will: bool) -> None:
+        cid = session.client_id
+        if cid in self.bound:
+            self.dirty.add(cid)
+            if session.expiry_interval == 0:
+                self.ended.add(cid)  # a clean session ends with its connection
+
+    # persistence events (persistent sessions only)
+    def on_session_saved(self, session) -> None:
+        self.dirty.add(session.client_id)
+
+    def on_session_deleted(self, client_id: str) -> None:
+        self.ended.add(client_id)
+        self.handles.pop(client_id, None)
+
+    def on_subscribed(self, client_id: str, sub) -> None:
+        self.since[(client_id, sub.filter)] = dict(self.routed_upto)
+        self.dirty.add(client_id)
+
+    def on_unsubscribed(self, client_id: str, filt: str) -> None:
+        self.since.pop((client_id, filt), None)
+        self.dirty.add(client_id)
+
+    def on_qos2_received(self, client_id: str, pid: int) -> None:
+        self.progress.add(client_id)
+
+    on_qos2_released = on_qos2_received
+
+    def on_message_stored(self, client_id: str, msg, qos: int, retain: bool, sub_ids, pid=None):
+        h = _Handle(client_id, msg.store_id if isinstance(msg.store_id, tuple) else None, pid)
+        hs = self.handles.get(client_id)
+        if hs is None:
+            hs = self.handles[client_id] = set()
+        hs.add(h)
+        return h
+
+    def on_stored_sending(self, handle, pid: int) -> None:
+        handle.pid = pid
+
+    def on_stored_released(self, handle) -> None:
+        handle.released = True
+        self.progress.add(handle.cid)
+
+    def on_stored_done(self, handle) -> None:
+        hs = self.handles.get(handle.cid)
+        if hs is not None:
+            hs.discard(handle)
+        self.progress.add(handle.cid)
+
+    # ------------------------------------------------------------ writing session state
+    def on_turn_end(self) -> None:
+        if not (self.dirty or self.ended):
+            return
+        broker = self.broker
+        for cid in self.ended:
+            epoch = self.bound.get(cid)
+            s = broker.sessions.get(cid)
+            if epoch is None or s is not None:
+                continue  # a new session took its place (Clean Start): its own state follows
+            del self.bound[cid]
+            self.dirty.discard(cid)
+            self.progress.discard(cid)
+            c = self.state.clients.get(cid)
+            if c is not None and c.epoch == epoch:
+                self._write_control(f"c:{cid}", C.end_record(c, self.node, self.inc))
+        self.ended.clear()
+        for cid in self.dirty:
+            s = broker.sessions.get(cid)
+            epoch = self.bound.get(cid)
+            if s is None or epoch is None:
+                continue
+            self._write_control(f"c:{cid}", self._state_record(s, epoch))
+            self.progress.discard(cid)
+        self.dirty.clear()
+
+    def _state_record(self, s, epoch: int, final: bool = False, connected: bool | None = None) -> dict:
+        broker = self.broker
+        now, wall = broker.clock(), self.wall()
+        connected = s.link is not None if connected is None else connected
+        expires_at = None if connected or s.expires_at is None else wall + (s.expires_at - now)
+        will_at = None if s.will_at is None else wall + (s.will_at - now)
+        rec = {"t": "state", "epoch": epoch, "node": self.node, "inc": self.inc,
+               "connected": connected, "expiry": s.expiry_interval, "expires_at": expires_at,
+               "will": R.will_to_dict(s.will, wall), "will_at": will_at, "user": s.username,
+               "session": self._checkpoint(s) if (s.expiry_interval or final) else None}
+        if final:
+            rec["final"] = True
+        return rec
+
+    def _checkpoint(self, s) -> dict:
+        cid = s.client_id
+        pos = dict(self.routed_upto)
+        inflight = []
+        pid_of = {}
+        for pid, e in s.inflight_out.items():
+            if e.handle is not None:
+                pid_of[id(e.handle)] = (pid, e.released)
+        for h in self.handles.get(cid, ()):
+            if h.pos is None:
+                continue
+            p, off = h.pos
+            if off < pos.get(p, off + 1):
+                pos[p] = off
+            held = pid_of.get(id(h))
+            if held is not None:
+                inflight.append([p, off, held[0], int(held[1])])
+        subs = []
+        for sub in s.subscriptions.values():
+            since = self.since.get((cid, sub.filter)) or {}
+            since = {str(p): o for p, o in since.items() if o > pos.get(p, 0)}
+            subs.append([sub.filter, sub.qos, int(sub.no_local), int(sub.retain_as_published),
+                         sub.retain_handling, sub.sub_id, since or None])
+        return {"subs": subs, "pos": {str(p): o for p, o in pos.items()}, "inflight": inflight,
+                "next_pid": s.next_pid, "qos2": sorted(s.inflight_in), "expiry": s.expiry_interval,
+                "user": s.username}
+
+    # ------------------------------------------------------------ timers
+    def on_tick(self) -> None:
+        now = time.monotonic()
+        for req, claim in list(self.claims.items()):
+            if now > claim.deadline:
+                del self.claims[req]
+                claim.token.resolve(UNAVAILABLE)
+        for cid, claim in list(self.handoffs.items()):
+            if now > claim.deadline:  # the last owner said nothing: from its last checkpoint
+                del self.handoffs[cid]
+                log.info("cluster: no final state for %r from its last node within %.1f s; "
+                         "resuming it from its last checkpoint", cid[:100], self.cfg.handoff_timeout)
+                self._rebuild(claim)
+        if self.progress and now - self.last_checkpoint >= self.cfg.checkpoint_seconds:
+            self.last_checkpoint = now
+            self.dirty |= {cid for cid in self.progress if cid in self.bound}
+            self.progress.clear()
+            self.on_turn_end()
+
+    def _beat(self) -> None:
+        try:
+            st = self.state
+            self._write_control(f"n:{self.node}", C.node_record("beat", self.node, self.inc))
+            if st.me_alive():
+                for m in st.silent(self.cfg.node_timeout):
+                    log.warning("cluster: node %s not heard from for %.1f s: declaring it gone",
+                                m.node, self.cfg.node_timeout)
+                    self._write_control(f"n:{m.node}", C.node_record(
+                        "evict", m.node, m.inc, by=self.node, by_inc=self.inc, at=self.wall()))
+                    m.seen = time.monotonic()  # once per timeout, until the record is applied
+                self._fire_timers()
+        except Exception:
+            log.exception("cluster: heartbeat failed")
+        self.beat_handle = self.loop.call_later(self.cfg.heartbeat_seconds, self._beat)
+
+    def _fire_timers(self) -> None:
+        """Wills and expiry of sessions whose node is gone, this node being their executor."""
+        for kind, c in self.state.due(self.wall()):
+            if (c.cid, kind) in self.firing:
+                continue
+            self.firing.add((c.cid, kind))
+            if kind == "expire":
+                self._write_control(f"c:{c.cid}", C.end_record(c, self.node, self.inc,
+                                                               fired=c.will is not None))
+            else:
+                self._write_control(f"c:{c.cid}", C.state_record(
+                    c, self.node, self.inc, will=None, will_at=None, fired=True))
+
+    def _publish_will(self, ev: C.WillDue) -> None:
+        """A will of a client whose node is gone: published as that client's message."""
+        broker = self.broker
+        d = ev.will
+        msg = R.will_message(d, ev.cid, broker.clock(), self.wall())
+        if msg.topic.startswith("$SYS") or not broker.auth.allow_publish(ev.cid, ev.user, msg.topic):
+            return
+        self.counters["wills_fired"] += 1
+        if broker.accepting and not broker.offer(msg, ev.cid, ev.user, 5):
+            return
+        broker.publish(msg, None)
+
+
+def _match(subs, msg, sender: str, cid: str, p: int, off: int):
+    """(qos, retain, sub_ids) of a message for a session's subscriptions (as Broker.route), or
+    None. A subscription made after the message was in the log does not take it."""
+    qos, retain, ids = -1, False, []
+    for sub, since in subs:
+        if not matches(sub.topic_filter, msg.topic):
+            continue
+        if sub.no_local and sender == cid:  # [MQTT-3.8.3-3]
+            continue
+        if since and off < since.get(p, 0):
+            continue
+        if sub.qos > qos:
+            qos = sub.qos
+        retain = retain or (msg.retain and sub.retain_as_published)
+        if sub.sub_id:
+            ids.append(sub.sub_id)
+    if qos < 0:
+        return None
+    return min(qos, msg.qos), retain, tuple(ids) or None
+

@@ -1,0 +1,143 @@
+"""What the cluster writes to Kafka, and reads back.
+
+* messages topic: one record per accepted message, in the analytics sink's record contract
+  (README "Kafka record schema": key = MQTT topic, value = payload, timestamp = accept time,
+  `mqtt.*` headers with the publisher and every MQTT 5 property), plus `mqtt.node` (the node that
+  accepted it). The receiving node counts a Message Expiry Interval from the first acceptance.
+* retained topic: the same record per retained message, keyed by MQTT topic; a null value
+  deletes it (a tombstone: a compacting Kafka keeps only the last record per topic).
+* control topic: JSON objects (cluster/control.py).
+"""
+from __future__ import annotations
+
+import json
+
+from broker.core.message import Message
+from broker.protocol import properties as PR
+from sink.forward.record import SinkRecord, from_kafka, to_kafka
+
+H_NODE = "mqtt.node"
+
+
+def message_record(msg: Message, client_id: str, username: str | None, protocol: int, node: str,
+                   message_id: str, now: float) -> tuple[bytes, bytes, list, int]:
+    """(key, value, headers, timestamp_ms) of an accepted message; `now` is the broker's clock
+    (Message.expires_at is on it)."""
+    rec = SinkRecord(topic=msg.topic, payload=msg.payload, qos=msg.qos, retain=msg.retain,
+                     client_id=client_id, username=username, protocol=protocol,
+                     accepted_at_ms=int(msg.accepted_at * 1000), message_id=message_id)
+    p = msg.props
+    if p:
+        rec.payload_format = p.get(PR.PAYLOAD_FORMAT_INDICATOR)
+        rec.content_type = p.get(PR.CONTENT_TYPE)
+        rec.response_topic = p.get(PR.RESPONSE_TOPIC)
+        rec.correlation_data = p.get(PR.CORRELATION_DATA)
+        rec.user_properties = p.get(PR.USER_PROPERTY)
+    if msg.expires_at is not None:
+        # seconds left now, at its acceptance (the record's timestamp): receivers count from there
+        rec.message_expiry = msg.remaining_expiry(now)
+    key, value, headers, ts = to_kafka(rec)
+    headers.append((H_NODE, node.encode()))
+    return key, value, headers, ts
+
+
+def decode_message(key: bytes, value: bytes | None, headers, timestamp_ms: int, clock_now: float,
+                   wall_now: float) -> tuple[Message, str, str]:
+    """(Message, publisher client id, accepting node) of a messages-topic record."""
+    node = ""
+    rest = []
+    for name, val in headers or ():
+        if name == H_NODE:
+            node = (val or b"").decode()
+        else:
+            rest.append((name, val))
+    r = from_kafka(key, value or b"", rest, timestamp_ms)
+    props: dict = {}
+    if r.payload_format is not None:
+        props[PR.PAYLOAD_FORMAT_INDICATOR] = r.payload_format
+    if r.content_type is not None:
+        props[PR.CONTENT_TYPE] = r.content_type
+    if r.response_topic is not None:
+        props[PR.RESPONSE_TOPIC] = r.response_topic
+    if r.correlation_data is not None:
+        props[PR.CORRELATION_DATA] = r.correlation_data
+    if r.user_properties:
+        props[PR.USER_PROPERTY] = r.user_properties
+    expires_at = None
+    accepted_at = timestamp_ms / 1000.0
+    if r.message_expiry is not None:
+        # [MQTT-3.3.2-6] counted from the first acceptance, on any node
+        expires_at = clock_now + r.message_expiry - max(0.0, wall_now - accepted_at)
+    msg = Message(r.topic, r.payload, r.qos, r.retain, props or None, expires_at, r.client_id,
+                  accepted_at)
+    return msg, r.client_id, node
+
+
+def dumps(obj: dict) -> bytes:
+    return json.dumps(obj, separators=(",", ":")).encode()
+
+
+def loads(raw: bytes | None) -> dict | None:
+    if raw is None:
+        return None
+    return json.loads(raw)
+
+
+# ------------------------------------------------------------------ wills in control records
+def will_to_dict(will, now_wall: float) -> dict | None:
+    """A CONNECT's Will (protocol packets.Will) as JSON: topic, payload (latin-1 text),
+    qos, retain, properties we carry (delay, expiry, the forwarded ones)."""
+    if will is None:
+        return None
+    props = dict(will.properties or {})
+    d = {"topic": will.topic, "payload": bytes(will.payload).decode("latin-1"), "qos": will.qos,
+         "retain": bool(will.retain), "delay": props.pop(PR.WILL_DELAY_INTERVAL, 0) or 0}
+    expiry = props.pop(PR.MESSAGE_EXPIRY_INTERVAL, None)
+    if expiry is not None:
+        d["expiry"] = expiry
+    if props:
+        d["props"] = _props_to_json(props)
+    return d
+
+
+def will_message(d: dict, client_id: str, clock_now: float, wall_now: float) -> Message:
+    props = _props_from_json(d.get("props")) if d.get("props") else None
+    expires_at = clock_now + d["expiry"] if d.get("expiry") is not None else None
+    return Message(d["topic"], d["payload"].encode("latin-1"), d["qos"], d["retain"], props,
+                   expires_at, client_id, wall_now)
+
+
+def will_from_dict(d: dict | None):
+    """The Will back as a protocol packets.Will (for a session restored on another node)."""
+    if d is None:
+        return None
+    from broker.protocol import packets as P
+    props = _props_from_json(d.get("props")) if d.get("props") else {}
+    if d.get("delay"):
+        props[PR.WILL_DELAY_INTERVAL] = d["delay"]
+    if d.get("expiry") is not None:
+        props[PR.MESSAGE_EXPIRY_INTERVAL] = d["expiry"]
+    return P.Will(d["topic"], d["payload"].encode("latin-1"), d["qos"], d["retain"], props or None)
+
+
+def _props_to_json(props: dict) -> dict:
+    out = {}
+    for k, v in props.items():
+        if isinstance(v, (bytes, bytearray)):
+            out[str(k)] = {"b": bytes(v).decode("latin-1")}
+        elif isinstance(v, list):
+            out[str(k)] = [list(x) for x in v]
+        else:
+            out[str(k)] = v
+    return out
+
+
+def _props_from_json(d: dict) -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and "b" in v:
+            v = v["b"].encode("latin-1")
+        elif isinstance(v, list):
+            v = [tuple(x) for x in v]
+        out[int(k)] = v
+    return out

@@ -1,0 +1,367 @@
+"""A cluster of broker processes on one real Kafka (Tansu): routing, retained messages, client-id
+takeover, sessions and wills across nodes, node death (README "Cluster")."""
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+
+import pytest
+
+from broker.protocol import packets as P
+from broker.protocol import properties as PR
+from broker.protocol import reason_codes as rc
+from sink.forward.kafka_embedded import EmbeddedKafka
+from tests.conftest import BrokerProcess
+from tests.integration.helpers import connect, expect_disconnect, uniq
+from tests.mqtt_raw import RawClient
+
+pytestmark = pytest.mark.kafka
+
+NODE_TIMEOUT = 2.0
+
+
+@pytest.fixture(scope="module")
+def kafka(tmp_path_factory):
+    k = EmbeddedKafka(log_file=str(tmp_path_factory.mktemp("tansu") / "tansu.log")).start()
+    yield k
+    k.stop()
+
+
+class Cluster:
+    """Nodes n1..nN of one cluster (their own topic prefix: tests share one Kafka)."""
+
+    def __init__(self, kafka, tmp_path, n: int):
+        self.kafka = kafka
+        self.tmp = tmp_path
+        self.prefix = f"t{uuid.uuid4().hex[:10]}"
+        self.nodes = {}
+        for i in range(1, n + 1):
+            self.start(f"n{i}")
+
+    def settings(self, node_id: str) -> dict:
+        return {"cluster.enabled": True, "cluster.node_id": node_id,
+                "cluster.bootstrap_servers": self.kafka.bootstrap,
+                "cluster.topic_prefix": self.prefix, "cluster.node_timeout": NODE_TIMEOUT,
+                "cluster.heartbeat_seconds": 0.25, "cluster.handoff_timeout": 1.0}
+
+    def start(self, node_id: str, port: int | None = None) -> BrokerProcess:
+        d = self.tmp / node_id
+        d.mkdir(exist_ok=True)
+        b = BrokerProcess(d, self.settings(node_id))
+        if port is not None:  # restart on the same port
+            b.port = port
+            b.cmd[b.cmd.index("--port") + 1] = str(port)
+        self.nodes[node_id] = b.start()
+        return b
+
+    def port(self, node_id: str) -> int:
+        return self.nodes[node_id].port
+
+    def stop(self) -> None:
+        for b in self.nodes.values():
+            b.stop()
+
+
+@pytest.fixture
+def cluster(kafka, tmp_path):
+    made = []
+
+    def make(n: int = 2) -> Cluster:
+        c = Cluster(kafka, tmp_path, n)
+        made.append(c)
+        return c
+
+    yield make
+    for c in made:
+        c.stop()
+
+
+def wait_for(cond, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        v = cond()
+        if v:
+            return v
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def publishes(c: RawClient, n: int, timeout: float = 10.0, ack: bool = True) -> list:
+    """The next n PUBLISH packets (acknowledged unless ack=False)."""
+    got = []
+    deadline = time.monotonic() + timeout
+    while len(got) < n:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise AssertionError(f"got {len(got)} of {n} messages: {got!r}")
+        p = c.recv(left)
+        if p.type != P.PUBLISH:
+            continue
+        got.append(p)
+        if ack and p.qos == 1:
+            c.send(P.Ack(P.PUBACK, p.packet_id))
+        elif ack and p.qos == 2:
+            c.send(P.Ack(P.PUBREC, p.packet_id))
+            c.recv_type(P.PUBREL)
+            c.send(P.Ack(P.PUBCOMP, p.packet_id))
+    return got
+
+
+def pub_qos1(c: RawClient, topic: str, payload: bytes, pid: int, **kw) -> int:
+    c.publish(topic, payload, qos=1, pid=pid, **kw)
+    ack = c.recv_type(P.PUBACK)
+    assert ack.packet_id == pid
+    return ack.reason_code
+
+
+# ------------------------------------------------------------------ routing
+def test_a_message_published_on_one_node_reaches_subscribers_on_the_others_with_its_properties(cluster):
+    """Every MQTT 5 property crosses nodes: QoS downgrade [MQTT-3.8.4-8], retain as published
+    [MQTT-3.3.1-12], the receiving subscription's identifier [MQTT-3.3.4-3], user properties in
+    order [MQTT-3.3.2-18], content type, payload format, response topic, correlation data
+    [MQTT-3.3.2-4] [MQTT-3.3.2-15] [MQTT-3.3.2-16] [MQTT-3.3.2-20], message expiry counted from
+    the first acceptance [MQTT-3.3.2-6]."""
+    c = cluster(3)
+    topic = uniq("props")
+    subs = []
+    for node in ("n2", "n3"):
+        s = connect(c.port(node))
+        s.subscribe(topic, qos=1, retain_as_published=True, properties={PR.SUBSCRIPTION_IDENTIFIER: [7]})
+        subs.append(s)
+    time.sleep(0.3)
+    pub = connect(c.port("n1"))
+    props = {PR.USER_PROPERTY: [("a", "1"), ("b", "2"), ("a", "3")], PR.CONTENT_TYPE: "text/x",
+             PR.PAYLOAD_FORMAT_INDICATOR: 1, PR.RESPONSE_TOPIC: "reply/here",
+             PR.CORRELATION_DATA: b"\x00\x01corr", PR.MESSAGE_EXPIRY_INTERVAL: 60}
+    pub.publish(topic, b"payload", qos=2, pid=3, retain=True, properties=props)
+    assert pub.recv_type(P.PUBREC).reason_code == 0
+    pub.send(P.Ack(P.PUBREL, 3))
+    pub.recv_type(P.PUBCOMP)
+    for s in subs:
+        (m,) = publishes(s, 1)
+        assert (m.topic, m.payload, m.qos, m.retain) == (topic, b"payload", 1, True)
+        p = m.properties
+        assert p[PR.USER_PROPERTY] == [("a", "1"), ("b", "2"), ("a", "3")]
+        assert p[PR.SUBSCRIPTION_IDENTIFIER] == [7]
+        assert (p[PR.CONTENT_TYPE], p[PR.PAYLOAD_FORMAT_INDICATOR], p[PR.RESPONSE_TOPIC],
+                p[PR.CORRELATION_DATA]) == ("text/x", 1, "reply/here", b"\x00\x01corr")
+        assert 55 <= p[PR.MESSAGE_EXPIRY_INTERVAL] <= 60
+
+
+def test_order_per_publisher_and_topic_across_nodes(cluster):
+    c = cluster(2)
+    topic = uniq("order")
+    s = connect(c.port("n2"))
+    s.subscribe(topic, qos=1)
+    pub = connect(c.port("n1"))
+    for i in range(1, 201):
+        pub.publish(topic, b"%d" % i, qos=1 if i % 2 else 0, pid=i if i % 2 else None)
+    got = publishes(s, 200)
+    assert [int(m.payload) for m in got] == list(range(1, 201))
+
+
+def test_no_local_applies_to_the_publishers_client_id_on_every_node(cluster):
+    """[MQTT-3.8.3-3]: not sent back to the client that published it, on whatever node its
+    session is; other subscribers get it."""
+    c = cluster(2)
+    topic = uniq("nolocal")
+    me = f"me-{uuid.uuid4().hex[:8]}"
+    x = connect(c.port("n1"), me, clean_start=False, properties={PR.SESSION_EXPIRY_INTERVAL: 300})
+    x.subscribe(topic, qos=1, no_local=True)
+    other = connect(c.port("n2"))
+    other.subscribe(topic, qos=1)
+    time.sleep(0.2)
+    assert pub_qos1(x, topic, b"from-n1", 1) == 0
+    assert publishes(other, 1)[0].payload == b"from-n1"
+    assert x.nothing(1.0)
+    x.close()
+    x = connect(c.port("n2"), me, clean_start=False, properties={PR.SESSION_EXPIRY_INTERVAL: 300},
+                expect_present=True)
+    assert pub_qos1(x, topic, b"from-n2", 2) == 0
+    assert publishes(other, 1)[0].payload == b"from-n2"
+    assert x.nothing(1.0)
+
+
+# ------------------------------------------------------------------ retained
+def test_retained_messages_are_cluster_wide_and_survive_a_node_restart(cluster):
+    """[MQTT-3.3.1-5] [MQTT-3.3.1-6]: kept in Kafka; a node that starts empty serves them all
+    before it accepts subscribers; an empty payload deletes everywhere."""
+    c = cluster(2)
+    base = uniq("ret")
+    pub = connect(c.port("n1"))
+    for i in range(5):
+        assert pub_qos1(pub, f"{base}/{i}", b"v%d" % i, i + 1, retain=True) in (0, 0x10)
+    s = connect(c.port("n2"))
+    s.subscribe(f"{base}/#", qos=1)
+    got = publishes(s, 5)
+    assert sorted(m.payload for m in got) == [b"v%d" % i for i in range(5)] and all(m.retain for m in got)
+    port = c.port("n2")
+    c.nodes["n2"].kill()
+    c.start("n2", port)
+    s = connect(c.port("n2"))
+    s.subscribe(f"{base}/#", qos=1)
+    assert sorted(m.payload for m in publishes(s, 5)) == [b"v%d" % i for i in range(5)]
+    assert pub_qos1(connect(c.port("n2")), f"{base}/0", b"", 9, retain=True) in (0, 0x10)
+    time.sleep(0.5)
+    s = connect(c.port("n1"))
+    s.subscribe(f"{base}/#", qos=1)
+    assert sorted(m.payload for m in publishes(s, 4)) == [b"v%d" % i for i in range(1, 5)]
+    assert s.nothing(0.5)
+
+
+def test_retained_message_expiry_is_honoured_on_every_node(cluster):
+    c = cluster(2)
+    topic = uniq("retexp")
+    pub = connect(c.port("n1"))
+    pub_qos1(pub, topic, b"short", 1, retain=True, properties={PR.MESSAGE_EXPIRY_INTERVAL: 1})
+    time.sleep(2.2)
+    s = connect(c.port("n2"))
+    s.subscribe(topic, qos=1)
+    assert s.nothing(1.0)  # [MQTT-3.3.2-5] expired: not sent
+
+
+# ------------------------------------------------------------------ takeover
+def test_a_connect_on_another_node_takes_the_client_id_over(cluster):
+    """[MQTT-3.1.4-3]: one live connection per client id in the cluster: the old one gets
+    DISCONNECT 0x8E (Session taken over)."""
+    c = cluster(2)
+    me = f"dev-{uuid.uuid4().hex[:8]}"
+    old = connect(c.port("n1"), me)
+    t0 = time.monotonic()
+    new = connect(c.port("n2"), me)
+    expect_disconnect(old, rc.SESSION_TAKEN_OVER)
+    took = time.monotonic() - t0
+    assert took < 5.0
+    new.send(b"\xc0\x00")
+    assert new.recv_type(P.PINGRESP)
+
+
+def test_concurrent_connects_with_one_client_id_on_two_nodes_leave_exactly_one(cluster):
+    c = cluster(2)
+    for round_ in range(15):
+        me = f"race-{round_}-{uuid.uuid4().hex[:6]}"
+        conns: dict = {}
+
+        def go(node):
+            cl = RawClient(c.port(node))
+            ack = cl.connect(me)
+            conns[node] = (cl, ack)
+
+        ts = [threading.Thread(target=go, args=(n,)) for n in ("n1", "n2")]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(15)
+        time.sleep(0.5)
+        alive = []
+        for node, (cl, ack) in conns.items():
+            if ack.reason_code != 0:
+                continue
+            try:
+                cl.send(b"\xc0\x00")
+                while True:
+                    p = cl.recv(2)
+                    if p.type == P.PINGRESP:
+                        alive.append(node)
+                        break
+                    if p.type == P.DISCONNECT:
+                        assert p.reason_code == rc.SESSION_TAKEN_OVER
+                        break
+            except (ConnectionError, OSError, TimeoutError):
+                pass
+        assert len(alive) == 1, f"round {round_}: live connections on {alive}"
+        for cl, _ in conns.values():
+            cl.close()
+
+
+# ------------------------------------------------------------------ sessions
+def test_a_persistent_session_resumes_on_another_node_after_its_node_is_killed(cluster):
+    """Session present, the subscriptions, every QoS 1 message queued while offline and the
+    unacknowledged in-flight ones resent (redelivery allowed) [MQTT-4.4.0-1]: nothing the
+    cluster acknowledged is lost with the node."""
+    c = cluster(2)
+    me = f"sess-{uuid.uuid4().hex[:8]}"
+    topic = uniq("sess")
+    s = connect(c.port("n1"), me, clean_start=False, properties={PR.SESSION_EXPIRY_INTERVAL: 600})
+    s.subscribe(f"{topic}/#", qos=1)
+    pub = connect(c.port("n2"))
+    for i in range(5):  # in flight to s, never acknowledged
+        assert pub_qos1(pub, f"{topic}/a", b"a%d" % i, i + 1) == 0
+    first = publishes(s, 5, ack=False)
+    assert [m.payload for m in first] == [b"a%d" % i for i in range(5)]
+    time.sleep(1.5)  # a checkpoint
+    c.nodes["n1"].kill()
+    for i in range(5):  # while its node is dead: queued in the log
+        assert pub_qos1(pub, f"{topic}/b", b"b%d" % i, 10 + i) == 0
+    s2 = RawClient(c.port("n2"))
+    ack = s2.connect(me, clean_start=False, properties={PR.SESSION_EXPIRY_INTERVAL: 600})
+    assert ack.reason_code == 0 and ack.session_present
+    got = publishes(s2, 10, timeout=15)
+    payloads = [m.payload for m in got]
+    assert set(payloads) >= {b"a%d" % i for i in range(5)} | {b"b%d" % i for i in range(5)}
+    assert [p for p in payloads if p.startswith(b"a")] == [b"a%d" % i for i in range(5)]
+    assert [p for p in payloads if p.startswith(b"b")] == [b"b%d" % i for i in range(5)]
+    # the subscription came along too: a new message arrives without subscribing again
+    assert pub_qos1(pub, f"{topic}/c", b"after", 20) == 0
+    assert publishes(s2, 1)[0].payload == b"after"
+
+
+def test_a_session_moves_between_live_nodes_with_its_queue(cluster):
+    c = cluster(2)
+    me = f"move-{uuid.uuid4().hex[:8]}"
+    topic = uniq("move")
+    s = connect(c.port("n1"), me, clean_start=False, properties={PR.SESSION_EXPIRY_INTERVAL: 600})
+    s.subscribe(topic, qos=1)
+    s.send(P.Disconnect(0))
+    s.close()
+    pub = connect(c.port("n1"))
+    for i in range(20):
+        assert pub_qos1(pub, topic, b"%d" % i, i + 1) == 0
+    s = connect(c.port("n2"), me, clean_start=False, properties={PR.SESSION_EXPIRY_INTERVAL: 600},
+                expect_present=True)
+    assert [int(m.payload) for m in publishes(s, 20)] == list(range(20))
+    assert s.nothing(0.5)  # each once: the last node handed over its exact state
+
+
+# ------------------------------------------------------------------ wills and node death
+def test_the_will_of_a_client_of_a_killed_node_is_published_by_the_cluster(cluster):
+    """[MQTT-3.1.2-8]: the node died, so the connection ended abnormally: the cluster
+    publishes the will (after its delay) once the node is noticed gone."""
+    c = cluster(2)
+    topic = uniq("will")
+    w = RawClient(c.port("n1"))
+    w.connect(f"w-{uuid.uuid4().hex[:8]}", will=P.Will(topic, b"gone", 1, False))
+    watcher = connect(c.port("n2"))
+    watcher.subscribe(topic, qos=1)
+    time.sleep(0.3)
+    t0 = time.monotonic()
+    c.nodes["n1"].kill()
+    (m,) = publishes(watcher, 1, timeout=NODE_TIMEOUT + 8)
+    assert m.payload == b"gone"
+    assert time.monotonic() - t0 < NODE_TIMEOUT + 5
+    assert watcher.nothing(1.5)  # published once, by one node
+
+
+def test_a_delayed_will_is_not_published_when_the_client_reconnects_elsewhere_first(cluster):
+    """[MQTT-3.1.3-9]: reconnected before the Will Delay Interval: no will."""
+    c = cluster(2)
+    topic = uniq("delay")
+    me = f"wd-{uuid.uuid4().hex[:8]}"
+    w = RawClient(c.port("n1"))
+    w.connect(me, clean_start=False, properties={PR.SESSION_EXPIRY_INTERVAL: 600},
+              will=P.Will(topic, b"late", 1, False, {PR.WILL_DELAY_INTERVAL: 6}))
+    watcher = connect(c.port("n2"))
+    watcher.subscribe(topic, qos=1)
+    c.nodes["n1"].kill()
+    time.sleep(NODE_TIMEOUT + 1)
+    connect(c.port("n2"), me, clean_start=False, properties={PR.SESSION_EXPIRY_INTERVAL: 600},
+            expect_present=True)
+    assert watcher.nothing(6.0)
+
+
+def test_a_node_that_leaves_on_sigterm_tells_its_clients_to_move(cluster):
+    c = cluster(2)
+    cl = connect(c.port("n1"))
+    c.nodes["n1"].stop()
+    expect_disconnect(cl, rc.SERVER_SHUTTING_DOWN)
