@@ -140,11 +140,12 @@ class Reader(threading.Thread):
     """Polls the consumer and applies each batch on the loop (apply(batch) -> None), one at a
     time: the next poll waits until the loop applied the previous batch."""
 
-    def __init__(self, consumer, loop, apply, name: str = "cluster-reader"):
+    def __init__(self, consumer, loop, apply, name: str = "cluster-reader", between=None):
         super().__init__(name=name, daemon=True)
         self.consumer = consumer
         self.loop = loop
         self.apply = apply
+        self.between = between  # called on this thread after each poll (the consumer's thread)
         self.stopping = False
         self.error: Exception | None = None
 
@@ -165,6 +166,8 @@ class Reader(threading.Thread):
                     log.warning("cluster: reading Kafka failed (%s); retrying", exc)
                     time.sleep(1)
                 continue
+            if self.between is not None:
+                self.between()
             if not recs or self.stopping:
                 continue
             done.clear()

@@ -31,6 +31,7 @@ from . import control as C
 from . import records as R
 from .link import (Completions, Reader, Topics, ensure_topics, make_consumer, make_producer,
                    partition_of)
+from .shares import Shares
 
 log = logging.getLogger("cluster")
 
@@ -108,7 +109,9 @@ class ClusterNode(Hook):
         self.progress: set[str] = set()          # ... whose positions moved
         self.ended: set[str] = set()             # sessions ended here this turn
         self.firing: set[tuple] = set()          # timers whose records are on their way
+        self.shares = Shares(self)
         self.ready = False
+        self.stopping = False
         self.fenced = False
         self.beat_handle = None
         self.last_checkpoint = 0.0
@@ -171,9 +174,11 @@ class ClusterNode(Hook):
 
     def on_stop(self) -> None:
         """SIGTERM: the connections were closed (their records written); say this node leaves."""
+        self.stopping = True
         if self.beat_handle is not None:
             self.beat_handle.cancel()
         self.on_turn_end()
+        self.shares.stop()
         if self.producer is not None and self.ready and not self.fenced:
             self._write_control(f"n:{self.node}", C.node_record("leave", self.node, self.inc))
             try:
@@ -351,7 +356,8 @@ class ClusterNode(Hook):
             elif kind is C.Evicted:
                 self.counters["evictions"] += 1
                 if ev.me:
-                    self._fenced()
+                    if not self.stopping:  # (its own `leave` at shutdown is not a fencing)
+                        self._fenced()
                 else:
                     log.warning("cluster: node %s (incarnation %s) is gone; its clients' "
                                 "sessions and wills are taken over by the live nodes",
@@ -618,6 +624,8 @@ class ClusterNode(Hook):
 
     # ------------------------------------------------------------ writing session state
     def on_turn_end(self) -> None:
+        if self.ready:
+            self.shares.reconcile()  # a $share group gained its first member here, or lost its last
         if not (self.dirty or self.ended):
             return
         broker = self.broker
@@ -685,6 +693,7 @@ class ClusterNode(Hook):
 
     # ------------------------------------------------------------ timers
     def on_tick(self) -> None:
+        self.shares.tick()
         now = time.monotonic()
         for req, claim in list(self.claims.items()):
             if now > claim.deadline:

@@ -410,6 +410,24 @@ class Broker:
         sender = self.sessions.get(sender_id) if sender_id is not None else None
         return self.route(msg, sender, shared)
 
+    def deliver_shared(self, msg: Message, key: tuple):
+        """A message for one $share group (key: (group, topic filter)) from the routing hook's
+        stream of that group: to one of this node's members [MQTT-4.8.2-3] at its granted QoS;
+        the member's Session, or None when the group has no member here (any more)."""
+        for k, members in self.router.match(msg.topic)[1]:
+            if k != key:
+                continue
+            s = self.router.pick(key, members)
+            session = s.session
+            if s.read_check and not self.auth.allow_read(session.client_id, session.username,
+                                                          msg.topic):
+                return None
+            qos = s.qos if s.qos < msg.qos else msg.qos
+            session.deliver(msg, qos, msg.retain and s.retain_as_published,
+                            (s.sub_id,) if s.sub_id else None, self.clock())
+            return session
+        return None
+
     def set_retained(self, topic: str, msg: Message | None) -> None:
         """A retained message set (or deleted: None) elsewhere (the cluster's log): kept here
         for new subscriptions, no hook told."""

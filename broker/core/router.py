@@ -20,12 +20,20 @@ class Router:
         self.cache_bytes = cache_bytes if cache_entries > 0 else 0  # 0 entries: no cache
         self.next_member: dict[tuple, int] = {}
         self.count = 0
+        # (group, topic filter) -> members: which $share groups have members here (a cluster
+        # runs a stream per group); shared_version changes whenever a group gains or loses one
+        self.shared_groups: dict[tuple, int] = {}
+        self.shared_version = 0
 
     def add(self, sub) -> bool:
         """Add or replace a subscription [MQTT-3.8.4-3]; True when it is new."""
         key = sub.session.client_id if sub.group is None else (sub.group, sub.session.client_id)
         new = self.trie.add(sub.topic_filter, key, sub)
         self.count += new
+        if new and sub.group is not None:
+            g = (sub.group, sub.topic_filter)
+            self.shared_groups[g] = self.shared_groups.get(g, 0) + 1
+            self.shared_version += 1
         self.cache.clear()
         self.cache_size = 0
         return new
@@ -34,6 +42,14 @@ class Router:
         key = sub.session.client_id if sub.group is None else (sub.group, sub.session.client_id)
         removed = self.trie.remove(sub.topic_filter, key)
         self.count -= removed
+        if removed and sub.group is not None:
+            g = (sub.group, sub.topic_filter)
+            n = self.shared_groups.get(g, 1) - 1
+            if n:
+                self.shared_groups[g] = n
+            else:
+                self.shared_groups.pop(g, None)
+            self.shared_version += 1
         self.cache.clear()
         self.cache_size = 0
         return removed

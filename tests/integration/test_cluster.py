@@ -365,3 +365,42 @@ def test_a_node_that_leaves_on_sigterm_tells_its_clients_to_move(cluster):
     cl = connect(c.port("n1"))
     c.nodes["n1"].stop()
     expect_disconnect(cl, rc.SERVER_SHUTTING_DOWN)
+
+
+# ------------------------------------------------------------------ shared subscriptions
+def test_a_shared_subscription_gives_each_message_to_one_member_across_nodes(cluster):
+    """4.8.2: each message to one member of the group, members on any node; a node's last
+    member leaving moves its share to the others."""
+    c = cluster(2)
+    base = uniq("share")
+    group = f"g{uuid.uuid4().hex[:6]}"
+    m1 = connect(c.port("n1"))
+    m1.subscribe(f"$share/{group}/{base}/#", qos=1)
+    m2 = connect(c.port("n2"))
+    m2.subscribe(f"$share/{group}/{base}/#", qos=1)
+    time.sleep(6)  # both nodes' consumer-group members have joined
+    pub = connect(c.port("n1"))
+    n = 200
+    for i in range(n):
+        assert pub_qos1(pub, f"{base}/{i % 16}", b"%d" % i, i + 1) == 0
+    got1, got2 = [], []
+    deadline = time.monotonic() + 15
+    while len(got1) + len(got2) < n and time.monotonic() < deadline:
+        for cl, got in ((m1, got1), (m2, got2)):
+            try:
+                p = cl.recv(0.2)
+            except TimeoutError:
+                continue
+            if p.type == P.PUBLISH:
+                got.append(int(p.payload))
+                cl.send(P.Ack(P.PUBACK, p.packet_id))
+    assert sorted(got1 + got2) == list(range(n)), (len(got1), len(got2))
+    assert got1 and got2  # both nodes took a share
+    # n1's only member leaves: its partitions move to n2
+    m1.send(P.Disconnect(0))
+    m1.close()
+    time.sleep(NODE_TIMEOUT + 4)
+    for i in range(n, n + 50):
+        assert pub_qos1(pub, f"{base}/{i % 16}", b"%d" % i, (i % 60000) + 1) == 0
+    rest = [int(p.payload) for p in publishes(m2, 50, timeout=20)]
+    assert sorted(set(rest)) == list(range(n, n + 50))
