@@ -577,6 +577,12 @@ def close_all(clients):
 # ----------------------------------------------------------------- scenarios
 
 
+def pub_port(a, i: int) -> int:
+    """Publisher i's port: --pub-ports round robin (a cluster's nodes), else --port."""
+    ports = [int(x) for x in a.pub_ports.split(",")] if a.pub_ports else [a.port]
+    return ports[i % len(ports)]
+
+
 async def run_throughput(a, loop, qos, n_pub, n_sub, sub_topic, pub_topic_fmt):
     meter = Meter(a.broker_pid)
     topics = [pub_topic_fmt.format(i=i) for i in range(n_pub)]
@@ -593,7 +599,8 @@ async def run_throughput(a, loop, qos, n_pub, n_sub, sub_topic, pub_topic_fmt):
         def factory_sub(i):
             return Subscriber(f"bsub{i}-{os.getpid()}", cap=cap)
     subs = await gather_limited(
-        [connect(loop, lambda i=i: factory_sub(i), a.host, a.port) for i in range(n_sub)])
+        [connect(loop, lambda i=i: factory_sub(i), a.host, a.sub_port or a.port)
+         for i in range(n_sub)])
     await asyncio.gather(*(s.subscribe(sub_topic, qos) for s in subs))
     for s in subs:
         if isinstance(s, CountingSubscriber):
@@ -602,7 +609,7 @@ async def run_throughput(a, loop, qos, n_pub, n_sub, sub_topic, pub_topic_fmt):
                 s.set_lowat(a.rcvlowat)
     pubs = await asyncio.gather(*(
         connect(loop, lambda i=i: Publisher(f"bpub{i}-{os.getpid()}", topics[i], qos, a.window, cap=cap),
-                a.host, a.port)
+                a.host, pub_port(a, i))
         for i in range(n_pub)))
     if cap is not None:
         cap.pubs, cap.subs = pubs, subs
@@ -676,10 +683,10 @@ async def run_latency(a, loop):
     meter = Meter(a.broker_pid)
     topic = f"bench/{os.getpid() % 100000:05d}/lat"
     sub = await connect(loop, lambda: Subscriber(f"blsub-{os.getpid()}", latency=True),
-                        a.host, a.port)
+                        a.host, a.sub_port or a.port)
     await sub.subscribe(topic, 0)
     pub = await connect(loop, lambda: LatencyPublisher(f"blpub-{os.getpid()}", topic),
-                        a.host, a.port)
+                        a.host, pub_port(a, 0))
     await asyncio.sleep(0.05)
     rate = a.rate
     tick = a.tick
@@ -817,6 +824,10 @@ def main(argv=None):
                    choices=["qos0_fanin", "qos0_fanout", "qos1_fanin", "qos2", "latency", "conns"])
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, required=True)
+    p.add_argument("--sub-port", type=int, default=0,
+                   help="subscribers connect here (another node of a cluster); 0 = --port")
+    p.add_argument("--pub-ports", default="",
+                   help="publishers connect to these ports, round robin (PORT,PORT...); '' = --port")
     p.add_argument("--mqtt", type=int, choices=[4, 5], default=4, help="protocol level (4 = MQTT 3.1.1)")
     p.add_argument("--warmup", type=float, default=1.0)
     p.add_argument("--duration", type=float, default=5.0)

@@ -7,6 +7,8 @@ import time
 import uuid
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from broker.protocol import packets as P
 from broker.protocol import properties as PR
@@ -404,3 +406,236 @@ def test_a_shared_subscription_gives_each_message_to_one_member_across_nodes(clu
         assert pub_qos1(pub, f"{base}/{i % 16}", b"%d" % i, (i % 60000) + 1) == 0
     rest = [int(p.payload) for p in publishes(m2, 50, timeout=20)]
     assert sorted(set(rest)) == list(range(n, n + 50))
+
+
+# ------------------------------------------------------------------ a node dies under load
+class Device(threading.Thread):
+    """A client that keeps going across node deaths: it reconnects to the next live node (as a
+    device given several addresses does) with its persistent session."""
+
+    def __init__(self, cluster, cid, order, role, topic):
+        super().__init__(daemon=True)
+        self.cluster, self.cid, self.order, self.role, self.topic = cluster, cid, order, role, topic
+        self.stopping = False
+        self.acked: list[int] = []      # publisher: ids the cluster acknowledged
+        self.got: set = set()           # subscriber: (publisher, id) received
+        self.reconnects = 0
+        self.error = None
+
+    def client(self):
+        for _ in range(200):
+            for node in self.order:
+                b = self.cluster.nodes[node]
+                if not b.alive():
+                    continue
+                try:
+                    c = RawClient(b.port, timeout=3)
+                    ack = c.connect(self.cid, clean_start=False,
+                                    properties={PR.SESSION_EXPIRY_INTERVAL: 600})
+                    if ack.reason_code == 0:
+                        return c, ack
+                    c.close()
+                except (OSError, TimeoutError, AssertionError):
+                    pass
+            time.sleep(0.1)
+        raise RuntimeError(f"{self.cid}: no node took the connection")
+
+    def run(self):
+        try:
+            self.run_()
+        except Exception as exc:  # reported by the test
+            self.error = exc
+
+    def run_(self):
+        c, ack = self.client()
+        if self.role == "sub":
+            c.subscribe(f"{self.topic}/#", qos=1)
+        i = 0
+        while not self.stopping:
+            try:
+                if self.role == "pub":
+                    i += 1
+                    c.publish(f"{self.topic}/{self.cid}", b"%d" % i, qos=1, pid=(i % 60000) + 1)
+                    a = c.recv_type(P.PUBACK, timeout=5)
+                    if a.reason_code < 0x80:
+                        self.acked.append(i)
+                    time.sleep(0.005)
+                else:
+                    p = c.recv(0.5)
+                    if p.type == P.PUBLISH:
+                        self.got.add((p.topic.rsplit("/", 1)[1], int(p.payload)))
+                        c.send(P.Ack(P.PUBACK, p.packet_id))
+            except TimeoutError:
+                if self.role == "pub":
+                    i -= 1  # not acknowledged: sent again (a duplicate is allowed)
+                    c.close()
+                    c, _ = self.client()
+                    self.reconnects += 1
+            except (ConnectionError, OSError):
+                if self.role == "pub":
+                    i -= 1
+                c.close()
+                c, _ = self.client()
+                self.reconnects += 1
+        c.close()
+
+
+def test_killing_one_node_of_three_under_load_loses_no_acknowledged_message(cluster):
+    """Publishers and persistent subscribers on every node; one node is killed with SIGKILL:
+    its clients reconnect to the others, and every QoS 1 message any node acknowledged reaches
+    every persistent subscriber (duplicates allowed)."""
+    c = cluster(3)
+    topic = uniq("load")
+    ports = ["n1", "n2", "n3"]
+    subs = [Device(c, f"sub{i}-{uuid.uuid4().hex[:6]}", ports[i:] + ports[:i], "sub", topic)
+            for i in range(3)]
+    for s in subs:
+        s.start()
+    time.sleep(1.0)
+    pubs = [Device(c, f"pub{i}-{uuid.uuid4().hex[:6]}", ports[i:] + ports[:i], "pub", topic)
+            for i in range(3)]
+    for p in pubs:
+        p.start()
+    time.sleep(2.0)
+    c.nodes["n2"].kill()
+    time.sleep(4.0)
+    for p in pubs:
+        p.stopping = True
+    for p in pubs:
+        p.join(30)
+    acked = {(p.cid, i) for p in pubs for i in p.acked}
+    assert all(p.error is None for p in pubs), [p.error for p in pubs]
+    assert len(acked) > 100 and any(p.reconnects for p in pubs)
+    expected = acked
+
+    def complete():
+        return all(expected <= s.got for s in subs)
+    try:
+        wait_for(complete, 30, "every acknowledged message at every persistent subscriber")
+    finally:
+        for s in subs:
+            s.stopping = True
+    for s in subs:
+        s.join(10)
+        assert s.error is None, s.error
+
+
+# ------------------------------------------------------------------ the cluster against one broker
+class Reader(threading.Thread):
+    """Reads one client's packets, acknowledges PUBLISHes (QoS 1 and 2), keeps what it got."""
+
+    def __init__(self, client: RawClient):
+        super().__init__(daemon=True)
+        self.c = client
+        self.got: list = []
+        self.acks: list = []
+        self.stopping = False
+        self.lock = threading.Lock()
+
+    def run(self):
+        c = self.c
+        while not self.stopping:
+            try:
+                p = c.recv(0.2)
+            except TimeoutError:
+                continue
+            except (ConnectionError, OSError):
+                return
+            if p.type == P.PUBLISH:
+                with self.lock:
+                    self.got.append((p.topic, p.payload, p.qos, p.retain))
+                if p.qos == 1:
+                    c.send(P.Ack(P.PUBACK, p.packet_id))
+                elif p.qos == 2:
+                    c.send(P.Ack(P.PUBREC, p.packet_id))
+            elif p.type == P.PUBREL:
+                c.send(P.Ack(P.PUBCOMP, p.packet_id))
+            else:
+                with self.lock:
+                    self.acks.append(p)
+
+    def ack(self, ptype, timeout=10.0):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self.lock:
+                for i, p in enumerate(self.acks):
+                    if p.type == ptype:
+                        return self.acks.pop(i)
+            time.sleep(0.01)
+        raise AssertionError(f"no {P.TYPE_NAMES[ptype]}")
+
+
+client_ops = st.lists(st.tuples(
+    st.integers(0, 2),                                          # which client
+    st.sampled_from(["sub", "unsub", "pub", "pub", "pub"]),
+    st.sampled_from(["a/x", "a/y", "b/x"]),                     # topic
+    st.sampled_from(["a/#", "+/x", "a/x", "#"]),                # filter
+    st.integers(0, 2),                                          # QoS
+    st.booleans()),                                             # retain
+    min_size=3, max_size=14)
+
+
+def run_script(ports: list[int], script, tag: str) -> dict:
+    readers = []
+    for i, port in enumerate(ports):
+        c = RawClient(port)
+        assert c.connect(f"{tag}-{i}").reason_code == 0
+        r = Reader(c)
+        r.start()
+        readers.append(r)
+    pid = 0
+    for k, (who, op, topic, filt, qos, retain) in enumerate(script):
+        r = readers[who]
+        pid += 1
+        if op == "sub":
+            time.sleep(0.4)  # messages published before are settled everywhere
+            r.c.send(P.Subscribe(pid, [(f"{tag}/{filt}", P.SubscriptionOptions(qos))]))
+            r.ack(P.SUBACK)
+        elif op == "unsub":
+            time.sleep(0.4)
+            r.c.send(P.Unsubscribe(pid, [f"{tag}/{filt}"]))
+            r.ack(P.UNSUBACK)
+        else:
+            r.c.publish(f"{tag}/{topic}", b"%d" % k, qos=qos, retain=retain,
+                        pid=pid if qos else None)
+            if qos == 1:
+                r.ack(P.PUBACK)
+            elif qos == 2:
+                r.ack(P.PUBREC)
+                r.c.send(P.Ack(P.PUBREL, pid))
+                r.ack(P.PUBCOMP)
+    time.sleep(1.5)
+    out = {}
+    for i, r in enumerate(readers):
+        r.stopping = True
+        r.join(2)
+        r.c.close()
+        out[i] = [(t.split("/", 1)[1], p, q, rt) for t, p, q, rt in r.got]
+    return out
+
+
+@pytest.fixture(scope="module")
+def oracle_and_cluster(kafka, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("oracle")
+    single = BrokerProcess(tmp, {"persistence.enabled": False}).start()
+    c = Cluster(kafka, tmp, 2)
+    yield single, c
+    single.stop()
+    c.stop()
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(script=client_ops, nodes=st.lists(st.sampled_from(["n1", "n2"]), min_size=3, max_size=3))
+def test_the_cluster_delivers_what_a_single_broker_delivers(oracle_and_cluster, script, nodes):
+    """Clients on random nodes subscribe, unsubscribe and publish (QoS 0-2, retained or not):
+    each gets from the cluster what it gets from one broker: the same messages at the same QoS
+    [MQTT-3.8.4-8], retained ones included [MQTT-3.3.1-9], in the same order per publisher and
+    topic [MQTT-4.6.0-5]."""
+    single, c = oracle_and_cluster
+    tag = f"o{uuid.uuid4().hex[:8]}"
+    want = run_script([single.port] * 3, script, tag)
+    got = run_script([c.port(n) for n in nodes], script, tag + "c")
+    for i in want:
+        assert sorted(got[i]) == sorted(want[i]), f"client {i} on {nodes[i]}"
+        for topic in {m[0] for m in want[i]}:
+            assert [m for m in got[i] if m[0] == topic] == [m for m in want[i] if m[0] == topic]

@@ -1,0 +1,279 @@
+"""Cluster figures (README "Cluster"): one Tansu, broker nodes in cluster mode, bench/loadgen.py.
+
+    .venv/bin/python bench/cluster_bench.py                      # everything
+    .venv/bin/python bench/cluster_bench.py --only latency,failover
+
+Prints, side by side where it applies:
+* latency: a QoS 0 publisher on node 1 and a subscriber on node 2 at 1,000 and 5,000 msg/s:
+  p50 / p99 / p99.9, and the CPU per message of the sending node, the receiving node and Kafka
+  (from /proc, over the measured seconds);
+* fanin: 8 QoS 0 and QoS 1 publishers into one wildcard subscriber: a 1-node cluster (everything
+  on n1) against 2 nodes (publishers spread over n1 and n2, the subscriber on n1), and the same
+  broker without the cluster;
+* takeover: a client id connected on node 1 connects on node 2: time until the new CONNACK and
+  until the old connection's DISCONNECT 0x8E;
+* failover: a node with a connected persistent client and a client with a will is killed with
+  SIGKILL: time until the client, reconnecting to node 2 in a loop, has its session back
+  (CONNACK, session present), and until the will is published (the node noticed gone).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from broker.protocol import packets as P  # noqa: E402
+from broker.protocol import properties as PR  # noqa: E402
+from sink.forward.kafka_embedded import EmbeddedKafka  # noqa: E402
+from tests.mqtt_raw import RawClient  # noqa: E402
+
+PY = sys.executable
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def cpu_seconds(pid: int) -> float:
+    total = 0
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/schedstat") as f:
+                total += int(f.read().split()[0])
+        except FileNotFoundError:
+            pass
+    return total / 1e9
+
+
+class Node:
+    def __init__(self, node_id: str | None, kafka: str | None, tmp: str, prefix: str,
+                 node_timeout: float = 3.0):
+        self.port = free_port()
+        self.node_id = node_id
+        d = os.path.join(tmp, node_id or f"single-{self.port}")
+        os.makedirs(d, exist_ok=True)
+        cmd = [PY, "-m", "broker", "--host", "127.0.0.1", "--port", str(self.port),
+               "--data-dir", d, "--set", "persistence.enabled=false", "--set", "metrics.sys_interval=0"]
+        if node_id:
+            cmd += ["--set", "cluster.enabled=true", "--set", f"cluster.node_id={node_id}",
+                    "--set", f"cluster.bootstrap_servers={kafka}",
+                    "--set", f"cluster.topic_prefix={prefix}",
+                    "--set", f"cluster.node_timeout={node_timeout}",
+                    "--set", "cluster.heartbeat_seconds=0.5"]
+        self.log = open(os.path.join(d, "broker.log"), "ab")
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT,
+                                     env={**os.environ, "PYTHONPATH": ROOT})
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), 0.2).close()
+                break
+            except OSError:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"node {node_id} did not start (see {d}/broker.log)")
+                time.sleep(0.1)
+
+    def stop(self, kill: bool = False) -> None:
+        if self.proc.poll() is None:
+            (self.proc.kill if kill else self.proc.terminate)()
+            self.proc.wait(15)
+        self.log.close()
+
+
+def loadgen(*args) -> dict:
+    out = subprocess.run([PY, os.path.join(ROOT, "bench", "loadgen.py"), *map(str, args)],
+                         capture_output=True, text=True, timeout=600, cwd=ROOT)
+    if out.returncode:
+        raise RuntimeError(out.stderr[-2000:])
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def measured(pids: dict, fn):
+    before = {k: cpu_seconds(p) for k, p in pids.items()}
+    res = fn()
+    after = {k: cpu_seconds(p) for k, p in pids.items()}
+    return res, {k: after[k] - before[k] for k in pids}
+
+
+def bench_latency(kafka, tmp, rates, duration):
+    prefix = f"bench{uuid.uuid4().hex[:6]}"
+    n1, n2 = Node("n1", kafka.bootstrap, tmp, prefix), Node("n2", kafka.bootstrap, tmp, prefix)
+    rows = []
+    try:
+        for rate in rates:
+            pids = {"sending node": n1.proc.pid, "receiving node": n2.proc.pid,
+                    "Kafka": kafka.proc.pid}
+            res, cpu = measured(pids, lambda: loadgen(
+                "--scenario", "latency", "--port", n1.port, "--sub-port", n2.port,
+                "--rate", rate, "--duration", duration, "--warmup", 1, "--mqtt", 5))
+            n = res["sent_total"] or 1
+            lat = res["lat_ms"]
+            rows.append({"rate": rate, "p50_ms": lat["p50"], "p99_ms": lat["p99"],
+                         "p99.9_ms": lat["p99.9"], "delivered": res["delivered_total"],
+                         "sent": res["sent_total"],
+                         **{f"{k} us/msg": round(v / n * 1e6, 1) for k, v in cpu.items()}})
+    finally:
+        n1.stop()
+        n2.stop()
+    print("\n## cross-node latency (QoS 0, publisher on n1, subscriber on n2)")
+    print("| msg/s | p50 ms | p99 ms | p99.9 ms | sending node us/msg | receiving node us/msg | Kafka us/msg |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['rate']:,} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | {r['p99.9_ms']:.2f} | "
+              f"{r['sending node us/msg']} | {r['receiving node us/msg']} | {r['Kafka us/msg']} |")
+    return rows
+
+
+def bench_fanin(kafka, tmp, duration):
+    rows = []
+    for label, nodes in (("no cluster", 0), ("cluster, 1 node", 1), ("cluster, 2 nodes", 2)):
+        prefix = f"bench{uuid.uuid4().hex[:6]}"
+        ns = [Node(None, None, tmp, prefix)] if nodes == 0 else \
+            [Node(f"n{i + 1}", kafka.bootstrap, tmp, prefix) for i in range(nodes)]
+        try:
+            for scen in ("qos0_fanin", "qos1_fanin"):
+                pids = {f"node{i + 1}": n.proc.pid for i, n in enumerate(ns)}
+                if nodes:
+                    pids["Kafka"] = kafka.proc.pid
+                res, cpu = measured(pids, lambda: loadgen(
+                    "--scenario", scen, "--port", ns[0].port,
+                    "--pub-ports", ",".join(str(n.port) for n in ns),
+                    "--publishers", 8, "--subscribers", 1, "--duration", duration, "--warmup", 1,
+                    "--window", 32, "--max-lag", 5000))
+                rows.append({"setup": label, "scenario": scen, "msgs_per_s": res["msgs_per_s"],
+                             "complete": res["drain_complete"],
+                             "cpu_s": {k: round(v, 2) for k, v in cpu.items()}})
+        finally:
+            for n in ns:
+                n.stop()
+    print("\n## fan-in (8 publishers -> 1 wildcard subscriber on node 1; publishers spread over the nodes)")
+    print("| setup | scenario | msg/s | all delivered | CPU seconds |")
+    print("|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['setup']} | {r['scenario']} | {r['msgs_per_s']:,.0f} | {r['complete']} | {r['cpu_s']} |")
+    return rows
+
+
+def bench_takeover(kafka, tmp, rounds):
+    prefix = f"bench{uuid.uuid4().hex[:6]}"
+    n1, n2 = Node("n1", kafka.bootstrap, tmp, prefix), Node("n2", kafka.bootstrap, tmp, prefix)
+    connack, disconnect = [], []
+    try:
+        for i in range(rounds):
+            cid = f"take-{i}-{uuid.uuid4().hex[:6]}"
+            old = RawClient(n1.port)
+            assert old.connect(cid).reason_code == 0
+            t0 = time.perf_counter()
+            new = RawClient(n2.port)
+            assert new.connect(cid).reason_code == 0
+            connack.append(time.perf_counter() - t0)
+            while True:
+                p = old.recv(10)
+                if p.type == P.DISCONNECT:
+                    assert p.reason_code == 0x8E
+                    disconnect.append(time.perf_counter() - t0)
+                    break
+            old.close()
+            new.close()
+    finally:
+        n1.stop()
+        n2.stop()
+    ms = lambda xs, q: sorted(xs)[min(len(xs) - 1, int(len(xs) * q))] * 1000  # noqa: E731
+    print(f"\n## takeover across nodes ({rounds} rounds)")
+    print("| | p50 ms | p99 ms | max ms |")
+    print("|---|---|---|---|")
+    print(f"| new CONNACK on node 2 | {ms(connack, .5):.1f} | {ms(connack, .99):.1f} | {max(connack) * 1000:.1f} |")
+    print(f"| DISCONNECT 0x8E on node 1 | {ms(disconnect, .5):.1f} | {ms(disconnect, .99):.1f} | {max(disconnect) * 1000:.1f} |")
+    return {"connack_ms": [round(x * 1000, 2) for x in connack],
+            "disconnect_ms": [round(x * 1000, 2) for x in disconnect]}
+
+
+def bench_failover(kafka, tmp, node_timeout, rounds):
+    results = []
+    for _ in range(rounds):
+        prefix = f"bench{uuid.uuid4().hex[:6]}"
+        n1 = Node("n1", kafka.bootstrap, tmp, prefix, node_timeout)
+        n2 = Node("n2", kafka.bootstrap, tmp, prefix, node_timeout)
+        try:
+            cid = f"dev-{uuid.uuid4().hex[:6]}"
+            dev = RawClient(n1.port)
+            dev.connect(cid, clean_start=False, properties={PR.SESSION_EXPIRY_INTERVAL: 600})
+            dev.subscribe("fo/#", qos=1)
+            willer = RawClient(n1.port)
+            willer.connect(f"w-{cid}", will=P.Will("fo/will", b"gone", 1, False))
+            watcher = RawClient(n2.port)
+            watcher.connect(f"watch-{cid}")
+            watcher.subscribe("fo/will", qos=1)
+            time.sleep(1.5)
+            t0 = time.perf_counter()
+            n1.stop(kill=True)
+            back = None
+            while back is None:  # a device reconnecting to another address at once, in a loop
+                try:
+                    c = RawClient(n2.port)
+                    ack = c.connect(cid, clean_start=False,
+                                    properties={PR.SESSION_EXPIRY_INTERVAL: 600})
+                    if ack.reason_code == 0 and ack.session_present:
+                        back = time.perf_counter() - t0
+                except (OSError, AssertionError, TimeoutError):
+                    time.sleep(0.05)
+            will = None
+            while will is None:
+                p = watcher.recv(node_timeout + 15)
+                if p.type == P.PUBLISH and p.payload == b"gone":
+                    will = time.perf_counter() - t0
+            results.append((back, will))
+        finally:
+            n1.stop()
+            n2.stop()
+    print(f"\n## failover after SIGKILL of a node (cluster.node_timeout = {node_timeout} s, {rounds} rounds)")
+    print("| | each round, s |")
+    print("|---|---|")
+    print(f"| client served on node 2 with its session | {', '.join(f'{b:.2f}' for b, _ in results)} |")
+    print(f"| will published (the node noticed gone) | {', '.join(f'{w:.2f}' for _, w in results)} |")
+    return [{"session_back_s": b, "will_s": w} for b, w in results]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--only", default="latency,fanin,takeover,failover")
+    ap.add_argument("--rates", default="1000,5000")
+    ap.add_argument("--duration", type=float, default=10.0)
+    ap.add_argument("--rounds", type=int, default=30)
+    ap.add_argument("--node-timeout", type=float, default=3.0)
+    ap.add_argument("--json", help="write the figures here too")
+    a = ap.parse_args()
+    only = set(a.only.split(","))
+    tmp = tempfile.mkdtemp(prefix="cluster-bench-")
+    kafka = EmbeddedKafka(log_file=os.path.join(tmp, "tansu.log")).start()
+    out = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpus": os.cpu_count()}
+    try:
+        if "latency" in only:
+            out["latency"] = bench_latency(kafka, tmp, [int(r) for r in a.rates.split(",")], a.duration)
+        if "fanin" in only:
+            out["fanin"] = bench_fanin(kafka, tmp, a.duration)
+        if "takeover" in only:
+            out["takeover"] = bench_takeover(kafka, tmp, a.rounds)
+        if "failover" in only:
+            out["failover"] = bench_failover(kafka, tmp, a.node_timeout, 3)
+    finally:
+        kafka.stop()
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(out, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
