@@ -260,7 +260,11 @@ class ControlState:
         c = self.clients.get(cid)
         epoch = rec.get("epoch")
         if c is None:
-            # no claim seen: compacted away (replay), so this record is the client's state
+            # no claim seen: compacted away (a replay), so this record is the client's state;
+            # unless its writer is known to be fenced (then the client ended meanwhile)
+            m = self.members.get(rec.get("node"))
+            if rec.get("fired") or (m is not None and (not m.alive or m.inc != rec.get("inc"))):
+                return []  # (an executor's timer record is never a client's only state)
             c = Client(cid, epoch, rec.get("node"), rec.get("inc"))
             self._set_state(c, rec)
             self.clients[cid] = c
@@ -270,7 +274,12 @@ class ControlState:
                 return []
             fired = c.will is not None and rec.get("will") is None and rec.get("fired")
             will, user = c.will, c.user
-            self._set_state(c, rec)
+            if rec.get("node") == c.node and rec.get("inc") == c.inc:
+                self._set_state(c, rec)  # the owner: the whole state
+            elif fired:
+                c.will = c.will_at = None  # the executor of an orphan: only its timer fired
+            else:
+                return []
             if fired:
                 return [WillDue(cid, will, user, rec.get("node"))]
             return []

@@ -253,16 +253,21 @@ class ClusterNode(Hook):
                 batch.token.resolve(batch.failure)
 
     def _write_control(self, key: str, rec: dict | None) -> None:
+        """A control record; acknowledgements asked for after it wait for it too (barrier)."""
         self._send(self.topics.control, key.encode(), None if rec is None else R.dumps(rec),
-                   partition=0)
+                   partition=0, batch=self._batch())
+
+    def _batch(self) -> _Batch:
+        b = self.batch
+        if b is None:
+            b = self.batch = _Batch()
+        return b
 
     # ------------------------------------------------------------ the hook: messages
     def route(self, msg, sender) -> None:
         """An accepted message: to the messages topic (and the retained one); delivered here too
         when this node reads it back, like on every node."""
-        b = self.batch
-        if b is None:
-            b = self.batch = _Batch()
+        b = self._batch()
         client_id = sender.client_id if sender is not None else (msg.sender or "")
         username = sender.username if sender is not None else None
         level = sender.link_level if sender is not None else 5
@@ -282,6 +287,10 @@ class ClusterNode(Hook):
         return self.partitions
 
     def barrier(self) -> Pending | None:
+        """What the acks of this read wait for: every record written since the last barrier,
+        the session records this read changed (a persistent session's SUBSCRIBE) included."""
+        if self.dirty or self.ended:
+            self.on_turn_end()
         b = self.batch
         if b is None:
             return None

@@ -136,7 +136,7 @@ class Connection:
         durable, send the acks as they are; otherwise never a success: v5 the same ack with
         0x80 Unspecified error, 3.1.x has no failure ack: close. [MQTT-4.3.2-4], [MQTT-4.3.3-8]:
         the PUBACK/PUBREC goes out only once the broker owns the message."""
-        self.pending_acks -= len(acks)
+        self.pending_acks -= sum(1 for a in acks if a[0] >> 4 != P.SUBACK)
         if self.state == _CLOSED:
             return
         if failure is not None:
@@ -151,7 +151,14 @@ class Connection:
         props = {PR.REASON_STRING: why} if v5 and self.request_problem_info else None
         session = self.session
         for a in acks:
-            ptype, pid = a[0] >> 4, (a[2] << 8) | a[3]  # an encoded PUBACK/PUBREC
+            ptype, pid = a[0] >> 4, (a[2] << 8) | a[3]  # an encoded PUBACK/PUBREC (or SUBACK)
+            if ptype == P.SUBACK:
+                # the subscriptions could not be made durable: each filter failed
+                # ([MQTT-3.9.3-1] one code per filter; 0x80 is a failure in 3.1.1 and 5)
+                (suback,), _ = decode_one(bytes(a), self.level, 0)
+                self.write(encode(P.Suback(pid, [0x80] * len(suback.reason_codes),
+                                           props if v5 else None), self.level))
+                continue
             if ptype == P.PUBREC and pid in session.inflight_in:
                 # [MQTT-4.3.3-9]: after a PUBREC >= 0x80 a PUBLISH with this id is a new message
                 session.inflight_in.discard(pid)
@@ -159,7 +166,7 @@ class Connection:
                     session.store.qos2_remove(session.client_id, pid)
             if v5:
                 self.write(encode_ack(ptype, pid, rc.UNSPECIFIED_ERROR, props, P.MQTT_5))
-        if acks and not v5:
+        if not v5 and any(a[0] >> 4 != P.SUBACK for a in acks):
             log.warning("closing %s (%s): %s; a 3.1.x client has no failure acknowledgement",
                         self.client_id, self.peer, why)
             self.close(publish_will=True)
@@ -704,7 +711,13 @@ class Connection:
             if session.store is not None:
                 for filt in subscribed:
                     session.store.save_subscription(session.client_id, session.subscriptions[filt])
-        self.write(encode(P.Suback(s.packet_id, codes), self.level))  # one code per filter [MQTT-3.8.4-6]
+        suback = encode(P.Suback(s.packet_id, codes), self.level)  # one code per filter [MQTT-3.8.4-6]
+        if b.durable and subscribed and session.store is not None:
+            # a persistent session's subscriptions are acknowledged once they are durable (the
+            # hooks providing barrier(): the store's commit, the cluster's Kafka write)
+            self.emit(MessageAccepted(s.packet_id, suback))
+        else:
+            self.write(suback)
         now = b.clock()
         skipped = dropped = 0
         for filt, (send, _, topic_filter, qos, sid) in subscribed.items():

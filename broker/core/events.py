@@ -27,7 +27,7 @@ class MessageAccepted(NamedTuple):
     until the message is durable: until the tokens of the hooks providing barrier() resolve
     (core/durability.py). The caller then calls conn.acks_done([ack, ...], failure) once:
     failure None sends them as they are, a reason string sends failures (v5 0x80, 3.1.x
-    closes)."""
+    closes). A persistent session's SUBACK waits the same way (its failure: 0x80 per filter)."""
     packet_id: int
     ack: bytes
 

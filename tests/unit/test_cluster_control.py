@@ -257,7 +257,7 @@ ops = st.lists(st.tuples(st.sampled_from(["claim", "state", "end", "evict", "rej
                min_size=1, max_size=40)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=500, deadline=None)
 @given(ops, st.lists(st.integers(0, 5), min_size=3, max_size=3))
 def test_replicas_that_apply_one_log_agree_and_never_see_two_owners(script, lags):
     """Nodes write records from views that lag the log by different amounts (as they do: each

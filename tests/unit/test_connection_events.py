@@ -11,10 +11,11 @@ from broker.config import MQTTConfig
 from broker.core.broker import Broker
 from broker.core.connection import Connection
 from broker.core.durability import Pending, when_all
-from broker.core.message import Message
 from broker.core.events import NO_EVENTS, AuthRequested, MessageAccepted
 from broker.core.hooks import AllowAll
+from broker.core.message import Message
 from broker.protocol import packets as P
+from broker.protocol import properties as PR
 from broker.protocol import reason_codes as rc
 from broker.protocol.codec import Decoder, encode, encode_ack
 from tests.unit.test_core import Clock
@@ -308,3 +309,25 @@ def test_keep_alive_timeout_on_the_fake_clock():
     conn.check_timeouts(clock())
     (d,) = decode(output(conn))
     assert (d.type, d.reason_code) == (P.DISCONNECT, rc.KEEP_ALIVE_TIMEOUT) and conn.close_requested
+
+
+def test_a_persistent_sessions_suback_waits_for_durability_and_fails_per_filter(tmp_path):
+    """A SUBACK says the subscriptions exist: for a persistent session it waits for the hooks
+    providing barrier(), like a PUBACK; if they fail, every filter gets 0x80 [MQTT-3.9.3-1]."""
+    from broker.store.sqlite import Store
+    b, _ = broker()
+    b.add_hook(Store(str(tmp_path / "state.db")))
+    conn = Connection(b)
+    conn.data_received(encode(P.Connect("keeper", 5, clean_start=False,
+                                        properties={PR.SESSION_EXPIRY_INTERVAL: 60}), 5))
+    output(conn)
+    (ev,) = conn.data_received(encode(P.Subscribe(3, [("a/#", P.SubscriptionOptions(1)),
+                                                      ("b", P.SubscriptionOptions(0))]), 5))
+    assert isinstance(ev, MessageAccepted) and output(conn) == b""
+    conn.acks_done([ev.ack], "disk full")
+    (ack,) = decode(output(conn))
+    assert (ack.type, ack.packet_id, ack.reason_codes) == (P.SUBACK, 3, [0x80, 0x80])
+    assert conn.pending_acks == 0 and not conn.close_requested
+    clean = connected(b)
+    assert clean.data_received(encode(P.Subscribe(4, [("c", P.SubscriptionOptions(1))]), 5)) \
+        is NO_EVENTS  # a clean session's SUBACK does not wait
