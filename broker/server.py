@@ -157,7 +157,8 @@ class Server:
             self._ticker.cancel()
         if self.dashboard is not None:
             await self.dashboard.stop()
-        self.broker.shutdown()
+        self.broker.shutdown(self.config.cluster.server_reference if self.config.cluster.enabled
+                             else None)
         self.flush()  # the DISCONNECTs go out, then the connections close [MQTT-3.14.4-2]
         if self.auth_checks is not None:
             self.auth_checks.close()

@@ -553,11 +553,14 @@ class Broker:
             elif s.queue and s.link is None:
                 s.purge_expired(now)
 
-    def shutdown(self) -> None:
-        """Server shutting down: DISCONNECT 0x8B to v5 clients; wills only if configured."""
+    def shutdown(self, reference: str | None = None) -> None:
+        """Server shutting down: DISCONNECT 0x8B to v5 clients, or 0x9C Use another server with
+        a Server Reference (a cluster node leaving, 4.11); wills only if configured."""
+        code, why = (0x9C, "this node is leaving the cluster: use another server") if reference \
+            else (0x8B, "server shutting down")
         for conn in list(self.connections):
-            conn.server_disconnect(0x8B, "server shutting down",
-                                   publish_will=self.cfg.publish_will_on_shutdown)
+            conn.server_disconnect(code, why, publish_will=self.cfg.publish_will_on_shutdown,
+                                   reference=reference)
 
 
 def _as_hook(obj):

@@ -834,12 +834,16 @@ class Connection:
                 why = f"second CONNECT on a connection ({why})"
             self.server_disconnect(code, why, publish_will=True)
 
-    def server_disconnect(self, code: int, why: str, publish_will: bool = True) -> None:
-        """DISCONNECT with a reason code (v5) and close; 3.1.x connections are just closed."""
+    def server_disconnect(self, code: int, why: str, publish_will: bool = True,
+                          reference: str | None = None) -> None:
+        """DISCONNECT with a reason code (v5) and close; 3.1.x connections are just closed.
+        `reference`: a Server Reference (4.11) telling the client where to go instead."""
         if self.state == _CLOSED:
             return
         if self.level == P.MQTT_5 and self.state == _CONNECTED:
             props = {PR.REASON_STRING: why} if why and self.request_problem_info else None
+            if reference:
+                props = {**(props or {}), PR.SERVER_REFERENCE: reference}
             self.write(encode(P.Disconnect(code, props), P.MQTT_5))
         self.close(publish_will)
 

@@ -639,3 +639,20 @@ def test_the_cluster_delivers_what_a_single_broker_delivers(oracle_and_cluster, 
         assert sorted(got[i]) == sorted(want[i]), f"client {i} on {nodes[i]}"
         for topic in {m[0] for m in want[i]}:
             assert [m for m in got[i] if m[0] == topic] == [m for m in want[i] if m[0] == topic]
+
+
+def test_a_leaving_node_with_a_server_reference_sends_use_another_server(kafka, tmp_path):
+    """4.11: DISCONNECT 0x9C Use another server, with the configured Server Reference."""
+    c = Cluster(kafka, tmp_path, 0)
+    d = tmp_path / "ref"
+    d.mkdir()
+    b = BrokerProcess(d, {**c.settings("n1"), "cluster.server_reference": "mqtt.example:1883"})
+    b.start()
+    try:
+        cl = connect(b.port)
+    finally:
+        b.stop()
+    seen = cl.expect_closed(5)
+    (d,) = [p for p in seen if p.type == P.DISCONNECT]
+    assert d.reason_code == rc.USE_ANOTHER_SERVER
+    assert d.properties[PR.SERVER_REFERENCE] == "mqtt.example:1883"
