@@ -12,6 +12,8 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
   # the dashboard's browser test drives Debian's Chromium through chromedriver (selenium)
   command -v chromium >/dev/null 2>&1 || need+=(chromium)
   command -v chromedriver >/dev/null 2>&1 || need+=(chromium-driver)
+  # the cluster's load balancer (scripts/cluster.sh and its test)
+  command -v haproxy >/dev/null 2>&1 || [ -x /usr/sbin/haproxy ] || need+=(haproxy)
   if [ ${#need[@]} -gt 0 ]; then
     echo "setup: installing ${need[*]}"
     (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null) \

@@ -2,6 +2,10 @@
 takeover, sessions and wills across nodes, node death (README "Cluster")."""
 from __future__ import annotations
 
+import os
+import shutil
+import signal
+import subprocess
 import threading
 import time
 import uuid
@@ -14,7 +18,7 @@ from broker.protocol import packets as P
 from broker.protocol import properties as PR
 from broker.protocol import reason_codes as rc
 from sink.forward.kafka_embedded import EmbeddedKafka
-from tests.conftest import BrokerProcess
+from tests.conftest import ROOT, BrokerProcess
 from tests.integration.helpers import connect, expect_disconnect, uniq
 from tests.mqtt_raw import RawClient
 
@@ -656,3 +660,81 @@ def test_a_leaving_node_with_a_server_reference_sends_use_another_server(kafka, 
     (d,) = [p for p in seen if p.type == P.DISCONNECT]
     assert d.reason_code == rc.USE_ANOTHER_SERVER
     assert d.properties[PR.SERVER_REFERENCE] == "mqtt.example:1883"
+
+
+# ------------------------------------------------------------------ the README's one-host cluster
+@pytest.mark.skipif(shutil.which("haproxy") is None,
+                    reason="haproxy is not installed (scripts/setup.sh installs it as root)")
+def test_the_one_host_cluster_script_serves_clients_through_haproxy_and_survives_a_node(tmp_path):
+    """scripts/cluster.sh as the README shows it: one Tansu, three nodes, HAProxy in front; a
+    subscriber and a publisher through the load balancer, then one node killed: both reconnect
+    through the load balancer to the others and messages flow again."""
+    from tests.conftest import free_port
+    first = _free_run(3)  # the nodes' ports
+    env = {**os.environ, "KAFKA_PORT": str(free_port()), "LB_PORT": str(free_port()),
+           "FIRST_PORT": str(first), "DATA": str(tmp_path / "cl")}
+    lb = int(env["LB_PORT"])
+    out = open(tmp_path / "cluster.out", "wb")
+    proc = subprocess.Popen(["bash", "scripts/cluster.sh", "3"], cwd=ROOT, env=env,
+                            stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        try:
+            wait_for(lambda: _answers(lb), 60, "the load balancer to reach a node")
+        except AssertionError:
+            raise AssertionError((tmp_path / "cluster.out").read_text()) from None
+        for port in range(first, first + 3):
+            wait_for(lambda port=port: _answers(port), 60, f"node on {port}")
+        topic = uniq("lb")
+        sub = connect(lb, f"lbsub-{uuid.uuid4().hex[:6]}", clean_start=False,
+                      properties={PR.SESSION_EXPIRY_INTERVAL: 300})
+        sub.subscribe(f"{topic}/#", qos=1)
+        pub = connect(lb)
+        assert pub_qos1(pub, f"{topic}/1", b"one", 1) == 0
+        assert publishes(sub, 1)[0].payload == b"one"
+        nodes = subprocess.run(["pgrep", "-f", "--", f"--data-dir {tmp_path}/cl/n2"],
+                               capture_output=True, text=True).stdout.split()
+        assert nodes, "node n2 not found"
+        for pid in nodes:
+            os.kill(int(pid), signal.SIGKILL)
+        time.sleep(NODE_TIMEOUT)
+        sub2 = connect(lb)
+        sub2.subscribe(f"{topic}/#", qos=1)
+        pub2 = connect(lb)
+        assert pub_qos1(pub2, f"{topic}/2", b"two", 1) == 0
+        assert publishes(sub2, 1)[0].payload == b"two"
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(30)
+        out.close()
+
+
+def _answers(port: int) -> bool:
+    try:
+        c = RawClient(port, timeout=2)
+        ok = c.connect(f"probe-{uuid.uuid4().hex[:6]}").reason_code == 0
+        c.close()
+        return ok
+    except (OSError, AssertionError, TimeoutError, ConnectionError):
+        return False
+
+
+def _free_run(n: int) -> int:
+    """The first of n consecutive free ports."""
+    import socket
+    for _ in range(100):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            first = s.getsockname()[1]
+        if first + n > 65535:
+            continue
+        ok = True
+        for p in range(first, first + n):
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", p))
+                except OSError:
+                    ok = False
+                    break
+        if ok:
+            return first
+    raise RuntimeError("no run of free ports")
