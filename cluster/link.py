@@ -1,7 +1,6 @@
-"""The cluster's Kafka I/O: its topics, one producer, one consumer thread.
+"""The cluster's Kafka reads: its topics, the consumer thread (writes: cluster/produce.py).
 
-The producer (kafka-python, acks=all, idempotent) is called from the event loop; its
-completions come back to the loop in batches. The consumer reads the control, retained and
+The consumer reads the control, retained and
 messages topics (assigned partitions, no consumer group: every node reads everything) on its own
 thread and hands the loop one batch at a time, waiting until the loop applied it (backpressure:
 a slow loop slows the reading, never grows a queue).
@@ -11,19 +10,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-import zlib
-from collections import deque
 
 log = logging.getLogger("cluster")
-
-# producer settings the cluster needs whatever [cluster.kafka] says
-_FORCED = {"acks": "all"}
-
-
-def partition_of(key: bytes, partitions: int) -> int:
-    """The partition of a record key: the same on every node (CRC-32, computed in C)."""
-    return zlib.crc32(key) % partitions
-
 
 class Topics:
     def __init__(self, prefix: str):
@@ -88,16 +76,6 @@ def _consumer_options(kafka: dict) -> dict:
     return {k: v for k, v in kafka.items() if k not in skip}
 
 
-def make_producer(bootstrap: str, kafka: dict):
-    from kafka import KafkaProducer
-    opts = {"linger_ms": 0, "enable_idempotence": True, "max_block_ms": 2000,
-            "delivery_timeout_ms": 30000, "request_timeout_ms": 10000,
-            "client_id": "mqtt-cluster"}
-    opts.update(kafka)
-    opts.update(_FORCED)
-    return KafkaProducer(bootstrap_servers=bootstrap, **opts)
-
-
 def make_consumer(bootstrap: str, kafka: dict, fetch_wait_ms: int):
     from kafka import KafkaConsumer
     opts = {"enable_auto_commit": False, "fetch_max_wait_ms": fetch_wait_ms,
@@ -105,35 +83,6 @@ def make_consumer(bootstrap: str, kafka: dict, fetch_wait_ms: int):
     opts.update(_consumer_options(kafka))
     opts["group_id"] = None  # every node reads every partition: no consumer group here
     return KafkaConsumer(bootstrap_servers=bootstrap, **opts)
-
-
-class Completions:
-    """Producer completions (from kafka-python's I/O thread) handed to the loop in batches:
-    one call_soon_threadsafe per wake-up, not per record."""
-
-    def __init__(self, loop, handle):
-        self.loop = loop
-        self.handle = handle      # handle(list of (tag, exception or None)) on the loop
-        self.items: deque = deque()
-        self.scheduled = False
-        self.lock = threading.Lock()
-
-    def done(self, tag, exc=None) -> None:
-        with self.lock:
-            self.items.append((tag, exc))
-            if self.scheduled:
-                return
-            self.scheduled = True
-        try:
-            self.loop.call_soon_threadsafe(self._drain)
-        except RuntimeError:  # the loop closed (shutdown)
-            pass
-
-    def _drain(self) -> None:
-        with self.lock:
-            items, self.items = self.items, deque()
-            self.scheduled = False
-        self.handle(items)
 
 
 class Reader(threading.Thread):

@@ -29,8 +29,8 @@ from mqtt_topics import matches
 
 from . import control as C
 from . import records as R
-from .link import (Completions, Reader, Topics, ensure_topics, make_consumer, make_producer,
-                   partition_of)
+from .link import Reader, Topics, ensure_topics, make_consumer
+from .produce import Producer
 from .shares import Shares
 
 log = logging.getLogger("cluster")
@@ -96,7 +96,6 @@ class ClusterNode(Hook):
         self.producer = None
         self.consumer = None
         self.reader: Reader | None = None
-        self.completions: Completions | None = None
         self.batch: _Batch | None = None
         self.routed_upto: dict[int, int] = {}    # messages partition -> next offset to deliver
         self.ids = itertools.count(1)
@@ -132,8 +131,7 @@ class ClusterNode(Hook):
                                self.cfg.replication_factor, self.cfg.kafka)
         self.partitions = counts[self.topics.messages]
         self.state = C.ControlState(self.node, self.inc, time.monotonic)
-        self.producer = make_producer(self.bootstrap, self.cfg.kafka)
-        self.completions = Completions(self.loop, self._completed)
+        self.producer = Producer(self.loop, self.bootstrap, self.cfg.kafka, self._completed)
         from kafka import TopicPartition
         c = self.consumer = make_consumer(self.bootstrap, self.cfg.kafka, self.cfg.fetch_wait_ms)
         msgs = [TopicPartition(self.topics.messages, p) for p in range(self.partitions)]
@@ -150,7 +148,7 @@ class ClusterNode(Hook):
                          "the control and retained topics")
         self._write_control(f"n:{self.node}", C.node_record("join", self.node, self.inc,
                                                             at=self.wall()))
-        self.producer.flush(10)
+        self.producer.kick()
         self._read_until(self.state.me_alive, "this node's join")
         log.info("cluster: node %s joined (incarnation %s) in %.2f s: %d members alive (%s), "
                  "%d clients known, %d retained messages", self.node, self.inc,
@@ -181,17 +179,16 @@ class ClusterNode(Hook):
         self.shares.stop()
         if self.producer is not None and self.ready and not self.fenced:
             self._write_control(f"n:{self.node}", C.node_record("leave", self.node, self.inc))
-            try:
-                self.producer.flush(5)
-            except Exception as exc:
-                log.warning("cluster: could not write everything to Kafka at shutdown: %s", exc)
+            if not self.producer.flush(5):
+                log.warning("cluster: could not write everything to Kafka at shutdown")
         if self.reader is not None:
             self.reader.stop()
             self.reader.join(2)
-        for closeable in (self.producer, self.consumer):
+        if self.producer is not None:
+            self.producer.close()
+        if self.consumer is not None:
             try:
-                if closeable is not None:
-                    closeable.close(timeout=2) if closeable is self.producer else closeable.close()
+                self.consumer.close()
             except Exception:
                 pass
 
@@ -222,40 +219,30 @@ class ClusterNode(Hook):
         return c.node if c is not None else None
 
     # ------------------------------------------------------------ producing
-    def _send(self, topic: str, key: bytes, value: bytes | None, headers=None, ts: int | None = None,
-              partition: int | None = None, batch: _Batch | None = None) -> None:
-        try:
-            fut = self.producer.send(topic, key=key, value=value, headers=headers,
-                                     partition=partition, timestamp_ms=ts)
-        except Exception as exc:  # the producer's buffer is full (Kafka unreachable)
-            self.counters["produce_errors"] += 1
-            if batch is not None:
-                batch.failure = f"the cluster's Kafka is unreachable: {exc}"
-            log.warning("cluster: cannot write to Kafka: %s", exc)
-            return
+    def _send(self, topic: str, key: bytes, value: bytes | None, headers=None,
+              ts: int | None = None, batch: _Batch | None = None) -> None:
         if batch is not None:
             batch.count += 1
-        done = self.completions.done
-        fut.add_callback(lambda _meta, b=batch: done(b))
-        fut.add_errback(lambda exc, b=batch: done(b, exc))
+        self.producer.send(topic, key, value, headers,
+                           int(self.wall() * 1000) if ts is None else ts, batch)
 
     def _completed(self, items) -> None:
-        for batch, exc in items:
-            if exc is not None:
+        """Records Kafka acknowledged (failure None) or gave up on."""
+        for batch, failure in items:
+            if failure is not None:
                 self.counters["produce_errors"] += 1
-                log.warning("cluster: a Kafka write failed: %s", exc)
             if batch is None:
                 continue
             batch.count -= 1
-            if exc is not None and batch.failure is None:
-                batch.failure = f"the cluster's Kafka did not store the message: {exc}"
+            if failure is not None and batch.failure is None:
+                batch.failure = failure
             if batch.token is not None and (batch.count == 0 or batch.failure):
                 batch.token.resolve(batch.failure)
 
     def _write_control(self, key: str, rec: dict | None) -> None:
         """A control record; acknowledgements asked for after it wait for it too (barrier)."""
         self._send(self.topics.control, key.encode(), None if rec is None else R.dumps(rec),
-                   partition=0, batch=self._batch())
+                   batch=self._batch())
 
     def _batch(self) -> _Batch:
         b = self.batch
@@ -275,16 +262,11 @@ class ClusterNode(Hook):
         key, value, headers, ts = R.message_record(msg, client_id, username, level, self.node,
                                                    f"{self.node}-{self.inc}-{next(self.ids)}",
                                                    broker.clock())
-        part = partition_of(key, self.partitions)
-        self._send(self.topics.messages, key, value, headers, ts, part, b)
+        self._send(self.topics.messages, key, value, headers, ts, b)
         self.counters["produced"] += 1
         if msg.retain and broker.cfg.retain_available:
             # [MQTT-3.3.1-5] kept cluster-wide; an empty payload deletes it [MQTT-3.3.1-6]
-            self._send(self.topics.retained, key, value if msg.payload else None, headers, ts,
-                       partition_of(key, self._retained_partitions()), b)
-
-    def _retained_partitions(self) -> int:
-        return self.partitions
+            self._send(self.topics.retained, key, value if msg.payload else None, headers, ts, b)
 
     def barrier(self) -> Pending | None:
         """What the acks of this read wait for: every record written since the last barrier,
@@ -333,8 +315,11 @@ class ClusterNode(Hook):
                 continue
             p = tp.partition
             deliver = broker.deliver
+            match = broker.router.match  # cached per topic
             n = 0
             for r in rs:
+                if not match((r.key or b"").decode(errors="replace"))[0]:
+                    continue  # no subscriber here: not decoded (shared groups have their streams)
                 msg, sender, _ = R.decode_message(r.key, r.value, r.headers, r.timestamp,
                                                   clock_now, wall_now)
                 msg.store_id = (p, r.offset)  # its place in the log: persistent sessions' progress
