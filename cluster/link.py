@@ -92,10 +92,10 @@ class Reader(threading.Thread):
     # Tansu answers a fetch only when its wait ends, even if records arrive meanwhile, so the
     # fetch wait (cluster.fetch_wait_ms, 5) bounds the latency; but 200 fetches a second cost
     # ~16% of a core through kafka-python on an idle node. After IDLE_AFTER seconds without a
-    # record the reader pauses IDLE_PAUSE between polls (~10x fewer fetches); the first record
-    # after a quiet spell may wait up to that much longer, the following ones do not.
+    # record the fetch wait becomes IDLE_WAIT_MS (~10x fewer fetches); the first record after a
+    # quiet spell may wait up to that much, the following ones do not.
     IDLE_AFTER = 0.2
-    IDLE_PAUSE = 0.05
+    IDLE_WAIT_MS = 50
 
     def __init__(self, consumer, loop, apply, name: str = "cluster-reader", between=None):
         super().__init__(name=name, daemon=True)
@@ -116,10 +116,15 @@ class Reader(threading.Thread):
             finally:
                 done.set()
 
+        fetcher_config = getattr(getattr(self.consumer, "_fetcher", None), "config", None)
+        busy_wait = fetcher_config.get("fetch_max_wait_ms") if fetcher_config else None
         while not self.stopping:
-            idle = time.monotonic() - self.last_records > self.IDLE_AFTER
+            if busy_wait is not None:  # kafka-python reads it for each fetch request it makes
+                idle = time.monotonic() - self.last_records > self.IDLE_AFTER
+                fetcher_config["fetch_max_wait_ms"] = max(busy_wait, self.IDLE_WAIT_MS) \
+                    if idle else busy_wait
             try:
-                recs = self.consumer.poll(timeout_ms=10 if idle else 200)
+                recs = self.consumer.poll(timeout_ms=200)
             except Exception as exc:  # Kafka unreachable: kafka-python retries inside poll
                 if not self.stopping:
                     log.warning("cluster: reading Kafka failed (%s); retrying", exc)
@@ -128,8 +133,6 @@ class Reader(threading.Thread):
             if self.between is not None:
                 self.between()
             if not recs or self.stopping:
-                if idle:
-                    time.sleep(self.IDLE_PAUSE)
                 continue
             self.last_records = time.monotonic()
             done.clear()

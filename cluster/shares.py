@@ -79,6 +79,9 @@ class ShareStream:
             def on_partitions_assigned(self, assigned):
                 with stream.lock:
                     stream.assigned |= {tp.partition for tp in assigned}
+                log.info("cluster: $share/%s/%s: partitions %s of the messages topic are this "
+                         "node's", stream.group, stream.filter[:100],
+                         sorted(stream.assigned) or "none")
 
         c.subscribe([topic], listener=Listener())
         self.reader = Reader(c, self.node.loop, self._apply, name=f"cluster-share-{self.group}",
