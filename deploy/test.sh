@@ -141,15 +141,69 @@ done
 ok "images built in ${BUILD_SECONDS}s, each with its HEALTHCHECK"
 podman run --rm --network=none localhost/mqtt-broker:latest python -c 'import pyspark' 2>/dev/null \
   && fail "the broker image has PySpark in it"
-[ "$(podman run --rm --network=none localhost/mqtt-broker:latest id -u)" = 10001 ] \
+[ "$(podman run --rm --network=none localhost/mqtt-broker:latest id -u 2>/dev/null)" = 10001 ] \
   || fail "the broker image does not run as uid 10001"
-[ "$(podman run --rm --network=none localhost/mqtt-job:latest id -u)" = 10001 ] \
+[ "$(podman run --rm --network=none localhost/mqtt-job:latest id -u 2>/dev/null)" = 10001 ] \
   || fail "the job image does not run as uid 10001"
 ok "the broker image has no PySpark; both run as the unprivileged user mqtt"
+
+# ---- the systemd unit, started by systemd --------------------------------------------------
+# systemd as PID 1 in a container made from the broker image (its /opt/venv as the unit's
+# /opt/broker/.venv). Privileged, so that systemd can build the unit's sandbox (mount namespace,
+# seccomp, no capabilities): without that it skips them silently. No network.
+UNIT_CT=mqtt-deploy-test-systemd
+podman rm -f "$UNIT_CT" >/dev/null 2>&1 || true
+trap 'podman rm -f "$UNIT_CT" >/dev/null 2>&1' EXIT
+podman build -q -t localhost/mqtt-broker-systemd:latest -f - "$W" >"$W/build-systemd.log" 2>&1 \
+  <<'CONTAINERFILE' || { tail -20 "$W/build-systemd.log"; fail "build of the systemd test image"; }
+FROM localhost/mqtt-broker:latest
+USER root
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends systemd systemd-sysv procps mosquitto-clients \
+ && apt-get clean && rm -rf /var/lib/apt/lists/* \
+ && ln -s /opt/venv /opt/broker/.venv && usermod --home /var/lib/broker mqtt
+CMD ["/sbin/init"]
+CONTAINERFILE
+podman run -d --name "$UNIT_CT" --systemd=always --privileged --network=none \
+  -v "$ROOT/deploy/broker.service:/etc/systemd/system/broker.service:ro" \
+  localhost/mqtt-broker-systemd:latest >/dev/null 2>"$W/systemd-run.log" \
+  || { cat "$W/systemd-run.log"; fail "systemd container"; }
+unit() { podman exec "$UNIT_CT" sh -c "$1"; }
+unit_log() { unit 'journalctl -u broker -o cat --no-pager' | tail -"${1:-20}"; }
+within 30 unit 'case "$(systemctl is-system-running)" in running|degraded) ;; *) exit 1;; esac' \
+  || fail "systemd did not come up in the container"
+unit 'systemd-analyze verify broker.service' || fail "systemd-analyze verify broker.service"
+ok "systemd-analyze verify deploy/broker.service"
+# the layout the unit is written for: state and spool in /var/lib/broker; the sink on, with the
+# embedded Kafka (Tansu) started by the broker inside the unit's sandbox
+unit 'mkdir -p /etc/systemd/system/broker.service.d && printf "[Service]\nEnvironment=MQTT_BROKER_SINK__ENABLED=true MQTT_BROKER_SINK__BOOTSTRAP_SERVERS= MQTT_BROKER_SINK__SPOOL_DIR=\n" >/etc/systemd/system/broker.service.d/test.conf && systemctl daemon-reload'
+unit 'runuser -u mqtt -- python -m broker.auth passwd /etc/broker/auth/passwd add alice --password pw' \
+  >/dev/null || fail "password file in the systemd container"
+unit 'systemctl start broker' || { unit_log; fail "systemctl start broker"; }
+# Type=notify: `systemctl start` has returned, so the broker listens now (no retry)
+unit 'python /opt/broker/deploy/healthcheck.py' || fail "systemctl start returned before the broker listened"
+unit 'P=$(systemctl show -p MainPID --value broker)
+      awk "\$5 == \"/\" {print \$6}" /proc/$P/mountinfo | grep -q "^ro," &&
+      awk "\$5 == \"/var/lib/broker\" {print \$6}" /proc/$P/mountinfo | grep -q "^rw," &&
+      grep -q "^NoNewPrivs:.1" /proc/$P/status && grep -q "^Seccomp:.2" /proc/$P/status &&
+      grep -q "^CapEff:.0000000000000000" /proc/$P/status' \
+  || fail "the broker runs without its sandbox (read-only /, writable /var/lib/broker, no new privileges, seccomp, no capabilities)"
+unit 'mosquitto_pub -u alice -P pw -q 1 -t unit/test -m hello' || fail "QoS 1 publish to the unit's broker"
+unit 'systemctl reload broker' || { unit_log; fail "systemctl reload broker"; }
+unit 'systemctl stop broker' || { unit_log; fail "systemctl stop broker"; }
+[ "$(unit 'systemctl show -p Result --value broker')" = success ] || { unit_log; fail "the unit's stop"; }
+unit_log 100 | grep -q "forwarded=1, 0 records left in the spool" \
+  || { unit_log; fail "the unit's broker did not forward the message to its embedded Kafka"; }
+unit 'printf "[Service]\nEnvironment=MQTT_BROKER_PORT=1\n" >/etc/systemd/system/broker.service.d/port.conf && systemctl daemon-reload'
+unit 'systemctl start broker' 2>/dev/null && fail "systemctl start succeeded though the broker cannot listen on port 1"
+exposure=$(unit "systemd-analyze security broker --no-pager" 2>/dev/null | tail -1)
+podman rm -f "$UNIT_CT" >/dev/null 2>&1
+ok "the unit under systemd: start returns once MQTT listens; sandboxed; QoS 1 forwarded to its embedded Kafka; reload; clean stop; a broker that cannot listen fails the start; ${exposure#→ }"
 
 # ---- the stack -------------------------------------------------------------------------------
 teardown() {
   rc=$?
+  podman rm -f "$UNIT_CT" >/dev/null 2>&1 || true
   if [ $rc -ne 0 ]; then
     for c in kafka broker history; do
       echo "---- last lines of $c's log"; podman logs --tail 25 "${PROJECT}_${c}_1" 2>&1 | quiet
