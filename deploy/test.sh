@@ -15,6 +15,7 @@
 #                         reachable) instead of localhost/debian:bookworm made with debootstrap
 # DEPLOY_TEST_FRESH=1     make the base again and build without the cache
 # DEPLOY_TEST_KEEP=1      leave the stack running at the end (tear down: the `down -v` it prints)
+# Exit status: 0 passed, 1 failed, 2 not root, 77 containers cannot run on this machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -123,6 +124,11 @@ EOF
   fi
 fi
 say "base image $BASE_IMAGE"
+# exit status 77: this machine cannot run containers at all (scripts/test.sh reports a skip)
+if ! out=$(podman run --rm --network=none "$BASE_IMAGE" true 2>&1); then
+  say "SKIPPED: containers cannot run on this machine: $(echo "$out" | quiet | tail -1)"
+  exit 77
+fi
 
 # ---- images ----------------------------------------------------------------------------------
 compose down -v >/dev/null 2>&1 || true        # what an interrupted run left
@@ -217,7 +223,8 @@ teardown() {
            podman volume ls --filter "name=^${PROJECT}_" --format '{{.Name}}')
     [ -z "$left" ] || { say "FAILED: not torn down: $left"; rc=1; }
   fi
-  [ $rc -eq 0 ] && say "$CHECKS checks passed in $((SECONDS - START))s (images built in ${BUILD_SECONDS}s)"
+  [ $rc -eq 0 ] && say "passed in $((SECONDS - START))s (images built in ${BUILD_SECONDS}s)"
+  echo "deploy/test.sh: $CHECKS passed, $((rc == 0 ? 0 : 1)) failed"
   exit $rc
 }
 trap teardown EXIT
