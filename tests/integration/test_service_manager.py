@@ -4,6 +4,7 @@ accepts connections, and "STOPPING=1" when a stop begins. A datagram socket here
 systemd's."""
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -35,17 +36,29 @@ def accepts(port: int) -> bool:
         return False
 
 
+@contextlib.contextmanager
+def broker_told(tmp_path, notify_socket_env: str, settings: dict | None = None):
+    """A broker process started with NOTIFY_SOCKET set, killed at the end if still running."""
+    broker = BrokerProcess(tmp_path, settings=settings)
+    with open(broker.log_path, "ab") as log:
+        proc = subprocess.Popen(broker.cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                                env={**os.environ, "PYTHONPATH": str(ROOT),
+                                     "NOTIFY_SOCKET": notify_socket_env})
+        try:
+            yield broker, proc
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
 @pytest.mark.parametrize("kind", ["path", "abstract"])
 def test_ready_is_sent_once_every_listener_accepts_and_stopping_at_sigterm(tmp_path, kind):
     sock, address = notify_socket(tmp_path, kind)
     metrics_port, dashboard_port = free_port(), free_port()
-    broker = BrokerProcess(tmp_path, settings={
-        "metrics.enabled": True, "metrics.port": metrics_port,
-        "dashboard.enabled": True, "dashboard.port": dashboard_port})
-    log = open(broker.log_path, "ab")
-    proc = subprocess.Popen(broker.cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                            env={**os.environ, "PYTHONPATH": str(ROOT), "NOTIFY_SOCKET": address})
-    try:
+    settings = {"metrics.enabled": True, "metrics.port": metrics_port,
+                "dashboard.enabled": True, "dashboard.port": dashboard_port}
+    with sock, broker_told(tmp_path, address, settings) as (broker, proc):
         sock.settimeout(60)
         ready = sock.recv(4096)
         # no retry: at the moment READY=1 arrives, every port already listens
@@ -55,23 +68,13 @@ def test_ready_is_sent_once_every_listener_accepts_and_stopping_at_sigterm(tmp_p
         proc.send_signal(signal.SIGTERM)
         assert sock.recv(4096) == b"STOPPING=1"
         assert proc.wait(30) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        log.close()
-        sock.close()
 
 
 def test_a_notify_socket_nobody_listens_on_is_a_warning_not_a_failure(tmp_path):
     """A stale NOTIFY_SOCKET (e.g. inherited from a shell) must not stop the broker."""
-    broker = BrokerProcess(tmp_path)
     gone = str(tmp_path / "nobody.sock")
-    log = open(broker.log_path, "ab")
-    proc = subprocess.Popen(broker.cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                            env={**os.environ, "PYTHONPATH": str(ROOT), "NOTIFY_SOCKET": gone})
     warning = f"cannot tell the service manager READY=1 at NOTIFY_SOCKET={gone}"
-    try:
+    with broker_told(tmp_path, gone) as (broker, proc):
         deadline = time.monotonic() + 60
         while warning not in broker.log_path.read_text() and proc.poll() is None \
                 and time.monotonic() < deadline:
@@ -80,8 +83,3 @@ def test_a_notify_socket_nobody_listens_on_is_a_warning_not_a_failure(tmp_path):
         assert accepts(broker.port)  # serving all the same
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        log.close()
