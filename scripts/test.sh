@@ -14,8 +14,8 @@ if [ $rc -eq 0 ] && [ $# -eq 0 ]; then
   MQTT_PURE_PYTHON=1 .venv/bin/python -m pytest -q tests/unit
   rc=$?
 fi
-# The deployment files in containers (deploy/test.sh, about 1.5 min with its images cached, 5 on a
-# new machine): DEPLOY_TEST=1 always, DEPLOY_TEST=0 never; unset: in CI (CI=true) as root.
+# The deployment files in containers (deploy/test.sh: 1.5-4 min with its images cached, up to 9
+# building them): DEPLOY_TEST=1 always, DEPLOY_TEST=0 never; unset: in CI (CI=true) as root.
 if [ $rc -eq 0 ] && [ $# -eq 0 ]; then
   deploy=${DEPLOY_TEST:-}
   [ -z "$deploy" ] && { [ "${CI:-}" = true ] && [ "$(id -u)" = 0 ] && deploy=1 || deploy=0; }
