@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import os
 import signal
 import socket
 from functools import partial
@@ -177,8 +178,26 @@ async def serve(config: Config, auth=None, hooks=()) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     loop.add_signal_handler(signal.SIGHUP, server.reload_tls)
+    notify_service_manager("READY=1")  # every listener is up (systemd Type=notify)
     await stop.wait()
+    notify_service_manager("STOPPING=1")
     await server.stop()
+
+
+def notify_service_manager(state: str) -> None:
+    """sd_notify(3) without libsystemd: one datagram to the socket in $NOTIFY_SOCKET (set by
+    systemd for Type=notify units; "@name" is an abstract socket). Nothing when it is unset."""
+    path = os.environ.get("NOTIFY_SOCKET")
+    if not path:
+        return
+    if path[0] == "@":
+        path = "\0" + path[1:]
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+            s.sendto(state.encode(), path)
+    except OSError as exc:
+        log.warning("cannot tell the service manager %s at NOTIFY_SOCKET=%s: %s", state,
+                    os.environ["NOTIFY_SOCKET"], exc)
 
 
 def log_codec() -> None:

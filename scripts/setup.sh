@@ -28,7 +28,7 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 stamp=.venv/.requirements.sha
-want=$(cat requirements.txt requirements-dev.txt requirements-build.txt | sha256sum | cut -d' ' -f1)
+want=$(cat requirements-broker.txt requirements.txt requirements-dev.txt requirements-build.txt | sha256sum | cut -d' ' -f1)
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   echo "setup: installing pinned Python packages into .venv"
   .venv/bin/python -m pip install -q --upgrade pip

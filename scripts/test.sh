@@ -14,6 +14,23 @@ if [ $rc -eq 0 ] && [ $# -eq 0 ]; then
   MQTT_PURE_PYTHON=1 .venv/bin/python -m pytest -q tests/unit
   rc=$?
 fi
+# The deployment files in containers (deploy/test.sh: 1.5-4 min with its images cached, up to 9
+# building them): DEPLOY_TEST=1 always, DEPLOY_TEST=0 never; unset: in CI (CI=true) as root.
+if [ $rc -eq 0 ] && [ $# -eq 0 ]; then
+  deploy=${DEPLOY_TEST:-}
+  [ -z "$deploy" ] && { [ "${CI:-}" = true ] && [ "$(id -u)" = 0 ] && deploy=1 || deploy=0; }
+  if [ "$deploy" = 1 ]; then
+    echo "test.sh: the deployment files in containers (bash deploy/test.sh)"
+    bash deploy/test.sh
+    rc=$?
+    if [ $rc -eq 77 ] && [ -z "${DEPLOY_TEST:-}" ]; then
+      echo "test.sh: deploy/test.sh skipped: this machine cannot run containers (see above)"
+      rc=0
+    fi
+  else
+    echo "test.sh: deploy/test.sh not run (DEPLOY_TEST=1 runs it; CI runs it as root)"
+  fi
+fi
 set -e
 if [ $rc -eq 5 ]; then
   echo "test.sh: pytest collected no tests: that is a failure" >&2

@@ -216,7 +216,13 @@ class HistoryClient:
     def _session(self):
         with self._lock:
             if self._spark is None:
-                from pyspark.sql import SparkSession
+                try:
+                    from pyspark.sql import SparkSession
+                except ImportError as exc:  # e.g. the broker's container image: no Spark in it
+                    raise JobNotRunning(
+                        f"history charts need the Spark Connect client in the broker's Python "
+                        f"environment (pip install 'pyspark[connect]'), which has none ({exc}); "
+                        f"query the history where the job runs: python -m sink.query") from None
                 self._spark = SparkSession.builder.remote(self.url).create()
             return self._spark
 

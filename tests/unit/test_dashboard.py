@@ -202,3 +202,16 @@ def test_history_connection_loss_reads_as_job_not_running():
     with pytest.raises(JobNotRunning, match="history job is not running"):
         h._answer(make_query("a/#", None, None, 31))
     h.close()
+
+
+def test_history_without_a_spark_client_says_so(monkeypatch):
+    """A broker without pyspark (its container image) answers history questions with a message
+    saying what is missing (503 through JobNotRunning), not a 500 with a traceback."""
+    import sys
+
+    from broker.dashboard.history import HistoryClient, JobNotRunning
+    monkeypatch.setitem(sys.modules, "pyspark.sql", None)  # import raises ImportError
+    h = HistoryClient("sc://127.0.0.1:1", 5, "python -m sink.job")
+    with pytest.raises(JobNotRunning, match=r"need the Spark Connect client .*python -m sink.query"):
+        h._answer(make_query("a/#", None, None, 31))
+    h.close()
