@@ -110,8 +110,12 @@ def main(argv=None) -> int:
     try:
         asyncio.run(serve(cfg, sink=sink, store=store, auth=auth))
     except OSError as exc:
-        log.error("cannot listen on %s:%s: %s (is another broker running? use --port)",
-                  cfg.host, cfg.port, exc)
+        from .server import ListenError
+        if isinstance(exc, ListenError):  # names the listener that failed
+            log.error("%s (is another broker running? choose another port)", exc.strerror)
+        else:
+            log.error("cannot listen on %s:%s: %s (is another broker running? use --port)",
+                      cfg.host, cfg.port, exc)
         return 1
     finally:
         if sink is not None:
