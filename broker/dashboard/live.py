@@ -108,10 +108,10 @@ class Sampler:
                 "dropped": dropped(c), "bytes_in": bytes_in, "bytes_out": bytes_out}
 
     def sample(self) -> dict:
-        now, wall = time.monotonic(), time.time()
+        now, ms = time.monotonic(), int(time.time() * 1000)
         c = self.counters()
         st = self.view.stats()
-        point = {"t": iso(wall), "connections": st["connections"], "sessions": st["sessions"],
+        point = {"t": iso(ms / 1000), "connections": st["connections"], "sessions": st["sessions"],
                  "subscriptions": st["subscriptions"], "retained": st["retained"]}
         last = self._last
         if last is not None:
@@ -134,12 +134,15 @@ class Sampler:
         if self.topics is not None:
             self.topics.sample(now)
         if "in" in point:
-            point["_t"] = wall
+            point["_ms"] = ms
             self.points.append(point)
         return point
 
     def series(self, since: float = 0.0) -> list[dict]:
-        return [{k: v for k, v in p.items() if k != "_t"} for p in self.points if p["_t"] > since]
+        """Points after `since` (epoch seconds; a point's own "t" gives the points after it)."""
+        since_ms = round(since * 1000)
+        return [{k: v for k, v in p.items() if k != "_ms"} for p in self.points
+                if p["_ms"] > since_ms]
 
 
 def sink_stats(sink) -> dict:
