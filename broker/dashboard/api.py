@@ -255,6 +255,7 @@ class Dashboard:
         while True:
             try:
                 self.sampler.sample()
+                self.sessions.expire(self.sessions.clock())
                 if self.accounts.reload():  # changed on disk: sessions of changed accounts end
                     self._revalidate_sessions()
             except Exception:
