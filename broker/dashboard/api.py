@@ -508,8 +508,7 @@ class Dashboard:
             "matched": matched})
 
     async def v1_delete_retained(self, request):
-        p = Params(request, "topic")
-        topic = p.q.get("topic")
+        topic = Params(request, "topic").text("topic", limit=65535)
         if not topic:
             raise BadRequest("give the retained message's topic: ?topic=a/b")
         ok = self.admin.delete_retained(topic)
