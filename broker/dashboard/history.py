@@ -194,6 +194,7 @@ class HistoryClient:
         self._waiting = 0
         self._idle = None
         self.started = 0   # worker processes started so far
+        self.command = [sys.executable, "-m", "broker.dashboard.history_worker", url]
 
     def not_running(self) -> str:
         return (f"the history job is not running (start it with {self.start_hint}); the "
@@ -232,8 +233,7 @@ class HistoryClient:
             return p
         env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
         self.proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "broker.dashboard.history_worker", self.url,
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, env=env, cwd=ROOT,
+            *self.command, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, env=env, cwd=ROOT,
             limit=64 << 20)
         self.started += 1
         log.info("history: started the worker process (pid %d) for %s", self.proc.pid, self.url)
