@@ -33,6 +33,7 @@ def log_in(driver, url: str, user: str, password: str) -> None:
     driver.find_element("id", "login-password").send_keys(password)
     driver.find_element("id", "login-submit").click()
     wait(lambda: driver.find_element("id", "main").is_displayed(), "the page after logging in")
+    assert not driver.find_element("id", "login").is_displayed(), "the login form stayed"
 
 
 def wait(check, what: str, timeout: float = 60.0, every: float = 0.25):

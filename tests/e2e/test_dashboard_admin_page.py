@@ -106,6 +106,7 @@ def test_the_login_form_says_what_was_wrong(make_broker, tmp_path, browser):
     d.get(b.dashboard + "/")
     wait(lambda: d.find_element("id", "login").is_displayed(), "the login form")
     assert not d.find_element("id", "main").is_displayed()
+    assert d.find_element("id", "login-message").get_attribute("class") == "note"  # no error yet
     d.find_element("id", "login-user").send_keys(ADMIN)
     d.find_element("id", "login-password").send_keys("nope")
     d.find_element("id", "login-submit").click()

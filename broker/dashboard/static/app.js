@@ -46,7 +46,7 @@ async function api(path, method = "GET", body = undefined) {
   if (!res.ok) {
     const err = new Error((data && data.error) || ("HTTP " + res.status));
     err.status = res.status;
-    if (res.status === 401 && path !== "api/login") showLogin("Your session ended: log in again.");
+    if (res.status === 401 && path !== "api/login" && session.me) showLogin("Your session ended: log in again.");
     throw err;
   }
   return data;
@@ -475,4 +475,4 @@ function start(me) {
   ticker = setInterval(() => { if (session.me) live.tick(); }, 2000);
 }
 
-api("api/me").then(start).catch((e) => { if (e.status !== 401) showLogin(e.message); });
+api("api/me").then(start).catch((e) => showLogin(e.status === 401 ? null : e.message));
