@@ -335,8 +335,8 @@ const history = {
     const filt = $("#h-filter").value.trim();
     const from = $("#h-from").value, to = $("#h-to").value;
     const q = new URLSearchParams({filter: filt});
-    if (from) q.set("from", from + "Z");   // the form's times are UTC
-    if (to) q.set("to", to + "Z");
+    if (from) q.set("from", from.trim().replace(" ", "T") + "Z");   // the form's times are UTC
+    if (to) q.set("to", to.trim().replace(" ", "T") + "Z");
     box.dataset.state = "loading";
     msg.className = "note";
     msg.textContent = "Asking the history job…";
@@ -406,8 +406,8 @@ const history = {
   },
 };
 
-function utcInput(d) {  // a datetime-local value holding the UTC time
-  return d.toISOString().slice(0, 19);
+function utcInput(d) {  // "YYYY-MM-DD HH:MM:SS", UTC, 24-hour
+  return d.toISOString().slice(0, 19).replace("T", " ");
 }
 
 // ---- tabs and timers ---------------------------------------------------------------------
