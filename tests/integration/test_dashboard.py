@@ -17,7 +17,7 @@ import pytest
 
 from broker.auth import hash_password
 from tests.conftest import ROOT, free_port, wait_port
-from tests.integration.dashboard_http import (ADMIN, ADMIN_PW, VIEWER, VIEWER_PW, make_accounts,
+from tests.integration.dashboard_http import (ADMIN, ADMIN_PW, VIEWER, VIEWER_PW,
                                               request, start_dashboard, wait_until)
 from tests.integration.dashboard_http import get as _get
 from tests.integration.dashboard_http import get_json as _get_json

@@ -8,8 +8,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.core.broker import Broker
-from broker.core.message import Message
 from mqtt_topics import matches, valid_topic_filter, valid_topic_name
 from broker.dashboard import settings as dashboard_settings
 from broker.dashboard.history import BadRequest, check_filter, filter_regex, make_query
