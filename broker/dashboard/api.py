@@ -193,6 +193,15 @@ def _basic(header: str) -> tuple[str | None, bytes | None]:
         return None, None
 
 
+def _foreign_origin(request):
+    """403 for a request whose Origin is another site than the one it was sent to, else None."""
+    origin = request.headers.get("Origin")
+    if origin is not None and origin.split("://", 1)[-1].split("/", 1)[0].lower() != \
+            request.headers.get("Host", "").strip().lower():  # host and port: one origin
+        return _json_error(403, f"cross-origin request from {origin[:100]!r} refused")
+    return None
+
+
 def _address(request) -> str:
     peer = request.transport.get_extra_info("peername") if request.transport else None
     return str(peer[0]) if peer else "?"
@@ -341,10 +350,9 @@ class Dashboard:
         return response
 
     def _csrf(self, request, session, via_cookie: bool):
-        origin = request.headers.get("Origin")
-        if origin is not None and request_host(origin.split("://", 1)[-1]) != \
-                request_host(request.headers.get("Host")):
-            return _json_error(403, f"cross-origin request from {origin[:100]!r} refused")
+        refused = _foreign_origin(request)
+        if refused is not None:
+            return refused
         token = request.headers.get("X-CSRF-Token")
         if not token or (via_cookie and token != session.csrf):
             return _json_error(403, "a request that changes the broker needs the X-CSRF-Token "
@@ -380,10 +388,9 @@ class Dashboard:
 
     # ------------------------------------------------------------ login
     async def login(self, request):
-        origin = request.headers.get("Origin")
-        if origin is not None and request_host(origin.split("://", 1)[-1]) != \
-                request_host(request.headers.get("Host")):
-            return _json_error(403, f"cross-origin login from {origin[:100]!r} refused")
+        refused = _foreign_origin(request)
+        if refused is not None:
+            return refused
         data = await _body(request, 64 * 1024)
         user = _field(data, "user", str, required=True)
         password = _field(data, "password", str, required=True)

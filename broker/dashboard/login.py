@@ -116,7 +116,8 @@ class Throttle:
         self.max_delay = max_delay
         self.clock = clock
         self.max_addresses = max_addresses
-        self.state: OrderedDict[str, list] = OrderedDict()   # address -> [failures, not before]
+        # address -> [failures, not before, last failure]
+        self.state: OrderedDict[str, list] = OrderedDict()
         self.refused = 0
 
     def retry_after(self, address: str) -> float:
@@ -133,13 +134,12 @@ class Throttle:
     def failed(self, address: str) -> None:
         now = self.clock()
         st = self.state.pop(address, None)
-        if st is None:
-            st = [0, 0.0]
+        if st is None or now - st[2] > 3600:   # new, or quiet for an hour: start over
+            st = [0, 0.0, now]
             while len(self.state) >= self.max_addresses:
                 self.state.popitem(last=False)   # the address that failed longest ago
-        elif now - st[1] > 3600:   # quiet for an hour: start over
-            st = [0, 0.0]
         st[0] += 1
+        st[2] = now
         if st[0] >= self.free:
             st[1] = now + min(self.max_delay, 2.0 ** (st[0] - self.free))
         self.state[address] = st

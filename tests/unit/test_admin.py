@@ -244,8 +244,10 @@ def test_sessions_are_bounded_and_expire():
     assert s.close_user("x") == 2 and s.get(a.token) is None and s.get(b.token) is None
 
 
-def test_throttle_doubles_the_wait_after_the_free_failures():
+@pytest.mark.parametrize("start", [100.0, 1e6])   # the monotonic clock of a machine up for days
+def test_throttle_doubles_the_wait_after_the_free_failures(start):
     clock = Clock()
+    clock.t = start
     t = Throttle(free=3, max_delay=8, clock=clock, max_addresses=2)
     for _ in range(2):
         t.failed("a")
@@ -256,6 +258,11 @@ def test_throttle_doubles_the_wait_after_the_free_failures():
         waits.append(t.retry_after("a"))
     assert waits == [1, 2, 4, 8, 8, 8]
     t.succeeded("a")
+    assert t.retry_after("a") == 0
+    for _ in range(3):
+        t.failed("a")
+    clock.t += 3601       # an hour without a failure: counted from scratch
+    t.failed("a")
     assert t.retry_after("a") == 0
     for addr in ("b", "c", "d"):
         t.failed(addr)
