@@ -13,8 +13,11 @@ from broker.protocol import packets as P
 from broker.protocol.codec import encode
 
 
-def run(n: int, subscribers: int, qos: int, level: int) -> float:
+def run(n: int, subscribers: int, qos: int, level: int, dashboard: bool = False) -> float:
     b = Broker(MQTTConfig())
+    if dashboard:  # the dashboard's per-topic counter: a hook on accepted messages
+        from broker.dashboard.live import TopicCounter
+        b.add_hook(TopicCounter(10_000))
     subs = []
     for i in range(subscribers):
         c = Connection(b)
@@ -50,10 +53,12 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--messages", type=int, default=200_000)
     ap.add_argument("--level", type=int, default=4)
+    ap.add_argument("--dashboard", action="store_true",
+                    help="with the dashboard's per-topic counter hook attached")
     a = ap.parse_args()
     for subs, qos in ((1, 0), (100, 0), (1, 1)):
         n = a.messages if subs == 1 else a.messages // 20
-        r = run(n, subs, qos, a.level)
+        r = run(n, subs, qos, a.level, a.dashboard)
         print(f"qos {qos} subscribers {subs:4d}: {r:12,.0f} deliveries/s (core only, level {a.level})")
 
 

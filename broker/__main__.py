@@ -121,8 +121,12 @@ def main(argv=None) -> int:
         hooks = [h for h in (store, cluster, sink) if h is not None]
         asyncio.run(serve(cfg, auth=auth, hooks=hooks))
     except OSError as exc:
-        log.error("cannot listen on %s:%s: %s (is another broker running? use --port)",
-                  cfg.host, cfg.port, exc)
+        from .server import ListenError
+        if isinstance(exc, ListenError):  # names the listener that failed
+            log.error("%s (is another broker running? choose another port)", exc.strerror)
+        else:
+            log.error("cannot listen on %s:%s: %s (is another broker running? use --port)",
+                      cfg.host, cfg.port, exc)
         return 1
     except RuntimeError as exc:  # a hook that could not start (the cluster's Kafka)
         log.error("cannot start: %s", one_line(exc))

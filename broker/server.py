@@ -50,6 +50,10 @@ class Server:
         self.transports = None  # uvloop's TransportTable (transport/eventloop.py), if it has one
         self.sys = None
         self.dashboard = None  # broker/dashboard ([dashboard] enabled = true)
+        # banned client ids, user names, addresses (0x8A at CONNECT); kept in the data dir
+        from .admin.bans import BanList, bans_file
+        self.bans = BanList(bans_file(config.data_dir))
+        self.broker.bans = self.bans.check
 
     # ------------------------------------------------------------ output
     def _schedule_flush(self) -> None:
@@ -90,13 +94,17 @@ class Server:
             if kind in ("tls", "wss"):
                 ctx = tls.make_context(spec)
                 self.tls_contexts.append((ctx, spec))
-            if kind in ("ws", "wss"):
-                from .transport.websocket import start_listener
-                srv = await start_listener(self, spec, ctx)
-            else:
-                srv = await self.loop.create_server(
-                    partial(MQTTProtocol, self, spec), spec.host, spec.port,
-                    reuse_address=True, backlog=4096, ssl=ctx)
+            try:
+                if kind in ("ws", "wss"):
+                    from .transport.websocket import start_listener
+                    srv = await start_listener(self, spec, ctx)
+                else:
+                    srv = await self.loop.create_server(
+                        partial(MQTTProtocol, self, spec), spec.host, spec.port,
+                        reuse_address=True, backlog=4096, ssl=ctx)
+            except OSError as exc:
+                raise ListenError(exc, f"MQTT ({kind}, listener {spec.name!r})", spec.host,
+                                  spec.port) from None
             self.servers.append(srv)
             defer_accept(srv.sockets)
             port = list(srv.sockets)[0].getsockname()[1]
@@ -106,7 +114,10 @@ class Server:
         m = self.config.metrics
         if m.enabled:
             from .observability.metrics import start_http
-            srv = await start_http(self, m.host, m.port)
+            try:
+                srv = await start_http(self, m.host, m.port)
+            except OSError as exc:
+                raise ListenError(exc, "metrics ([metrics] port)", m.host, m.port) from None
             self.servers.append(srv)
             self.ports["metrics"] = srv.sockets[0].getsockname()[1]
         if m.sys_interval:
@@ -114,7 +125,11 @@ class Server:
             self.sys = SysPublisher(self, m.sys_interval)
         if self.config.dashboard.enabled:
             from .dashboard import start as start_dashboard
-            self.dashboard = await start_dashboard(self)
+            try:
+                self.dashboard = await start_dashboard(self)
+            except OSError as exc:
+                d = self.config.dashboard
+                raise ListenError(exc, "the dashboard ([dashboard] port)", d.host, d.port) from None
             self.ports["dashboard"] = self.dashboard.port
         self._ticker = self.loop.call_later(1.0, self._tick)
 
@@ -166,6 +181,14 @@ class Server:
         for stop in self.hooks.on_stop:
             stop()
         await asyncio.sleep(0.05)
+
+
+class ListenError(OSError):
+    """A listener could not be opened: str() names which one, its address and why."""
+
+    def __init__(self, exc: OSError, what: str, host: str, port: int):
+        super().__init__(exc.errno, f"cannot listen on {host}:{port} for {what}: "
+                         f"{exc.strerror or exc}")
 
 
 async def serve(config: Config, auth=None, hooks=()) -> None:

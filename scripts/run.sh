@@ -37,6 +37,23 @@ trap stop INT TERM EXIT
 "$PY" -m sink.job --config "$CONFIG" &
 job_pid=$!
 if [ "$DASHBOARD" != 0 ]; then
+  # where the broker keeps the first administrator's password: its data dir (config, env, --data-dir)
+  data_dir=$("$PY" -c 'import sys, settings; print(settings.load(sys.argv[1]).data_dir)' "$CONFIG")
+  prev=
+  for a in "$@"; do
+    [ "$prev" = --data-dir ] && data_dir=$a
+    case $a in --data-dir=*) data_dir=${a#--data-dir=} ;; esac
+    prev=$a
+  done
+  for _ in $(seq 50); do [ -e "$data_dir/dashboard-users" ] && break; sleep 0.2; done
   echo "run.sh: dashboard on http://127.0.0.1:$DASHBOARD_PORT/ (history charts once the Spark job is up)"
+  if [ -e "$data_dir/dashboard-admin-password" ]; then
+    echo "run.sh: log in as admin with the password in $data_dir/dashboard-admin-password" \
+         "(change it: $PY -m broker.admin --data-dir $data_dir users passwd admin)"
+  else
+    echo "run.sh: log in with an operator account of $data_dir/dashboard-users" \
+         "($PY -m broker.admin --data-dir $data_dir users list)"
+  fi
+  echo "run.sh: more operators: $PY -m broker.admin --data-dir $data_dir users add NAME --role viewer|admin"
 fi
 wait -n "$broker_pid" "$job_pid"

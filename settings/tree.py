@@ -218,7 +218,18 @@ class DashboardConfig(Section):
     connect_url: str = key("", Check(connect_address, '"sc://HOST:PORT" ("" = the history job\'s)'))
     history_timeout_seconds: float = key(30.0, Num(1, 3600))
     history_max_days: float = key(31.0, Num(0.001, 36600))  # longest range of a history chart
-    users: tuple = key((), StrList())               # () = every user of the password file
+    # operators' accounts (not the MQTT password file): python -m broker.admin users add NAME
+    users_file: str = ""                            # "" = <data_dir>/dashboard-users
+    initial_admin: str = "admin"                    # created at first start when users_file has no account...
+    initial_admin_password: str = ""                # ...with this password; "" = random, in <data_dir>/dashboard-admin-password
+    allowed_hosts: tuple = key((), StrList())       # Host names besides localhost, 127.0.0.1, [::1], host
+    session_seconds: float = key(28800.0, Num(60, 31 * 86400))  # a login lasts this long
+    max_login_sessions: int = key(1000, Int(1, 1_000_000))  # sessions held; beyond: the oldest ends
+    login_threads: int = key(1, Int(1, 16))         # password checks of logins run on these threads...
+    max_pending_logins: int = key(8, Int(1, 10000))  # ...at most this many waiting or running (more: 503)
+    login_failures: int = key(5, Int(1, 1000))      # wrong passwords from one address before it must wait...
+    login_lockout_seconds: float = key(60.0, Num(1, 86400))  # ...1 s, doubling up to this (429)
+    history_worker_idle_seconds: float = key(120.0, Num(1, 86400))  # the history worker process exits when idle this long
 
 
 @dataclass(slots=True)

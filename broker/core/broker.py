@@ -97,9 +97,9 @@ class Broker:
         self.sent_by_qos = [0, 0, 0]
         self._id_counter = 0
         self._sessions_warned_at: float | None = None  # last max_sessions WARNING (one a minute)
-        # messages routed per topic, only while the dashboard is on (broker/dashboard/live.py)
-        self.topic_counts: dict | None = None
-        self.topic_counts_max = 0
+        # banned client ids, user names, addresses (broker/admin/bans.py): a CONNECT is refused
+        # with 0x8A when bans(client_id, username, peer) names a reason; None: no ban list
+        self.bans = None
         for hook in (store, sink, auth, *hooks):
             if hook is not None:
                 self.add_hook(_as_hook(hook))
@@ -365,18 +365,31 @@ class Broker:
 
     # ------------------------------------------------------------ read-only figures
     def stats_view(self) -> dict:
-        """Figures for metrics, $SYS and the dashboard, read at call time (nothing is counted
-        on the hot path for them): gauges, then the counters (copies)."""
-        sessions = self.sessions.values()
-        connected = sum(1 for c in self.connections if c.session is not None)
-        v = {"connections": len(self.connections), "clients_connected": connected,
-             "sessions": len(self.sessions), "subscriptions": self.router.count,
-             "retained": self.retained.count,
-             "queued": sum(len(s.queue) for s in sessions),
-             "inflight": sum(len(s.inflight_out) for s in sessions),
-             "received_by_qos": tuple(self.received_by_qos), "sent_by_qos": tuple(self.sent_by_qos)}
-        v.update(self.stats)
-        return v
+        """Figures read at call time: BrokerView(broker).stats() (core/view.py), which metrics,
+        $SYS, the dashboard and the admin API use."""
+        from .view import BrokerView
+        return BrokerView(self).stats()
+
+    # ------------------------------------------------------------ commands (broker/admin)
+    def kick(self, client_id: str, why: str = "administrative action") -> bool:
+        """Disconnect a connected client: DISCONNECT 0x98 Administrative action (MQTT 5; 3.1.x:
+        the connection is closed); its will is published as on any server-side close. False
+        when no client with that id is connected."""
+        s = self.sessions.get(client_id)
+        conn = s.link if s is not None else None
+        if conn is None:
+            return False
+        conn.server_disconnect(0x98, why, publish_will=True)
+        return True
+
+    def publish_operator(self, msg: Message, username: str | None = None) -> int | None:
+        """A message published by the broker's operator (admin API) as an accepted PUBLISH
+        is: handed to the hooks taking accepted messages (the sink), then publish() (retained,
+        routed; in a cluster through its log). None when a hook refused it (the sink's spool is
+        full), else how many sessions got it (-1: unknown, a cluster routes it)."""
+        if self.accepting and not self.offer(msg, msg.sender or "", username, 5):
+            return None
+        return self.publish(msg, None)
 
     # ------------------------------------------------------------ messages
     def retain(self, msg: Message) -> None:
@@ -454,13 +467,6 @@ class Broker:
 
     def route(self, msg: Message, sender, shared: bool = True) -> int:
         """Deliver to every matching subscription; returns how many sessions got it."""
-        tc = self.topic_counts
-        if tc is not None:  # the dashboard's per-topic rates: bounded by entries
-            c = tc.get(msg.topic)
-            if c is not None:
-                tc[msg.topic] = c + 1
-            elif len(tc) < self.topic_counts_max:
-                tc[msg.topic] = 1
         normal, groups = self.router.match(msg.topic)
         if not shared:
             groups = ()

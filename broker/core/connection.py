@@ -329,6 +329,11 @@ class Connection:
         if PR.AUTHENTICATION_METHOD in props:  # [MQTT-4.12.0-1] CONNACK 0x8C, close
             return self.refuse(rc.BAD_AUTHENTICATION_METHOD,
                                "enhanced authentication is not configured on this broker")
+        if b.bans is not None:  # broker/admin/bans.py: 0x8A Banned (3.1.x: 5), before any hash
+            why = b.bans(client_id, c.username if self.identity is None else self.identity,
+                         self.peer)
+            if why:
+                return self.refuse(rc.BANNED, why)
         if self.identity is not None:
             if not self.identity:  # the listener takes the user from a certificate: none was shown
                 return self.refuse(rc.NOT_AUTHORIZED, "this listener needs a client certificate "

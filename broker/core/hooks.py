@@ -185,7 +185,7 @@ class Checks:
             setattr(self, name, fns[0] if len(fns) == 1 else _all(fns))
         fns = by["needs_read_check"]
         self.needs_read_check = fns[0] if len(fns) == 1 else _any(fns)
-        # the password file the dashboard logs users in with (broker/dashboard), if any
+        # the password file, if any (the server then checks passwords off the event loop)
         self.passwords = next((h.passwords for h in hooks
                                if getattr(h, "passwords", None) is not None), None)
 

@@ -6,8 +6,11 @@ server when ``enabled = true``. See api.py for the HTTP paths.
 from __future__ import annotations
 
 import dataclasses
+import logging
 
 from settings import DashboardConfig, HistoryConfig
+
+log = logging.getLogger("broker.dashboard")
 
 JOB_HINT = "python -m sink.job --config <your broker.toml>, or scripts/run.sh"
 
@@ -28,11 +31,27 @@ def committed_file(history: HistoryConfig) -> str | None:
 
 
 async def start(server):
-    """Start the dashboard of a running Server; returns the Dashboard (``.port``, ``.stop()``)."""
-    from .api import Dashboard
+    """Start the dashboard of a running Server; returns the Dashboard (``.port``, ``.stop()``).
+
+    Operators' accounts come from [dashboard] users_file; with none there, the first
+    administrator is created (broker/admin/accounts.py) and the log says where its password is.
+    """
+    from ..admin.accounts import Accounts, users_file
+    from ..admin.service import AdminService
+    from .api import Dashboard, _url_host
     cfg = server.config
-    d = Dashboard(server, settings(cfg.dashboard, cfg.history),
-                  passwords=getattr(server.broker.auth, "passwords", None),
+    s = settings(cfg.dashboard, cfg.history)
+    accounts = Accounts(users_file(cfg.data_dir, s.users_file))
+    where = accounts.ensure_first_admin(s.initial_admin, s.initial_admin_password, cfg.data_dir)
+    d = Dashboard(server, s, accounts, AdminService(server, server.bans, accounts),
                   committed_file=committed_file(cfg.history))
     await d.start()
+    url = f"http://{_url_host(s.host)}:{d.port}/"
+    if where:
+        log.warning("dashboard: created the first administrator %r; log in at %s with the "
+                    "password in %s (change it: python -m broker.admin users passwd %s)",
+                    s.initial_admin, url, where, s.initial_admin)
+    elif where == "":
+        log.warning("dashboard: created the first administrator %r with [dashboard] "
+                    "initial_admin_password; log in at %s", s.initial_admin, url)
     return d

@@ -1,193 +1,178 @@
-"""The dashboard's HTTP side (aiohttp, in the broker's event loop): the page and a JSON API.
+"""The dashboard's HTTP side (aiohttp, in the broker's event loop): the page, its JSON API and
+the admin API.
 
-    GET /                      the page (static/index.html; uPlot charts, vendored)
-    GET /api/live?since=T      live series (one point per sample) + totals, sink and job status
-    GET /api/clients?q=&limit= connected clients (search by client id)
-    GET /api/topics?filter=#   topics with retained values and per-topic rates
-    GET /api/history?filter=&from=&to=   counts over time, numeric values, latest messages
-                               (answered by the history job's Spark Connect server)
+    GET  /                      the page (static/index.html; uPlot charts, vendored); no data
+    POST /api/login             {"user", "password"} -> session cookie + {"csrf_token", ...}
+    POST /api/logout            ends the session
+    GET  /api/me                who is logged in, role, csrf_token
+    GET  /api/live?since=T      live series (one point per sample) + totals, sink and job status
+    GET  /api/clients?q=&limit= connected clients (search by client id)
+    GET  /api/topics?filter=#&limit=   topics with retained values and per-topic rates
+    GET  /api/history?filter=&from=&to=   counts over time, numeric values, latest messages
+                                (answered by the history job, asked from a child process)
+    /api/v1/...                 the admin API (see ADMIN_ROUTES below and README "Dashboard")
 
-Errors are JSON {"error": "..."} with 400 (bad input), 401, 503 (history job not running),
-504 (history timeout) or 500. With a password file ([auth] password_file) every path needs
-HTTP Basic credentials from that file (checked off the event loop: scrypt is slow).
+Who may ask: every path but the page, its static files and /api/login needs a login with an
+operator's account (broker/admin/accounts.py; never the MQTT password file): a session cookie
+from /api/login, or HTTP Basic credentials (which open a session too). ``viewer`` reads;
+changing anything needs ``admin``. A request that changes state must carry ``X-CSRF-Token``
+(the session's token when it comes with the cookie) and no foreign ``Origin``. A Host header
+that is not one of the dashboard's names gets 421 (DNS rebinding). Times are ISO 8601 UTC.
+
+Errors are JSON {"error": "..."}: 400 (bad input, with the reason), 401, 403, 404, 421, 429 and
+503 (login throttled / busy, with Retry-After), 503 (history job not running), 504 (history
+timeout) or 500.
 """
 from __future__ import annotations
 
 import asyncio
 import base64
 import binascii
+import ipaddress
+import json
 import logging
+import math
 import os
+import socket
 import time
 from pathlib import Path
 
 from aiohttp import web
 
+from ..admin.service import AdminError, Refused, audit
 from . import JOB_HINT, live
-from .history import BadRequest, HistoryClient, JobNotRunning, make_query
+from .history import BadRequest, HistoryClient, JobNotRunning, check_filter, make_query, parse_time
+from .login import COOKIE, Busy, LoginChecks, Sessions, Throttle
 
 log = logging.getLogger("broker.dashboard")
 
 STATIC = Path(__file__).resolve().parent / "static"
-REALM = 'Basic realm="MQTT broker dashboard", charset="UTF-8"'
+SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
+MAX_QUERY_TEXT = 256
+LOGIN_HINT = ("log in with a dashboard account (POST /api/login, or HTTP Basic): operators' "
+              "accounts are made with python -m broker.admin users add NAME; device "
+              "credentials from the MQTT password file do not log in here")
 
 
-def _json_error(status: int, message: str, **extra) -> web.Response:
-    return web.json_response({"error": message, **extra}, status=status)
+def _json_error(status: int, message: str, headers=None, **extra) -> web.Response:
+    return web.json_response({"error": message, **extra}, status=status, headers=headers)
 
 
-def _int(request, name: str, default: int, lo: int, hi: int) -> int:
-    raw = request.query.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        v = int(raw)
-    except ValueError:
-        raise BadRequest(f"'{name}' must be a whole number, not {raw!r}") from None
-    return max(lo, min(hi, v))
+# ---- query parameters: every malformed one is a 400 that says what is wrong ------------------
 
+class Params:
+    """A request's query parameters, checked: unknown or repeated names and malformed values
+    raise BadRequest naming the parameter and what it accepts."""
 
-class Dashboard:
-    def __init__(self, server, settings, passwords=None, committed_file: str | None = None):
-        """settings: the DashboardConfig (connect_url resolved); committed_file: where the
-        history job reports its progress (None: not on this machine)."""
-        self.server = server
-        self.s = settings
-        self.committed_file = committed_file
-        self.passwords = passwords       # broker.auth.PasswordFile, or None: no login
-        self.users = set(settings.users)
-        self.counter = live.TopicCounter(server.broker, settings.max_topics)
-        self.history = HistoryClient(settings.connect_url, settings.history_timeout_seconds,
-                                     JOB_HINT)
-        self.job = {"running": None, "url": settings.connect_url}
-        self.sampler = live.Sampler(server, settings.sample_seconds, settings.keep_points,
-                                    self.counter, self.history_status)
-        self.runner: web.AppRunner | None = None
-        self.port = 0
-        self._tasks: list[asyncio.Task] = []
+    def __init__(self, request, *known: str):
+        q = request.query
+        for name in q:
+            if name not in known:
+                raise BadRequest(f"unknown query parameter {name!r}; this path takes "
+                                 + (", ".join(repr(k) for k in known) or "none"))
+            if len(q.getall(name)) > 1:
+                raise BadRequest(f"query parameter {name!r} is given more than once")
+        self.q = q
 
-    # ------------------------------------------------------------ status of the history job
-    def history_status(self) -> dict:
-        out = dict(self.job)
-        committed = self.committed_file
-        if committed:
-            from sink.progress import read_committed
-            state = read_committed(committed) if os.path.exists(committed) else None
-            if state is not None:
-                out["last_batch"] = state.get("batch_id")
-                out["last_commit_age_seconds"] = round(time.time() - state["written_at"], 1)
-        for k, v in live.sink_stats(self.server).items():  # e.g. records not yet committed
-            if ("history" in k or "uncommitted" in k) and isinstance(v, (int, float)):
-                out[k] = v
-        return out
+    def text(self, name: str, default: str = "", limit: int = MAX_QUERY_TEXT) -> str:
+        v = self.q.get(name)
+        if v is None:
+            return default
+        if len(v) > limit or "\x00" in v:
+            raise BadRequest(f"{name!r} is longer than {limit} characters or contains NUL")
+        return v
 
-    async def _watch_job(self) -> None:
-        while True:
-            self.job["running"] = await self.history.job_up()
-            await asyncio.sleep(5.0)
-
-    async def _sample(self) -> None:
-        while True:
-            try:
-                self.sampler.sample()
-            except Exception:
-                log.exception("dashboard sample failed")
-            await asyncio.sleep(self.s.sample_seconds)
-
-    # ------------------------------------------------------------ middlewares
-    @web.middleware
-    async def _errors(self, request, handler):
+    def int(self, name: str, default: int, lo: int, hi: int) -> int:
+        """A whole number >= lo; above hi it is capped at hi."""
+        raw = self.q.get(name)
+        if raw is None or raw == "":
+            return default
         try:
-            return await handler(request)
-        except web.HTTPException:
-            raise
-        except BadRequest as exc:
-            return _json_error(400, str(exc))
-        except JobNotRunning as exc:
-            return _json_error(503, str(exc), job_running=False)
-        except TimeoutError as exc:
-            return _json_error(504, str(exc))
-        except Exception as exc:
-            log.exception("dashboard %s failed", request.path)
-            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
-            return _json_error(500, f"the broker could not answer {request.path}: {first}")
-
-    @web.middleware
-    async def _auth(self, request, handler):
-        if self.passwords is None:
-            return await handler(request)
-        user, password = _basic(request.headers.get("Authorization", ""))
-        ok = False
-        if user is not None and (not self.users or user in self.users):
-            ok = await asyncio.get_running_loop().run_in_executor(
-                None, self.passwords.check, user, password)
-        if not ok:
-            return web.json_response(
-                {"error": "log in with a user name and password from the broker's password file"},
-                status=401, headers={"WWW-Authenticate": REALM})
-        return await handler(request)
-
-    # ------------------------------------------------------------ handlers
-    async def index(self, request):
-        return web.FileResponse(STATIC / "index.html", headers={"Cache-Control": "no-cache"})
-
-    async def api_live(self, request):
-        try:
-            since = float(request.query.get("since") or 0)
+            v = int(raw, 10)
         except ValueError:
-            raise BadRequest("'since' must be a time in epoch seconds") from None
-        return web.json_response({
-            "now": time.time(), "sample_seconds": self.s.sample_seconds,
-            "points": self.sampler.series(since), "totals": live.overview(self.server),
-            "sink": live.sink_stats(self.server) or None,
-            "history": self.history_status()})
+            raise BadRequest(f"{name!r} must be a whole number >= {lo}, not {raw[:50]!r}") from None
+        if v < lo:
+            raise BadRequest(f"{name!r} must be a whole number >= {lo}, not {v}")
+        return min(v, hi)
 
-    async def api_clients(self, request):
-        limit = _int(request, "limit", self.s.max_clients_listed, 1, self.s.max_clients_listed)
-        q = request.query.get("q", "")[:256]
-        return web.json_response(live.clients(self.server.broker, q, limit))
+    def bool(self, name: str) -> bool | None:
+        raw = self.q.get(name)
+        if raw is None or raw == "":
+            return None
+        if raw.lower() in ("true", "1", "yes"):
+            return True
+        if raw.lower() in ("false", "0", "no"):
+            return False
+        raise BadRequest(f"{name!r} must be true or false, not {raw[:50]!r}")
 
-    async def api_topics(self, request):
-        from .history import check_filter
-        filt = check_filter(request.query.get("filter") or "#")
-        limit = _int(request, "limit", self.s.max_topics_listed, 1, self.s.max_topics_listed)
-        return web.json_response(live.topics(self.server.broker, self.counter, filt, limit))
+    def time(self, name: str) -> float | None:
+        return parse_time(self.q.get(name), name)
 
-    async def api_history(self, request):
-        q = make_query(request.query.get("filter"), request.query.get("from"),
-                       request.query.get("to"), self.s.history_max_days)
-        return web.json_response(await self.history.ask(q))
 
-    # ------------------------------------------------------------ lifecycle
-    def app(self) -> web.Application:
-        app = web.Application(middlewares=[self._errors, self._auth],
-                              client_max_size=64 * 1024)
-        app.router.add_get("/", self.index)
-        app.router.add_get("/api/live", self.api_live)
-        app.router.add_get("/api/clients", self.api_clients)
-        app.router.add_get("/api/topics", self.api_topics)
-        app.router.add_get("/api/history", self.api_history)
-        app.router.add_static("/static/", STATIC, follow_symlinks=False)
-        return app
+async def _body(request, limit: int = 2 << 20) -> dict:
+    """A JSON object body (400 when it is not one)."""
+    if request.content_type != "application/json":
+        raise BadRequest("send the body as JSON (Content-Type: application/json)")
+    try:
+        data = json.loads(await request.text())
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise BadRequest(f"the body is not JSON: {str(exc)[:200]}") from None
+    if not isinstance(data, dict):
+        raise BadRequest("the body must be a JSON object")
+    return data
 
-    async def start(self) -> None:
-        self.runner = web.AppRunner(self.app(), access_log=None)
-        await self.runner.setup()
-        site = web.TCPSite(self.runner, self.s.host, self.s.port, reuse_address=True)
-        await site.start()
-        self.port = site._server.sockets[0].getsockname()[1]
-        self.sampler.sample()  # the baseline for the first rates
-        self._tasks = [asyncio.create_task(self._sample()), asyncio.create_task(self._watch_job())]
-        log.info("dashboard on http://%s:%s/%s", self.s.host, self.port,
-                 " (log in with the broker's password file)" if self.passwords else "")
 
-    async def stop(self) -> None:
-        for t in self._tasks:
-            t.cancel()
-        self.counter.close()
-        self.history.close()
-        if self.runner is not None:
-            await self.runner.cleanup()
+def _field(data: dict, name: str, kind, default=None, required: bool = False):
+    v = data.get(name, default)
+    if v is None:
+        if required:
+            raise BadRequest(f"{name!r} is required")
+        return None
+    if kind is int and (isinstance(v, bool) or not isinstance(v, int)):
+        raise BadRequest(f"{name!r} must be a whole number")
+    if kind is float and (isinstance(v, bool) or not isinstance(v, (int, float))
+                          or not math.isfinite(v)):
+        raise BadRequest(f"{name!r} must be a number")
+    if kind in (str, bool, list) and not isinstance(v, kind):
+        raise BadRequest(f"{name!r} must be a {kind.__name__}")
+    return v
+
+
+# ---- Host names -------------------------------------------------------------------------------
+
+def host_names(bind: str, extra=()) -> set[str]:
+    """Host header names the dashboard answers (lower case, no port)."""
+    names = {"localhost", "127.0.0.1", "::1"}
+    names.update(h.lower().strip("[]").rstrip(".") for h in extra if h)
+    bind = bind.strip("[]")
+    if bind in ("", "0.0.0.0", "::"):
+        # every address: the machine's own names and addresses too
+        for name in {socket.gethostname(), socket.getfqdn()}:
+            names.add(name.lower())
+            try:
+                for info in socket.getaddrinfo(name, None):
+                    names.add(info[4][0].split("%")[0].lower())
+            except OSError:
+                pass
+    else:
+        names.add(bind.lower())
+    return names
+
+
+def request_host(header: str | None) -> str | None:
+    """The name in a Host header (no port, lower case), None when malformed."""
+    if not header:
+        return None
+    h = header.strip().lower()
+    if h.startswith("["):
+        end = h.find("]")
+        if end < 0 or (h[end + 1:] and not h[end + 1:].startswith(":")):
+            return None
+        return h[1:end]
+    name, _, port = h.partition(":")
+    if port and not port.isdigit():
+        return None
+    return name.rstrip(".")
 
 
 def _basic(header: str) -> tuple[str | None, bytes | None]:
@@ -206,3 +191,476 @@ def _basic(header: str) -> tuple[str | None, bytes | None]:
         return user.decode("utf-8"), password
     except UnicodeDecodeError:
         return None, None
+
+
+def _foreign_origin(request):
+    """403 for a request whose Origin is another site than the one it was sent to, else None."""
+    origin = request.headers.get("Origin")
+    if origin is not None and origin.split("://", 1)[-1].split("/", 1)[0].lower() != \
+            request.headers.get("Host", "").strip().lower():  # host and port: one origin
+        return _json_error(403, f"cross-origin request from {origin[:100]!r} refused")
+    return None
+
+
+def _address(request) -> str:
+    peer = request.transport.get_extra_info("peername") if request.transport else None
+    return str(peer[0]) if peer else "?"
+
+
+class Dashboard:
+    def __init__(self, server, settings, accounts, admin, committed_file: str | None = None):
+        """settings: the DashboardConfig (connect_url resolved); accounts: broker.admin
+        Accounts; admin: broker.admin AdminService; committed_file: where the history job
+        reports its progress (None: not on this machine)."""
+        self.server = server
+        self.s = settings
+        self.committed_file = committed_file
+        self.accounts = accounts
+        self.admin = admin
+        self.view = admin.view
+        self.hosts = host_names(settings.host, settings.allowed_hosts)
+        self.sessions = Sessions(settings.session_seconds, settings.max_login_sessions)
+        self.throttle = Throttle(settings.login_failures, settings.login_lockout_seconds)
+        self.logins = LoginChecks(accounts, settings.login_threads, settings.max_pending_logins)
+        self.counter = live.TopicCounter(settings.max_topics)
+        server.broker.add_hook(self.counter)  # per-topic counts, fed by accepted messages
+        self.history = HistoryClient(settings.connect_url, settings.history_timeout_seconds,
+                                     JOB_HINT, settings.history_worker_idle_seconds)
+        self.job = {"running": None, "url": settings.connect_url}
+        self.sampler = live.Sampler(self.view, self._io_bytes, settings.sample_seconds,
+                                    settings.keep_points, self.counter, self._sink_stats,
+                                    self.history_status)
+        self.runner: web.AppRunner | None = None
+        self.port = 0
+        self._tasks: list[asyncio.Task] = []
+
+    def _io_bytes(self) -> tuple[int, int]:
+        return self.server.bytes_in, self.server.bytes_out
+
+    def _sink_stats(self) -> dict:
+        return live.sink_stats(self.server.broker.hook_stats().get("sink"))
+
+    # ------------------------------------------------------------ status of the history job
+    def history_status(self) -> dict:
+        out = dict(self.job)
+        committed = self.committed_file
+        if committed:
+            from sink.progress import read_committed
+            state = read_committed(committed) if os.path.exists(committed) else None
+            if state is not None:
+                out["last_batch"] = state.get("batch_id")
+                out["last_commit_age_seconds"] = round(time.time() - state["written_at"], 1)
+        for k, v in self._sink_stats().items():  # e.g. records not yet committed
+            if ("history" in k or "uncommitted" in k) and isinstance(v, (int, float)):
+                out[k] = v
+        return out
+
+    async def _watch_job(self) -> None:
+        while True:
+            self.job["running"] = await self.history.job_up()
+            await asyncio.sleep(5.0)
+
+    async def _sample(self) -> None:
+        while True:
+            try:
+                self.sampler.sample()
+                self.sessions.expire(self.sessions.clock())
+                if self.accounts.reload():  # changed on disk: sessions of changed accounts end
+                    self._revalidate_sessions()
+            except Exception:
+                log.exception("dashboard sample failed")
+            await asyncio.sleep(self.s.sample_seconds)
+
+    def _revalidate_sessions(self) -> None:
+        for token, s in list(self.sessions.by_token.items()):
+            if self.accounts.role(s.user) != s.role:
+                self.sessions.close(token)
+
+    # ------------------------------------------------------------ middlewares
+    @web.middleware
+    async def _host(self, request, handler):
+        name = request_host(request.headers.get("Host"))
+        if name not in self.hosts:
+            log.info("dashboard: refused Host %s from %s", repr(request.headers.get("Host"))[:100],
+                     _address(request))
+            return _json_error(421, f"Host {request.headers.get('Host', '')[:100]!r} is not a "
+                               f"name of this dashboard: open it at http://127.0.0.1:{self.port}/ "
+                               "or add the name to [dashboard] allowed_hosts")
+        return await handler(request)
+
+    @web.middleware
+    async def _errors(self, request, handler):
+        try:
+            return await handler(request)
+        except web.HTTPException:
+            raise
+        except (BadRequest, AdminError) as exc:
+            return _json_error(400, str(exc))
+        except JobNotRunning as exc:
+            return _json_error(503, str(exc), job_running=False)
+        except Refused as exc:
+            return _json_error(503, str(exc), headers={"Retry-After": "5"})
+        except Busy:
+            return _json_error(503, "too many logins are being checked: try again in a moment",
+                               headers={"Retry-After": "2"})
+        except TimeoutError as exc:
+            return _json_error(504, str(exc))
+        except Exception as exc:
+            log.exception("dashboard %s failed", request.path)
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+            return _json_error(500, f"the broker could not answer {request.path}: {first}")
+
+    def _public(self, request) -> bool:
+        path = request.path
+        if request.method in ("GET", "HEAD"):
+            return path in ("/", "/favicon.ico") or path.startswith("/static/")
+        return request.method == "POST" and path in ("/api/login", "/api/logout")
+
+    @web.middleware
+    async def _auth(self, request, handler):
+        if self._public(request):
+            return await handler(request)
+        session, via_cookie = self.sessions.get(request.cookies.get(COOKIE)), True
+        new_cookie = None
+        if session is None:
+            via_cookie = False
+            user, password = _basic(request.headers.get("Authorization", ""))
+            if user is None:
+                return _json_error(401, LOGIN_HINT)
+            session = await self._basic_login(request, user, password)
+            if not hasattr(session, "token"):
+                return session  # a refusal (401 / 429)
+            new_cookie = session
+        if self.accounts.role(session.user) != session.role:   # removed, or its role changed
+            self.sessions.close(session.token)
+            return _json_error(401, "your account was changed or removed: log in again")
+        if request.method not in SAFE_METHODS:
+            refused = self._csrf(request, session, via_cookie)
+            if refused is not None:
+                return refused
+            if session.role != "admin":
+                audit(session.user, _address(request), f"{request.method} {request.path}",
+                      "refused: not an administrator")
+                return _json_error(403, f"{session.user!r} is a {session.role}: changing the "
+                                   "broker needs an account with the admin role")
+        request["session"] = session
+        response = await handler(request)
+        if new_cookie is not None:
+            self._set_cookie(request, response, new_cookie)
+        return response
+
+    def _csrf(self, request, session, via_cookie: bool):
+        refused = _foreign_origin(request)
+        if refused is not None:
+            return refused
+        token = request.headers.get("X-CSRF-Token")
+        if not token or (via_cookie and token != session.csrf):
+            return _json_error(403, "a request that changes the broker needs the X-CSRF-Token "
+                               "header: the csrf_token of POST /api/login or GET /api/me")
+        return None
+
+    async def _basic_login(self, request, user: str, password: bytes):
+        key = self.sessions.basic_key(user, password)
+        s = self.sessions.for_basic(key)
+        if s is not None:
+            return s
+        return await self._check_login(request, user, password, basic=key)
+
+    async def _check_login(self, request, user: str, password: bytes, basic: bytes | None = None):
+        """A Session, or the refusal to send (401, 429; Busy raised: 503)."""
+        address = _address(request)
+        wait = self.throttle.retry_after(address)
+        if wait > 0:
+            return _json_error(429, f"too many wrong passwords from {address}: try again in "
+                               f"{math.ceil(wait)} s", headers={"Retry-After": str(math.ceil(wait))})
+        role = await self.logins.check(address, user, password)
+        if role is None:
+            self.throttle.failed(address)
+            log.info("dashboard: failed login as %s from %s", repr(user)[:100], address)
+            return _json_error(401, "wrong user name or password. " + LOGIN_HINT)
+        self.throttle.succeeded(address)
+        log.info("dashboard: %s (%s) logged in from %s", repr(user)[:100], role, address)
+        return self.sessions.open(user, role, address, basic)
+
+    def _set_cookie(self, request, response, session) -> None:
+        response.set_cookie(COOKIE, session.token, max_age=int(self.s.session_seconds),
+                            httponly=True, samesite="Strict", secure=request.secure, path="/")
+
+    # ------------------------------------------------------------ login
+    async def login(self, request):
+        refused = _foreign_origin(request)
+        if refused is not None:
+            return refused
+        data = await _body(request, 64 * 1024)
+        user = _field(data, "user", str, required=True)
+        password = _field(data, "password", str, required=True)
+        if len(user) > 256 or len(password) > 1024:
+            raise BadRequest("the user name or password is too long")
+        s = await self._check_login(request, user, password.encode("utf-8"))
+        if not hasattr(s, "token"):
+            return s
+        response = web.json_response(self._me(s))
+        self._set_cookie(request, response, s)
+        return response
+
+    async def logout(self, request):
+        token = request.cookies.get(COOKIE)
+        s = self.sessions.get(token)
+        if s is not None and request.headers.get("X-CSRF-Token") == s.csrf:
+            self.sessions.close(token)
+        response = web.json_response({"logged_out": True})
+        response.del_cookie(COOKIE, path="/")
+        return response
+
+    def _me(self, s) -> dict:
+        return {"user": s.user, "role": s.role, "csrf_token": s.csrf,
+                "expires_at": live.iso(time.time() + s.expires - self.sessions.clock())}
+
+    async def me(self, request):
+        Params(request)
+        return web.json_response(self._me(request["session"]))
+
+    # ------------------------------------------------------------ the page's API
+    async def index(self, request):
+        return web.FileResponse(STATIC / "index.html", headers={"Cache-Control": "no-cache"})
+
+    async def favicon(self, request):
+        return web.FileResponse(STATIC / "favicon.svg", headers={"Content-Type": "image/svg+xml"})
+
+    async def api_live(self, request):
+        p = Params(request, "since")
+        since = p.time("since") or 0.0
+        return web.json_response({
+            "now": live.iso(time.time()), "sample_seconds": self.s.sample_seconds,
+            "points": self.sampler.series(since), "totals": live.overview(self.view, self._io_bytes),
+            "sink": self._sink_stats() or None,
+            "history": self.history_status(), "user": request["session"].user,
+            "role": request["session"].role})
+
+    async def api_clients(self, request):
+        p = Params(request, "q", "limit")
+        limit = p.int("limit", self.s.max_clients_listed, 1, self.s.max_clients_listed)
+        return web.json_response(live.clients(self.view, p.text("q"), limit))
+
+    async def api_topics(self, request):
+        p = Params(request, "filter", "limit")
+        filt = check_filter(p.text("filter", "#", 65535) or "#")
+        limit = p.int("limit", self.s.max_topics_listed, 1, self.s.max_topics_listed)
+        return web.json_response(live.topics(self.view, self.counter, filt, limit))
+
+    async def api_history(self, request):
+        p = Params(request, "filter", "from", "to")
+        q = make_query(p.text("filter", "", 65535), p.q.get("from"), p.q.get("to"),
+                       self.s.history_max_days)
+        return web.json_response(await self.history.ask(q))
+
+    # ------------------------------------------------------------ the admin API (/api/v1)
+    def _audit(self, request, action: str, outcome: str = "ok", **details) -> None:
+        audit(request["session"].user, _address(request), action, outcome, **details)
+
+    async def v1_stats(self, request):
+        Params(request)
+        st = self.view.stats()
+        st = {k: list(v) if isinstance(v, tuple) else v for k, v in st.items()}
+        return web.json_response(st)
+
+    async def v1_clients(self, request):
+        p = Params(request, "q", "limit")
+        limit = p.int("limit", self.s.max_clients_listed, 1, 100_000)
+        found, matched = self.view.clients(p.text("q"), limit, subscriptions=1000)
+        return web.json_response({"clients": [live.client_json(r) for r in found],
+                                  "matched": matched})
+
+    async def v1_client(self, request):
+        Params(request)
+        rec = self.view.client(request.match_info["client_id"])
+        if rec is None:
+            return _json_error(404, "no client with this id is connected")
+        return web.json_response(live.client_json(rec))
+
+    async def v1_kick(self, request):
+        Params(request)
+        cid = request.match_info["client_id"]
+        ok = self.admin.kick(cid)
+        self._audit(request, "kick", "ok" if ok else "not connected", client_id=cid)
+        if not ok:
+            return _json_error(404, "no client with this id is connected")
+        return web.json_response({"kicked": cid})
+
+    async def v1_sessions(self, request):
+        p = Params(request, "q", "limit", "connected")
+        limit = p.int("limit", 1000, 1, 100_000)
+        found, matched = self.view.sessions(p.text("q"), limit, p.bool("connected"))
+        return web.json_response({"sessions": [_plain(r) for r in found], "matched": matched})
+
+    async def v1_subscriptions(self, request):
+        p = Params(request, "client_id", "q", "limit")
+        limit = p.int("limit", 1000, 1, 100_000)
+        cid = p.q.get("client_id")
+        if cid is not None:
+            cid = p.text("client_id", limit=65535)
+        found, matched = self.view.subscriptions(cid, p.text("q"), limit)
+        return web.json_response({"subscriptions": [_plain(r) for r in found],
+                                  "matched": matched})
+
+    async def v1_retained(self, request):
+        p = Params(request, "filter", "limit")
+        filt = check_filter(p.text("filter", "#", 65535) or "#")
+        limit = p.int("limit", 1000, 1, 100_000)
+        found, matched = self.admin.retained(filt, limit)
+        return web.json_response({"retained": [
+            {"topic": r.topic, "qos": r.qos, "at": live.iso(r.accepted_at) if r.accepted_at else None,
+             "expires_in": r.expires_in, **live.preview(r.payload, 64 * 1024)} for r in found],
+            "matched": matched})
+
+    async def v1_delete_retained(self, request):
+        topic = Params(request, "topic").text("topic", limit=65535)
+        if not topic:
+            raise BadRequest("give the retained message's topic: ?topic=a/b")
+        ok = self.admin.delete_retained(topic)
+        self._audit(request, "delete-retained", "ok" if ok else "none", topic=topic)
+        if not ok:
+            return _json_error(404, "no retained message on this topic")
+        return web.json_response({"deleted": topic})
+
+    async def v1_publish(self, request):
+        Params(request)
+        d = await _body(request)
+        topic = _field(d, "topic", str, required=True)
+        enc = _field(d, "encoding", str, "utf-8")
+        text = _field(d, "payload", str, "")
+        if enc == "base64":
+            try:
+                payload = base64.b64decode(text, validate=True)
+            except (binascii.Error, ValueError):
+                raise BadRequest("'payload' is not base64") from None
+        elif enc == "utf-8":
+            payload = text.encode("utf-8")
+        else:
+            raise BadRequest("'encoding' must be 'utf-8' or 'base64'")
+        props = _field(d, "user_properties", list, [])
+        if not all(isinstance(x, list) and len(x) == 2 and all(isinstance(y, str) for y in x)
+                   for x in props):
+            raise BadRequest("'user_properties' must be a list of [name, value] strings")
+        n = self.admin.publish(
+            topic, payload, qos=_field(d, "qos", int, 0), retain=_field(d, "retain", bool, False),
+            content_type=_field(d, "content_type", str), utf8=_field(d, "utf8", bool),
+            message_expiry=_field(d, "message_expiry", int), user_properties=props,
+            response_topic=_field(d, "response_topic", str), username=request["session"].user)
+        self._audit(request, "publish", "ok", topic=topic, bytes=len(payload),
+                    qos=d.get("qos", 0), retain=bool(d.get("retain")), delivered=n)
+        return web.json_response({"topic": topic, "delivered_to": n})
+
+    async def v1_bans(self, request):
+        Params(request)
+        return web.json_response({"bans": [_ban(b) for b in self.admin.list_bans()]})
+
+    async def v1_ban(self, request):
+        Params(request)
+        d = await _body(request, 64 * 1024)
+        kind = _field(d, "kind", str, required=True)
+        value = _field(d, "value", str, required=True)
+        ban, kicked = self.admin.ban(kind, value, _field(d, "reason", str, ""),
+                                     _field(d, "seconds", float), by=request["session"].user)
+        self._audit(request, "ban", "ok", kind=kind, value=value, kicked=len(kicked))
+        return web.json_response({"ban": _ban(ban), "disconnected": kicked})
+
+    async def v1_unban(self, request):
+        p = Params(request, "kind", "value")
+        kind, value = p.q.get("kind"), p.q.get("value")
+        if not kind or not value:
+            raise BadRequest("give the ban to remove: ?kind=clientid|username|address&value=...")
+        ok = self.admin.unban(kind, value)
+        self._audit(request, "unban", "ok" if ok else "none", kind=kind, value=value)
+        if not ok:
+            return _json_error(404, "no such ban")
+        return web.json_response({"removed": {"kind": kind, "value": value}})
+
+    async def v1_reload(self, request):
+        Params(request)
+        out = self.admin.reload()
+        self._revalidate_sessions()
+        self._audit(request, "reload", "errors" if out["errors"] else "ok",
+                    errors=len(out["errors"]))
+        return web.json_response(out)
+
+    # ------------------------------------------------------------ lifecycle
+    def app(self) -> web.Application:
+        app = web.Application(middlewares=[self._host, self._errors, self._auth],
+                              client_max_size=2 << 20)
+        r = app.router
+        r.add_get("/", self.index)
+        r.add_get("/favicon.ico", self.favicon)
+        r.add_post("/api/login", self.login)
+        r.add_post("/api/logout", self.logout)
+        r.add_get("/api/me", self.me)
+        r.add_get("/api/live", self.api_live)
+        r.add_get("/api/clients", self.api_clients)
+        r.add_get("/api/topics", self.api_topics)
+        r.add_get("/api/history", self.api_history)
+        for method, path, handler in self.admin_routes():
+            r.add_route(method, path, handler)
+        r.add_static("/static/", STATIC, follow_symlinks=False)
+        return app
+
+    def admin_routes(self):
+        return (("GET", "/api/v1/stats", self.v1_stats),
+                ("GET", "/api/v1/clients", self.v1_clients),
+                ("GET", "/api/v1/clients/{client_id:.+}", self.v1_client),
+                ("DELETE", "/api/v1/clients/{client_id:.+}", self.v1_kick),
+                ("GET", "/api/v1/sessions", self.v1_sessions),
+                ("GET", "/api/v1/subscriptions", self.v1_subscriptions),
+                ("GET", "/api/v1/retained", self.v1_retained),
+                ("DELETE", "/api/v1/retained", self.v1_delete_retained),
+                ("POST", "/api/v1/publish", self.v1_publish),
+                ("GET", "/api/v1/bans", self.v1_bans),
+                ("POST", "/api/v1/bans", self.v1_ban),
+                ("DELETE", "/api/v1/bans", self.v1_unban),
+                ("POST", "/api/v1/reload", self.v1_reload))
+
+    async def start(self) -> None:
+        self.runner = web.AppRunner(self.app(), access_log=None)
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, self.s.host, self.s.port, reuse_address=True)
+        try:
+            await site.start()
+        except OSError:
+            await self.stop()
+            raise
+        self.port = site._server.sockets[0].getsockname()[1]
+        self.sampler.sample()  # the baseline for the first rates
+        self._tasks = [asyncio.create_task(self._sample()), asyncio.create_task(self._watch_job())]
+        log.info("dashboard on http://%s:%s/ (log in with an operator's account; %d in %s)",
+                 _url_host(self.s.host), self.port, len(self.accounts.accounts),
+                 self.accounts.path)
+
+    async def stop(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        try:
+            self.server.broker.remove_hook(self.counter)
+        except ValueError:
+            pass
+        self.logins.close()
+        await self.history.close()
+        if self.runner is not None:
+            await self.runner.cleanup()
+
+
+def _url_host(host: str) -> str:
+    if host in ("", "0.0.0.0", "::"):
+        return "127.0.0.1"
+    try:
+        return f"[{host}]" if ipaddress.ip_address(host).version == 6 else host
+    except ValueError:
+        return host
+
+
+def _plain(rec) -> dict:
+    from dataclasses import asdict
+    return asdict(rec)
+
+
+def _ban(b: dict) -> dict:
+    return {**b, "until": live.iso(b["until"]) if b.get("until") else None,
+            "at": live.iso(b["at"]) if b.get("at") else None}

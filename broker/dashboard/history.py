@@ -1,21 +1,26 @@
 """History charts: questions to the history job's Spark Connect server.
 
-The broker never starts Spark itself. A Spark Connect client session (pyspark, imported on the
-first question) lives in one worker thread, so the event loop never waits for Spark; each
-question has a timeout, after which its Spark operations are interrupted. Every user input is
-checked here first (topic filter with the broker's own rules, time range) and reaches Spark as
-a query parameter, never as SQL text.
+The broker never starts Spark, and never loads its client either: a Spark Connect client
+(pyspark, grpc, pyarrow: about 120 MiB) would stay in the broker process for good. Questions
+are answered by a small child process (history_worker.py, ``python -m
+broker.dashboard.history_worker URL``) started at the first question, one question at a time,
+that exits after ``[dashboard] history_worker_idle_seconds`` without one. A question that takes
+longer than ``history_timeout_seconds`` ends the child (its Spark operations with it); the next
+question starts a new one. Every user input is checked here first (topic filter with the
+broker's own rules, time range) and reaches Spark as a query parameter, never as SQL text.
 """
 from __future__ import annotations
 
 import asyncio
-import atexit
 import datetime as dt
+import json
 import logging
-import threading
+import math
+import os
+import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 
 from mqtt_topics import valid_topic_filter
 
@@ -84,17 +89,21 @@ def parse_time(value: str | None, name: str) -> float | None:
     v = value.strip()
     try:
         x = float(v)
-        return x / 1000.0 if x > 1e11 else x  # milliseconds when that large
     except ValueError:
         pass
+    else:
+        if not math.isfinite(x) or x < 0 or x > 1e14:
+            raise BadRequest(f"'{name}' must be a time: epoch seconds (or milliseconds) from 0 "
+                             f"or ISO 8601 such as 2026-05-01T10:00:00Z, not {value[:50]!r}")
+        return x / 1000.0 if x > 1e11 else x  # milliseconds when that large
     try:
         t = dt.datetime.fromisoformat(v.replace("Z", "+00:00"))
-    except ValueError:
+        if t.tzinfo is None:
+            t = t.replace(tzinfo=dt.timezone.utc)
+        return t.timestamp()
+    except (ValueError, OverflowError):
         raise BadRequest(f"'{name}' must be a time such as 2026-05-01T10:00:00Z or epoch "
-                         f"seconds, not {value!r}") from None
-    if t.tzinfo is None:
-        t = t.replace(tzinfo=dt.timezone.utc)
-    return t.timestamp()
+                         f"seconds, not {value[:50]!r}") from None
 
 
 @dataclass
@@ -153,26 +162,39 @@ LATEST_SQL = f"""SELECT unix_millis(accepted_at) AS at_ms, topic, client_id, qos
 FROM messages WHERE {WHERE} ORDER BY accepted_at DESC, kafka_offset DESC LIMIT {LATEST_ROWS}"""
 
 
-def _iso(ms: int | None) -> str | None:
-    if ms is None:
+def iso(t: float | None) -> str | None:
+    """Epoch seconds as ISO 8601 UTC with milliseconds."""
+    if t is None:
         return None
-    t = dt.datetime.fromtimestamp(ms / 1000, dt.timezone.utc)
-    return t.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return dt.datetime.fromtimestamp(t, dt.timezone.utc).isoformat(
+        timespec="milliseconds").replace("+00:00", "Z")
+
+
+def question(q: HistoryQuery) -> dict:
+    """What the worker process gets for one question (JSON)."""
+    return {"filter": q.filter, "start": q.start, "end": q.end, "bucket": q.bucket,
+            "params": q.params}
+
+
+ROOT = str(Path(__file__).resolve().parents[2])   # the directory holding broker/
 
 
 class HistoryClient:
-    """Spark Connect questions from the broker, one at a time, in a worker thread."""
+    """Asks the history job from a child process (history_worker.py), one question at a time."""
 
-    def __init__(self, url: str, timeout: float, start_hint: str):
+    def __init__(self, url: str, timeout: float, start_hint: str, idle_seconds: float = 120.0):
         from settings import connect_address
         self.url = url
         self.host, self.port = connect_address(url)
         self.timeout = timeout
         self.start_hint = start_hint
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="dashboard-history")
-        self._spark = None
-        self._lock = threading.Lock()
+        self.idle_seconds = idle_seconds
+        self.proc: asyncio.subprocess.Process | None = None
+        self._lock = asyncio.Lock()
         self._waiting = 0
+        self._idle = None
+        self.started = 0   # worker processes started so far
+        self.command = [sys.executable, "-m", "broker.dashboard.history_worker", url]
 
     def not_running(self) -> str:
         return (f"the history job is not running (start it with {self.start_hint}); the "
@@ -193,113 +215,86 @@ class HistoryClient:
             raise BadRequest("the history job is busy with earlier questions: try again in a "
                              "moment")
         self._waiting += 1
-        loop = asyncio.get_running_loop()
-        fut = loop.run_in_executor(self._pool, self._answer, q)
         try:
-            answer = await asyncio.wait_for(asyncio.shield(fut), self.timeout)
-            log.info("history %s over %g s answered in %.2f s (%d messages)", q.filter,
-                     q.end - q.start, answer["seconds"], answer["total"])
-            return answer
+            async with self._lock:
+                answer = await self._ask(q)
+        finally:
+            self._waiting -= 1
+        log.info("history %s over %g s answered in %.2f s (%d messages)", q.filter,
+                 q.end - q.start, answer["seconds"], answer["total"])
+        return answer
+
+    async def _worker(self) -> asyncio.subprocess.Process:
+        if self._idle is not None:
+            self._idle.cancel()
+            self._idle = None
+        p = self.proc
+        if p is not None and p.returncode is None:
+            return p
+        env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+        self.proc = await asyncio.create_subprocess_exec(
+            *self.command, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, env=env, cwd=ROOT,
+            limit=64 << 20)
+        self.started += 1
+        log.info("history: started the worker process (pid %d) for %s", self.proc.pid, self.url)
+        return self.proc
+
+    async def _ask(self, q: HistoryQuery) -> dict:
+        proc = await self._worker()
+        try:
+            proc.stdin.write(json.dumps(question(q)).encode() + b"\n")
+            await proc.stdin.drain()
+            line = await asyncio.wait_for(proc.stdout.readline(), self.timeout)
         except asyncio.TimeoutError:
-            self._interrupt()
+            await self._stop_worker()  # ends its Spark operations too
             raise TimeoutError(f"the history job did not answer within {self.timeout:g} s "
                                "([dashboard] history_timeout_seconds): try a shorter range or a "
                                "narrower filter") from None
-        finally:
-            self._waiting -= 1
+        except (ConnectionError, BrokenPipeError):
+            line = b""
+        if not line:
+            await self._stop_worker()
+            raise RuntimeError("the history worker process ended without an answer (see the "
+                               "broker's log)")
+        self._idle = asyncio.get_running_loop().call_later(
+            self.idle_seconds, lambda: asyncio.ensure_future(self._stop_idle()))
+        r = json.loads(line)
+        if r.get("error") == "not_running":
+            raise JobNotRunning(self.not_running())
+        if r.get("error") == "no_spark_client":
+            raise JobNotRunning(
+                f"history charts need the Spark Connect client in the broker's Python "
+                f"environment (pip install 'pyspark[connect]'), which has none "
+                f"({r.get('detail')}); query the history where the job runs: python -m sink.query")
+        if "error" in r:
+            raise RuntimeError(r["error"])
+        return r["answer"]
 
-    def _interrupt(self) -> None:
-        spark = self._spark
-        if spark is not None:
-            threading.Thread(target=lambda: _quietly(spark.interruptAll), daemon=True).start()
+    async def _stop_idle(self) -> None:
+        if self._lock.locked():
+            return
+        await self._stop_worker()
 
-    def _session(self):
-        with self._lock:
-            if self._spark is None:
-                try:
-                    from pyspark.sql import SparkSession
-                except ImportError as exc:  # e.g. the broker's container image: no Spark in it
-                    raise JobNotRunning(
-                        f"history charts need the Spark Connect client in the broker's Python "
-                        f"environment (pip install 'pyspark[connect]'), which has none ({exc}); "
-                        f"query the history where the job runs: python -m sink.query") from None
-                self._spark = SparkSession.builder.remote(self.url).create()
-            return self._spark
+    async def _stop_worker(self) -> None:
+        p, self.proc = self.proc, None
+        if p is None or p.returncode is not None:
+            return
+        try:
+            p.stdin.close()          # the worker exits at end of input...
+            await asyncio.wait_for(p.wait(), 2.0)
+        except (asyncio.TimeoutError, OSError):
+            p.kill()                 # ...or now
+            await p.wait()
+        log.info("history: the worker process (pid %d) stopped", p.pid)
 
-    def _answer(self, q: HistoryQuery) -> dict:
-        started = time.monotonic()
-        for attempt in (1, 2):
-            spark = self._session()
-            try:
-                return self._run(spark, q, started)
-            except Exception as exc:
-                if not _connection_problem(exc):
-                    raise
-                if attempt == 2:  # stopped (or restarting) after the port check
-                    raise JobNotRunning(self.not_running()) from None
-                # the job was restarted: its server forgot our session; start a new one
-                log.info("history: Spark Connect session lost (%s); reconnecting",
-                         str(exc).splitlines()[0][:200])
-                with self._lock:
-                    self._spark = None
-                _drop(spark)
-        raise AssertionError("unreachable")
-
-    @staticmethod
-    def _run(spark, q: HistoryQuery, started: float) -> dict:
-        args = q.params
-        # three independent questions: asked at once (one Spark Connect session serves
-        # concurrent operations), so the answer takes about as long as the slowest one
-        with ThreadPoolExecutor(3, thread_name_prefix="dashboard-sql") as pool:
-            counts_f, values_f, latest_f = (
-                pool.submit(lambda sql=sql: spark.sql(sql, args=args).collect())
-                for sql in (COUNTS_SQL, VALUES_SQL, LATEST_SQL))
-            counts = [(r.bucket, r.n) for r in counts_f.result()]
-            series: dict[str, list] = {}
-            for r in values_f.result():
-                series.setdefault(r.topic, []).append([r.bucket, r.x])
-            latest = [{"accepted_at": _iso(r.at_ms), "topic": r.topic,
-                       "client_id": r.client_id, "qos": r.qos, "retain": r.retain,
-                       "payload_text": r.payload_text,
-                       "payload_base64": None if r.payload_text is not None else r.payload_base64,
-                       "bytes": r.bytes}
-                      for r in latest_f.result()]
-        return {"filter": q.filter, "from": q.start, "to": q.end, "bucket_seconds": q.bucket,
-                "counts": counts, "total": sum(n for _, n in counts),
-                "values": [{"topic": t, "points": pts} for t, pts in series.items()],
-                "latest": latest, "seconds": round(time.monotonic() - started, 3)}
-
-    def close(self) -> None:
-        spark = self._spark
-        self._spark = None
-        if spark is not None:
-            _drop(spark)
-        self._pool.shutdown(wait=False, cancel_futures=True)
-
-
-def _connection_problem(exc: Exception) -> bool:
-    text = f"{type(exc).__name__} {exc}"
-    return any(s in text for s in ("UNAVAILABLE", "SESSION_NOT_FOUND", "INVALID_HANDLE",
-                                   "SESSION_CLOSED", "Connection refused", "RetriesExceeded"))
-
-
-def _drop(spark) -> None:
-    """Let a Spark Connect session go without ever holding up the broker: pyspark's exit hook
-    would otherwise retry its clean-up calls for minutes when the job (the server) has stopped
-    first, and the broker process would not exit. Release the session in the background."""
-    client = getattr(spark, "_client", None)
-    if client is not None:
-        atexit.unregister(client._on_exit)
-    threading.Thread(target=_quietly, args=(spark.stop,), daemon=True,
-                     name="dashboard-connect-close").start()
-
-
-def _quietly(fn) -> None:
-    try:
-        fn()
-    except Exception:
-        pass
+    async def close(self) -> None:
+        if self._idle is not None:
+            self._idle.cancel()
+        p, self.proc = self.proc, None
+        if p is not None and p.returncode is None:
+            p.kill()
+            await p.wait()
 
 
 __all__ = ["HistoryClient", "HistoryQuery", "BadRequest", "JobNotRunning", "make_query",
-           "filter_regex", "check_filter", "parse_time"]
+           "filter_regex", "check_filter", "parse_time", "question"]

@@ -1,21 +1,33 @@
-"""What the dashboard shows about the running broker: read-only views of its state.
+"""What the dashboard shows about the running broker, read through the core's read-only view
+(broker/core/view.py: BrokerView), never from its objects.
 
-Nothing here runs per message. The only per-message cost of the dashboard is one dict
-increment in Broker.route (``broker.topic_counts``, set only when the dashboard is enabled);
-the Sampler below turns the broker's counters into rates every ``sample_seconds``.
+Nothing here runs per message but TopicCounter, a hook on accepted messages (one dict
+increment each, attached only while the dashboard is on); the Sampler turns the view's counters
+into rates every ``sample_seconds``. Every time in an answer is ISO 8601 in UTC (``iso()``).
 """
 from __future__ import annotations
 
 import base64
+import datetime as dt
 import time
 from collections import deque
+from dataclasses import asdict
 
 from mqtt_topics import matches
 
-PROTOCOLS = {3: "3.1", 4: "3.1.1", 5: "5.0"}
+from ..core.hooks import Hook
+
 DROP_REASONS = ("queue_full", "expired", "too_large", "slow_consumer", "not_authorized",
                 "topic_limit", "sink_refused")
 PREVIEW_BYTES = 200
+
+
+def iso(t: float | None) -> str | None:
+    """Epoch seconds as ISO 8601 UTC with milliseconds: 2026-05-01T10:00:00.000Z."""
+    if t is None:
+        return None
+    return dt.datetime.fromtimestamp(t, dt.timezone.utc).isoformat(
+        timespec="milliseconds").replace("+00:00", "Z")
 
 
 def dropped(stats: dict) -> dict[str, int]:
@@ -37,74 +49,81 @@ def preview(payload: bytes, limit: int = PREVIEW_BYTES) -> dict:
             "bytes": len(payload)}
 
 
-class TopicCounter:
-    """Messages routed per topic, bounded by entries.
+class TopicCounter(Hook):
+    """Accepted messages per topic, bounded by entries: a hook on ``on_message_accepted``
+    (attached while the dashboard runs), so the router itself counts nothing.
 
-    The broker increments ``counts`` (a plain dict) for topics already in it and adds new topics
-    while it holds fewer than ``max_topics``. Each sample turns increments into per-topic rates;
-    when the dict is near full, topics that saw nothing since the previous sample make room.
+    Topics already counted are incremented; new topics are added while fewer than
+    ``max_topics`` are held. Each sample turns increments into per-topic rates; when the dict is
+    near full, topics that saw nothing since the previous sample make room.
     """
+    provides = frozenset({"on_message_accepted"})
 
-    def __init__(self, broker, max_topics: int):
-        self.broker = broker
+    def __init__(self, max_topics: int):
         self.max_topics = max_topics
         self.counts: dict[str, int] = {}
         self.prev: dict[str, int] = {}
         self.prev_t = time.monotonic()
         self.rates: dict[str, float] = {}
-        broker.topic_counts_max = max_topics
-        broker.topic_counts = self.counts
+
+    def on_message_accepted(self, msg, client_id, username, protocol) -> bool:
+        counts = self.counts
+        c = counts.get(msg.topic)
+        if c is not None:
+            counts[msg.topic] = c + 1
+        elif len(counts) < self.max_topics:
+            counts[msg.topic] = 1
+        return True
 
     def sample(self, now: float) -> None:
         counts, prev = self.counts, self.prev
-        dt = max(now - self.prev_t, 1e-6)
-        self.rates = {t: (n - prev.get(t, 0)) / dt for t, n in counts.items() if n != prev.get(t)}
+        dt_ = max(now - self.prev_t, 1e-6)
+        self.rates = {t: (n - prev.get(t, 0)) / dt_ for t, n in counts.items() if n != prev.get(t)}
         if len(counts) >= self.max_topics * 0.9:
             for t in [t for t in counts if t not in self.rates]:
                 del counts[t]
         self.prev = dict(counts)
         self.prev_t = now
 
-    def close(self) -> None:
-        self.broker.topic_counts = None
-
 
 class Sampler:
     """Every ``interval`` seconds: a point of every live series, kept for ``keep`` points."""
 
-    def __init__(self, server, interval: float, keep: int, topics: TopicCounter | None,
-                 history_status=None):
-        self.server = server
+    def __init__(self, view, io_bytes, interval: float, keep: int, topics: TopicCounter | None,
+                 sink_stats=None, history_status=None):
+        """view: a BrokerView; io_bytes(): (bytes in, bytes out) of the server."""
+        self.view = view
+        self.io_bytes = io_bytes
         self.interval = interval
         self.points: deque = deque(maxlen=keep)
         self.topics = topics
+        self.sink_stats = sink_stats or (lambda: {})
         self.history_status = history_status or (lambda: {})
         self._last = None  # (t, counters) of the previous sample
 
     def counters(self) -> dict:
-        b = self.server.broker
-        return {"in": list(b.received_by_qos), "out": list(b.sent_by_qos),
-                "dropped": dropped(b.stats),
-                "bytes_in": self.server.bytes_in, "bytes_out": self.server.bytes_out}
+        c = self.view.counters()
+        bytes_in, bytes_out = self.io_bytes()
+        return {"in": list(c["received_by_qos"]), "out": list(c["sent_by_qos"]),
+                "dropped": dropped(c), "bytes_in": bytes_in, "bytes_out": bytes_out}
 
     def sample(self) -> dict:
-        now, wall = time.monotonic(), time.time()
-        b = self.server.broker
+        now, ms = time.monotonic(), int(time.time() * 1000)
         c = self.counters()
-        point = {"t": round(wall, 3), "connections": len(b.connections),
-                 "sessions": len(b.sessions), "subscriptions": b.router.count,
-                 "retained": b.retained.count}
+        st = self.view.stats()
+        point = {"t": iso(ms / 1000), "connections": st["connections"], "sessions": st["sessions"],
+                 "subscriptions": st["subscriptions"], "retained": st["retained"]}
         last = self._last
         if last is not None:
-            dt = max(now - last[0], 1e-6)
+            dt_ = max(now - last[0], 1e-6)
             prev = last[1]
-            point["in"] = [round((x - y) / dt, 2) for x, y in zip(c["in"], prev["in"])]
-            point["out"] = [round((x - y) / dt, 2) for x, y in zip(c["out"], prev["out"])]
-            point["dropped"] = {k: round((v - prev["dropped"].get(k, 0)) / dt, 2)
+            point["in"] = [round((x - y) / dt_, 2) for x, y in zip(c["in"], prev["in"])]
+            point["out"] = [round((x - y) / dt_, 2) for x, y in zip(c["out"], prev["out"])]
+            point["dropped"] = {k: round((v - prev["dropped"].get(k, 0)) / dt_, 2)
                                 for k, v in c["dropped"].items()}
-            point["bytes_in"] = round((c["bytes_in"] - prev["bytes_in"]) / dt, 1)
-            point["bytes_out"] = round((c["bytes_out"] - prev["bytes_out"]) / dt, 1)
-        sink = sink_stats(self.server)
+            point["bytes_in"] = round((c["bytes_in"] - prev["bytes_in"]) / dt_, 1)
+            point["bytes_out"] = round((c["bytes_out"] - prev["bytes_out"]) / dt_, 1)
+        sink = self.sink_stats()
         if sink:
             point["spool_messages"] = sink.get("spool_messages")
             point["kafka_lag_seconds"] = sink.get("lag_seconds")
@@ -115,66 +134,55 @@ class Sampler:
         if self.topics is not None:
             self.topics.sample(now)
         if "in" in point:
+            point["_ms"] = ms
             self.points.append(point)
         return point
 
     def series(self, since: float = 0.0) -> list[dict]:
-        return [p for p in self.points if p["t"] > since]
+        """Points after `since` (epoch seconds; a point's own "t" gives the points after it)."""
+        since_ms = round(since * 1000)
+        return [{k: v for k, v in p.items() if k != "_ms"} for p in self.points
+                if p["_ms"] > since_ms]
 
 
-def sink_stats(server) -> dict:
-    """The sink's stats() (any keys; other components add theirs), {} without a sink."""
-    stats = server.broker.hook_stats().get("sink") or {}  # a failing hook gives none
+def sink_stats(stats: dict | None) -> dict:
+    """The sink's figures (its hook's stats(): Broker.hook_stats()["sink"]), the plain values
+    only; {} without a sink (or when its stats failed)."""
+    stats = stats or {}
     return {k: v for k, v in stats.items() if isinstance(v, (int, float, bool, str)) or v is None}
 
 
-def overview(server) -> dict:
-    """Totals since the broker started."""
-    b = server.broker
-    sessions = b.sessions.values()
-    return {"connections": len(b.connections), "sessions": len(b.sessions),
-            "subscriptions": b.router.count, "retained": b.retained.count,
-            "received_by_qos": list(b.received_by_qos), "sent_by_qos": list(b.sent_by_qos),
-            "dropped": dropped(b.stats), "connections_total": b.stats.get("connections_total", 0),
-            "queued": sum(len(s.queue) for s in sessions),
-            "inflight": sum(len(s.inflight_out) for s in sessions),
-            "bytes_in": server.bytes_in, "bytes_out": server.bytes_out}
+def overview(view, io_bytes) -> dict:
+    """Totals since the broker started (retained: clients' messages, without $SYS)."""
+    st = view.stats()
+    bytes_in, bytes_out = io_bytes()
+    return {"connections": st["connections"], "sessions": st["sessions"],
+            "subscriptions": st["subscriptions"], "retained": st["retained"],
+            "retained_sys": st["retained_sys"],
+            "received_by_qos": list(st["received_by_qos"]), "sent_by_qos": list(st["sent_by_qos"]),
+            "dropped": dropped(st), "connections_total": st.get("connections_total", 0),
+            "queued": st["queued"], "inflight": st["inflight"],
+            "bytes_in": bytes_in, "bytes_out": bytes_out}
 
 
-def clients(broker, query: str = "", limit: int = 500) -> dict:
+def client_json(rec) -> dict:
+    d = asdict(rec)
+    d["connected_since"] = iso(rec.connected_since)
+    d["subscriptions"] = [{"filter": s.filter, "qos": s.qos} for s in rec.subscriptions]
+    return d
+
+
+def clients(view, query: str = "", limit: int = 500) -> dict:
     """Connected clients, sorted by client id; ``query`` keeps ids containing it (any case)."""
-    q = query.lower()
-    now_mono, now_wall = broker.clock(), broker.wall()
-    found = []
-    for conn in broker.connections:
-        s = conn.session
-        if s is None or s.link is not conn:  # not (or no longer) past CONNECT
-            continue
-        if q and q not in conn.client_id.lower():
-            continue
-        found.append(conn)
-    found.sort(key=lambda c: c.client_id)
-    out = []
-    for conn in found[:limit]:
-        s = conn.session
-        out.append({
-            "client_id": conn.client_id, "protocol": PROTOCOLS.get(conn.level, str(conn.level)),
-            "username": conn.username, "address": conn.peer,
-            "connected_since": round(now_wall - (now_mono - conn.connected_at), 3),
-            "keep_alive": conn.keep_alive,
-            "subscriptions": [{"filter": sub.filter, "qos": sub.qos}
-                              for sub in list(s.subscriptions.values())[:100]],
-            "subscription_count": len(s.subscriptions),
-            "inflight": len(s.inflight_out), "queued": len(s.queue)})
-    return {"clients": out, "matched": len(found), "connected": len(broker.connections),
-            "sessions": len(broker.sessions), "limit": limit}
+    found, matched = view.clients(query, limit)
+    st = view.stats()
+    return {"clients": [client_json(r) for r in found], "matched": matched,
+            "connected": st["connections"], "sessions": st["sessions"], "limit": limit}
 
 
-def topics(broker, counter: TopicCounter | None, filt: str = "#", limit: int = 2000) -> dict:
+def topics(view, counter: TopicCounter | None, filt: str = "#", limit: int = 2000) -> dict:
     """Topics with a retained message or recent traffic, matching filt, sorted by name."""
-    now = broker.clock()
-    retained = {m.topic: m for m in broker.retained.match(filt)  # walks only what can match
-                if m.expires_at is None or m.expires_at > now}
+    retained = {r.topic: r for r in view.retained(filt, limit=1_000_000)[0]}
     counts = counter.counts if counter is not None else {}
     rates = counter.rates if counter is not None else {}
     names = list(retained) + [t for t in counts if t not in retained and matches(filt, t)]
@@ -185,7 +193,7 @@ def topics(broker, counter: TopicCounter | None, filt: str = "#", limit: int = 2
         m = retained.get(t)
         if m is not None:
             item["retained"] = {**preview(m.payload), "qos": m.qos,
-                                "at": round(m.accepted_at, 3) if m.accepted_at else None}
+                                "at": iso(m.accepted_at) if m.accepted_at else None}
         out.append(item)
     return {"topics": out, "matched": len(names), "limit": limit,
             "counted_topics": len(counts), "max_counted_topics":

@@ -13,19 +13,23 @@ import time
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from ..core.view import BrokerView
+
 log = logging.getLogger("broker.metrics")
 
 
 class BrokerCollector:
     def __init__(self, server):
         self.server = server
+        self.view = BrokerView(server.broker)  # the core's read-only view (core/view.py)
 
     def collect(self):
-        st = self.server.broker.stats_view()  # read-only figures (core/broker.py)
+        st = self.view.stats()
         yield GaugeMetricFamily("mqtt_connections", "Open client connections", value=st["connections"])
         yield GaugeMetricFamily("mqtt_sessions", "Sessions (connected and offline)", value=st["sessions"])
         yield GaugeMetricFamily("mqtt_subscriptions", "Subscriptions", value=st["subscriptions"])
-        yield GaugeMetricFamily("mqtt_retained_messages", "Retained messages", value=st["retained"])
+        yield GaugeMetricFamily("mqtt_retained_messages", "Retained messages (clients', not $SYS)",
+                                value=st["retained"])
         yield GaugeMetricFamily("mqtt_queued_messages", "Messages queued for sessions", value=st["queued"])
         yield GaugeMetricFamily("mqtt_inflight_messages", "Unacknowledged outbound QoS 1/2",
                                 value=st["inflight"])
@@ -81,7 +85,7 @@ async def start_http(server, host: str, port: int):
             if path == "/metrics":
                 body, ctype, status = generate_latest(registry), "text/plain; version=0.0.4", "200 OK"
             elif path in ("/health", "/healthz"):
-                st = server.broker.stats_view()
+                st = BrokerView(server.broker).stats()
                 info = {"status": "ok", "uptime_seconds": round(time.time() - started, 1),
                         "connections": st["connections"], "sessions": st["sessions"]}
                 for section, stats in server.broker.hook_stats().items():

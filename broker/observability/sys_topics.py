@@ -9,17 +9,19 @@ import time
 
 from .. import __version__
 from ..core.message import Message
+from ..core.view import BrokerView
 
 
 class SysPublisher:
     def __init__(self, server, interval: float = 10.0):
         self.server = server
+        self.view = BrokerView(server.broker)  # the core's read-only view (core/view.py)
         self.interval = interval
         self.started = time.time()
         self.last = 0.0
 
     def values(self) -> dict[str, str]:
-        st = self.server.broker.stats_view()  # read-only figures (core/broker.py)
+        st = self.view.stats()
         received, sent = str(sum(st["received_by_qos"])), str(sum(st["sent_by_qos"]))
         return {
             "$SYS/broker/version": f"mqtt-history-broker {__version__}",
@@ -36,7 +38,7 @@ class SysPublisher:
                                            "dropped_too_large", "dropped_slow_consumer"))),
             "$SYS/broker/bytes/received": str(self.server.bytes_in),
             "$SYS/broker/bytes/sent": str(self.server.bytes_out),
-            "$SYS/broker/retained messages/count": str(st["retained"]),
+            "$SYS/broker/retained messages/count": str(st["retained"] + st["retained_sys"]),
             "$SYS/broker/subscriptions/count": str(st["subscriptions"]),
             "$SYS/broker/store/messages/count": str(st["queued"]),
         }

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -25,6 +24,8 @@ import pytest
 
 from sink.forward.kafka_embedded import EmbeddedKafka
 from tests.conftest import ROOT, BrokerProcess, free_port, wait_port
+from tests.e2e.chromium import log_in, start_chromium
+from tests.integration.dashboard_http import ADMIN, ADMIN_PW, make_accounts
 
 pytestmark = [pytest.mark.e2e, pytest.mark.kafka, pytest.mark.timeout(600)]
 
@@ -32,13 +33,15 @@ DEVICES = 3
 READINGS = 20          # numeric readings per device, published over MQTT
 ROOMS = 3
 ROOM_MINUTES = 55      # readings per room written straight to Kafka, one a minute before now
-CHROMIUM = shutil.which("chromium")
-CHROMEDRIVER = shutil.which("chromedriver")
 
 
 def http_json(url: str, timeout: float = 60.0) -> tuple[int, dict]:
+    """GET as the stack's operator (HTTP Basic)."""
+    import base64
+    req = urllib.request.Request(url, headers={"Authorization": "Basic " + base64.b64encode(
+        f"{ADMIN}:{ADMIN_PW}".encode()).decode()})
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
             return r.status, json.loads(r.read())
     except urllib.error.HTTPError as e:
         return e.code, json.loads(e.read() or b"{}")
@@ -93,6 +96,7 @@ class Stack:
         self.broker = BrokerProcess(self.tmp, settings={
             "dashboard.enabled": True, "dashboard.port": self.dash_port,
             "dashboard.sample_seconds": 1, "dashboard.connect_url": self.url,
+            "dashboard.users_file": make_accounts(self.tmp),
             "history.table": self.table}, args=["--kafka-bootstrap", self.kafka.bootstrap]).start()
         wait_port(self.dash_port, self.broker.proc)
         self.job_log = open(self.tmp / "job.log", "ab")
@@ -235,6 +239,48 @@ def test_batches_and_days_written_later_are_visible_to_the_server(stack):
     assert got[0] == {"d": old_day, "n": 1}
 
 
+def _mapped_files(pid: int) -> str:
+    with open(f"/proc/{pid}/maps") as f:
+        return f.read()
+
+
+def _rss_kib(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/children") as f:
+            out += [int(x) for x in f.read().split()]
+    return out
+
+
+def test_history_questions_do_not_load_spark_into_the_broker(stack):
+    """The Spark Connect client (pyspark, grpc, pyarrow: ~120 MiB) answers from a child process;
+    the broker's own memory holds none of it, before or after a question."""
+    pid = stack.broker.proc.pid
+    # the login's password hash (scrypt: 16 MiB in the login thread) comes before the baseline
+    assert http_json(f"{stack.dashboard}/api/live")[0] == 200
+    before = _rss_kib(pid)
+    q = urllib.parse.urlencode({"filter": "sensors/#", "from": time.time() - 3700})
+    status, r = http_json(f"{stack.dashboard}/api/history?{q}", timeout=120)
+    assert status == 200 and r["total"] > 0, r
+    maps = _mapped_files(pid)
+    for lib in ("pyspark", "grpc", "pyarrow", "pandas"):
+        assert lib not in maps, f"{lib} is loaded into the broker process"
+    grown = (_rss_kib(pid) - before) / 1024
+    print(f"broker RSS {before / 1024:.1f} MiB before the question, grew {grown:.1f} MiB")
+    assert grown < 8, f"the broker grew {grown:.1f} MiB answering a history question"
+    workers = [c for c in _children(pid)
+               if b"history_worker" in open(f"/proc/{c}/cmdline", "rb").read()]
+    assert len(workers) == 1  # the one worker process answers, and stays for the next question
+    status, r = http_json(f"{stack.dashboard}/api/history?{q}", timeout=120)
+    assert status == 200 and workers == [c for c in _children(pid)
+                                         if b"history_worker" in open(f"/proc/{c}/cmdline", "rb").read()]
+
+
 def test_history_api_answers_from_spark(stack):
     q = urllib.parse.urlencode({"filter": "sensors/+/temp", "from": time.time() - 3700,
                                 "to": time.time() + 60})
@@ -242,6 +288,7 @@ def test_history_api_answers_from_spark(stack):
     assert status == 200, r
     assert r["total"] >= DEVICES * READINGS + ROOMS * (ROOM_MINUTES - 5)
     assert sum(n for _, n in r["counts"]) == r["total"]
+    assert all(t.endswith("Z") and "T" in t for t, _ in r["counts"]) and r["from"].endswith("Z")
     assert len(r["counts"]) > 10  # spread over the hour
     topics = {s["topic"] for s in r["values"]}
     assert topics == {f"sensors/dev-{d}/temp" for d in range(DEVICES)} | \
@@ -262,19 +309,7 @@ def test_history_api_answers_from_spark(stack):
 
 @pytest.fixture(scope="module")
 def browser(tmp_path_factory):
-    assert CHROMIUM and CHROMEDRIVER, "Debian's chromium and chromium-driver are needed " \
-                                      "(bash scripts/setup.sh installs them)"
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = CHROMIUM
-    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync", "--disable-dev-shm-usage", "--window-size=1280,900",
-                 f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}"):
-        opts.add_argument(flag)
-    driver = webdriver.Chrome(options=opts, service=Service(executable_path=CHROMEDRIVER))
-    driver.set_page_load_timeout(120)
+    driver = start_chromium(tmp_path_factory.mktemp("chromium-profile"))
     try:
         yield driver
     finally:
@@ -328,7 +363,7 @@ def test_dashboard_page_renders_live_and_history_charts(stack, browser, tmp_path
 
 def _page_checks(stack, d, tmp_path):
     time.sleep(5)
-    d.get(stack.dashboard + "/#live")
+    log_in(d, stack.dashboard + "/#live", ADMIN, ADMIN_PW)
     _wait_attr(d, "#chart-in", "data-points", lambda v: int(v) >= 3)
     assert int(_attr(d, "#chart-in", "data-series")) == 3
     assert d.execute_script("return document.querySelectorAll('#chart-in canvas').length") >= 1

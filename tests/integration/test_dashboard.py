@@ -4,46 +4,44 @@ from __future__ import annotations
 
 import base64
 import json
+import os
+import re
+import socket
+import stat
+import subprocess
+import sys
 import time
-import urllib.error
-import urllib.request
 
 import paho.mqtt.client as mqtt
 import pytest
 
 from broker.auth import hash_password
-from tests.conftest import free_port, wait_port
+from tests.conftest import ROOT, free_port, wait_port
+from tests.integration.dashboard_http import (ADMIN, ADMIN_PW, VIEWER, VIEWER_PW,
+                                              request, start_dashboard, wait_until)
+from tests.integration.dashboard_http import get as _get
+from tests.integration.dashboard_http import get_json as _get_json
 
 pytestmark = pytest.mark.timeout(120)
+ISO_UTC = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
 
 
-def get(url: str, user: str | None = None, password: str | None = None, timeout: float = 30):
-    req = urllib.request.Request(url)
-    if user is not None:
-        token = base64.b64encode(f"{user}:{password}".encode()).decode()
-        req.add_header("Authorization", f"Basic {token}")
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return r.status, dict(r.headers), r.read()
-    except urllib.error.HTTPError as e:
-        return e.code, dict(e.headers), e.read()
+def get(url, user=VIEWER, password=VIEWER_PW, **kw):
+    """As the read-only operator unless told otherwise."""
+    return _get(url, user, password, **kw)
 
 
-def get_json(url: str, **kw):
-    status, _, body = get(url, **kw)
-    return status, json.loads(body)
+def get_json(url, user=VIEWER, password=VIEWER_PW, **kw):
+    return _get_json(url, user=user, password=password, **kw)
 
 
 @pytest.fixture
-def dash(make_broker):
-    port, metrics = free_port(), free_port()
-    b = make_broker({"dashboard.enabled": True, "dashboard.port": port,
-                     "dashboard.sample_seconds": 0.5, "dashboard.max_topics": 50,
-                     "dashboard.connect_url": f"sc://127.0.0.1:{free_port()}",
-                     "metrics.enabled": True, "metrics.port": metrics})
-    wait_port(port, b.proc)
+def dash(make_broker, tmp_path):
+    metrics = free_port()
+    b = start_dashboard(make_broker, tmp_path, {
+        "dashboard.sample_seconds": 0.5, "dashboard.max_topics": 50,
+        "metrics.enabled": True, "metrics.port": metrics, "metrics.sys_interval": 1})
     wait_port(metrics, b.proc)
-    b.dashboard = f"http://127.0.0.1:{port}"
     b.metrics = f"http://127.0.0.1:{metrics}"
     return b
 
@@ -57,16 +55,6 @@ def client(b, cid, protocol=mqtt.MQTTv5, user=None, password=None):
     return c
 
 
-def wait_until(fn, timeout=20.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = fn()
-        if v:
-            return v
-        time.sleep(0.2)
-    raise AssertionError("timed out")
-
-
 def test_page_and_vendored_chart_library_are_served(dash):
     status, headers, body = get(dash.dashboard + "/")
     assert status == 200 and b"uPlot.iife.min.js" in body and b"app.js" in body
@@ -74,6 +62,8 @@ def test_page_and_vendored_chart_library_are_served(dash):
     assert status == 200 and b"uPlot" in body[:200] and b"MIT" in body[:200]
     status, _, _ = get(dash.dashboard + "/static/../api.py")
     assert status in (403, 404)
+    status, headers, body = get(dash.dashboard + "/favicon.ico")
+    assert status == 200 and headers["Content-Type"].startswith("image/svg") and b"<svg" in body
     # the metrics listener still serves Prometheus and health beside it
     status, _, body = get(dash.metrics + "/metrics")
     assert status == 200 and b"mqtt_connections" in body
@@ -94,7 +84,8 @@ def test_clients_listed_with_details_and_searchable(dash):
         assert by["sensor-a"]["subscriptions"] == [{"filter": "cmd/a/#", "qos": 1}]
         assert by["sensor-b"]["subscriptions"] == [{"filter": "cmd/b/+", "qos": 2}]
         assert by["sensor-a"]["address"].startswith("127.0.0.1:")
-        assert abs(by["sensor-a"]["connected_since"] - time.time()) < 120
+        assert ISO_UTC.match(by["sensor-a"]["connected_since"]), by["sensor-a"]
+        assert abs(_epoch(by["sensor-a"]["connected_since"]) - time.time()) < 120
         assert by["sensor-a"]["inflight"] == 0 and by["sensor-a"]["queued"] == 0
         _, r = get_json(dash.dashboard + "/api/clients?q=SOR-B")
         assert [c["client_id"] for c in r["clients"]] == ["sensor-b"] and r["connected"] == 2
@@ -164,6 +155,7 @@ def test_live_series_have_rates_by_qos(dash):
         assert r["totals"]["received_by_qos"][1] >= 30 and r["totals"]["connections"] >= 1
         assert r["sink"] is None  # no sink in this broker
         assert r["history"]["running"] is False
+        assert ISO_UTC.match(r["now"]) and all(ISO_UTC.match(q["t"]) for q in r["points"])
         last = r["points"][-1]["t"]
         _, r2 = get_json(dash.dashboard + f"/api/live?since={last}")
         assert all(q["t"] > last for q in r2["points"])
@@ -191,27 +183,6 @@ def test_history_bad_input_and_job_not_running_get_clear_json_errors(dash, query
     assert "Traceback" not in r["error"]
 
 
-def test_dashboard_needs_the_brokers_passwords(make_broker, tmp_path):
-    pw = tmp_path / "passwd"
-    pw.write_text(f"alice:{hash_password('wonderland')}\nbob:{hash_password('builder')}\n")
-    port = free_port()
-    b = make_broker({"auth.password_file": str(pw), "dashboard.enabled": True,
-                     "dashboard.port": port, "dashboard.users": "alice"})
-    wait_port(port, b.proc)
-    url = f"http://127.0.0.1:{port}"
-    for path in ("/", "/api/live", "/api/clients", "/static/app.js"):
-        status, headers, body = get(url + path)
-        assert status == 401, path
-        assert headers.get("WWW-Authenticate", "").startswith("Basic realm=")
-    assert get(url + "/api/live", "alice", "wrong")[0] == 401
-    assert get(url + "/api/live", "mallory", "wonderland")[0] == 401
-    assert get(url + "/api/live", "bob", "builder")[0] == 401  # not in dashboard.users
-    status, _, body = get(url + "/api/live", "alice", "wonderland")
-    assert status == 200 and "points" in json.loads(body)
-    assert get(url + "/", "alice", "wonderland")[0] == 200
-    assert b.alive()
-
-
 def test_bad_dashboard_setting_stops_the_broker_with_a_message(tmp_path):
     import subprocess
     import sys
@@ -222,3 +193,260 @@ def test_bad_dashboard_setting_stops_the_broker_with_a_message(tmp_path):
                         "--set", "dashboard.sample_seconds=0"],
                        cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert p.returncode == 2 and "dashboard.sample_seconds" in p.stderr
+
+
+def _epoch(text: str) -> float:
+    import datetime as dt
+    return dt.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+# ---- who may use the dashboard -----------------------------------------------------------------
+
+API_PATHS = ("/api/live", "/api/clients", "/api/topics?filter=%23", "/api/history?filter=%23",
+             "/api/me", "/api/v1/clients", "/api/v1/sessions", "/api/v1/subscriptions",
+             "/api/v1/retained?filter=%23", "/api/v1/bans", "/api/v1/stats")
+FAST = {"n": 2 ** 4, "r": 1, "p": 1}
+
+
+def test_device_credentials_never_reach_the_dashboard(make_broker, tmp_path):
+    """Device accounts (the MQTT password file) do not log in: bob, refused `secret/alice/#` by
+    the ACL over MQTT, cannot read alice's retained PIN through the dashboard either."""
+    pw, acl = tmp_path / "passwd", tmp_path / "acl"
+    pw.write_text(f"alice:{hash_password('wonderland', **FAST)}\n"
+                  f"bob:{hash_password('builder', **FAST)}\n")
+    acl.write_text("user alice\ntopic readwrite secret/alice/#\nuser bob\ntopic readwrite bob/#\n")
+    b = start_dashboard(make_broker, tmp_path, {"auth.password_file": str(pw),
+                                                "auth.acl_file": str(acl),
+                                                "dashboard.login_failures": 1000})
+    a = client(b, "alice-phone", user="alice", password="wonderland")
+    try:
+        a.publish("secret/alice/pin", b"PIN=1234", qos=1, retain=True).wait_for_publish(5)
+        for user, password in (("bob", "builder"), ("alice", "wonderland")):
+            for path in API_PATHS:
+                status, _, body = get(b.dashboard + path, user, password)
+                assert status == 401 and b"PIN=1234" not in body, (user, path, status)
+            status, _, body = request(b.dashboard + "/api/login", "POST",
+                                      {"user": user, "password": password})
+            assert status == 401 and "device credentials" in json.loads(body)["error"]
+            assert "Set-Cookie" not in dict(_)
+        # an operator sees it: the secret is there to be found
+        status, r = get_json(b.dashboard + "/api/topics?filter=secret/%23", ADMIN, ADMIN_PW)
+        assert status == 200 and r["topics"][0]["retained"]["text"] == "PIN=1234"
+    finally:
+        a.loop_stop()
+        a.disconnect()
+
+
+def test_every_api_path_needs_a_login_without_a_password_file(dash):
+    for path in API_PATHS:
+        status, headers, body = get(dash.dashboard + path, None, None)
+        assert status == 401, path
+        assert "log in" in json.loads(body)["error"]
+        assert "WWW-Authenticate" not in headers  # no browser password prompt that caches
+    assert get(dash.dashboard + "/api/live", VIEWER, "wrong")[0] == 401
+    assert get(dash.dashboard + "/api/live", "nobody", VIEWER_PW)[0] == 401
+    # the page itself holds no data: served, and it shows a login form
+    status, _, body = get(dash.dashboard + "/", None, None)
+    assert status == 200 and b'id="login"' in body
+
+
+def test_first_start_creates_an_administrator_whose_password_only_the_owner_reads(make_broker,
+                                                                                   tmp_path):
+    port = free_port()
+    b = make_broker({"dashboard.enabled": True, "dashboard.port": port})
+    wait_port(port, b.proc)
+    secret = tmp_path / "dashboard-admin-password"
+    assert stat.S_IMODE(secret.stat().st_mode) == 0o600
+    assert stat.S_IMODE((tmp_path / "dashboard-users").stat().st_mode) == 0o600
+    password = secret.read_text().strip()
+    assert len(password) >= 20
+    wait_until(lambda: str(secret) in b.logs())
+    assert "first administrator 'admin'" in b.logs()
+    assert password not in b.logs()  # the log says where it is, never what it is
+    status, r = get_json(f"http://127.0.0.1:{port}/api/me", "admin", password)
+    assert status == 200 and r["role"] == "admin"
+    # a restart keeps the account and does not make another password
+    b.stop()
+    before = secret.stat().st_mtime_ns
+    b = make_broker({"dashboard.enabled": True, "dashboard.port": port})
+    wait_port(port, b.proc)
+    assert secret.stat().st_mtime_ns == before
+    assert get(f"http://127.0.0.1:{port}/api/me", "admin", password)[0] == 200
+
+
+def test_first_administrator_password_from_the_environment(tmp_path):
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": str(ROOT),
+           "MQTT_BROKER_DASHBOARD__INITIAL_ADMIN_PASSWORD": "from-the-env-1"}
+    p = subprocess.Popen([sys.executable, "-m", "broker", "--port", str(free_port()),
+                          "--host", "127.0.0.1", "--data-dir", str(tmp_path),
+                          "--set", "dashboard.enabled=true", "--set", f"dashboard.port={port}",
+                          "--set", "dashboard.initial_admin=boss"], cwd=ROOT, env=env,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_port(port, p)
+        assert not (tmp_path / "dashboard-admin-password").exists()
+        status, r = get_json(f"http://127.0.0.1:{port}/api/me", "boss", "from-the-env-1")
+        assert status == 200 and r["user"] == "boss" and r["role"] == "admin"
+    finally:
+        p.terminate()
+        p.wait(20)
+
+
+def _raw_get(port: int, host_header: str, path: str = "/api/live") -> tuple[int, bytes]:
+    """A request with exactly this Host header (urllib would set its own)."""
+    auth = base64.b64encode(f"{VIEWER}:{VIEWER_PW}".encode()).decode()
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(f"GET {path} HTTP/1.1\r\nHost: {host_header}\r\nAuthorization: Basic {auth}"
+                  f"\r\nConnection: close\r\n\r\n".encode())
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    return int(head.split()[1]), body
+
+
+def test_host_headers_that_are_not_the_dashboards_names_are_refused(make_broker, tmp_path):
+    """DNS rebinding: a page on evil.example whose name now points at 127.0.0.1 must not read."""
+    b = start_dashboard(make_broker, tmp_path, {"dashboard.allowed_hosts": "broker.lan"})
+    port = b.dash_port
+    for host in ("evil.example", f"evil.example:{port}", "127.0.0.1.evil.example",
+                 "localhost.", "", "[::2]", "local host"):
+        if host == "localhost.":
+            continue  # the same name as localhost
+        status, body = _raw_get(port, host)
+        assert status == 421, host
+        assert b"allowed_hosts" in body
+    for path in ("/", "/static/app.js"):
+        assert _raw_get(port, "evil.example", path)[0] == 421
+    for host in (f"localhost:{port}", f"127.0.0.1:{port}", "LOCALHOST", f"[::1]:{port}",
+                 f"broker.lan:{port}"):
+        assert _raw_get(port, host)[0] == 200, host
+
+
+def _login(url, user=ADMIN, password=ADMIN_PW):
+    status, headers, body = request(url + "/api/login", "POST", {"user": user, "password": password})
+    assert status == 200, body
+    cookie = headers["Set-Cookie"]
+    return cookie.split(";")[0], json.loads(body), cookie
+
+
+def test_login_opens_a_session_cookie_that_scripts_and_the_page_reuse(dash):
+    jar, me, raw = _login(dash.dashboard)
+    attrs = [a.strip().lower() for a in raw.split(";")]
+    assert "httponly" in attrs and "samesite=strict" in attrs and "path=/" in attrs
+    assert "secure" not in attrs  # plain http here: Secure only on https
+    assert me["role"] == "admin" and me["csrf_token"] and ISO_UTC.match(me["expires_at"])
+    for _ in range(3):
+        assert request(dash.dashboard + "/api/live", headers={"Cookie": jar})[0] == 200
+    status, _, body = request(dash.dashboard + "/api/me", headers={"Cookie": jar})
+    assert json.loads(body)["user"] == ADMIN
+    # logout ends it, server-side
+    request(dash.dashboard + "/api/logout", "POST", b"",
+            headers={"Cookie": jar, "X-CSRF-Token": me["csrf_token"]})
+    assert request(dash.dashboard + "/api/live", headers={"Cookie": jar})[0] == 401
+    # HTTP Basic opens a session too (one hash), given back as a cookie
+    status, headers, _ = get(dash.dashboard + "/api/live", VIEWER, VIEWER_PW)
+    assert status == 200 and "broker_session=" in headers.get("Set-Cookie", "")
+
+
+def test_wrong_passwords_from_one_address_must_wait(dash):
+    url = dash.dashboard + "/api/login"
+    for _ in range(5):   # [dashboard] login_failures: checked, refused
+        assert request(url, "POST", {"user": ADMIN, "password": "guess"})[0] == 401
+    # then the address waits 1 s, 2 s, 4 s...: a slow machine may check one more before that
+    answers = [request(url, "POST", {"user": ADMIN, "password": "guess"})[0] for _ in range(3)]
+    assert 429 in answers and set(answers) <= {401, 429}, answers
+    status, headers, body = request(url, "POST", {"user": ADMIN, "password": ADMIN_PW})
+    assert status == 429 and int(headers["Retry-After"]) >= 1
+    assert "try again in" in json.loads(body)["error"]
+    assert get(dash.dashboard + "/api/live", ADMIN, ADMIN_PW)[0] == 429  # Basic too
+    time.sleep(int(headers["Retry-After"]) + 0.2)
+    assert request(url, "POST", {"user": ADMIN, "password": ADMIN_PW})[0] == 200
+    # a good login cleared the count
+    assert request(url, "POST", {"user": ADMIN, "password": "guess"})[0] == 401
+
+
+def test_changes_need_the_admin_role_a_csrf_token_and_the_same_origin(dash):
+    url = dash.dashboard + "/api/v1/retained?topic=a/b"
+    # a viewer reads but changes nothing
+    status, _, body = request(url, "DELETE", user=VIEWER, password=VIEWER_PW,
+                              headers={"X-CSRF-Token": "x"})
+    assert status == 403 and "admin role" in json.loads(body)["error"]
+    jar, me, _ = _login(dash.dashboard)
+    for headers in ({"Cookie": jar},                                     # no token
+                    {"Cookie": jar, "X-CSRF-Token": "forged"},           # not the session's
+                    {"Cookie": jar, "X-CSRF-Token": me["csrf_token"],    # another site
+                     "Origin": "http://evil.example"},
+                    {"Cookie": jar, "X-CSRF-Token": me["csrf_token"],    # another port
+                     "Origin": "http://127.0.0.1:1"}):
+        status, _, body = request(url, "DELETE", headers=headers)
+        assert status == 403, headers
+    status, _, body = request(url, "DELETE", headers={"Cookie": jar, "X-CSRF-Token": me["csrf_token"],
+                                                      "Origin": dash.dashboard})
+    assert status == 404 and "no retained message" in json.loads(body)["error"]
+    # HTTP Basic: the custom header is still needed (a browser may send cached credentials)
+    assert request(url, "DELETE", user=ADMIN, password=ADMIN_PW)[0] == 403
+    assert request(url, "DELETE", user=ADMIN, password=ADMIN_PW,
+                   headers={"X-CSRF-Token": "cli"})[0] == 404
+    # a cross-site login form is refused too
+    status, _, _ = request(dash.dashboard + "/api/login", "POST",
+                           b"user=root&password=root-secret",
+                           headers={"Content-Type": "application/x-www-form-urlencoded"})
+    assert status == 400
+
+
+@pytest.mark.parametrize("path, words", [
+    ("/api/history?filter=a&from=nan", "'from' must be a time"),
+    ("/api/history?filter=a&to=inf", "'to' must be a time"),
+    ("/api/history?filter=a&from=-5", "'from' must be a time"),
+    ("/api/history?filter=a&from=1e400", "'from' must be a time"),
+    ("/api/history?filter=a&to=9999-99-99", "'to' must be a time"),
+    ("/api/history?filter=a&filter=b", "more than once"),
+    ("/api/history?filter=a&form=1", "unknown query parameter 'form'"),
+    ("/api/live?since=nan", "'since' must be a time"),
+    ("/api/live?since=yesterday", "'since' must be a time"),
+    ("/api/clients?limit=abc", "'limit' must be a whole number"),
+    ("/api/clients?limit=0", "'limit' must be a whole number >= 1"),
+    ("/api/clients?limit=1.5", "'limit' must be a whole number"),
+    ("/api/clients?q=" + "x" * 300, "'q' is longer than 256"),
+    ("/api/topics?filter=a/%23/b", "invalid topic filter"),
+    ("/api/topics?limit=-1", "'limit' must be a whole number"),
+    ("/api/me?x=1", "unknown query parameter"),
+    ("/api/v1/sessions?connected=maybe", "'connected' must be true or false"),
+    ("/api/v1/subscriptions?limit=nan", "'limit' must be a whole number"),
+    ("/api/v1/retained?filter=%2B%2B", "invalid topic filter"),
+    ("/api/v1/stats?verbose=1", "unknown query parameter"),
+])
+def test_malformed_query_parameters_get_400_with_the_reason(dash, path, words):
+    status, r = get_json(dash.dashboard + path)
+    assert status == 400 and words in r["error"], r
+
+
+def test_retained_count_leaves_out_the_brokers_own_sys_topics(dash):
+    c = client(dash, "ret")
+    try:
+        c.publish("plant/valve", b"open", qos=1, retain=True).wait_for_publish(5)
+        r = wait_until(lambda: (lambda r: r if r["totals"]["retained_sys"] > 0 else None)(
+            get_json(dash.dashboard + "/api/live")[1]))
+        assert r["totals"]["retained"] == 1
+    finally:
+        c.loop_stop()
+        c.disconnect()
+
+
+def test_a_taken_dashboard_port_is_named_in_the_error(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        mqtt_port = free_port()
+        p = subprocess.run([sys.executable, "-m", "broker", "--port", str(mqtt_port),
+                            "--host", "127.0.0.1", "--data-dir", str(tmp_path),
+                            "--set", "dashboard.enabled=true", "--set", f"dashboard.port={port}"],
+                           cwd=ROOT, capture_output=True, text=True, timeout=60,
+                           env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert p.returncode == 1
+    line = next(x for x in p.stderr.splitlines() if "cannot listen" in x)
+    assert f"127.0.0.1:{port}" in line and "[dashboard] port" in line
+    assert str(mqtt_port) not in line

@@ -113,7 +113,7 @@ BAD_FILES = [
     ("[history]\nkafka_topics = 5\n", "history.kafka_topics", ["list of strings"]),
     ("[history]\nconnect = \"yes\"\n", "history.connect", ["true or false"]),
     ("[history]\nkafka = \"SASL\"\n", "history.kafka", ["[history.kafka]"]),
-    ("[dashboard]\nusers = \"a\"\nport = 1.5\n", "dashboard.port", ["whole number from 0 to 65535"]),
+    ("[dashboard]\nallowed_hosts = \"a\"\nport = 1.5\n", "dashboard.port", ["whole number from 0 to 65535"]),
     ("[auth]\npassword_file = 5\n", "auth.password_file", ["a string"]),
     ("listeners = 5\n", "listeners", ["[[listeners]] tables"]),
     ("[[listeners]]\ntype = \"quic\"\nport = 1\n", "listeners[0].type",

@@ -8,12 +8,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.core.broker import Broker
-from broker.core.message import Message
 from mqtt_topics import matches, valid_topic_filter, valid_topic_name
 from broker.dashboard import settings as dashboard_settings
 from broker.dashboard.history import BadRequest, check_filter, filter_regex, make_query
-from broker.dashboard.live import TopicCounter, preview
+from broker.dashboard.live import preview
 
 LEVEL = st.text(alphabet="ab$.*()[]\\^é+ \n", max_size=3)
 NAME_LEVEL = st.text(alphabet="ab$.*()[]\\^é \n", max_size=3)
@@ -89,25 +87,6 @@ def test_preview_keeps_text_cut_inside_a_character():
     assert preview("é".encode() * 10, 5) == {"text": "éé", "truncated": True, "bytes": 20}
 
 
-def test_topic_counter_bounded_and_idle_topics_make_room():
-    b = Broker()
-    tc = TopicCounter(b, max_topics=10)
-    msg = lambda t: Message(t, b"x", 0, False, None, None, "c", 0.0)  # noqa: E731
-    for i in range(25):
-        b.route(msg(f"t/{i}"), None)
-    assert len(tc.counts) == 10
-    tc.sample(1.0)                      # every counted topic was active: all kept
-    assert len(tc.counts) == 10 and tc.rates
-    b.route(msg("t/0"), None)
-    tc.sample(2.0)                      # nine idle topics dropped: room for new ones
-    assert set(tc.counts) == {"t/0"}
-    b.route(msg("new"), None)
-    assert tc.counts["new"] == 1
-    tc.close()
-    assert b.topic_counts is None
-    b.route(msg("after"), None)         # off: nothing counted
-
-
 def test_dashboard_settings():
     from broker.dashboard import committed_file
     from settings import DashboardConfig, HistoryConfig, load
@@ -117,11 +96,13 @@ def test_dashboard_settings():
     assert committed_file(history) == "/data/h_checkpoint/history_committed.json"
     assert dashboard_settings(DashboardConfig(connect_url="sc://h:1"), history).connect_url == \
         "sc://h:1"
-    assert load(None, env={}, sets=["dashboard.users=a, b"]).dashboard.users == ("a", "b")
+    assert load(None, env={}, sets=["dashboard.allowed_hosts=a, b"]).dashboard.allowed_hosts == \
+        ("a", "b")
     for bad, word in (({"nope": 1}, "dashboard.nope"), ({"port": "x"}, "dashboard.port"),
                       ({"enabled": "yes"}, "dashboard.enabled"),
                       ({"connect_url": "http://x"}, "connect_url"),
-                      ({"users": [1]}, "dashboard.users")):
+                      ({"allowed_hosts": [1]}, "dashboard.allowed_hosts"),
+                      ({"users": ["alice"]}, "dashboard.users")):  # device users no longer log in
         with pytest.raises(ValueError, match=word):
             DashboardConfig.from_table(bad)
 
@@ -189,7 +170,8 @@ def test_basic_auth_header_parsing():
 
 
 def test_history_connection_loss_reads_as_job_not_running():
-    from broker.dashboard.history import HistoryClient, JobNotRunning
+    from broker.dashboard.history import question
+    from broker.dashboard.history_worker import Worker
 
     class Gone:
         def sql(self, *a, **k):
@@ -197,11 +179,33 @@ def test_history_connection_loss_reads_as_job_not_running():
 
         def stop(self):
             pass
-    h = HistoryClient("sc://127.0.0.1:1", 5, "python -m sink.job")
-    h._session = lambda: Gone()
-    with pytest.raises(JobNotRunning, match="history job is not running"):
-        h._answer(make_query("a/#", None, None, 31))
-    h.close()
+    w = Worker("sc://127.0.0.1:1")
+    w._session = lambda: Gone()
+    assert w.answer(question(make_query("a/#", None, None, 31))) == {"error": "not_running"}
+
+
+@pytest.mark.parametrize("value", ["nan", "NaN", "inf", "-inf", "-1", "1e400", "1e300",
+                                   "2026-13-01T00:00:00Z", "tuesday", "10:00"])
+def test_malformed_times_are_bad_requests(value):
+    from broker.dashboard.history import parse_time
+    with pytest.raises(BadRequest, match="'from' must be a time"):
+        parse_time(value, "from")
+
+
+@pytest.mark.parametrize("header, name", [
+    ("localhost:18083", "localhost"), ("LOCALHOST", "localhost"), ("[::1]:18083", "::1"),
+    ("127.0.0.1", "127.0.0.1"), ("example.com.", "example.com"), ("a:b", None),
+    ("[::1", None), ("[::1]x", None), ("", None), (None, None)])
+def test_host_header_names(header, name):
+    from broker.dashboard.api import request_host
+    assert request_host(header) == name
+
+
+def test_dashboard_host_names_include_the_bind_address_and_the_configured_ones():
+    from broker.dashboard.api import host_names
+    names = host_names("10.1.2.3", ("Broker.LAN",))
+    assert {"localhost", "127.0.0.1", "::1", "10.1.2.3", "broker.lan"} <= names
+    assert "evil.example" not in host_names("0.0.0.0")
 
 
 def test_history_without_a_spark_client_says_so(monkeypatch):
@@ -209,9 +213,8 @@ def test_history_without_a_spark_client_says_so(monkeypatch):
     saying what is missing (503 through JobNotRunning), not a 500 with a traceback."""
     import sys
 
-    from broker.dashboard.history import HistoryClient, JobNotRunning
+    from broker.dashboard.history import question
+    from broker.dashboard.history_worker import Worker
     monkeypatch.setitem(sys.modules, "pyspark.sql", None)  # import raises ImportError
-    h = HistoryClient("sc://127.0.0.1:1", 5, "python -m sink.job")
-    with pytest.raises(JobNotRunning, match=r"need the Spark Connect client .*python -m sink.query"):
-        h._answer(make_query("a/#", None, None, 31))
-    h.close()
+    r = Worker("sc://127.0.0.1:1").answer(question(make_query("a/#", None, None, 31)))
+    assert r["error"] == "no_spark_client" and "pyspark" in r["detail"]

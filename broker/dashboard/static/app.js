@@ -7,29 +7,69 @@ const COLORS = ["#2563eb", "#16a34a", "#dc2626", "#9333ea", "#ea580c", "#0891b2"
 const $ = (sel) => document.querySelector(sel);
 const esc = (s) => String(s ?? "").replace(/[&<>"']/g, (c) => ({"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;"}[c]));
 const fmtNum = (v) => v == null ? "–" : (Math.abs(v) >= 1000 ? Math.round(v).toLocaleString() : (+v.toFixed(2)).toString());
-const fmtTime = (t) => t ? new Date(t * 1000).toISOString().replace("T", " ").slice(0, 19) : "–";
+// Every time from the API is ISO 8601 UTC; the page shows UTC, 24-hour, labelled.
+const secs = (iso) => iso ? Date.parse(iso) / 1000 : null;
+const fmtTime = (iso) => iso ? String(iso).replace("T", " ").slice(0, 19) : "–";
 
-async function api(path) {
+const session = {me: null};
+
+function showLogin(message) {
+  session.me = null;
+  $("#main").hidden = true;
+  $("#login").hidden = false;
+  $("#who").hidden = $("#logout").hidden = true;
+  if (message) { $("#login-message").className = "error"; $("#login-message").textContent = message; }
+}
+
+function loggedIn(me) {
+  session.me = me;
+  document.body.classList.toggle("admin", me.role === "admin");
+  $("#login").hidden = true;
+  $("#main").hidden = false;
+  $("#who").hidden = $("#logout").hidden = false;
+  $("#who").textContent = `${me.user} (${me.role})`;
+}
+
+async function api(path, method = "GET", body = undefined) {
   let res;
+  const headers = {"Accept": "application/json"};
+  if (method !== "GET") headers["X-CSRF-Token"] = session.me ? session.me.csrf_token : "";
+  if (body !== undefined) headers["Content-Type"] = "application/json";
   try {
-    res = await fetch(path, {headers: {"Accept": "application/json"}, cache: "no-store"});
+    res = await fetch(path, {method, headers, cache: "no-store", credentials: "same-origin",
+                             body: body === undefined ? undefined : JSON.stringify(body)});
   } catch (e) {
     throw new Error("the broker does not answer (" + e.message + ")");
   }
-  let body = null;
-  try { body = await res.json(); } catch (e) { /* not JSON */ }
+  let data = null;
+  try { data = await res.json(); } catch (e) { /* not JSON */ }
   if (!res.ok) {
-    const err = new Error((body && body.error) || ("HTTP " + res.status));
+    const err = new Error((data && data.error) || ("HTTP " + res.status));
     err.status = res.status;
+    if (res.status === 401 && path !== "api/login" && session.me) showLogin("Your session ended: log in again.");
     throw err;
   }
-  return body;
+  return data;
 }
 
 // ---- charts ------------------------------------------------------------------------------
 
+// x axis labels in UTC, 24-hour
+function utcTicks(u, splits) {
+  return splits.map((t) => new Date(t * 1000).toISOString().slice(11, 19));
+}
+
+// counts and rates start at zero; measured values (temperatures...) get a range around the data
+const zeroRange = (u, min, max) => [Math.min(0, min ?? 0), Math.max(1, max ?? 1) * 1.1];
+function paddedRange(u, min, max) {
+  if (min == null || max == null) return [0, 1];
+  const pad = (max - min) * 0.1 || Math.abs(max) * 0.1 || 1;
+  return [min - pad, max + pad];
+}
+
 class Chart {
-  // labels: series names; opts.bars: draw bars; opts.y: y axis label
+  // labels: series names; opts.bars: draw bars; opts.y: y axis label; opts.zero: y from 0;
+  // opts.x: [from, to] (epoch s) fixed x range, so charts of one question line up
   constructor(el, labels, opts = {}) {
     this.el = el; this.labels = labels; this.opts = opts; this.plot = null;
   }
@@ -43,8 +83,9 @@ class Chart {
     })));
     this.plot = new uPlot({
       width: Math.max(this.el.clientWidth, 300), height: 200, series,
-      scales: {x: {time: true}, y: {range: (u, min, max) => [Math.min(0, min ?? 0), Math.max(1, max ?? 1) * 1.1]}},
-      axes: [{}, {size: 60, label: this.opts.y || ""}],
+      scales: {x: this.opts.x ? {time: true, range: () => this.opts.x} : {time: true},
+               y: {range: this.opts.zero ? zeroRange : paddedRange}},
+      axes: [{values: utcTicks}, {size: 60, label: this.opts.y || ""}],
       legend: {live: true},
     }, this.empty(), this.el);
   }
@@ -65,18 +106,18 @@ class Chart {
 
 const DROP = ["queue_full", "expired", "too_large", "slow_consumer", "not_authorized", "topic_limit", "sink_refused"];
 const live = {
-  points: [], last: 0, timer: null,
+  points: [], last: null, timer: null,
   charts: {
-    in: new Chart($("#chart-in"), ["QoS 0", "QoS 1", "QoS 2"], {y: "msg/s"}),
-    out: new Chart($("#chart-out"), ["QoS 0", "QoS 1", "QoS 2"], {y: "msg/s"}),
-    conn: new Chart($("#chart-conn"), ["connections", "sessions"]),
-    dropped: new Chart($("#chart-dropped"), DROP, {y: "msg/s"}),
-    spool: new Chart($("#chart-spool"), ["spool (messages)"]),
-    lag: new Chart($("#chart-lag"), ["Kafka forwarding lag", "history job: since last commit"], {y: "s", spanGaps: true}),
+    in: new Chart($("#chart-in"), ["QoS 0", "QoS 1", "QoS 2"], {y: "msg/s", zero: true}),
+    out: new Chart($("#chart-out"), ["QoS 0", "QoS 1", "QoS 2"], {y: "msg/s", zero: true}),
+    conn: new Chart($("#chart-conn"), ["connections", "sessions"], {zero: true}),
+    dropped: new Chart($("#chart-dropped"), DROP, {y: "msg/s", zero: true}),
+    spool: new Chart($("#chart-spool"), ["spool (messages)"], {zero: true}),
+    lag: new Chart($("#chart-lag"), ["Kafka forwarding lag", "history job: since last commit"], {y: "s", spanGaps: true, zero: true}),
   },
   async tick() {
     try {
-      const r = await api("api/live?since=" + live.last);
+      const r = await api("api/live" + (live.last ? "?since=" + encodeURIComponent(live.last) : ""));
       banner(null);
       live.points = live.points.concat(r.points).slice(-900);
       if (r.points.length) live.last = r.points[r.points.length - 1].t;
@@ -84,11 +125,11 @@ const live = {
       cards(r.totals, r.sink);
       live.draw(r);
     } catch (e) {
-      banner(e.status === 401 ? "Log in again: " + e.message : e.message);
+      if (e.status !== 401) banner(e.message);
     }
   },
   draw(r) {
-    const p = live.points, t = p.map((x) => x.t), col = (f) => p.map(f);
+    const p = live.points, t = p.map((x) => secs(x.t)), col = (f) => p.map(f);
     const c = live.charts;
     c.in.set([t, col((x) => x.in[0]), col((x) => x.in[1]), col((x) => x.in[2])]);
     c.out.set([t, col((x) => x.out[0]), col((x) => x.out[1]), col((x) => x.out[2])]);
@@ -97,13 +138,13 @@ const live = {
     c.spool.set([t, col((x) => x.spool_messages ?? null)]);
     c.lag.set([t, col((x) => x.kafka_lag_seconds ?? null), col((x) => x.history_lag_seconds ?? null)]);
     $("#live-note").textContent = (r.sink ? "" : "The Kafka sink is off: no spool or lag to show. ") +
-      `One point every ${r.sample_seconds} s; updated ${new Date(r.now * 1000).toLocaleTimeString()}.`;
+      `One point every ${r.sample_seconds} s; updated ${fmtTime(r.now).slice(11)} UTC.`;
   },
 };
 
 function cards(t, sink) {
   const items = [["connections", t.connections], ["sessions", t.sessions], ["subscriptions", t.subscriptions],
-    ["retained", t.retained], ["queued", t.queued], ["in flight", t.inflight],
+    ["retained (without $SYS)", t.retained], ["queued", t.queued], ["in flight", t.inflight],
     ["received", t.received_by_qos.reduce((a, b) => a + b, 0)], ["sent", t.sent_by_qos.reduce((a, b) => a + b, 0)],
     ["dropped", Object.values(t.dropped).reduce((a, b) => a + b, 0)]];
   if (sink) items.push(["spool", sink.spool_messages], ["forwarded", sink.forwarded]);
@@ -139,16 +180,81 @@ const clients = {
         <td class="mono">${esc(c.client_id)}</td><td>${esc(c.protocol)}</td><td>${esc(c.username ?? "")}</td>
         <td class="mono">${esc(c.address)}</td><td>${esc(fmtTime(c.connected_since))}</td>
         <td class="subs">${c.subscriptions.map((s) => `<code title="QoS ${s.qos}">${esc(s.filter)}</code>`).join("")}${c.subscription_count > c.subscriptions.length ? " …" : ""}</td>
-        <td class="num">${c.inflight}</td><td class="num">${c.queued}</td></tr>`).join("") ||
-        `<tr><td colspan="8" class="note">${q ? "No connected client id contains “" + esc(q) + "”." : "No clients connected."}</td></tr>`;
+        <td class="num">${c.inflight}</td><td class="num">${c.queued}</td>
+        <td class="admin-only"><button type="button" class="small" data-kick="${esc(c.client_id)}">Kick</button>
+          <button type="button" class="small danger" data-ban="${esc(c.client_id)}">Ban</button></td></tr>`).join("") ||
+        `<tr><td colspan="9" class="note">${q ? "No connected client id contains “" + esc(q) + "”." : "No clients connected."}</td></tr>`;
       $("#clients-table").dataset.rows = String(r.clients.length);
       $("#clients-summary").textContent = `${r.matched} shown of ${r.connected} connections, ${r.sessions} sessions` +
         (r.matched > r.clients.length ? ` (first ${r.clients.length})` : "");
     } catch (e) {
-      tbody.innerHTML = `<tr><td colspan="8" class="error">${esc(e.message)}</td></tr>`;
+      tbody.innerHTML = `<tr><td colspan="9" class="error">${esc(e.message)}</td></tr>`;
+    }
+    clients.loadBans();
+  },
+  async loadBans() {
+    const tbody = $("#bans-table tbody");
+    try {
+      const r = await api("api/v1/bans");
+      tbody.innerHTML = r.bans.map((b) => `<tr><td>${esc(b.kind)}</td><td class="mono">${esc(b.value)}</td>
+        <td>${b.until ? esc(fmtTime(b.until)) : "until removed"}</td><td>${esc(b.reason)}</td><td>${esc(b.by)}</td>
+        <td class="admin-only"><button type="button" class="small" data-unban-kind="${esc(b.kind)}" data-unban-value="${esc(b.value)}">Unban</button></td></tr>`).join("") ||
+        `<tr><td colspan="6" class="note">Nobody is banned.</td></tr>`;
+      $("#bans-table").dataset.rows = String(r.bans.length);
+    } catch (e) {
+      tbody.innerHTML = `<tr><td colspan="6" class="error">${esc(e.message)}</td></tr>`;
     }
   },
 };
+
+// ---- admin actions (the admin role; each is an audit line in the broker's log) ---------------
+
+function actionMessage(text, error) {
+  const m = $("#action-message");
+  m.hidden = false;
+  m.className = error ? "error" : "note";
+  m.textContent = text;
+}
+
+async function act(question, fn, done) {
+  if (!window.confirm(question)) return;
+  try {
+    actionMessage(await fn(), false);
+  } catch (e) {
+    actionMessage(e.message, true);
+  }
+  done();
+}
+
+document.addEventListener("click", (ev) => {
+  const b = ev.target.closest("button");
+  if (!b) return;
+  if (b.dataset.kick !== undefined) {
+    const id = b.dataset.kick;
+    act(`Disconnect client ${id}?`, async () => {
+      await api("api/v1/clients/" + encodeURIComponent(id), "DELETE");
+      return `Disconnected ${id}.`;
+    }, clients.load);
+  } else if (b.dataset.ban !== undefined) {
+    const id = b.dataset.ban;
+    act(`Ban client id ${id}? It is disconnected and refused until unbanned.`, async () => {
+      await api("api/v1/bans", "POST", {kind: "clientid", value: id, reason: "banned from the dashboard"});
+      return `Banned ${id}.`;
+    }, clients.load);
+  } else if (b.dataset.unbanKind !== undefined) {
+    const kind = b.dataset.unbanKind, value = b.dataset.unbanValue;
+    act(`Remove the ban of ${kind} ${value}?`, async () => {
+      await api("api/v1/bans?" + new URLSearchParams({kind, value}), "DELETE");
+      return `Unbanned ${kind} ${value}.`;
+    }, clients.load);
+  } else if (b.dataset.deleteRetained !== undefined) {
+    const topic = b.dataset.deleteRetained;
+    act(`Delete the retained message of ${topic}?`, async () => {
+      await api("api/v1/retained?" + new URLSearchParams({topic}), "DELETE");
+      return `Deleted the retained message of ${topic}.`;
+    }, topics.load);
+  }
+});
 
 // ---- topics ------------------------------------------------------------------------------
 
@@ -210,7 +316,8 @@ function retainedHtml(item) {
   if (!item || !item.retained) return "";
   const r = item.retained;
   const v = r.text !== undefined ? r.text : "base64:" + r.base64;
-  return `<span class="ret mono" title="retained, QoS ${r.qos}, ${r.bytes} bytes">${esc(v)}${r.truncated ? "…" : ""}</span>`;
+  return `<span class="ret mono" title="retained, QoS ${r.qos}, ${r.bytes} bytes">${esc(v)}${r.truncated ? "…" : ""}` +
+    `<button type="button" class="small danger admin-only" data-delete-retained="${esc(item.topic)}" title="delete the retained message">✕</button></span>`;
 }
 
 // ---- history -----------------------------------------------------------------------------
@@ -219,8 +326,8 @@ const history = {
   counts: null, values: null, busy: false,
   setRange(seconds) {
     const to = new Date(), from = new Date(to - seconds * 1000);
-    $("#h-to").value = localInput(to);
-    $("#h-from").value = localInput(from);
+    $("#h-to").value = utcInput(to);
+    $("#h-from").value = utcInput(from);
   },
   async run() {
     if (history.busy) return;
@@ -228,8 +335,8 @@ const history = {
     const filt = $("#h-filter").value.trim();
     const from = $("#h-from").value, to = $("#h-to").value;
     const q = new URLSearchParams({filter: filt});
-    if (from) q.set("from", new Date(from).toISOString());
-    if (to) q.set("to", new Date(to).toISOString());
+    if (from) q.set("from", from.trim().replace(" ", "T") + "Z");   // the form's times are UTC
+    if (to) q.set("to", to.trim().replace(" ", "T") + "Z");
     box.dataset.state = "loading";
     msg.className = "note";
     msg.textContent = "Asking the history job…";
@@ -262,24 +369,26 @@ const history = {
     msg.textContent = `${r.total.toLocaleString()} messages on ${r.filter}, ${range}; ` +
       `one point per ${r.bucket_seconds} s. Answered by the history job in ${r.seconds} s.`;
     $("#history-charts").hidden = false;
+    // both charts share the x range of the question, so their times line up
+    const b = r.bucket_seconds, from = secs(r.from), to = secs(r.to), start = Math.floor(from / b) * b;
+    const xr = [start, to];
     // message counts: every bucket of the range, zeros included
-    const b = r.bucket_seconds, start = Math.floor(r.from / b) * b;
-    const byBucket = new Map(r.counts.map(([t, n]) => [t, n]));
+    const byBucket = new Map(r.counts.map(([t, n]) => [secs(t), n]));
     const xs = [], ns = [];
-    for (let t = start; t < r.to; t += b) { xs.push(t); ns.push(byBucket.get(t) || 0); }
+    for (let t = start; t < to; t += b) { xs.push(t); ns.push(byBucket.get(t) || 0); }
     $("#counts-caption").textContent = `Messages per ${b} s`;
     if (history.counts) history.counts.destroy();
-    history.counts = new Chart($("#chart-counts"), ["messages"], {bars: true});
+    history.counts = new Chart($("#chart-counts"), ["messages"], {bars: true, zero: true, x: xr});
     history.counts.set([xs, ns]);
-    // numeric payloads: one line per topic (the most frequent ones)
+    // numeric payloads: one line per topic (the most frequent ones), y around the values
     if (history.values) history.values.destroy();
     const el = $("#chart-values");
     if (r.values.length) {
-      const times = [...new Set(r.values.flatMap((s) => s.points.map((p) => p[0])))].sort((a, c) => a - c);
+      const times = [...new Set(r.values.flatMap((s) => s.points.map((p) => secs(p[0]))))].sort((a, c) => a - c);
       const data = [times].concat(r.values.map((s) => {
-        const m = new Map(s.points); return times.map((t) => m.has(t) ? m.get(t) : null);
+        const m = new Map(s.points.map((p) => [secs(p[0]), p[1]])); return times.map((t) => m.has(t) ? m.get(t) : null);
       }));
-      history.values = new Chart(el, r.values.map((s) => s.topic), {points: true, spanGaps: true});
+      history.values = new Chart(el, r.values.map((s) => s.topic), {points: true, spanGaps: true, x: xr});
       history.values.set(data);
       $("#values-note").textContent = "";
     } else {
@@ -297,9 +406,8 @@ const history = {
   },
 };
 
-function localInput(d) {
-  const pad = (n) => String(n).padStart(2, "0");
-  return `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())}T${pad(d.getHours())}:${pad(d.getMinutes())}:${pad(d.getSeconds())}`;
+function utcInput(d) {  // "YYYY-MM-DD HH:MM:SS", UTC, 24-hour
+  return d.toISOString().slice(0, 19).replace("T", " ");
 }
 
 // ---- tabs and timers ---------------------------------------------------------------------
@@ -321,8 +429,8 @@ function route() {
     const p = new URLSearchParams(query || "");
     if (p.get("filter")) $("#h-filter").value = p.get("filter");
     if (p.get("from") || p.get("to")) {
-      if (p.get("from")) $("#h-from").value = localInput(new Date(p.get("from")));
-      if (p.get("to")) $("#h-to").value = localInput(new Date(p.get("to")));
+      if (p.get("from")) $("#h-from").value = utcInput(new Date(p.get("from")));
+      if (p.get("to")) $("#h-to").value = utcInput(new Date(p.get("to")));
     } else if (p.get("range")) history.setRange(+p.get("range"));
     else if (!$("#h-from").value) history.setRange(3600);
     if (p.get("filter")) history.run();
@@ -341,6 +449,30 @@ window.addEventListener("resize", () => {
   if (history.values) history.values.resize();
 });
 
-route();
-live.tick();
-setInterval(live.tick, 2000);
+$("#login-form").addEventListener("submit", async (e) => {
+  e.preventDefault();
+  const m = $("#login-message");
+  try {
+    const me = await api("api/login", "POST", {user: $("#login-user").value, password: $("#login-password").value});
+    $("#login-password").value = "";
+    start(me);
+  } catch (err) {
+    m.className = "error";
+    m.textContent = err.message;
+  }
+});
+$("#logout").addEventListener("click", async () => {
+  try { await api("api/logout", "POST", {}); } catch (e) { /* gone already */ }
+  showLogin("Logged out.");
+});
+
+let ticker = null;
+function start(me) {
+  loggedIn(me);
+  route();
+  live.tick();
+  clearInterval(ticker);
+  ticker = setInterval(() => { if (session.me) live.tick(); }, 2000);
+}
+
+api("api/me").then(start).catch((e) => showLogin(e.status === 401 ? null : e.message));

@@ -1,0 +1,212 @@
+"""Operators' accounts for the dashboard and the admin API: separate from device credentials.
+
+The MQTT password file ([auth] password_file) holds device credentials; none of them logs in to
+the dashboard. Operators have their own file (``[dashboard] users_file``, default
+``<data_dir>/dashboard-users``), one account a line::
+
+    # NAME:ROLE:$scrypt$N$R$P$SALT$HASH
+    admin:admin:$scrypt$16384$8$1$...
+    grafana:viewer:$scrypt$16384$8$1$...
+
+Roles (as EMQX's administrator / viewer): ``admin`` may do everything, ``viewer`` may read
+(live figures, clients, topics, history) and change nothing. Passwords are hashed like the MQTT
+password file (broker/auth/passwords.py: salted scrypt, constant-time comparison, a dummy hash
+for unknown names). Manage the file with ``python -m broker.admin users ...``; the broker
+re-reads it when it changes.
+
+First start: with no account in the file the broker creates ``[dashboard] initial_admin`` with
+``initial_admin_password`` (config or MQTT_BROKER_DASHBOARD__INITIAL_ADMIN_PASSWORD) or, when
+that is empty, a random password written to ``<data_dir>/dashboard-admin-password`` (mode 0600),
+and logs where it is.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import threading
+
+from ..auth.acl import AuthFileError, file_signature
+from ..auth.passwords import _read_lines, _write_lines, hash_password, valid_username, verify_password
+
+log = logging.getLogger("broker.admin")
+
+ROLES = ("admin", "viewer")
+USERS_FILE = "dashboard-users"
+PASSWORD_FILE = "dashboard-admin-password"
+# verified against when the name is unknown: costs a real scrypt, never matches
+_DUMMY = hash_password(secrets.token_bytes(16))
+
+
+class Account:
+    __slots__ = ("name", "role", "hash")
+
+    def __init__(self, name: str, role: str, hash_: str):
+        self.name, self.role, self.hash = name, role, hash_
+
+
+def parse_accounts(text: str, path: str = "<accounts>") -> dict[str, Account]:
+    """{name: Account}; AuthFileError listing every bad line as FILE:LINE: problem."""
+    out: dict[str, Account] = {}
+    errors: list[str] = []
+    for no, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        where = f"{path}:{no}"
+        name, _, rest = line.partition(":")
+        role, sep, encoded = rest.partition(":")
+        if not sep:
+            errors.append(f"{where}: expected NAME:ROLE:$scrypt$... "
+                          "(add accounts with: python -m broker.admin users add NAME)")
+            continue
+        problem = valid_username(name)
+        if problem:
+            errors.append(f"{where}: {problem}")
+        elif role not in ROLES:
+            errors.append(f"{where}: role {role!r} of {name!r} is not one of {', '.join(ROLES)}")
+        elif name in out:
+            errors.append(f"{where}: account {name!r} appears twice")
+        elif not encoded.startswith("$"):
+            errors.append(f"{where}: the password of {name!r} is not a hash")
+        else:
+            try:
+                _check_hash(encoded)
+            except ValueError as exc:
+                errors.append(f"{where}: account {name!r}: {exc}")
+                continue
+            out[name] = Account(name, role, encoded)
+    if errors:
+        raise AuthFileError(errors)
+    return out
+
+
+def _check_hash(encoded: str) -> None:
+    """ValueError when the hash string cannot be parsed (no password is hashed)."""
+    from ..auth.passwords import Hash
+    Hash(encoded)
+
+
+def read_accounts(path: str) -> dict[str, Account]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except FileNotFoundError:
+        return {}
+    except (OSError, UnicodeDecodeError) as exc:
+        raise AuthFileError([f"{path}: cannot read the dashboard accounts: {exc}"]) from None
+    return parse_accounts(text, path)
+
+
+def set_account(path: str, name: str, role: str, password: str | bytes) -> bool:
+    """Add or replace an account (True: new); the file stays 0600 and is replaced atomically."""
+    problem = valid_username(name)
+    if problem:
+        raise ValueError(problem)
+    if role not in ROLES:
+        raise ValueError(f"role must be one of {', '.join(ROLES)}, not {role!r}")
+    line = f"{name}:{role}:{hash_password(password)}"
+    lines = _read_lines(path)
+    for i, old in enumerate(lines):
+        if not old.strip().startswith("#") and old.strip().partition(":")[0] == name:
+            lines[i] = line
+            _write_lines(path, lines)
+            return False
+    lines.append(line)
+    _write_lines(path, lines)
+    return True
+
+
+def set_role(path: str, name: str, role: str) -> bool:
+    if role not in ROLES:
+        raise ValueError(f"role must be one of {', '.join(ROLES)}, not {role!r}")
+    lines = _read_lines(path)
+    for i, old in enumerate(lines):
+        n, _, rest = old.strip().partition(":")
+        if not old.strip().startswith("#") and n == name:
+            lines[i] = f"{name}:{role}:{rest.partition(':')[2]}"
+            _write_lines(path, lines)
+            return True
+    return False
+
+
+def delete_account(path: str, name: str) -> bool:
+    lines = _read_lines(path)
+    keep = [x for x in lines if x.strip().startswith("#") or not x.strip()
+            or x.strip().partition(":")[0] != name]
+    if len(keep) == len(lines):
+        return False
+    _write_lines(path, keep)
+    return True
+
+
+class Accounts:
+    """The accounts file of a running broker: re-read when it changes, checked off the loop."""
+
+    def __init__(self, path: str, reload_interval: float = 2.0):
+        self.path = path
+        self.reload_interval = reload_interval
+        self._lock = threading.Lock()
+        self.accounts = read_accounts(path)   # errors here stop the broker
+        self._sig = file_signature(path)
+
+    def reload(self) -> bool:
+        sig = file_signature(self.path)
+        if sig == self._sig:
+            return False
+        try:
+            accounts = read_accounts(self.path)
+        except AuthFileError as exc:
+            log.error("dashboard accounts not reloaded, keeping the previous %d:\n%s",
+                      len(self.accounts), exc)
+            self._sig = sig
+            return False
+        with self._lock:
+            self.accounts, self._sig = accounts, sig
+        log.info("dashboard accounts %s loaded: %d account(s)", self.path, len(accounts))
+        return True
+
+    def role(self, name: str) -> str | None:
+        a = self.accounts.get(name)
+        return a.role if a is not None else None
+
+    def check(self, name: str, password: bytes) -> str | None:
+        """The account's role when the password is right, else None. Slow (scrypt): call it in
+        a worker thread. An unknown name costs a dummy hash too."""
+        a = self.accounts.get(name)
+        ok = verify_password(a.hash if a is not None else _DUMMY, password)
+        return a.role if ok and a is not None else None
+
+    def ensure_first_admin(self, name: str, password: str, data_dir: str) -> str | None:
+        """With no account at all: create `name` (role admin). Returns the file holding its
+        random password (password ""), "" when the configured password was used, None when
+        accounts existed already."""
+        if self.accounts:
+            return None
+        where = ""
+        if not password:
+            password = secrets.token_urlsafe(18)
+            where = os.path.join(data_dir, PASSWORD_FILE)
+            _write_private(where, password + "\n")
+        os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+        set_account(self.path, name, "admin", password)
+        self._sig = None
+        self.reload()
+        return os.path.abspath(where) if where else ""
+
+
+def _write_private(path: str, text: str) -> None:
+    """Create or replace a file readable by its owner only (0600 from the start)."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, text.encode("utf-8"))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
+def users_file(data_dir: str, configured: str = "") -> str:
+    return configured or os.path.join(data_dir, USERS_FILE)

@@ -1,0 +1,133 @@
+"""The dashboard's history questions, answered in a child process of the broker.
+
+    python -m broker.dashboard.history_worker sc://HOST:PORT
+
+Reads one question a line on stdin (JSON, made by history.question()), writes one answer a line
+on stdout: {"answer": {...}}, {"error": "not_running"} or {"error": "what went wrong"}. Exits at
+the end of its input. The Spark Connect client (pyspark, grpc, pyarrow) lives here, never in
+the broker process (broker/dashboard/history.py starts and ends this process).
+"""
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import os
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from .history import COUNTS_SQL, LATEST_SQL, VALUES_SQL, iso
+
+log = logging.getLogger("broker.dashboard.history_worker")
+
+
+class Worker:
+    def __init__(self, url: str):
+        self.url = url
+        self._spark = None
+
+    def _session(self):
+        if self._spark is None:
+            from pyspark.sql import SparkSession  # ImportError: answer() says what is missing
+            self._spark = SparkSession.builder.remote(self.url).create()
+        return self._spark
+
+    def answer(self, q: dict) -> dict:
+        started = time.monotonic()
+        for attempt in (1, 2):
+            try:
+                spark = self._session()
+            except ImportError as exc:  # e.g. the broker's container image: no Spark in it
+                return {"error": "no_spark_client", "detail": str(exc)}
+            try:
+                return {"answer": self._run(spark, q, started)}
+            except Exception as exc:
+                if not _connection_problem(exc):
+                    raise
+                if attempt == 2:  # stopped (or restarting) after the broker's port check
+                    return {"error": "not_running"}
+                # the job was restarted: its server forgot our session; start a new one
+                log.info("Spark Connect session lost (%s); reconnecting",
+                         str(exc).splitlines()[0][:200])
+                self._spark = None
+                _drop(spark)
+        raise AssertionError("unreachable")
+
+    @staticmethod
+    def _run(spark, q: dict, started: float) -> dict:
+        args = q["params"]
+        # three independent questions: asked at once (one Spark Connect session serves
+        # concurrent operations), so the answer takes about as long as the slowest one
+        with ThreadPoolExecutor(3, thread_name_prefix="history-sql") as pool:
+            counts_f, values_f, latest_f = (
+                pool.submit(lambda sql=sql: spark.sql(sql, args=args).collect())
+                for sql in (COUNTS_SQL, VALUES_SQL, LATEST_SQL))
+            counts = [(r.bucket, r.n) for r in counts_f.result()]
+            series: dict[str, list] = {}
+            for r in values_f.result():
+                series.setdefault(r.topic, []).append([iso(r.bucket), r.x])
+            latest = [{"accepted_at": iso(r.at_ms / 1000), "topic": r.topic,
+                       "client_id": r.client_id, "qos": r.qos, "retain": r.retain,
+                       "payload_text": r.payload_text,
+                       "payload_base64": None if r.payload_text is not None else r.payload_base64,
+                       "bytes": r.bytes}
+                      for r in latest_f.result()]
+        return {"filter": q["filter"], "from": iso(q["start"]), "to": iso(q["end"]),
+                "bucket_seconds": q["bucket"],
+                "counts": [[iso(b), n] for b, n in counts], "total": sum(n for _, n in counts),
+                "values": [{"topic": t, "points": pts} for t, pts in series.items()],
+                "latest": latest, "seconds": round(time.monotonic() - started, 3)}
+
+    def close(self) -> None:
+        if self._spark is not None:
+            _drop(self._spark)
+
+
+def _connection_problem(exc: Exception) -> bool:
+    text = f"{type(exc).__name__} {exc}"
+    return any(s in text for s in ("UNAVAILABLE", "SESSION_NOT_FOUND", "INVALID_HANDLE",
+                                   "SESSION_CLOSED", "Connection refused", "RetriesExceeded"))
+
+
+def _drop(spark) -> None:
+    """Let a Spark Connect session go without waiting: pyspark's exit hook would retry its
+    clean-up calls for minutes when the job (the server) has stopped first."""
+    client = getattr(spark, "_client", None)
+    if client is not None:
+        atexit.unregister(client._on_exit)
+    threading.Thread(target=_quietly, args=(spark.stop,), daemon=True).start()
+
+
+def _quietly(fn) -> None:
+    try:
+        fn()
+    except Exception:
+        pass
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+    w = Worker(argv[0])
+    out = sys.stdout
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        try:
+            r = w.answer(json.loads(line))
+        except Exception as exc:
+            log.exception("history question failed")
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+            r = {"error": f"the history job could not answer: {first}"}
+        out.write(json.dumps(r) + "\n")
+        out.flush()
+    w.close()
+    os._exit(0)  # no pyspark exit hooks: nothing to wait for
+
+
+if __name__ == "__main__":
+    sys.exit(main())

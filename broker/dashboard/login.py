@@ -1,0 +1,179 @@
+"""Logging operators in to the dashboard: password checks, sessions, throttling.
+
+* Password checks (scrypt, tens of milliseconds of CPU) run on their own small thread pool with
+  a bounded queue (broker/auth/checks.py's CheckQueue, ``[dashboard] login_threads`` and
+  ``max_pending_logins``), apart from the MQTT password checks: a login flood costs at most
+  ``login_threads`` cores, and beyond the bound a login is answered at once with 503 Busy.
+* Failures are throttled per address: after ``login_failures`` wrong passwords from one
+  address, each further attempt must wait (1 s, doubling up to ``login_lockout_seconds``),
+  answered 429 with Retry-After and without hashing anything. A good login clears it.
+* A good login opens a server-side session (a random token in a cookie: HttpOnly,
+  SameSite=Strict, Secure on https), so the page and scripts do not hash on every request.
+  Sessions end after ``session_seconds``, on logout, and when the account is removed or its
+  role changes; at most ``max_login_sessions`` are held (the oldest goes first).
+* HTTP Basic credentials (scripts, the CLI) are checked once; the same credentials then reuse
+  that session (remembered as an HMAC under a per-process key, never the password).
+"""
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import secrets
+import time
+from collections import OrderedDict
+
+from ..auth.checks import CheckQueue
+
+COOKIE = "broker_session"
+MAX_THROTTLED_ADDRESSES = 10_000
+
+
+class Busy(Exception):
+    """Too many password checks pending: answer 503 with Retry-After."""
+
+
+class Session:
+    __slots__ = ("token", "user", "role", "csrf", "expires", "address")
+
+    def __init__(self, user: str, role: str, expires: float, address: str):
+        self.token = secrets.token_urlsafe(32)
+        self.csrf = secrets.token_urlsafe(24)
+        self.user, self.role, self.expires, self.address = user, role, expires, address
+
+
+class Sessions:
+    """token -> Session, bounded and expiring (clock: monotonic seconds)."""
+
+    def __init__(self, lifetime: float, max_sessions: int, clock=time.monotonic):
+        self.lifetime = lifetime
+        self.max_sessions = max_sessions
+        self.clock = clock
+        self.by_token: OrderedDict[str, Session] = OrderedDict()
+        self._basic: dict[bytes, str] = {}   # HMAC(user, password) -> token
+        self._key = secrets.token_bytes(32)
+
+    def open(self, user: str, role: str, address: str, basic: bytes | None = None) -> Session:
+        now = self.clock()
+        self.expire(now)
+        while len(self.by_token) >= self.max_sessions:
+            self.close(next(iter(self.by_token)))
+        s = Session(user, role, now + self.lifetime, address)
+        self.by_token[s.token] = s
+        if basic is not None:
+            self._basic[basic] = s.token
+        return s
+
+    def get(self, token: str | None) -> Session | None:
+        if not token:
+            return None
+        s = self.by_token.get(token)
+        if s is None:
+            return None
+        if s.expires <= self.clock():
+            self.close(token)
+            return None
+        return s
+
+    def for_basic(self, key: bytes) -> Session | None:
+        token = self._basic.get(key)
+        s = self.get(token)
+        if s is None and token is not None:
+            self._basic.pop(key, None)
+        return s
+
+    def basic_key(self, user: str, password: bytes) -> bytes:
+        u = user.encode("utf-8", "surrogatepass")
+        return hmac.new(self._key, len(u).to_bytes(4, "big") + u + password,
+                        hashlib.sha256).digest()
+
+    def close(self, token: str) -> None:
+        s = self.by_token.pop(token, None)
+        if s is not None and self._basic:
+            for k in [k for k, t in self._basic.items() if t == token]:
+                del self._basic[k]
+
+    def close_user(self, user: str) -> int:
+        gone = [t for t, s in self.by_token.items() if s.user == user]
+        for t in gone:
+            self.close(t)
+        return len(gone)
+
+    def expire(self, now: float) -> None:
+        for t in [t for t, s in self.by_token.items() if s.expires <= now]:
+            self.close(t)
+
+    def __len__(self) -> int:
+        return len(self.by_token)
+
+
+class Throttle:
+    """Wrong passwords per address: after `free` failures each attempt waits, doubling."""
+
+    def __init__(self, free: int, max_delay: float, clock=time.monotonic,
+                 max_addresses: int = MAX_THROTTLED_ADDRESSES):
+        self.free = free
+        self.max_delay = max_delay
+        self.clock = clock
+        self.max_addresses = max_addresses
+        # address -> [failures, not before, last failure]
+        self.state: OrderedDict[str, list] = OrderedDict()
+        self.refused = 0
+
+    def retry_after(self, address: str) -> float:
+        """Seconds this address must still wait (0: it may try now)."""
+        st = self.state.get(address)
+        if st is None:
+            return 0.0
+        wait = st[1] - self.clock()
+        if wait > 0:
+            self.refused += 1
+            return wait
+        return 0.0
+
+    def failed(self, address: str) -> None:
+        now = self.clock()
+        st = self.state.pop(address, None)
+        if st is None or now - st[2] > 3600:   # new, or quiet for an hour: start over
+            st = [0, 0.0, now]
+            while len(self.state) >= self.max_addresses:
+                self.state.popitem(last=False)   # the address that failed longest ago
+        st[0] += 1
+        st[2] = now
+        if st[0] >= self.free:
+            st[1] = now + min(self.max_delay, 2.0 ** (st[0] - self.free))
+        self.state[address] = st
+
+    def succeeded(self, address: str) -> None:
+        self.state.pop(address, None)
+
+
+class LoginChecks:
+    """Account password checks on a bounded pool (role or None), off the event loop."""
+
+    def __init__(self, accounts, threads: int, max_pending: int):
+        self.accounts = accounts
+        self.queue = CheckQueue(threads, max_pending)
+
+    async def check(self, address: str, user: str, password: bytes) -> str | None:
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+
+        def done(result):
+            if not fut.done():
+                fut.set_result(result)
+        if not self.queue.submit(address, lambda: self.accounts.check(user, password),
+                                 lambda: not fut.cancelled(), done):
+            raise Busy()
+        return await fut
+
+    @property
+    def pending(self) -> int:
+        return self.queue.pending
+
+    @property
+    def refused(self) -> int:
+        return self.queue.refused
+
+    def close(self) -> None:
+        self.queue.close()
