@@ -72,7 +72,7 @@ class _Claim:
 
 
 class ClusterNode(Hook):
-    provides = frozenset(("route", "admit", "barrier", "on_start", "on_turn_end", "on_tick",
+    provides = frozenset(("route", "admit", "locate", "barrier", "on_start", "on_turn_end", "on_tick",
                           "on_stop", "stats", "on_client_connected", "on_client_disconnected")
                          + SESSION_EVENTS + STORED_EVENTS)
 
@@ -193,13 +193,21 @@ class ClusterNode(Hook):
                 pass
 
     def stats(self) -> dict:
+        """For metrics (mqtt_cluster_*, clients{node=...}), $SYS/broker/cluster/... and the
+        dashboard: this node, the members, connected clients per node, counters."""
         st = self.state
         out = dict(self.counters)
-        out.update(node=self.node, members=len(st.alive()) if st else 0,
+        members = self.members()
+        out.update(node=self.node, members=sum(1 for m in members if m["alive"]),
+                   members_list=",".join(m["node"] for m in members if m["alive"]),
                    clients_known=len(st.clients) if st else 0,
-                   clients_owned=sum(1 for c in st.clients.values()
-                                     if c.node == self.node and c.inc == self.inc) if st else 0)
+                   clients_by_node={m["node"]: m["clients"] for m in members if m["alive"]},
+                   share_groups=len(self.shares.streams))
         return {"cluster": out}
+
+    def locate(self, client_id: str) -> str | None:
+        """The node whose session this client id is (connected or not), None if none."""
+        return self.owner_of(client_id)
 
     def members(self) -> list[dict]:
         """For $SYS, metrics and the dashboard: each member and the clients it owns."""

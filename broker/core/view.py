@@ -174,6 +174,13 @@ class BrokerView:
                for m in found[:limit]]
         return out, len(found)
 
+    def locate(self, client_id: str) -> str | None:
+        """The node whose session this client id is, in a cluster (the hook providing
+        locate()); None on a single broker or when nobody has it."""
+        for locate in self.broker.hooks.locate:
+            return locate(client_id)
+        return None
+
     def retained_topic(self, topic: str) -> bool:
         return self._b.retained.get(topic) is not None
 

@@ -473,8 +473,13 @@ class Dashboard:
 
     async def v1_client(self, request):
         Params(request)
-        rec = self.view.client(request.match_info["client_id"])
+        cid = request.match_info["client_id"]
+        rec = self.view.client(cid)
         if rec is None:
+            node = self.view.locate(cid)  # in a cluster: the node whose session it is
+            if node is not None:
+                return _json_error(404, f"client {cid!r} is not connected to this node; its "
+                                        f"session is on node {node}", node=node)
             return _json_error(404, "no client with this id is connected")
         return web.json_response(live.client_json(rec))
 

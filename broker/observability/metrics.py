@@ -61,12 +61,26 @@ class BrokerCollector:
                                       "(auth.max_pending_checks reached)", value=checks.refused)
             yield CounterMetricFamily("mqtt_auth_skipped", "Password checks not run: the client "
                                       "left before its turn", value=checks.skipped)
-        for section, stats in self.server.broker.hook_stats().items():
-            for k, v in stats.items():
-                if isinstance(v, bool):
-                    v = int(v)
-                if isinstance(v, (int, float)):
-                    yield GaugeMetricFamily(f"mqtt_{section}_{k}", f"{section}: {k}", value=v)
+        yield from hook_metrics(self.server.broker.hook_stats())
+
+
+def hook_metrics(sections: dict):
+    """The hooks' figures (stats(): the sink's, the cluster's) as gauges mqtt_<section>_<name>;
+    a dict under "<name>_by_<label>" is one gauge per key with that label, e.g. the cluster's
+    clients_by_node -> mqtt_cluster_clients{node="n1"}."""
+    for section, stats in sections.items():
+        for k, v in stats.items():
+            if isinstance(v, bool):
+                v = int(v)
+            if isinstance(v, (int, float)):
+                yield GaugeMetricFamily(f"mqtt_{section}_{k}", f"{section}: {k}", value=v)
+            elif isinstance(v, dict) and "_by_" in k:
+                name, label = k.rsplit("_by_", 1)
+                g = GaugeMetricFamily(f"mqtt_{section}_{name}", f"{section}: {name} by {label}",
+                                      labels=[label])
+                for key, value in v.items():
+                    g.add_metric([str(key)], float(value))
+                yield g
 
 
 async def start_http(server, host: str, port: int):

@@ -41,6 +41,7 @@ class SysPublisher:
             "$SYS/broker/retained messages/count": str(st["retained"] + st["retained_sys"]),
             "$SYS/broker/subscriptions/count": str(st["subscriptions"]),
             "$SYS/broker/store/messages/count": str(st["queued"]),
+            **hook_topics(self.server.broker.hook_stats()),
         }
 
     def publish(self) -> None:
@@ -49,3 +50,20 @@ class SysPublisher:
         now = time.time()
         for topic, value in self.values().items():
             b.publish_local(Message(topic, value.encode(), 0, True, None, None, None, now))
+
+
+def hook_topics(sections: dict) -> dict[str, str]:
+    """The hooks' figures (the sink's, the cluster's) as $SYS/broker/<section>/<name>; a dict
+    "<name>_by_<label>" as $SYS/broker/<section>/<name>/<key> (the cluster's clients per node)."""
+    out = {}
+    for section, stats in sections.items():
+        for k, v in stats.items():
+            if isinstance(v, dict) and "_by_" in k:
+                name = k.rsplit("_by_", 1)[0]
+                for key, value in v.items():
+                    out[f"$SYS/broker/{section}/{name}/{key}"] = str(value)
+            elif isinstance(v, bool):
+                out[f"$SYS/broker/{section}/{k}"] = "true" if v else "false"
+            elif isinstance(v, (int, float, str)):
+                out[f"$SYS/broker/{section}/{k}"] = str(v)
+    return out

@@ -738,3 +738,40 @@ def _free_run(n: int) -> int:
         if ok:
             return first
     raise RuntimeError("no run of free ports")
+
+
+# ------------------------------------------------------------------ operations
+def test_metrics_and_sys_topics_show_the_members_and_clients_per_node(kafka, tmp_path):
+    import urllib.request
+
+    from tests.conftest import free_port
+    c = Cluster(kafka, tmp_path, 0)
+    nodes = []
+    for n in ("n1", "n2"):
+        d = tmp_path / n
+        d.mkdir()
+        mport = free_port()
+        b = BrokerProcess(d, {**c.settings(n), "metrics.enabled": True, "metrics.port": mport,
+                              "metrics.sys_interval": 1}).start()
+        nodes.append((b, mport))
+    try:
+        keep = [connect(nodes[0][0].port), connect(nodes[0][0].port), connect(nodes[1][0].port)]
+        time.sleep(1.5)
+        text = urllib.request.urlopen(f"http://127.0.0.1:{nodes[1][1]}/metrics", timeout=5).read().decode()
+        assert "mqtt_cluster_members 2.0" in text
+        assert 'mqtt_cluster_clients{node="n1"} 2.0' in text
+        assert 'mqtt_cluster_clients{node="n2"} 1.0' in text
+        s = connect(nodes[1][0].port)
+        s.subscribe("$SYS/broker/cluster/#")
+        got = {}
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and "$SYS/broker/cluster/members_list" not in got:
+            p = s.recv(3)
+            if p.type == P.PUBLISH:
+                got[p.topic] = p.payload
+        assert got["$SYS/broker/cluster/members_list"] == b"n1,n2"
+        assert got["$SYS/broker/cluster/node"] == b"n2"
+        assert len(keep) == 3
+    finally:
+        for b, _ in nodes:
+            b.stop()

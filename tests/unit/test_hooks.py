@@ -446,3 +446,23 @@ def test_inflight_records_have_named_fields_and_are_reused_only_once_acknowledge
     assert reused.msg.payload == b"two" and reused.qos == 1 and not reused.released
     # the unacknowledged record of the other session is untouched
     assert e2.msg.payload == b"one" and b.sessions["b"].inflight_out[d2.packet_id] is e2
+
+
+def test_hook_figures_reach_metrics_and_sys_topics_with_labels():
+    """A hook's stats() become gauges mqtt_<section>_<name> and $SYS/broker/<section>/<name>;
+    a dict named <name>_by_<label> becomes one labelled gauge and one topic per key."""
+    from broker.observability.metrics import hook_metrics
+    from broker.observability.sys_topics import hook_topics
+    figures = {"cluster": {"members": 2, "node": "n1", "ready": True,
+                           "clients_by_node": {"n1": 3, "n2": 5}}}
+    fams = {f.name: f for f in hook_metrics(figures)}
+    assert fams["mqtt_cluster_members"].samples[0].value == 2
+    clients = fams["mqtt_cluster_clients"]
+    assert [(s.labels, s.value) for s in clients.samples] == [({"node": "n1"}, 3.0),
+                                                              ({"node": "n2"}, 5.0)]
+    assert "mqtt_cluster_node" not in fams  # text is not a gauge
+    assert hook_topics(figures) == {"$SYS/broker/cluster/members": "2",
+                                    "$SYS/broker/cluster/node": "n1",
+                                    "$SYS/broker/cluster/ready": "true",
+                                    "$SYS/broker/cluster/clients/n1": "3",
+                                    "$SYS/broker/cluster/clients/n2": "5"}
