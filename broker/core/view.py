@@ -177,7 +177,7 @@ class BrokerView:
     def locate(self, client_id: str) -> str | None:
         """The node whose session this client id is, in a cluster (the hook providing
         locate()); None on a single broker or when nobody has it."""
-        for locate in self.broker.hooks.locate:
+        for locate in self._b.hooks.locate:
             return locate(client_id)
         return None
 

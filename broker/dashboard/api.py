@@ -434,6 +434,7 @@ class Dashboard:
             "now": live.iso(time.time()), "sample_seconds": self.s.sample_seconds,
             "points": self.sampler.series(since), "totals": live.overview(self.view, self._io_bytes),
             "sink": self._sink_stats() or None,
+            "cluster": self.server.broker.hook_stats().get("cluster"),  # None on a single broker
             "history": self.history_status(), "user": request["session"].user,
             "role": request["session"].role})
 

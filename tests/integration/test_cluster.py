@@ -775,3 +775,20 @@ def test_metrics_and_sys_topics_show_the_members_and_clients_per_node(kafka, tmp
     finally:
         for b, _ in nodes:
             b.stop()
+
+
+def test_the_dashboard_shows_the_members_and_which_node_holds_a_client(kafka, tmp_path, make_broker):
+    from tests.integration.dashboard_http import ADMIN, ADMIN_PW, get_json, start_dashboard
+    c = Cluster(kafka, tmp_path, 1)            # n1
+    d = tmp_path / "n2"
+    d.mkdir()
+    n2 = start_dashboard(make_broker, d, c.settings("n2"))
+    me = f"far-{uuid.uuid4().hex[:6]}"
+    keep = connect(c.port("n1"), me)
+    time.sleep(1.0)
+    status, live = get_json(n2.dashboard + "/api/live", user=ADMIN, password=ADMIN_PW)
+    assert status == 200 and live["cluster"]["members"] == 2
+    assert live["cluster"]["clients_by_node"] == {"n1": 1, "n2": 0}
+    status, r = get_json(n2.dashboard + f"/api/v1/clients/{me}", user=ADMIN, password=ADMIN_PW)
+    assert status == 404 and r["node"] == "n1"
+    keep.close()

@@ -122,7 +122,7 @@ const live = {
       live.points = live.points.concat(r.points).slice(-900);
       if (r.points.length) live.last = r.points[r.points.length - 1].t;
       status(r);
-      cards(r.totals, r.sink);
+      cards(r.totals, r.sink, r.cluster);
       live.draw(r);
     } catch (e) {
       if (e.status !== 401) banner(e.message);
@@ -142,12 +142,16 @@ const live = {
   },
 };
 
-function cards(t, sink) {
+function cards(t, sink, cluster) {
   const items = [["connections", t.connections], ["sessions", t.sessions], ["subscriptions", t.subscriptions],
     ["retained (without $SYS)", t.retained], ["queued", t.queued], ["in flight", t.inflight],
     ["received", t.received_by_qos.reduce((a, b) => a + b, 0)], ["sent", t.sent_by_qos.reduce((a, b) => a + b, 0)],
     ["dropped", Object.values(t.dropped).reduce((a, b) => a + b, 0)]];
   if (sink) items.push(["spool", sink.spool_messages], ["forwarded", sink.forwarded]);
+  if (cluster) {  // a cluster node: the members and the clients connected to each
+    for (const [node, n] of Object.entries(cluster.clients_by_node || {}))
+      items.push([`clients on ${node}${node === cluster.node ? " (this node)" : ""}`, n]);
+  }
   $("#cards").innerHTML = items.map(([k, v]) =>
     `<div class="card"><div class="v">${esc(fmtNum(v))}</div><div class="k">${esc(k)}</div></div>`).join("");
 }
@@ -157,6 +161,10 @@ function status(r) {
   pill("#pill-broker", "ok", "broker up");
   if (!r.sink) pill("#pill-sink", "off", "sink off");
   else pill("#pill-sink", r.sink.kafka_up ? "ok" : "bad", r.sink.kafka_up ? "Kafka up" : "Kafka down", r.sink.bootstrap);
+  const cl = $("#pill-cluster");
+  cl.hidden = !r.cluster;
+  if (r.cluster) pill("#pill-cluster", "ok", `cluster: ${r.cluster.members} nodes`,
+    `this node: ${r.cluster.node}; members: ${r.cluster.members_list}`);
   const h = r.history || {};
   if (h.running === null || h.running === undefined) pill("#pill-job", "off", "history job ?");
   else pill("#pill-job", h.running ? "ok" : "bad", h.running ? "history job up" : "history job down", h.url);
