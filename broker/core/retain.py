@@ -13,11 +13,15 @@ class _Node:
 
 
 class RetainedStore:
-    """topic -> message, in a level tree so wildcard filters walk only what can match."""
+    """topic -> message, in a level tree so wildcard filters walk only what can match.
+    `count` and `bytes` (the sum of `size(message)`, when a size function is given) are what the
+    broker's bounds (mqtt.max_retained_messages, max_retained_bytes) compare against."""
 
-    def __init__(self):
+    def __init__(self, size=None):
         self.root = _Node()
         self.count = 0
+        self.bytes = 0
+        self.size = size
 
     def set(self, topic: str, message) -> None:
         """Store or replace [MQTT-3.3.1-5]; a None message deletes [MQTT-3.3.1-6], [MQTT-3.3.1-7]."""
@@ -30,8 +34,12 @@ class RetainedStore:
             if child is None:
                 child = node.children[level] = _Node()
             node = child
-        if node.message is None:
+        old = node.message
+        if old is None:
             self.count += 1
+        size = self.size
+        if size is not None:
+            self.bytes += size(message) - (0 if old is None else size(old))
         node.message = message
 
     def delete(self, topic: str) -> None:
@@ -42,10 +50,13 @@ class RetainedStore:
             if node is None:
                 return
             path.append(node)
-        if path[-1].message is None:
+        old = path[-1].message
+        if old is None:
             return
         path[-1].message = None
         self.count -= 1
+        if self.size is not None:
+            self.bytes -= self.size(old)
         for i in range(len(levels), 0, -1):
             if path[i].message is not None or path[i].children:
                 break

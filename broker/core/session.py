@@ -33,6 +33,28 @@ NO_IDS: frozenset = frozenset()
 REPLAY_BURST = 1 << 20  # bytes of retained replay written per pump: the rest waits for the next turn
 
 
+class Queues:
+    """What the queues of every session of a broker share: the byte bounds (mqtt.max_queued_bytes
+    per session, mqtt.max_queued_bytes_total for all), the bytes all queues hold, and the ACL
+    generation: Broker.flag_read_checks() raises it when the ACL changes, and a session whose
+    `acl_gen` is older checks its queued messages against `allow_read` again before sending any
+    (one comparison per pump on the common path)."""
+    __slots__ = ("max_bytes", "max_total", "used", "acl_gen", "allow_read")
+
+    def __init__(self, max_bytes: int = 0, max_total: int = 0):
+        self.max_bytes = max_bytes  # per session, 0: no bound
+        self.max_total = max_total  # all sessions, 0: no bound
+        self.used = 0               # payload + topic bytes of every queued entry
+        self.acl_gen = 0
+        self.allow_read = None      # the auth hook's allow_read, None when everything is allowed
+
+
+def entry_size(msg) -> int:
+    """What one queued entry counts towards the byte bounds: payload and topic bytes (a message
+    queued for several sessions counts in each, as in Mosquitto's max_queued_bytes)."""
+    return len(msg.payload) + len(msg.topic_bytes)
+
+
 class Subscription:
     __slots__ = ("filter", "topic_filter", "group", "qos", "no_local", "retain_as_published",
                  "retain_handling", "sub_id", "session", "read_check")
@@ -81,10 +103,12 @@ class Session:
     __slots__ = ("client_id", "subscriptions", "inflight_out", "queue", "inflight_in",
                  "expiry_interval", "expires_at", "will", "will_at", "link", "next_pid",
                  "max_queued", "queue_qos0", "stats", "username", "link_level", "sent",
-                 "store", "resend_pending", "replay", "replay_pending")
+                 "store", "resend_pending", "replay", "replay_pending", "queues", "queue_bytes",
+                 "acl_gen")
 
     def __init__(self, client_id: str, max_queued: int = 1000, queue_qos0: bool = False,
-                 stats: dict | None = None, sent: list | None = None):
+                 stats: dict | None = None, sent: list | None = None,
+                 queues: Queues | None = None):
         self.client_id = client_id
         self.username: str | None = None
         self.link_level = 5  # protocol level of the last connection (for the sink record)
@@ -116,6 +140,9 @@ class Session:
         # [matched messages, next index, granted QoS, sub_ids, retained store] per subscription
         self.replay: deque | tuple = NOTHING
         self.replay_pending = 0  # messages in `replay` not yet sent
+        self.queues = queues if queues is not None else Queues()
+        self.queue_bytes = 0  # entry_size() of the messages in `queue`
+        self.acl_gen = self.queues.acl_gen  # the ACL its queue was checked against (pump)
 
     def add_subscription(self, sub: Subscription) -> None:
         """Add or replace the subscription for sub.filter."""
@@ -162,12 +189,34 @@ class Session:
             self._send(msg, qos, retain, sub_ids, now)
 
     def _enqueue(self, msg, qos, retain, sub_ids) -> None:
-        if len(self.queue) >= self.max_queued:
+        size = len(msg.payload) + len(msg.topic_bytes)  # entry_size(msg), inline
+        q = self.queues
+        if len(self.queue) >= self.max_queued or (q.max_bytes and
+                                                  self.queue_bytes + size > q.max_bytes):
             # Overflow policy: the newest message is dropped (as Mosquitto does), counted.
             self.stats["dropped_queue_full"] = self.stats.get("dropped_queue_full", 0) + 1
             return
+        if q.max_total and q.used + size > q.max_total:
+            self.stats["dropped_queues_total"] = self.stats.get("dropped_queues_total", 0) + 1
+            return
         seq = self.store.enqueue(self.client_id, msg, qos, retain, sub_ids) if self.store else None
         self.queued().append((msg, qos, retain, sub_ids, seq))
+        self.queue_bytes += size
+        q.used += size
+
+    def requeue(self, entry: tuple) -> None:
+        """A queued entry read back from the store: counted like one queued now, never dropped
+        (it was accepted before the broker stopped)."""
+        self.queued().append(entry)
+        size = entry_size(entry[0])
+        self.queue_bytes += size
+        self.queues.used += size
+
+    def drop_queue(self) -> None:
+        """The session ends: what its queue held no longer counts (mqtt.max_queued_bytes_total)."""
+        self.queues.used -= self.queue_bytes
+        self.queue_bytes = 0
+        self.queue = NOTHING
 
     def queued(self) -> deque:
         """The queue, made at its first message."""
@@ -294,6 +343,8 @@ class Session:
         link = self.link
         if link is None:
             return
+        if self.acl_gen != self.queues.acl_gen:
+            self.recheck_read()
         if self.replay:
             self._pump_replay(link, now)
         queue = self.queue
@@ -303,7 +354,46 @@ class Session:
             if qos and len(self.inflight_out) >= limit:
                 break
             queue.popleft()
+            size = len(msg.payload) + len(msg.topic_bytes)  # entry_size(msg), inline
+            self.queue_bytes -= size
+            self.queues.used -= size
             self._send(msg, qos, retain, sub_ids, now, seq)
+
+    def recheck_read(self) -> int:
+        """The ACL changed since this session's queue was last checked: drop the queued
+        messages (and retained messages waiting to be replayed) its client may no longer read,
+        before any is sent. Returns how many were dropped (counted as not_authorized)."""
+        q = self.queues
+        self.acl_gen = q.acl_gen
+        allow = q.allow_read
+        if allow is None:
+            return 0
+        cid, user = self.client_id, self.username
+        dropped = 0
+        if self.queue:
+            keep = deque()
+            for e in self.queue:
+                if allow(cid, user, e[0].topic):
+                    keep.append(e)
+                else:
+                    dropped += 1
+                    size = entry_size(e[0])
+                    self.queue_bytes -= size
+                    q.used -= size
+                    if e[4] is not None:
+                        self.store.remove(e[4])
+            self.queue = keep
+        for entry in self.replay:
+            msgs, i = entry[0], entry[1]
+            left = [m for m in msgs[i:] if allow(cid, user, m.topic)]
+            n = len(msgs) - i - len(left)
+            if n:
+                entry[0], entry[1] = left, 0
+                self.replay_pending -= n
+                dropped += n
+        if dropped:
+            self.stats["dropped_not_authorized"] = self.stats.get("dropped_not_authorized", 0) + dropped
+        return dropped
 
     def resume(self, now: float) -> None:
         """On reconnection: resend unacknowledged PUBLISH (DUP=1) and PUBREL, then the queue.
@@ -407,7 +497,11 @@ class Session:
             msg, _, _, _, seq = e
             if msg.expires_at is None or msg.expires_at > now:
                 keep.append(e)
-            elif seq is not None:
+                continue
+            size = entry_size(msg)
+            self.queue_bytes -= size
+            self.queues.used -= size
+            if seq is not None:
                 self.store.remove(seq)
         dropped = len(q) - len(keep)
         if dropped:

@@ -113,7 +113,8 @@ class MQTTProtocol(asyncio.Protocol):
         conn.owner = self
         max_conn = server.config.mqtt.max_connections
         if max_conn and len(server.broker.connections) > max_conn:
-            log.warning("refusing %s: max_connections (%d) reached", conn.peer, max_conn)
+            conn.note(logging.WARNING, "refusing %s: max_connections (%d) reached", conn.peer,
+                      max_conn)
             conn.finish(publish_will=False)
             self.close_gracefully()
             return
