@@ -58,7 +58,7 @@ class Gcra:
 
     def next(self, at: float, now: float) -> float | None:
         """The new `at` when a line is allowed now, else None."""
-        if at - now > self.slack:
+        if at - now > self.slack + 1e-9:  # (sums of float intervals)
             return None
         return (at if at > now else now) + self.interval
 

@@ -347,6 +347,7 @@ class Connection:
             if self.level == P.MQTT_31:
                 return self.refuse(rc.CLIENT_IDENTIFIER_NOT_VALID, "MQTT 3.1 needs a client id")
             client_id = assigned = b.new_client_id()  # [MQTT-3.1.3-6]
+        self.client_id = client_id  # (for log lines until accepted)
         if len(client_id) > cfg.max_client_id_length:  # [MQTT-3.1.3-8] refused: CONNACK 0x85, close
             return self.refuse(rc.CLIENT_IDENTIFIER_NOT_VALID, "client id too long")
         if CONTROL_CHARACTERS.search(client_id):  # [MQTT-1.5.4-2], [MQTT-3.1.3-8]: 0x85 / 2
@@ -539,7 +540,8 @@ class Connection:
 
     def refuse(self, code: int, why: str) -> None:
         """CONNACK with a failure code, then close [MQTT-3.2.2-6]."""
-        self.note(logging.INFO, "refused connection from %s: %s (0x%02X)", self.peer, why, code)
+        self.note(logging.INFO, "refused connection %s from %s: %s (0x%02X)",
+                  self.client_id or "(no client id)", self.peer, why, code)
         if self.level == P.MQTT_5:
             self.send_fitting(P.Connack(False, code, {PR.REASON_STRING: why}))
         else:
