@@ -120,7 +120,7 @@ class MQTTConfig(Section):
     max_connections: int = 0             # 0: unlimited
     max_connect_packet_size: int = 131072  # bytes a packet may have before CONNECT is accepted (0x95)
     max_subscriptions_per_client: int = 1000  # filters a session may hold; more get SUBACK 0x97
-    max_filters_per_subscribe: int = 10000  # more in one SUBSCRIBE: DISCONNECT 0x97
+    max_filters_per_subscribe: int = 1000  # more in one SUBSCRIBE / UNSUBSCRIBE: DISCONNECT 0x97
     max_retained_replay: int = 100000    # retained messages waiting to be sent to one session
     match_cache_entries: int = 100000    # topics remembered by the subscription match cache
     match_cache_bytes: int = 16777216    # total topic length the match cache may hold

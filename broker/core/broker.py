@@ -527,6 +527,7 @@ class Broker:
         """Keep alive, delayed wills, session and message expiry. Call about once a second."""
         now = self.clock() if now is None else now
         self.client_log.tick(now)
+        self.router.sweep()
         for conn in list(self.connections):
             conn.check_timeouts(now)
         for cid, s in list(self.delayed_wills.items()):
