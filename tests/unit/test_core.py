@@ -270,11 +270,11 @@ def test_repeated_filter_replays_retained_once_with_last_options():
     _retained(b, 3, qos=1)
     sub = Client(b)
     sub.connect("s")
-    topics = [("r/#", P.SubscriptionOptions(0))] * 2999 + [("r/#", P.SubscriptionOptions(1)),
+    topics = [("r/#", P.SubscriptionOptions(0))] * 998 + [("r/#", P.SubscriptionOptions(1)),
                                                            ("r/1", P.SubscriptionOptions(0))]
     sub.send(P.Subscribe(1, topics))
     suback, *pubs = sub.received()
-    assert suback.reason_codes == [0] * 2999 + [1, 0]
+    assert suback.reason_codes == [0] * 998 + [1, 0]
     assert sorted((p.topic, p.qos, p.retain) for p in pubs) == \
         [("r/0", 1, True), ("r/1", 0, True), ("r/1", 1, True), ("r/2", 1, True)]
     assert len(sub.conn.session.subscriptions) == 2 and b.router.count == 2
