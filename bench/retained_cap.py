@@ -84,13 +84,10 @@ def main() -> int:
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="retained-cap-"))
     mport = free_port()
-    sets = {"metrics.enabled": True, "metrics.port": mport, "metrics.sys_interval": 0}
-    for item in args.set:
-        k, _, v = item.partition("=")
-        sets[k] = v
-    b = BrokerProcess(tmp, settings=sets)
-    b.cmd[b.cmd.index("DEBUG")] = "WARNING"
-    b.start()
+    b = BrokerProcess(tmp, settings={"metrics.enabled": True, "metrics.port": mport,
+                                     "metrics.sys_interval": 0,
+                                     **dict(x.split("=", 1) for x in args.set)},
+                      log_level="WARNING").start()
     try:
         pid = b.proc.pid
         time.sleep(0.5)

@@ -267,13 +267,9 @@ def main() -> int:
     if args.only == "core":
         return 0
     tmp = Path(tempfile.mkdtemp(prefix="stall-"))
-    sets = {"persistence.enabled": False, "metrics.sys_interval": 0}
-    for item in args.set:
-        k, _, v = item.partition("=")
-        sets[k] = v
-    b = BrokerProcess(tmp, settings=sets)
-    b.cmd[b.cmd.index("DEBUG")] = "WARNING"
-    b.start()
+    b = BrokerProcess(tmp, settings={"persistence.enabled": False, "metrics.sys_interval": 0,
+                                     **dict(x.split("=", 1) for x in args.set)},
+                      log_level="WARNING").start()
     print(f"broker: {' '.join(b.cmd[1:])}")
     print(f"{'scenario':<16} {'packet':<58} {'stall ms (worst of ' + str(args.repeats) + ')':>22} "
           f"{'median of runs':>15} {'ping ms':>8}  answer")

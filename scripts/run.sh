@@ -39,4 +39,16 @@ job_pid=$!
 if [ "$DASHBOARD" != 0 ]; then
   echo "run.sh: dashboard on http://127.0.0.1:$DASHBOARD_PORT/ (history charts once the Spark job is up)"
 fi
+# The broker listens on this machine only unless told otherwise (--host); say how to open it.
+case " $* " in
+  *" --host "*) ;;
+  *) cat <<'EOF'
+run.sh: MQTT listens on 127.0.0.1 (this machine only; anonymous clients allowed here). To let
+        devices on the network in, give them users and open the listener:
+          .venv/bin/python -m broker.auth passwd data/passwd add DEVICE      # asks the password
+          bash scripts/run.sh --host 0.0.0.0 --set auth.password_file=data/passwd
+        (mosquitto_passwd files work too; anonymous access from anywhere: --set auth.allow_anonymous=true)
+EOF
+  ;;
+esac
 wait -n "$broker_pid" "$job_pid"

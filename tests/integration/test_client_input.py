@@ -20,10 +20,8 @@ from tests.mqtt_raw import RawClient
 
 
 def lean(tmp_path, settings=None, args=None, level="INFO") -> BrokerProcess:
-    b = BrokerProcess(tmp_path, settings={"persistence.enabled": False, "metrics.sys_interval": 0,
-                                          **(settings or {})}, args=args)
-    b.cmd[b.cmd.index("DEBUG")] = level
-    return b.start()
+    return BrokerProcess(tmp_path, settings={"persistence.enabled": False, "metrics.sys_interval": 0,
+                                             **(settings or {})}, args=args, log_level=level).start()
 
 
 def wait_log(b: BrokerProcess, text: str, timeout: float = 10.0) -> str:

@@ -138,17 +138,23 @@ def test_per_connection_log_lines_are_rate_limited_and_summarized(caplog):
     assert summary and summary[0].startswith(f"{50 - clientlog.PER_CONNECTION_BURST + 1} log lines")
 
 
+class Conn:
+    """What ClientLog needs of a connection."""
+    log_at = 0.0
+
+
+def client_log(lines_per_second: float):
+    """(a ClientLog on a fake clock, that clock: a one-item list, a logger at INFO)."""
+    clock = [1000.0]
+    logger = logging.getLogger("test.clients")
+    logger.setLevel(logging.INFO)
+    return ClientLog(lambda: clock[0], lines_per_second), clock, logger
+
+
 def test_all_clients_together_are_rate_limited():
     """Many connections cannot flood the log: all together at most lines_per_second on average
     (bursts of BURST_SECONDS of it)."""
-    clock = [1000.0]
-    log = ClientLog(lambda: clock[0], lines_per_second=5)
-    logger = logging.getLogger("test.clients")
-    logger.setLevel(logging.INFO)
-
-    class Conn:
-        log_at = 0.0
-
+    log, clock, logger = client_log(5)
     written = sum(log.line(logger, logging.INFO, Conn(), "x %s", i) for i in range(1000))
     assert written == 5 * clientlog.BURST_SECONDS
     clock[0] += 10
@@ -161,14 +167,7 @@ def test_all_clients_together_are_rate_limited():
 def test_log_budget_property(events):
     """Whatever the order: no connection gets more than its burst plus one line per interval of
     elapsed time, and nothing is both written and counted as left out."""
-    clock = [1000.0]
-    log = ClientLog(lambda: clock[0], lines_per_second=0)
-    logger = logging.getLogger("test.clients.prop")
-    logger.setLevel(logging.INFO)
-
-    class Conn:
-        log_at = 0.0
-
+    log, clock, logger = client_log(0)
     conns = [Conn() for _ in range(10)]
     written = [0] * 10
     start = clock[0]

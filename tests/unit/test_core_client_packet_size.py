@@ -17,7 +17,7 @@ from broker.protocol.codec import Decoder, encode
 from tests.sansio import Client, assert_served, drain, exchange, feed, make, publish, until_closed
 
 V4, V5 = P.MQTT_311, P.MQTT_5
-O = P.SubscriptionOptions
+OPT = P.SubscriptionOptions
 # a broker whose CONNACK carries no limits: 5 bytes, so small client maximums can connect
 BARE = dict(maximum_packet_size=268435455, receive_maximum=65535, topic_alias_maximum=0)
 
@@ -80,12 +80,12 @@ def test_suback_that_does_not_fit_closes_before_subscribing():
     b, _ = make(**BARE)
     c = Client(b)
     c.connect("subs", props=limited(20))
-    c.send(P.Subscribe(1, [(f"t/{i}", O(0)) for i in range(16)]))  # SUBACK: 5 + 16 bytes
+    c.send(P.Subscribe(1, [(f"t/{i}", OPT(0)) for i in range(16)]))  # SUBACK: 5 + 16 bytes
     assert until_closed(c) == []
     assert b.router.count == 0
     ok = Client(b)
     ok.connect("subs2", props=limited(20))
-    ok.send(P.Subscribe(1, [(f"t/{i}", O(0)) for i in range(15)]))  # 20 bytes: fits
+    ok.send(P.Subscribe(1, [(f"t/{i}", OPT(0)) for i in range(15)]))  # 20 bytes: fits
     (s,) = ok.received()
     assert s.reason_codes == [0] * 15 and len(encode(s, V5)) == 20
 
@@ -137,7 +137,7 @@ def test_publish_too_large_is_dropped_not_closed_MQTT_3_1_2_25():
     b, _ = make()
     sub = Client(b)
     sub.connect("s", props=limited(30))
-    sub.send(P.Subscribe(1, [("big/#", O(0))]))
+    sub.send(P.Subscribe(1, [("big/#", OPT(0))]))
     sub.received()
     pub = Client(b)
     pub.connect("p")
@@ -160,7 +160,7 @@ def test_no_packet_exceeds_the_clients_maximum(limit, filters, bad):
     c = Client(b)
     feed(c.conn, encode(P.Connect("prop", V5, properties=limited(limit))))
     written = [drain(c.conn)]
-    steps = [P.Subscribe(1, [(f"f/{i}", O(1)) for i in range(filters)]),
+    steps = [P.Subscribe(1, [(f"f/{i}", OPT(1)) for i in range(filters)]),
              P.Unsubscribe(2, [f"f/{i}" for i in range(filters)]),
              P.Publish("f/1", b"x" * 10, 1, packet_id=3)]
     if bad == "wildcard":
@@ -185,6 +185,6 @@ def test_311_clients_have_no_maximum(level):
     b, _ = make()
     c = Client(b, level)
     assert c.connect("old").reason_code == 0
-    c.send(P.Subscribe(1, [(f"t/{i}", O(0)) for i in range(200)]))
+    c.send(P.Subscribe(1, [(f"t/{i}", OPT(0)) for i in range(200)]))
     (s,) = c.received()
     assert len(s.reason_codes) == 200
