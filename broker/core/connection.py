@@ -106,6 +106,14 @@ class Connection:
     def peer(self, value: str) -> None:
         self._peer = value
 
+    def local(self) -> bool:
+        """Whether the client connects from this machine (a loopback address): asked from the
+        owner (its transport's address), else told by `peer` (sans-I/O)."""
+        owner = self.owner
+        if owner is not None:
+            return owner.peer_is_loopback()
+        return is_loopback(self.peer)
+
     def note(self, level: int, fmt: str, *args) -> bool:
         """A log line about this connection: every argument escaped and shortened, at most a
         few lines per connection and a bounded rate for all (core/clientlog.py)."""
@@ -365,7 +373,7 @@ class Connection:
             return self.refuse(rc.BAD_USER_NAME_OR_PASSWORD, "the user name contains control "
                                "characters (U+0000-U+001F, U+007F-U+009F)")
         if (c.username is None and self.identity is None and not b.anonymous_remote
-                and not is_loopback(self.peer)):
+                and not self.local()):
             return self.refuse(rc.NOT_AUTHORIZED, "anonymous clients may connect only from this "
                                "machine: connect with a user name and password (the broker's "
                                "operator may set auth.allow_anonymous = true)")
@@ -961,9 +969,17 @@ def _ack_size(codes: int, v5: bool) -> int:
 def is_loopback(peer: str) -> bool:
     """Whether a connection's `peer` ("host:port", "ws:host:port") is a loopback address (this
     machine); False when it cannot be told."""
-    host = (peer[3:] if peer.startswith("ws:") else peer).rpartition(":")[0].strip("[]")
+    return loopback_host((peer[3:] if peer.startswith("ws:") else peer).rpartition(":")[0])
+
+
+def loopback_host(host) -> bool:
+    """Whether an address (a string, as sockets give it) is a loopback address."""
+    if not isinstance(host, str):
+        return False
+    if host.startswith("127.") or host == "::1":
+        return True  # the usual case, without parsing
     try:
-        ip = ipaddress.ip_address(host)
+        ip = ipaddress.ip_address(host.strip("[]").partition("%")[0])
     except ValueError:
         return False
     mapped = getattr(ip, "ipv4_mapped", None)  # ::ffff:127.0.0.1 on a dual-stack listener

@@ -17,7 +17,7 @@ import logging
 
 from settings import ListenerConfig
 
-from ..core.connection import CLIENT_DONE, Connection, StoredAck
+from ..core.connection import CLIENT_DONE, Connection, StoredAck, loopback_host
 from ..core.events import AuthRequested, MessageAccepted
 from ..protocol import reason_codes as rc
 from . import tls
@@ -126,6 +126,12 @@ class MQTTProtocol(asyncio.Protocol):
         t = self.transport
         peer = t.get_extra_info("peername") if t is not None else None
         return f"{peer[0]}:{peer[1]}" if peer else "?"
+
+    def peer_is_loopback(self) -> bool:
+        """Whether the client connects from this machine (anonymous clients, core/connection.py)."""
+        t = self.transport
+        peer = t.get_extra_info("peername") if t is not None else None
+        return bool(peer) and loopback_host(peer[0])
 
     def data_received(self, data: bytes) -> None:
         self.server.bytes_in += len(data)

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from broker.core import clientlog
 from broker.core.clientlog import SHOWN_CHARS, ClientLog, shown
-from broker.core.connection import Connection, is_loopback
+from broker.core.connection import Connection, is_loopback, loopback_host
 from broker.protocol import packets as P
 from broker.protocol import properties as PR
 from broker.protocol import reason_codes as rc
@@ -188,6 +188,15 @@ def test_log_budget_property(events):
     ("192.0.2.2:1883", False), ("fd00::2:4000", False), ("ws:10.1.1.1:8", False), ("?", False)])
 def test_is_loopback(peer, local):
     assert is_loopback(peer) is local
+
+
+@pytest.mark.parametrize("host,local", [
+    ("127.0.0.1", True), ("::1", True), ("::ffff:127.0.0.1", True), ("0:0:0:0:0:0:0:1", True),
+    ("192.0.2.2", False), ("fe80::1%eth0", False), ("::ffff:10.0.0.1", False), ("", False),
+    (None, False)])
+def test_loopback_host(host, local):
+    """What the transport's peer address says (MQTTProtocol.peer_is_loopback)."""
+    assert loopback_host(host) is local
 
 
 @pytest.mark.parametrize("level", [V5, V4])
