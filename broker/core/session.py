@@ -65,20 +65,29 @@ class Replay:
         budget.open += 1
 
 
+UNBOUNDED = 1 << 62  # the byte allowance of a queue without a bound
+
+
 class Queues:
     """What the queues of every session of a broker share: the byte bounds (mqtt.max_queued_bytes
-    per session, mqtt.max_queued_bytes_total for all), the bytes all queues hold, and the ACL
-    generation: Broker.flag_read_checks() raises it when the ACL changes, and a session whose
-    `acl_gen` is older checks its queued messages against `allow_read` again before sending any
-    (one comparison per pump on the common path)."""
-    __slots__ = ("max_bytes", "max_total", "used", "acl_gen", "allow_read")
+    per session, mqtt.max_queued_bytes_total for all; 0: none), the room left in all queues, and
+    the ACL generation: Broker.flag_read_checks() raises it when the ACL changes, and a session
+    whose `acl_gen` is older checks its queued messages against `allow_read` again before sending
+    any (one comparison per pump on the common path). The bounds are kept as room left (one
+    comparison and one subtraction per queued message)."""
+    __slots__ = ("per_session", "total", "room", "acl_gen", "allow_read")
 
     def __init__(self, max_bytes: int = 0, max_total: int = 0):
-        self.max_bytes = max_bytes  # per session, 0: no bound
-        self.max_total = max_total  # all sessions, 0: no bound
-        self.used = 0               # payload + topic bytes of every queued entry
+        self.per_session = max_bytes or UNBOUNDED
+        self.total = max_total or UNBOUNDED
+        self.room = self.total      # bytes all queues may still take
         self.acl_gen = 0
         self.allow_read = None      # the auth hook's allow_read, None when everything is allowed
+
+    @property
+    def used(self) -> int:
+        """Payload + topic bytes of every queued entry."""
+        return self.total - self.room
 
 
 def entry_size(msg) -> int:
@@ -135,7 +144,7 @@ class Session:
     __slots__ = ("client_id", "subscriptions", "inflight_out", "queue", "inflight_in",
                  "expiry_interval", "expires_at", "will", "will_at", "link", "next_pid",
                  "max_queued", "queue_qos0", "stats", "username", "link_level", "sent",
-                 "store", "resend_pending", "replay", "queues", "queue_bytes", "acl_gen")
+                 "store", "resend_pending", "replay", "queues", "queue_room", "acl_gen")
 
     def __init__(self, client_id: str, max_queued: int = 1000, queue_qos0: bool = False,
                  stats: dict | None = None, sent: list | None = None,
@@ -171,7 +180,7 @@ class Session:
         # (a lazy walk of the retained store) per subscription
         self.replay: deque | tuple = NOTHING
         self.queues = queues if queues is not None else Queues()
-        self.queue_bytes = 0  # entry_size() of the messages in `queue`
+        self.queue_room = self.queues.per_session  # bytes its queue may still take (entry_size())
         self.acl_gen = self.queues.acl_gen  # the ACL its queue was checked against (pump)
 
     def add_subscription(self, sub: Subscription) -> None:
@@ -218,34 +227,41 @@ class Session:
         else:
             self._send(msg, qos, retain, sub_ids, now)
 
+    @property
+    def queue_bytes(self) -> int:
+        """entry_size() of the messages in `queue`."""
+        return self.queues.per_session - self.queue_room
+
     def _enqueue(self, msg, qos, retain, sub_ids) -> None:
         size = len(msg.payload) + len(msg.topic_bytes)  # entry_size(msg), inline
         q = self.queues
-        if len(self.queue) >= self.max_queued or (q.max_bytes and
-                                                  self.queue_bytes + size > q.max_bytes):
+        queue = self.queue
+        if len(queue) >= self.max_queued or size > self.queue_room:
             # Overflow policy: the newest message is dropped (as Mosquitto does), counted.
             self.stats["dropped_queue_full"] = self.stats.get("dropped_queue_full", 0) + 1
             return
-        if q.max_total and q.used + size > q.max_total:
+        if size > q.room:
             self.stats["dropped_queues_total"] = self.stats.get("dropped_queues_total", 0) + 1
             return
         seq = self.store.enqueue(self.client_id, msg, qos, retain, sub_ids) if self.store else None
-        self.queued().append((msg, qos, retain, sub_ids, seq))
-        self.queue_bytes += size
-        q.used += size
+        if queue is NOTHING:
+            queue = self.queue = deque()
+        queue.append((msg, qos, retain, sub_ids, seq))
+        self.queue_room -= size
+        q.room -= size
 
     def requeue(self, entry: tuple) -> None:
         """A queued entry read back from the store: counted like one queued now, never dropped
         (it was accepted before the broker stopped)."""
         self.queued().append(entry)
         size = entry_size(entry[0])
-        self.queue_bytes += size
-        self.queues.used += size
+        self.queue_room -= size
+        self.queues.room -= size
 
     def drop_queue(self) -> None:
         """The session ends: what its queue held no longer counts (mqtt.max_queued_bytes_total)."""
-        self.queues.used -= self.queue_bytes
-        self.queue_bytes = 0
+        self.queues.room += self.queue_bytes
+        self.queue_room = self.queues.per_session
         self.queue = NOTHING
 
     def queued(self) -> deque:
@@ -411,7 +427,8 @@ class Session:
         link = self.link
         if link is None:
             return
-        if self.acl_gen != self.queues.acl_gen:
+        queues = self.queues
+        if self.acl_gen != queues.acl_gen:
             self.recheck_read()
         if self.replay:
             self._pump_replay(link, now)
@@ -423,8 +440,8 @@ class Session:
                 break
             queue.popleft()
             size = len(msg.payload) + len(msg.topic_bytes)  # entry_size(msg), inline
-            self.queue_bytes -= size
-            self.queues.used -= size
+            self.queue_room += size
+            queues.room += size
             self._send(msg, qos, retain, sub_ids, now, seq)
 
     def recheck_read(self) -> int:
@@ -446,8 +463,8 @@ class Session:
                 else:
                     dropped += 1
                     size = entry_size(e[0])
-                    self.queue_bytes -= size
-                    q.used -= size
+                    self.queue_room += size
+                    q.room += size
                     if e[4] is not None:
                         self.store.remove(e[4])
             self.queue = keep
@@ -561,8 +578,8 @@ class Session:
                 keep.append(e)
                 continue
             size = entry_size(msg)
-            self.queue_bytes -= size
-            self.queues.used -= size
+            self.queue_room += size
+            self.queues.room += size
             if seq is not None:
                 self.store.remove(seq)
         dropped = len(q) - len(keep)
