@@ -1,9 +1,20 @@
 """Micro-benchmark of the sans-I/O hot path (decode -> route -> encode), no sockets.
 
-    .venv/bin/python bench/core_bench.py [--messages N] [--subscribers K] [--qos Q]
-Prints messages/s through the core for fan-in (one subscriber) and fan-out.
+    PYTHONPATH=. .venv/bin/python bench/core_bench.py [--messages N] [--level 4]
+    PYTHONPATH=. .venv/bin/python bench/core_bench.py --instructions   # exact, under callgrind
+
+Prints messages/s through the core for fan-in (one subscriber), fan-out (100) and QoS 1 fan-in
+(its window freed without PUBACKs), and QoS 1 through real PUBACKs with the subscriber's Receive
+Maximum 32, so most messages wait in its queue (the enqueue / pump path). `--instructions`
+counts instead the machine instructions per delivered message of each (valgrind's callgrind,
+the difference between two runs of different lengths): the same on any run, however busy the
+machine, so it shows changes of a few percent that timings cannot.
 """
 import argparse
+import os
+import re
+import subprocess
+import sys
 import time
 
 from settings import MQTTConfig
@@ -13,7 +24,12 @@ from broker.protocol import packets as P
 from broker.protocol.codec import encode
 
 
-def run(n: int, subscribers: int, qos: int, level: int, dashboard: bool = False) -> float:
+SCENARIOS = {"qos0_fanin": (1, 0, False), "qos0_fanout": (100, 0, False),
+             "qos1_fanin": (1, 1, False), "qos1_acked": (1, 1, True)}
+
+
+def run(n: int, subscribers: int, qos: int, level: int, acked: bool = False,
+        dashboard: bool = False) -> float:
     b = Broker(MQTTConfig())
     if dashboard:  # the dashboard's per-topic counter: a hook on accepted messages
         from broker.dashboard.live import TopicCounter
@@ -21,7 +37,10 @@ def run(n: int, subscribers: int, qos: int, level: int, dashboard: bool = False)
     subs = []
     for i in range(subscribers):
         c = Connection(b)
-        c.data_received(encode(P.Connect(f"s{i}", level), level))
+        props = {0x21: 32} if acked and level == 5 else None  # Receive Maximum 32
+        c.data_received(encode(P.Connect(f"s{i}", level, properties=props), level))
+        if acked:
+            c.receive_max = 32  # (3.1.1 has no Receive Maximum: the same window for the bench)
         c.data_received(encode(P.Subscribe(1, [("bench/#", P.SubscriptionOptions(qos))]), level))
         c.take_output()
         subs.append(c)
@@ -41,7 +60,12 @@ def run(n: int, subscribers: int, qos: int, level: int, dashboard: bool = False)
         pub.take_output()
         for c in subs:
             c.take_output()
-            if qos == 1:
+            if qos == 1 and acked:
+                while c.session.inflight_out:  # PUBACK each, as the client would: the queue moves
+                    c.data_received(b"".join(b"\x40\x02" + pid.to_bytes(2, "big")
+                                             for pid in list(c.session.inflight_out)))
+                    c.take_output()
+            elif qos == 1:
                 # acknowledge what was delivered so the window keeps moving
                 c.session.inflight_out.clear()
         b.dirty.clear()
@@ -49,17 +73,43 @@ def run(n: int, subscribers: int, qos: int, level: int, dashboard: bool = False)
     return sent * subscribers / dt
 
 
+def instructions(scenario: str, level: int) -> int:
+    """Instructions per delivered message: two callgrind runs of 4,000 and 24,000 messages,
+    so start-up and set-up cancel out."""
+    subs = SCENARIOS[scenario][0]
+    counts = []
+    for n in (4000, 24000):
+        r = subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null",
+                            sys.executable, os.path.abspath(__file__), "--only", scenario,
+                            "--messages", str(n * (20 if subs > 1 else 1)), "--level", str(level)],
+                           capture_output=True, text=True)
+        m = re.search(r"Collected : (\d+)", r.stderr)
+        if r.returncode or m is None:
+            raise SystemExit(f"callgrind run failed (is valgrind installed?): {r.stderr[-500:]}")
+        counts.append(int(m.group(1)))
+    return (counts[1] - counts[0]) // (20000 * subs)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--messages", type=int, default=200_000)
     ap.add_argument("--level", type=int, default=4)
+    ap.add_argument("--only", choices=list(SCENARIOS))
+    ap.add_argument("--instructions", action="store_true",
+                    help="machine instructions per delivery, under callgrind")
     ap.add_argument("--dashboard", action="store_true",
                     help="with the dashboard's per-topic counter hook attached")
     a = ap.parse_args()
-    for subs, qos in ((1, 0), (100, 0), (1, 1)):
+    for name, (subs, qos, acked) in SCENARIOS.items():
+        if a.only and name != a.only:
+            continue
+        if a.instructions:
+            print(f"{name:12}: {instructions(name, a.level):8,} instructions per delivery "
+                  f"(callgrind, level {a.level})", flush=True)
+            continue
         n = a.messages if subs == 1 else a.messages // 20
-        r = run(n, subs, qos, a.level, a.dashboard)
-        print(f"qos {qos} subscribers {subs:4d}: {r:12,.0f} deliveries/s (core only, level {a.level})")
+        r = run(n, subs, qos, a.level, acked, a.dashboard)
+        print(f"{name:12}: {r:12,.0f} deliveries/s (core only, level {a.level})", flush=True)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         prog="python -m broker",
         description="MQTT 3.1/3.1.1/5.0 broker. Settings: defaults < --config FILE < "
                     "MQTT_BROKER_* environment < command-line flags.")
-    p.add_argument("--host", help="address to listen on (default 0.0.0.0)")
+    p.add_argument("--host", help="address to listen on (default 127.0.0.1: this machine only; "
+                                  "0.0.0.0 for every interface, then see [auth] in the README)")
     p.add_argument("--port", type=int, help="MQTT TCP port (default 1883)")
     p.add_argument("--config", metavar="FILE", help="TOML configuration file (see config/broker.toml)")
     p.add_argument("--data-dir", metavar="DIR", help="where state on disk goes (default ./data)")

@@ -29,6 +29,9 @@ class Server:
         self.broker = Broker(config.mqtt, auth=auth, hooks=hooks)
         self.hooks = self.broker.hooks
         self.broker.schedule_flush = self._schedule_flush
+        # anonymous clients from other machines only when auth.allow_anonymous = true is set
+        # (unset: from loopback addresses only, as Mosquitto 2's local-only default)
+        self.broker.anonymous_remote = config.auth.allow_anonymous is True
         self.auth_checks = None
         if getattr(auth, "passwords", None) is not None:
             # scrypt takes ~100 ms: on a few threads, with a bounded queue (auth/checks.py)
@@ -109,8 +112,8 @@ class Server:
             defer_accept(srv.sockets)
             port = list(srv.sockets)[0].getsockname()[1]
             self.ports[spec.name] = port
-            log.info("listening for MQTT (%s) on %s:%s%s", kind, spec.host, port,
-                     spec.path if kind in ("ws", "wss") else "")
+            log.info("listening for MQTT (%s) on %s:%s%s: %s", kind, spec.host, port,
+                     spec.path if kind in ("ws", "wss") else "", who_may_connect(spec, self.config))
         m = self.config.metrics
         if m.enabled:
             from .observability.metrics import start_http
@@ -221,6 +224,33 @@ def notify_service_manager(state: str) -> None:
     except OSError as exc:
         log.warning("cannot tell the service manager %s at NOTIFY_SOCKET=%s: %s", state,
                     os.environ["NOTIFY_SOCKET"], exc)
+
+
+LOCAL_HOSTS = ("127.0.0.1", "::1", "localhost")
+
+
+def who_may_connect(spec: ListenerConfig, config: Config) -> str:
+    """One line for the log at start: who can reach a listener and how it authenticates them."""
+    a = config.auth
+    local = spec.host in LOCAL_HOSTS or spec.host.startswith("127.")
+    reach = "this machine only" if local else "reachable from other machines"
+    if spec.use_identity_as_username:
+        users = "clients with a certificate from " + spec.cafile + " (its CN is the user name)"
+    elif a.password_file:
+        users = "user names and passwords from " + a.password_file
+    else:
+        users = "no users (no auth.password_file)"
+    if a.allow_anonymous is True:
+        anon = "anonymous clients from anywhere (auth.allow_anonymous = true)"
+    elif a.allow_anonymous is False or a.password_file:
+        anon = "no anonymous clients"
+    elif local:
+        anon = "anonymous clients"
+    else:
+        anon = ("anonymous clients from this machine only; to let devices in, add users with "
+                "`python -m broker.auth passwd FILE add USER` and set auth.password_file = FILE "
+                "(or auth.allow_anonymous = true for anonymous access from anywhere)")
+    return f"{reach}; {users}; {anon}"
 
 
 def log_codec() -> None:

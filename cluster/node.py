@@ -272,8 +272,10 @@ class ClusterNode(Hook):
                                                    broker.clock())
         self._send(self.topics.messages, key, value, headers, ts, b)
         self.counters["produced"] += 1
-        if msg.retain and broker.cfg.retain_available:
-            # [MQTT-3.3.1-5] kept cluster-wide; an empty payload deletes it [MQTT-3.3.1-6]
+        if msg.retain and broker.cfg.retain_available and \
+                (not msg.payload or broker.retained_fits(msg)):
+            # [MQTT-3.3.1-5] kept cluster-wide; an empty payload deletes it [MQTT-3.3.1-6];
+            # (over mqtt.max_retained_*: refused or delivered unretained by the connection)
             self._send(self.topics.retained, key, value if msg.payload else None, headers, ts, b)
 
     def barrier(self) -> Pending | None:

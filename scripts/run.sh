@@ -56,4 +56,16 @@ if [ "$DASHBOARD" != 0 ]; then
   fi
   echo "run.sh: more operators: $PY -m broker.admin --data-dir $data_dir users add NAME --role viewer|admin"
 fi
+# The broker listens on this machine only unless told otherwise (--host); say how to open it.
+case " $* " in
+  *" --host "*) ;;
+  *) cat <<'EOF'
+run.sh: MQTT listens on 127.0.0.1 (this machine only; anonymous clients allowed here). To let
+        devices on the network in, give them users and open the listener:
+          .venv/bin/python -m broker.auth passwd data/passwd add DEVICE      # asks the password
+          bash scripts/run.sh --host 0.0.0.0 --set auth.password_file=data/passwd
+        (mosquitto_passwd files work too; anonymous access from anywhere: --set auth.allow_anonymous=true)
+EOF
+  ;;
+esac
 wait -n "$broker_pid" "$job_pid"

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import tomllib
 
 from .checks import DOC, ConfigError, check, did_you_mean
@@ -83,9 +84,20 @@ def read_toml(path: str) -> dict:
     except OSError as exc:
         raise ConfigError("--config", f"cannot read the file: {exc.strerror or exc}", path) from None
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigError("--config", f"not valid TOML: {exc}", path) from None
+        raise ConfigError("--config", f"{path}:{_toml_line(exc)}: not valid TOML: {exc}",
+                          path) from None
     except UnicodeDecodeError as exc:
         raise ConfigError("--config", f"not valid TOML (not UTF-8): {exc.reason}", path) from None
+
+
+def _toml_line(exc: tomllib.TOMLDecodeError) -> int:
+    """The line a TOML syntax error is on (tomllib says it in its message: "(at line 3, column
+    9)", or "(at end of document)")."""
+    line = getattr(exc, "lineno", None)  # Python 3.14+
+    if line is None:
+        m = re.search(r"at line (\d+)", str(exc))
+        line = int(m.group(1)) if m else len(getattr(exc, "doc", "").splitlines()) or 1
+    return line
 
 
 def load(path: str | None = None, env: dict | None = None, sets=(), flags=()) -> Config:

@@ -93,7 +93,7 @@ class MQTTConfig(Section):
     receive_maximum: int = key(1024, Int(1, 65535))
     maximum_qos: int = key(2, Int(0, 2))
     retain_available: bool = True
-    maximum_packet_size: int = key(268435455, Int(1, 268435455))  # larger inbound: DISCONNECT 0x95
+    maximum_packet_size: int = key(1048576, Int(1, 268435455))  # larger inbound: DISCONNECT 0x95
     topic_alias_maximum: int = key(10, Int(0, 65535))  # inbound aliases a v5 client may use (Mosquitto's)
     outbound_topic_aliases: bool = True  # assign aliases towards clients that allow them
     wildcard_subscription_available: bool = True
@@ -105,6 +105,8 @@ class MQTTConfig(Section):
     session_expiry_maximum: int = key(604800, Int(0, 0xFFFFFFFF))
     persistent_client_expiration: int = 604800  # seconds a 3.1.x clean-session-0 session is kept offline
     max_queued_messages: int = 1000      # per session; when full the newest message is dropped
+    max_queued_bytes: int = 67108864     # per session (payload + topic); when full likewise; 0: no bound
+    max_queued_bytes_total: int = 536870912  # all sessions' queues together; likewise; 0: no bound
     queue_qos0_messages: bool = False    # queue QoS 0 for offline persistent sessions
     validate_payload_format: bool = True  # 0x99 when Payload Format Indicator=1 and payload isn't UTF-8
     max_client_id_length: int = key(65535, Int(1, 65535))
@@ -118,12 +120,18 @@ class MQTTConfig(Section):
     max_connections: int = 0             # 0: unlimited
     max_connect_packet_size: int = 131072  # bytes a packet may have before CONNECT is accepted (0x95)
     max_subscriptions_per_client: int = 1000  # filters a session may hold; more get SUBACK 0x97
-    max_filters_per_subscribe: int = 10000  # more in one SUBSCRIBE: DISCONNECT 0x97
+    max_filters_per_subscribe: int = 1000  # more in one SUBSCRIBE / UNSUBSCRIBE: DISCONNECT 0x97
     max_retained_replay: int = 100000    # retained messages waiting to be sent to one session
     match_cache_entries: int = 100000    # topics remembered by the subscription match cache
     match_cache_bytes: int = 16777216    # total topic length the match cache may hold
     max_topic_alias_bytes: int = 65536   # topic length held by one connection's inbound aliases (0x97)
     max_sessions: int = 100000           # sessions held, connected + offline; a new one beyond: 0x97; 0: unlimited
+    max_user_properties: int = 128       # User Properties in one packet; more: DISCONNECT 0x97; 0: any number
+    max_user_property_bytes: int = 65536  # their bytes on the wire in one packet; likewise
+    max_retained_messages: int = 100000  # retained messages held; one more: PUBACK 0x97 / not retained; 0: any
+    max_retained_bytes: int = 268435456  # their payload + topic bytes together; likewise; 0: any
+    max_retained_message_size: int = 1048576  # payload bytes of one retained message; likewise; 0: any
+    client_log_lines_per_second: float = key(20.0, Num(0))  # log lines about clients, all together (bursts of 10 s); 0: any
 
 
 @dataclass(slots=True)
@@ -236,7 +244,8 @@ class DashboardConfig(Section):
 class AuthConfig(Section):
     """[auth]: password file, ACL file and the bounds of password checks (broker/auth/)."""
     TABLE = "auth"
-    allow_anonymous: bool | None = key(None, Bool())  # None: false with a password_file, else true
+    # None: false with a password_file, else only for clients on this machine (loopback addresses)
+    allow_anonymous: bool | None = key(None, Bool())
     password_file: str = ""
     acl_file: str = ""
     cache_seconds: float = 120.0                    # password-check results remembered; 0 = off
@@ -292,7 +301,7 @@ LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 class Config(Section):
     """The whole file: [broker] keys as attributes, then one attribute per table."""
     TABLE = "broker"
-    host: str = "0.0.0.0"
+    host: str = "127.0.0.1"                        # other addresses: set explicitly (and see [auth])
     port: int = key(1883, PORT)
     data_dir: str = "./data"
     log_level: str = key("INFO", Enum(*LOG_LEVELS, any_case=True))

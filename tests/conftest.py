@@ -35,13 +35,14 @@ def wait_port(port: int, proc: subprocess.Popen, timeout: float = 15.0) -> None:
 class BrokerProcess:
     """`python -m broker` on 127.0.0.1:<free port>, with optional --set overrides."""
 
-    def __init__(self, tmp: Path, settings: dict | None = None, args: list | None = None):
+    def __init__(self, tmp: Path, settings: dict | None = None, args: list | None = None,
+                 log_level: str = "DEBUG"):
         self.port = free_port()
         self.host = "127.0.0.1"
         self.data_dir = tmp
         self.log_path = tmp / f"broker-{self.port}.log"
         cmd = [sys.executable, "-m", "broker", "--host", self.host, "--port", str(self.port),
-               "--data-dir", str(tmp), "--log-level", "DEBUG"]
+               "--data-dir", str(tmp), "--log-level", log_level]
         for k, v in (settings or {}).items():
             if isinstance(v, bool):
                 v = "true" if v else "false"

@@ -25,7 +25,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     pw = sub.add_parser("passwd", help="add, delete or list users of a password file",
                         description="Edit a password file: one USER:$scrypt$N$R$P$SALT$HASH line "
-                                    "per user. The file is replaced atomically and created "
+                                    "per user (mosquitto_passwd's $7$ lines are accepted "
+                                    "and kept). The file is replaced atomically and created "
                                     "with mode 0600. A running broker picks changes up by itself "
                                     "within auth.reload_interval seconds.")
     pw.add_argument("file", metavar="FILE", help="the password file")

@@ -22,7 +22,9 @@ Directives:
   Several sections for the same name are merged.
 * ``topic [read|write|readwrite|deny] FILTER`` grants (or denies) access to the topics matched
   by FILTER (an MQTT topic filter, '+' and '#' allowed; the rest of the line, so it may contain
-  spaces). The access word is optional and defaults to readwrite.
+  spaces). The access word is optional and defaults to readwrite; a line of several words
+  whose first is not an access word ('topic wrte a/b') is an error, so a filter with spaces
+  needs the access word ('topic readwrite my topic').
 * ``pattern [read|write|readwrite|deny] FILTER`` is the same for every client, after replacing
   ``%u`` with the client's user name and ``%c`` with its client id. A pattern with ``%u`` does
   not apply to clients without a user name. A user name / client id containing '/', '+' or '#'
@@ -54,6 +56,7 @@ Semantics:
 """
 from __future__ import annotations
 
+import difflib
 import os
 from dataclasses import dataclass, field
 
@@ -155,6 +158,11 @@ class ACL:
                 first = words[0] if words else ""
                 if first in ACCESS:
                     access, filt = ACCESS[first], (words[1].strip() if len(words) > 1 else "")
+                elif len(words) > 1:  # 'topic wrte a/b': a misspelt access word, never a filter
+                    errors.append(f"{where}: unknown access {first!r}{_did_you_mean(first, ACCESS)} "
+                                  f"('{keyword} [read|write|readwrite|deny] FILTER'; a filter with "
+                                  f"spaces needs the access word: '{keyword} readwrite {rest}')")
+                    continue
                 else:
                     access, filt = READWRITE, rest
                 if not filt:
@@ -172,7 +180,8 @@ class ACL:
                     continue
                 (current if keyword == "topic" else acl.patterns).append(Rule(access, filt, no))
             else:
-                errors.append(f"{where}: unknown directive {keyword!r} "
+                errors.append(f"{where}: unknown directive {keyword!r}"
+                              f"{_did_you_mean(keyword, ('user', 'topic', 'pattern'))} "
                               "(expected 'user', 'topic' or 'pattern')")
         if errors:
             raise AuthFileError(errors)
@@ -254,6 +263,11 @@ class ACL:
         n_topic = len(self.anonymous) + sum(len(v) for v in self.users.values())
         return (f"{len(self.users)} user section(s), {len(self.anonymous)} anonymous rule(s), "
                 f"{n_topic} topic rule(s) in all, {len(self.patterns)} pattern(s)")
+
+
+def _did_you_mean(word: str, known) -> str:
+    close = difflib.get_close_matches(word, list(known), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def _inner_filter(topic_filter: str) -> str:

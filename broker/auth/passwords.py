@@ -9,6 +9,11 @@ Format::
   of two), block size R and parallelism P; 16-byte random salt, 32-byte hash, both standard
   base64. Defaults N=2**14, R=8, P=1 (16 MiB of memory, roughly 50-150 ms of CPU per check).
   Create and edit the file with ``python -m broker.auth passwd FILE add|delete|list``.
+* ``$7$ITERATIONS$SALT$HASH``: what Mosquitto 2's ``mosquitto_passwd`` writes, PBKDF2-HMAC-SHA512
+  (hashlib.pbkdf2_hmac) with that many iterations (mosquitto_passwd's default: 101), a 12-byte
+  salt and a 64-byte hash, standard base64: a Mosquitto password file works as it is. Its
+  default is far cheaper to guess than scrypt: re-create those users with ``passwd add`` when
+  you can. (``$6$``, Mosquitto 1.x's single salted SHA-512, is refused: re-create the user.)
 * User names may not contain ':' or line breaks. Passwords are the raw bytes the client sends
   (the CLI stores the UTF-8 encoding of what you type).
 * Comparison is constant-time (hmac.compare_digest); a user name that is not in the file is
@@ -46,6 +51,7 @@ import secrets
 import tempfile
 import threading
 import time
+from collections import Counter
 
 from .acl import AuthFileError, file_signature
 
@@ -60,6 +66,8 @@ HASH_BYTES = 32
 MAX_N = 2 ** 20
 MAX_R = 32
 MAX_P = 16
+MAX_ITERATIONS = 1_000_000  # PBKDF2 ($7$): about half a second of CPU per check at most
+FORMATS = "USER:$scrypt$N$R$P$SALT$HASH (or mosquitto_passwd's USER:$7$ITERATIONS$SALT$HASH)"
 
 
 def _scrypt(password: bytes, salt: bytes, n: int, r: int, p: int, dklen: int = HASH_BYTES) -> bytes:
@@ -91,31 +99,60 @@ def _check_params(n: int, r: int, p: int) -> None:
 
 
 class Hash:
-    """A parsed '$scrypt$...' string."""
-    __slots__ = ("n", "r", "p", "salt", "digest", "text")
+    """A parsed '$scrypt$...' or '$7$...' (PBKDF2-SHA512, mosquitto_passwd) string; `kind` is
+    "scrypt" or "7" (then `n` is the iteration count)."""
+    __slots__ = ("kind", "n", "r", "p", "salt", "digest", "text")
 
     def __init__(self, text: str):
         parts = text.split("$")
-        if len(parts) != 7 or parts[0] or parts[1] != "scrypt":
-            raise ValueError("expected $scrypt$N$R$P$SALT$HASH "
+        if len(parts) == 5 and not parts[0] and parts[1] == "7":
+            kind, numbers, encoded = "7", parts[2:3], parts[3:]
+        elif len(parts) == 7 and not parts[0] and parts[1] == "scrypt":
+            kind, numbers, encoded = "scrypt", parts[2:5], parts[5:]
+        elif len(parts) == 4 and not parts[0] and parts[1] == "6":
+            raise ValueError("$6$ hashes (Mosquitto 1.x, one round of salted SHA-512) are not "
+                             "accepted: set the password again with: python -m broker.auth passwd "
+                             "FILE add USER (or mosquitto_passwd of Mosquitto 2, $7$)")
+        else:
+            raise ValueError(f"expected {FORMATS.partition(':')[2]} "
                              "(create lines with: python -m broker.auth passwd FILE add USER)")
         try:
-            n, r, p = int(parts[2]), int(parts[3]), int(parts[4])
+            values = [int(x) for x in numbers]
         except ValueError:
-            raise ValueError("scrypt N, R and P must be integers") from None
-        _check_params(n, r, p)
+            raise ValueError("scrypt N, R and P must be integers" if kind == "scrypt" else
+                             "the $7$ iteration count must be an integer") from None
+        if kind == "scrypt":
+            n, r, p = values
+            _check_params(n, r, p)
+        else:
+            n, r, p = values[0], 0, 0
+            if not 1 <= n <= MAX_ITERATIONS:
+                raise ValueError(f"the $7$ iteration count must be between 1 and {MAX_ITERATIONS}, "
+                                 f"not {n}")
         try:
-            salt = base64.b64decode(parts[5], validate=True)
-            digest = base64.b64decode(parts[6], validate=True)
+            salt = base64.b64decode(encoded[0], validate=True)
+            digest = base64.b64decode(encoded[1], validate=True)
         except ValueError:
             raise ValueError("salt and hash must be base64") from None
         if not salt or len(digest) < 16:
             raise ValueError("salt is empty or hash is shorter than 16 bytes")
-        self.n, self.r, self.p, self.salt, self.digest, self.text = n, r, p, salt, digest, text
+        self.kind, self.n, self.r, self.p = kind, n, r, p
+        self.salt, self.digest, self.text = salt, digest, text
 
     def verify(self, password: bytes) -> bool:
-        got = _scrypt(password, self.salt, self.n, self.r, self.p, len(self.digest))
+        if self.kind == "7":
+            got = hashlib.pbkdf2_hmac("sha512", password, self.salt, self.n, len(self.digest))
+        else:
+            got = _scrypt(password, self.salt, self.n, self.r, self.p, len(self.digest))
         return hmac.compare_digest(got, self.digest)
+
+    def dummy(self) -> "Hash":
+        """A hash of the same kind and cost with a random salt and digest: checking an unknown
+        user against it costs what checking this one costs, and never matches."""
+        salt, digest = _b64(os.urandom(len(self.salt))), _b64(os.urandom(len(self.digest)))
+        if self.kind == "7":
+            return Hash(f"$7${self.n}${salt}${digest}")
+        return Hash(f"$scrypt${self.n}${self.r}${self.p}${salt}${digest}")
 
 
 def verify_password(encoded: str, password: str | bytes) -> bool:
@@ -147,7 +184,7 @@ def parse_password_file(text: str, path: str = "<passwords>") -> dict[str, Hash]
         name, sep, encoded = line.partition(":")
         where = f"{path}:{no}"
         if not sep:
-            errors.append(f"{where}: expected USER:$scrypt$N$R$P$SALT$HASH")
+            errors.append(f"{where}: expected {FORMATS}")
             continue
         problem = valid_username(name)
         if problem:
@@ -219,15 +256,25 @@ class PasswordFile:
             self.users = users
             self._sig = sig
             self._cache.clear()
+            self._dummy = None  # made again from the new file's hashes
         self.reloads += 1
         log.info("password file %s loaded: %d user(s)", self.path, len(users))
         return True
 
     # ---------------------------------------------------------------- checking
     def _dummy_hash(self) -> Hash:
-        if self._dummy is None:   # random salt and digest: costs a real scrypt, never matches
-            self._dummy = Hash(f"$scrypt${DEFAULT_N}${DEFAULT_R}${DEFAULT_P}$"
-                               f"{_b64(os.urandom(SALT_BYTES))}${_b64(os.urandom(HASH_BYTES))}")
+        """What an unknown user is checked against: a hash of the kind and cost most users of
+        the file have (random salt and digest, never matches), so the time of an answer does
+        not tell whether the user exists; scrypt's defaults for an empty file."""
+        if self._dummy is None:
+            kinds = Counter((h.kind, h.n, h.r, h.p, len(h.salt), len(h.digest))
+                            for h in self.users.values())
+            model = next((h for h in self.users.values()
+                          if (h.kind, h.n, h.r, h.p, len(h.salt), len(h.digest))
+                          == kinds.most_common(1)[0][0]), None) if kinds else None
+            self._dummy = model.dummy() if model is not None else Hash(
+                f"$scrypt${DEFAULT_N}${DEFAULT_R}${DEFAULT_P}$"
+                f"{_b64(os.urandom(SALT_BYTES))}${_b64(os.urandom(HASH_BYTES))}")
         return self._dummy
 
     def _cache_key(self, username: str, password: bytes, no_password: bool = False) -> bytes:

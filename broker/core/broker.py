@@ -12,11 +12,12 @@ import time
 
 from ..config import MQTTConfig
 from ..protocol import properties as PR
+from .clientlog import ClientLog, shown
 from .hooks import ALLOW_ALL, Hooks  # ALLOW_ALL: the checks without an auth hook
 from .message import Message
 from .retain import RetainedStore
 from .router import Router
-from .session import NEVER, Inflight, Session, Subscription
+from .session import NEVER, Inflight, Queues, Session, Subscription, entry_size
 from .topics import parse_shared, valid_topic_filter
 
 log = logging.getLogger("broker")
@@ -71,7 +72,18 @@ class Broker:
         self.wall = wall
         self.sessions: dict[str, Session] = {}
         self.router = Router(self.cfg.match_cache_entries, self.cfg.match_cache_bytes)
-        self.retained = RetainedStore()
+        self.retained = RetainedStore(entry_size)  # bytes: payload + topic, as queued entries
+        # the queue byte bounds and the ACL generation every session shares (session.py)
+        self.queues = Queues(self.cfg.max_queued_bytes, self.cfg.max_queued_bytes_total)
+        # what one inbound packet may carry besides its size (the codec checks it while decoding)
+        self.limits = PR.Limits(self.cfg.max_filters_per_subscribe, self.cfg.max_user_properties,
+                                self.cfg.max_user_property_bytes)
+        # log lines about clients: escaped, shortened, rate-limited (clientlog.py)
+        self.client_log = ClientLog(clock, self.cfg.client_log_lines_per_second)
+        # anonymous clients (no user name) from other machines than this one: set by the server
+        # from auth.allow_anonymous (None there: only from loopback addresses); the core alone
+        # (tests, embedding) lets everyone in, as without an auth hook
+        self.anonymous_remote = True
         # open connections, a dict used as a set: about 30 bytes less per connection than a set
         self.connections: dict = {}
         self.dirty: list = []            # connections with bytes to write
@@ -85,7 +97,8 @@ class Broker:
         self.stats = {"dropped_queue_full": 0, "dropped_expired": 0, "dropped_too_large": 0,
                       "dropped_slow_consumer": 0, "dropped_not_authorized": 0,
                       "dropped_topic_limit": 0, "sink_refused": 0, "connections_total": 0,
-                      "dropped_retained_replay": 0, "refused_max_sessions": 0}
+                      "dropped_retained_replay": 0, "refused_max_sessions": 0,
+                      "dropped_queues_total": 0, "dropped_retained_quota": 0}
         # the CONNACK properties every v5 connection gets (3.2.2.3), and the successful CONNACKs
         # with only these, by (protocol level, session present): at most 6, encoded once
         self.capabilities = server_capabilities(self.cfg)
@@ -125,6 +138,7 @@ class Broker:
         self.durable = bool(h.barrier)
         self.router_hook = h.route[0] if h.route else None
         self.admit = h.admit[0] if h.admit else None
+        self.queues.allow_read = None if self.auth is ALLOW_ALL else self.auth.allow_read
         for s in self.sessions.values():  # persistent sessions report to the current hooks
             s.store = self.store if s.expiry_interval else None
 
@@ -153,10 +167,10 @@ class Broker:
         now = self.clock()
         if self._sessions_warned_at is None or now - self._sessions_warned_at >= 60:
             self._sessions_warned_at = now
-            log.warning("refused a new session for client %r: the broker holds %d sessions, the "
+            log.warning("refused a new session for client '%s': the broker holds %d sessions, the "
                         "limit mqtt.max_sessions (%d refused so far). Raise mqtt.max_sessions, or "
                         "lower mqtt.session_expiry_maximum / mqtt.persistent_client_expiration so "
-                        "offline sessions expire sooner", client_id[:100], len(self.sessions),
+                        "offline sessions expire sooner", shown(client_id), len(self.sessions),
                         self.stats["refused_max_sessions"])
         return True
 
@@ -182,7 +196,7 @@ class Broker:
 
     def _new_session(self, client_id: str) -> Session:
         s = Session(client_id, self.cfg.max_queued_messages, self.cfg.queue_qos0_messages,
-                    self.stats, self.sent_by_qos)
+                    self.stats, self.sent_by_qos, self.queues)
         self.sessions[client_id] = s
         return s
 
@@ -195,6 +209,8 @@ class Broker:
             for sub in session.subscriptions.values():
                 self.router.remove(sub)
             session.subscriptions.clear()
+        if session.queue:
+            session.drop_queue()
         if session.store is not None:
             session.store.delete_session(client_id)
         if self.delayed_wills and self.delayed_wills.pop(client_id, None) is session and session.will:
@@ -261,11 +277,16 @@ class Broker:
         self.publish(msg, None)
 
     def flag_read_checks(self) -> None:
-        """The ACL changed: which subscriptions need a per-message read check."""
+        """The ACL changed: which subscriptions need a per-message read check (those overlapping
+        deny rules, and those the ACL no longer grants as a whole: each message is then checked),
+        and queued messages are checked again before they are sent (Session.recheck_read)."""
         check = self.auth.needs_read_check
+        granted = self.auth.allow_subscribe
         for s in self.sessions.values():
             for sub in s.subscriptions.values():
-                sub.read_check = check(s.client_id, s.username, sub.filter)
+                sub.read_check = (check(s.client_id, s.username, sub.filter)
+                                  or not granted(s.client_id, s.username, sub.filter))
+        self.queues.acl_gen += 1
 
     # ------------------------------------------------------------ restore (a persistent store)
     def restore_session(self, client_id: str, interval: int, expires_at_wall: float | None,
@@ -329,7 +350,7 @@ class Broker:
             e = s.inflight_out[pid] = Inflight(msg, qos, retain, sub_ids, handle)
             e.released = released
         else:
-            s.queued().append((msg, qos, retain, sub_ids, handle))
+            s.requeue((msg, qos, retain, sub_ids, handle))
         return True
 
     def restore_qos2(self, client_id: str, pid: int) -> None:
@@ -346,12 +367,20 @@ class Broker:
         return True
 
     def restored(self) -> None:
-        """The store finished restoring: warn when the sessions read back fill mqtt.max_sessions."""
+        """The store finished restoring: warn when what was read back fills mqtt.max_sessions or
+        the retained store's bounds (nothing stored is dropped for them: new ones are refused)."""
         limit = self.cfg.max_sessions
         if limit and len(self.sessions) >= limit:
             log.warning("restored %d sessions, mqtt.max_sessions is %d: CONNECTs with new client ids "
                         "are refused (0x97) until sessions end; raise mqtt.max_sessions",
                         len(self.sessions), limit)
+        cfg, r = self.cfg, self.retained
+        if ((cfg.max_retained_messages and r.count >= cfg.max_retained_messages)
+                or (cfg.max_retained_bytes and r.bytes >= cfg.max_retained_bytes)):
+            log.warning("restored %d retained messages (%d bytes); mqtt.max_retained_messages is %d "
+                        "and mqtt.max_retained_bytes %d: new retained messages are refused until "
+                        "some are deleted (or raise the limits)", r.count, r.bytes,
+                        cfg.max_retained_messages, cfg.max_retained_bytes)
 
     def hook_stats(self) -> dict:
         """{section: {name: value}} of the hooks providing stats() (the sink's, the cluster's)."""
@@ -392,6 +421,38 @@ class Broker:
         return self.publish(msg, None)
 
     # ------------------------------------------------------------ messages
+    def retained_fits(self, msg: Message) -> bool:
+        """Whether the retained store may take `msg` (a non-empty payload: empty ones delete)
+        within mqtt.max_retained_message_size, max_retained_messages and max_retained_bytes;
+        replacing a topic's message counts only the difference."""
+        cfg = self.cfg
+        size = len(msg.payload)
+        if cfg.max_retained_message_size and size > cfg.max_retained_message_size:
+            return False
+        if not (cfg.max_retained_messages or cfg.max_retained_bytes):
+            return True
+        r = self.retained
+        old = r.get(msg.topic)
+        if old is None:
+            return ((not cfg.max_retained_messages or r.count < cfg.max_retained_messages) and
+                    (not cfg.max_retained_bytes or
+                     r.bytes + size + len(msg.topic_bytes) <= cfg.max_retained_bytes))
+        return not cfg.max_retained_bytes or \
+            r.bytes + size - len(old.payload) <= cfg.max_retained_bytes
+
+    def retained_refused(self, msg: Message, conn, who: str) -> None:
+        """A retained message the store had no room for: counted (dropped_retained_quota) and
+        logged, rate-limited."""
+        self.stats["dropped_retained_quota"] += 1
+        cfg, r = self.cfg, self.retained
+        self.client_log.line(log, logging.WARNING, conn,
+                             "%s: retained message on '%s' (%d bytes) not stored: the retained store "
+                             "holds %d messages, %d bytes (mqtt.max_retained_messages %d, "
+                             "max_retained_bytes %d, max_retained_message_size %d)", who,
+                             msg.topic, len(msg.payload), r.count, r.bytes,
+                             cfg.max_retained_messages, cfg.max_retained_bytes,
+                             cfg.max_retained_message_size)
+
     def retain(self, msg: Message) -> None:
         """[MQTT-3.3.1-5] store/replace; an empty payload deletes [MQTT-3.3.1-6] and is not
         stored [MQTT-3.3.1-7]."""
@@ -407,11 +468,18 @@ class Broker:
         [MQTT-3.3.1-5], then every matching subscription. Returns how many sessions got it,
         or -1 when the hook that routes messages took it (the cluster: its log decides, and
         every node delivers it with deliver())."""
+        if msg.retain and msg.payload and not self.retained_fits(msg):
+            # mqtt.max_retained_*: delivered, not retained (a will or the operator's message
+            # has no failure code to give; a client's PUBLISH is decided in connection.py)
+            self.retained_refused(msg, None, msg.sender or "operator")
+            retain = False
+        else:
+            retain = msg.retain
         hook = self.router_hook
         if hook is not None:
-            hook(msg, sender)
+            hook(msg, sender)  # (the cluster checks retained_fits again before it retains)
             return -1
-        if msg.retain:  # [MQTT-3.3.1-8] RETAIN 0: nothing stored, replaced or removed
+        if retain:  # [MQTT-3.3.1-8] RETAIN 0: nothing stored, replaced or removed
             self.retain(msg)
         return self.route(msg, sender)
 
@@ -546,6 +614,8 @@ class Broker:
     def tick(self, now: float | None = None) -> None:
         """Keep alive, delayed wills, session and message expiry. Call about once a second."""
         now = self.clock() if now is None else now
+        self.client_log.tick(now)
+        self.router.sweep()
         for conn in list(self.connections):
             conn.check_timeouts(now)
         for cid, s in list(self.delayed_wills.items()):
@@ -554,7 +624,7 @@ class Broker:
                 self.publish_will(s)
         for s in list(self.sessions.values()):
             if s.link is None and s.expires_at is not None and s.expires_at <= now:
-                log.debug("session %s expired", s.client_id)
+                self.client_log.line(log, logging.DEBUG, None, "session %s expired", s.client_id)
                 self.end_session(s)  # [MQTT-4.1.0-2]
             elif s.queue and s.link is None:
                 s.purge_expired(now)

@@ -10,7 +10,9 @@ Packets are checked against the MQTT 5.0 rules (section 3 and 4.13).
 """
 from __future__ import annotations
 
+import ipaddress
 import logging
+import re
 from types import MappingProxyType
 
 from ..protocol import packets as P
@@ -18,10 +20,11 @@ from ..protocol import properties as PR
 from ..protocol import reason_codes as rc
 from ..protocol.codec import Decoder, decode_one, encode, encode_ack, is_one_packet
 from ..protocol.errors import MalformedPacket, MQTTError, ProtocolError
+from ..protocol.properties import encode_vbi
 from .events import NO_EVENTS, AdmitRequested, AuthRequested, MessageAccepted
 from .hooks import ALLOW_ALL
 from .message import Message
-from .session import NEVER, Subscription
+from .session import NEVER, ReplayBudget, Subscription
 from mqtt_topics import parse_shared, valid_topic_filter
 
 log = logging.getLogger("broker.connection")
@@ -36,6 +39,10 @@ NO_OUTPUT: tuple = ()
 # DISCONNECT, when the client sends nothing more [MQTT-3.14.4-1]: the socket is closed at once
 CLIENT_DONE = 2
 NO_PROPERTIES = MappingProxyType({})  # a packet without properties (3.1.1, or none sent)
+# Control characters (C0, DEL, C1) are refused in client ids and user names, as Mosquitto does:
+# [MQTT-1.5.4-2] lets a receiver treat them as malformed; they would forge or break log lines
+CONTROL_CHARACTERS = re.compile("[\x00-\x1f\x7f-\x9f]")
+NO_CLIENT_LIMIT = 268435460  # a client that states no Maximum Packet Size (3.1.2.11.4)
 
 
 class Connection:
@@ -44,7 +51,7 @@ class Connection:
                  "alias_max", "request_problem_info", "in_aliases", "in_alias_bytes", "out_aliases", "out",
                  "is_dirty", "close_requested", "events", "pending_acks",
                  "connect_seen", "owner", "paused", "identity", "deferred",
-                 "deferred_bytes", "connect_expiry")
+                 "deferred_bytes", "connect_expiry", "log_at")
 
     def __init__(self, broker, peer: str | None = "?"):
         self.broker = broker
@@ -62,7 +69,7 @@ class Connection:
         self.connected_at = self.last_rx
         # the client's limits (CONNECT properties)
         self.receive_max = 65535
-        self.max_packet_size = 268435460
+        self.max_packet_size = NO_CLIENT_LIMIT
         self.alias_max = 0
         self.request_problem_info = True
         # topic aliases: inbound alias -> topic, outbound topic -> alias
@@ -81,6 +88,7 @@ class Connection:
         self.deferred: list | None = None  # packets received while the password is checked
         self.deferred_bytes = 0            # bytes received while the password is checked
         self.connect_expiry = 0            # the Session Expiry Interval the CONNECT asked for
+        self.log_at = 0.0                  # this connection's log-line budget (clientlog.py)
         broker.connections[self] = None
         broker.stats["connections_total"] += 1
 
@@ -97,6 +105,19 @@ class Connection:
     @peer.setter
     def peer(self, value: str) -> None:
         self._peer = value
+
+    def local(self) -> bool:
+        """Whether the client connects from this machine (a loopback address): asked from the
+        owner (its transport's address), else told by `peer` (sans-I/O)."""
+        owner = self.owner
+        if owner is not None:
+            return owner.peer_is_loopback()
+        return is_loopback(self.peer)
+
+    def note(self, level: int, fmt: str, *args) -> bool:
+        """A log line about this connection: every argument escaped and shortened, at most a
+        few lines per connection and a bounded rate for all (core/clientlog.py)."""
+        return self.broker.client_log.line(log, level, self, fmt, *args)
 
     # ------------------------------------------------------------ output
     def write(self, data) -> None:
@@ -124,6 +145,12 @@ class Connection:
         else:
             self.events.append(event)
 
+    def wake(self) -> None:
+        """Be flushed this turn even with nothing to write (take_output() pumps what waits)."""
+        if not self.is_dirty:
+            self.is_dirty = True
+            self.broker.mark_dirty(self)
+
     def take_events(self):
         ev = self.events
         if ev is None:
@@ -150,14 +177,16 @@ class Connection:
         v5 = self.level == P.MQTT_5
         props = {PR.REASON_STRING: why} if v5 and self.request_problem_info else None
         session = self.session
+        unsendable = False
         for a in acks:
             ptype, pid = a[0] >> 4, (a[2] << 8) | a[3]  # an encoded PUBACK/PUBREC (or SUBACK)
             if ptype == P.SUBACK:
                 # the subscriptions could not be made durable: each filter failed
                 # ([MQTT-3.9.3-1] one code per filter; 0x80 is a failure in 3.1.1 and 5)
-                (suback,), _ = decode_one(bytes(a), self.level, 0)
-                self.write(encode(P.Suback(pid, [0x80] * len(suback.reason_codes),
-                                           props if v5 else None), self.level))
+                (suback,), _ = decode_one(bytes(a), self.level)
+                if not self.send_fitting(P.Suback(pid, [0x80] * len(suback.reason_codes),
+                                                  props if v5 else None)):
+                    unsendable = True
                 continue
             if ptype == P.PUBREC and pid in session.inflight_in:
                 # [MQTT-4.3.3-9]: after a PUBREC >= 0x80 a PUBLISH with this id is a new message
@@ -165,10 +194,18 @@ class Connection:
                 if session.store is not None:
                     session.store.qos2_remove(session.client_id, pid)
             if v5:
-                self.write(encode_ack(ptype, pid, rc.UNSPECIFIED_ERROR, props, P.MQTT_5))
-        if not v5 and any(a[0] >> 4 != P.SUBACK for a in acks):
-            log.warning("closing %s (%s): %s; a 3.1.x client has no failure acknowledgement",
-                        self.client_id, self.peer, why)
+                data = encode_ack(ptype, pid, rc.UNSPECIFIED_ERROR, props, P.MQTT_5)
+                if len(data) > self.max_packet_size:  # [MQTT-3.4.2-2]: without the Reason String
+                    data = encode_ack(ptype, pid, rc.UNSPECIFIED_ERROR, None, P.MQTT_5)
+                if len(data) > self.max_packet_size:
+                    unsendable = True
+                else:
+                    self.write(data)
+        if unsendable and self.state != _CLOSED:
+            self.unsendable(P.PUBACK, 6)
+        if not v5 and self.state != _CLOSED and any(a[0] >> 4 != P.SUBACK for a in acks):
+            self.note(logging.WARNING, "closing %s (%s): %s; a 3.1.x client has no failure "
+                      "acknowledgement", self.client_id, self.peer, why)
             self.close(publish_will=True)
 
     def pause_writing(self) -> None:
@@ -216,7 +253,7 @@ class Connection:
                 return
             if state == _NEW and data[:1] != b"\x10" and (dec is None or not dec.buf) and data:
                 # [MQTT-3.1.0-1]: the first packet must be CONNECT; no need to wait for the rest
-                log.info("closing %s: first packet is not CONNECT", self.peer)
+                self.note(logging.INFO, "closing %s: first packet is not CONNECT", self.peer)
                 self.close(publish_will=False)
                 return
         b = self.broker
@@ -230,7 +267,7 @@ class Connection:
                     return self.write(b"\xd0\x00")  # [MQTT-3.12.4-1] PINGRESP
                 if data == b"\xe0\x00":
                     return self.on_disconnect(P.DISCONNECT_NORMAL)
-            packets, error = decode_one(data, self.level, b.cfg.max_filters_per_subscribe)
+            packets, error = decode_one(data, self.level, b.limits)
         else:
             if dec is None:
                 dec = self.stream_decoder()
@@ -260,7 +297,7 @@ class Connection:
         cfg = self.broker.cfg
         self.decoder = Decoder(self.level, cfg.maximum_packet_size,
                                None if self.state == _CONNECTED else cfg.max_connect_packet_size,
-                               cfg.max_filters_per_subscribe)
+                               self.broker.limits)
         return self.decoder
 
     def buffered(self) -> int:
@@ -289,7 +326,10 @@ class Connection:
                 raise ProtocolError(f"PUBREC for packet id {pkt.packet_id}, a QoS 1 delivery")
             if code is not None:
                 # [MQTT-4.3.3-4] PUBREL with the PUBLISH's id (none after a PUBREC >= 0x80)
-                self.write(encode_ack(P.PUBREL, pkt.packet_id, code, None, self.level))
+                data = encode_ack(P.PUBREL, pkt.packet_id, code, None, self.level)
+                if code and len(data) > self.max_packet_size:  # [MQTT-3.1.2-24]
+                    return self.unsendable(P.PUBREL, len(data))
+                self.write(data)
         elif t == P.PUBREL:
             self.on_pubrel(pkt)
         elif t == P.PINGREQ:
@@ -315,6 +355,8 @@ class Connection:
         self.level = c.protocol_level
         v5 = self.level == P.MQTT_5
         props = c.properties or NO_PROPERTIES
+        if props:  # [MQTT-3.1.2-24]: what the broker sends from now on, the CONNACK included
+            self.max_packet_size = props.get(PR.MAXIMUM_PACKET_SIZE, NO_CLIENT_LIMIT)
         client_id = c.client_id
         assigned = None
         if not client_id:
@@ -324,8 +366,22 @@ class Connection:
             if self.level == P.MQTT_31:
                 return self.refuse(rc.CLIENT_IDENTIFIER_NOT_VALID, "MQTT 3.1 needs a client id")
             client_id = assigned = b.new_client_id()  # [MQTT-3.1.3-6]
+        self.client_id = client_id  # (for log lines until accepted)
         if len(client_id) > cfg.max_client_id_length:  # [MQTT-3.1.3-8] refused: CONNACK 0x85, close
             return self.refuse(rc.CLIENT_IDENTIFIER_NOT_VALID, "client id too long")
+        if CONTROL_CHARACTERS.search(client_id):  # [MQTT-1.5.4-2], [MQTT-3.1.3-8]: 0x85 / 2
+            return self.refuse(rc.CLIENT_IDENTIFIER_NOT_VALID, "the client id contains control "
+                               "characters (U+0000-U+001F, U+007F-U+009F)")
+        if (self.identity is None and c.username is not None
+                and CONTROL_CHARACTERS.search(c.username)):
+            # 0x86: "the data in the user name or password is malformed" (3.2.2.2); 3.1.x: 4
+            return self.refuse(rc.BAD_USER_NAME_OR_PASSWORD, "the user name contains control "
+                               "characters (U+0000-U+001F, U+007F-U+009F)")
+        if (c.username is None and self.identity is None and not b.anonymous_remote
+                and not self.local()):
+            return self.refuse(rc.NOT_AUTHORIZED, "anonymous clients may connect only from this "
+                               "machine: connect with a user name and password (the broker's "
+                               "operator may set auth.allow_anonymous = true)")
         if PR.AUTHENTICATION_METHOD in props:  # [MQTT-4.12.0-1] CONNACK 0x8C, close
             return self.refuse(rc.BAD_AUTHENTICATION_METHOD,
                                "enhanced authentication is not configured on this broker")
@@ -426,6 +482,10 @@ class Connection:
             w = c.will
             if not w.topic or "+" in w.topic or "#" in w.topic:  # [MQTT-4.7.3-1], [MQTT-4.7.0-1]
                 raise MalformedPacket("will topic is not a valid topic name", rc.TOPIC_NAME_INVALID)
+            rt = w.properties.get(PR.RESPONSE_TOPIC) if w.properties else None
+            if rt is not None and (not rt or "+" in rt or "#" in rt):  # [MQTT-3.3.2-14]
+                raise ProtocolError("the will's Response Topic must be a topic name without "
+                                    "wildcards")
             if w.qos > cfg.maximum_qos:  # [MQTT-3.2.2-12]
                 return self.refuse(rc.QOS_NOT_SUPPORTED, "will QoS above the maximum QoS")
             if w.retain and not cfg.retain_available:  # [MQTT-3.2.2-13]
@@ -444,9 +504,8 @@ class Connection:
                                                   "try again later")
         self.client_id = client_id
         self.username = c.username
-        if props:  # else the defaults set in __init__
+        if props:  # else the defaults set in __init__ (max_packet_size: set in on_connect)
             self.receive_max = props.get(PR.RECEIVE_MAXIMUM, 65535)
-            self.max_packet_size = props.get(PR.MAXIMUM_PACKET_SIZE, 268435460)
             self.alias_max = props.get(PR.TOPIC_ALIAS_MAXIMUM, 0)
             self.request_problem_info = bool(props.get(PR.REQUEST_PROBLEM_INFORMATION, 1))
         if v5:
@@ -462,6 +521,27 @@ class Connection:
             keep_alive = cfg.max_keep_alive
             server_ka = keep_alive if v5 else None
         self.keep_alive = keep_alive  # [MQTT-3.2.2-22] the client's unless CONNACK has Server Keep Alive
+
+        # The CONNACK, sized before anything changes: it must fit the client's Maximum Packet Size
+        # [MQTT-3.1.2-24] (a successful one has no Reason String or User Property to leave out,
+        # [MQTT-3.2.2-19], [MQTT-3.2.2-20]); if it does not, the connection is closed unanswered
+        ack_props = None
+        if v5 and not (assigned is None and (server_ka is None or cfg.server_keep_alive)
+                       and (PR.SESSION_EXPIRY_INTERVAL not in props
+                            or expiry == props[PR.SESSION_EXPIRY_INTERVAL])):
+            ack_props = {}
+            if assigned:
+                ack_props[PR.ASSIGNED_CLIENT_IDENTIFIER] = assigned  # [MQTT-3.1.3-7], [MQTT-3.2.2-16]
+            ack_props.update(b.capabilities)
+            if server_ka is not None:
+                ack_props[PR.SERVER_KEEP_ALIVE] = server_ka
+            if PR.SESSION_EXPIRY_INTERVAL in props and expiry != props[PR.SESSION_EXPIRY_INTERVAL]:
+                ack_props[PR.SESSION_EXPIRY_INTERVAL] = expiry
+        if v5:
+            size = len(_connack(b, P.MQTT_5, False) if ack_props is None else
+                       encode(P.Connack(False, 0, ack_props), P.MQTT_5))
+            if size > self.max_packet_size:
+                return self.unsendable(P.CONNACK, size)
 
         if b.admit is not None and not admitted:
             # the hook that admits CONNECTs (the cluster's claim on the client id) may hold it
@@ -497,37 +577,57 @@ class Connection:
         if self.decoder is not None:
             self.decoder.connect_accepted()  # max_connect_packet_size no longer applies
 
-        # [MQTT-3.2.2-2], [MQTT-3.2.2-3]: session present only when resuming [MQTT-3.1.4-5]
-        if not v5:
-            self.write(_connack(b, self.level, present))
-        elif (assigned is None and (server_ka is None or cfg.server_keep_alive)
-                and (PR.SESSION_EXPIRY_INTERVAL not in props or expiry == props[PR.SESSION_EXPIRY_INTERVAL])):
-            self.write(_connack(b, P.MQTT_5, present))  # the broker's capabilities only
+        # [MQTT-3.2.2-2], [MQTT-3.2.2-3]: session present only when resuming [MQTT-3.1.4-5]; MQTT
+        # 3.1 has no such flag (its CONNACK's first byte is reserved): always 0 there
+        if ack_props is None:  # v5: the broker's capabilities only
+            self.write(_connack(b, self.level, present and self.level != P.MQTT_31))
         else:
-            ack_props = {}
-            if assigned:
-                ack_props[PR.ASSIGNED_CLIENT_IDENTIFIER] = assigned  # [MQTT-3.1.3-7], [MQTT-3.2.2-16]
-            ack_props.update(b.capabilities)
-            if server_ka is not None:
-                ack_props[PR.SERVER_KEEP_ALIVE] = server_ka
-            if PR.SESSION_EXPIRY_INTERVAL in props and expiry != props[PR.SESSION_EXPIRY_INTERVAL]:
-                ack_props[PR.SESSION_EXPIRY_INTERVAL] = expiry
             self.write(encode(P.Connack(present, 0, ack_props), P.MQTT_5))
         session.link = self
         if log.isEnabledFor(logging.DEBUG):  # self.peer makes a string: only when logged
-            log.debug("client %s connected from %s (level %d, session present %s)",
+            self.note(logging.DEBUG, "client %s connected from %s (level %d, session present %s)",
                       client_id, self.peer, self.level, present)
         if present:
             session.resume(b.clock())
 
     def refuse(self, code: int, why: str) -> None:
         """CONNACK with a failure code, then close [MQTT-3.2.2-6]."""
-        log.info("refused connection from %s: %s (0x%02X)", self.peer, why, code)
+        self.note(logging.INFO, "refused connection %s from %s: %s (0x%02X)",
+                  self.client_id or "(no client id)", self.peer, why, code)
         if self.level == P.MQTT_5:
-            self.write(encode(P.Connack(False, code, {PR.REASON_STRING: why}), P.MQTT_5))
+            self.send_fitting(P.Connack(False, code, {PR.REASON_STRING: why}))
         else:
             self.write(encode(P.Connack(False, rc.v4_connack_code(code)), self.level))
         self.close(publish_will=False)
+
+    def send_fitting(self, pkt) -> bool:
+        """Write a CONNACK, SUBACK, UNSUBACK, DISCONNECT (any packet with a Reason String) within
+        the client's Maximum Packet Size [MQTT-3.1.2-24]: when larger, without its Reason String,
+        then without its User Properties ([MQTT-3.2.2-19], [MQTT-3.2.2-20], [MQTT-3.9.2-1],
+        [MQTT-3.9.2-2], [MQTT-3.11.2-1], [MQTT-3.11.2-2], [MQTT-3.14.2-3], [MQTT-3.14.2-4]).
+        False, and nothing written, when it is still too large."""
+        data = encode(pkt, self.level)
+        limit = self.max_packet_size
+        if len(data) > limit:
+            for pid in (PR.REASON_STRING, PR.USER_PROPERTY):
+                if pkt.properties and pid in pkt.properties:
+                    pkt.properties = {k: v for k, v in pkt.properties.items() if k != pid} or None
+                    data = encode(pkt, self.level)
+                    if len(data) <= limit:
+                        break
+            if len(data) > limit:
+                return False
+        self.write(data)
+        return True
+
+    def unsendable(self, ptype: int, size: int) -> None:
+        """A packet the broker must send is larger than the client's Maximum Packet Size even
+        without optional properties: it is not sent [MQTT-3.1.2-24], and as the exchange cannot
+        go on, the connection is closed (before CONNACK: unanswered, as Mosquitto does)."""
+        self.note(logging.INFO, "closing %s (%s): its %s of %d bytes would exceed the Maximum "
+                  "Packet Size of %d bytes the client set", self.client_id or "connection",
+                  self.peer, P.TYPE_NAMES[ptype], size, self.max_packet_size)
+        self.close(publish_will=True)
 
     # ------------------------------------------------------------ PUBLISH in
     def on_publish(self, p: P.Publish) -> None:
@@ -598,12 +698,20 @@ class Connection:
             # QoS 0 as received, nothing altered: subscribers on the same form get these bytes
             msg.forms[(True, 0, p.retain, None, None, 0, True) if self.level == 5
                       else (False, 0, p.retain)] = (p.raw, -1)
+        retain = p.retain
+        if retain and p.payload and not b.retained_fits(msg):
+            # mqtt.max_retained_*: v5 QoS 1/2 are refused (0x97 Quota exceeded, 3.3.4); QoS 0 and
+            # 3.1.x, which have no failure code, are delivered without being retained
+            b.retained_refused(msg, self, self.client_id)
+            if qos and self.level == P.MQTT_5:
+                return self.ack(qos, pid, rc.QUOTA_EXCEEDED)
+            retain = False
         if b.accepting and not b.offer(msg, self.client_id, self.username, self.level):
             return self.ack(qos, pid, rc.QUOTA_EXCEEDED) if qos else None
         # b.publish(msg, session), inline: this is the per-message path
         hook = b.router_hook
         if hook is None:
-            if p.retain:  # [MQTT-3.3.1-8] RETAIN 0: nothing stored, replaced or removed
+            if retain:  # [MQTT-3.3.1-8] RETAIN 0: nothing stored, replaced or removed
                 b.retain(msg)
             n = b.route(msg, session)
         else:
@@ -623,6 +731,8 @@ class Connection:
         if self.level != P.MQTT_5:
             code = 0
         data = encode_ack(P.PUBACK if qos == 1 else P.PUBREC, pid, code, None, self.level)
+        if code and len(data) > self.max_packet_size:  # [MQTT-3.1.2-24] (a reason code: 6 bytes)
+            return self.unsendable(P.PUBACK if qos == 1 else P.PUBREC, len(data))
         if code < 0x80 and self.broker.durable:
             # sent by the caller once the hooks providing barrier() say the message is durable
             # (the ack gate calls acks_done)
@@ -691,7 +801,10 @@ class Connection:
                 self.session.store.qos2_remove(self.session.client_id, pkt.packet_id)
         except (KeyError, AttributeError):  # not awaited (AttributeError: NO_IDS, none ever was)
             code = rc.PACKET_IDENTIFIER_NOT_FOUND  # 0x92
-        self.write(encode_ack(P.PUBCOMP, pkt.packet_id, code, None, self.level))  # [MQTT-4.3.3-11]
+        data = encode_ack(P.PUBCOMP, pkt.packet_id, code, None, self.level)  # [MQTT-4.3.3-11]
+        if code and len(data) > self.max_packet_size:  # [MQTT-3.1.2-24]
+            return self.unsendable(P.PUBCOMP, len(data))
+        self.write(data)
 
     # ------------------------------------------------------------ SUBSCRIBE
     def on_subscribe(self, s: P.Subscribe) -> None:
@@ -701,6 +814,9 @@ class Connection:
         sub_id = None
         if s.properties and PR.SUBSCRIPTION_IDENTIFIER in s.properties:
             sub_id = s.properties[PR.SUBSCRIPTION_IDENTIFIER][0]
+        size = _ack_size(len(s.topics), v5)
+        if size > self.max_packet_size:  # [MQTT-3.1.2-24]: its SUBACK could not be sent
+            return self.unsendable(P.SUBACK, size)
         codes = []
         # filter -> (send retained, new before this packet, topic filter, qos, sub ids): a filter
         # repeated in one SUBSCRIBE replaces the earlier one [MQTT-3.8.4-3], so it is stored and
@@ -724,22 +840,16 @@ class Connection:
         else:
             self.write(suback)
         now = b.clock()
-        skipped = dropped = 0
+        budget = None
         for filt, (send, _, topic_filter, qos, sid) in subscribed.items():
             if not send:
                 continue
-            if session.replay_pending >= cfg.max_retained_replay:
-                skipped += 1  # not even matched: the backlog is full
-                continue
-            msgs = b.retained.match(topic_filter)
-            if session.subscriptions[filt].read_check:  # deny rules of this client (README "Access control")
-                msgs = [m for m in msgs if b.auth.allow_read(self.client_id, self.username, m.topic)]
-            # [MQTT-3.3.1-9]: sent with RETAIN=1, paced like other traffic (Session.pump)
-            dropped += session.replay_retained(msgs, qos, sid, b.retained, cfg.max_retained_replay, now)
-        if skipped or dropped:
-            log.warning("%s: %d retained messages (and all those of %d more filters) not sent: "
-                        "more than mqtt.max_retained_replay (%d) were waiting to be sent",
-                        self.client_id, dropped, skipped, cfg.max_retained_replay)
+            if budget is None:
+                budget = ReplayBudget(cfg.max_retained_replay)
+            # [MQTT-3.3.1-9]: sent with RETAIN=1, paced like other traffic (Session.pump); the
+            # ACL's deny rules of this client checked per message (README "Access control")
+            session.replay_retained(b.retained.walk(topic_filter), qos, sid,
+                                    session.subscriptions[filt].read_check, budget, now)
 
     def subscribe_one(self, filt: str, o: P.SubscriptionOptions, sub_id, subscribed: dict) -> int:
         b = self.broker
@@ -787,6 +897,10 @@ class Connection:
         return qos
 
     def on_unsubscribe(self, u: P.Unsubscribe) -> None:
+        v5 = self.level == P.MQTT_5
+        size = _ack_size(len(u.topics) if v5 else 0, v5)
+        if size > self.max_packet_size:  # [MQTT-3.1.2-24]: its UNSUBACK could not be sent
+            return self.unsendable(P.UNSUBACK, size)
         codes = []
         session = self.session
         for filt in u.topics:
@@ -821,14 +935,14 @@ class Connection:
     def violation(self, exc: MQTTError) -> None:
         """A malformed packet or protocol error ends only this connection [MQTT-4.13.1-1] (4.13)."""
         code = exc.reason_code
-        log.info("closing %s (%s): %s (0x%02X %s)", self.client_id or "connection", self.peer, exc,
-                 code, rc.name(code))
+        self.note(logging.INFO, "closing %s (%s): %s (0x%02X %s)", self.client_id or "connection",
+                  self.peer, exc, code, rc.name(code))
         if self.state == _NEW:
             if code == rc.UNSUPPORTED_PROTOCOL_VERSION:
                 # the client may not understand v5: answer with a 3.1.1 CONNACK, code 1
                 self.write(b"\x20\x02\x00\x01")
             elif self.connect_seen and self.level == P.MQTT_5:
-                self.write(encode(P.Connack(False, code, {PR.REASON_STRING: str(exc)}), P.MQTT_5))
+                self.send_fitting(P.Connack(False, code, {PR.REASON_STRING: str(exc)}))
             self.close(publish_will=False)
         else:
             why = str(exc)
@@ -849,7 +963,7 @@ class Connection:
             props = {PR.REASON_STRING: why} if why and self.request_problem_info else None
             if reference:
                 props = {**(props or {}), PR.SERVER_REFERENCE: reference}
-            self.write(encode(P.Disconnect(code, props), P.MQTT_5))
+            self.send_fitting(P.Disconnect(code, props))  # (too large even bare: just closed)
         self.close(publish_will)
 
     def close(self, publish_will: bool) -> None:
@@ -880,7 +994,8 @@ class Connection:
     def check_timeouts(self, now: float) -> None:
         if self.state == _NEW:
             if now - self.connected_at > self.broker.cfg.connect_timeout:
-                log.info("no CONNECT from %s within %ss", self.peer, self.broker.cfg.connect_timeout)
+                self.note(logging.INFO, "no CONNECT from %s within %ss", self.peer,
+                          self.broker.cfg.connect_timeout)
                 self.close(publish_will=False)
         elif self.keep_alive and now - self.last_rx > self.keep_alive * 1.5:  # [MQTT-3.1.2-22]
             self.server_disconnect(rc.KEEP_ALIVE_TIMEOUT, "keep alive timeout", publish_will=True)
@@ -893,6 +1008,32 @@ def _connack(b, level: int, present: bool) -> bytes:
         props = (b.capabilities or None) if level == P.MQTT_5 else None
         data = b.connacks[(level, present)] = encode(P.Connack(present, 0, props), level)
     return data
+
+
+def _ack_size(codes: int, v5: bool) -> int:
+    """Bytes of a SUBACK / UNSUBACK with `codes` reason codes and no properties."""
+    body = 2 + (1 if v5 else 0) + codes
+    return 1 + len(encode_vbi(body)) + body
+
+
+def is_loopback(peer: str) -> bool:
+    """Whether a connection's `peer` ("host:port", "ws:host:port") is a loopback address (this
+    machine); False when it cannot be told."""
+    return loopback_host((peer[3:] if peer.startswith("ws:") else peer).rpartition(":")[0])
+
+
+def loopback_host(host) -> bool:
+    """Whether an address (a string, as sockets give it) is a loopback address."""
+    if not isinstance(host, str):
+        return False
+    if host.startswith("127.") or host == "::1":
+        return True  # the usual case, without parsing
+    try:
+        ip = ipaddress.ip_address(host.strip("[]").partition("%")[0])
+    except ValueError:
+        return False
+    mapped = getattr(ip, "ipv4_mapped", None)  # ::ffff:127.0.0.1 on a dual-stack listener
+    return (mapped or ip).is_loopback
 
 
 def _sniff_level(data: bytes) -> int:

@@ -5,19 +5,25 @@ from mqtt_topics import matches
 
 
 class _Node:
-    __slots__ = ("children", "message")
+    __slots__ = ("children", "message", "seq")
 
     def __init__(self):
         self.children: dict[str, _Node] = {}
         self.message = None
+        self.seq = 0  # when `message` was stored (RetainedStore.seq then): walk() compares it
 
 
 class RetainedStore:
-    """topic -> message, in a level tree so wildcard filters walk only what can match."""
+    """topic -> message, in a level tree so wildcard filters walk only what can match.
+    `count` and `bytes` (the sum of `size(message)`, when a size function is given) are what the
+    broker's bounds (mqtt.max_retained_messages, max_retained_bytes) compare against."""
 
-    def __init__(self):
+    def __init__(self, size=None):
         self.root = _Node()
         self.count = 0
+        self.bytes = 0
+        self.size = size
+        self.seq = 0  # sequence number of the next message stored (walk(): what came before)
 
     def set(self, topic: str, message) -> None:
         """Store or replace [MQTT-3.3.1-5]; a None message deletes [MQTT-3.3.1-6], [MQTT-3.3.1-7]."""
@@ -30,9 +36,15 @@ class RetainedStore:
             if child is None:
                 child = node.children[level] = _Node()
             node = child
-        if node.message is None:
+        old = node.message
+        if old is None:
             self.count += 1
+        size = self.size
+        if size is not None:
+            self.bytes += size(message) - (0 if old is None else size(old))
         node.message = message
+        node.seq = self.seq
+        self.seq += 1
 
     def delete(self, topic: str) -> None:
         path = [self.root]
@@ -42,10 +54,13 @@ class RetainedStore:
             if node is None:
                 return
             path.append(node)
-        if path[-1].message is None:
+        old = path[-1].message
+        if old is None:
             return
         path[-1].message = None
         self.count -= 1
+        if self.size is not None:
+            self.bytes -= self.size(old)
         for i in range(len(levels), 0, -1):
             if path[i].message is not None or path[i].children:
                 break
@@ -64,6 +79,15 @@ class RetainedStore:
         out: list = []
         _walk(self.root, filt.split("/"), 0, out)
         return out
+
+    def walk(self, filt: str):
+        """Lazily, (node, message) for each retained message matching `filt` that was stored
+        before this call, in depth-first topic order: a subscription's replay takes a few at a
+        time (Session.pump), so matching a filter against a large store never holds the event
+        loop. Changes while it is suspended are safe: a message replaced or deleted since is not
+        yielded (the newer one was routed live), topics added since are not visited; the caller
+        checks `node.message is message` again before it sends one it held."""
+        return _walk_lazily(self.root, filt.split("/"), self.seq)
 
     def all(self):
         out = []
@@ -107,6 +131,43 @@ def _walk(node: _Node, levels: list, i: int, out: list) -> None:
     child = node.children.get(level)
     if child is not None:
         _walk(child, levels, i + 1, out)
+
+
+def _walk_lazily(root: _Node, levels: list, before: int):
+    """RetainedStore.walk(): a generator over an explicit stack (no recursion, no closure)."""
+    n = len(levels)
+    stack = [(root, 0)]
+    while stack:
+        node, i = stack.pop()
+        if i == n:
+            m = node.message
+            if m is not None and node.seq < before:
+                yield node, m
+            continue
+        level = levels[i]
+        if level == "#" or level == "+":
+            kids = [c for name, c in node.children.items()
+                    if not (i == 0 and name.startswith("$"))]  # [MQTT-4.7.2-1]
+            kids.reverse()
+            if level == "+":
+                stack.extend((c, i + 1) for c in kids)
+                continue
+            m = node.message
+            if i > 0 and m is not None and node.seq < before:  # '#' matches the parent level too
+                yield node, m
+            while kids:  # every message below, depth first
+                nd = kids.pop()
+                m = nd.message
+                if m is not None and nd.seq < before:
+                    yield nd, m
+                if nd.children:
+                    more = list(nd.children.values())
+                    more.reverse()
+                    kids.extend(more)
+            continue
+        child = node.children.get(level)
+        if child is not None:
+            stack.append((child, i + 1))
 
 
 def _collect(node: _Node, out: list) -> None:

@@ -6,6 +6,10 @@ from mqtt_topics import TopicTrie
 CACHE_ENTRIES = 100_000
 CACHE_BYTES = 16 << 20
 MISS_TOPIC_MAX = 256  # a topic nobody subscribes to is cached only when shorter than this
+NO_MATCH: tuple = ((), ())  # the match of a topic nobody subscribes to: one shared object, so
+                            # a cache of misses costs no allocation, and nothing to free
+CLEAR_AT_ONCE = 4096  # a larger cache is not freed at once when emptied: sweep() frees it
+SWEEP_ENTRIES = 20_000  # entries of emptied caches sweep() frees per call (Broker.tick, 1/s)
 
 
 class Router:
@@ -24,6 +28,9 @@ class Router:
         # runs a stream per group); shared_version changes whenever a group gains or loses one
         self.shared_groups: dict[tuple, int] = {}
         self.shared_version = 0
+        # emptied caches waiting to be freed (at most one: freeing 100,000 entries at once held
+        # the event loop 10-17 ms, in the SUBSCRIBE or PUBLISH that emptied the cache)
+        self.retired: list[dict] = []
 
     def add(self, sub) -> bool:
         """Add or replace a subscription [MQTT-3.8.4-3]; True when it is new."""
@@ -34,8 +41,7 @@ class Router:
             g = (sub.group, sub.topic_filter)
             self.shared_groups[g] = self.shared_groups.get(g, 0) + 1
             self.shared_version += 1
-        self.cache.clear()
-        self.cache_size = 0
+        self.empty_cache()
         return new
 
     def remove(self, sub) -> bool:
@@ -50,9 +56,31 @@ class Router:
             else:
                 self.shared_groups.pop(g, None)
             self.shared_version += 1
-        self.cache.clear()
-        self.cache_size = 0
+        self.empty_cache()
         return removed
+
+    def empty_cache(self) -> None:
+        """Start a new cache; a large old one is freed later, a slice at a time (sweep())."""
+        old = self.cache
+        self.cache_size = 0
+        if len(old) <= CLEAR_AT_ONCE:
+            old.clear()
+            return
+        self.cache = {}
+        if self.retired:  # one is still being freed: it goes now (memory stays bounded)
+            self.retired.pop().clear()
+        self.retired.append(old)
+
+    def sweep(self, entries: int = SWEEP_ENTRIES) -> None:
+        """Free up to `entries` entries of emptied caches (called once a second)."""
+        while self.retired and entries > 0:
+            old = self.retired[-1]
+            n = min(entries, len(old))
+            entries -= n
+            for _ in range(n):
+                old.popitem()
+            if not old:
+                self.retired.pop()
 
     def match(self, topic: str) -> tuple[list, list]:
         """([(session, [subscriptions])], [(group key, [subscriptions])]) for a topic; cached."""
@@ -71,12 +99,12 @@ class Router:
                         subs.append(sub)
                 else:
                     groups.setdefault((sub.group, sub.topic_filter), []).append(sub)
-        hit = (list(per_session.items()), list(groups.items()))
+        hit = (list(per_session.items()), list(groups.items())) if per_session or groups \
+            else NO_MATCH
         n = len(topic)
         if (per_session or groups or n < MISS_TOPIC_MAX) and n <= self.cache_bytes >> 4:
             if len(self.cache) >= self.cache_entries or self.cache_size + n > self.cache_bytes:
-                self.cache.clear()
-                self.cache_size = 0
+                self.empty_cache()
             self.cache[topic] = hit
             self.cache_size += n
         return hit

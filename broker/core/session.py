@@ -6,6 +6,7 @@ max_packet_size, topic alias state and write()).
 """
 from __future__ import annotations
 
+import logging
 from collections import deque
 
 from ..protocol import packets as P
@@ -31,6 +32,68 @@ class _NoEntries(dict):
 NO_ENTRIES = _NoEntries()
 NO_IDS: frozenset = frozenset()
 REPLAY_BURST = 1 << 20  # bytes of retained replay written per pump: the rest waits for the next turn
+REPLAY_STEPS = 1000     # retained messages looked at per pump (sent, skipped or over the budget)
+REPLAY_LEFT_STEPS = 2 * REPLAY_STEPS  # looked at when the connection ends mid-replay (to the queue)
+
+
+class ReplayBudget:
+    """What the retained replays of one SUBSCRIBE may send together (mqtt.max_retained_replay):
+    `left` more messages; beyond it they are counted (`dropped`) and, when the last of its
+    replays ends (`open` 0), logged once."""
+    __slots__ = ("left", "dropped", "open", "limit")
+
+    def __init__(self, limit: int):
+        self.left = self.limit = limit
+        self.dropped = 0
+        self.open = 0
+
+
+class Replay:
+    """The retained messages one new subscription still has to be sent [MQTT-3.3.1-9]: a lazy
+    walk of the retained store (RetainedStore.walk), so a SUBSCRIBE costs nothing up front
+    however many messages match; `held` is one taken from the walk and waiting for the client's
+    Receive Maximum; `check`: the ACL read check applies to each (README "Access control")."""
+    __slots__ = ("walk", "qos", "sub_ids", "check", "budget", "held")
+
+    def __init__(self, walk, qos: int, sub_ids, check: bool, budget: ReplayBudget):
+        self.walk = walk
+        self.qos = qos
+        self.sub_ids = sub_ids
+        self.check = check
+        self.budget = budget
+        self.held = None
+        budget.open += 1
+
+
+UNBOUNDED = 1 << 62  # the byte allowance of a queue without a bound
+
+
+class Queues:
+    """What the queues of every session of a broker share: the byte bounds (mqtt.max_queued_bytes
+    per session, mqtt.max_queued_bytes_total for all; 0: none), the room left in all queues, and
+    the ACL generation: Broker.flag_read_checks() raises it when the ACL changes, and a session
+    whose `acl_gen` is older checks its queued messages against `allow_read` again before sending
+    any (one comparison per pump on the common path). The bounds are kept as room left (one
+    comparison and one subtraction per queued message)."""
+    __slots__ = ("per_session", "total", "room", "acl_gen", "allow_read")
+
+    def __init__(self, max_bytes: int = 0, max_total: int = 0):
+        self.per_session = max_bytes or UNBOUNDED
+        self.total = max_total or UNBOUNDED
+        self.room = self.total      # bytes all queues may still take
+        self.acl_gen = 0
+        self.allow_read = None      # the auth hook's allow_read, None when everything is allowed
+
+    @property
+    def used(self) -> int:
+        """Payload + topic bytes of every queued entry."""
+        return self.total - self.room
+
+
+def entry_size(msg) -> int:
+    """What one queued entry counts towards the byte bounds: payload and topic bytes (a message
+    queued for several sessions counts in each, as in Mosquitto's max_queued_bytes)."""
+    return len(msg.payload) + len(msg.topic_bytes)
 
 
 class Subscription:
@@ -81,10 +144,11 @@ class Session:
     __slots__ = ("client_id", "subscriptions", "inflight_out", "queue", "inflight_in",
                  "expiry_interval", "expires_at", "will", "will_at", "link", "next_pid",
                  "max_queued", "queue_qos0", "stats", "username", "link_level", "sent",
-                 "store", "resend_pending", "replay", "replay_pending")
+                 "store", "resend_pending", "replay", "queues", "queue_room", "acl_gen")
 
     def __init__(self, client_id: str, max_queued: int = 1000, queue_qos0: bool = False,
-                 stats: dict | None = None, sent: list | None = None):
+                 stats: dict | None = None, sent: list | None = None,
+                 queues: Queues | None = None):
         self.client_id = client_id
         self.username: str | None = None
         self.link_level = 5  # protocol level of the last connection (for the sink record)
@@ -112,10 +176,12 @@ class Session:
         # reported to (core/hooks.py Persistence: the hooks providing them), else None
         self.store = None
         self.resend_pending: deque | tuple = NOTHING  # in-flight packet ids waiting to be resent
-        # retained messages for new subscriptions, sent by pump() under backpressure:
-        # [matched messages, next index, granted QoS, sub_ids, retained store] per subscription
+        # retained messages for new subscriptions, sent by pump() under backpressure: a Replay
+        # (a lazy walk of the retained store) per subscription
         self.replay: deque | tuple = NOTHING
-        self.replay_pending = 0  # messages in `replay` not yet sent
+        self.queues = queues if queues is not None else Queues()
+        self.queue_room = self.queues.per_session  # bytes its queue may still take (entry_size())
+        self.acl_gen = self.queues.acl_gen  # the ACL its queue was checked against (pump)
 
     def add_subscription(self, sub: Subscription) -> None:
         """Add or replace the subscription for sub.filter."""
@@ -161,13 +227,42 @@ class Session:
         else:
             self._send(msg, qos, retain, sub_ids, now)
 
+    @property
+    def queue_bytes(self) -> int:
+        """entry_size() of the messages in `queue`."""
+        return self.queues.per_session - self.queue_room
+
     def _enqueue(self, msg, qos, retain, sub_ids) -> None:
-        if len(self.queue) >= self.max_queued:
+        size = len(msg.payload) + len(msg.topic_bytes)  # entry_size(msg), inline
+        q = self.queues
+        queue = self.queue
+        if len(queue) >= self.max_queued or size > self.queue_room:
             # Overflow policy: the newest message is dropped (as Mosquitto does), counted.
             self.stats["dropped_queue_full"] = self.stats.get("dropped_queue_full", 0) + 1
             return
+        if size > q.room:
+            self.stats["dropped_queues_total"] = self.stats.get("dropped_queues_total", 0) + 1
+            return
         seq = self.store.enqueue(self.client_id, msg, qos, retain, sub_ids) if self.store else None
-        self.queued().append((msg, qos, retain, sub_ids, seq))
+        if queue is NOTHING:
+            queue = self.queue = deque()
+        queue.append((msg, qos, retain, sub_ids, seq))
+        self.queue_room -= size
+        q.room -= size
+
+    def requeue(self, entry: tuple) -> None:
+        """A queued entry read back from the store: counted like one queued now, never dropped
+        (it was accepted before the broker stopped)."""
+        self.queued().append(entry)
+        size = entry_size(entry[0])
+        self.queue_room -= size
+        self.queues.room -= size
+
+    def drop_queue(self) -> None:
+        """The session ends: what its queue held no longer counts (mqtt.max_queued_bytes_total)."""
+        self.queues.room += self.queue_bytes
+        self.queue_room = self.queues.per_session
+        self.queue = NOTHING
 
     def queued(self) -> deque:
         """The queue, made at its first message."""
@@ -232,61 +327,99 @@ class Session:
         self.sent[qos] += 1
         return True
 
-    def replay_retained(self, msgs: list, qos: int, sub_ids, retained, limit: int, now: float) -> int:
-        """Retained messages for a new subscription [MQTT-3.3.1-9], sent with RETAIN=1 by
-        pump() like any other traffic: a burst per event-loop turn, nothing while the
-        transport is paused, QoS 1/2 within the client's Receive Maximum. Holds references
-        only. At most `limit` messages wait per session; the excess is dropped (counted).
-        Returns how many were dropped."""
-        room = limit - self.replay_pending
-        dropped = 0
-        if len(msgs) > room:
-            dropped = len(msgs) - max(room, 0)
-            msgs = msgs[:max(room, 0)]
-            self.stats["dropped_retained_replay"] = self.stats.get("dropped_retained_replay", 0) + dropped
-        if msgs:
-            if self.replay is NOTHING:
-                self.replay = deque()
-            self.replay.append([msgs, 0, qos, sub_ids, retained])
-            self.replay_pending += len(msgs)
-            self.pump(now)
-        return dropped
+    def replay_retained(self, walk, qos: int, sub_ids, check: bool, budget: ReplayBudget,
+                        now: float) -> None:
+        """Retained messages for a new subscription [MQTT-3.3.1-9] (`walk`: RetainedStore.walk()),
+        sent with RETAIN=1 by pump() like any other traffic: a burst per event-loop turn (at most
+        REPLAY_BURST bytes, REPLAY_STEPS messages), nothing while the transport is paused, QoS 1/2
+        within the client's Receive Maximum; at most `budget.limit` for one SUBSCRIBE, the excess
+        counted (dropped_retained_replay) and logged. Holds no list of messages."""
+        if self.replay is NOTHING:
+            self.replay = deque()
+        self.replay.append(Replay(walk, qos, sub_ids, check, budget))
+        self.pump(now)
+
+    def _next_replayed(self, r: Replay, now: float):
+        """The next message of a replay that may be sent (held, or from the walk), or None at the
+        end of the walk; skips what was replaced, deleted, expired, not readable or over budget."""
+        allow = self.queues.allow_read
+        while True:
+            held = r.held
+            if held is None:
+                held = next(r.walk, None)
+                if held is None:
+                    return None
+            r.held = None
+            node, msg = held
+            if node.message is not msg or (msg.expires_at is not None and msg.expires_at <= now):
+                continue  # replaced or deleted since (the newer one went out live), or expired
+            if r.check and allow is not None and not allow(self.client_id, self.username, msg.topic):
+                continue
+            if r.budget.left <= 0:
+                r.budget.dropped += 1
+                self.stats["dropped_retained_replay"] = self.stats.get("dropped_retained_replay", 0) + 1
+                continue
+            return held
 
     def _pump_replay(self, link, now: float) -> None:
         replay = self.replay
         inflight = self.inflight_out
         limit = link.receive_max
         budget = REPLAY_BURST
+        steps = REPLAY_STEPS
         while replay and not link.paused and budget > 0:
-            entry = replay[0]
-            msgs, i, qos, sub_ids, retained = entry
-            if i >= len(msgs):
-                replay.popleft()
-                continue
-            msg = msgs[i]
-            q = qos if qos < msg.qos else msg.qos
-            if q and len(inflight) >= limit:  # [MQTT-3.3.4-9]
+            if steps <= 0:
+                link.wake()  # more next turn, even if this one wrote nothing
                 return
-            msgs[i] = None  # hold nothing once sent
-            entry[1] = i + 1
-            self.replay_pending -= 1
-            if retained.get(msg.topic) is not msg:
-                continue  # replaced or deleted since: the newer message was routed live
-            if msg.expires_at is not None and msg.expires_at <= now:
+            r = replay[0]
+            steps -= 1
+            held = self._next_replayed(r, now)
+            if held is None:
+                replay.popleft()
+                self._replay_done(r, link)
                 continue
-            if self._send(msg, q, True, sub_ids, now):
+            msg = held[1]
+            q = r.qos if r.qos < msg.qos else msg.qos
+            if q and len(inflight) >= limit:  # [MQTT-3.3.4-9]
+                r.held = held
+                return
+            r.budget.left -= 1
+            if self._send(msg, q, True, r.sub_ids, now):
                 budget -= len(msg.payload) + len(msg.topic_bytes) + 16
 
+    def _replay_done(self, r: Replay, link) -> None:
+        b = r.budget
+        b.open -= 1
+        if b.open == 0 and b.dropped and link is not None:
+            link.note(logging.WARNING, "%s: %d retained messages not sent: its SUBSCRIBE matched "
+                      "more than mqtt.max_retained_replay (%d)", self.client_id, b.dropped, b.limit)
+
     def replay_to_queue(self) -> None:
-        """The connection went away mid-replay: what is left waits in the queue like any
-        message for an offline session (QoS 0 only with queue_qos0_messages; bounded)."""
+        """The connection went away mid-replay: what is left joins the queue like any message
+        for an offline session (QoS 0 only with queue_qos0_messages), as far as the queue's
+        bounds allow: the walk stops at the first message the queue refuses, or after
+        REPLAY_LEFT_STEPS messages."""
         replay, self.replay = self.replay, NOTHING
-        self.replay_pending = 0
-        for msgs, i, qos, sub_ids, retained in replay:
-            for msg in msgs[i:]:
-                q = qos if qos < msg.qos else msg.qos
-                if (q or self.queue_qos0) and retained.get(msg.topic) is msg:
-                    self._enqueue(msg, q, True, sub_ids)
+        steps = REPLAY_LEFT_STEPS
+        now = -1.0  # (expiry is checked again when the queue is sent)
+        for r in replay:
+            r.budget.open -= 1
+            if not (r.qos or self.queue_qos0):
+                continue
+            while steps > 0:
+                steps -= 1
+                held = self._next_replayed(r, now)
+                if held is None:
+                    break
+                msg = held[1]
+                q = r.qos if r.qos < msg.qos else msg.qos
+                if not (q or self.queue_qos0):
+                    continue
+                r.budget.left -= 1
+                before = len(self.queue)
+                self._enqueue(msg, q, True, r.sub_ids)
+                if len(self.queue) == before:
+                    break  # the queue is full: the rest would be dropped too
 
     def pump(self, now: float) -> None:
         """Send pending retained replays, then queued messages, while the transport and
@@ -294,6 +427,9 @@ class Session:
         link = self.link
         if link is None:
             return
+        queues = self.queues
+        if self.acl_gen != queues.acl_gen:
+            self.recheck_read()
         if self.replay:
             self._pump_replay(link, now)
         queue = self.queue
@@ -303,7 +439,40 @@ class Session:
             if qos and len(self.inflight_out) >= limit:
                 break
             queue.popleft()
+            size = len(msg.payload) + len(msg.topic_bytes)  # entry_size(msg), inline
+            self.queue_room += size
+            queues.room += size
             self._send(msg, qos, retain, sub_ids, now, seq)
+
+    def recheck_read(self) -> int:
+        """The ACL changed since this session's queue was last checked: drop the queued
+        messages (and retained messages waiting to be replayed) its client may no longer read,
+        before any is sent. Returns how many were dropped (counted as not_authorized)."""
+        q = self.queues
+        self.acl_gen = q.acl_gen
+        allow = q.allow_read
+        if allow is None:
+            return 0
+        cid, user = self.client_id, self.username
+        dropped = 0
+        if self.queue:
+            keep = deque()
+            for e in self.queue:
+                if allow(cid, user, e[0].topic):
+                    keep.append(e)
+                else:
+                    dropped += 1
+                    size = entry_size(e[0])
+                    self.queue_room += size
+                    q.room += size
+                    if e[4] is not None:
+                        self.store.remove(e[4])
+            self.queue = keep
+        for r in self.replay:
+            r.check = True  # retained messages still to be replayed: checked as they are sent
+        if dropped:
+            self.stats["dropped_not_authorized"] = self.stats.get("dropped_not_authorized", 0) + dropped
+        return dropped
 
     def resume(self, now: float) -> None:
         """On reconnection: resend unacknowledged PUBLISH (DUP=1) and PUBREL, then the queue.
@@ -407,7 +576,11 @@ class Session:
             msg, _, _, _, seq = e
             if msg.expires_at is None or msg.expires_at > now:
                 keep.append(e)
-            elif seq is not None:
+                continue
+            size = entry_size(msg)
+            self.queue_room += size
+            self.queues.room += size
+            if seq is not None:
                 self.store.remove(seq)
         dropped = len(q) - len(keep)
         if dropped:

@@ -80,6 +80,7 @@ class BrokerView:
              "sessions": len(b.sessions), "subscriptions": b.router.count,
              "retained": b.retained.count - sys_retained, "retained_sys": sys_retained,
              "queued": sum(len(s.queue) for s in sessions),
+             "queued_bytes": b.queues.used, "retained_bytes": b.retained.bytes,
              "inflight": sum(len(s.inflight_out) for s in sessions),
              "received_by_qos": tuple(b.received_by_qos), "sent_by_qos": tuple(b.sent_by_qos)}
         v.update(b.stats)

@@ -31,6 +31,10 @@ class BrokerCollector:
         yield GaugeMetricFamily("mqtt_retained_messages", "Retained messages (clients', not $SYS)",
                                 value=st["retained"])
         yield GaugeMetricFamily("mqtt_queued_messages", "Messages queued for sessions", value=st["queued"])
+        yield GaugeMetricFamily("mqtt_queued_bytes", "Payload + topic bytes queued for sessions "
+                                "(mqtt.max_queued_bytes_total)", value=st["queued_bytes"])
+        yield GaugeMetricFamily("mqtt_retained_bytes", "Payload + topic bytes of retained messages "
+                                "(mqtt.max_retained_bytes)", value=st["retained_bytes"])
         yield GaugeMetricFamily("mqtt_inflight_messages", "Unacknowledged outbound QoS 1/2",
                                 value=st["inflight"])
         c = CounterMetricFamily("mqtt_messages_received", "PUBLISH received from clients", labels=["qos"])
@@ -48,8 +52,9 @@ class BrokerCollector:
         yield CounterMetricFamily("mqtt_sessions_refused", "CONNECTs refused: mqtt.max_sessions reached",
                                   value=st["refused_max_sessions"])
         d = CounterMetricFamily("mqtt_messages_dropped", "Messages dropped", labels=["reason"])
-        for reason in ("queue_full", "expired", "too_large", "sink_refused", "not_authorized",
-                       "slow_consumer", "topic_limit", "retained_replay"):
+        for reason in ("queue_full", "queues_total", "expired", "too_large", "sink_refused",
+                       "not_authorized", "slow_consumer", "topic_limit", "retained_replay",
+                       "retained_quota"):
             d.add_metric([reason], st.get("sink_refused" if reason == "sink_refused"
                                           else f"dropped_{reason}", 0))
         yield d

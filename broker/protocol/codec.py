@@ -11,7 +11,7 @@ import struct
 from . import packets as P
 from . import reason_codes as rc
 from .errors import MalformedPacket, ProtocolError
-from .properties import (decode_binary, decode_properties, decode_utf8,
+from .properties import (NO_LIMITS, Limits, decode_binary, decode_properties, decode_utf8,
                          encode_binary, encode_properties, encode_utf8, encode_vbi)
 
 _H = struct.Struct(">H")
@@ -36,7 +36,8 @@ class Decoder:
     bounds inbound packets (DISCONNECT 0x95 when exceeded). `connect_limit`, when given,
     is the smaller bound that applies until `connect_accepted()`, so a client that is not
     connected yet cannot make the broker buffer a huge packet. (Packets that arrived in
-    the same read as the CONNECT may be larger: they are in memory already.)
+    the same read as the CONNECT may be larger: they are in memory already.) `limits`
+    (properties.Limits) bounds what one packet may carry: topic filters, User Properties.
 
     Buffering is linear: a packet split across reads is kept as a list of chunks until
     its fixed header's Remaining Length has arrived, then joined once (no re-copying of
@@ -44,10 +45,10 @@ class Decoder:
     """
 
     __slots__ = ("buf", "more", "have", "need", "level", "max_packet_size", "after_connect",
-                 "max_filters")
+                 "limits")
 
     def __init__(self, level: int = P.MQTT_5, max_packet_size: int = 268435460,
-                 connect_limit: int | None = None, max_filters: int = 0):
+                 connect_limit: int | None = None, limits: Limits = NO_LIMITS):
         self.buf = b""     # start of an incomplete packet (empty when nothing is buffered)
         self.more: list | None = None  # later chunks of that packet, while `need` is known
         self.have = 0      # bytes in buf + more
@@ -56,12 +57,12 @@ class Decoder:
         self.after_connect = max_packet_size
         self.max_packet_size = (max_packet_size if connect_limit is None
                                 else min(connect_limit, max_packet_size))
-        self.max_filters = max_filters  # topic filters one SUBSCRIBE may carry (0: any number)
+        self.limits = limits
 
     def feed(self, data: bytes) -> tuple[list, Exception | None]:
         """Return (packets decoded, error or None). Packets before an error are returned."""
         if not self.buf and is_one_packet(data) and len(data) <= self.max_packet_size:
-            one = decode_one(data, self.level, self.max_filters)  # the common read
+            one = decode_one(data, self.level, self.limits)  # the common read
             if one[0] and one[0][0].type == P.CONNECT:
                 self.level = one[0][0].protocol_level
             return one
@@ -91,6 +92,7 @@ class Decoder:
         out = []
         level = self.level
         limit = self.max_packet_size
+        limits = self.limits
         need = 0
         try:
             while n - pos >= 2:
@@ -126,9 +128,9 @@ class Decoder:
                     break
                 first = buf[pos]
                 if first >> 4 == P.PUBLISH:
-                    out.append(decode_publish(buf, pos, pos + hdr, end, level))
+                    out.append(decode_publish(buf, pos, pos + hdr, end, level, limits))
                 else:
-                    pkt = decode_packet(first, buf[pos + hdr:end], level, self.max_filters)
+                    pkt = decode_packet(first, buf[pos + hdr:end], level, limits)
                     if pkt.type == P.CONNECT:
                         level = self.level = pkt.protocol_level
                         limit = self.after_connect  # for the rest of this read only
@@ -170,21 +172,23 @@ def is_one_packet(data: bytes) -> bool:
     return 1 < n < 130 and data[1] == n - 2
 
 
-def decode_one(data: bytes, level: int, max_filters: int = 0) -> tuple[list, Exception | None]:
+def decode_one(data: bytes, level: int,
+               limits: Limits = NO_LIMITS) -> tuple[list, Exception | None]:
     """The packet of a read that is_one_packet() (the caller checked it and the size limit):
     ([packet], None) or ([], error), as Decoder.feed() returns them."""
     first = data[0]
     try:
         if first >> 4 == P.PUBLISH:
-            return [decode_publish(data, 0, 2, len(data), level)], None
-        return [decode_packet(first, data[2:], level, max_filters)], None
+            return [decode_publish(data, 0, 2, len(data), level, limits)], None
+        return [decode_packet(first, data[2:], level, limits)], None
     except (MalformedPacket, ProtocolError) as exc:
         # returned as a value, without its traceback: that would hold the caller's frames, and
         # through them its connection, in a reference cycle only the garbage collector frees
         return [], exc.with_traceback(None)
 
 
-def decode_publish(buf: bytes, start: int, body: int, end: int, level: int) -> P.Publish:
+def decode_publish(buf: bytes, start: int, body: int, end: int, level: int,
+                   limits: Limits = NO_LIMITS) -> P.Publish:
     """PUBLISH (3.3) occupying buf[start:end], variable header at `body`: the hot path,
     so it indexes the read buffer directly instead of slicing the packet out first."""
     first = buf[start]
@@ -219,7 +223,7 @@ def decode_publish(buf: bytes, start: int, body: int, end: int, level: int) -> P
             pos += 1
         else:
             rest = buf[pos:end]
-            props, used = decode_properties(rest, 0, "PUBLISH")
+            props, used = decode_properties(rest, 0, "PUBLISH", limits)
             pos += used
     return P.Publish(topic, buf[pos:end], qos, bool(first & 1), bool(dup), packet_id, props,
                      None if qos else buf[start:end])
@@ -234,7 +238,7 @@ def _packet_id(body, pos: int) -> tuple[int, int]:
     return pid, pos + 2
 
 
-def decode_packet(first: int, body: bytes, level: int, max_filters: int = 0):
+def decode_packet(first: int, body: bytes, level: int, limits: Limits = NO_LIMITS):
     ptype = first >> 4
     flags = first & 0x0F
     if ptype == 0:
@@ -242,7 +246,7 @@ def decode_packet(first: int, body: bytes, level: int, max_filters: int = 0):
     if flags != _REQUIRED_FLAGS[ptype]:  # [MQTT-2.1.3-1]
         raise MalformedPacket(f"invalid fixed header flags for {P.TYPE_NAMES[ptype]}")
     if ptype == P.CONNECT:
-        return decode_connect(body)
+        return decode_connect(body, limits)
     v5 = level == P.MQTT_5
     if ptype in (P.PUBACK, P.PUBREC, P.PUBREL, P.PUBCOMP):
         pid, pos = _packet_id(body, 0)
@@ -251,20 +255,26 @@ def decode_packet(first: int, body: bytes, level: int, max_filters: int = 0):
             code = body[pos]
             pos += 1
             if pos < len(body):
-                props, pos = decode_properties(body, pos, P.TYPE_NAMES[ptype])
+                props, pos = decode_properties(body, pos, P.TYPE_NAMES[ptype], limits)
         if pos != len(body):
             raise MalformedPacket(f"{P.TYPE_NAMES[ptype]} has trailing bytes")
         return P.Ack(ptype, pid, code, props)
     if ptype == P.SUBSCRIBE:
-        return decode_subscribe(body, v5, max_filters)
+        return decode_subscribe(body, v5, limits)
     if ptype == P.UNSUBSCRIBE:
         pid, pos = _packet_id(body, 0)
         props = None
         if v5:
-            props, pos = decode_properties(body, pos, "UNSUBSCRIBE")
-        topics = []
+            props, pos = decode_properties(body, pos, "UNSUBSCRIBE", limits)
+        topics: list = []
+        max_filters = limits.max_filters
         while pos < len(body):
             t, pos = decode_utf8(body, pos)  # [MQTT-3.10.3-1]
+            if not t:  # [MQTT-4.7.3-1]: at least one character
+                raise MalformedPacket("UNSUBSCRIBE with a zero-length topic filter")
+            if max_filters and len(topics) == max_filters:  # as SUBSCRIBE (0x97)
+                raise ProtocolError(f"UNSUBSCRIBE with more than {max_filters} topic filters "
+                                    f"(mqtt.max_filters_per_subscribe)", rc.QUOTA_EXCEEDED)
             topics.append(t)
         if not topics:  # [MQTT-3.10.3-2]
             raise ProtocolError("UNSUBSCRIBE with no topic filter")
@@ -280,7 +290,7 @@ def decode_packet(first: int, body: bytes, level: int, max_filters: int = 0):
         if v5:
             code = body[0]
             if len(body) > 1:
-                props, pos = decode_properties(body, 1, "DISCONNECT")
+                props, pos = decode_properties(body, 1, "DISCONNECT", limits)
                 if pos != len(body):
                     raise MalformedPacket("DISCONNECT has trailing bytes")
         elif body:
@@ -292,7 +302,7 @@ def decode_packet(first: int, body: bytes, level: int, max_filters: int = 0):
         code, props = 0, None
         if body:
             code = body[0]
-            props, _ = decode_properties(body, 1, "AUTH")
+            props, _ = decode_properties(body, 1, "AUTH", limits)
         return P.Auth(code, props)
     if ptype == P.CONNACK:
         if len(body) < 2:
@@ -309,7 +319,7 @@ def decode_packet(first: int, body: bytes, level: int, max_filters: int = 0):
     raise MalformedPacket(f"unknown packet type {ptype}")
 
 
-def decode_connect(body: bytes) -> P.Connect:
+def decode_connect(body: bytes, limits: Limits = NO_LIMITS) -> P.Connect:
     """CONNECT (3.1). Errors before the protocol level is known are raised as for v5."""
     known = _PROTOCOLS.get(body[:7])  # the protocol name and level as most clients send them
     if known is not None:
@@ -344,13 +354,13 @@ def decode_connect(body: bytes) -> P.Connect:
         raise MalformedPacket("password flag without user name flag")
     props = None
     if level == P.MQTT_5:
-        props, pos = decode_properties(body, pos, "CONNECT")
+        props, pos = decode_properties(body, pos, "CONNECT", limits)
     client_id, pos = decode_utf8(body, pos)  # [MQTT-3.1.3-3], [MQTT-3.1.3-4]
     will = None
     if will_flag:  # Will Properties, Will Topic, Will Payload present [MQTT-3.1.2-9]
         wprops = None
         if level == P.MQTT_5:
-            wprops, pos = decode_properties(body, pos, "WILL")
+            wprops, pos = decode_properties(body, pos, "WILL", limits)
         wtopic, pos = decode_utf8(body, pos)  # [MQTT-3.1.3-11]
         wpayload, pos = decode_binary(body, pos)
         will = P.Will(wtopic, wpayload, will_qos, will_retain, wprops)
@@ -365,14 +375,17 @@ def decode_connect(body: bytes) -> P.Connect:
                      will, props)
 
 
-def decode_subscribe(body: bytes, v5: bool, max_filters: int = 0) -> P.Subscribe:
+def decode_subscribe(body: bytes, v5: bool, limits: Limits = NO_LIMITS) -> P.Subscribe:
     pid, pos = _packet_id(body, 0)
     props = None
     if v5:
-        props, pos = decode_properties(body, pos, "SUBSCRIBE")
+        props, pos = decode_properties(body, pos, "SUBSCRIBE", limits)
     topics: list = []
+    max_filters = limits.max_filters
     while pos < len(body):
         filt, pos = decode_utf8(body, pos)  # [MQTT-3.8.3-1]
+        if not filt:  # [MQTT-4.7.3-1]: at least one character (Mosquitto: malformed too)
+            raise MalformedPacket("SUBSCRIBE with a zero-length topic filter")
         if pos >= len(body):
             raise MalformedPacket("SUBSCRIBE topic filter without options")
         o = body[pos]

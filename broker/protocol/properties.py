@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import struct
 
+from . import reason_codes as rc
 from .errors import MalformedPacket, ProtocolError
 
 PAYLOAD_FORMAT_INDICATOR = 0x01
@@ -78,6 +79,24 @@ ALLOWED = {
 _BOOLEAN = {PAYLOAD_FORMAT_INDICATOR, REQUEST_PROBLEM_INFORMATION, REQUEST_RESPONSE_INFORMATION,
             MAXIMUM_QOS, RETAIN_AVAILABLE, WILDCARD_SUBSCRIPTION_AVAILABLE,
             SUBSCRIPTION_IDENTIFIER_AVAILABLE, SHARED_SUBSCRIPTION_AVAILABLE}
+
+
+class Limits:
+    """What one inbound packet may carry besides its size (0: no limit), set from [mqtt]:
+    topic filters per SUBSCRIBE / UNSUBSCRIBE (max_filters_per_subscribe), User Properties per
+    property block and their wire bytes (max_user_properties, max_user_property_bytes). The
+    protocol sets none of these; past one the decoder raises ProtocolError with 0x97 Quota
+    exceeded (an implementation-imposed limit), before decoding the rest."""
+    __slots__ = ("max_filters", "max_user_properties", "max_user_property_bytes")
+
+    def __init__(self, max_filters: int = 0, max_user_properties: int = 0,
+                 max_user_property_bytes: int = 0):
+        self.max_filters = max_filters
+        self.max_user_properties = max_user_properties
+        self.max_user_property_bytes = max_user_property_bytes
+
+
+NO_LIMITS = Limits()  # what decoding broker output and stored state uses
 
 _unpack_H = struct.Struct(">H").unpack_from
 _unpack_I = struct.Struct(">I").unpack_from
@@ -154,8 +173,10 @@ def encode_binary(b: bytes) -> bytes:
     return _pack_H(len(b)) + bytes(b)
 
 
-def decode_properties(buf, pos: int, packet: str) -> tuple[dict | None, int]:
-    """Read a property block; return (dict or None when empty, position after it)."""
+def decode_properties(buf, pos: int, packet: str,
+                      limits: Limits = NO_LIMITS) -> tuple[dict | None, int]:
+    """Read a property block; return (dict or None when empty, position after it). User
+    Properties beyond `limits` raise ProtocolError 0x97 as soon as they are read."""
     length, pos = decode_vbi(buf, pos)
     if length == 0:
         return None, pos
@@ -164,6 +185,10 @@ def decode_properties(buf, pos: int, packet: str) -> tuple[dict | None, int]:
         raise MalformedPacket("property length runs past the end of the packet")
     allowed = ALLOWED[packet]
     props: dict = {}
+    pairs = 0
+    pair_bytes = 0
+    max_pairs = limits.max_user_properties
+    max_pair_bytes = limits.max_user_property_bytes
     while pos < end:
         pid, pos = decode_vbi(buf, pos)
         kind = TYPES.get(pid)
@@ -197,8 +222,17 @@ def decode_properties(buf, pos: int, packet: str) -> tuple[dict | None, int]:
         elif kind == BINARY:
             value, pos = decode_binary(buf, pos)
         else:  # UTF-8 String Pair: both strings checked as UTF-8 strings [MQTT-1.5.7-1]
+            start = pos
             k, pos = decode_utf8(buf, pos)
             v, pos = decode_utf8(buf, pos)
+            pairs += 1
+            pair_bytes += pos - start
+            if max_pairs and pairs > max_pairs:
+                raise ProtocolError(f"{packet} with more than {max_pairs} User Properties "
+                                    "(mqtt.max_user_properties)", rc.QUOTA_EXCEEDED)
+            if max_pair_bytes and pair_bytes > max_pair_bytes:
+                raise ProtocolError(f"{packet} with User Properties of more than {max_pair_bytes} "
+                                    "bytes (mqtt.max_user_property_bytes)", rc.QUOTA_EXCEEDED)
             props.setdefault(USER_PROPERTY, []).append((k, v))
             continue
         if pos > end:

@@ -17,7 +17,7 @@ import logging
 
 from settings import ListenerConfig
 
-from ..core.connection import CLIENT_DONE, Connection
+from ..core.connection import CLIENT_DONE, Connection, loopback_host
 from ..core.durability import when_all
 from ..core.events import AdmitRequested, AuthRequested, MessageAccepted
 from ..protocol import reason_codes as rc
@@ -88,7 +88,8 @@ class MQTTProtocol(asyncio.Protocol):
         conn.owner = self
         max_conn = server.config.mqtt.max_connections
         if max_conn and len(server.broker.connections) > max_conn:
-            log.warning("refusing %s: max_connections (%d) reached", conn.peer, max_conn)
+            conn.note(logging.WARNING, "refusing %s: max_connections (%d) reached", conn.peer,
+                      max_conn)
             conn.finish(publish_will=False)
             self.close_gracefully()
             return
@@ -100,6 +101,12 @@ class MQTTProtocol(asyncio.Protocol):
         t = self.transport
         peer = t.get_extra_info("peername") if t is not None else None
         return f"{peer[0]}:{peer[1]}" if peer else "?"
+
+    def peer_is_loopback(self) -> bool:
+        """Whether the client connects from this machine (anonymous clients, core/connection.py)."""
+        t = self.transport
+        peer = t.get_extra_info("peername") if t is not None else None
+        return bool(peer) and loopback_host(peer[0])
 
     def data_received(self, data: bytes) -> None:
         self.server.bytes_in += len(data)

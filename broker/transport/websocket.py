@@ -156,8 +156,9 @@ async def start_listener(server, listener, ssl_context=None):
         if request.path.split("?")[0] != path:
             return Response(404, "Not Found", Headers(), f"MQTT is served on {path}\n".encode())
         if cfg.max_connections and len(connections) >= cfg.max_connections:
-            log.warning("refusing WebSocket client %s: max_connections (%d) reached",
-                        ws.remote_address, cfg.max_connections)
+            server.broker.client_log.line(log, logging.WARNING, None, "refusing WebSocket client "
+                                          "%s: max_connections (%d) reached", ws.remote_address,
+                                          cfg.max_connections)
             return Response(503, "Service Unavailable", Headers(),
                             b"too many connections, try again later\n")
         return None
@@ -174,7 +175,7 @@ async def start_listener(server, listener, ssl_context=None):
             if not transport.closing:
                 async for message in ws:
                     if isinstance(message, str):  # [MQTT-6.0.0-1]: binary frames only
-                        log.info("text frame from %s: closing", conn.peer)
+                        conn.note(logging.INFO, "text frame from %s: closing", conn.peer)
                         break
                     proto.data_received(message)  # [MQTT-6.0.0-2] frames need not align with packets
                     if conn.close_requested:
@@ -185,9 +186,9 @@ async def start_listener(server, listener, ssl_context=None):
                             break
         except ConnectionClosed as exc:
             if exc.sent is not None and exc.sent.code == 1009:  # websockets refused the frame
-                log.info("closing %s: WebSocket message larger than %d bytes (maximum packet "
-                         "size %d)", conn.peer, cfg.maximum_packet_size + WS_FRAME_SLACK,
-                         cfg.maximum_packet_size)
+                conn.note(logging.INFO, "closing %s: WebSocket message larger than %d bytes "
+                          "(maximum packet size %d)", conn.peer,
+                          cfg.maximum_packet_size + WS_FRAME_SLACK, cfg.maximum_packet_size)
         finally:
             server.flush()         # what the connection wrote before it ended goes out first
             transport.close()

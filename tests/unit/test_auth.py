@@ -80,10 +80,75 @@ def test_password_file_errors(tmp_path):
     f.write_text(f"alice:{h}\nno colon here\nalice:{h}\n")
     with pytest.raises(AuthFileError) as ei:
         PasswordFile(str(f))
-    assert ei.value.errors == [f"{f}:2: expected USER:$scrypt$N$R$P$SALT$HASH",
+    assert ei.value.errors == [f"{f}:2: expected USER:$scrypt$N$R$P$SALT$HASH (or "
+                               "mosquitto_passwd's USER:$7$ITERATIONS$SALT$HASH)",
                                f"{f}:3: user 'alice' appears twice"]
     with pytest.raises(AuthFileError, match="not found"):
         PasswordFile(str(tmp_path / "missing"))
+
+
+# A line mosquitto_passwd (Mosquitto 2.0.11) wrote for alice, password "secret pass": PBKDF2-SHA512,
+# 101 iterations, 12-byte salt, 64-byte hash
+MOSQUITTO_LINE = ("alice:$7$101$TdVRFAKHpEvdZwmA$zYG8XlKRbNhugXR/aoDyiee2ZzO4PQJltUeI5HR1Fv2P36LBoep2"
+                  "/IGUVLBlggWUuyRcJtqnCs+OIeLXDHWL0w==")
+
+
+def test_mosquitto_pbkdf2_sha512_hash_is_accepted(tmp_path):
+    """A Mosquitto 2 password file ($7$: PBKDF2-HMAC-SHA512, mosquitto_passwd's format) works as
+    it is, beside scrypt lines; the fixed vector was made by Debian's mosquitto_passwd."""
+    f = tmp_path / "pw"
+    f.write_text(MOSQUITTO_LINE + f"\nbob:{hash_password('builder', **FAST)}\n")
+    pf = PasswordFile(str(f), cache_seconds=0)
+    assert pf.check("alice", b"secret pass") and pf.check("bob", b"builder")
+    assert not pf.check("alice", b"secret pass ") and not pf.check("alice", None)
+    assert verify_password(MOSQUITTO_LINE.partition(":")[2], "secret pass")
+
+
+def test_hash_made_by_mosquitto_passwd_is_accepted(tmp_path):
+    """The same with a file mosquitto_passwd writes now (installed by scripts/setup.sh with the
+    mosquitto package), with its default and a chosen iteration count."""
+    import shutil
+    tool = shutil.which("mosquitto_passwd")
+    if tool is None:
+        pytest.skip("mosquitto_passwd is not installed (scripts/setup.sh installs the mosquitto "
+                    "package); the fixed vector test covers the format")
+    f = tmp_path / "pw"
+    subprocess.run([tool, "-c", "-b", str(f), "carol", "pässword 1"], check=True)
+    subprocess.run([tool, "-b", "-I", "1000", str(f), "dave", "x"], check=True)
+    text = f.read_text()
+    assert "carol:$7$101$" in text and "dave:$7$1000$" in text, text
+    pf = PasswordFile(str(f), cache_seconds=0)
+    assert pf.check("carol", "pässword 1".encode()) and pf.check("dave", b"x")
+    assert not pf.check("carol", b"x") and not pf.check("nobody", b"x")
+
+
+@pytest.mark.parametrize("bad,why", [
+    ("$7$0$TdVRFAKHpEvdZwmA$" + "A" * 88, "between 1 and"),
+    ("$7$x$TdVRFAKHpEvdZwmA$" + "A" * 88, "must be an integer"),
+    ("$7$101$!!$" + "A" * 88, "base64"),
+    ("$6$c2FsdA==$" + "A" * 88, "$6$ hashes (Mosquitto 1.x"),
+])
+def test_bad_mosquitto_hash_lines_are_reported(tmp_path, bad, why):
+    f = tmp_path / "pw"
+    f.write_text(f"alice:{bad}\n")
+    with pytest.raises(AuthFileError) as ei:
+        PasswordFile(str(f))
+    assert f"{f}:1: user 'alice'" in str(ei.value) and why in str(ei.value)
+
+
+def test_unknown_user_costs_what_the_files_users_cost(tmp_path, monkeypatch):
+    """With mosquitto_passwd lines, an unknown user is checked against a PBKDF2 hash of the same
+    iteration count, not scrypt: how long a refusal takes does not tell which users exist."""
+    f = tmp_path / "pw"
+    f.write_text(MOSQUITTO_LINE + "\n")
+    pf = PasswordFile(str(f), cache_seconds=0)
+    calls = []
+    real = pwmod.hashlib.pbkdf2_hmac
+    monkeypatch.setattr(pwmod.hashlib, "pbkdf2_hmac",
+                        lambda *a, **k: calls.append(a[0:1] + a[3:4]) or real(*a, **k))
+    monkeypatch.setattr(pwmod, "_scrypt", lambda *a, **k: pytest.fail("scrypt for a $7$ file"))
+    assert not pf.check("nobody", b"x")
+    assert calls == [("sha512", 101)]
 
 
 # ------------------------------------------------------------------ password file
@@ -106,7 +171,7 @@ def test_unknown_user_checks_dummy_hash(tmp_path, monkeypatch):
     real = pwmod._scrypt
     monkeypatch.setattr(pwmod, "_scrypt", lambda *a, **k: seen.append(a[2]) or real(*a, **k))
     assert not pf.check("nobody", b"x")
-    assert seen == [pwmod.DEFAULT_N]           # the same work as a default-parameter user
+    assert seen == [FAST["n"]]           # the same work as the file's users: timing tells nothing
 
 
 def test_password_file_reload_on_change(tmp_path):
@@ -279,6 +344,28 @@ def test_acl_parse_errors_name_file_and_line():
     assert "not a valid topic filter" in errs[2]
     assert "unknown directive 'frobnicate'" in errs[3]
     assert "only substituted in 'pattern'" in errs[4]
+
+
+@pytest.mark.parametrize("line,wanted", [
+    ("topic wrte sensors/#", "unknown access 'wrte' (did you mean 'write'?)"),
+    ("pattern raed devices/%u/#", "unknown access 'raed' (did you mean 'read'?)"),
+    ("topic denny a/b", "unknown access 'denny' (did you mean 'deny'?)"),
+    ("topc read a/b", "unknown directive 'topc' (did you mean 'topic'?)"),
+    ("users alice", "unknown directive 'users' (did you mean 'user'?)"),
+])
+def test_acl_typos_are_errors_with_their_line(line, wanted):
+    """A misspelt access word or directive is an error naming the file and line, never a rule
+    (before, 'topic wrte sensors/#' granted readwrite on the topic 'wrte sensors/#')."""
+    with pytest.raises(AuthFileError) as ei:
+        ACL.parse(f"user alice\ntopic read ok/#\n{line}\n", "acl.conf")
+    assert ei.value.errors == [ei.value.errors[0]] and ei.value.errors[0].startswith("acl.conf:3: ")
+    assert wanted in ei.value.errors[0], ei.value.errors
+
+
+def test_acl_filter_with_spaces_needs_the_access_word():
+    """A filter with spaces is still possible, with its access word; one word alone is a filter."""
+    acl = ACL.parse("topic readwrite my topic/#\ntopic single\n", "acl.conf")
+    assert [(r.access, r.filter) for r in acl.anonymous] == [(3, "my topic/#"), (3, "single")]
 
 
 def test_acl_write(acl):
@@ -464,6 +551,10 @@ def test_cli_check_acl(tmp_path, capsys):
     bad.write_text("user x\ntopic read a/#/b\n")
     assert cli(["check-acl", str(bad)]) == 1
     assert f"{bad}:2: 'a/#/b' is not a valid topic filter" in capsys.readouterr().err
+    typo = tmp_path / "typo"
+    typo.write_text("user x\ntopic read a/#\ntopic wrte sensors/#\n")
+    assert cli(["check-acl", str(typo)]) == 1
+    assert f"{typo}:3: unknown access 'wrte'" in capsys.readouterr().err
 
 
 def test_cli_help_runs_as_module():

@@ -25,7 +25,7 @@ class FakeTransport:
         self.eof = False
 
     def get_extra_info(self, name, default=None):
-        return ("10.0.0.1", 1234) if name == "peername" else default
+        return ("127.0.0.1", 1234) if name == "peername" else default
 
     def set_write_buffer_limits(self, high=None, low=None):
         pass

@@ -11,7 +11,7 @@ from tests.sansio import Client, exchange, make
 h, v = V.h, V.v
 V4, V5 = V.V4, V.V5
 # a broker whose CONNACK carries no capability properties (so it is exactly "20 03 00 00 00")
-PLAIN = dict(receive_maximum=65535, topic_alias_maximum=0)
+PLAIN = dict(receive_maximum=65535, topic_alias_maximum=0, maximum_packet_size=268435455)
 
 
 def connected(b, level, cid="c"):
@@ -38,11 +38,12 @@ def test_connect_v5_connack_success_MQTT_3_2_2_2():
 
 
 def test_connect_v5_connack_advertises_limits():
-    """3.2.2.3.3, 3.2.2.3.8: the default broker advertises Receive Maximum 1024 and Topic Alias
-    Maximum 10 (the properties a client must then respect, [MQTT-3.3.4-7], [MQTT-3.2.2-17])."""
+    """3.2.2.3.3, 3.2.2.3.6, 3.2.2.3.8: the default broker advertises Receive Maximum 1024,
+    Maximum Packet Size 1 MiB and Topic Alias Maximum 10 (the properties a client must then
+    respect, [MQTT-3.3.4-7], [MQTT-3.2.2-15], [MQTT-3.2.2-17])."""
     b, _ = make()
     assert exchange(Client(b).conn, v("connect_v5_minimal").data) == \
-        h("20 09 00 00 06 21 04 00 22 00 0a")
+        h("20 0e 00 00 0b 21 04 00 27 00 10 00 00 22 00 0a")
 
 
 def test_connect_v5_empty_client_id_assigned_MQTT_3_2_2_16():
@@ -270,7 +271,7 @@ def _will_client(b, clock):
     """The fixture CONNECT with a will (w/t, "bye", QoS 1, retain, Will Delay 5 s, Content Type)."""
     dev = Client(b)
     out = exchange(dev.conn, v("connect_v5_will_user_password_properties").data)
-    assert out[:2] == h("20 09") and out[3] == 0  # accepted
+    assert out[:2] == h("20 0e") and out[3] == 0  # accepted
     return dev
 
 

@@ -100,7 +100,8 @@ def test_suback_downgraded_by_maximum_qos_MQTT_3_2_2_10():
     assert m.qos == 1
 
 
-BAD_FILTERS = ["a/#/b", "a+", "#a", "a/b#", "a/+b/c", "", "$share/g", "$share//a", "$share/g+/a",
+# ("" is a malformed SUBSCRIBE, as in Mosquitto: test_zero_length_filter_is_malformed_MQTT_4_7_3_1)
+BAD_FILTERS = ["a/#/b", "a+", "#a", "a/b#", "a/+b/c", "$share/g", "$share//a", "$share/g+/a",
                "$share/g#/a"]
 
 

@@ -292,7 +292,10 @@ class Clock:
 def roundtrip(c: Case) -> None:
     assert c.payload_for(c.topic_len, c.alias) >= 0, "no payload size reaches the target"
     clock = Clock()
-    b = Broker(MQTTConfig(queue_qos0_messages=True), clock=clock, wall=clock)
+    # packets up to the 4-byte Remaining Length boundary: above the default size limits
+    b = Broker(MQTTConfig(queue_qos0_messages=True, maximum_packet_size=268435455,
+                          max_retained_message_size=0, max_user_property_bytes=0,
+                          max_user_properties=0), clock=clock, wall=clock)
     v5 = c.sub_level == 5
     topic = "é" * (c.topic_len // 2) + "t" * (c.topic_len % 2) if c.utf8 else "t" * c.topic_len
     tb = topic.encode()

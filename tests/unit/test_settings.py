@@ -264,7 +264,7 @@ def test_listeners_are_typed():
     cfg = Config(port=1, listeners=[{"type": "ws", "port": 2}])
     specs = settings.listener_specs(cfg)
     assert [(s.type, s.host, s.port, s.name, s.path) for s in specs] == [
-        ("tcp", "0.0.0.0", 1, "mqtt", "/mqtt"), ("ws", "0.0.0.0", 2, "ws0", "/mqtt")]
+        ("tcp", "127.0.0.1", 1, "mqtt", "/mqtt"), ("ws", "127.0.0.1", 2, "ws0", "/mqtt")]
 
 
 CONFIG_KEYS = sorted({key for specs in sections().values() for key in specs}
