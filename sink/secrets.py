@@ -83,7 +83,7 @@ def read_or_create(path: str, make, create: bool = True) -> str | None:
     st = os.stat(d)
     if st.st_uid == os.getuid() and st.st_mode & 0o077:
         os.chmod(d, 0o700)
-    tmp = f"{path}.new{os.getpid()}"
+    tmp = f"{path}.new{os.getpid()}-{_random.token_hex(4)}"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
         os.write(fd, (make() + "\n").encode())
