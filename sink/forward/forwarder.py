@@ -683,51 +683,69 @@ class Forwarder:
                         f"written under {head.topic_ids.get(t)}")
         return None
 
-    def _other_table(self) -> str | None:
-        """The job's own word (job_file) on where it reports its commits, when not here."""
+    def _job(self) -> dict | None:
+        """What the history job says about itself in the data directory (job_file): its pid,
+        table and committed file; None if no job ever started there, or it is not running."""
         if not self.job_file:
             return None
         try:
             with open(self.job_file) as f:
                 info = json.load(f)
-            theirs = os.path.abspath(info["committed_file"])
+            info["committed_file"] = os.path.abspath(info["committed_file"])
+            pid = int(info["pid"])
         except (OSError, ValueError, KeyError, TypeError):
             return None
-        if theirs == os.path.abspath(self.committed_file):
+        try:
+            os.kill(pid, 0)
+        except PermissionError:
+            pass                                  # running, as another user
+        except OSError:
             return None
-        return (f"the history job (pid {info.get('pid')}) writes table {info.get('table')} and "
-                f"reports its commits in {theirs}, but this broker reads {self.committed_file}: "
-                "start both with one config ([history] table/checkpoint, no --table/--checkpoint "
-                "flags) or set [sink] committed_file")
+        return info
+
+    def _other_table(self, job: dict | None) -> str | None:
+        if job is None or job["committed_file"] == os.path.abspath(self.committed_file):
+            return None
+        return (f"the history job (pid {job.get('pid')}) writes table {job.get('table')} and "
+                f"reports its commits in {job['committed_file']}, but this broker reads "
+                f"{self.committed_file}: start both with one config ([history] table/checkpoint, "
+                "no --table/--checkpoint flags) or set [sink] committed_file")
 
     def _watch_commits(self, now: float) -> None:
         """keep_until = "history": say at once what keeps records in the spool (no committed
-        file, an unsigned one, the job writing another table's), or when they have waited
-        stale_after seconds with no commit, or while the job commits others."""
+        file and no job running, an unsigned file, a job writing another table's), or when they
+        have waited stale_after seconds with no commit, or while the job commits others."""
         status, problem = "ok", ""
         if self._waiting_since is not None:
             waited = now - self._waiting_since
             n = max(0, self.acked_seq - self.committed_seq)
             path = self.committed_file
             fs = self._file_state
-            if fs != "ok":
-                other = self._other_table()
-                status, problem = ("other_table", other) if other else (fs, {
-                    "missing": f"no committed file {path} from the history job",
+            job = self._job() if fs != "ok" or waited > self.stale_after else None
+            other = self._other_table(job)
+            if other:
+                status, problem = "other_table", other
+            elif fs == "missing" and job is not None:    # a job that has not committed yet
+                if waited > self.stale_after:
+                    status, problem = "stale", (f"the history job (pid {job.get('pid')}) has not "
+                                                f"committed anything yet ({path})")
+            elif fs != "ok":
+                status, problem = fs, {
+                    "missing": f"no committed file {path} and no history job running with this "
+                               "data directory (python -m sink.job --config <the broker's config>)",
                     "unreadable": f"the history job's committed file {path} cannot be read",
                     "unsigned": f"the committed file {path} is not signed: it is ignored (a job "
                                 "started before the broker made its key signs its next commit)",
                     "bad_signature": f"the committed file {path} is signed with another key "
                                      "(forged, or a job using another data directory): it is ignored",
-                }[fs])
+                }[fs]
             elif waited > self.stale_after:
                 blocker = self._head_blocker(self._progress)
                 if blocker and self._file_changed_at > self._waiting_since:
                     status, problem = "stalled", f"the history job commits, but {blocker}"
                 elif now - self._file_changed_at > self.stale_after:
-                    status, problem = "stale", (
-                        self._other_table() or f"the history job has committed nothing for "
-                        f"{now - self._file_changed_at:.0f} s ({path})")
+                    status, problem = "stale", (f"the history job has committed nothing for "
+                                                f"{now - self._file_changed_at:.0f} s ({path})")
             if problem:
                 problem += (f"; {n} records kept in the spool for {waited:.0f} s (at "
                             "spool_max_bytes QoS 1/2 publishers get 0x97)")

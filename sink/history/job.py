@@ -510,7 +510,6 @@ def _report_commits(spark, cfg: JobConfig, query) -> None:
     path = committed_path(cfg.table, str(_local(cfg.checkpoint_dir)))
     newest = [-1, False]    # last batch written, and whether it was signed
     key = committed_key(cfg)
-    announce(cfg, path)
 
     def catch_up() -> None:
         last = committed_from_checkpoint(cfg.checkpoint_dir)
@@ -549,12 +548,14 @@ def committed_key(cfg: JobConfig):
     return key
 
 
-def announce(cfg: JobConfig, committed_file: str) -> None:
-    """Say in the broker's data directory which table this job writes and where it reports its
-    commits, so a broker that looks elsewhere can say so (sink/forward/forwarder.py)."""
-    if not cfg.data_dir:
+def announce(cfg: JobConfig) -> None:
+    """Say in the broker's data directory, at once, that this job runs, which table it writes
+    and where it reports its commits, so a broker that looks elsewhere can say so and one
+    that waits for the first commit knows a job is starting (sink/forward/forwarder.py)."""
+    if not cfg.data_dir or not is_local_path(cfg.checkpoint_dir):
         return
-    from sink.progress import JOB_FILE, atomic_write
+    from sink.progress import JOB_FILE, atomic_write, committed_path
+    committed_file = committed_path(cfg.table, str(_local(cfg.checkpoint_dir)))
     info = {"pid": os.getpid(), "started_at": time.time(), "table": os.path.abspath(cfg.table)
             if is_local_path(cfg.table) else cfg.table, "committed_file": os.path.abspath(committed_file)}
     try:
@@ -868,6 +869,7 @@ def main(argv=None) -> int:
     logging.getLogger("SQLQueryContextLogger").setLevel(logging.CRITICAL)
     for note in args.notes:
         log.warning("%s", note)
+    announce(cfg)
     stop = threading.Event()
     on_signal = stop_on_signals(stop)
     signal.signal(signal.SIGINT, on_signal)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 import os
 
 import pytest
@@ -226,7 +227,7 @@ class Rig:
                                   keep_from=f.retained().pos)
 
     def run(self, seconds: float, job_every: float = 1.0) -> None:
-        next_job = self.clock.monotonic()
+        next_job = self.clock.monotonic() + job_every
         end = self.clock.monotonic() + seconds
         while self.clock.monotonic() < end:
             self.turn()
@@ -331,3 +332,149 @@ def test_a_head_chunk_saved_without_topic_id_is_sent_again_not_kept_for_ever(clo
     rig.world.restart_kafka()               # ... and the records it names are gone
     rig.start_forwarder()
     rig.settle()
+
+
+# ---- saying what keeps records in the spool ----------------------------------------------------
+
+def watched(clock, tmp_path, **kw) -> Rig:
+    rig = Rig(clock, tmp_path)
+    f = rig.f = Forwarder(rig.disk, ThreadControl(), lambda st: None, "127.0.0.1:1", keep_until="history",
+                          committed_file=rig.world.committed, chunk_records=3, linger_ms=0,
+                          stale_after=60, **kw)
+    f.control.command("stop")
+    f.run()
+    rig.add(9)
+    return rig
+
+
+def test_a_missing_committed_file_is_said_at_once(clock, tmp_path, caplog):
+    caplog.set_level(logging.INFO, "sink.forwarder")
+    rig = watched(clock, tmp_path)
+    rig.run(2.0, job_every=1000)                 # acknowledged by Kafka; the job never wrote
+    st = rig.f.status()
+    assert st["commit_status"] == "missing" and rig.world.committed in st["commit_problem"]
+    assert "9 records kept in the spool" in st["commit_problem"]
+    assert caplog.text.count("records wait for the history table") == 1
+    rig.world.job_commits()
+    rig.run(2.0, job_every=1000)
+    assert rig.f.status()["commit_status"] == "ok" and rig.drained()
+    assert "commits release spooled records again" in caplog.text
+
+
+def test_a_job_that_stopped_committing_is_said_after_stale_seconds(clock, tmp_path):
+    rig = watched(clock, tmp_path)
+    rig.run(2.0)                                 # committed: ok
+    rig.add(5)
+    rig.run(59, job_every=1000)
+    assert rig.f.status()["commit_status"] == "ok"
+    rig.run(3, job_every=1000)
+    st = rig.f.status()
+    assert st["commit_status"] == "stale" and "committed nothing for" in st["commit_problem"]
+    assert st["commit_waiting_seconds"] > 60
+
+
+def test_a_job_that_commits_without_covering_the_oldest_records_is_an_alarm(clock, tmp_path):
+    """The job commits batch after batch, but of another Kafka topic: the spool position stays
+    put, which is said once it lasted stale_after seconds."""
+    rig = watched(clock, tmp_path)
+    rig.run(2.0, job_every=1000)
+    for batch in range(70):
+        progress.write_committed(rig.world.committed, batch, {"other.topic": {"topic_id": "x",
+                                                                                "offsets": {0: batch}}})
+        os.utime(rig.world.committed, ns=(batch * 10**9, batch * 10**9))
+        rig.run(1.0, job_every=1000)
+    st = rig.f.status()
+    assert st["commit_status"] == "stalled"
+    assert "does not report Kafka topic mqtt.messages" in st["commit_problem"]
+
+
+def test_an_unsigned_or_foreign_committed_file_releases_nothing(clock, tmp_path):
+    """With the broker's key, a committed file anyone could have written (unsigned) or signed
+    with another key is ignored: the records stay, and the status says why."""
+    rig = watched(clock, tmp_path, sink_key=b"k" * 32)
+    rig.run(2.0, job_every=1000)
+    rig.world.job_commits()                      # the fake job does not sign
+    rig.run(2.0, job_every=1000)
+    st = rig.f.status()
+    assert st["commit_status"] == "unsigned" and rig.f.committed_seq == 0
+    from sink import secrets
+    for key, status in ((b"o" * 32, "bad_signature"), (b"k" * 32, "ok")):
+        progress.write_committed(rig.world.committed, 99, {TOPIC: {"topic_id": rig.world.tid(),
+                                                                   "offsets": {0: 9}}},
+                                 key=secrets.derive(key, secrets.COMMITTED))
+        os.utime(rig.world.committed, ns=(len(status) * 10**9,) * 2)
+        rig.run(1.0, job_every=1000)
+        assert rig.f.status()["commit_status"] == status
+    assert rig.f.committed_seq == 9
+
+
+def test_a_job_writing_another_table_is_named(clock, tmp_path):
+    """The job announces in the data directory where it reports its commits (sink.job --table
+    elsewhere): the broker, finding no committed file of its own, says where the job's is."""
+    job_file = tmp_path / progress.JOB_FILE
+    job_file.write_text(json.dumps({"pid": os.getpid(), "table": "/elsewhere/history",
+                                    "committed_file": "/elsewhere/history_checkpoint/x.json"}))
+    rig = watched(clock, tmp_path, job_file=str(job_file))
+    rig.run(2.0, job_every=1000)
+    st = rig.f.status()
+    assert st["commit_status"] == "other_table"
+    assert "/elsewhere/history_checkpoint/x.json" in st["commit_problem"]
+    assert f"pid {os.getpid()}" in st["commit_problem"]
+
+
+def test_a_job_that_is_starting_is_given_time_to_commit(clock, tmp_path, caplog):
+    """No committed file yet, but a job runs and will write it (it announced itself): a normal
+    start, nothing to warn about until stale_after seconds pass without a commit."""
+    job_file = tmp_path / progress.JOB_FILE
+    job_file.write_text(json.dumps({"pid": os.getpid(), "table": "/t",
+                                    "committed_file": str(tmp_path / progress.FILE_NAME)}))
+    rig = watched(clock, tmp_path, job_file=str(job_file))
+    rig.run(30, job_every=1000)
+    assert rig.f.status()["commit_status"] == "ok" and "records wait" not in caplog.text
+    rig.run(31, job_every=1000)
+    st = rig.f.status()
+    assert st["commit_status"] == "stale" and "has not committed anything yet" in st["commit_problem"]
+
+
+# ---- what a normal restart logs ----------------------------------------------------------------
+
+@pytest.mark.parametrize("embedded", [True, False])
+def test_an_embedded_kafka_restart_is_one_info_line_another_kafka_losing_data_a_warning(
+        clock, tmp_path, caplog, embedded):
+    """The embedded Kafka keeps nothing across a restart by design: the re-sending is routine
+    and said in one INFO line; a Kafka of one's own that loses a topic is a WARNING."""
+    caplog.set_level(logging.INFO, "sink.forwarder")
+    rig = watched(clock, tmp_path, embedded=embedded)
+    rig.run(2.0, job_every=1000)
+    rig.world.restart_kafka()
+    rig.start_forwarder()                          # a broker restart: both start again
+    rig.f.embedded = embedded
+    rig.settle()
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    infos = [r.getMessage() for r in caplog.records if "the embedded Kafka started empty" in r.getMessage()]
+    if embedded:
+        assert len(infos) == 1 and "records not yet committed by the history job" in infos[0]
+        assert not [w for w in warnings if "history table" not in w], warnings
+    else:
+        assert not infos and any("Kafka lost data" in w for w in warnings)
+
+
+def test_a_topic_kafka_is_still_creating_is_not_kafka_unavailable(clock, tmp_path, caplog):
+    """The first records of a new topic find no leader for a moment (Kafka creates it): that
+    is not "Kafka unavailable" unless it lasts unreachable_after seconds."""
+    rig = watched(clock, tmp_path)
+    real_send = Producer.send
+    refusals = [3]
+
+    def send(self, groups):
+        if refusals[0]:
+            refusals[0] -= 1
+            raise NotReady("no leader for mqtt.messages/0")
+        return real_send(self, groups)
+    Producer.send = send
+    try:
+        rig.run(2.0)
+    finally:
+        Producer.send = real_send
+    assert rig.f.kafka_up is True and "unavailable" not in caplog.text
+    assert rig.f.acked_seq == 9
