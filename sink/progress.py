@@ -75,6 +75,30 @@ def _mac(key: bytes, data: dict) -> str:
                     hashlib.sha256).hexdigest()
 
 
+def running_job(job_file: str | None) -> dict | None:
+    """What the history job said about itself in JOB_FILE (pid, started_at, table,
+    committed_file as an absolute path), if that job still runs; else None."""
+    if not job_file:
+        return None
+    try:
+        with open(job_file) as f:
+            info = json.load(f)
+        info["committed_file"] = os.path.abspath(info["committed_file"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return info if job_alive(info) else None
+
+
+def job_alive(info: dict) -> bool:
+    try:
+        os.kill(int(info["pid"]), 0)
+    except PermissionError:
+        return True                                   # running, as another user
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    return True
+
+
 def atomic_write(path: str, raw: bytes) -> None:
     """Replace the file at ``path`` with ``raw``: a temporary name, fsync, rename (readers see
     the old or the new content, never a mix)."""

@@ -683,26 +683,6 @@ class Forwarder:
                         f"written under {head.topic_ids.get(t)}")
         return None
 
-    def _job(self) -> dict | None:
-        """What the history job says about itself in the data directory (job_file): its pid,
-        table and committed file; None if no job ever started there, or it is not running."""
-        if not self.job_file:
-            return None
-        try:
-            with open(self.job_file) as f:
-                info = json.load(f)
-            info["committed_file"] = os.path.abspath(info["committed_file"])
-            pid = int(info["pid"])
-        except (OSError, ValueError, KeyError, TypeError):
-            return None
-        try:
-            os.kill(pid, 0)
-        except PermissionError:
-            pass                                  # running, as another user
-        except OSError:
-            return None
-        return info
-
     def _other_table(self, job: dict | None) -> str | None:
         if job is None or job["committed_file"] == os.path.abspath(self.committed_file):
             return None
@@ -721,7 +701,7 @@ class Forwarder:
             n = max(0, self.acked_seq - self.committed_seq)
             path = self.committed_file
             fs = self._file_state
-            job = self._job() if fs != "ok" or waited > self.stale_after else None
+            job = progress.running_job(self.job_file) if fs != "ok" or waited > self.stale_after else None
             other = self._other_table(job)
             if other:
                 status, problem = "other_table", other

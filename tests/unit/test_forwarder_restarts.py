@@ -13,6 +13,7 @@ import itertools
 import json
 import logging
 import os
+import tempfile
 
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
@@ -189,7 +190,8 @@ class Disk(MemorySource):
 class Rig:
     def __init__(self, clock: Clock, tmp_path):
         self.clock = clock
-        self.world = Producer.world = World(clock, str(tmp_path / progress.FILE_NAME))
+        tmp = tempfile.mkdtemp(dir=tmp_path)   # hypothesis runs many examples in one tmp_path
+        self.world = Producer.world = World(clock, os.path.join(tmp, progress.FILE_NAME))
         self.disk = Disk()
         self.added = 0
         self.f = None
@@ -426,9 +428,9 @@ def test_a_job_that_is_starting_is_given_time_to_commit(clock, tmp_path, caplog)
     """No committed file yet, but a job runs and will write it (it announced itself): a normal
     start, nothing to warn about until stale_after seconds pass without a commit."""
     job_file = tmp_path / progress.JOB_FILE
-    job_file.write_text(json.dumps({"pid": os.getpid(), "table": "/t",
-                                    "committed_file": str(tmp_path / progress.FILE_NAME)}))
     rig = watched(clock, tmp_path, job_file=str(job_file))
+    job_file.write_text(json.dumps({"pid": os.getpid(), "table": "/t",
+                                    "committed_file": rig.world.committed}))
     rig.run(30, job_every=1000)
     assert rig.f.status()["commit_status"] == "ok" and "records wait" not in caplog.text
     rig.run(31, job_every=1000)
