@@ -79,6 +79,7 @@ class JobConfig:
     # key that signs records and the committed file). None (tests): no token, nothing checked
     data_dir: str | None = None
     verify_records: bool = True   # drop Kafka records without the broker's signature
+    embedded_kafka: bool = False  # the broker's embedded Kafka (empty after each restart: routine)
 
     @property
     def dedup_window_ms(self) -> int:
@@ -155,6 +156,7 @@ def load_config(path: str | None) -> dict:
                               "be found by the history job: give its address with "
                               "--kafka-bootstrap", sink.embedded_port, os.path.basename(path or ""))
         out["bootstrap"] = f"127.0.0.1:{sink.embedded_port}"
+        out["embedded_kafka"] = True
     sink_topics = [sink.topic]
     for rule in sink.rules:
         if rule.topic not in sink_topics:
@@ -223,6 +225,8 @@ def config_from_args(argv=None) -> tuple[JobConfig, argparse.Namespace]:
              "checkpoint": args.checkpoint, "trigger_seconds": args.trigger_seconds,
              "source": args.source, "nice": args.nice, "data_dir": args.data_dir}
     values.update({k: v for k, v in flags.items() if v is not None})
+    if args.kafka_bootstrap:
+        values["embedded_kafka"] = False   # a Kafka of one's own: losing a topic is a problem
     if args.kafka_topic:
         values["topics"] = _topics(",".join(args.kafka_topic))
     if args.connect_port is not None:
@@ -298,6 +302,8 @@ def _python_kafka(spark, cfg: JobConfig, dedup: bool):
               .option("maxPartitions", str(spark.sparkContext.defaultParallelism)))
     for k, v in cfg.kafka_options().items():
         reader = reader.option(k, v)
+    if cfg.embedded_kafka:
+        reader = reader.option("embeddedKafka", "true")
     if cfg.verify_records and cfg.data_dir:   # the broker's record signatures (sink/history/verify.py)
         reader = reader.option("verify.dataDir", os.path.abspath(cfg.data_dir))
     if dedup:

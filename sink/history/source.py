@@ -91,6 +91,7 @@ class SourceOptions:
     dedup_window_ms: int = 24 * 3600 * 1000
     dedup_max_groups: int = 100_000
     verify_dir: str | None = None      # drop records without the broker's signature (its data dir)
+    embedded: bool = False             # the broker's embedded Kafka: starting empty is routine
 
     @property
     def check_crcs(self) -> bool:
@@ -134,7 +135,8 @@ class SourceOptions:
                    client_conf=_client_conf(options), columns=headers == "columns",
                    max_partitions=max_parts, dedup_dir=_opt(options, "dedup.dir"),
                    dedup_window_ms=window, dedup_max_groups=max_groups,
-                   verify_dir=_opt(options, "verify.dataDir"))
+                   verify_dir=_opt(options, "verify.dataDir"),
+                   embedded=str(_opt(options, "embeddedKafka", default="false")).lower() == "true")
 
 
 @dataclass(frozen=True)
@@ -236,6 +238,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._target = None         # Trigger.AvailableNow target offsets
         self._latest = None         # last observed latest offsets (for progress reporting)
         self._warned: set = set()
+        self._down_since: float | None = None   # Kafka not answering since (monotonic)
         self._dedup = None
         if opts.dedup_dir:
             from sink.history.dedup import LedgerStore
@@ -317,9 +320,21 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         try:
             snap = self._snapshot()
         except Exception as exc:  # Kafka down or restarting: no new data this trigger
-            log.warning("cannot read Kafka offsets from %s (%s); will retry at the next trigger",
-                        self.opts.bootstrap, exc)
+            # a restart takes seconds: said once; a WARNING only if it lasts
+            now = time.monotonic()
+            if self._down_since is None:
+                self._down_since = now
+                log.info("Kafka at %s does not answer (%s); retrying at every trigger",
+                         self.opts.bootstrap, exc)
+            elif now - self._down_since > 30 and ("down", self._down_since) not in self._warned:
+                self._warned.add(("down", self._down_since))
+                log.warning("Kafka at %s has not answered for %.0f s (%s); still retrying",
+                            self.opts.bootstrap, now - self._down_since, exc)
             return start
+        if self._down_since is not None:
+            log.info("Kafka at %s answers again after %.0f s", self.opts.bootstrap,
+                     time.monotonic() - self._down_since)
+            self._down_since = None
         self._latest = snap
         if self._target is not None:  # AvailableNow: never go past the target
             snap = _cap(snap, self._target)
@@ -366,9 +381,11 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return end
 
     def _warn_once(self, key, msg, *args) -> None:
+        """Said once: an INFO with the broker's embedded Kafka, which starts empty whenever the
+        broker starts it (the broker sends again what the table lacks), else a WARNING."""
         if key not in self._warned:
             self._warned.add(key)
-            log.warning(msg, *args)
+            log.log(logging.INFO if self.opts.embedded else logging.WARNING, msg, *args)
 
     def partitions(self, start: dict, end: dict):
         ts = end.get("ts") or int(time.time() * 1000)  # offsets written before "ts" existed
