@@ -254,10 +254,13 @@ def wait_for_server(url: str, job: dict | None, wait: float, progress=lambda msg
         return False
     deadline = time.monotonic() + wait
     started = job.get("started_at") or time.time()
+    said = 0.0
     while time.monotonic() < deadline:
-        progress(f"waiting for the history job (pid {job.get('pid')}, started "
-                 f"{time.time() - started:.0f} s ago) to serve Spark Connect at {url} ...")
-        time.sleep(1.0)
+        if time.monotonic() - said >= 10:    # a line at once, then every 10 s
+            said = time.monotonic()
+            progress(f"waiting for the history job (pid {job.get('pid')}, started "
+                     f"{time.time() - started:.0f} s ago) to serve Spark Connect at {url} ...")
+        time.sleep(0.5)
         if connect_reachable(url):
             return True
         from sink.progress import job_alive
