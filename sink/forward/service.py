@@ -450,8 +450,10 @@ class Sink:
                          s["kafka_up"], s["replays"])
             k = self.embedded
             if k is not None and k.proc is not None and k.proc.poll() is not None and not self._closed:
-                log.warning("embedded Kafka exited (code %s); restarting it on %s (it restarts empty; "
-                            "the forwarder will replay the replay window)", k.proc.returncode, k.bootstrap)
+                log.warning("embedded Kafka exited (code %s); restarting it on %s (it restarts empty: "
+                            "the forwarder sends again %s)", k.proc.returncode, k.bootstrap,
+                            "what the history table has not committed" if self.cfg.keep_until == "history"
+                            else "the records of the replay window")
                 try:
                     k.start()
                 except Exception as exc:

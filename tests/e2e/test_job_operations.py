@@ -20,20 +20,10 @@ from sink.forward.kafka_embedded import EmbeddedKafka
 from sink.forward.record import SinkRecord, to_kafka
 from sink.forward.service import Sink
 from tests.conftest import ROOT, free_port
+from tests.e2e.test_dashboard_history import wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.kafka, pytest.mark.timeout(900)]
 GENUINE = 30
-
-
-def wait_for(check, timeout: float, what: str, every: float = 1.0):
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        time.sleep(every)
-    raise AssertionError(f"timed out waiting for {what} (last: {last!r})")
 
 
 class Job:

@@ -354,25 +354,29 @@ def test_embedded_kafka_restart_between_runs_replays_window(tmp_path):
 # ---------------------------------------------------------------------------------------------
 # keep_until = "history": the spool keeps every record until the history job's committed file
 # (sink/progress.py) covers it; this test plays the job by writing that file itself.
+def topic_id(bootstrap: str, topic: str = "mqtt.messages", wait_ms: int = 5000) -> str | None:
+    """The topic's id as Kafka's metadata gives it now (None: not known)."""
+    from kafka.net.compat import KafkaNetClient
+    c = KafkaNetClient(bootstrap_servers=[bootstrap])
+    try:
+        c._manager.bootstrap(wait_ms)
+        c.cluster.add_topic(topic)
+        c.poll(timeout_ms=wait_ms, future=c.cluster.request_update())
+        tid = c.cluster.topic_id(topic)
+    finally:
+        c.close()
+    return str(tid) if tid else None
+
+
 def commit_what_kafka_has(bootstrap: str, path: str, key: bytes, topic: str = "mqtt.messages") -> int:
     """Write the committed file the way the job does: next offset of every partition, under the
     current topic id, signed with the broker's key. -> records covered."""
-    from kafka.net.compat import KafkaNetClient
-    from sink import progress
+    from sink import progress, secrets
     got = consume(bootstrap, topic, 1, timeout=30)
     ends: dict[int, int] = {}
     for r in got:
         ends[r.partition] = max(ends.get(r.partition, 0), r.offset + 1)
-    c = KafkaNetClient(bootstrap_servers=[bootstrap])
-    try:
-        c._manager.bootstrap(5000)
-        c.cluster.add_topic(topic)
-        c.poll(timeout_ms=5000, future=c.cluster.request_update())
-        tid = c.cluster.topic_id(topic)
-    finally:
-        c.close()
-    from sink import secrets
-    progress.write_committed(path, 1, {topic: {"topic_id": str(tid) if tid else None, "offsets": ends}},
+    progress.write_committed(path, 1, {topic: {"topic_id": topic_id(bootstrap, topic), "offsets": ends}},
                              key=secrets.derive(key, secrets.COMMITTED))
     return len(got)
 

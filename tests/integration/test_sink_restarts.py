@@ -16,7 +16,7 @@ from kafka import KafkaConsumer, TopicPartition
 from sink import progress, secrets
 from sink.forward.kafka_embedded import free_port
 from sink.forward.service import Sink
-from tests.integration.test_sink_kafka import rec, wait_for
+from tests.integration.test_sink_kafka import rec, topic_id, wait_for
 
 pytestmark = [pytest.mark.kafka]
 TOPIC = "mqtt.messages"
@@ -34,16 +34,7 @@ class Job(threading.Thread):
         self.stop = threading.Event()
 
     def topic_id(self) -> str | None:
-        from kafka.net.compat import KafkaNetClient
-        c = KafkaNetClient(bootstrap_servers=[self.bootstrap])
-        try:
-            c._manager.bootstrap(2000)
-            c.cluster.add_topic(TOPIC)
-            c.poll(timeout_ms=2000, future=c.cluster.request_update())
-            tid = c.cluster.topic_id(TOPIC)
-        finally:
-            c.close()
-        return str(tid) if tid else None
+        return topic_id(self.bootstrap, TOPIC, 2000)
 
     def once(self) -> None:
         c = KafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False,
