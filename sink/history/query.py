@@ -411,6 +411,11 @@ def main(argv=None) -> int:
         print(f"sink.query: error in the SQL: {first}\n(the table is the view '{VIEW}'; "
               f"columns: see python -m sink.query \"DESCRIBE {VIEW}\")", file=sys.stderr)
         return 2
+    except Exception as exc:   # Spark failed to run it (a worker, the server): one line, no trace
+        first = str(exc).strip().splitlines()[0][:500] if str(exc).strip() else repr(exc)
+        tell(f"error: Spark could not run the query ({type(exc).__name__}: {first})"
+             + (": see the history job's log" if how == "connect" else ""))
+        return 1
     finally:
         spark.stop()
 
