@@ -298,10 +298,14 @@ _SIG_TS = struct.Struct(">q")
 def sign_body(body, kafka_topic: bytes, ts_ms: int, key: bytes, kid: bytes) -> bytes:
     """The record body with the broker's signature as one more, last, header (sink/headers.py
     H_SIG): two varints and a header count read, one HMAC; runs in the forwarder."""
-    kl, o = read_zz_varint(body, 0)
-    vl, o = read_zz_varint(body, o + max(kl, 0))
+    b = body[0]                            # one-byte varints (lengths < 64): no call
+    kl, o = ((b >> 1) ^ -(b & 1), 1) if b < 0x80 else read_zz_varint(body, 0)
+    o += max(kl, 0)
+    b = body[o]
+    vl, o = ((b >> 1) ^ -(b & 1), o + 1) if b < 0x80 else read_zz_varint(body, o)
     o += max(vl, 0)
-    nh, after = read_zz_varint(body, o)
+    b = body[o]
+    nh, after = ((b >> 1) ^ -(b & 1), o + 1) if b < 0x80 else read_zz_varint(body, o)
     signed = b"".join((body[:o], vlen(nh + 1), body[after:]))
     mac = hmac.digest(key, b"".join((_SIG_PREFIX.pack(len(kafka_topic)), kafka_topic,
                                      _SIG_TS.pack(ts_ms), signed)), "sha256")
