@@ -206,6 +206,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--connect-port", metavar="N", type=int,
                    help=f"serve Spark Connect on this port while the job runs (default "
                         f"{DEFAULT_CONNECT_PORT}, or [history] connect_port)")
+    p.add_argument("--no-verify-records", action="store_true",
+                   help="keep Kafka records that do not carry the broker's signature (other "
+                        "producers); [history] verify_records = false")
     p.add_argument("--no-connect", action="store_true",
                    help="do not serve Spark Connect (sink.query then starts its own session)")
     p.add_argument("--nice", metavar="N", type=int,
@@ -233,6 +236,8 @@ def config_from_args(argv=None) -> tuple[JobConfig, argparse.Namespace]:
         values["connect_port"] = args.connect_port
     if args.no_connect:
         values["connect"] = False
+    if args.no_verify_records:
+        values["verify_records"] = False
     if not isinstance(logging.getLevelName(args.log_level.upper()), int):
         raise UsageError(f"--log-level must be DEBUG, INFO, WARNING or ERROR, not {args.log_level!r}")
     cfg = JobConfig(**values, available_now=args.available_now)
