@@ -245,22 +245,21 @@ def config_from_args(argv=None) -> tuple[JobConfig, argparse.Namespace]:
 
 
 def table_notes(args, values: dict, keep_until: str) -> list[str]:
-    """A warning when --table / --checkpoint make the job report its commits somewhere else
-    than the config's [history] says, which is where the broker looks for them."""
+    """A warning when the broker keeps records until the table has them ([sink] keep_until =
+    "history") and --table / --checkpoint make the job report its commits somewhere else than
+    the config's [history] says, which is where the broker looks for them."""
     from sink.progress import committed_path
     table, ckpt = values.get("table", DEFAULT_TABLE), values.get("checkpoint")
     mine = committed_path(args.table or table, args.checkpoint or ckpt)
     theirs = committed_path(table, ckpt)
-    if os.path.abspath(mine) == os.path.abspath(theirs):
+    if keep_until != "history" or os.path.abspath(mine) == os.path.abspath(theirs):
         return []
     flags = " ".join(f"{f} {v}" for f, v in (("--table", args.table), ("--checkpoint", args.checkpoint)) if v)
-    note = (f"{flags}: this job reports what the table committed in {mine}, but the broker reads "
-            f"{theirs} ([history] of {args.config or 'the default config'})")
-    if keep_until == "history":
-        note += (": with [sink] keep_until = \"history\" the broker's spool keeps every record "
-                 "until spool_max_bytes, then refuses publishers. Set [history] table/checkpoint "
-                 "in the config both use instead of the flags")
-    return [note]
+    return [f"{flags}: this job reports what the table committed in {mine}, but the broker reads "
+            f"{theirs} ([history] of {args.config or 'the default config'}): with [sink] "
+            "keep_until = \"history\" its spool keeps every record until spool_max_bytes, then "
+            "refuses publishers. Set [history] table/checkpoint in the config both use instead "
+            "of the flags"]
 
 
 # ---- building the query ------------------------------------------------------------------

@@ -70,3 +70,6 @@ def test_job_says_when_its_table_flag_hides_its_commits_from_the_broker(tmp_path
     assert "keeps every record until spool_max_bytes" in note
     _, args = config_from_args(["--config", str(cfg), "--checkpoint", str(tmp_path / "ck")])
     assert len(args.notes) == 1 and "--checkpoint" in args.notes[0]
+    cfg.write_text(f'[history]\ntable = "{tmp_path}/history"\n')       # keep_until = "kafka"
+    _, args = config_from_args(["--config", str(cfg), "--table", str(tmp_path / "other")])
+    assert args.notes == []                                  # the broker does not wait for it
