@@ -845,8 +845,8 @@ def stop_on_signals(stop: threading.Event):
                      "is redone at the next start)", name)
             stop.set()
         elif count[0] == 2:
-            log.warning("%s again: already stopping, in a few seconds (the query stops, then the "
-                        "last commit is reported to the broker); a third signal exits at once", name)
+            log.info("%s again: already stopping, in a few seconds (the query stops, then the "
+                     "last commit is reported to the broker); a third signal exits at once", name)
         else:
             log.warning("%s a third time: exiting now, without waiting for the query to stop (the "
                         "batch in progress is redone at the next start; committed batches are "
