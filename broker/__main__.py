@@ -3,7 +3,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
+import fcntl
 import logging
+import os
+import re
 import sys
 
 import settings
@@ -76,6 +80,54 @@ def setup_logging(level: str, fmt: str) -> None:
     logging.getLogger("kafka").setLevel(logging.WARNING)
 
 
+LOCK_FILE = "broker.lock"
+
+
+def lock_data_dir(data_dir: str) -> int:
+    """An exclusive lock on <data_dir>/broker.lock for the broker's lifetime (released when the
+    process ends, however): a second broker on the same data directory would open the same
+    state.db and spool. -> the file descriptor; RuntimeError naming the holder."""
+    os.makedirs(data_dir, exist_ok=True)
+    path = os.path.join(data_dir, LOCK_FILE)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        holder = os.pread(fd, 64, 0).decode(errors="replace").strip()
+        os.close(fd)
+        if exc.errno not in (errno.EAGAIN, errno.EACCES):
+            raise
+        raise RuntimeError(f"another broker{f' (pid {holder})' if holder else ''} uses the data "
+                           f"directory {os.path.abspath(data_dir)}: stop it first, or give this "
+                           "one its own --data-dir") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
+def bind_error(exc: OSError, host: str, port: int) -> str:
+    """What to say when a listener cannot bind: which address (from the error: it may be
+    another listener than the MQTT port), and which process holds it."""
+    from .server import ListenError
+    if isinstance(exc, ListenError):  # names the listener: MQTT, the dashboard, metrics
+        host, port, msg = exc.host, exc.port, exc.strerror
+    else:
+        m = re.search(r"address \('([^']*)', (\d+)", str(exc))
+        if m:
+            host, port = m.group(1), int(m.group(2))
+        msg = f"cannot listen on {host}:{port}: {exc.strerror or exc}"
+    if exc.errno == errno.EADDRINUSE:
+        from sink import ports
+        held = ports.describe(port)
+        msg += f"{held or ''}"
+        if "mosquitto" in held:
+            msg += (" - Debian's mosquitto service: stop it with `systemctl disable --now "
+                    "mosquitto`, or start this broker with --port")
+        else:
+            msg += " (is another broker running? use --port)"
+    return msg
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     try:
@@ -91,6 +143,7 @@ def main(argv=None) -> int:
     uv = install_uvloop()  # before the sink starts threads (transport/eventloop.py swaps a class)
     sink = store = None
     try:  # directories that cannot be created, a spool locked by another broker: one line
+        lock_data_dir(cfg.data_dir)
         if cfg.sink.enabled:
             from sink.forward.service import Sink
             sink = Sink.from_config(cfg.sink, cfg.data_dir, history=cfg.history)
@@ -122,12 +175,7 @@ def main(argv=None) -> int:
         hooks = [h for h in (store, cluster, sink) if h is not None]
         asyncio.run(serve(cfg, auth=auth, hooks=hooks))
     except OSError as exc:
-        from .server import ListenError
-        if isinstance(exc, ListenError):  # names the listener that failed
-            log.error("%s (is another broker running? choose another port)", exc.strerror)
-        else:
-            log.error("cannot listen on %s:%s: %s (is another broker running? use --port)",
-                      cfg.host, cfg.port, exc)
+        log.error("%s", bind_error(exc, cfg.host, cfg.port))
         return 1
     except RuntimeError as exc:  # a hook that could not start (the cluster's Kafka)
         log.error("cannot start: %s", one_line(exc))

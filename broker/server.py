@@ -192,6 +192,7 @@ class ListenError(OSError):
     def __init__(self, exc: OSError, what: str, host: str, port: int):
         super().__init__(exc.errno, f"cannot listen on {host}:{port} for {what}: "
                          f"{exc.strerror or exc}")
+        self.host, self.port = host, port
 
 
 async def serve(config: Config, auth=None, hooks=()) -> None:

@@ -16,10 +16,12 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
   command -v haproxy >/dev/null 2>&1 || [ -x /usr/sbin/haproxy ] || need+=(haproxy)
   if [ ${#need[@]} -gt 0 ]; then
     echo "setup: installing ${need[*]}"
-    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null) \
+    # (no service starts during the install: Debian's mosquitto would take port 1883)
+    bash scripts/mosquitto_service.sh install "${need[@]}" \
       || echo "setup: WARNING: could not install ${need[*]}; tests that need them say so"
   fi
-  # Debian starts mosquitto as a service on 1883 when installed; the project uses its own ports.
+  # the benchmarks need the mosquitto binary, not its service (which takes port 1883)
+  bash scripts/mosquitto_service.sh disable
 fi
 
 PY=${PYTHON:-python3}

@@ -150,6 +150,7 @@ class SinkConfig(Section):
     spool_group_commit_ms: float = key(2.0, Num(0, 1000))  # at most one fdatasync per this long, under load
     keep_until: str = key("kafka", Enum("kafka", "history"))
     committed_file: str = ""                        # "" = the history job's (from [history])
+    history_stale_seconds: float = key(120.0, Num(0, lo_open=True))  # keep_until = "history": records waiting this long, no commit: warn
     replay_window_seconds: float = 3600.0
     replay_window_messages: int = 1_000_000
     embedded_port: int = key(9092, PORT)
@@ -182,6 +183,7 @@ class HistoryConfig(Section):
     connect_host: str = "127.0.0.1"
     connect_port: int = key(15002, Int(1, 65535))
     nice: int = key(10, Int(0, 19))                 # the job's niceness: the broker's CPU comes first
+    verify_records: bool = True                     # drop Kafka records without the broker's signature
     kafka: dict = key(factory=dict, spec=Table("[history.kafka]"))
 
     @property

@@ -13,3 +13,13 @@ H_RESPONSE_TOPIC = "mqtt.response_topic"
 H_CORRELATION_DATA = "mqtt.correlation_data"
 H_MESSAGE_EXPIRY = "mqtt.message_expiry"
 H_USER_PREFIX = "mqtt.user."
+
+#: The last header of every record the forwarder sends (sink/forward/record.py sign_body): the
+#: broker's signature, 20 bytes = key id (4, settings.secrets.key_id) + HMAC-SHA256 (first 16 bytes)
+#: keyed by settings.secrets.derive(key, RECORDS) over
+#:     u16 len(kafka topic) | kafka topic | i64 timestamp ms | the record from its keyLength
+#:     varint up to this header (the header count includes it)
+#: all big-endian. The history job drops records without a valid one (sink/history/verify.py),
+#: so a process that can reach Kafka cannot add rows to the history.
+H_SIG = "mqtt.sig"
+SIG_LEN = 20

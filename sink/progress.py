@@ -17,16 +17,28 @@ File (JSON, replaced atomically: written to a temporary name, fsynced, renamed):
 `topic_id` tells one incarnation of a topic from the next (a restarted Tansu gives a new id and
 starts offsets at 0 again): offsets are only comparable under the same topic id.
 
+The broker deletes spooled records on the strength of this file, so it does not trust whoever
+can write it: the job signs it (``"mac"``: HMAC-SHA256 of the rest, keyed by a key derived from
+the broker's secret, settings/secrets.py) and the broker ignores, and warns about, a file whose
+signature fails. The job also names its table (``"table"``), so a broker reading another
+table's file can say so.
+
 A leaf module: it imports nothing from broker/ or from the rest of sink/.
 """
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import os
 import time
 
 FILE_NAME = "history_committed.json"
 VERSION = 1
+#: in the broker's data directory: which table the running job writes and where it reports its
+#: commits ({"pid", "started_at", "table", "committed_file"}), so a broker reading another
+#: committed file can say so
+JOB_FILE = "history_job.json"
 
 
 def committed_path(table: str, checkpoint: str | None = None) -> str:
@@ -41,14 +53,50 @@ def committed_path(table: str, checkpoint: str | None = None) -> str:
     return os.path.join(ckpt, FILE_NAME)
 
 
-def write_committed(path: str, batch_id: int, topics: dict[str, dict]) -> None:
-    """Atomically replace the file. `topics`: {name: {"topic_id": str|None, "offsets": {p: n}}}."""
+def write_committed(path: str, batch_id: int, topics: dict[str, dict], key: bytes | None = None,
+                    table: str | None = None) -> None:
+    """Atomically replace the file. `topics`: {name: {"topic_id": str|None, "offsets": {p: n}}};
+    `key`: the derived key that signs it (None: unsigned, which a broker with a key ignores)."""
     data = {"version": VERSION, "batch_id": int(batch_id), "written_at": time.time(),
             "topics": {t: {"topic_id": v.get("topic_id"),
                            "offsets": {str(p): int(n) for p, n in v.get("offsets", {}).items()}}
                        for t, v in topics.items()}}
+    if table is not None:
+        data["table"] = table
+    if key is not None:
+        data["mac"] = _mac(key, data)
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     atomic_write(path, json.dumps(data, separators=(",", ":")).encode())
+
+
+def _mac(key: bytes, data: dict) -> str:
+    body = {k: v for k, v in data.items() if k != "mac"}
+    return hmac.new(key, json.dumps(body, sort_keys=True, separators=(",", ":")).encode(),
+                    hashlib.sha256).hexdigest()
+
+
+def running_job(job_file: str | None) -> dict | None:
+    """What the history job said about itself in JOB_FILE (pid, started_at, table,
+    committed_file as an absolute path), if that job still runs; else None."""
+    if not job_file:
+        return None
+    try:
+        with open(job_file) as f:
+            info = json.load(f)
+        info["committed_file"] = os.path.abspath(info["committed_file"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return info if job_alive(info) else None
+
+
+def job_alive(info: dict) -> bool:
+    try:
+        os.kill(int(info["pid"]), 0)
+    except PermissionError:
+        return True                                   # running, as another user
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    return True
 
 
 def atomic_write(path: str, raw: bytes) -> None:
@@ -62,8 +110,11 @@ def atomic_write(path: str, raw: bytes) -> None:
     os.replace(tmp, path)
 
 
-def read_committed(path: str) -> dict | None:
-    """The last committed state, or None when there is none yet (or it cannot be read)."""
+def read_committed(path: str, key: bytes | None = None) -> dict | None:
+    """The last committed state, or None when there is none yet (or it cannot be read).
+
+    With `key`, ``state["signature"]`` says whether the file is signed with it: "ok", "unsigned"
+    or "bad" (forged, or signed with another broker's key); without, "unchecked"."""
     try:
         with open(path) as f:
             data = json.load(f)
@@ -71,6 +122,12 @@ def read_committed(path: str) -> dict | None:
         return None
     if not isinstance(data, dict) or data.get("version") != VERSION:
         return None
+    if key is None:
+        data["signature"] = "unchecked"
+    elif not isinstance(data.get("mac"), str):
+        data["signature"] = "unsigned"
+    else:
+        data["signature"] = "ok" if hmac.compare_digest(data["mac"], _mac(key, data)) else "bad"
     topics = {}
     for name, v in (data.get("topics") or {}).items():
         try:

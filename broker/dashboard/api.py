@@ -41,6 +41,8 @@ from aiohttp import web
 
 from ..admin.service import AdminError, Refused, audit
 from . import JOB_HINT, live
+from settings.secrets import connect_token
+
 from .history import BadRequest, HistoryClient, JobNotRunning, check_filter, make_query, parse_time
 from .login import COOKIE, Busy, LoginChecks, Sessions, Throttle
 
@@ -224,8 +226,10 @@ class Dashboard:
         self.logins = LoginChecks(accounts, settings.login_threads, settings.max_pending_logins)
         self.counter = live.TopicCounter(settings.max_topics)
         server.broker.add_hook(self.counter)  # per-topic counts, fed by accepted messages
+        data_dir = server.config.data_dir
         self.history = HistoryClient(settings.connect_url, settings.history_timeout_seconds,
-                                     JOB_HINT, settings.history_worker_idle_seconds)
+                                     JOB_HINT, settings.history_worker_idle_seconds,
+                                     token=lambda: connect_token(data_dir))
         self.job = {"running": None, "url": settings.connect_url}
         self.sampler = live.Sampler(self.view, self._io_bytes, settings.sample_seconds,
                                     settings.keep_points, self.counter, self._sink_stats,

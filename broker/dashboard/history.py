@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mqtt_topics import valid_topic_filter
+from settings.secrets import TOKEN_ENV
 
 log = logging.getLogger("broker.dashboard")
 
@@ -182,9 +183,12 @@ ROOT = str(Path(__file__).resolve().parents[2])   # the directory holding broker
 class HistoryClient:
     """Asks the history job from a child process (history_worker.py), one question at a time."""
 
-    def __init__(self, url: str, timeout: float, start_hint: str, idle_seconds: float = 120.0):
+    def __init__(self, url: str, timeout: float, start_hint: str, idle_seconds: float = 120.0,
+                 token=None):
+        """token(): the job's Spark Connect token (or None), read when a worker starts."""
         from settings import connect_address
         self.url = url
+        self.token = token or (lambda: None)
         self.host, self.port = connect_address(url)
         self.timeout = timeout
         self.start_hint = start_hint
@@ -232,6 +236,9 @@ class HistoryClient:
         if p is not None and p.returncode is None:
             return p
         env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+        token = self.token()
+        if token:
+            env[TOKEN_ENV] = token
         self.proc = await asyncio.create_subprocess_exec(
             *self.command, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, env=env, cwd=ROOT,
             limit=64 << 20)

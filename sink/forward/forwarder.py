@@ -61,9 +61,11 @@ import time
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from settings import secrets
+
 from .. import progress
 from .produce import BatchSender, ChunkFuture, NotReady
-from .record import entry_fields, entry_shard, entry_timestamp
+from .record import entry_fields, entry_shard, entry_timestamp, sign_body
 from .spool import (DirLock, SpoolBatch, SpoolPosition, SpoolReader, checkpoint_name, read_checkpoint,
                     read_min_checkpoint, seg_name, write_checkpoint)
 
@@ -438,7 +440,8 @@ class Forwarder:
                  unreachable_after: float = 3.0, status_interval: float = 0.1,
                  shard: int = 0, shards: int = 1, keep_until: str = "kafka",
                  committed_file: str | None = None, chunk_records: int = 2000,
-                 linger_ms: float | None = None):
+                 linger_ms: float | None = None, sink_key: bytes | None = None,
+                 embedded: bool = False, stale_after: float = 120.0, job_file: str | None = None):
         # -- configuration
         self.source = source
         self.control = control
@@ -449,6 +452,18 @@ class Forwarder:
         # history job's committed file (sink/progress.py) says the table has them
         self.keep_until = keep_until
         self.committed_file = committed_file
+        # the broker's key (settings/secrets.py): signs every record; the job's committed file must
+        # be signed with it. None (tests): records unsigned, the committed file taken as it is
+        self._records_key = self._kid = self._committed_key = None
+        if sink_key:
+            self._records_key = secrets.derive(sink_key, secrets.RECORDS)
+            self._kid = secrets.key_id(sink_key)
+            self._committed_key = secrets.derive(sink_key, secrets.COMMITTED)
+        # the embedded Kafka (Tansu, memory only) starts empty whenever the broker (re)starts it:
+        # re-sending what it lost is routine then, not a problem to warn about
+        self.embedded = embedded
+        self.stale_after = stale_after      # [sink] history_stale_seconds
+        self.job_file = job_file            # where the job says which committed file it writes
         self.chunk_records = chunk_records
         # how long records gather into a chunk: [sink.kafka] linger_ms, as for a Kafka producer
         self.linger = float(self.pcfg["linger_ms"] if linger_ms is None else linger_ms) / 1000
@@ -463,6 +478,7 @@ class Forwarder:
         self.state = State.CONNECTING
         self.resend_at: SpoolPosition | None = None  # RESENDING (or a replay's end): the failed chunk
         self.lost_reason: str | None = None           # REPLAYING, PROBING: why Kafka lost data
+        self._lost_routine = False                    # ... because the embedded Kafka restarted
         self.probe_since_ms: float | None = None      # PROBING: when fresh metadata was asked (monotonic)
         self.retry_at = 0.0                           # back-off: nothing is sent or rewound before
         self.drain_deadline: float | None = None      # draining: exit once caught up, or then
@@ -496,6 +512,15 @@ class Forwarder:
         self.committed_seq = 0
         self._progress = None
         self._progress_key = None
+        # -- watching the job's commits: what keeps records from being released, if anything
+        self._file_state = "missing"      # ok | missing | unreadable | unsigned | bad_signature
+        self._file_batch = None           # the job's last batch id seen, and when it changed:
+        self._file_changed_at = 0.0
+        self._waiting_since: float | None = None   # records wait for the table since (monotonic)
+        self.commit_status = "ok"         # ok, or what is wrong (see _watch_commits)
+        self.commit_problem = ""
+        self._problem_logged = (None, 0.0)
+        self._not_ready_since: float | None = None
         # -- counters and exit
         self.forwarded = 0
         self.failed = 0
@@ -536,7 +561,10 @@ class Forwarder:
                     poisoned=self.poisoned, replayed=self.replayed, replays=self.replays,
                     kafka_up=bool(self.kafka_up), lag_seconds=round(lag, 3), inflight=self.inflight_records,
                     retained_pos=rpos, retained_seq=rseq,
-                    committed_seq=self.committed_seq if self.keep_until == "history" else None)
+                    committed_seq=self.committed_seq if self.keep_until == "history" else None,
+                    commit_status=self.commit_status, commit_problem=self.commit_problem,
+                    commit_waiting_seconds=round(time.monotonic() - self._waiting_since, 1)
+                    if self._waiting_since is not None else 0.0)
 
     def retained(self) -> SpoolPosition:
         """From where the spool must keep records."""
@@ -578,14 +606,25 @@ class Forwarder:
         try:
             st = os.stat(path)
         except OSError:
+            self._file_state, self._progress_key = "missing", None
             return
         key = (st.st_mtime_ns, st.st_size, st.st_ino)
-        if key != self._progress_key:
-            data = progress.read_committed(path)
-            if data is not None:
-                for t in data["topics"].values():      # "" (unknown) and null mean the same
-                    t["topic_id"] = t["topic_id"] or None
-                self._progress, self._progress_key = data, key
+        if key == self._progress_key:
+            return
+        self._progress_key = key
+        data = progress.read_committed(path, self._committed_key)
+        if data is None:
+            self._file_state = "unreadable"
+            return
+        if data["signature"] in ("unsigned", "bad"):
+            # anyone who can write the file would make the spool delete records: not trusted
+            self._file_state = "unsigned" if data["signature"] == "unsigned" else "bad_signature"
+            return
+        for t in data["topics"].values():      # "" (unknown) and null mean the same
+            t["topic_id"] = t["topic_id"] or None
+        self._progress, self._file_state = data, "ok"
+        if data.get("batch_id") != self._file_batch:
+            self._file_batch, self._file_changed_at = data.get("batch_id"), time.monotonic()
 
     def _advance_committed(self) -> None:
         """Drop from `pending` what the table has; the committed position follows."""
@@ -593,17 +632,113 @@ class Forwarder:
         state = self._progress
         pend = self.pending
         is_committed = progress.is_committed
+        if self.state in LOST:
+            return                             # pending is about to be replayed and cleared
+        moved = False
         while pend:
             c = pend[0]
             if not all(is_committed(state, t, c.topic_ids.get(t), p, n - 1) for (t, p), n in c.offsets.items()):
                 break
             pend.popleft()
             self.committed_pos, self.committed_seq = c.end, c.next_seq
+            moved = True
         if (not pend and not self.inflight and self.state not in REWINDING
                 and self.source.pos >= self.acked_pos):
             # everything acked was committed (or skipped: torn tails, other shards' records)
             self.committed_pos = max(self.committed_pos, self.acked_pos)
             self.committed_seq = max(self.committed_seq, self.acked_seq)
+        if pend and state is not None:
+            self._replay_dead_incarnation(pend[0], state)
+        now = time.monotonic()
+        if moved or not pend:
+            self._waiting_since = None if not pend else now
+        elif self._waiting_since is None:
+            self._waiting_since = now
+        self._watch_commits(now)
+
+    def _replay_dead_incarnation(self, head: AckedChunk, state: dict) -> None:
+        """The oldest uncommitted chunk was acknowledged under a topic id (or none known) that
+        is neither Kafka's nor the job's any more: its records went with that incarnation of the
+        topic, and no commit of the job can ever cover it. Send again what the table lacks."""
+        for (t, _p) in head.offsets:
+            cur = self.topic_ids.get(t) or None
+            job = state["topics"].get(t)
+            if cur and job is not None and job["topic_id"] == cur and head.topic_ids.get(t) != cur:
+                self._lost(f"the oldest records the history table lacks were written to {t} under "
+                           f"topic id {head.topic_ids.get(t) or '(unknown)'}; Kafka and the job now "
+                           f"have {cur}")
+                return
+
+    def _head_blocker(self, state: dict | None) -> str | None:
+        """Why the job's commits cannot cover the oldest waiting chunk (None: they can, once
+        the job gets that far)."""
+        if state is None or not self.pending:
+            return None
+        head = self.pending[0]
+        for (t, p), n in head.offsets.items():
+            job = state["topics"].get(t)
+            if job is None:
+                return (f"the history job does not report Kafka topic {t} (does it read it? "
+                        "[history] kafka_topics)")
+            if job["topic_id"] != head.topic_ids.get(t):
+                return (f"the job reads {t} under topic id {job['topic_id']}, these records were "
+                        f"written under {head.topic_ids.get(t)}")
+        return None
+
+    def _other_table(self, job: dict | None) -> str | None:
+        if job is None or job["committed_file"] == os.path.abspath(self.committed_file):
+            return None
+        return (f"the history job (pid {job.get('pid')}) writes table {job.get('table')} and "
+                f"reports its commits in {job['committed_file']}, but this broker reads "
+                f"{self.committed_file}: start both with one config ([history] table/checkpoint, "
+                "no --table/--checkpoint flags) or set [sink] committed_file")
+
+    def _watch_commits(self, now: float) -> None:
+        """keep_until = "history": say at once what keeps records in the spool (no committed
+        file and no job running, an unsigned file, a job writing another table's), or when they
+        have waited stale_after seconds with no commit, or while the job commits others."""
+        status, problem = "ok", ""
+        if self._waiting_since is not None:
+            waited = now - self._waiting_since
+            n = max(0, self.acked_seq - self.committed_seq)
+            path = self.committed_file
+            fs = self._file_state
+            job = progress.running_job(self.job_file) if fs != "ok" or waited > self.stale_after else None
+            other = self._other_table(job)
+            if other:
+                status, problem = "other_table", other
+            elif fs == "missing" and job is not None:    # a job that has not committed yet
+                if waited > self.stale_after:
+                    status, problem = "stale", (f"the history job (pid {job.get('pid')}) has not "
+                                                f"committed anything yet ({path})")
+            elif fs != "ok":
+                status, problem = fs, {
+                    "missing": f"no committed file {path} and no history job running with this "
+                               "data directory (python -m sink.job --config <the broker's config>)",
+                    "unreadable": f"the history job's committed file {path} cannot be read",
+                    "unsigned": f"the committed file {path} is not signed: it is ignored (a job "
+                                "started before the broker made its key signs its next commit)",
+                    "bad_signature": f"the committed file {path} is signed with another key "
+                                     "(forged, or a job using another data directory): it is ignored",
+                }[fs]
+            elif waited > self.stale_after:
+                blocker = self._head_blocker(self._progress)
+                if blocker and self._file_changed_at > self._waiting_since:
+                    status, problem = "stalled", f"the history job commits, but {blocker}"
+                elif now - self._file_changed_at > self.stale_after:
+                    status, problem = "stale", (f"the history job has committed nothing for "
+                                                f"{now - self._file_changed_at:.0f} s ({path})")
+            if problem:
+                problem += (f"; {n} records kept in the spool for {waited:.0f} s (at "
+                            "spool_max_bytes QoS 1/2 publishers get 0x97)")
+        self.commit_status, self.commit_problem = status, problem
+        last, at = self._problem_logged
+        if status != last or (status != "ok" and now - at > 600):
+            if status != "ok":
+                log.warning("records wait for the history table: %s", problem)
+            elif last is not None and last != "ok":
+                log.info("the history job's commits release spooled records again")
+            self._problem_logged = (status, now)
 
     # -- kafka ------------------------------------------------------------------------------------
     def _ensure_producer(self) -> bool:
@@ -650,7 +785,7 @@ class Forwarder:
                 self.topic_ids[t] = cur
             elif cur != known:
                 self.topic_ids[t] = cur
-                self._lost(f"topic {t} was re-created (topic id {known} -> {cur})")
+                self._lost(f"topic {t} was re-created (topic id {known} -> {cur})", routine=True)
 
     def _metadata_fresh(self) -> bool | None:
         md = self._metadata()
@@ -661,12 +796,16 @@ class Forwarder:
         return age < self.pcfg.get("metadata_max_age_ms", 300000) + 2000
 
     # -- transitions ---------------------------------------------------------------------------------
-    def _lost(self, reason: str) -> None:
-        """Kafka lost data: -> REPLAYING (kept while a replay is already under way)."""
+    def _lost(self, reason: str, routine: bool = False) -> None:
+        """Kafka lost data: -> REPLAYING (kept while a replay is already under way). `routine`:
+        the embedded Kafka restarted empty, as it does whenever the broker starts it (the replay
+        logs one INFO line); anything else is a WARNING."""
         if self.state not in LOST:
             self.state = State.REPLAYING
             self.lost_reason = reason
-            log.warning("Kafka lost data: %s", reason)
+            self._lost_routine = routine and self.embedded
+            if not self._lost_routine:
+                log.warning("Kafka lost data: %s", reason)
 
     def _chunk_failed(self, c: InFlight) -> None:
         """-> RESENDING from the chunk's first record (a replay under way ends there instead)."""
@@ -704,14 +843,16 @@ class Forwarder:
                 tp = f"{topic}/{part}"
                 last = self.offsets.get(tp)
                 if last is not None and base <= last and self.state not in LOST:
-                    self._lost(f"offset of {tp} went back from {last} to {base}")
+                    self._lost(f"offset of {tp} went back from {last} to {base}", routine=True)
                 n = fut.counts[(topic, part)]
                 self.offsets[tp] = base + n - 1
                 tps[(topic, part)] = base + n
-                if topic not in self.topic_ids:
+                if not self.topic_ids.get(topic):
                     m = self._metadata()
                     tid = m.topic_id(topic) if m is not None and hasattr(m, "topic_id") else None
                     self.topic_ids[topic] = str(tid) if tid else ""
+                    if not tid and hasattr(self.producer, "request_update"):
+                        self.producer.request_update()   # learn it before the next chunk
             self._set_up()
             self._last_ack = time.monotonic()
         next_seq = c.last_seq + 1
@@ -771,6 +912,7 @@ class Forwarder:
         n_own = 0
         first_ts = None
         shards, shard = self.shards, self.shard
+        rk, kid = self._records_key, self._kid
         for seq, payload in zip(batch.seqs, batch.payloads):
             try:
                 if shards > 1 and entry_shard(payload, shards) != shard:
@@ -784,6 +926,8 @@ class Forwarder:
             lst = groups.get(kt)
             if lst is None:
                 groups[kt] = lst = []
+            if rk is not None:
+                body = sign_body(body, kt, ts, rk, kid)
             lst.append((ts, body))
             n_own += 1
         start, first_seq = batch.start, batch.first_seq
@@ -798,7 +942,11 @@ class Forwarder:
                 self.source.seek(start, first_seq)
                 self._stalled_ts = first_ts
                 self.retry_at = time.monotonic() + 0.05
-                if time.monotonic() - self._last_ack > self.unreachable_after:
+                # a new topic has no leader for a moment (Kafka is creating it): only a wait
+                # longer than unreachable_after means Kafka is not there
+                if self._not_ready_since is None:
+                    self._not_ready_since = time.monotonic()
+                elif time.monotonic() - self._not_ready_since > self.unreachable_after:
                     self._set_down(str(exc))
                 return True
             except Exception as exc:
@@ -810,6 +958,7 @@ class Forwarder:
                     self.retry_at = time.monotonic() + 0.5
                     return True
                 raise
+        self._not_ready_since = None
         if start < self._replay_until:
             self.replayed += n_own
         self.inflight.append(InFlight(fut, start, batch.end, first_seq, batch.last_seq, first_ts,
@@ -833,7 +982,11 @@ class Forwarder:
                     self.probe_since_ms = mono_ms
                     md.request_update()
                     return
-                if getattr(md, "_last_successful_refresh_ms", mono_ms) <= self.probe_since_ms + 1:
+                fresh = getattr(md, "_last_successful_refresh_ms", mono_ms) > self.probe_since_ms + 1
+                # and names every topic: a topic the restarted Kafka has not re-created yet has
+                # no id, and chunks acknowledged without one could never be matched to a commit
+                if not fresh or not all(md.topic_id(t) for t in self.topic_ids
+                                        if hasattr(md, "topic_id")):
                     if mono_ms - self.probe_since_ms < 15000:
                         md.request_update()
                         self.retry_at = time.monotonic() + 0.05
@@ -854,9 +1007,15 @@ class Forwarder:
                 start = upto
             self.replays += 1
             self._replay_until = max(self._replay_until, upto)
-            log.warning("replaying the records %s (from spool position %d to %d, %d bytes)",
-                        "not yet committed by the history job" if self.keep_until == "history"
-                        else "forwarded in the replay window", start, upto, upto - start)
+            what = ("not yet committed by the history job" if self.keep_until == "history"
+                    else "forwarded in the replay window")
+            if self._lost_routine:   # one line says what was recovered
+                log.info("the embedded Kafka started empty (memory storage, %s): sending again the "
+                         "records %s (spool positions %d-%d, %d bytes)", self.lost_reason, what,
+                         start, upto, upto - start)
+            else:
+                log.warning("replaying the records %s (from spool position %d to %d, %d bytes)",
+                            what, start, upto, upto - start)
             self.offsets = {}
             self._forward_from(start, None)
         else:                                 # RESENDING
@@ -1038,7 +1197,10 @@ def main() -> int:
                     cfg["replay_window_seconds"], cfg["replay_window_messages"],
                     cfg["max_inflight"], cfg["drain_timeout"],
                     shard=shard, shards=shards, keep_until=cfg["keep_until"],
-                    committed_file=cfg["committed_file"])
+                    committed_file=cfg["committed_file"],
+                    sink_key=bytes.fromhex(cfg["sink_key"]) if cfg.get("sink_key") else None,
+                    embedded=cfg.get("embedded", False), stale_after=cfg.get("stale_after", 120.0),
+                    job_file=cfg.get("job_file"))
     try:
         fwd.run()
     finally:

@@ -48,6 +48,16 @@ class EmbeddedKafka:
         return f"{self.host}:{self.port}"
 
     def start(self, timeout: float = 15.0) -> "EmbeddedKafka":
+        """Start Tansu and wait until it listens. Each embedded Kafka belongs to one broker: a
+        port something else already listens on (another broker's embedded Kafka, a Kafka of
+        one's own) is refused, never used as if it were ours."""
+        from .. import ports
+        if ports.listening(self.host, self.port):
+            raise RuntimeError(
+                f"cannot start the embedded Kafka on {self.bootstrap}: the port is taken"
+                f"{ports.describe(self.port)}. Is another broker with --sink running? Give this "
+                "one its own [sink] embedded_port (and its history job the same config), or use "
+                "that Kafka on purpose with --kafka-bootstrap")
         url = f"tcp://{self.host}:{self.port}"
         out = open(self.log_file, "ab") if self.log_file else subprocess.DEVNULL
         self.proc = subprocess.Popen(
@@ -58,14 +68,17 @@ class EmbeddedKafka:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"embedded Kafka (tansu) exited with code {self.proc.returncode}; "
-                                   f"is port {self.port} already in use?")
-            try:
-                with socket.create_connection((self.host, self.port), timeout=0.2):
-                    log.info("embedded Kafka (tansu) listening on %s", self.bootstrap)
-                    return self
-            except OSError:
-                time.sleep(0.05)
+                raise RuntimeError(f"embedded Kafka (tansu) exited with code {self.proc.returncode}"
+                                   f"{' (see ' + self.log_file + ')' if self.log_file else ''}")
+            if ports.listening(self.host, self.port, 0.2):
+                holders = ports.holders(self.port)
+                if holders and self.proc.pid not in [pid for pid, _ in holders]:
+                    self.stop()
+                    raise RuntimeError(f"the embedded Kafka's port {self.port} was taken meanwhile"
+                                       f"{ports.describe(self.port)}")
+                log.info("embedded Kafka (tansu) listening on %s", self.bootstrap)
+                return self
+            time.sleep(0.05)
         self.stop()
         raise RuntimeError(f"embedded Kafka did not listen on {self.bootstrap} within {timeout}s")
 

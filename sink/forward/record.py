@@ -16,13 +16,14 @@ Kafka record contract (keep stable, Spark reads it; see README "Analytics sink")
 """
 from __future__ import annotations
 
+import hmac
 import struct
 import zlib
 from dataclasses import dataclass
 
 from ..headers import (H_CLIENT_ID, H_CONTENT_TYPE, H_CORRELATION_DATA,  # noqa: F401
                        H_MESSAGE_EXPIRY, H_MESSAGE_ID, H_PAYLOAD_FORMAT, H_PROTOCOL, H_QOS,
-                       H_RESPONSE_TOPIC, H_RETAIN, H_USER_PREFIX, H_USERNAME)
+                       H_RESPONSE_TOPIC, H_RETAIN, H_SIG, H_USER_PREFIX, H_USERNAME, SIG_LEN)
 
 _QOS = (b"0", b"1", b"2")
 _RETAIN = (b"0", b"1")
@@ -287,6 +288,28 @@ class MessageEncoder:
         body = b"".join((key, _VT[lv] if lv < 8192 else zz_varint(lv), value, sender[0],
                          _HN_MESSAGE_ID, vlen(len(message_id)), message_id, sender[1], f))
         return _ENTRY_HEAD.pack(ENTRY_VERSION, ts_ms, len(kt), len(body)) + kt + body
+
+
+_SIG_HEAD = _hname(H_SIG) + vlen(SIG_LEN)
+_SIG_PREFIX = struct.Struct(">H")
+_SIG_TS = struct.Struct(">q")
+
+
+def sign_body(body, kafka_topic: bytes, ts_ms: int, key: bytes, kid: bytes) -> bytes:
+    """The record body with the broker's signature as one more, last, header (sink/headers.py
+    H_SIG): two varints and a header count read, one HMAC; runs in the forwarder."""
+    b = body[0]                            # one-byte varints (lengths < 64): no call
+    kl, o = ((b >> 1) ^ -(b & 1), 1) if b < 0x80 else read_zz_varint(body, 0)
+    o += max(kl, 0)
+    b = body[o]
+    vl, o = ((b >> 1) ^ -(b & 1), o + 1) if b < 0x80 else read_zz_varint(body, o)
+    o += max(vl, 0)
+    b = body[o]
+    nh, after = ((b >> 1) ^ -(b & 1), o + 1) if b < 0x80 else read_zz_varint(body, o)
+    signed = b"".join((body[:o], vlen(nh + 1), body[after:]))
+    mac = hmac.digest(key, b"".join((_SIG_PREFIX.pack(len(kafka_topic)), kafka_topic,
+                                     _SIG_TS.pack(ts_ms), signed)), "sha256")
+    return b"".join((signed, _SIG_HEAD, kid, mac[:SIG_LEN - len(kid)]))
 
 
 def entry_fields(buf: bytes) -> tuple[bytes, int, bytes]:

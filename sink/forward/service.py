@@ -22,6 +22,7 @@ import sys
 import threading
 import time
 
+from .. import progress
 from .forwarder import Forwarder, MemorySource, SpoolSource, ThreadControl
 from .record import MessageEncoder, SinkRecord, encode_record
 from .spool import DirLock, SpoolWriter
@@ -48,9 +49,8 @@ def committed_file(cfg: SinkConfig, history: HistoryConfig | None) -> str:
     found from [history] table/checkpoint the way the job finds it (sink/progress.py)."""
     if cfg.committed_file:
         return cfg.committed_file
-    from ..progress import committed_path
     h = history or HistoryConfig()
-    return committed_path(h.table, h.checkpoint or None)
+    return progress.committed_path(h.table, h.checkpoint or None)
 
 
 class Sink:
@@ -59,6 +59,7 @@ class Sink:
         self.cfg = normalize_config(cfg, data_dir)
         self.committed_file = committed_file(self.cfg, history) if self.cfg.keep_until == "history" else None
         self.data_dir = data_dir
+        self.key: bytes | None = None   # settings/secrets.py: signs records, checks the committed file
         self.durable = self.cfg.durability == "spool"          # acks wait for the fsync
         self.on_disk = self.cfg.durability in ("spool", "async")  # records go through the spool file
         self.max_bytes = self.cfg.spool_max_bytes
@@ -121,6 +122,8 @@ class Sink:
             log.info("embedded Kafka (Tansu, memory storage) at %s", self.bootstrap)
         if logging.getLogger("kafka").level == logging.NOTSET:
             logging.getLogger("kafka").setLevel(logging.CRITICAL)   # our own WARNING/INFO say it
+        from settings import secrets
+        self.key = secrets.sink_key(self.data_dir, create=True)
         if self.on_disk:
             self._writer = SpoolWriter(c.spool_dir, c.spool_segment_bytes, fsync=self.durable,
                                        group_commit=c.spool_group_commit_ms / 1000,
@@ -156,8 +159,15 @@ class Sink:
                     replay_window_messages=c.replay_window_messages,
                     max_inflight=c.max_inflight, drain_timeout=c.drain_timeout_seconds,
                     retain_max_bytes=self.max_bytes, cpus=c.forwarder_cpus,
+                    # the secret travels on the child's stdin, never on its command line
+                    sink_key=self.key.hex() if self.key else None, **self._fwd_extra(),
                     log_level=logging.getLogger("sink").getEffectiveLevel(),
                     watch_pid=self.embedded.proc.pid if self.embedded and self.embedded.proc else None)
+
+    def _fwd_extra(self) -> dict:
+        """Forwarder arguments the process and the thread share."""
+        return dict(embedded=self.embedded is not None, stale_after=self.cfg.history_stale_seconds,
+                    job_file=os.path.join(self.data_dir, progress.JOB_FILE))
 
     def _start_process(self, shard: int = 0) -> None:
         """One forwarder process; with `forwarders` > 1 each sends the topics whose crc32 falls
@@ -200,7 +210,9 @@ class Sink:
                 replayed=sum(x.get("replayed", 0) for x in sts),
                 replays=sum(x.get("replays", 0) for x in sts),
                 lag_seconds=max(x.get("lag_seconds", 0.0) for x in sts),
-                kafka_up=all(x.get("kafka_up", False) for x in sts))
+                kafka_up=all(x.get("kafka_up", False) for x in sts),
+                **{k: v for k, v in max(sts, key=lambda x: x.get("commit_waiting_seconds", 0.0)).items()
+                   if k.startswith("commit_")})
         if len(sts) == max(1, len(self._procs)):
             slowest = min(sts, key=lambda x: x.get("pos", 0))
             self._fwd_pos = slowest.get("pos", self._fwd_pos)
@@ -221,7 +233,8 @@ class Sink:
         self._fwd = Forwarder(source, self._ctl, self._apply_status, self.bootstrap, c.kafka,
                               c.replay_window_seconds, c.replay_window_messages, c.max_inflight,
                               c.drain_timeout_seconds, keep_until=c.keep_until,
-                              committed_file=self.committed_file)
+                              committed_file=self.committed_file, sink_key=self.key,
+                              **self._fwd_extra())
         self._fwd_thread = threading.Thread(target=self._run_thread_fwd, name="sink-forwarder", daemon=True)
         self._fwd_thread.start()
 
@@ -407,7 +420,18 @@ class Sink:
             spool_uncommitted_messages=(max(0, next_seq - self._committed_seq)
                                         if self._committed_seq is not None else 0),
             lag_seconds=st.get("lag_seconds", 0.0), kafka_up=bool(st.get("kafka_up", False)),
-            durability=self.cfg.durability, bootstrap=self.bootstrap)
+            durability=self.cfg.durability, bootstrap=self.bootstrap, **self._commit_stats(st))
+
+    def _commit_stats(self, st: dict) -> dict:
+        """keep_until = "history": whether the job's commits release spooled records (metric
+        mqtt_sink_history_commit_ok; the status and the problem in words for /health and the
+        dashboard)."""
+        if self.cfg.keep_until != "history":
+            return {}
+        status = st.get("commit_status", "ok")
+        return dict(history_commit_ok=status == "ok", history_commit_status=status,
+                    history_commit_problem=st.get("commit_problem", ""),
+                    history_commit_waiting_seconds=st.get("commit_waiting_seconds", 0.0))
 
     def _background(self) -> None:
         interval = self.cfg.stats_interval
@@ -426,8 +450,10 @@ class Sink:
                          s["kafka_up"], s["replays"])
             k = self.embedded
             if k is not None and k.proc is not None and k.proc.poll() is not None and not self._closed:
-                log.warning("embedded Kafka exited (code %s); restarting it on %s (it restarts empty; "
-                            "the forwarder will replay the replay window)", k.proc.returncode, k.bootstrap)
+                log.warning("embedded Kafka exited (code %s); restarting it on %s (it restarts empty: "
+                            "the forwarder sends again %s)", k.proc.returncode, k.bootstrap,
+                            "what the history table has not committed" if self.cfg.keep_until == "history"
+                            else "the records of the replay window")
                 try:
                     k.start()
                 except Exception as exc:

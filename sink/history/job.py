@@ -75,6 +75,11 @@ class JobConfig:
     # niceness of the job's processes (driver, JVM, Python workers inherit it): under load the
     # broker's CPU comes first and the job catches up in between (0 = as started)
     nice: int = DEFAULT_NICE
+    # the broker's data directory: its secrets (settings/secrets.py: the Spark Connect token, the
+    # key that signs records and the committed file). None (tests): no token, nothing checked
+    data_dir: str | None = None
+    verify_records: bool = True   # drop Kafka records without the broker's signature
+    embedded_kafka: bool = False  # the broker's embedded Kafka (empty after each restart: routine)
 
     @property
     def dedup_window_ms(self) -> int:
@@ -151,6 +156,7 @@ def load_config(path: str | None) -> dict:
                               "be found by the history job: give its address with "
                               "--kafka-bootstrap", sink.embedded_port, os.path.basename(path or ""))
         out["bootstrap"] = f"127.0.0.1:{sink.embedded_port}"
+        out["embedded_kafka"] = True
     sink_topics = [sink.topic]
     for rule in sink.rules:
         if rule.topic not in sink_topics:
@@ -164,7 +170,9 @@ def load_config(path: str | None) -> dict:
     out["trigger_seconds"] = hist.trigger_seconds
     out["dedup_max_prefixes"] = hist.dedup_max_prefixes
     out["max_records_per_trigger"] = hist.max_records_per_trigger or None
-    out.update(connect=hist.connect, connect_port=hist.connect_port, nice=hist.nice)
+    out.update(connect=hist.connect, connect_port=hist.connect_port, nice=hist.nice,
+               data_dir=cfg.data_dir, verify_records=hist.verify_records)
+    out["_keep_until"] = sink.keep_until   # not a JobConfig field: for the --table check
     return out
 
 
@@ -181,6 +189,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--table", metavar="DIR", help=f"history table directory (default {DEFAULT_TABLE})")
     p.add_argument("--checkpoint", metavar="DIR",
                    help="checkpoint directory (default: <table>_checkpoint beside the table)")
+    p.add_argument("--data-dir", metavar="DIR",
+                   help="the broker's data directory, where the shared secrets are (default "
+                        "./data, or data_dir of --config)")
     p.add_argument("--config", metavar="FILE", help="TOML config; reads [history] and [sink]")
     p.add_argument("--kafka-topic", metavar="T", action="append",
                    help=f"Kafka topic to read (repeat or comma-separate for several; "
@@ -195,6 +206,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--connect-port", metavar="N", type=int,
                    help=f"serve Spark Connect on this port while the job runs (default "
                         f"{DEFAULT_CONNECT_PORT}, or [history] connect_port)")
+    p.add_argument("--no-verify-records", action="store_true",
+                   help="keep Kafka records that do not carry the broker's signature (other "
+                        "producers); [history] verify_records = false")
     p.add_argument("--no-connect", action="store_true",
                    help="do not serve Spark Connect (sink.query then starts its own session)")
     p.add_argument("--nice", metavar="N", type=int,
@@ -208,20 +222,44 @@ def build_parser() -> argparse.ArgumentParser:
 def config_from_args(argv=None) -> tuple[JobConfig, argparse.Namespace]:
     args = build_parser().parse_args(argv)
     values = load_config(args.config)
+    keep_until = values.pop("_keep_until", "kafka")
+    args.notes = table_notes(args, values, keep_until)
     flags = {"bootstrap": args.kafka_bootstrap, "table": args.table,
              "checkpoint": args.checkpoint, "trigger_seconds": args.trigger_seconds,
-             "source": args.source, "nice": args.nice}
+             "source": args.source, "nice": args.nice, "data_dir": args.data_dir}
     values.update({k: v for k, v in flags.items() if v is not None})
+    if args.kafka_bootstrap:
+        values["embedded_kafka"] = False   # a Kafka of one's own: losing a topic is a problem
     if args.kafka_topic:
         values["topics"] = _topics(",".join(args.kafka_topic))
     if args.connect_port is not None:
         values["connect_port"] = args.connect_port
     if args.no_connect:
         values["connect"] = False
+    if args.no_verify_records:
+        values["verify_records"] = False
     if not isinstance(logging.getLevelName(args.log_level.upper()), int):
         raise UsageError(f"--log-level must be DEBUG, INFO, WARNING or ERROR, not {args.log_level!r}")
     cfg = JobConfig(**values, available_now=args.available_now)
     return cfg.validate(), args
+
+
+def table_notes(args, values: dict, keep_until: str) -> list[str]:
+    """A warning when the broker keeps records until the table has them ([sink] keep_until =
+    "history") and --table / --checkpoint make the job report its commits somewhere else than
+    the config's [history] says, which is where the broker looks for them."""
+    from sink.progress import committed_path
+    table, ckpt = values.get("table", DEFAULT_TABLE), values.get("checkpoint")
+    mine = committed_path(args.table or table, args.checkpoint or ckpt)
+    theirs = committed_path(table, ckpt)
+    if keep_until != "history" or os.path.abspath(mine) == os.path.abspath(theirs):
+        return []
+    flags = " ".join(f"{f} {v}" for f, v in (("--table", args.table), ("--checkpoint", args.checkpoint)) if v)
+    return [f"{flags}: this job reports what the table committed in {mine}, but the broker reads "
+            f"{theirs} ([history] of {args.config or 'the default config'}): with [sink] "
+            "keep_until = \"history\" its spool keeps every record until spool_max_bytes, then "
+            "refuses publishers. Set [history] table/checkpoint in the config both use instead "
+            "of the flags"]
 
 
 # ---- building the query ------------------------------------------------------------------
@@ -268,6 +306,10 @@ def _python_kafka(spark, cfg: JobConfig, dedup: bool):
               .option("maxPartitions", str(spark.sparkContext.defaultParallelism)))
     for k, v in cfg.kafka_options().items():
         reader = reader.option(k, v)
+    if cfg.embedded_kafka:
+        reader = reader.option("embeddedKafka", "true")
+    if cfg.verify_records and cfg.data_dir:   # the broker's record signatures (sink/history/verify.py)
+        reader = reader.option("verify.dataDir", os.path.abspath(cfg.data_dir))
     if dedup:
         reader = (reader.option("dedup.dir", str(_local(cfg.checkpoint_dir) / "dedup"))
                   .option("dedup.windowMs", str(cfg.dedup_window_ms))
@@ -308,6 +350,10 @@ def kafka_stream(spark, cfg: JobConfig, dedup: bool = False):
     if wanted in ("auto", "kafka"):
         df = _native_kafka_available(spark, cfg)
         if df is not None:
+            if cfg.verify_records and cfg.data_dir:
+                log.warning("Spark's Kafka connector does not check the broker's record "
+                            "signatures: any producer that can reach Kafka adds rows (use "
+                            "Kafka ACLs, or --source python)")
             return df, "kafka"
         if wanted == "kafka":
             raise UsageError(
@@ -472,20 +518,61 @@ def _report_commits(spark, cfg: JobConfig, query) -> None:
         return  # the broker reads a local file only
     from sink.progress import committed_path, write_committed
     path = committed_path(cfg.table, str(_local(cfg.checkpoint_dir)))
-    newest = [-1]
+    newest = [-1, False]    # last batch written, and whether it was signed
+    key = committed_key(cfg)
 
     def catch_up() -> None:
         last = committed_from_checkpoint(cfg.checkpoint_dir)
-        if not last or not last[1] or last[0] <= newest[0]:
+        k = key()
+        if not last or not last[1] or (last[0] <= newest[0] and (newest[1] or k is None)):
             return
         try:
-            write_committed(path, *last)
-            newest[0] = last[0]
+            write_committed(path, *last, key=k, table=os.path.abspath(cfg.table))
+            newest[:] = [last[0], k is not None]
         except OSError as exc:  # the table is still right; the spool just keeps more
             log.warning("cannot write %s (%s): the broker's spool keeps records longer", path, exc)
 
     catch_up()
     query._commit_catch_up = catch_up
+    _hard_exit_hooks.append(catch_up)
+
+
+def committed_key(cfg: JobConfig):
+    """A function giving the key that signs the committed file, once the broker made its secret
+    (a job started first writes unsigned files, which the broker ignores, until then)."""
+    from settings import secrets
+    found: list = []
+    warned = [False]
+
+    def key() -> bytes | None:
+        if not found and cfg.data_dir:
+            k = secrets.sink_key(cfg.data_dir)
+            if k is not None:
+                found.append(secrets.derive(k, secrets.COMMITTED))
+            elif not warned[0]:
+                warned[0] = True
+                log.warning("no broker key in %s yet (the broker makes it when its sink starts): "
+                            "what the table commits is reported unsigned, which the broker "
+                            "ignores, until it is there", secrets.secrets_dir(cfg.data_dir))
+        return found[0] if found else None
+    return key
+
+
+def announce(cfg: JobConfig) -> None:
+    """Say in the broker's data directory, at once, that this job runs, which table it writes
+    and where it reports its commits, so a broker that looks elsewhere can say so and one
+    that waits for the first commit knows a job is starting (sink/forward/forwarder.py)."""
+    if not cfg.data_dir or not is_local_path(cfg.checkpoint_dir):
+        return
+    from sink.progress import JOB_FILE, atomic_write, committed_path
+    committed_file = committed_path(cfg.table, str(_local(cfg.checkpoint_dir)))
+    info = {"pid": os.getpid(), "started_at": time.time(), "table": os.path.abspath(cfg.table)
+            if is_local_path(cfg.table) else cfg.table, "committed_file": os.path.abspath(committed_file)}
+    try:
+        os.makedirs(cfg.data_dir, exist_ok=True)
+        atomic_write(os.path.join(cfg.data_dir, JOB_FILE), json.dumps(info).encode())
+    except OSError as exc:
+        log.warning("cannot write %s in %s: %s", JOB_FILE, cfg.data_dir, exc)
 
 
 def progress_since(query, after: int) -> list[dict]:
@@ -646,9 +733,13 @@ def serve_connect(spark, cfg: JobConfig) -> None:
     # catalog, not one a client's early request would make the server create on its own.
     jvm = spark.sparkContext._jvm
     jvm.org.apache.spark.sql.connect.service.SparkConnectService.start(spark.sparkContext._jsc.sc())
-    log.info("Spark Connect on %s: query the table as `messages`, e.g. python -m sink.query "
-             "\"SELECT count(*) FROM messages\" or SparkSession.builder.remote(%r)",
-             connect_url(cfg), connect_url(cfg))
+    from settings import secrets
+    token = ("$" + secrets.TOKEN_ENV if os.environ.get(secrets.TOKEN_ENV) else
+             secrets.secret_path(cfg.data_dir, secrets.TOKEN_FILE) if cfg.data_dir else None)
+    log.info("Spark Connect on %s%s: query the table as `messages`, e.g. python -m sink.query "
+             "\"SELECT count(*) FROM messages\"", connect_url(cfg),
+             f" (clients need the token in {token})" if token else " (no token: open to every "
+             "local process)")
 
 
 def check_kafka(bootstrap: str, timeout: float = 10.0,
@@ -737,6 +828,38 @@ def set_autogroup_nice(nice: int, attempts: int = 10) -> bool:
     return False
 
 
+_hard_exit_hooks: list = []   # run before a third signal ends the job at once
+
+
+def stop_on_signals(stop: threading.Event):
+    """The SIGINT/SIGTERM handler: the first asks for a clean stop; the next one (Ctrl-C
+    twice, or a terminal's SIGINT followed by a supervisor's SIGTERM) only says that the stop is
+    under way; a third exits at once, after reporting the last committed batch to the broker."""
+    count = [0]
+
+    def on_signal(signum, _frame):
+        name = signal.Signals(signum).name
+        count[0] += 1
+        if count[0] == 1:
+            log.info("%s received: stopping (every committed batch is kept; a batch in progress "
+                     "is redone at the next start)", name)
+            stop.set()
+        elif count[0] == 2:
+            log.info("%s again: already stopping, in a few seconds (the query stops, then the "
+                     "last commit is reported to the broker); a third signal exits at once", name)
+        else:
+            log.warning("%s a third time: exiting now, without waiting for the query to stop (the "
+                        "batch in progress is redone at the next start; committed batches are "
+                        "kept and reported to the broker first)", name)
+            for hook in _hard_exit_hooks:
+                try:
+                    hook()
+                except Exception as exc:  # exiting anyway: say what was not done
+                    log.error("could not report the last commit to the broker: %s", exc)
+            os._exit(130)
+    return on_signal
+
+
 def main(argv=None) -> int:
     from settings import ConfigError
     from settings import report as report_config_error
@@ -749,18 +872,16 @@ def main(argv=None) -> int:
         return 2
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("kafka").setLevel(logging.WARNING)
+    # the source says what it recovers from (a Kafka restart) in one line; the client's own
+    # warnings about each dropped connection read like data loss and add nothing
+    logging.getLogger("kafka").setLevel(logging.ERROR)
     logging.getLogger("py4j").setLevel(logging.WARNING)
     logging.getLogger("SQLQueryContextLogger").setLevel(logging.CRITICAL)
+    for note in args.notes:
+        log.warning("%s", note)
+    announce(cfg)
     stop = threading.Event()
-
-    def on_signal(signum, _frame):
-        if stop.is_set():
-            log.warning("second %s: exiting now", signal.Signals(signum).name)
-            os._exit(130)
-        log.info("%s received: stopping after the current step", signal.Signals(signum).name)
-        stop.set()
-
+    on_signal = stop_on_signals(stop)
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
     lower_priority(cfg.nice)
@@ -772,7 +893,11 @@ def main(argv=None) -> int:
             return 0
         from sink.history.spark import get_spark
         check_connect_port(cfg)
-        spark = get_spark("mqtt-history-job", conf=connect_conf(cfg))
+        conf = connect_conf(cfg)
+        if conf and cfg.data_dir:   # clients need the token (settings/secrets.py)
+            from settings import secrets
+            conf["spark.connect.authenticate.token"] = secrets.connect_token(cfg.data_dir, create=True)
+        spark = get_spark("mqtt-history-job", conf=conf)
         serve_connect(spark, cfg)
         # SparkContext installs its own SIGINT handler (cancel jobs + KeyboardInterrupt): ours
         # must win so that Ctrl-C stops the query cleanly.

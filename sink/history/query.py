@@ -46,12 +46,7 @@ class TableMissing(Exception):
 def load_table(spark, table: str = DEFAULT_TABLE):
     """The history table as a DataFrame (only batches the job has committed)."""
     from sink.history.schema import HISTORY_SCHEMA
-    path = Path(table[len("file://"):] if table.startswith("file://") else table)
-    local = "://" not in table or table.startswith("file://")
-    if local and not (path / "_spark_metadata").is_dir() and not any(path.glob("date=*")):
-        raise TableMissing(
-            f"no history table at {table}: run the job first (python -m sink.job --table "
-            f"{table}), or point --table at the directory the job writes")
+    check_table(table)
     return spark.read.schema(HISTORY_SCHEMA).parquet(table)
 
 
@@ -130,6 +125,100 @@ def write_rows(columns: list[str], rows: list, fmt: str, out=sys.stdout, max_wid
         raise ValueError(fmt)
 
 
+# ---- checked before any Spark starts ------------------------------------------------------
+
+READ_ONLY = ("SELECT", "WITH", "FROM", "VALUES", "TABLE", "DESCRIBE", "DESC", "SHOW", "EXPLAIN")
+
+
+class JobNotUp(Exception):
+    """A history job runs, but its Spark Connect server does not answer."""
+
+
+class BadQuery(ValueError):
+    """The SQL cannot be run (said before a Spark session is opened for it)."""
+
+
+def check_sql(sql: str) -> str:
+    """The statement to run: one read-only statement, its quotes, brackets and comments closed
+    (a trailing ';' dropped). BadQuery says what is wrong; Spark's parser says the rest."""
+    depth, i, n, start = 0, 0, len(sql), None
+    code: list[str] = []               # the SQL outside strings and comments, to find keywords
+    while i < n:
+        ch = sql[i]
+        if ch in "'\"`":
+            j = i + 1
+            while j < n and sql[j] != ch:
+                j += 2 if sql[j] == "\\" and ch != "`" else 1
+            if j >= n:
+                raise BadQuery(f"unclosed {ch} from character {i + 1}")
+            code.append(" x ")
+            i = j + 1
+            continue
+        if sql.startswith("--", i):
+            j = sql.find("\n", i)
+            i = n if j < 0 else j
+            continue
+        if sql.startswith("/*", i):
+            j = sql.find("*/", i + 2)
+            if j < 0:
+                raise BadQuery(f"unclosed /* comment from character {i + 1}")
+            i = j + 2
+            continue
+        if ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+            if depth < 0:
+                raise BadQuery(f"unmatched ')' at character {i + 1}")
+        elif ch == ";":
+            if sql[i + 1:].strip(" \t\r\n;"):
+                raise BadQuery("more than one statement: give one query (no ';' between two)")
+            break
+        if start is None and not ch.isspace():
+            start = i
+        code.append(ch)
+        i += 1
+    if depth:
+        raise BadQuery(f"{depth} unclosed '('")
+    words = "".join(code).split()
+    if not words:
+        raise BadQuery("no SQL given: pass a query, -f FILE, or the query on stdin")
+    first = words[0].upper().lstrip("(")
+    if first not in READ_ONLY:
+        raise BadQuery(f"{words[0]!r}: sink.query only reads the history ({', '.join(READ_ONLY)} "
+                       "...); the table is written by the history job alone")
+    return sql[:i].strip().rstrip(";").strip()
+
+
+def check_table(table: str) -> None:
+    """A local table path must hold the job's table (TableMissing otherwise); a remote one is
+    Spark's to check."""
+    path = Path(table[len("file://"):] if table.startswith("file://") else table)
+    local = "://" not in table or table.startswith("file://")
+    if local and not (path / "_spark_metadata").is_dir() and not any(path.glob("date=*")):
+        raise TableMissing(
+            f"no history table at {table}: run the job first (python -m sink.job --table "
+            f"{table}), or point --table at the directory the job writes")
+
+
+def read_sql(args) -> str:
+    """The query: the argument, -f FILE (- = stdin), or stdin when it is not a terminal."""
+    if args.file and args.sql:
+        raise BadQuery("give the query either as an argument or with -f, not both")
+    if args.file:
+        if args.file == "-":
+            return sys.stdin.read()
+        try:
+            return Path(args.file).read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise BadQuery(f"cannot read -f {args.file}: {exc}") from None
+    if args.sql is not None:
+        return args.sql
+    if not sys.stdin.isatty():
+        return sys.stdin.read()
+    raise BadQuery("no SQL given: pass a query, -f FILE, or the query on stdin")
+
+
 # ---- Spark Connect (the running job's session) or a local session ---------------------------
 
 def connect_reachable(url: str, timeout: float = 1.0) -> bool:
@@ -142,27 +231,73 @@ def connect_reachable(url: str, timeout: float = 1.0) -> bool:
         return False
 
 
-def connect_session(url: str):
-    """A Spark Connect client session (raises when the server does not answer)."""
+def connect_session(url: str, token: str | None = None):
+    """A Spark Connect client session (raises when the server does not answer or refuses the
+    token)."""
     from pyspark.sql import SparkSession
-    return SparkSession.builder.remote(url).getOrCreate()
+    from settings.secrets import client_url
+    return SparkSession.builder.remote(client_url(url, token)).getOrCreate()
 
 
-def open_session(url: str | None, say=lambda msg: None):
-    """(spark, "connect" | "local"): the job's Spark Connect server when it answers at url,
-    else a new local session."""
-    if url:
+def running_job(data_dir: str | None) -> dict | None:
+    """The history job that announced itself in the data directory and still runs."""
+    from sink.progress import JOB_FILE, running_job as job
+    return job(os.path.join(data_dir, JOB_FILE)) if data_dir else None
+
+
+def wait_for_server(url: str, job: dict | None, wait: float, progress=lambda msg: None) -> bool:
+    """Whether the job's server answers at url, waiting up to `wait` seconds while a job that
+    announced itself is still starting (its Spark takes 10-30 s), with a progress line."""
+    if connect_reachable(url):
+        return True
+    if job is None or wait <= 0:
+        return False
+    deadline = time.monotonic() + wait
+    started = job.get("started_at") or time.time()
+    said = 0.0
+    while time.monotonic() < deadline:
+        if time.monotonic() - said >= 10:    # a line at once, then every 10 s
+            said = time.monotonic()
+            progress(f"waiting for the history job (pid {job.get('pid')}, started "
+                     f"{time.time() - started:.0f} s ago) to serve Spark Connect at {url} ...")
+        time.sleep(0.5)
         if connect_reachable(url):
+            return True
+        from sink.progress import job_alive
+        if not job_alive(job):
+            return False
+    return False
+
+
+def open_session(url: str | None, say=lambda msg: None, token: str | None = None,
+                 job: dict | None = None, wait: float = 0.0, tell=lambda msg: None):
+    """(spark, "connect" | "local"): the job's Spark Connect server when it answers at url
+    (waiting for a job that is starting), else a new local session, said on stderr."""
+    if url:
+        if wait_for_server(url, job, wait, tell):
             try:
-                spark = connect_session(url)
+                spark = connect_session(url, token)
                 say(f"using the history job's Spark Connect server at {url}")
                 return spark, "connect"
             except Exception as exc:  # a server that does not speak Spark Connect, ...
-                say(f"Spark Connect at {url} did not answer ({str(exc).splitlines()[0][:200]})"
+                text = str(exc)
+                if "UNAUTHENTICATED" in text or "nauthenticated" in text:
+                    from settings import secrets
+                    raise PermissionError(
+                        f"the Spark Connect server at {url} refused the token"
+                        f"{'' if token else ' (none was found)'}: sink.query reads it from "
+                        f"{secrets.TOKEN_FILE} in the broker's data directory's secrets/ "
+                        f"(--data-dir / --config data_dir) or ${secrets.TOKEN_ENV}") from None
+                say(f"Spark Connect at {url} did not answer ({text.splitlines()[0][:200]})"
                     ": starting a local Spark session (10+ s)")
+        elif job is not None:   # never a second Spark beside a job that is starting
+            raise JobNotUp(f"the history job (pid {job.get('pid')}) does not serve Spark Connect "
+                           f"at {url} yet{f' after {wait:g} s' if wait else ''}: try again when "
+                           "it logs 'Spark Connect on ...' (--wait S waits longer), or check "
+                           "[history] connect_port and its log")
         else:
-            say(f"no Spark Connect server at {url} (the history job is not running, or runs "
-                "with connect = false): starting a local Spark session (10+ s)")
+            tell(f"the history job is not running (no Spark Connect server at {url}): reading "
+                 "the table with a local Spark session (10+ s; --local to ask for it)")
     else:
         say("starting a local Spark session (--local)")
     from sink.history.spark import get_spark
@@ -176,7 +311,14 @@ def main(argv=None) -> int:
         epilog="Example: python -m sink.query \"SELECT client_id, count(*) AS n FROM messages "
                "GROUP BY client_id ORDER BY n DESC\"   Binary values print as UTF-8 when valid, "
                "else as base64:<...>; times are UTC.")
-    p.add_argument("sql", help="the SQL statement (the table is the view 'messages')")
+    p.add_argument("sql", nargs="?", help="the SQL statement (the table is the view 'messages'); "
+                                          "or -f FILE, or on stdin")
+    p.add_argument("-f", "--file", metavar="FILE", help="read the query from FILE (- = stdin)")
+    p.add_argument("--config", metavar="FILE",
+                   help="the broker's config: [history] table and connect address, data_dir")
+    p.add_argument("--data-dir", metavar="DIR",
+                   help="the broker's data directory, where the Spark Connect token is "
+                        "(default ./data, or data_dir of --config)")
     p.add_argument("--table", metavar="DIR", default=None,
                    help=f"history table directory (default {DEFAULT_TABLE}; over Spark Connect: "
                         "the job's table)")
@@ -184,42 +326,77 @@ def main(argv=None) -> int:
                    help="output: readable table (default), csv, or json (one object per line)")
     p.add_argument("--max-width", type=int, default=60, metavar="N",
                    help="table format: cut cells longer than N characters (default 60)")
-    p.add_argument("--connect", metavar="URL",
-                   default=os.environ.get("SINK_CONNECT_URL", DEFAULT_CONNECT_URL),
+    p.add_argument("--connect", metavar="URL", default=os.environ.get("SINK_CONNECT_URL"),
                    help="the running history job's Spark Connect server, used when it answers "
                         f"(default $SINK_CONNECT_URL or {DEFAULT_CONNECT_URL})")
+    p.add_argument("--wait", type=float, default=120.0, metavar="S",
+                   help="while a history job is starting, wait up to S seconds for its Spark "
+                        "Connect server (default 120; 0 = do not wait)")
     p.add_argument("--local", action="store_true",
                    help="always start a local Spark session (ignore a running job's server)")
     p.add_argument("-v", "--verbose", action="store_true",
                    help="say on stderr whether Spark Connect or a local session answered")
     args = p.parse_args(argv)
+    from settings import ConfigError, report
+    try:
+        from settings import load
+        cfg = load(args.config)
+    except ConfigError as exc:
+        return report(exc)
+    data_dir = args.data_dir or cfg.data_dir
+    default_table = cfg.history.table
+    if args.connect is None:
+        args.connect = cfg.history.connect_url
     if not args.local:
         try:
             connect_address(args.connect)
         except ValueError as exc:
             if args.connect != os.environ.get("SINK_CONNECT_URL"):
                 p.error(f"--connect: {exc}")
-            from settings import ConfigError, report
             return report(ConfigError("SINK_CONNECT_URL", "must be sc://HOST:PORT (the history "
                                       "job's Spark Connect server)", args.connect))
-
-    import logging
-    logging.getLogger("SQLQueryContextLogger").setLevel(logging.CRITICAL)  # we print the error
-    from pyspark.errors import AnalysisException, ParseException
-    started = time.monotonic()
 
     def say(msg: str) -> None:
         if args.verbose:
             print(f"sink.query: {msg}", file=sys.stderr)
 
-    spark, how = open_session(None if args.local else args.connect, say)
+    def tell(msg: str) -> None:
+        print(f"sink.query: {msg}", file=sys.stderr, flush=True)
+
+    try:  # everything that can be checked without Spark, before Spark
+        sql = check_sql(read_sql(args))
+        job = None if args.local else running_job(data_dir)
+        reachable = not args.local and connect_reachable(args.connect)
+        if args.local or (not reachable and job is None) or args.table is not None:
+            table = args.table or default_table
+            if "://" not in table:
+                check_table(table)
+    except BadQuery as exc:
+        tell(f"error: {exc}")
+        return 2
+    except TableMissing as exc:
+        tell(f"error: {exc}")
+        return 2
+
+    import logging
+    logging.getLogger("SQLQueryContextLogger").setLevel(logging.CRITICAL)  # we print the error
+    from pyspark.errors import AnalysisException, ParseException
+    from settings import secrets
+    started = time.monotonic()
+    try:
+        spark, how = open_session(None if args.local else args.connect, say,
+                                  token=secrets.connect_token(data_dir), job=job,
+                                  wait=args.wait, tell=tell)
+    except (PermissionError, JobNotUp) as exc:
+        tell(f"error: {exc}")
+        return 2
     opened = time.monotonic()
     try:
         if how == "local" or args.table is not None:
             # Over Spark Connect the path is resolved by the server: make it absolute here.
-            table = args.table or DEFAULT_TABLE
+            table = args.table or default_table
             register_view(spark, os.path.abspath(table) if "://" not in table else table)
-        df = spark.sql(args.sql)
+        df = spark.sql(sql)
         rows = df.collect()
         write_rows(df.columns, rows, args.format, max_width=args.max_width)
         say(f"answered by {'Spark Connect' if how == 'connect' else 'a local Spark session'} "
@@ -227,13 +404,18 @@ def main(argv=None) -> int:
             "session)")
         return 0
     except TableMissing as exc:
-        print(f"sink.query: error: {exc}", file=sys.stderr)
+        tell(f"error: {exc}")
         return 2
     except (ParseException, AnalysisException) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
         print(f"sink.query: error in the SQL: {first}\n(the table is the view '{VIEW}'; "
               f"columns: see python -m sink.query \"DESCRIBE {VIEW}\")", file=sys.stderr)
         return 2
+    except Exception as exc:   # Spark failed to run it (a worker, the server): one line, no trace
+        first = str(exc).strip().splitlines()[0][:500] if str(exc).strip() else repr(exc)
+        tell(f"error: Spark could not run the query ({type(exc).__name__}: {first})"
+             + (": see the history job's log" if how == "connect" else ""))
+        return 1
     finally:
         spark.stop()
 

@@ -90,6 +90,8 @@ class SourceOptions:
     dedup_dir: str | None = None       # drop duplicate message ids, state here (sink.history.dedup)
     dedup_window_ms: int = 24 * 3600 * 1000
     dedup_max_groups: int = 100_000
+    verify_dir: str | None = None      # drop records without the broker's signature (its data dir)
+    embedded: bool = False             # the broker's embedded Kafka: starting empty is routine
 
     @property
     def check_crcs(self) -> bool:
@@ -132,7 +134,9 @@ class SourceOptions:
                    client_id=_opt(options, "kafka.client.id", default="mqtt-history"),
                    client_conf=_client_conf(options), columns=headers == "columns",
                    max_partitions=max_parts, dedup_dir=_opt(options, "dedup.dir"),
-                   dedup_window_ms=window, dedup_max_groups=max_groups)
+                   dedup_window_ms=window, dedup_max_groups=max_groups,
+                   verify_dir=_opt(options, "verify.dataDir"),
+                   embedded=str(_opt(options, "embeddedKafka", default="false")).lower() == "true")
 
 
 @dataclass(frozen=True)
@@ -234,6 +238,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._target = None         # Trigger.AvailableNow target offsets
         self._latest = None         # last observed latest offsets (for progress reporting)
         self._warned: set = set()
+        self._down_since: float | None = None   # Kafka not answering since (monotonic)
         self._dedup = None
         if opts.dedup_dir:
             from sink.history.dedup import LedgerStore
@@ -315,9 +320,21 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         try:
             snap = self._snapshot()
         except Exception as exc:  # Kafka down or restarting: no new data this trigger
-            log.warning("cannot read Kafka offsets from %s (%s); will retry at the next trigger",
-                        self.opts.bootstrap, exc)
+            # a restart takes seconds: said once; a WARNING only if it lasts
+            now = time.monotonic()
+            if self._down_since is None:
+                self._down_since = now
+                log.info("Kafka at %s does not answer (%s); retrying at every trigger",
+                         self.opts.bootstrap, exc)
+            elif now - self._down_since > 30 and ("down", self._down_since) not in self._warned:
+                self._warned.add(("down", self._down_since))
+                log.warning("Kafka at %s has not answered for %.0f s (%s); still retrying",
+                            self.opts.bootstrap, now - self._down_since, exc)
             return start
+        if self._down_since is not None:
+            log.info("Kafka at %s answers again after %.0f s", self.opts.bootstrap,
+                     time.monotonic() - self._down_since)
+            self._down_since = None
         self._latest = snap
         if self._target is not None:  # AvailableNow: never go past the target
             snap = _cap(snap, self._target)
@@ -364,9 +381,11 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return end
 
     def _warn_once(self, key, msg, *args) -> None:
+        """Said once: an INFO with the broker's embedded Kafka, which starts empty whenever the
+        broker starts it (the broker sends again what the table lacks), else a WARNING."""
         if key not in self._warned:
             self._warned.add(key)
-            log.warning(msg, *args)
+            log.log(logging.INFO if self.opts.embedded else logging.WARNING, msg, *args)
 
     def partitions(self, start: dict, end: dict):
         ts = end.get("ts") or int(time.time() * 1000)  # offsets written before "ts" existed
@@ -406,8 +425,15 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if ranges and ranges[0].ledger:
             from sink.history.dedup import TaskFilter, load_ledger
             dedup = TaskFilter(load_ledger(ranges[0].ledger))
+        check = _signature_check(self.opts.verify_dir)
         for r in ranges:
-            yield from self._read_range(pa, schema, r, dedup)
+            yield from self._read_range(pa, schema, r, dedup, check)
+        if check is not None and check[2].dropped:
+            v = check[2]
+            log.warning("dropped %d Kafka records of %s that do not carry the broker's signature: "
+                        "%s (first at offsets %s); [history] verify_records = false keeps them",
+                        v.dropped, ", ".join(f"{r.topic}-{r.partition}" for r in ranges),
+                        v.describe(), ", ".join(f"{o} ({why})" for why, o in v.examples))
         if dedup is not None:  # the ids this task kept: merged into the ledger for the next batch
             from sink.history.dedup import write_task_summary
             write_task_summary(ranges[0].batch_dir,
@@ -422,7 +448,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         from pyspark.sql.pandas.types import to_arrow_schema
         return to_arrow_schema(self.schema, timezone="UTC")
 
-    def _read_range(self, pa, schema, partition: KafkaRange, dedup=None) -> Iterator:
+    def _read_range(self, pa, schema, partition: KafkaRange, dedup=None, check=None) -> Iterator:
         from kafka.errors import OffsetOutOfRangeError
 
         fetcher = _PartitionFetcher(self.opts, partition.topic, partition.partition)
@@ -449,6 +475,13 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     continue
                 if not keep.all():
                     d = d.take(keep)
+                if check is not None:   # before de-duplication: a forged id must not hide a real one
+                    from sink.history.verify import signed
+                    ok = signed(d, partition.topic, *check)
+                    if not ok.all():
+                        d = d.take(ok)
+                        if not len(d):
+                            continue
                 if dedup is not None:  # ids seen before (sink.history.dedup): one take for both
                     fresh = dedup.keep(d.data, *_message_ids(d))
                     if not fresh.all():
@@ -464,6 +497,27 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             if time.monotonic() - idle_since > self.opts.poll_timeout_s:
                 raise TimeoutError(f"no records from Kafka {tp} at offset {pos} for "
                                    f"{self.opts.poll_timeout_s:.0f}s (is {self.opts.bootstrap} up?)")
+
+
+_no_key_warned: set = set()
+
+
+def _signature_check(data_dir: str | None):
+    """(derived key, key id, Verdicts) for sink.history.verify, from the broker's data directory;
+    None when records are not checked (not asked, or the broker never made its key there)."""
+    if not data_dir:
+        return None
+    from settings import secrets
+    from sink.history.verify import Verdicts
+    key = secrets.sink_key(data_dir)
+    if key is None:
+        if data_dir not in _no_key_warned:
+            _no_key_warned.add(data_dir)
+            log.warning("no broker key in %s: Kafka records are not checked for the broker's "
+                        "signature (is it the broker's data directory? --data-dir / data_dir)",
+                        secrets.secrets_dir(data_dir))
+        return None
+    return secrets.derive(key, secrets.RECORDS), secrets.key_id(key), Verdicts()
 
 
 _frozen = False

@@ -183,7 +183,8 @@ def _start_job(bootstrap: str, tmp_path: Path, log_path: Path) -> subprocess.Pop
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
     cmd = [sys.executable, "-m", "sink.job", "--kafka-bootstrap", bootstrap,
            "--table", str(tmp_path / "history"), "--trigger-seconds", "1", "--source", "python",
-           "--no-connect"]  # no Spark Connect server on the fixed default port
+           "--no-connect",  # no Spark Connect server on the fixed default port
+           "--data-dir", str(tmp_path / "data")]  # not the checkout's ./data (its secrets)
     out = open(log_path, "ab")
     # Own process group: SIGKILL then takes the JVM and the Python workers too (a crash).
     return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,

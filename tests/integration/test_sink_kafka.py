@@ -139,7 +139,9 @@ def test_headers_and_payload_round_trip(kafka, tmp_path, mode):
         k = by_id[r.message_id]
         key, value, headers, ts = to_kafka(r)
         assert (k.key, k.value, k.timestamp) == (key, value, ts)
-        assert list(k.headers) == headers                  # names, values and order exactly
+        got_headers = list(k.headers)
+        assert got_headers[:-1] == headers                 # names, values and order exactly,
+        assert got_headers[-1][0] == "mqtt.sig"            # then the broker's signature
         assert from_kafka(k.key, k.value, k.headers, k.timestamp) == r
     assert len({r.message_id for r in sent}) == len(sent)
     for t in {r.topic for r in sent}:  # per-topic order kept, also across sharded forwarders
@@ -352,24 +354,30 @@ def test_embedded_kafka_restart_between_runs_replays_window(tmp_path):
 # ---------------------------------------------------------------------------------------------
 # keep_until = "history": the spool keeps every record until the history job's committed file
 # (sink/progress.py) covers it; this test plays the job by writing that file itself.
-def commit_what_kafka_has(bootstrap: str, path: str, topic: str = "mqtt.messages") -> int:
-    """Write the committed file the way the job does: next offset of every partition, under the
-    current topic id. -> records covered."""
+def topic_id(bootstrap: str, topic: str = "mqtt.messages", wait_ms: int = 5000) -> str | None:
+    """The topic's id as Kafka's metadata gives it now (None: not known)."""
     from kafka.net.compat import KafkaNetClient
-    from sink import progress
+    c = KafkaNetClient(bootstrap_servers=[bootstrap])
+    try:
+        c._manager.bootstrap(wait_ms)
+        c.cluster.add_topic(topic)
+        c.poll(timeout_ms=wait_ms, future=c.cluster.request_update())
+        tid = c.cluster.topic_id(topic)
+    finally:
+        c.close()
+    return str(tid) if tid else None
+
+
+def commit_what_kafka_has(bootstrap: str, path: str, key: bytes, topic: str = "mqtt.messages") -> int:
+    """Write the committed file the way the job does: next offset of every partition, under the
+    current topic id, signed with the broker's key. -> records covered."""
+    from sink import progress, secrets
     got = consume(bootstrap, topic, 1, timeout=30)
     ends: dict[int, int] = {}
     for r in got:
         ends[r.partition] = max(ends.get(r.partition, 0), r.offset + 1)
-    c = KafkaNetClient(bootstrap_servers=[bootstrap])
-    try:
-        c._manager.bootstrap(5000)
-        c.cluster.add_topic(topic)
-        c.poll(timeout_ms=5000, future=c.cluster.request_update())
-        tid = c.cluster.topic_id(topic)
-    finally:
-        c.close()
-    progress.write_committed(path, 1, {topic: {"topic_id": str(tid) if tid else None, "offsets": ends}})
+    progress.write_committed(path, 1, {topic: {"topic_id": topic_id(bootstrap, topic), "offsets": ends}},
+                             key=secrets.derive(key, secrets.COMMITTED))
     return len(got)
 
 
@@ -393,7 +401,7 @@ def test_history_retention_replays_uncommitted_after_kafka_restart(kafka, tmp_pa
         held_bytes = st["spool_bytes"]
         assert held_bytes > 0 and st["spool_messages"] == 0, st
         segs_before = len([n for n in os.listdir(tmp_path / "spool") if n.endswith(".seg")])
-        assert commit_what_kafka_has(kafka.bootstrap, committed) == 300     # the "job" committed these
+        assert commit_what_kafka_has(kafka.bootstrap, committed, s.key) == 300     # the "job" committed these
         wait_for(lambda: s.stats()["spool_held_messages"] == 0, 30, "spool released committed records")
         wait_for(lambda: len([n for n in os.listdir(tmp_path / "spool") if n.endswith(".seg")]) < segs_before,
                  30, "committed segments deleted")

@@ -51,3 +51,25 @@ def test_written_file_answers_the_spool(tmp_path):
     assert state["batch_id"] == 4
     assert is_committed(state, "m", "tid", 0, 24) and not is_committed(state, "m", "tid", 0, 25)
     assert not is_committed(state, "m", "other-incarnation", 0, 0)
+
+
+def test_job_says_when_its_table_flag_hides_its_commits_from_the_broker(tmp_path):
+    """The broker looks for the committed file where the config's [history] says; a job started
+    with --table/--checkpoint elsewhere says so at once (with keep_until = "history" the spool
+    would keep every record until spool_max_bytes)."""
+    from sink.history.job import config_from_args
+    cfg = tmp_path / "broker.toml"
+    cfg.write_text(f'[sink]\nkeep_until = "history"\n[history]\ntable = "{tmp_path}/history"\n')
+    _, args = config_from_args(["--config", str(cfg)])
+    assert args.notes == []
+    _, args = config_from_args(["--config", str(cfg), "--table", str(tmp_path / "history")])
+    assert args.notes == []                                  # the same place, given twice
+    _, args = config_from_args(["--config", str(cfg), "--table", str(tmp_path / "other")])
+    [note] = args.notes
+    assert f"{tmp_path}/history_checkpoint/history_committed.json" in note
+    assert "keeps every record until spool_max_bytes" in note
+    _, args = config_from_args(["--config", str(cfg), "--checkpoint", str(tmp_path / "ck")])
+    assert len(args.notes) == 1 and "--checkpoint" in args.notes[0]
+    cfg.write_text(f'[history]\ntable = "{tmp_path}/history"\n')       # keep_until = "kafka"
+    _, args = config_from_args(["--config", str(cfg), "--table", str(tmp_path / "other")])
+    assert args.notes == []                                  # the broker does not wait for it
