@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from sink import progress, secrets
+from settings import secrets
+from sink import progress
 from sink.forward.kafka_embedded import EmbeddedKafka
 from sink.forward.record import SinkRecord, to_kafka
 from sink.forward.service import Sink

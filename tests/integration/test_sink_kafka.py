@@ -371,7 +371,8 @@ def topic_id(bootstrap: str, topic: str = "mqtt.messages", wait_ms: int = 5000) 
 def commit_what_kafka_has(bootstrap: str, path: str, key: bytes, topic: str = "mqtt.messages") -> int:
     """Write the committed file the way the job does: next offset of every partition, under the
     current topic id, signed with the broker's key. -> records covered."""
-    from sink import progress, secrets
+    from settings import secrets
+    from sink import progress
     got = consume(bootstrap, topic, 1, timeout=30)
     ends: dict[int, int] = {}
     for r in got:

@@ -13,7 +13,8 @@ import time
 import pytest
 from kafka import KafkaConsumer, TopicPartition
 
-from sink import progress, secrets
+from settings import secrets
+from sink import progress
 from sink.forward.kafka_embedded import free_port
 from sink.forward.service import Sink
 from tests.integration.test_sink_kafka import rec, topic_id, wait_for
