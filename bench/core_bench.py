@@ -29,11 +29,20 @@ SCENARIOS = {"qos0_fanin": (1, 0, False), "qos0_fanout": (100, 0, False),
 
 
 def run(n: int, subscribers: int, qos: int, level: int, acked: bool = False,
-        dashboard: bool = False) -> float:
+        dashboard: bool = False, store: bool = False) -> float:
     b = Broker(MQTTConfig())
     if dashboard:  # the dashboard's per-topic counter: a hook on accepted messages
         from broker.dashboard.live import TopicCounter
         b.add_hook(TopicCounter(10_000))
+    gate = None
+    if store:  # the default persistence (a SQLite store) and the ack gate, as the server runs them
+        import tempfile
+
+        from broker.core.events import AcksHeld
+        from broker.store.sqlite import Store
+        from broker.transport.connection_protocol import AckGate
+        b.add_hook(Store(os.path.join(tempfile.mkdtemp(), "state.db")))
+        gate = AckGate(b.hooks, lambda: None)
     subs = []
     for i in range(subscribers):
         c = Connection(b)
@@ -55,7 +64,13 @@ def run(n: int, subscribers: int, qos: int, level: int, acked: bool = False,
     t0 = time.perf_counter()
     sent = 0
     while sent < n:
-        pub.data_received(chunk)
+        events = pub.data_received(chunk)
+        if gate is not None:
+            for ev in events:
+                if type(ev) is AcksHeld:
+                    gate.hold(pub, ev)
+            for end in b.hooks.on_turn_end:  # the server's flush: commit, then the acks go out
+                end()
         sent += batch
         pub.take_output()
         for c in subs:
@@ -73,7 +88,7 @@ def run(n: int, subscribers: int, qos: int, level: int, acked: bool = False,
     return sent * subscribers / dt
 
 
-def instructions(scenario: str, level: int) -> int:
+def instructions(scenario: str, level: int, extra: tuple = ()) -> int:
     """Instructions per delivered message: two callgrind runs of 4,000 and 24,000 messages,
     so start-up and set-up cancel out."""
     subs = SCENARIOS[scenario][0]
@@ -81,7 +96,8 @@ def instructions(scenario: str, level: int) -> int:
     for n in (4000, 24000):
         r = subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null",
                             sys.executable, os.path.abspath(__file__), "--only", scenario,
-                            "--messages", str(n * (20 if subs > 1 else 1)), "--level", str(level)],
+                            "--messages", str(n * (20 if subs > 1 else 1)), "--level", str(level),
+                            *extra],
                            capture_output=True, text=True)
         m = re.search(r"Collected : (\d+)", r.stderr)
         if r.returncode or m is None:
@@ -99,16 +115,19 @@ def main():
                     help="machine instructions per delivery, under callgrind")
     ap.add_argument("--dashboard", action="store_true",
                     help="with the dashboard's per-topic counter hook attached")
+    ap.add_argument("--store", action="store_true",
+                    help="with the default persistence (SQLite store) and the ack gate")
     a = ap.parse_args()
     for name, (subs, qos, acked) in SCENARIOS.items():
         if a.only and name != a.only:
             continue
         if a.instructions:
-            print(f"{name:12}: {instructions(name, a.level):8,} instructions per delivery "
-                  f"(callgrind, level {a.level})", flush=True)
+            extra = tuple(f for f, on in (("--store", a.store), ("--dashboard", a.dashboard)) if on)
+            print(f"{name:12}: {instructions(name, a.level, extra):8,} instructions per delivery "
+                  f"(callgrind, level {a.level}{' ' + ' '.join(extra) if extra else ''})", flush=True)
             continue
         n = a.messages if subs == 1 else a.messages // 20
-        r = run(n, subs, qos, a.level, acked, a.dashboard)
+        r = run(n, subs, qos, a.level, acked, a.dashboard, a.store)
         print(f"{name:12}: {r:12,.0f} deliveries/s (core only, level {a.level})", flush=True)
 
 

@@ -127,8 +127,13 @@ class ClusterNode(Hook):
         their ends (so retained messages and ownership are known before any client), join."""
         import asyncio
         self.loop = asyncio.get_running_loop()
-        counts = ensure_topics(self.bootstrap, self.topics, self.cfg.partitions,
-                               self.cfg.replication_factor, self.cfg.kafka)
+        try:
+            counts = ensure_topics(self.bootstrap, self.topics, self.cfg.partitions,
+                                   self.cfg.replication_factor, self.cfg.kafka)
+        except Exception as exc:  # kafka-python's errors are not OSError / RuntimeError
+            raise RuntimeError(f"cluster: cannot use the Kafka at {self.bootstrap} ({exc}): is it "
+                               "running and reachable from this node? (--kafka-bootstrap, "
+                               "cluster.bootstrap_servers)") from exc
         self.partitions = counts[self.topics.messages]
         self.state = C.ControlState(self.node, self.inc, time.monotonic)
         self.producer = Producer(self.loop, self.bootstrap, self.cfg.kafka, self._completed)

@@ -66,7 +66,7 @@ class Broker:
         self.router_hook = None
         self.admit = None
         # some hook provides barrier(): PUBACK/PUBREC are held until it says the message is
-        # durable (MessageAccepted events; the ack gate decides, core/durability.py)
+        # durable (AcksHeld events; the ack gate decides, core/durability.py)
         self.durable = False
         self.clock = clock
         self.wall = wall

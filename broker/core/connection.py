@@ -1,7 +1,7 @@
 """One client connection: CONNECT rules, inbound PUBLISH flows, SUBSCRIBE, keep alive.
 
 Sans-I/O: `data_received(bytes)` in, events out (core/events.py: AuthRequested,
-MessageAccepted; an empty tuple on the fast path); encoded packets accumulate in `out`
+AcksHeld, AdmitRequested; an empty tuple on the fast path); encoded packets accumulate in `out`
 and the caller writes them; `close_requested` asks the caller to close the socket after
 writing (a dirty connection: after its flush; else, after the client's DISCONNECT, at once).
 Flow control is an input: pause_writing()/resume_writing(). The connection holds no
@@ -21,7 +21,7 @@ from ..protocol import reason_codes as rc
 from ..protocol.codec import Decoder, decode_one, encode, encode_ack, is_one_packet
 from ..protocol.errors import MalformedPacket, MQTTError, ProtocolError
 from ..protocol.properties import encode_vbi
-from .events import NO_EVENTS, AdmitRequested, AuthRequested, MessageAccepted
+from .events import NO_EVENTS, AcksHeld, AdmitRequested, AuthRequested
 from .hooks import ALLOW_ALL
 from .message import Message
 from .session import NEVER, ReplayBudget, Subscription
@@ -158,18 +158,38 @@ class Connection:
         self.events = None
         return ev
 
-    def acks_done(self, acks: list, failure: str | None = None) -> None:
-        """The acks of MessageAccepted events, decided: failure None means the messages are
+    def hold(self, ack: bytes, suback: bool = False) -> None:
+        """An ack that waits for durability: into this read's AcksHeld event (one per read)."""
+        ev = self.events
+        if ev is not None and type(ev[-1]) is AcksHeld:
+            held = ev[-1]
+            held.acks.append(ack)
+        else:
+            held = AcksHeld(ack)
+            self.emit(held)
+        if suback:
+            held.subacks += 1
+        else:
+            self.pending_acks += 1
+
+    def acks_done(self, acks: list, failure: str | None = None, subacks: int = 0) -> None:
+        """The acks of an AcksHeld event, decided: failure None means the messages are
         durable, send the acks as they are; otherwise never a success: v5 the same ack with
         0x80 Unspecified error, 3.1.x has no failure ack: close. [MQTT-4.3.2-4], [MQTT-4.3.3-8]:
         the PUBACK/PUBREC goes out only once the broker owns the message."""
-        self.pending_acks -= sum(1 for a in acks if a[0] >> 4 != P.SUBACK)
+        self.pending_acks -= len(acks) - subacks
         if self.state == _CLOSED:
             return
         if failure is not None:
             return self.fail_acks(acks, failure)
-        for a in acks:
-            self.write(a)
+        out = self.out  # write(a) for each, in one step: a read's acks are many
+        if out:
+            out.extend(acks)
+        else:
+            self.out = list(acks)
+        if not self.is_dirty:
+            self.is_dirty = True
+            self.broker.mark_dirty(self)
 
     def fail_acks(self, acks: list, why: str) -> None:
         """The held acks become failures: v5 the same ack with 0x80 Unspecified error; 3.1.x has
@@ -735,9 +755,15 @@ class Connection:
             return self.unsendable(P.PUBACK if qos == 1 else P.PUBREC, len(data))
         if code < 0x80 and self.broker.durable:
             # sent by the caller once the hooks providing barrier() say the message is durable
-            # (the ack gate calls acks_done)
-            self.pending_acks += 1
-            self.emit(MessageAccepted(pid, data))
+            # (the ack gate calls acks_done); hold(data), inline for the read's later acks
+            ev = self.events
+            if ev is not None:
+                held = ev[-1]
+                if type(held) is AcksHeld:
+                    held.acks.append(data)
+                    self.pending_acks += 1
+                    return
+            self.hold(data)
         else:
             self.write(data)
 
@@ -836,7 +862,7 @@ class Connection:
         if b.durable and subscribed and session.store is not None:
             # a persistent session's subscriptions are acknowledged once they are durable (the
             # hooks providing barrier(): the store's commit, the cluster's Kafka write)
-            self.emit(MessageAccepted(s.packet_id, suback))
+            self.hold(suback, suback=True)
         else:
             self.write(suback)
         now = b.clock()

@@ -3,8 +3,9 @@ Connection.auth_done() (h11 / mqttproto style: bytes in, bytes + events out).
 
 Output bytes accumulate in Connection.out (the caller writes them once per turn, see
 take_output()); events are decisions the core cannot take alone because they need time or
-I/O: a slow password hash, or a message becoming durable. The common paths (QoS 0, and
-QoS 1/2 when nothing waits on durability) produce no event object at all.
+I/O: a slow password hash, a message becoming durable, a cluster's claim on a client id. The
+common paths (QoS 0, and QoS 1/2 when nothing waits on durability) produce no event object at
+all, and acks that wait make one event per read, not one per message.
 """
 from __future__ import annotations
 
@@ -22,14 +23,21 @@ class AuthRequested(NamedTuple):
     assigned: str | None  # the client id the broker assigned, or None
 
 
-class MessageAccepted(NamedTuple):
-    """A QoS 1/2 PUBLISH was routed; its PUBACK/PUBREC (`ack`, already encoded) must wait
-    until the message is durable: until the tokens of the hooks providing barrier() resolve
-    (core/durability.py). The caller then calls conn.acks_done([ack, ...], failure) once:
-    failure None sends them as they are, a reason string sends failures (v5 0x80, 3.1.x
-    closes). A persistent session's SUBACK waits the same way (its failure: 0x80 per filter)."""
-    packet_id: int
-    ack: bytes
+class AcksHeld:
+    """Acknowledgements that must wait until what they acknowledge is durable: PUBACK/PUBREC of
+    accepted QoS 1/2 PUBLISHes, and a persistent session's SUBACK (`acks`, encoded, in order).
+    One per read, however many messages it had: the caller asks the hooks providing barrier()
+    for their tokens once (core/durability.py) and then calls conn.acks_done(acks, failure):
+    failure None sends them as they are, a reason sends failures (v5 0x80, a SUBACK 0x80 per
+    filter, 3.1.x closes)."""
+    __slots__ = ("acks", "subacks")
+
+    def __init__(self, ack: bytes):
+        self.acks = [ack]
+        self.subacks = 0  # SUBACKs among them (they are not counted against Receive Maximum)
+
+    def __repr__(self) -> str:
+        return f"AcksHeld({len(self.acks)} acks, {self.subacks} SUBACKs)"
 
 
 class AdmitRequested(NamedTuple):

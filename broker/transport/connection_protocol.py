@@ -4,7 +4,7 @@ MQTTProtocol owns what the sans-I/O Connection (core/connection.py) must not: th
 flow control both ways (pause_writing/resume_writing towards the Connection, pause_reading of
 a client that sends without reading), the linger timer of a graceful close, and the
 events the Connection returns: AuthRequested (the password check on the CheckQueue's threads)
-and MessageAccepted (acks waiting for durability). AckGate is the one place where
+and AcksHeld (acks waiting for durability). AckGate is the one place where
 acknowledgements that wait for durability are decided and sent, as successes or failures.
 
 WebSocket (transport/websocket.py) wraps its framing around the same MQTTProtocol through a
@@ -19,7 +19,7 @@ from settings import ListenerConfig
 
 from ..core.connection import CLIENT_DONE, Connection, loopback_host
 from ..core.durability import when_all
-from ..core.events import AdmitRequested, AuthRequested, MessageAccepted
+from ..core.events import AcksHeld, AdmitRequested, AuthRequested
 from ..protocol import reason_codes as rc
 from . import tls
 
@@ -50,17 +50,18 @@ class AckGate:
         # a token such as the store's is resolved by it even if nothing else is written)
         self.end_turn = end_turn
 
-    def hold(self, conn: Connection, acks: list) -> None:
-        """The acks of one read's MessageAccepted events."""
+    def hold(self, conn: Connection, held: AcksHeld) -> None:
+        """The acks of one read (an AcksHeld event)."""
+        acks, subacks = held.acks, held.subacks
         tokens = [t for barrier in self.hooks.barrier if (t := barrier()) is not None]
         if not tokens:
-            conn.acks_done(acks, None)
+            conn.acks_done(acks, None, subacks)
             return
         self.end_turn()
         if len(tokens) == 1:
-            tokens[0].add_done_callback(lambda t: conn.acks_done(acks, t.failure))
+            tokens[0].add_done_callback(lambda t: conn.acks_done(acks, t.failure, subacks))
         else:
-            when_all(tokens, lambda failure: conn.acks_done(acks, failure))
+            when_all(tokens, lambda failure: conn.acks_done(acks, failure, subacks))
 
 
 class MQTTProtocol(asyncio.Protocol):
@@ -165,19 +166,14 @@ class MQTTProtocol(asyncio.Protocol):
 
     # ------------------------------------------------------------ the Connection's events
     def handle_events(self, events) -> None:
-        acks = None
         for ev in events:
-            if type(ev) is MessageAccepted:
-                if acks is None:
-                    acks = [ev.ack]
-                else:
-                    acks.append(ev.ack)
-            elif type(ev) is AuthRequested:
+            t = type(ev)
+            if t is AcksHeld:
+                self.server.acks.hold(self.conn, ev)
+            elif t is AuthRequested:
                 self.check_password(ev)
-            elif type(ev) is AdmitRequested:
-                ev.token.add_done_callback(lambda t, ev=ev: self.admit_done(ev, t.failure))
-        if acks is not None:
-            self.server.acks.hold(self.conn, acks)
+            elif t is AdmitRequested:
+                ev.token.add_done_callback(lambda tok, ev=ev: self.admit_done(ev, tok.failure))
 
     def check_password(self, ev: AuthRequested) -> None:
         """Run the password check on the CheckQueue's threads (bounded); a full queue refuses

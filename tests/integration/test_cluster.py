@@ -6,6 +6,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -792,3 +793,15 @@ def test_the_dashboard_shows_the_members_and_which_node_holds_a_client(kafka, tm
     status, r = get_json(n2.dashboard + f"/api/v1/clients/{me}", user=ADMIN, password=ADMIN_PW)
     assert status == 404 and r["node"] == "n1"
     keep.close()
+
+
+def test_a_node_whose_kafka_is_unreachable_says_so_in_one_line(tmp_path):
+    from tests.conftest import free_port
+    r = subprocess.run([sys.executable, "-m", "broker", "--port", "0", "--data-dir", str(tmp_path),
+                        "--kafka-bootstrap", f"127.0.0.1:{free_port()}",
+                        "--set", "cluster.enabled=true", "--set", "cluster.node_id=x"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 1
+    assert "Traceback" not in r.stderr
+    assert "cannot use the Kafka at" in r.stderr and "is it running" in r.stderr

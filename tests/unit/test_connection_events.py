@@ -1,6 +1,6 @@
 """The Connection as a sans-I/O state machine: bytes in, bytes + events out, a fake clock.
 
-AuthRequested (the caller checks the password, then auth_done), MessageAccepted (the ack waits
+AuthRequested (the caller checks the password, then auth_done), AcksHeld (the acks wait
 for durability, then acks_done with success or a failure), the bound on what waits for a
 CONNACK, and AckGate's store-commit decisions (transport/connection_protocol.py) without a loop.
 """
@@ -11,7 +11,7 @@ from broker.config import MQTTConfig
 from broker.core.broker import Broker
 from broker.core.connection import Connection
 from broker.core.durability import Pending, when_all
-from broker.core.events import NO_EVENTS, AuthRequested, MessageAccepted
+from broker.core.events import NO_EVENTS, AcksHeld, AuthRequested
 from broker.core.hooks import AllowAll
 from broker.core.message import Message
 from broker.protocol import packets as P
@@ -146,7 +146,7 @@ def test_deferred_publish_with_durable_sink_returns_message_accepted_from_auth_d
     (ev,) = conn.data_received(encode(P.Connect("c", 5, username="bob", password=b"x"), 5)
                                + publish(1))
     (acc,) = conn.auth_done(*ev, 0)
-    assert acc == MessageAccepted(7, PUBACK_7_NO_MATCH)
+    assert type(acc) is AcksHeld and acc.acks == [PUBACK_7_NO_MATCH]
     assert [p.type for p in decode(output(conn))] == [P.CONNACK]
 
 
@@ -185,40 +185,40 @@ def test_deferral_bound_is_exact(cap, extra):
         assert not conn.close_requested and conn.deferred is None
 
 
-# ------------------------------------------------------------ MessageAccepted
-def test_message_accepted_then_success():
+# ------------------------------------------------------------ AcksHeld
+def test_acks_held_then_success():
+    """One event for every ack of a read (not one per message)."""
     b, _ = broker(Sink())
     conn = connected(b)
-    events = conn.data_received(publish(1, 7) + publish(2, 8))
-    assert [type(e) for e in events] == [MessageAccepted, MessageAccepted]
-    assert [e.packet_id for e in events] == [7, 8]
+    (held,) = conn.data_received(publish(1, 7) + publish(2, 8))
+    assert type(held) is AcksHeld and len(held.acks) == 2 and held.subacks == 0
     assert output(conn) == b"" and conn.pending_acks == 2  # nothing before durability
-    conn.acks_done([e.ack for e in events])
+    conn.acks_done(held.acks)
     assert output(conn) == PUBACK_7_NO_MATCH + b"\x50\x04\x00\x08\x10\x00"
     assert conn.pending_acks == 0
 
 
-def test_message_accepted_then_failure_v5_frees_the_qos2_packet_id():
+def test_acks_held_then_failure_v5_frees_the_qos2_packet_id():
     b, _ = broker(Sink())
     conn = connected(b)
     (e1,) = conn.data_received(publish(1, 7))
     (e2,) = conn.data_received(publish(2, 9))
-    conn.acks_done([e1.ack, e2.ack], "disk full")
+    conn.acks_done(e1.acks + e2.acks, "disk full")
     a1, a2 = decode(output(conn))
     assert (a1.type, a1.packet_id, a1.reason_code) == (P.PUBACK, 7, rc.UNSPECIFIED_ERROR)
     assert (a2.type, a2.packet_id, a2.reason_code) == (P.PUBREC, 9, rc.UNSPECIFIED_ERROR)
     assert a1.properties[0x1F] == "disk full" and not conn.close_requested
     # 4.3.3: after a PUBREC >= 0x80 the same packet id is a new message, not a duplicate
     (e3,) = conn.data_received(publish(2, 9))
-    assert type(e3) is MessageAccepted and conn.pending_acks == 1
+    assert type(e3) is AcksHeld and conn.pending_acks == 1
 
 
-def test_message_accepted_failure_closes_a_311_connection():
+def test_acks_held_failure_closes_a_311_connection():
     b, _ = broker(Sink())
     conn = connected(b, 4)
     (ev,) = conn.data_received(publish(1, 7, level=4))
-    assert ev.ack == PUBACK_7
-    conn.acks_done([ev.ack], "disk full")
+    assert ev.acks == [PUBACK_7]
+    conn.acks_done(ev.acks, "disk full")
     assert output(conn, 4) == b"" and conn.close_requested  # 3.1.x has no failure ack
     assert conn not in b.connections
 
@@ -228,14 +228,15 @@ def test_acks_after_close_are_dropped():
     conn = connected(b)
     (ev,) = conn.data_received(publish(1))
     conn.connection_lost()
-    conn.acks_done([ev.ack])
+    conn.acks_done(ev.acks)
     assert output(conn) == b"" and conn.pending_acks == 0
 
 
 def test_pending_acks_count_against_receive_maximum():
     b, _ = broker(Sink(), receive_maximum=2)
     conn = connected(b)
-    assert len(conn.data_received(publish(1, 1) + publish(1, 2))) == 2
+    (held,) = conn.data_received(publish(1, 1) + publish(1, 2))
+    assert len(held.acks) == 2 and conn.pending_acks == 2
     assert conn.data_received(publish(1, 3)) is NO_EVENTS  # [MQTT-3.3.4-9]
     (d,) = decode(output(conn))
     assert (d.type, d.reason_code) == (P.DISCONNECT, rc.RECEIVE_MAXIMUM_EXCEEDED)
@@ -323,8 +324,8 @@ def test_a_persistent_sessions_suback_waits_for_durability_and_fails_per_filter(
     output(conn)
     (ev,) = conn.data_received(encode(P.Subscribe(3, [("a/#", P.SubscriptionOptions(1)),
                                                       ("b", P.SubscriptionOptions(0))]), 5))
-    assert isinstance(ev, MessageAccepted) and output(conn) == b""
-    conn.acks_done([ev.ack], "disk full")
+    assert isinstance(ev, AcksHeld) and ev.subacks == 1 and output(conn) == b""
+    conn.acks_done(ev.acks, "disk full", ev.subacks)
     (ack,) = decode(output(conn))
     assert (ack.type, ack.packet_id, ack.reason_codes) == (P.SUBACK, 3, [0x80, 0x80])
     assert conn.pending_acks == 0 and not conn.close_requested
