@@ -163,7 +163,15 @@ podman run --rm --network=none localhost/mqtt-broker:latest python -c 'import py
   || fail "the broker image does not run as uid 10001"
 [ "$(podman run --rm --network=none localhost/mqtt-job:latest id -u 2>/dev/null)" = 10001 ] \
   || fail "the job image does not run as uid 10001"
-ok "the broker image has no PySpark; both run as the unprivileged user mqtt"
+[ "$(podman run --rm --network=none localhost/mqtt-haproxy:latest id -un 2>/dev/null)" = haproxy ] \
+  || fail "the haproxy image does not run as the user haproxy"
+# without --target (the README's first build command): the broker, not the last stage's job
+podman build -q -f deploy/Dockerfile --build-arg "BASE=$BASE_IMAGE" -t localhost/mqtt-default-target:test . \
+  >>"$W/build.log" 2>&1 || { tail -30 "$W/build.log"; fail "build without --target"; }
+cmd=$(podman image inspect --format '{{.Config.Cmd}}' localhost/mqtt-default-target:test)
+podman rmi localhost/mqtt-default-target:test >/dev/null 2>&1 || true
+case "$cmd" in *"-m broker "*) ;; *) fail "a build without --target is not the broker image (CMD $cmd)";; esac
+ok "the broker image has no PySpark; broker and job run as the user mqtt, haproxy as haproxy; no --target builds the broker"
 
 # ---- the systemd unit, started by systemd --------------------------------------------------
 # systemd as PID 1 in a container made from the broker image (its /opt/venv as the unit's
