@@ -448,7 +448,8 @@ grep -q '^connected: Success, session present 1$' "$W/sub-resume.out" \
   || { cat "$W/sub-resume.out"; fail "no session present on the reconnect"; }
 ok "the subscriber reconnected through HAProxy: session present, all $N messages published while n$VICTIM was down"
 
-podman start "${PROJECT}_node${VICTIM}_1" >/dev/null || fail "podman start node$VICTIM"
+compose --profile cluster start "node$VICTIM" >"$W/start.log" 2>&1 \
+  || { quiet <"$W/start.log"; fail "compose --profile cluster start node$VICTIM"; }
 within 120 all_members || fail "node$VICTIM did not rejoin the cluster"
 for c in node1 node2 node3 haproxy; do
   within 30 podman healthcheck run "${PROJECT}_${c}_1" >/dev/null 2>&1 || fail "$c is unhealthy"
