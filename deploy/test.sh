@@ -4,8 +4,10 @@
 # anonymous clients refused and a user added to the running broker let in; a message published
 # with mosquitto_pub comes back as a row through the job's Spark Connect port; the broker
 # container restarted keeps its retained message and a persistent session's queued QoS 1 message
-# and forwards again; every container's health check passes; the dashboard answers. Then it tears
-# the stack down (containers, network, volumes; the images stay as a cache).
+# and forwards again; every container's health check passes; the dashboard answers. Then the
+# cluster profile next to it (three nodes behind HAProxy): a persistent subscriber whose node is
+# killed gets its session and every QoS 1 message published meanwhile back through HAProxy. Then
+# it tears everything down (containers, network, volumes; the images stay as a cache).
 #
 #   bash deploy/test.sh          as root (rootful podman, apt-get); needs Debian's package archive
 #                                and PyPI, nothing else: no image registry
@@ -25,6 +27,7 @@ START=$SECONDS
 RUN=$(date +%s)-$$          # makes this run's messages unique in the table
 CHECKS=0
 BUILD_SECONDS=0
+CLUSTER_SECONDS=0
 
 say() { printf 'deploy/test.sh [%4ds] %s\n' $((SECONDS - START)) "$*"; }
 ok() { CHECKS=$((CHECKS + 1)); say "ok: $*"; }
@@ -80,10 +83,14 @@ runtime = "runc"
 EOF
 cat >"$W/compose.machine.yaml" <<EOF
 services:
-  broker:
+  broker: &limits
     ulimits:
       nofile: {soft: $nofile, hard: $nofile}
       nproc: {soft: $nproc, hard: $nproc}
+  node1: *limits
+  node2: *limits
+  node3: *limits
+  haproxy: *limits
 EOF
 export CONTAINERS_CONF=$W/containers.conf
 export BUILDAH_FORMAT=docker                  # keep the images' HEALTHCHECK (OCI has none)
@@ -91,7 +98,8 @@ export BUILDAH_FORMAT=docker                  # keep the images' HEALTHCHECK (OC
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 export MQTT_PORT=${MQTT_PORT:-$(free_port)} METRICS_PORT=${METRICS_PORT:-$(free_port)}
 export DASHBOARD_PORT=${DASHBOARD_PORT:-$(free_port)} CONNECT_PORT=${CONNECT_PORT:-$(free_port)}
-compose() {
+export CLUSTER_MQTT_PORT=${CLUSTER_MQTT_PORT:-$(free_port)}
+compose() {  # compose [--profile cluster] COMMAND ...
   "$W/venv/bin/podman-compose" -p "$PROJECT" -f deploy/compose.yaml -f deploy/compose.tansu.yaml \
     -f "$W/compose.machine.yaml" "$@"
 }
@@ -131,7 +139,7 @@ if ! out=$(podman run --rm --network=none "$BASE_IMAGE" true 2>&1); then
 fi
 
 # ---- images ----------------------------------------------------------------------------------
-compose down -v >/dev/null 2>&1 || true        # what an interrupted run left
+compose --profile cluster down -v >/dev/null 2>&1 || true    # what an interrupted run left
 say "building the images (log: $W/build.log)"
 t0=$SECONDS
 : >"$W/build.log"
@@ -140,9 +148,9 @@ if [ -n "${DEPLOY_TEST_FRESH:-}" ]; then  # every stage once without the cache (
   podman build --no-cache -f deploy/Dockerfile --target job --build-arg "BASE=$BASE_IMAGE" \
     -t localhost/mqtt-job:latest . >>"$W/build.log" 2>&1 || { tail -30 "$W/build.log"; fail "build"; }
 fi
-compose build >>"$W/build.log" 2>&1 || { tail -30 "$W/build.log"; fail "build"; }
+compose --profile cluster build >>"$W/build.log" 2>&1 || { tail -30 "$W/build.log"; fail "build"; }
 BUILD_SECONDS=$((SECONDS - t0))
-for image in mqtt-broker mqtt-job; do
+for image in mqtt-broker mqtt-job mqtt-haproxy; do
   size=$(podman image inspect --format '{{.Size}}' "localhost/$image:latest")
   hc=$(podman image inspect --format '{{.Config.Healthcheck}}' "localhost/$image:latest")
   say "image localhost/$image:latest: $((size / 1000000)) MB"
@@ -155,7 +163,15 @@ podman run --rm --network=none localhost/mqtt-broker:latest python -c 'import py
   || fail "the broker image does not run as uid 10001"
 [ "$(podman run --rm --network=none localhost/mqtt-job:latest id -u 2>/dev/null)" = 10001 ] \
   || fail "the job image does not run as uid 10001"
-ok "the broker image has no PySpark; both run as the unprivileged user mqtt"
+[ "$(podman run --rm --network=none localhost/mqtt-haproxy:latest id -un 2>/dev/null)" = haproxy ] \
+  || fail "the haproxy image does not run as the user haproxy"
+# without --target (the README's first build command): the broker, not the last stage's job
+podman build -q -f deploy/Dockerfile --build-arg "BASE=$BASE_IMAGE" -t localhost/mqtt-default-target:test . \
+  >>"$W/build.log" 2>&1 || { tail -30 "$W/build.log"; fail "build without --target"; }
+cmd=$(podman image inspect --format '{{.Config.Cmd}}' localhost/mqtt-default-target:test)
+podman rmi localhost/mqtt-default-target:test >/dev/null 2>&1 || true
+case "$cmd" in *"-m broker "*) ;; *) fail "a build without --target is not the broker image (CMD $cmd)";; esac
+ok "the broker image has no PySpark; broker and job run as the user mqtt, haproxy as haproxy; no --target builds the broker"
 
 # ---- the systemd unit, started by systemd --------------------------------------------------
 # systemd as PID 1 in a container made from the broker image (its /opt/venv as the unit's
@@ -214,20 +230,22 @@ ok "the unit under systemd: start returns once MQTT listens; sandboxed; QoS 1 fo
 teardown() {
   rc=$?
   podman rm -f "$UNIT_CT" >/dev/null 2>&1 || true
+  [ -z "${SUB_PID:-}" ] || kill "$SUB_PID" 2>/dev/null || true
   if [ $rc -ne 0 ]; then
-    for c in kafka broker history; do
+    for c in kafka broker history node1 node2 node3 haproxy; do
+      podman container exists "${PROJECT}_${c}_1" || continue
       echo "---- last lines of $c's log"; podman logs --tail 25 "${PROJECT}_${c}_1" 2>&1 | quiet
     done
   fi
   if [ -n "${DEPLOY_TEST_KEEP:-}" ]; then
-    say "left running; tear down with: CONTAINERS_CONF=$W/containers.conf $W/venv/bin/podman-compose -p $PROJECT -f deploy/compose.yaml -f deploy/compose.tansu.yaml -f $W/compose.machine.yaml down -v"
+    say "left running; tear down with: CONTAINERS_CONF=$W/containers.conf $W/venv/bin/podman-compose -p $PROJECT -f deploy/compose.yaml -f deploy/compose.tansu.yaml -f $W/compose.machine.yaml --profile cluster down -v"
   else
-    compose down -v >"$W/down.log" 2>&1 || true
+    compose --profile cluster down -v >"$W/down.log" 2>&1 || true
     left=$(podman ps -a --filter "name=^${PROJECT}_" --format '{{.Names}}'; \
            podman volume ls --filter "name=^${PROJECT}_" --format '{{.Name}}')
     [ -z "$left" ] || { say "FAILED: not torn down: $left"; rc=1; }
   fi
-  [ $rc -eq 0 ] && say "passed in $((SECONDS - START))s (images built in ${BUILD_SECONDS}s)"
+  [ $rc -eq 0 ] && say "passed in $((SECONDS - START))s (images built in ${BUILD_SECONDS}s, the cluster part ${CLUSTER_SECONDS}s)"
   echo "deploy/test.sh: $CHECKS passed, $((rc == 0 ? 0 : 1)) failed"
   exit $rc
 }
@@ -305,3 +323,137 @@ case "$code" in 200|503) ;; *) fail "dashboard history: HTTP $code $(head -c 300
 [ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$METRICS_PORT/health")" = 200 ] \
   || fail "/health on the metrics port"
 ok "dashboard: login required, live data; history: HTTP $code $(head -c 160 "$W/history.json")"
+
+# ---- the cluster profile ---------------------------------------------------------------------
+# Three nodes (cluster.enabled, n1..n3) on the stack's Kafka (Tansu) behind HAProxy, started next
+# to the stack (the same password file, where alice is, and the same history job). A persistent
+# subscriber connected through HAProxy loses its node to `podman kill` (SIGKILL: no hand-over);
+# while that node is down, QoS 1 messages are published through HAProxy; the subscriber comes
+# back through HAProxy to another node and must find its session and every one of them.
+t0=$SECONDS
+say "starting the cluster profile: nodes n1..n3 and HAProxy on :$CLUSTER_MQTT_PORT"
+compose --profile cluster up -d haproxy >"$W/up-cluster.log" 2>&1 \
+  || { quiet <"$W/up-cluster.log" | tail -20; fail "compose --profile cluster up -d haproxy"; }
+node_health() {  # a node's /health (JSON), from inside its container: its ports are not published
+  podman exec "${PROJECT}_node$1_1" python -c 'import urllib.request as u
+print(u.urlopen("http://127.0.0.1:9100/health", timeout=5).read().decode())' 2>/dev/null
+}
+node_field() { node_health "$1" | python3 -c "import json, sys; h = json.load(sys.stdin); print($2)" 2>/dev/null; }
+all_members() { for i in 1 2 3; do [ "$(node_field $i 'h["cluster"]["members"]')" = 3 ] || return 1; done; }
+within 180 all_members || fail "the three nodes did not each see a cluster of 3 members"
+within 30 python3 deploy/healthcheck.py 127.0.0.1 "$CLUSTER_MQTT_PORT" 2>/dev/null \
+  || fail "no node answers CONNECT through HAProxy on :$CLUSTER_MQTT_PORT"
+for c in node1 node2 node3 haproxy; do
+  podman inspect --format '{{range $p, $b := .NetworkSettings.Ports}}{{if $b}}{{$p}} {{end}}{{end}}' \
+    "${PROJECT}_${c}_1" >"$W/ports.txt"
+  expect=""; [ $c = haproxy ] && expect="1883/tcp "
+  [ "$(cat "$W/ports.txt")" = "$expect" ] || fail "$c publishes '$(cat "$W/ports.txt")', not '$expect'"
+done
+ok "cluster profile: 3 nodes see 3 members; only HAProxy's MQTT port is published (:$CLUSTER_MQTT_PORT)"
+
+# the subscriber (paho-mqtt from .venv): `first` subscribes and waits for its connection's end,
+# `resume` comes back with clean start 0 and waits for the payloads it is given
+cat >"$W/cluster_sub.py" <<'PY'
+import sys
+import threading
+
+import paho.mqtt.client as mqtt
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+
+mode, host, port, user, password, cid, topic, *wanted = sys.argv[1:]
+missing, done, result = set(wanted), threading.Event(), {"ok": False}
+c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=cid, protocol=mqtt.MQTTv5,
+                reconnect_on_failure=False)
+c.username_pw_set(user, password)
+
+
+def on_connect(c, _u, flags, rc, _p):
+    print(f"connected: {rc}, session present {int(flags.session_present)}", flush=True)
+    if rc.is_failure or (mode == "resume" and not flags.session_present):
+        done.set()
+    elif mode == "first":
+        c.subscribe(topic, qos=1)
+
+
+def on_subscribe(_c, _u, _mid, codes, _p):
+    print(f"subscribed: {codes[0].value}", flush=True)
+
+
+def on_message(_c, _u, m):
+    print(f"got {m.payload.decode()} (dup {m.dup})", flush=True)
+    missing.discard(m.payload.decode())
+    if mode == "resume" and not missing:
+        result["ok"] = True
+        done.set()
+
+
+def on_disconnect(_c, _u, _flags, rc, _p):
+    print(f"lost: {rc}", flush=True)
+    if not done.is_set():  # not our own DISCONNECT at the end
+        result["ok"] = mode == "first"
+        done.set()
+
+
+c.on_connect, c.on_subscribe, c.on_message, c.on_disconnect = (
+    on_connect, on_subscribe, on_message, on_disconnect)
+expiry = Properties(PacketTypes.CONNECT)
+expiry.SessionExpiryInterval = 3600
+c.connect(host, int(port), keepalive=30, clean_start=mode == "first", properties=expiry)
+c.loop_start()
+done.wait(120 if mode == "first" else 60)
+if missing and mode == "resume":
+    print(f"missing {len(missing)}: {sorted(missing)}", flush=True)
+c.disconnect()
+c.loop_stop()
+sys.exit(0 if result["ok"] else 1)
+PY
+LBQ=(-h 127.0.0.1 -p "$CLUSTER_MQTT_PORT" -u alice -P "$PW" -q 1)
+CT=deploy/test/cluster
+sub() { "$ROOT/.venv/bin/python" "$W/cluster_sub.py" "$1" 127.0.0.1 "$CLUSTER_MQTT_PORT" alice "$PW" \
+          deploy-test-cluster-sub "$CT" "${@:2}"; }
+sub first >"$W/sub-first.out" 2>&1 &
+SUB_PID=$!
+within 60 grep -q '^subscribed: 1$' "$W/sub-first.out" \
+  || { cat "$W/sub-first.out"; fail "the persistent subscriber through HAProxy"; }
+mosquitto_pub "${LBQ[@]}" -t "$CT" -m "live-$RUN" || fail "publish through HAProxy"
+within 30 grep -q "^got live-$RUN " "$W/sub-first.out" \
+  || { cat "$W/sub-first.out"; fail "live-$RUN published through HAProxy did not reach the subscriber"; }
+# its node: the one with one connection (HAProxy's checks open and close some: look until one
+# node holds exactly one and the others none)
+serving() { local i n; VICTIM=""; for i in 1 2 3; do n=$(node_field $i 'h["connections"]') || return 1
+  case $n in 0) ;; 1) [ -z "$VICTIM" ] || return 1; VICTIM=$i;; *) return 1;; esac; done
+  [ -n "$VICTIM" ]; }
+within 30 serving || fail "could not tell which node serves the subscriber"
+ok "a persistent session through HAProxy gets a message published through it (its node: n$VICTIM)"
+
+podman kill "${PROJECT}_node${VICTIM}_1" >/dev/null || fail "podman kill node$VICTIM"
+wait "$SUB_PID" || { cat "$W/sub-first.out"; fail "the subscriber's connection did not end with its node"; }
+SUB_PID=""
+N=20
+want=()
+for k in $(seq 1 $N); do
+  want+=("down-$RUN-$k")
+  # until HAProxy has marked n$VICTIM down (2 failed checks a second apart) a connection may still
+  # go there and fail: retried
+  within 60 timeout 20 mosquitto_pub "${LBQ[@]}" -t "$CT" -m "down-$RUN-$k" 2>/dev/null \
+    || fail "down-$RUN-$k: no PUBACK through HAProxy while n$VICTIM is down"
+done
+[ "$(podman inspect --format '{{.State.Running}}' "${PROJECT}_node${VICTIM}_1")" = false ] \
+  || fail "node$VICTIM was running again before the publishes were done"
+ok "node$VICTIM killed (SIGKILL); $N QoS 1 messages published through HAProxy, each acknowledged"
+sub resume "${want[@]}" >"$W/sub-resume.out" 2>&1 \
+  || { cat "$W/sub-resume.out"; fail "the subscriber did not get its session and the $N messages back"; }
+grep -q '^connected: Success, session present 1$' "$W/sub-resume.out" \
+  || { cat "$W/sub-resume.out"; fail "no session present on the reconnect"; }
+ok "the subscriber reconnected through HAProxy: session present, all $N messages published while n$VICTIM was down"
+
+compose --profile cluster start "node$VICTIM" >"$W/start.log" 2>&1 \
+  || { quiet <"$W/start.log"; fail "compose --profile cluster start node$VICTIM"; }
+within 120 all_members || fail "node$VICTIM did not rejoin the cluster"
+for c in node1 node2 node3 haproxy; do
+  within 30 podman healthcheck run "${PROJECT}_${c}_1" >/dev/null 2>&1 || fail "$c is unhealthy"
+done
+within 120 has_row "live-$RUN" || fail "live-$RUN (published through the cluster) not in the history table"
+CLUSTER_SECONDS=$((SECONDS - t0))
+ok "node$VICTIM restarted rejoins (3 members on every node); the health checks of the nodes and HAProxy pass; the cluster's messages reach the history table (${CLUSTER_SECONDS}s for the cluster part)"
