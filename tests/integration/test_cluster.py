@@ -648,7 +648,7 @@ def test_the_cluster_delivers_what_a_single_broker_delivers(oracle_and_cluster, 
 
 def test_a_leaving_node_with_a_server_reference_sends_use_another_server(kafka, tmp_path):
     """4.11: DISCONNECT 0x9C Use another server, with the configured Server Reference."""
-    c = Cluster(kafka, tmp_path, 0)
+    c = Cluster(kafka, tmp_path, 0)  # (its settings only: the node is started and stopped here)
     d = tmp_path / "ref"
     d.mkdir()
     b = BrokerProcess(d, {**c.settings("n1"), "cluster.server_reference": "mqtt.example:1883"})
@@ -778,9 +778,10 @@ def test_metrics_and_sys_topics_show_the_members_and_clients_per_node(kafka, tmp
             b.stop()
 
 
-def test_the_dashboard_shows_the_members_and_which_node_holds_a_client(kafka, tmp_path, make_broker):
+def test_the_dashboard_shows_the_members_and_which_node_holds_a_client(cluster, tmp_path,
+                                                                      make_broker):
     from tests.integration.dashboard_http import ADMIN, ADMIN_PW, get_json, start_dashboard
-    c = Cluster(kafka, tmp_path, 1)            # n1
+    c = cluster(1)                             # n1 (n2 below, with the dashboard)
     d = tmp_path / "n2"
     d.mkdir()
     n2 = start_dashboard(make_broker, d, c.settings("n2"))
