@@ -79,7 +79,9 @@ def _consumer_options(kafka: dict) -> dict:
 def make_consumer(bootstrap: str, kafka: dict, fetch_wait_ms: int):
     from kafka import KafkaConsumer
     opts = {"enable_auto_commit": False, "fetch_max_wait_ms": fetch_wait_ms,
-            "max_poll_records": 2000, "client_id": "mqtt-cluster-reader"}
+            "max_poll_records": 2000, "client_id": "mqtt-cluster-reader",
+            # Tansu answers with whole record batches beyond a fetch's size limits
+            "max_partition_fetch_bytes": 1 << 20, "receive_message_max_bytes": 256 << 20}
     opts.update(_consumer_options(kafka))
     opts["group_id"] = None  # every node reads every partition: no consumer group here
     return KafkaConsumer(bootstrap_servers=bootstrap, **opts)

@@ -114,7 +114,7 @@ class ClusterNode(Hook):
         self.fenced = False
         self.beat_handle = None
         self.last_checkpoint = 0.0
-        self.counters = {"produced": 0, "delivered": 0, "claims": 0, "takeovers": 0,
+        self.counters = {"produced": 0, "read": 0, "delivered": 0, "claims": 0, "takeovers": 0,
                          "rebuilt_sessions": 0, "rebuilt_messages": 0, "wills_fired": 0,
                          "evictions": 0, "produce_errors": 0}
 
@@ -207,7 +207,8 @@ class ClusterNode(Hook):
                    members_list=",".join(m["node"] for m in members if m["alive"]),
                    clients_known=len(st.clients) if st else 0,
                    clients_by_node={m["node"]: m["clients"] for m in members if m["alive"]},
-                   share_groups=len(self.shares.streams))
+                   share_groups=len(self.shares.streams),
+                   backlog=self.producer.backlog if self.producer is not None else 0)
         return {"cluster": out}
 
     def locate(self, client_id: str) -> str | None:
@@ -267,6 +268,12 @@ class ClusterNode(Hook):
     def route(self, msg, sender) -> None:
         """An accepted message: to the messages topic (and the retained one); delivered here too
         when this node reads it back, like on every node."""
+        if msg.qos == 0 and self.producer.backlog > self.cfg.max_backlog:
+            # Kafka takes less than clients publish: QoS 0 is dropped (at most once) and counted,
+            # QoS 1/2 wait (their acks hold their publishers' windows)
+            self.broker.stats["dropped_cluster_busy"] = \
+                self.broker.stats.get("dropped_cluster_busy", 0) + 1
+            return
         b = self._batch()
         client_id = sender.client_id if sender is not None else (msg.sender or "")
         username = sender.username if sender is not None else None
@@ -342,6 +349,7 @@ class ClusterNode(Hook):
                 n += 1
             self.routed_upto[p] = rs[-1].offset + 1
             self.counters["delivered"] += n
+            self.counters["read"] += len(rs)
 
     # ------------------------------------------------------------ control effects
     def _act(self, effects: list) -> None:

@@ -28,7 +28,8 @@ class Producer:
     def __init__(self, loop, bootstrap: str, kafka: dict, done, delivery_timeout: float = 30.0):
         """done(list of (tag, failure or None)) is called on the loop for every record sent."""
         self.loop = loop
-        self.done = done
+        self.user_done = done
+        self.backlog = 0                 # records handed to send() and not answered yet
         self.delivery_timeout = delivery_timeout
         cfg = {"bootstrap_servers": bootstrap.split(","), "client_id": "mqtt-cluster"}
         cfg.update(kafka)
@@ -46,9 +47,15 @@ class Producer:
         """Queue one record (value None: a tombstone); `tag` comes back with its outcome."""
         body = encode_body(key, value, headers or []) if value is not None else _tombstone(key)
         self.pending.append((topic, ts, body, tag))
+        self.backlog += 1
         if not self.kicked:
             self.kicked = True
             self.loop.call_soon(self.kick)
+
+    def done(self, outcome: list) -> None:
+        """On the loop: the thread's answer for a run of records."""
+        self.backlog -= len(outcome)
+        self.user_done(outcome)
 
     def kick(self) -> None:
         """Hand what this turn appended to the thread."""
@@ -93,7 +100,8 @@ class Producer:
                 work, self.queue = self.queue, []
                 self.busy = True
             try:
-                self._send(work)
+                for chunk in _chunks(work, CHUNK_BYTES):
+                    self._send(chunk)
             finally:
                 self.busy = False
 
@@ -143,6 +151,23 @@ class Producer:
             self.loop.call_soon_threadsafe(self.done, outcome)
         except RuntimeError:  # the loop closed
             pass
+
+
+# At most this many bytes of records per request (so per RecordBatch): Tansu answers a fetch
+# with whole batches whatever the fetch's size limits, and kafka-python refuses a response over
+# 100 MB (receive_message_max_bytes); a turn under heavy load can gather far more than that.
+CHUNK_BYTES = 1 << 20
+
+
+def _chunks(work: list, limit: int):
+    """`work` in order, cut into runs of at most `limit` bytes of record bodies (at least one)."""
+    start, size = 0, 0
+    for i, item in enumerate(work):
+        size += len(item[2])
+        if size > limit and i > start:
+            yield work[start:i]
+            start, size = i, len(item[2])
+    yield work[start:]
 
 
 def _tombstone(key: bytes) -> bytes:

@@ -292,6 +292,7 @@ class ClusterConfig(Section):
     connect_timeout: float = key(10.0, Num(0.1, 600))  # a claim not applied by then: 0x88
     checkpoint_seconds: float = key(1.0, Num(0.05, 3600))  # persistent sessions' progress
     fetch_wait_ms: int = key(5, Int(1, 10000))      # Kafka fetch wait: latency vs idle CPU
+    max_backlog: int = key(20000, Int(100))        # records not yet in Kafka; beyond, QoS 0 is dropped
     server_reference: str = ""                      # sent with DISCONNECT 0x9C on SIGTERM
     kafka: dict = key(factory=dict, spec=Table("[cluster.kafka]"))  # KafkaProducer/Consumer options
 

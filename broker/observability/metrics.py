@@ -54,7 +54,7 @@ class BrokerCollector:
         d = CounterMetricFamily("mqtt_messages_dropped", "Messages dropped", labels=["reason"])
         for reason in ("queue_full", "queues_total", "expired", "too_large", "sink_refused",
                        "not_authorized", "slow_consumer", "topic_limit", "retained_replay",
-                       "retained_quota"):
+                       "retained_quota", "cluster_busy"):
             d.add_metric([reason], st.get("sink_refused" if reason == "sink_refused"
                                           else f"dropped_{reason}", 0))
         yield d

@@ -315,3 +315,12 @@ def test_replicas_that_apply_one_log_agree_and_never_see_two_owners(script, lags
             {k: (c.epoch, c.node, c.inc, c.connected) for k, c in ref.clients.items()}
         assert {k: (m.inc, m.alive) for k, m in r.state.members.items()} == \
             {k: (m.inc, m.alive) for k, m in ref.members.items()}
+
+
+def test_the_producer_cuts_a_turns_records_into_requests_of_bounded_size():
+    from cluster.produce import _chunks
+    work = [("t", 0, b"x" * n, i) for i, n in enumerate([400, 400, 400, 2000, 10, 10])]
+    chunks = list(_chunks(work, 1000))
+    assert [[w[3] for w in c] for c in chunks] == [[0, 1], [2], [3], [4, 5]]
+    assert [w for c in chunks for w in c] == work  # every record once, in order
+    assert list(_chunks(work[:1], 10)) == [work[:1]]  # one larger than the limit goes alone
