@@ -29,7 +29,8 @@ from mqtt_topics import matches
 
 from . import control as C
 from . import records as R
-from .link import Reader, Topics, ensure_topics, make_consumer
+from .fetch import Fetcher, Records
+from .link import FetchReader, Topics, ensure_topics, make_consumer
 from .produce import Producer
 from .shares import Shares
 
@@ -94,8 +95,8 @@ class ClusterNode(Hook):
         self.state: C.ControlState | None = None
         self.partitions = cfg.partitions
         self.producer = None
-        self.consumer = None
-        self.reader: Reader | None = None
+        self.fetcher: Fetcher | None = None
+        self.reader: FetchReader | None = None
         self.batch: _Batch | None = None
         self.routed_upto: dict[int, int] = {}    # messages partition -> next offset to deliver
         self.ids = itertools.count(1)
@@ -137,19 +138,18 @@ class ClusterNode(Hook):
         self.partitions = counts[self.topics.messages]
         self.state = C.ControlState(self.node, self.inc, time.monotonic)
         self.producer = Producer(self.loop, self.bootstrap, self.cfg.kafka, self._completed)
-        from kafka import TopicPartition
-        c = self.consumer = make_consumer(self.bootstrap, self.cfg.kafka, self.cfg.fetch_wait_ms)
-        msgs = [TopicPartition(self.topics.messages, p) for p in range(self.partitions)]
-        ret = [TopicPartition(self.topics.retained, p) for p in range(counts[self.topics.retained])]
-        ctl = [TopicPartition(self.topics.control, 0)]
-        c.assign(msgs + ret + ctl)
-        c.seek_to_beginning(*(ret + ctl))
-        c.seek_to_end(*msgs)
-        for tp in msgs:
-            self.routed_upto[tp.partition] = c.position(tp)
+        f = self.fetcher = Fetcher(self.bootstrap, self.cfg.kafka, self.cfg.fetch_wait_ms)
+        msgs = [(self.topics.messages, p) for p in range(self.partitions)]
+        replay = [(self.topics.retained, p) for p in range(counts[self.topics.retained])] + \
+            [(self.topics.control, 0)]
         t0 = time.monotonic()
-        ends = c.end_offsets(ret + ctl)
-        self._read_until(lambda: all(c.position(tp) >= end for tp, end in ends.items()),
+        f.positions.update(f.offsets(replay, "earliest"))
+        ends = f.offsets(replay, "latest")
+        f.positions.update(f.offsets(msgs, "latest"))  # messages: from now on
+        for (_, p), off in ((tp, f.positions[tp]) for tp in msgs):
+            self.routed_upto[p] = off
+        self._read_until(lambda: all(f.positions[tp] >= max(end, f.high.get(tp, 0))
+                                     for tp, end in ends.items()),
                          "the control and retained topics")
         self._write_control(f"n:{self.node}", C.node_record("join", self.node, self.inc,
                                                             at=self.wall()))
@@ -160,7 +160,7 @@ class ClusterNode(Hook):
                  time.monotonic() - t0, len(self.state.alive()), ", ".join(self.state.alive()),
                  len(self.state.clients), self.broker.retained.count)
         self.ready = True
-        self.reader = Reader(c, self.loop, self._apply)
+        self.reader = FetchReader(f, self.loop, self._apply)
         self.reader.start()
         self.beat_handle = self.loop.call_later(self.cfg.heartbeat_seconds, self._beat)
 
@@ -171,9 +171,9 @@ class ClusterNode(Hook):
             if time.monotonic() > deadline:
                 raise RuntimeError(f"cluster: could not read {what} from Kafka at "
                                    f"{self.bootstrap} within {timeout:.0f} s")
-            recs = self.consumer.poll(timeout_ms=100)
-            if recs:
-                self._apply(recs)
+            batches = self.fetcher.fetch()
+            if batches:
+                self._apply(batches)
 
     def on_stop(self) -> None:
         """SIGTERM: the connections were closed (their records written); say this node leaves."""
@@ -191,11 +191,8 @@ class ClusterNode(Hook):
             self.reader.join(2)
         if self.producer is not None:
             self.producer.close()
-        if self.consumer is not None:
-            try:
-                self.consumer.close()
-            except Exception:
-                pass
+        if self.fetcher is not None:
+            self.fetcher.close()
 
     def stats(self) -> dict:
         """For metrics (mqtt_cluster_*, clients{node=...}), $SYS/broker/cluster/... and the
@@ -305,51 +302,56 @@ class ClusterNode(Hook):
         return b.token
 
     # ------------------------------------------------------------ reading (on the loop)
-    def _apply(self, recs: dict) -> None:
+    def _apply(self, batches: list) -> None:
+        """A fetch's records, on the loop: control records to the replicated state, retained
+        ones to the retained store, messages to this node's matching sessions. A message is
+        looked at by its key (the MQTT topic) first: decoded only when someone here wants it."""
         topics = self.topics
         broker = self.broker
         clock_now, wall_now = broker.clock(), self.wall()
-        for tp, rs in recs.items():
-            if tp.topic == topics.control:
-                for r in rs:
+        for topic, p, d, start in batches:
+            rec = Records(d, start)
+            if topic == topics.control:
+                for i in rec.indexes():
+                    off, key, value, _, ts = rec.record(i)
                     try:
-                        rec = R.loads(r.value)
+                        body = R.loads(value)
                     except ValueError:
-                        log.warning("cluster: unreadable control record at offset %d", r.offset)
+                        log.warning("cluster: unreadable control record at offset %d", off)
                         continue
-                    key = (r.key or b"").decode()
-                    self._act(self.state.apply(r.offset, key, rec, r.timestamp / 1000.0))
-            elif tp.topic == topics.retained:
-                for r in rs:
-                    topic = (r.key or b"").decode()
-                    if r.value is None:
-                        broker.set_retained(topic, None)
+                    self._act(self.state.apply(off, (key or b"").decode(), body, ts / 1000.0))
+            elif topic == topics.retained:
+                for i in rec.indexes():
+                    _, key, value, headers, ts = rec.record(i)
+                    name = (key or b"").decode()
+                    if value is None:
+                        broker.set_retained(name, None)
                         continue
-                    msg, _, _ = R.decode_message(r.key, r.value, r.headers, r.timestamp,
-                                                 clock_now, wall_now)
+                    msg, _, _ = R.decode_message(key, value, headers, ts, clock_now, wall_now)
                     if msg.expires_at is not None and msg.expires_at <= clock_now:
-                        broker.set_retained(topic, None)  # expired meanwhile
+                        broker.set_retained(name, None)  # expired meanwhile
                     else:
                         msg.retain = True
-                        broker.set_retained(topic, msg)
-        for tp, rs in recs.items():
-            if tp.topic != topics.messages:
+                        broker.set_retained(name, msg)
+        for topic, p, d, start in batches:
+            if topic != topics.messages:
                 continue
-            p = tp.partition
+            rec = Records(d, start)
             deliver = broker.deliver
             match = broker.router.match  # cached per topic
             n = 0
-            for r in rs:
-                if not match((r.key or b"").decode(errors="replace"))[0]:
+            for i in rec.indexes():
+                key = rec.key(i)
+                if key is None or not match(key.decode(errors="replace"))[0]:
                     continue  # no subscriber here: not decoded (shared groups have their streams)
-                msg, sender, _ = R.decode_message(r.key, r.value, r.headers, r.timestamp,
-                                                  clock_now, wall_now)
-                msg.store_id = (p, r.offset)  # its place in the log: persistent sessions' progress
+                off, key, value, headers, ts = rec.record(i)
+                msg, sender, _ = R.decode_message(key, value, headers, ts, clock_now, wall_now)
+                msg.store_id = (p, off)  # its place in the log: persistent sessions' progress
                 deliver(msg, sender)
                 n += 1
-            self.routed_upto[p] = rs[-1].offset + 1
+            self.routed_upto[p] = rec.offsets[-1] + 1
             self.counters["delivered"] += n
-            self.counters["read"] += len(rs)
+            self.counters["read"] += len(rec)
 
     # ------------------------------------------------------------ control effects
     def _act(self, effects: list) -> None:

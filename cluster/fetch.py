@@ -1,0 +1,214 @@
+"""The cluster's reads from Kafka: Fetch requests for every partition it follows, decoded as
+columns by sink.recordbatch (numpy over all the records of a response, no Python object per
+record), so a node pays per record only for the records one of its sessions wants.
+
+Through kafka-python's network client (connections, metadata, API versions, TLS/SASL), as the
+sink's producer and the history job's source do; one Fetch request per leader at a time, on the
+reader's thread (cluster/link.py).
+
+Why not KafkaConsumer.poll(): it parses every record into a Python object (about 13 us each
+here, 22% of a node's time under load, bench/cluster_bench.py), and a node reads every message
+of the cluster, most of them for nobody on it.
+"""
+from __future__ import annotations
+
+import logging
+import time
+
+from sink.recordbatch import decode
+
+log = logging.getLogger("cluster")
+
+MAX_BYTES = 4 << 20            # per partition and per response (Tansu may return whole batches)
+RECEIVE_MAX = 256 << 20        # the largest response accepted (kafka-python's default: 100 MB)
+
+
+class Fetcher:
+    def __init__(self, bootstrap: str, kafka: dict, wait_ms: int):
+        from kafka.net.compat import KafkaNetClient
+        cfg = {k: v for k, v in kafka.items() if k in _CLIENT_OPTIONS}
+        cfg.setdefault("client_id", "mqtt-cluster-reader")
+        cfg["receive_message_max_bytes"] = RECEIVE_MAX
+        self.client = KafkaNetClient(metrics=None, metric_group_prefix="consumer",
+                                     bootstrap_servers=bootstrap.split(","), **cfg)
+        self.client._manager.bootstrap(int(kafka.get("request_timeout_ms", 10000)))
+        self.cluster = self.client.cluster
+        self.wait_ms = wait_ms
+        self.positions: dict[tuple[str, int], int] = {}   # (topic, partition) -> next offset
+        self.high: dict[tuple[str, int], int] = {}        # high watermarks seen in responses
+
+    def close(self) -> None:
+        try:
+            self.client.close()
+        except Exception:
+            pass
+
+    # ------------------------------------------------------------ offsets
+    def offsets(self, tps: list, which: str) -> dict:
+        """The earliest ("earliest") or next ("latest") offset of each (topic, partition)."""
+        from kafka.protocol.consumer import ListOffsetsRequest
+        ts = -2 if which == "earliest" else -1
+        out: dict = {}
+        deadline = time.monotonic() + 30
+        while len(out) < len(tps):
+            by_leader = self._by_leader([tp for tp in tps if tp not in out])
+            T = ListOffsetsRequest.ListOffsetsTopic
+            for node, parts in by_leader.items():
+                topics: dict = {}
+                for topic, p in parts:
+                    topics.setdefault(topic, []).append(T.ListOffsetsPartition(
+                        partition_index=p, current_leader_epoch=-1, timestamp=ts, max_num_offsets=1))
+                req = ListOffsetsRequest(replica_id=-1, isolation_level=0,
+                                         topics=[T(name=t, partitions=ps) for t, ps in topics.items()],
+                                         min_version=1, max_version=7)
+                resp = self._ask(node, req)
+                for t in resp.topics:
+                    for p in t.partitions:
+                        if not p.error_code:
+                            out[(t.name, p.partition_index)] = p.offset
+            if len(out) < len(tps):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"Kafka gave no offsets for {sorted(set(tps) - set(out))}")
+                self._refresh(0.2)
+        return out
+
+    # ------------------------------------------------------------ fetching
+    def fetch(self) -> list:
+        """One Fetch per leader for every followed partition: [(topic, partition, Decoded)]
+        for those with records (positions advanced past them); waits at most the fetch wait
+        when there is nothing new."""
+        from kafka import errors as Errors
+        from kafka.protocol.consumer import FetchRequest
+        F = FetchRequest.FetchTopic
+        out = []
+        by_leader = self._by_leader(list(self.positions))
+        if not by_leader:
+            self._refresh(0.2)
+            return out
+        for node, parts in by_leader.items():
+            topics: dict = {}
+            for topic, p in parts:
+                topics.setdefault(topic, []).append(F.FetchPartition(
+                    partition=p, current_leader_epoch=-1, fetch_offset=self.positions[(topic, p)],
+                    last_fetched_epoch=-1, partition_max_bytes=MAX_BYTES))
+            req = FetchRequest(max_wait_ms=self.wait_ms, min_bytes=1, max_bytes=MAX_BYTES * 4,
+                               isolation_level=0, session_id=0, session_epoch=-1,
+                               forgotten_topics_data=[], rack_id="",
+                               topics=[F(topic=t, partitions=ps) for t, ps in topics.items()],
+                               min_version=4, max_version=12)
+            resp = self._ask(node, req, self.wait_ms + 30_000)
+            for t in resp.responses:
+                for p in t.partitions:
+                    tp = (t.topic, p.partition_index)
+                    err = Errors.for_code(p.error_code)
+                    if err is Errors.OffsetOutOfRangeError:
+                        self._out_of_range(tp)
+                        continue
+                    if err is not Errors.NoError:
+                        log.debug("cluster: fetch %s: %s", tp, err.__name__)
+                        self._refresh(0)
+                        continue
+                    if p.high_watermark is not None and p.high_watermark >= 0:
+                        self.high[tp] = p.high_watermark
+                    if not p.records:
+                        continue
+                    d = decode(p.records, check_crcs=False)
+                    if d.next_offset is not None and d.next_offset > self.positions[tp]:
+                        start = self.positions[tp]
+                        self.positions[tp] = d.next_offset
+                        if len(d):
+                            out.append((t.topic, p.partition_index, d, start))
+        return out
+
+    def _out_of_range(self, tp) -> None:
+        """The log starts later (records deleted) or ends earlier (a restarted in-memory Kafka):
+        from its start again."""
+        early = self.offsets([tp], "earliest")[tp]
+        late = self.offsets([tp], "latest")[tp]
+        pos = self.positions[tp]
+        new = early if pos < early else early if pos > late else pos
+        log.warning("cluster: %s-%d: offset %d is outside the log [%d, %d): reading from %d",
+                    tp[0], tp[1], pos, early, late, new)
+        self.positions[tp] = new
+
+    # ------------------------------------------------------------ plumbing
+    def _by_leader(self, tps: list) -> dict:
+        from kafka import TopicPartition
+        out: dict = {}
+        missing = False
+        for topic, p in tps:
+            leader = self.cluster.leader_for_partition(TopicPartition(topic, p))
+            if leader is None or leader < 0:
+                self.cluster.add_topic(topic)
+                missing = True
+                continue
+            out.setdefault(leader, []).append((topic, p))
+        if missing:
+            self._refresh(0)
+        return out
+
+    def _refresh(self, wait_s: float) -> None:
+        fut = self.cluster.request_update()
+        self.client.poll(timeout_ms=int(wait_s * 1000), future=fut)
+
+    def _ask(self, node, req, timeout_ms: int = 30_000):
+        c = self.client
+        deadline = time.monotonic() + timeout_ms / 1000
+        while not c.ready(node):
+            c.poll(timeout_ms=50)
+            if time.monotonic() > deadline:
+                raise ConnectionError(f"no connection to Kafka node {node}")
+        fut = c.send(node, req)
+        c.poll(timeout_ms=timeout_ms, future=fut)
+        if not fut.is_done:
+            raise TimeoutError("no answer from Kafka")
+        if fut.failed():
+            raise fut.exception
+        return fut.value
+
+
+_CLIENT_OPTIONS = ("security_protocol", "ssl_cafile", "ssl_certfile", "ssl_keyfile", "ssl_password",
+                   "ssl_check_hostname", "sasl_mechanism", "sasl_plain_username",
+                   "sasl_plain_password", "sasl_kerberos_service_name", "request_timeout_ms",
+                   "connections_max_idle_ms", "reconnect_backoff_ms", "reconnect_backoff_max_ms",
+                   "api_version", "client_id")
+
+
+class Records:
+    """The records of a Decoded at or after `start` (a fetch may begin inside a batch), read in
+    Python only as far as asked: key(i) first (the MQTT topic, to match), the rest with
+    record(i) for the few records wanted."""
+
+    def __init__(self, d, start: int):
+        raw = d.data.base if isinstance(d.data.base, bytes) else d.data.tobytes()
+        self.mv = memoryview(raw)
+        self.offsets = d.offset.tolist()
+        self.first = next((i for i, o in enumerate(self.offsets) if o >= start), len(self.offsets))
+        self.ks, self.kl = d.key[0].tolist(), d.key[1].tolist()
+        self.d = d
+        self._rest = None
+
+    def __len__(self) -> int:
+        return len(self.offsets) - self.first
+
+    def indexes(self) -> range:
+        return range(self.first, len(self.offsets))
+
+    def key(self, i: int) -> bytes | None:
+        n = self.kl[i]
+        return None if n < 0 else bytes(self.mv[self.ks[i]:self.ks[i] + n])
+
+    def record(self, i: int) -> tuple:
+        """(offset, key, value, [(header name, value)], timestamp ms)."""
+        if self._rest is None:
+            d = self.d
+            self._rest = (d.value[0].tolist(), d.value[1].tolist(), d.hoff.tolist(),
+                          d.hkey[0].tolist(), d.hkey[1].tolist(), d.hvalue[0].tolist(),
+                          d.hvalue[1].tolist(), d.timestamp.tolist())
+        vs, vl, hoff, hks, hkl, hvs, hvl, ts = self._rest
+        mv = self.mv
+        value = None if vl[i] < 0 else bytes(mv[vs[i]:vs[i] + vl[i]])
+        headers = [(str(mv[hks[j]:hks[j] + hkl[j]], "utf-8"),
+                    None if hvl[j] < 0 else bytes(mv[hvs[j]:hvs[j] + hvl[j]]))
+                   for j in range(hoff[i], hoff[i + 1])]
+        return self.offsets[i], self.key(i), value, headers, ts[i]
