@@ -58,6 +58,8 @@ def cpu_seconds(pid: int) -> float:
 
 
 class Node:
+    extra: list = []  # more --set items for every node (--fetch-wait)
+
     def __init__(self, node_id: str | None, kafka: str | None, tmp: str, prefix: str,
                  node_timeout: float = 3.0):
         self.port = free_port()
@@ -71,7 +73,7 @@ class Node:
                     "--set", f"cluster.bootstrap_servers={kafka}",
                     "--set", f"cluster.topic_prefix={prefix}",
                     "--set", f"cluster.node_timeout={node_timeout}",
-                    "--set", "cluster.heartbeat_seconds=0.5"]
+                    "--set", "cluster.heartbeat_seconds=0.5", *Node.extra]
         self.log = open(os.path.join(d, "broker.log"), "ab")
         self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT,
                                      env={**os.environ, "PYTHONPATH": ROOT})
@@ -253,9 +255,15 @@ def main() -> None:
     ap.add_argument("--duration", type=float, default=10.0)
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--node-timeout", type=float, default=3.0)
+    ap.add_argument("--fetch-wait", type=int, help="cluster.fetch_wait_ms of the nodes")
+    ap.add_argument("--partitions", type=int, help="cluster.partitions (of the messages topic)")
     ap.add_argument("--json", help="write the figures here too")
     a = ap.parse_args()
     only = set(a.only.split(","))
+    if a.fetch_wait:
+        Node.extra += ["--set", f"cluster.fetch_wait_ms={a.fetch_wait}"]
+    if a.partitions:
+        Node.extra += ["--set", f"cluster.partitions={a.partitions}"]
     tmp = tempfile.mkdtemp(prefix="cluster-bench-")
     kafka = EmbeddedKafka(log_file=os.path.join(tmp, "tansu.log")).start()
     out = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpus": os.cpu_count()}

@@ -34,7 +34,9 @@ def ensure_topics(bootstrap: str, topics: Topics, partitions: int, replication: 
                      topic_configs={"cleanup.policy": "delete"}),
             # last record per key wins: retained by MQTT topic, control by client / node id;
             # a long compaction lag leaves time for an owner to re-assert a record (control.py)
-            NewTopic(topics.retained, partitions, replication,
+            # one partition: retained updates are few, and every node fetches this topic as
+            # often as the messages (Tansu's cost per fetch grows with its partitions)
+            NewTopic(topics.retained, 1, replication,
                      topic_configs={"cleanup.policy": "compact"}),
             NewTopic(topics.control, 1, replication,
                      topic_configs={"cleanup.policy": "compact",
