@@ -247,12 +247,10 @@ SECONDS = Num(0)
 COUNT = Int(0)
 
 
-def check(section: str, key: str, value, source: str = "", text: bool = False, schema=None,
+def check(section: str, key: str, value, schema: dict, source: str = "", text: bool = False,
           name: str = ""):
-    """The value to keep for section.key, or ConfigError naming the key and what it accepts."""
-    if schema is None:
-        from .tree import sections
-        schema = sections()
+    """The value to keep for section.key, or ConfigError naming the key and what it accepts;
+    schema: {table: {key: Spec}} (settings.tree.sections() for the whole file)."""
     name = name or f"{section}.{key}"
     if section not in schema:
         raise ConfigError(name, f"unknown section [{section}]{did_you_mean(section, schema)}; "

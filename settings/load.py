@@ -20,7 +20,7 @@ def apply_setting(cfg: Config, section: str, key: str, value, source: str = "",
     if section == "listeners":
         raise ConfigError(f"listeners.{key}", "listeners are [[listeners]] tables in the config "
                           "file; they cannot be set from --set or the environment", value, source)
-    value = check(section, key, value, source, text)
+    value = check(section, key, value, sections(), source, text)
     setattr(cfg if section == "broker" else getattr(cfg, section), key, value)
 
 

@@ -53,7 +53,7 @@ class Section:
         section = cls()
         specs = {cls.TABLE: cls.specs()}
         for k, value in dict(table or {}).items():
-            setattr(section, k, check(cls.TABLE, k, value, source, schema=specs,
+            setattr(section, k, check(cls.TABLE, k, value, specs, source,
                                       name=f"{name}.{k}" if name else ""))
         return section
 

@@ -23,13 +23,6 @@ def settings(dash: DashboardConfig | None = None,
     return dataclasses.replace(dash, connect_url=dash.connect_url or history.connect_url)
 
 
-def committed_file(history: HistoryConfig) -> str | None:
-    """Where the history job reports what it committed (None: the table is not a local path)."""
-    from sink.progress import committed_path
-    return None if "://" in history.table else \
-        committed_path(history.table, history.checkpoint or None)
-
-
 async def start(server):
     """Start the dashboard of a running Server; returns the Dashboard (``.port``, ``.stop()``).
 
@@ -43,8 +36,7 @@ async def start(server):
     s = settings(cfg.dashboard, cfg.history)
     accounts = Accounts(users_file(cfg.data_dir, s.users_file))
     where = accounts.ensure_first_admin(s.initial_admin, s.initial_admin_password, cfg.data_dir)
-    d = Dashboard(server, s, accounts, AdminService(server, server.bans, accounts),
-                  committed_file=committed_file(cfg.history))
+    d = Dashboard(server, s, accounts, AdminService(server, server.bans, accounts))
     await d.start()
     url = f"http://{_url_host(s.host)}:{d.port}/"
     if where:

@@ -32,7 +32,6 @@ import ipaddress
 import json
 import logging
 import math
-import os
 import socket
 import time
 from pathlib import Path
@@ -210,13 +209,11 @@ def _address(request) -> str:
 
 
 class Dashboard:
-    def __init__(self, server, settings, accounts, admin, committed_file: str | None = None):
+    def __init__(self, server, settings, accounts, admin):
         """settings: the DashboardConfig (connect_url resolved); accounts: broker.admin
-        Accounts; admin: broker.admin AdminService; committed_file: where the history job
-        reports its progress (None: not on this machine)."""
+        Accounts; admin: broker.admin AdminService."""
         self.server = server
         self.s = settings
-        self.committed_file = committed_file
         self.accounts = accounts
         self.admin = admin
         self.view = admin.view
@@ -247,14 +244,9 @@ class Dashboard:
     # ------------------------------------------------------------ status of the history job
     def history_status(self) -> dict:
         out = dict(self.job)
-        committed = self.committed_file
-        if committed:
-            from sink.progress import read_committed
-            state = read_committed(committed) if os.path.exists(committed) else None
-            if state is not None:
-                out["last_batch"] = state.get("batch_id")
-                out["last_commit_age_seconds"] = round(time.time() - state["written_at"], 1)
-        for k, v in self._sink_stats().items():  # e.g. records not yet committed
+        # what the sink knows of the job's commits (keep_until = "history": the status, the
+        # records not yet in the table); the broker never reads the job's files itself
+        for k, v in self._sink_stats().items():
             if ("history" in k or "uncommitted" in k) and isinstance(v, (int, float)):
                 out[k] = v
         return out

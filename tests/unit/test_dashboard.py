@@ -88,12 +88,10 @@ def test_preview_keeps_text_cut_inside_a_character():
 
 
 def test_dashboard_settings():
-    from broker.dashboard import committed_file
     from settings import DashboardConfig, HistoryConfig, load
     history = HistoryConfig(connect_host="0.0.0.0", connect_port=15123, table="/data/h")
     s = dashboard_settings(DashboardConfig(), history)
     assert s.connect_url == "sc://127.0.0.1:15123" and s.host == "127.0.0.1"
-    assert committed_file(history) == "/data/h_checkpoint/history_committed.json"
     assert dashboard_settings(DashboardConfig(connect_url="sc://h:1"), history).connect_url == \
         "sc://h:1"
     assert load(None, env={}, sets=["dashboard.allowed_hosts=a, b"]).dashboard.allowed_hosts == \
