@@ -14,7 +14,7 @@ from dataclasses import MISSING, dataclass, field
 
 from .checks import (COUNT, DOC, PORT, SECONDS, Bool, Check, ConfigError, Enum, HostPorts, Int,
                      IntList, Num, Pattern, Rules, Spec, Str, StrList, Table, check,
-                     connect_address, did_you_mean, starting_offsets)
+                     connect_address, did_you_mean, duration_ms, starting_offsets)
 
 
 def key(default=MISSING, spec: Spec | None = None, *, factory=MISSING):
@@ -175,6 +175,14 @@ class HistoryConfig(Section):
     connect_port: int = key(15002, Int(1, 65535))
     nice: int = key(10, Int(0, 19))                 # the job's niceness: the broker's CPU comes first
     kafka: dict = key(factory=dict, spec=Table("[history.kafka]"))
+    # the table's upkeep (sink/history/maintenance.py): retention, compaction, deletion
+    retention: str = key("", Check(duration_ms, "a duration like '400d' or '12h' (\"\" = keep all)"))
+    compact: bool = True
+    compact_target_mb: int = key(128, Int(1, 1 << 20))
+    compact_grace_seconds: float = 300.0             # a day/hour is closed this long after its end
+    compact_open_files: int = key(120, Int(2))       # small files an open hour may have before a merge
+    compact_check_seconds: float = key(60.0, Num(0, lo_open=True))
+    delete_delay_seconds: float = 600.0             # removed files stay this long for running queries
 
     @property
     def connect_url(self) -> str:

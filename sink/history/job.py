@@ -75,6 +75,14 @@ class JobConfig:
     # niceness of the job's processes (driver, JVM, Python workers inherit it): under load the
     # broker's CPU comes first and the job catches up in between (0 = as started)
     nice: int = DEFAULT_NICE
+    # the table's upkeep (sink/history/maintenance.py; [history] keys of the same names)
+    retention: str = ""
+    compact: bool = True
+    compact_target_mb: int = 128
+    compact_grace_seconds: float = 300.0
+    compact_open_files: int = 120
+    compact_check_seconds: float = 60.0
+    delete_delay_seconds: float = 600.0
 
     @property
     def dedup_window_ms(self) -> int:
@@ -165,6 +173,8 @@ def load_config(path: str | None) -> dict:
     out["dedup_max_prefixes"] = hist.dedup_max_prefixes
     out["max_records_per_trigger"] = hist.max_records_per_trigger or None
     out.update(connect=hist.connect, connect_port=hist.connect_port, nice=hist.nice)
+    from sink.history.maintenance import UPKEEP_KEYS
+    out.update({k: getattr(hist, k) for k in UPKEEP_KEYS})
     return out
 
 
@@ -356,13 +366,18 @@ def start_query(spark, cfg: JobConfig):
         (_local(cfg.checkpoint_dir) / DEDUP_MARKER).write_text(
             ("source" if in_source else "spark") + "\n")
     history = build_history_stream(kafka_df, cfg.dedup_window, in_source)
-    writer = history.writeStream.format("parquet")
-    for key, value in PARQUET_OPTIONS.items():
-        writer = writer.option(key, value)
+    if is_local_path(cfg.table):
+        # our own commit log (sink/history/manifest.py): compaction and retention can take
+        # files out of the table, which Spark's file sink log cannot
+        from sink.history.maintenance import batch_writer
+        writer = history.writeStream.foreachBatch(batch_writer(spark, cfg, PARQUET_OPTIONS))
+    else:
+        writer = history.writeStream.format("parquet")
+        for key, value in PARQUET_OPTIONS.items():
+            writer = writer.option(key, value)
+        writer = writer.option("path", cfg.table).partitionBy(PARTITION_COLUMN)
     writer = (writer
-              .option("path", cfg.table)
               .option("checkpointLocation", cfg.checkpoint_dir)
-              .partitionBy(PARTITION_COLUMN)
               .outputMode("append")
               .queryName(QUERY_NAME))
     if cfg.available_now:
@@ -512,6 +527,8 @@ def run(spark, cfg: JobConfig, stop_event: threading.Event | None = None,
     stop_event = stop_event or threading.Event()
     query, _ = start_query(spark, cfg)
     commit_catch_up = getattr(query, "_commit_catch_up", None)
+    from sink.history.maintenance import start_maintainer
+    maintainer = start_maintainer(spark, cfg, PARQUET_OPTIONS)
     last_batch, last_idle_log = -1, time.monotonic()
 
     def report():
@@ -542,6 +559,8 @@ def run(spark, cfg: JobConfig, stop_event: threading.Event | None = None,
         log.info("history job stopped (last batch %s)", last_batch)
         return 0
     finally:
+        if maintainer:
+            maintainer.stop()
         if query.isActive:
             query.stop()
         if commit_catch_up:

@@ -38,6 +38,13 @@ DEFAULT_CONF = {
     "spark.sql.maxConcurrentOutputFileWriters": "4",
     # Python data source: ship rows to the JVM in big Arrow batches.
     "spark.sql.execution.arrow.maxRecordsPerBatch": "10000",
+    # The history table changes under a session (the job commits, compacts, expires days):
+    # a catalog table over it is planned from its newest log version at each query, not from
+    # a relation cached with the file list of its first query.
+    "spark.sql.filesourceTableRelationCacheSize": "0",
+    # The job's table maintenance runs beside the stream in a pool of its own
+    # (sink/history/maintenance.py), sharing the cores fairly instead of queueing behind it.
+    "spark.scheduler.mode": "FAIR",
 }
 
 LOCAL_CONF = {
