@@ -145,6 +145,7 @@ class SinkConfig(Section):
     replay_window_seconds: float = 3600.0
     replay_window_messages: int = 1_000_000
     embedded_port: int = key(9092, PORT)
+    embedded_max_mb: int = key(512, Int(0))         # keep_until = "history": restart it empty past this; 0 = no bound
     embedded_log_file: str = ""
     stats_interval: float = 60.0
     forwarder: str = key("process", Enum("process", "thread"))
