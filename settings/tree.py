@@ -184,6 +184,14 @@ class HistoryConfig(Section):
     compact_open_files: int = key(120, Int(2))       # small files an open hour may have before a merge
     compact_check_seconds: float = key(60.0, Num(0, lo_open=True))
     delete_delay_seconds: float = 600.0             # removed files stay this long for running queries
+    # the catalog (sink/history/catalog.py) and the JDBC/ODBC endpoint (sink/history/thrift.py)
+    database: str = key("default", Pattern(r"[A-Za-z_][A-Za-z0-9_]*", "a database name"))
+    metastore_uri: str = key("", Pattern(r"(thrift://\S+)?", '"thrift://HOST:PORT" ("" = embedded Derby)'))
+    metastore_dir: str = ""                         # "" = <table>_metastore
+    jdbc: bool = False
+    jdbc_host: str = "127.0.0.1"
+    jdbc_port: int = key(10000, Int(1, 65535))
+    jdbc_password_file: str = ""                    # "" = [auth] password_file
 
     @property
     def connect_url(self) -> str:

@@ -83,6 +83,14 @@ class JobConfig:
     compact_open_files: int = 120
     compact_check_seconds: float = 60.0
     delete_delay_seconds: float = 600.0
+    # the catalog and the JDBC/ODBC endpoint (sink/history/catalog.py, thrift.py)
+    database: str = "default"
+    metastore_uri: str = ""
+    metastore_dir: str = ""
+    jdbc: bool = False
+    jdbc_host: str = "127.0.0.1"
+    jdbc_port: int = 10000
+    jdbc_password_file: str = ""
 
     @property
     def dedup_window_ms(self) -> int:
@@ -128,6 +136,9 @@ class JobConfig:
             raise UsageError(f"nice must be 0-19, not {self.nice}")
         if not 0 < self.connect_port < 65536:
             raise UsageError(f"--connect-port must be 1-65535, not {self.connect_port}")
+        if self.jdbc and not self.jdbc_password_file:
+            raise UsageError("[history] jdbc = true needs users: set [history] jdbc_password_file "
+                             "or [auth] password_file (python -m broker.auth add FILE USER)")
         host, _, port = self.bootstrap.split(",")[0].rpartition(":")
         if not host or not port.isdigit():
             raise UsageError(f"Kafka bootstrap must look like HOST:PORT, not {self.bootstrap!r}")
@@ -175,6 +186,9 @@ def load_config(path: str | None) -> dict:
     out.update(connect=hist.connect, connect_port=hist.connect_port, nice=hist.nice)
     from sink.history.maintenance import UPKEEP_KEYS
     out.update({k: getattr(hist, k) for k in UPKEEP_KEYS})
+    out.update({k: getattr(hist, k) for k in ("database", "metastore_uri", "metastore_dir", "jdbc",
+                                              "jdbc_host", "jdbc_port")})
+    out["jdbc_password_file"] = hist.jdbc_password_file or cfg.auth.password_file
     return out
 
 
@@ -580,7 +594,6 @@ def _short_error(exc) -> str:
 # ---- Spark Connect: the job's session answers queries while it runs ------------------------
 
 CONNECT_KEYS = {"connect", "connect_host", "connect_port"}
-CONNECT_VIEW = "messages"
 
 
 def connect_settings(hist: dict, where: str = "[history]") -> dict:
@@ -640,26 +653,11 @@ def check_connect_port(cfg: JobConfig) -> None:
                 "--no-connect ([history] connect = false)") from None
 
 
-def messages_table_sql(table: str, name: str = CONNECT_VIEW) -> str:
-    """CREATE TABLE for the history table in the session catalog (shared by every session of
-    the SparkContext, so Spark Connect clients see it). Not partitioned in the catalog: the
-    file sink's _spark_metadata log lists the files (and ``date=`` partitions) on every query,
-    so batches and days the stream adds later are visible at once (nothing to refresh)."""
-    from sink.history.schema import HISTORY_SCHEMA
-    cols = ", ".join(f"`{f.name}` {f.dataType.simpleString()}" for f in HISTORY_SCHEMA.fields)
-    location = str(_local(table).resolve()) if is_local_path(table) else table
-    location = location.replace("\\", "\\\\").replace("'", "\\'")
-    return f"CREATE TABLE IF NOT EXISTS `{name}` ({cols}) USING parquet LOCATION '{location}'"
-
-
 def serve_connect(spark, cfg: JobConfig) -> None:
     """Register the table ``messages``, then start the Spark Connect server in this session's
     SparkContext and say where to connect."""
     if not connect_enabled(cfg):
         return
-    if is_local_path(cfg.table):
-        _local(cfg.table).mkdir(parents=True, exist_ok=True)
-    spark.sql(messages_table_sql(cfg.table))
     # Started only now (not with spark.plugins at SparkContext start): the server's sessions
     # derive from the first session it sees, which must be this one with `messages` in its
     # catalog, not one a client's early request would make the server create on its own.
@@ -789,10 +787,16 @@ def main(argv=None) -> int:
         if stop.is_set():
             log.info("history job stopped before it started")
             return 0
-        from sink.history.spark import get_spark
+        from sink.history import catalog, thrift
+        from sink.history.spark import PROJECT_ROOT, get_spark
         check_connect_port(cfg)
-        spark = get_spark("mqtt-history-job", conf=connect_conf(cfg))
+        spark = get_spark("mqtt-history-job", conf={
+            **connect_conf(cfg), **catalog.session_conf(cfg),
+            **thrift.thrift_conf(cfg, Path(PROJECT_ROOT) / "build")})
+        catalog.register_in_session(spark, cfg)  # `messages` for Spark Connect and JDBC
         serve_connect(spark, cfg)
+        thrift.serve_thrift(spark, cfg)
+        catalog.start_registration(cfg)  # ... and for spark-sql & co (embedded Derby)
         # SparkContext installs its own SIGINT handler (cancel jobs + KeyboardInterrupt): ours
         # must win so that Ctrl-C stops the query cleanly.
         signal.signal(signal.SIGINT, on_signal)
