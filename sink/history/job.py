@@ -788,9 +788,10 @@ def main(argv=None) -> int:
             log.info("history job stopped before it started")
             return 0
         from sink.history import catalog, thrift
-        from sink.history.spark import PROJECT_ROOT, get_spark
+        from sink.history.spark import JOB_LOCAL_CONF, PROJECT_ROOT, get_spark, launched_by_spark_submit
         check_connect_port(cfg)
         spark = get_spark("mqtt-history-job", conf={
+            **({} if launched_by_spark_submit() else JOB_LOCAL_CONF),
             **connect_conf(cfg), **catalog.session_conf(cfg),
             **thrift.thrift_conf(cfg, Path(PROJECT_ROOT) / "build")})
         catalog.register_in_session(spark, cfg)  # `messages` for Spark Connect and JDBC

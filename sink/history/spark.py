@@ -47,6 +47,18 @@ DEFAULT_CONF = {
     "spark.scheduler.mode": "FAIR",
 }
 
+#: The history job's own session (sink/history/job.py main), local mode: its footprint. Idle it
+#: held 1.4 GB (JVM 580-830 MB, up to 1 GB heap; eight Python processes of 45-160 MB: a daemon
+#: per kind of worker, each keeping every idle worker). A heap of 512 MB (Spark's minimum is
+#: 450) with the serial collector giving free heap back (Min/MaxHeapFreeRatio), and at most one
+#: idle Python worker kept per kind (a second one is forked again when a batch needs it).
+JOB_LOCAL_CONF = {
+    "spark.driver.memory": "512m",
+    "spark.driver.extraJavaOptions": "-XX:+UseSerialGC -XX:MinHeapFreeRatio=10 "
+                                     "-XX:MaxHeapFreeRatio=30 -XX:ReservedCodeCacheSize=96m",
+    "spark.python.factory.idleWorkerMaxPoolSize": "1",
+}
+
 LOCAL_CONF = {
     "spark.driver.host": "127.0.0.1",
     "spark.driver.bindAddress": "127.0.0.1",
