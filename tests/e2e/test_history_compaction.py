@@ -194,3 +194,30 @@ def test_retention_drops_old_days_by_command(spark, small_files_table, tmp_path)
     assert set(files_per_day(table)) == {"2024-05-02"}
     dates = spark.read.parquet(table).select("date").distinct().collect()
     assert [r.date for r in dates] == [dt.date(2024, 5, 2)]
+
+
+def test_a_replay_reader_reads_a_topic_filter_from_a_time_in_order(spark, small_files_table,
+                                                                   tmp_path):
+    """sink.history.reader (what a replay over MQTT reads): the rows of a topic filter from a
+    time, each once, in accepted_at order, before and after compaction."""
+    from sink.history.reader import read_history
+    table = copy_table(small_files_table, tmp_path)
+    since = int(dt.datetime(2024, 5, 1, 10, 30, tzinfo=UTC).timestamp() * 1000)
+    want = [r.message_id for r in spark.read.parquet(table).where(
+        f"topic LIKE 'devices/%/temp' AND client_id = 'dev-1' AND "
+        f"accepted_at >= timestamp_millis({since})").orderBy("accepted_at").collect()]
+    assert want
+
+    def got():
+        out = []
+        for b in read_history(table, "devices/d1/+", since, columns=["message_id", "topic",
+                                                                        "accepted_at"]):
+            out += b.column("message_id").to_pylist()
+        return out
+    assert got() == want
+    maintain_once(spark, open_table(spark, table, None), Settings())
+    assert got() == want
+    until = int(dt.datetime(2024, 5, 1, 11, 0, tzinfo=UTC).timestamp() * 1000)
+    part = [m for b in read_history(table, "devices/d1/temp", since, until)
+            for m in b.column("message_id").to_pylist()]
+    assert part and part == want[:len(part)] and len(part) < len(want)
