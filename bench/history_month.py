@@ -140,6 +140,16 @@ def main() -> int:
     comp = {"seconds": 0.0, "cpu": 0.0, "bytes": 0, "tasks": 0}
     per_day = []
     wall0 = time.monotonic()
+
+    def compaction_pass(now_ms: int) -> None:
+        """What the job's maintenance thread does at that (simulated) time, measured."""
+        for task in plan(table.snapshot(), now_ms, policy):
+            c0, w0 = cpu_seconds([os.getpid()] + jvm_pids()), time.monotonic()
+            if run_task(spark, table, task, policy, PARQUET_OPTIONS):
+                comp["tasks"] += 1
+                comp["bytes"] += task.bytes
+            comp["seconds"] += time.monotonic() - w0
+            comp["cpu"] += cpu_seconds([os.getpid()] + jvm_pids()) - c0
     for day in range(args.days):
         for b in range(args.batches_per_day):
             now = t0 + day * DAY_MS + b * step_ms
@@ -154,22 +164,10 @@ def main() -> int:
             table.commit(Change(op="append", add=files, stream={"id": "bench", "batch": seq}))
             shutil.rmtree(staging, ignore_errors=True)
             if (b + 1) % max(1, args.batches_per_day * args.check_minutes // 1440) == 0:
-                for task in plan(table.snapshot(), now + step_ms, policy):
-                    c0, w0 = cpu_seconds([os.getpid()] + jvm_pids()), time.monotonic()
-                    if run_task(spark, table, task, policy, PARQUET_OPTIONS):
-                        comp["tasks"] += 1
-                        comp["bytes"] += task.bytes
-                    comp["seconds"] += time.monotonic() - w0
-                    comp["cpu"] += cpu_seconds([os.getpid()] + jvm_pids()) - c0
+                compaction_pass(now + step_ms)
         # the day is over (and closed once the grace has passed): the next pass compacts it
         end = t0 + (day + 1) * DAY_MS + policy.grace_ms
-        for task in plan(table.snapshot(), end, policy):
-            c0, w0 = cpu_seconds([os.getpid()] + jvm_pids()), time.monotonic()
-            if run_task(spark, table, task, policy, PARQUET_OPTIONS):
-                comp["tasks"] += 1
-                comp["bytes"] += task.bytes
-            comp["seconds"] += time.monotonic() - w0
-            comp["cpu"] += cpu_seconds([os.getpid()] + jvm_pids()) - c0
+        compaction_pass(end)
         snap = table.snapshot()
         date = str(dt.datetime.fromtimestamp((t0 + day * DAY_MS) / 1000, UTC).date())
         files = [f for f in snap.files if f.date == date]
