@@ -81,11 +81,24 @@ def show(title: str, pid: int) -> None:
           f"{sum(r[3] for r in rows) / 2**20:7.0f}")
 
 
+def nmt(pid: int) -> None:
+    """The JVM's committed memory by area (jcmd VM.native_memory summary), for each JVM."""
+    for depth, p, _, _, what in tree(pid):
+        if what.startswith("JVM"):
+            out = subprocess.run(["jcmd", str(p), "VM.native_memory", "summary"],
+                                 capture_output=True, text=True).stdout
+            print(f"\n  JVM {p}: " + "; ".join(
+                ln.strip().lstrip("-").strip().split("(reserved")[0] + ln.split("committed=")[1].split(")")[0]
+                for ln in out.splitlines() if "committed=" in ln and ln.strip().startswith(("-", "Total"))))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rate", type=int, default=25000)
     ap.add_argument("--seconds", type=float, default=20)
     ap.add_argument("--idle", type=float, default=60)
+    ap.add_argument("--nmt", action="store_true",
+                    help="the JVM's own accounting too (Native Memory Tracking, jcmd of a JDK)")
     args = ap.parse_args()
     from sink.forward.kafka_embedded import EmbeddedKafka, free_port
     from tests.e2e.test_spark_history import contract_headers, simple_message
@@ -95,7 +108,9 @@ def main() -> int:
     job = subprocess.Popen(
         [sys.executable, "-m", "sink.job", "--kafka-bootstrap", kafka.bootstrap, "--table",
          str(tmp / "history"), "--connect-port", str(free_port())],
-        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=open(log_path, "ab"),
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT),
+                       **({"SPARK_SUBMIT_OPTS": "-XX:NativeMemoryTracking=summary"}
+                          if args.nmt else {})}, stdout=open(log_path, "ab"),
         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
     try:
         while "history job started" not in log_path.read_text(errors="replace"):
@@ -105,6 +120,8 @@ def main() -> int:
             time.sleep(1)
         time.sleep(args.idle)
         show(f"idle ({args.idle:g} s after start)", job.pid)
+        if args.nmt:
+            nmt(job.pid)
         peak = [0, 0]
         stop = threading.Event()
 
@@ -133,6 +150,8 @@ def main() -> int:
         stop.set()
         print(f"peak while ingesting: RSS {peak[0] / 2**20:.0f} MB, PSS {peak[1] / 2**20:.0f} MB")
         show(f"idle again ({args.idle:g} s after the load)", job.pid)
+        if args.nmt:
+            nmt(job.pid)
         return 0
     finally:
         try:

@@ -138,10 +138,11 @@ def registered(cfg) -> bool:
     return m.get("digest") == definition_digest(cfg.table, cfg.database)
 
 
-def register_in_derby(cfg, timeout: float = 600) -> bool:
+def register_in_derby(cfg, timeout: float = 600, started=None) -> bool:
     """Register the table in the embedded Derby metastore with a short spark-sql run (unless
     it is there already, with this location and schema). False when it could not (another
-    process holds the Derby database: tried again at the job's next start)."""
+    process holds the Derby database: tried again at the job's next start). ``started``
+    receives the spark-sql process (so that a stopping job can end it)."""
     if external(cfg):
         return True
     conf = write_conf_dir(cfg)
@@ -154,19 +155,25 @@ def register_in_derby(cfg, timeout: float = 600) -> bool:
            f"{create_table_sql(cfg.table, cfg.database)};")
     env = {**os.environ, "SPARK_CONF_DIR": str(conf)}
     env.pop("PYSPARK_GATEWAY_PORT", None)
+    cmd = [str(spark_sql), "--master", "local[1]", "--driver-memory", "512m",
+           "--driver-java-options", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC "
+           f"-Dderby.system.home={metastore_dir(cfg)}", "--conf", "spark.ui.enabled=false",
+           "-e", sql]
     try:
-        res = subprocess.run([str(spark_sql), "--master", "local[1]", "--driver-memory", "512m",
-                              "-e", sql], cwd=str(metastore_dir(cfg)), env=env,
-                             capture_output=True, text=True, timeout=timeout,
-                             stdin=subprocess.DEVNULL)
+        proc = subprocess.Popen(cmd, cwd=str(metastore_dir(cfg)), env=env, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                stdin=subprocess.DEVNULL)
+        if started:
+            started(proc)
+        _, err = proc.communicate(timeout=timeout)
     except (OSError, subprocess.TimeoutExpired) as exc:
         log.warning("cannot register the table in the Derby metastore %s: %s",
                     metastore_dir(cfg), exc)
         return False
-    if res.returncode != 0:
-        err = res.stderr.strip().splitlines()
+    if proc.returncode != 0:
+        err = err.strip().splitlines()
         why = next((ln for ln in err if "Another instance of Derby" in ln or "Error" in ln),
-                   err[-1] if err else "")
+                   err[-1] if err else f"exit status {proc.returncode}")
         log.warning("cannot register the table in the Derby metastore %s (is a spark-sql or "
                     "pyspark session using it? tried again at the next start): %s",
                     metastore_dir(cfg), why[:300])
@@ -180,14 +187,31 @@ def register_in_derby(cfg, timeout: float = 600) -> bool:
     return True
 
 
-def start_registration(cfg) -> threading.Thread | None:
-    """register_in_derby in a thread (the job does not wait for the spark-sql run)."""
+class Registration(threading.Thread):
+    """register_in_derby in a thread: the job does not wait for the spark-sql run (about
+    20 s and 300 MB, once per table), and ends it if it stops first."""
+
+    def __init__(self, cfg):
+        super().__init__(name="catalog-registration", daemon=True)
+        self.cfg = cfg
+        self.proc: subprocess.Popen | None = None
+
+    def run(self) -> None:
+        register_in_derby(self.cfg, started=lambda p: setattr(self, "proc", p))
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+
+
+def start_registration(cfg) -> Registration | None:
+    """Register the table in the Derby metastore in the background when it is not yet there
+    (None: nothing to do: an external metastore, a remote table, or registered already)."""
     if external(cfg) or "://" in cfg.table and not cfg.table.startswith("file://"):
         return None
     if registered(cfg):
         write_conf_dir(cfg)
         return None
-    t = threading.Thread(target=register_in_derby, args=(cfg,), name="catalog-registration",
-                         daemon=True)
+    t = Registration(cfg)
     t.start()
     return t

@@ -797,7 +797,7 @@ def main(argv=None) -> int:
         catalog.register_in_session(spark, cfg)  # `messages` for Spark Connect and JDBC
         serve_connect(spark, cfg)
         thrift.serve_thrift(spark, cfg)
-        catalog.start_registration(cfg)  # ... and for spark-sql & co (embedded Derby)
+        registration = catalog.start_registration(cfg)  # ... and for spark-sql & co (Derby)
         # SparkContext installs its own SIGINT handler (cancel jobs + KeyboardInterrupt): ours
         # must win so that Ctrl-C stops the query cleanly.
         signal.signal(signal.SIGINT, on_signal)
@@ -805,6 +805,8 @@ def main(argv=None) -> int:
         try:
             return run(spark, cfg, stop)
         finally:
+            if registration:
+                registration.stop()
             spark.stop()
     except UsageError as exc:
         log.error("%s", exc)
