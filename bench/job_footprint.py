@@ -97,6 +97,10 @@ def main() -> int:
     ap.add_argument("--rate", type=int, default=25000)
     ap.add_argument("--seconds", type=float, default=20)
     ap.add_argument("--idle", type=float, default=60)
+    ap.add_argument("--nice", type=int, default=None,
+                    help="the job's niceness (default: the job's, 10); 0 on a machine other "
+                         "work overloads, where a job at 10 may not get a Python worker started "
+                         "within Spark's fixed 10 s")
     ap.add_argument("--nmt", action="store_true",
                     help="the JVM's own accounting too (Native Memory Tracking, jcmd of a JDK)")
     args = ap.parse_args()
@@ -107,7 +111,8 @@ def main() -> int:
     log_path = tmp / "job.log"
     job = subprocess.Popen(
         [sys.executable, "-m", "sink.job", "--kafka-bootstrap", kafka.bootstrap, "--table",
-         str(tmp / "history"), "--connect-port", str(free_port())],
+         str(tmp / "history"), "--connect-port", str(free_port()),
+         *(["--nice", str(args.nice)] if args.nice is not None else [])],
         cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT),
                        **({"SPARK_SUBMIT_OPTS": "-XX:NativeMemoryTracking=summary"}
                           if args.nmt else {})}, stdout=open(log_path, "ab"),

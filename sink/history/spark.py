@@ -36,10 +36,6 @@ DEFAULT_CONF = {
     # The file sink writes each micro-batch's `date` partitions with concurrent writers (at
     # most a few days in one batch) instead of sorting the batch by date first.
     "spark.sql.maxConcurrentOutputFileWriters": "4",
-    # A Python worker gets this long to connect back to the JVM (default 15 s): on a machine
-    # loaded far beyond its cores a micro-batch failed with "Python worker failed to connect
-    # back", which stops the job.
-    "spark.python.authenticate.socketTimeout": "120s",
     # Python data source: ship rows to the JVM in big Arrow batches.
     "spark.sql.execution.arrow.maxRecordsPerBatch": "10000",
     # The history table changes under a session (the job commits, compacts, expires days):
