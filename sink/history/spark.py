@@ -47,15 +47,19 @@ DEFAULT_CONF = {
     "spark.scheduler.mode": "FAIR",
 }
 
-#: The history job's own session (sink/history/job.py main), local mode: its footprint. Idle it
-#: held 1.4 GB (JVM 580-830 MB, up to 1 GB heap; eight Python processes of 45-160 MB: a daemon
-#: per kind of worker, each keeping every idle worker). A heap of 512 MB (Spark's minimum is
-#: 450) with the serial collector giving free heap back (Min/MaxHeapFreeRatio), and at most one
-#: idle Python worker kept per kind (a second one is forked again when a batch needs it).
+#: The history job's own session (sink/history/job.py main), local mode: its footprint
+#: (bench/job_footprint.py). Idle it held 1.4 GB: the JVM 580-830 MB, its heap never below the
+#: JVM's initial size (1/64 of the machine's memory: 384 MB here) and growing to 1 GB; Python
+#: processes of 45-160 MB (a daemon per kind of worker, each keeping its idle workers). Now: a
+#: heap of 64-512 MB (Spark's minimum maximum is 450) with the serial collector, which gives
+#: free heap back after a full collection, and Spark's periodic collection every 2 minutes
+#: (default 30) so that an idle job does have one; at most one idle Python worker kept per kind
+#: (Spark ends those idle for a minute).
 JOB_LOCAL_CONF = {
     "spark.driver.memory": "512m",
-    "spark.driver.extraJavaOptions": "-XX:+UseSerialGC -XX:MinHeapFreeRatio=10 "
+    "spark.driver.extraJavaOptions": "-Xms64m -XX:+UseSerialGC -XX:MinHeapFreeRatio=10 "
                                      "-XX:MaxHeapFreeRatio=30 -XX:ReservedCodeCacheSize=96m",
+    "spark.cleaner.periodicGC.interval": "2min",
     "spark.python.factory.idleWorkerMaxPoolSize": "1",
 }
 
