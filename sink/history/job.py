@@ -5,11 +5,14 @@
                        [--source auto|kafka|python] [--available-now]
 
 Exactly once, and no duplicate message ids:
-- Spark's file sink (Parquet, partitioned by ``date``) + a checkpoint. Every micro-batch's
-  offsets are logged before it runs and its files are listed in ``<table>/_spark_metadata``
-  only when the batch commits; ``spark.read.parquet(table)`` reads only listed files. A job
-  killed mid-batch (even SIGKILL) re-runs that batch with the same offsets on restart; a
-  half-written batch is never visible and never counted twice.
+- The table's own commit log (sink/history/manifest.py, written by sink/history/writer.py in
+  ``foreachBatch``) + Spark's checkpoint. Every micro-batch's offsets are logged before it runs;
+  its files join the table in one atomic version of the log, which records the batch, before
+  Spark commits the batch; ``spark.read.parquet(table)`` reads only the files of the newest
+  version (``_spark_metadata``). A job killed at any step (even SIGKILL) re-runs that batch with
+  the same offsets on restart, and a batch already in the table is not written again. The log
+  lets compaction and retention (sink/history/maintenance.py) replace and drop files, which
+  Spark's file sink (still used for hdfs:// and s3a:// tables) cannot.
 - Duplicate message ids (producer retries, a replayed broker spool, a re-read after Kafka lost
   its log) are removed by the Python source (sink/history/dedup.py: the ids seen, as intervals per id
   prefix, in ``<checkpoint>/dedup``; exactly once with the offset log; cost independent of how
@@ -654,8 +657,8 @@ def check_connect_port(cfg: JobConfig) -> None:
 
 
 def serve_connect(spark, cfg: JobConfig) -> None:
-    """Register the table ``messages``, then start the Spark Connect server in this session's
-    SparkContext and say where to connect."""
+    """Start the Spark Connect server in this session's SparkContext (the table ``messages`` is
+    in its catalog already: sink/history/catalog.py) and say where to connect."""
     if not connect_enabled(cfg):
         return
     # Started only now (not with spark.plugins at SparkContext start): the server's sessions
