@@ -572,7 +572,7 @@ def run(spark, cfg: JobConfig, stop_event: threading.Event | None = None,
         exc = query.exception()
         if exc is not None:
             log.error("the history query failed: %s", _short_error(exc))
-            return 1
+            return RESTART if any(t in str(exc) for t in TRANSIENT_FAILURES) else 1
         log.info("history job stopped (last batch %s)", last_batch)
         return 0
     finally:
@@ -582,6 +582,27 @@ def run(spark, cfg: JobConfig, stop_event: threading.Event | None = None,
             query.stop()
         if commit_catch_up:
             commit_catch_up()
+
+
+#: Failures that say the machine was too busy, not that anything is wrong: Spark gives a Python
+#: process it starts a fixed 10 s to connect back (seen with other work overloading both cores)
+TRANSIENT_FAILURES = ("Python worker failed to connect back",)
+RESTART = 75      # run()'s answer to such a failure (EX_TEMPFAIL)
+RESTARTS = 5
+
+
+def run_restarting(spark, cfg: JobConfig, stop: threading.Event) -> int:
+    """run(), started again (with the same checkpoint: exactly once holds) after a failure in
+    TRANSIENT_FAILURES, up to RESTARTS times in a row, waiting a little longer each time."""
+    for attempt in range(1, RESTARTS + 1):
+        rc = run(spark, cfg, stop)
+        if rc != RESTART or stop.is_set():
+            return 0 if rc == RESTART else rc
+        log.warning("starting the history query again (%d/%d) in %d s", attempt, RESTARTS,
+                    10 * attempt)
+        if stop.wait(10 * attempt):
+            return 0
+    return 1
 
 
 def _short_error(exc) -> str:
@@ -806,7 +827,7 @@ def main(argv=None) -> int:
         signal.signal(signal.SIGINT, on_signal)
         signal.signal(signal.SIGTERM, on_signal)
         try:
-            return run(spark, cfg, stop)
+            return run_restarting(spark, cfg, stop)
         finally:
             if registration:
                 registration.stop()
