@@ -812,8 +812,11 @@ def main(argv=None) -> int:
             log.info("history job stopped before it started")
             return 0
         from sink.history import catalog, thrift
-        from sink.history.spark import JOB_LOCAL_CONF, PROJECT_ROOT, get_spark, launched_by_spark_submit
+        from sink.history.spark import (JOB_LOCAL_CONF, JOB_LOCAL_ENV, PROJECT_ROOT, get_spark,
+                                        launched_by_spark_submit)
         check_connect_port(cfg)
+        for k, v in JOB_LOCAL_ENV.items():
+            os.environ.setdefault(k, v)
         spark = get_spark("mqtt-history-job", conf={
             **({} if launched_by_spark_submit() else JOB_LOCAL_CONF),
             **connect_conf(cfg), **catalog.session_conf(cfg),

@@ -62,6 +62,9 @@ JOB_LOCAL_CONF = {
     "spark.cleaner.periodicGC.interval": "2min",
     "spark.python.factory.idleWorkerMaxPoolSize": "1",
 }
+#: ... and its child processes' environment: glibc's malloc keeps up to 8 arenas per core
+#: (64 MB address space each, partly resident) in the JVM and the Python workers; two suffice.
+JOB_LOCAL_ENV = {"MALLOC_ARENA_MAX": "2"}
 
 LOCAL_CONF = {
     "spark.driver.host": "127.0.0.1",
