@@ -544,8 +544,11 @@ def run(spark, cfg: JobConfig, stop_event: threading.Event | None = None,
     stop_event = stop_event or threading.Event()
     query, _ = start_query(spark, cfg)
     commit_catch_up = getattr(query, "_commit_catch_up", None)
+    from sink.history import catalog
     from sink.history.maintenance import start_maintainer
     maintainer = start_maintainer(spark, cfg, PARQUET_OPTIONS)
+    # `messages` for spark-sql & co (embedded Derby): once, a minute after the query started
+    registration = None if cfg.available_now else catalog.start_registration(cfg)
     last_batch, last_idle_log = -1, time.monotonic()
 
     def report():
@@ -560,7 +563,10 @@ def run(spark, cfg: JobConfig, stop_event: threading.Event | None = None,
 
     try:
         while query.isActive and not stop_event.is_set():
-            query.awaitTermination(poll_seconds)
+            try:
+                query.awaitTermination(poll_seconds)
+            except Exception:  # it failed: query.exception() below says why
+                break
             report()
             if commit_catch_up:
                 commit_catch_up()
@@ -576,6 +582,8 @@ def run(spark, cfg: JobConfig, stop_event: threading.Event | None = None,
         log.info("history job stopped (last batch %s)", last_batch)
         return 0
     finally:
+        if registration:
+            registration.stop()
         if maintainer:
             maintainer.stop()
         if query.isActive:
@@ -824,7 +832,6 @@ def main(argv=None) -> int:
         catalog.register_in_session(spark, cfg)  # `messages` for Spark Connect and JDBC
         serve_connect(spark, cfg)
         thrift.serve_thrift(spark, cfg)
-        registration = catalog.start_registration(cfg)  # ... and for spark-sql & co (Derby)
         # SparkContext installs its own SIGINT handler (cancel jobs + KeyboardInterrupt): ours
         # must win so that Ctrl-C stops the query cleanly.
         signal.signal(signal.SIGINT, on_signal)
@@ -832,8 +839,6 @@ def main(argv=None) -> int:
         try:
             return run_restarting(spark, cfg, stop)
         finally:
-            if registration:
-                registration.stop()
             spark.stop()
     except UsageError as exc:
         log.error("%s", exc)
