@@ -78,12 +78,13 @@ def read_history(table: str, topic_filter: str, since_ms: int, until_ms: int | N
             cond = cond & (ds.field("accepted_at") < at(until_ms, typ))
         if plain:
             cond = cond & (ds.field("topic") == topic_filter)
-        tbl = data.to_table(columns=columns, filter=cond)
+        need = None if columns is None else list(dict.fromkeys(
+            [*columns, "topic", *(c for c, _ in ORDER)]))
+        tbl = data.to_table(columns=need, filter=cond)
         if not plain and tbl.num_rows:
             topics = tbl.column("topic").to_pylist()
             keep = pa.array([matches(topic_filter, x) for x in topics], pa.bool_())
             tbl = tbl.filter(keep)
         if tbl.num_rows:
-            if all(c in tbl.column_names for c, _ in ORDER):
-                tbl = tbl.take(pc.sort_indices(tbl, sort_keys=ORDER))
-            yield from tbl.to_batches()
+            tbl = tbl.take(pc.sort_indices(tbl, sort_keys=ORDER))
+            yield from (tbl if columns is None else tbl.select(columns)).to_batches()

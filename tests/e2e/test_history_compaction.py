@@ -202,7 +202,7 @@ def test_a_replay_reader_reads_a_topic_filter_from_a_time_in_order(spark, small_
     time, each once, in accepted_at order, before and after compaction."""
     from sink.history.reader import read_history
     table = copy_table(small_files_table, tmp_path)
-    since = int(dt.datetime(2024, 5, 1, 10, 30, tzinfo=UTC).timestamp() * 1000)
+    since = int(dt.datetime(2024, 5, 1, 10, 10, 30, tzinfo=UTC).timestamp() * 1000)  # mid-hour
     want = [r.message_id for r in spark.read.parquet(table).where(
         f"topic LIKE 'devices/%/temp' AND client_id = 'dev-1' AND "
         f"accepted_at >= timestamp_millis({since})").orderBy("accepted_at").collect()]
