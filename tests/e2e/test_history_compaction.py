@@ -131,7 +131,7 @@ def test_a_compaction_killed_at_any_step_loses_and_doubles_nothing(spark, small_
     before = Table(table).snapshot()
     proc = subprocess.run([sys.executable, "-m", "sink.maintain", "--table", table],
                           cwd=ROOT, env=env_for(step), capture_output=True, text=True,
-                          timeout=300, start_new_session=True)
+                          timeout=900, start_new_session=True)
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
     after = Table(table).snapshot()
     committed = step in ("compact:after-manifest", "compact:after-spark-log")
@@ -170,7 +170,7 @@ def test_a_micro_batch_killed_at_any_step_is_written_once(spark, kafka, tmp_path
     cmd = [sys.executable, "-m", "sink.job", "--kafka-bootstrap", kafka.bootstrap, "--table",
            table, "--source", "python", "--available-now", "--no-connect"]
     proc = subprocess.run(cmd, cwd=ROOT, env=env_for(step), capture_output=True, text=True,
-                          timeout=300, start_new_session=True)
+                          timeout=900, start_new_session=True)
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
     n, ids = count_ids(spark, table) if Path(table, "_spark_metadata").is_dir() else (0, 0)
     assert n == ids and n in (0, 120)
