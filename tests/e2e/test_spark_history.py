@@ -183,7 +183,8 @@ def _start_job(bootstrap: str, tmp_path: Path, log_path: Path) -> subprocess.Pop
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
     cmd = [sys.executable, "-m", "sink.job", "--kafka-bootstrap", bootstrap,
            "--table", str(tmp_path / "history"), "--trigger-seconds", "1", "--source", "python",
-           "--no-connect"]  # no Spark Connect server on the fixed default port
+           "--no-connect",  # no Spark Connect server on the fixed default port
+           "--nice", "0"]   # niceness 10 starves it on a machine other work keeps busy
     out = open(log_path, "ab")
     # Own process group: SIGKILL then takes the JVM and the Python workers too (a crash).
     return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
