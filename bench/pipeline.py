@@ -138,13 +138,19 @@ def kafka_count(spool_dir: str) -> int:
 
 
 class TableCounter:
-    """Rows in the table's Parquet files, from their footers (each file read once)."""
+    """Rows in the table: those its newest version lists (sink/history/manifest.py: rows per
+    file, no Spark session); for a table of Spark's file sink, the rows of its Parquet files,
+    from their footers (each file read once)."""
 
     def __init__(self, table: str):
         self.table = table
         self.rows: dict[str, int] = {}
 
     def count(self) -> int:
+        from sink.history.manifest import Table
+        t = Table(self.table)
+        if t.exists():
+            return t.snapshot().rows
         import pyarrow.parquet as pq
         for d, dirs, files in os.walk(self.table):
             dirs[:] = [x for x in dirs if not x.startswith(("_", "."))]

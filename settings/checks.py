@@ -242,6 +242,22 @@ def starting_offsets(v: str) -> None:
         raise ValueError(v)
 
 
+_DURATION_UNITS = {"s": 1000, "sec": 1000, "second": 1000, "m": 60_000, "min": 60_000,
+                   "minute": 60_000, "h": 3_600_000, "hour": 3_600_000, "d": 86_400_000,
+                   "day": 86_400_000, "w": 604_800_000, "week": 604_800_000}
+
+
+def duration_ms(text: str) -> int | None:
+    """'400d', '12h', '30 days', '2 weeks' -> milliseconds; '' -> None (off); ValueError else."""
+    import re
+    if text is None or not str(text).strip():
+        return None
+    m = re.fullmatch(r"\s*(\d+)\s*([a-z]+?)s?\s*", str(text).lower())
+    if not m or m.group(2) not in _DURATION_UNITS or int(m.group(1)) <= 0:
+        raise ValueError(f"not a duration: {text!r} (e.g. '400d', '12h', '30 days')")
+    return int(m.group(1)) * _DURATION_UNITS[m.group(2)]
+
+
 PORT = Int(0, 65535)
 SECONDS = Num(0)
 COUNT = Int(0)

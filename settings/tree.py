@@ -14,7 +14,7 @@ from dataclasses import MISSING, dataclass, field
 
 from .checks import (COUNT, DOC, PORT, SECONDS, Bool, Check, ConfigError, Enum, HostPorts, Int,
                      IntList, Num, Pattern, Rules, Spec, Str, StrList, Table, check,
-                     connect_address, did_you_mean, starting_offsets)
+                     connect_address, did_you_mean, duration_ms, starting_offsets)
 
 
 def key(default=MISSING, spec: Spec | None = None, *, factory=MISSING):
@@ -154,6 +154,7 @@ class SinkConfig(Section):
     replay_window_seconds: float = 3600.0
     replay_window_messages: int = 1_000_000
     embedded_port: int = key(9092, PORT)
+    embedded_max_mb: int = key(512, Int(0))         # keep_until = "history": restart it empty past this; 0 = no bound
     embedded_log_file: str = ""
     stats_interval: float = 60.0
     forwarder: str = key("process", Enum("process", "thread"))
@@ -185,6 +186,22 @@ class HistoryConfig(Section):
     nice: int = key(10, Int(0, 19))                 # the job's niceness: the broker's CPU comes first
     verify_records: bool = True                     # drop Kafka records without the broker's signature
     kafka: dict = key(factory=dict, spec=Table("[history.kafka]"))
+    # the table's upkeep (sink/history/maintenance.py): retention, compaction, deletion
+    retention: str = key("", Check(duration_ms, "a duration like '400d' or '12h' (\"\" = keep all)"))
+    compact: bool = True
+    compact_target_mb: int = key(128, Int(1, 1 << 20))
+    compact_grace_seconds: float = 300.0             # a day/hour is closed this long after its end
+    compact_open_files: int = key(120, Int(2))       # small files an open hour may have before a merge
+    compact_check_seconds: float = key(60.0, Num(0, lo_open=True))
+    delete_delay_seconds: float = 600.0             # removed files stay this long for running queries
+    # the catalog (sink/history/catalog.py) and the JDBC/ODBC endpoint (sink/history/thrift.py)
+    database: str = key("default", Pattern(r"[A-Za-z_][A-Za-z0-9_]*", "a database name"))
+    metastore_uri: str = key("", Pattern(r"(thrift://\S+)?", '"thrift://HOST:PORT" ("" = embedded Derby)'))
+    metastore_dir: str = ""                         # "" = <table>_metastore
+    jdbc: bool = False
+    jdbc_host: str = "127.0.0.1"
+    jdbc_port: int = key(10000, Int(1, 65535))
+    jdbc_password_file: str = ""                    # "" = [auth] password_file
 
     @property
     def connect_url(self) -> str:

@@ -92,8 +92,23 @@ class EmbeddedKafka:
                 self.proc.wait()
         self.proc = None
 
-    def restart(self) -> None:
-        """Stop and start on the same port (storage starts empty: memory only)."""
+    def rss_bytes(self) -> int:
+        """Resident memory of the Tansu process (0 when it is not running): with memory
+        storage, about what the topics hold."""
+        if not self.proc or self.proc.poll() is not None:
+            return 0
+        try:
+            with open(f"/proc/{self.proc.pid}/statm") as f:
+                return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, ValueError, IndexError):
+            return 0
+
+    def restart(self, kill: bool = False) -> None:
+        """Stop and start on the same port (storage starts empty: memory only). ``kill``: no
+        SIGTERM first (Tansu takes its 5 s to exit on it, and has nothing to save)."""
+        if kill and self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
         self.stop()
         self.start()
 

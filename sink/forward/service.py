@@ -102,6 +102,8 @@ class Sink:
         self._ctl: ThreadControl | None = None
         self._stop_ev = threading.Event()
         self._bg: threading.Thread | None = None
+        self.kafka_recycles = 0       # embedded Kafka restarts to give back what the table holds
+        self._sent_at_recycle = 0     # records sent to Kafka (new + replayed) at the last one
 
     @classmethod
     def from_config(cls, cfg: SinkConfig | dict | None, data_dir: str,
@@ -120,6 +122,10 @@ class Sink:
             self.embedded = EmbeddedKafka(port=port, log_file=logf).start()
             self.bootstrap = self.embedded.bootstrap
             log.info("embedded Kafka (Tansu, memory storage) at %s", self.bootstrap)
+            if c.keep_until != "history":
+                log.warning("the embedded Kafka keeps every record in memory and deletes none; "
+                            "with [sink] keep_until = \"history\" (and the history job running) "
+                            "it is kept within embedded_max_mb (scripts/run.sh does this)")
         if logging.getLogger("kafka").level == logging.NOTSET:
             logging.getLogger("kafka").setLevel(logging.CRITICAL)   # our own WARNING/INFO say it
         from settings import secrets
@@ -420,6 +426,8 @@ class Sink:
             spool_uncommitted_messages=(max(0, next_seq - self._committed_seq)
                                         if self._committed_seq is not None else 0),
             lag_seconds=st.get("lag_seconds", 0.0), kafka_up=bool(st.get("kafka_up", False)),
+            embedded_kafka_bytes=self.embedded.rss_bytes() if self.embedded else 0,
+            embedded_kafka_recycles=self.kafka_recycles,
             durability=self.cfg.durability, bootstrap=self.bootstrap, **self._commit_stats(st))
 
     def _commit_stats(self, st: dict) -> dict:
@@ -449,6 +457,8 @@ class Sink:
                          s["excluded"], s["spool_messages"], s["spool_bytes"], s["lag_seconds"],
                          s["kafka_up"], s["replays"])
             k = self.embedded
+            if k is not None and not self._closed:
+                self._bound_embedded(k)
             if k is not None and k.proc is not None and k.proc.poll() is not None and not self._closed:
                 log.warning("embedded Kafka exited (code %s); restarting it on %s (it restarts empty: "
                             "the forwarder sends again %s)", k.proc.returncode, k.bootstrap,
@@ -472,6 +482,36 @@ class Sink:
                     except OSError:
                         pass
                     self._start_process(shard)
+
+    def _bound_embedded(self, k) -> None:
+        """Keep the embedded Kafka (memory storage, which deletes no record: no DeleteRecords,
+        no retention) within [sink] embedded_max_mb: once the history table holds what it
+        holds (keep_until = "history": the spool keeps every record the table has not
+        committed), restart it empty. The forwarder finds it empty and sends again what is not
+        committed yet; the job reads the new log (dedup by message id). Only while the table
+        has at least half of what Kafka holds (the tail sent again is the rest), so a job that
+        is down or behind never makes it restart in a loop."""
+        bound = self.cfg.embedded_max_mb << 20
+        if (not bound or self.committed_file is None or self._committed_seq is None
+                or k.proc is None or k.proc.poll() is not None):
+            return  # (no committed file read yet: the job has not written one)
+        rss = k.rss_bytes()
+        if rss < bound:
+            return
+        st = self.stats()
+        tail = st["spool_uncommitted_messages"]
+        sent = st["forwarded"] + st["replayed"]
+        if tail * 2 > sent - self._sent_at_recycle:
+            return  # the table has less than half of what Kafka holds: a restart frees little
+        log.info("embedded Kafka holds %d MB (bound [sink] embedded_max_mb = %d): restarting it "
+                 "empty; the history table has every record but the %d the spool sends again",
+                 rss >> 20, self.cfg.embedded_max_mb, tail)
+        self._sent_at_recycle = sent
+        try:
+            k.restart(kill=True)
+            self.kafka_recycles += 1
+        except Exception as exc:
+            log.error("cannot restart embedded Kafka: %s", exc)
 
     # -- shutdown -------------------------------------------------------------------------------------
     def close(self) -> None:

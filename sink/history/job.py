@@ -5,11 +5,14 @@
                        [--source auto|kafka|python] [--available-now]
 
 Exactly once, and no duplicate message ids:
-- Spark's file sink (Parquet, partitioned by ``date``) + a checkpoint. Every micro-batch's
-  offsets are logged before it runs and its files are listed in ``<table>/_spark_metadata``
-  only when the batch commits; ``spark.read.parquet(table)`` reads only listed files. A job
-  killed mid-batch (even SIGKILL) re-runs that batch with the same offsets on restart; a
-  half-written batch is never visible and never counted twice.
+- The table's own commit log (sink/history/manifest.py, written by sink/history/writer.py in
+  ``foreachBatch``) + Spark's checkpoint. Every micro-batch's offsets are logged before it runs;
+  its files join the table in one atomic version of the log, which records the batch, before
+  Spark commits the batch; ``spark.read.parquet(table)`` reads only the files of the newest
+  version (``_spark_metadata``). A job killed at any step (even SIGKILL) re-runs that batch with
+  the same offsets on restart, and a batch already in the table is not written again. The log
+  lets compaction and retention (sink/history/maintenance.py) replace and drop files, which
+  Spark's file sink (still used for hdfs:// and s3a:// tables) cannot.
 - Duplicate message ids (producer retries, a replayed broker spool, a re-read after Kafka lost
   its log) are removed by the Python source (sink/history/dedup.py: the ids seen, as intervals per id
   prefix, in ``<checkpoint>/dedup``; exactly once with the offset log; cost independent of how
@@ -80,6 +83,22 @@ class JobConfig:
     data_dir: str | None = None
     verify_records: bool = True   # drop Kafka records without the broker's signature
     embedded_kafka: bool = False  # the broker's embedded Kafka (empty after each restart: routine)
+    # the table's upkeep (sink/history/maintenance.py; [history] keys of the same names)
+    retention: str = ""
+    compact: bool = True
+    compact_target_mb: int = 128
+    compact_grace_seconds: float = 300.0
+    compact_open_files: int = 120
+    compact_check_seconds: float = 60.0
+    delete_delay_seconds: float = 600.0
+    # the catalog and the JDBC/ODBC endpoint (sink/history/catalog.py, thrift.py)
+    database: str = "default"
+    metastore_uri: str = ""
+    metastore_dir: str = ""
+    jdbc: bool = False
+    jdbc_host: str = "127.0.0.1"
+    jdbc_port: int = 10000
+    jdbc_password_file: str = ""
 
     @property
     def dedup_window_ms(self) -> int:
@@ -125,6 +144,9 @@ class JobConfig:
             raise UsageError(f"nice must be 0-19, not {self.nice}")
         if not 0 < self.connect_port < 65536:
             raise UsageError(f"--connect-port must be 1-65535, not {self.connect_port}")
+        if self.jdbc and not self.jdbc_password_file:
+            raise UsageError("[history] jdbc = true needs users: set [history] jdbc_password_file "
+                             "or [auth] password_file (python -m broker.auth add FILE USER)")
         host, _, port = self.bootstrap.split(",")[0].rpartition(":")
         if not host or not port.isdigit():
             raise UsageError(f"Kafka bootstrap must look like HOST:PORT, not {self.bootstrap!r}")
@@ -173,6 +195,11 @@ def load_config(path: str | None) -> dict:
     out.update(connect=hist.connect, connect_port=hist.connect_port, nice=hist.nice,
                data_dir=cfg.data_dir, verify_records=hist.verify_records)
     out["_keep_until"] = sink.keep_until   # not a JobConfig field: for the --table check
+    from sink.history.maintenance import UPKEEP_KEYS
+    out.update({k: getattr(hist, k) for k in UPKEEP_KEYS})
+    out.update({k: getattr(hist, k) for k in ("database", "metastore_uri", "metastore_dir", "jdbc",
+                                              "jdbc_host", "jdbc_port")})
+    out["jdbc_password_file"] = hist.jdbc_password_file or cfg.auth.password_file
     return out
 
 
@@ -402,13 +429,18 @@ def start_query(spark, cfg: JobConfig):
         (_local(cfg.checkpoint_dir) / DEDUP_MARKER).write_text(
             ("source" if in_source else "spark") + "\n")
     history = build_history_stream(kafka_df, cfg.dedup_window, in_source)
-    writer = history.writeStream.format("parquet")
-    for key, value in PARQUET_OPTIONS.items():
-        writer = writer.option(key, value)
+    if is_local_path(cfg.table):
+        # our own commit log (sink/history/manifest.py): compaction and retention can take
+        # files out of the table, which Spark's file sink log cannot
+        from sink.history.maintenance import batch_writer
+        writer = history.writeStream.foreachBatch(batch_writer(spark, cfg, PARQUET_OPTIONS))
+    else:
+        writer = history.writeStream.format("parquet")
+        for key, value in PARQUET_OPTIONS.items():
+            writer = writer.option(key, value)
+        writer = writer.option("path", cfg.table).partitionBy(PARTITION_COLUMN)
     writer = (writer
-              .option("path", cfg.table)
               .option("checkpointLocation", cfg.checkpoint_dir)
-              .partitionBy(PARTITION_COLUMN)
               .outputMode("append")
               .queryName(QUERY_NAME))
     if cfg.available_now:
@@ -599,6 +631,11 @@ def run(spark, cfg: JobConfig, stop_event: threading.Event | None = None,
     stop_event = stop_event or threading.Event()
     query, _ = start_query(spark, cfg)
     commit_catch_up = getattr(query, "_commit_catch_up", None)
+    from sink.history import catalog
+    from sink.history.maintenance import start_maintainer
+    maintainer = start_maintainer(spark, cfg, PARQUET_OPTIONS)
+    # `messages` for spark-sql & co (embedded Derby): once, a minute after the query started
+    registration = None if cfg.available_now else catalog.start_registration(cfg)
     last_batch, last_idle_log = -1, time.monotonic()
 
     def report():
@@ -613,7 +650,10 @@ def run(spark, cfg: JobConfig, stop_event: threading.Event | None = None,
 
     try:
         while query.isActive and not stop_event.is_set():
-            query.awaitTermination(poll_seconds)
+            try:
+                query.awaitTermination(poll_seconds)
+            except Exception:  # it failed: query.exception() below says why
+                break
             report()
             if commit_catch_up:
                 commit_catch_up()
@@ -625,14 +665,39 @@ def run(spark, cfg: JobConfig, stop_event: threading.Event | None = None,
         exc = query.exception()
         if exc is not None:
             log.error("the history query failed: %s", _short_error(exc))
-            return 1
+            return RESTART if any(t in str(exc) for t in TRANSIENT_FAILURES) else 1
         log.info("history job stopped (last batch %s)", last_batch)
         return 0
     finally:
+        if registration:
+            registration.stop()
+        if maintainer:
+            maintainer.stop()
         if query.isActive:
             query.stop()
         if commit_catch_up:
             commit_catch_up()
+
+
+#: Failures that say the machine was too busy, not that anything is wrong: Spark gives a Python
+#: process it starts a fixed 10 s to connect back (seen with other work overloading both cores)
+TRANSIENT_FAILURES = ("Python worker failed to connect back",)
+RESTART = 75      # run()'s answer to such a failure (EX_TEMPFAIL)
+RESTARTS = 5
+
+
+def run_restarting(spark, cfg: JobConfig, stop: threading.Event) -> int:
+    """run(), started again (with the same checkpoint: exactly once holds) after a failure in
+    TRANSIENT_FAILURES, up to RESTARTS times in a row, waiting a little longer each time."""
+    for attempt in range(1, RESTARTS + 1):
+        rc = run(spark, cfg, stop)
+        if rc != RESTART or stop.is_set():
+            return 0 if rc == RESTART else rc
+        log.warning("starting the history query again (%d/%d) in %d s", attempt, RESTARTS,
+                    10 * attempt)
+        if stop.wait(10 * attempt):
+            return 0
+    return 1
 
 
 def _short_error(exc) -> str:
@@ -648,7 +713,6 @@ def _short_error(exc) -> str:
 # ---- Spark Connect: the job's session answers queries while it runs ------------------------
 
 CONNECT_KEYS = {"connect", "connect_host", "connect_port"}
-CONNECT_VIEW = "messages"
 
 
 def connect_settings(hist: dict, where: str = "[history]") -> dict:
@@ -708,26 +772,11 @@ def check_connect_port(cfg: JobConfig) -> None:
                 "--no-connect ([history] connect = false)") from None
 
 
-def messages_table_sql(table: str, name: str = CONNECT_VIEW) -> str:
-    """CREATE TABLE for the history table in the session catalog (shared by every session of
-    the SparkContext, so Spark Connect clients see it). Not partitioned in the catalog: the
-    file sink's _spark_metadata log lists the files (and ``date=`` partitions) on every query,
-    so batches and days the stream adds later are visible at once (nothing to refresh)."""
-    from sink.history.schema import HISTORY_SCHEMA
-    cols = ", ".join(f"`{f.name}` {f.dataType.simpleString()}" for f in HISTORY_SCHEMA.fields)
-    location = str(_local(table).resolve()) if is_local_path(table) else table
-    location = location.replace("\\", "\\\\").replace("'", "\\'")
-    return f"CREATE TABLE IF NOT EXISTS `{name}` ({cols}) USING parquet LOCATION '{location}'"
-
-
 def serve_connect(spark, cfg: JobConfig) -> None:
-    """Register the table ``messages``, then start the Spark Connect server in this session's
-    SparkContext and say where to connect."""
+    """Start the Spark Connect server in this session's SparkContext (the table ``messages`` is
+    in its catalog already: sink/history/catalog.py) and say where to connect."""
     if not connect_enabled(cfg):
         return
-    if is_local_path(cfg.table):
-        _local(cfg.table).mkdir(parents=True, exist_ok=True)
-    spark.sql(messages_table_sql(cfg.table))
     # Started only now (not with spark.plugins at SparkContext start): the server's sessions
     # derive from the first session it sees, which must be this one with `messages` in its
     # catalog, not one a client's early request would make the server create on its own.
@@ -891,20 +940,29 @@ def main(argv=None) -> int:
         if stop.is_set():
             log.info("history job stopped before it started")
             return 0
-        from sink.history.spark import get_spark
+        from sink.history import catalog, thrift
+        from sink.history.spark import (JOB_LOCAL_CONF, JOB_LOCAL_ENV, PROJECT_ROOT, get_spark,
+                                        launched_by_spark_submit)
         check_connect_port(cfg)
+        for k, v in JOB_LOCAL_ENV.items():
+            os.environ.setdefault(k, v)
         conf = connect_conf(cfg)
         if conf and cfg.data_dir:   # clients need the token (settings/secrets.py)
             from settings import secrets
             conf["spark.connect.authenticate.token"] = secrets.connect_token(cfg.data_dir, create=True)
-        spark = get_spark("mqtt-history-job", conf=conf)
+        spark = get_spark("mqtt-history-job", conf={
+            **({} if launched_by_spark_submit() else JOB_LOCAL_CONF),
+            **conf, **catalog.session_conf(cfg),
+            **thrift.thrift_conf(cfg, Path(PROJECT_ROOT) / "build")})
+        catalog.register_in_session(spark, cfg)  # `messages` for Spark Connect and JDBC
         serve_connect(spark, cfg)
+        thrift.serve_thrift(spark, cfg)
         # SparkContext installs its own SIGINT handler (cancel jobs + KeyboardInterrupt): ours
         # must win so that Ctrl-C stops the query cleanly.
         signal.signal(signal.SIGINT, on_signal)
         signal.signal(signal.SIGTERM, on_signal)
         try:
-            return run(spark, cfg, stop)
+            return run_restarting(spark, cfg, stop)
         finally:
             spark.stop()
     except UsageError as exc:

@@ -91,6 +91,8 @@ HISTORY_SCHEMA = StructType([
 
 HISTORY_COLUMNS = [f.name for f in HISTORY_SCHEMA.fields]
 PARTITION_COLUMN = "date"
+#: The columns inside a data file (the partition column is in its directory name).
+FILE_SCHEMA = StructType([f for f in HISTORY_SCHEMA.fields if f.name != PARTITION_COLUMN])
 
 
 def _header_bytes(name: str) -> str:

@@ -38,7 +38,35 @@ DEFAULT_CONF = {
     "spark.sql.maxConcurrentOutputFileWriters": "4",
     # Python data source: ship rows to the JVM in big Arrow batches.
     "spark.sql.execution.arrow.maxRecordsPerBatch": "10000",
+    # The history table changes under a session (the job commits, compacts, expires days):
+    # a catalog table over it is planned from its newest log version at each query, not from
+    # a relation cached with the file list of its first query.
+    "spark.sql.filesourceTableRelationCacheSize": "0",
+    # The job's table maintenance runs beside the stream in a pool of its own
+    # (sink/history/maintenance.py), sharing the cores fairly instead of queueing behind it.
+    "spark.scheduler.mode": "FAIR",
 }
+
+#: The history job's own session (sink/history/job.py main), local mode: its footprint
+#: (bench/job_footprint.py). Idle it held 1.4 GB: the JVM 580-830 MB, its heap never below the
+#: JVM's initial size (1/64 of the machine's memory: 384 MB here) and growing to 1 GB; Python
+#: processes of 45-160 MB (a daemon per kind of worker, each keeping its idle workers). Now: a
+#: heap of 64-512 MB (Spark's minimum maximum is 450) with the serial collector, which gives
+#: free heap back after a full collection, and Spark's periodic collection every 2 minutes
+#: (default 30) so that an idle job does have one; at most one idle Python worker kept per kind
+#: (Spark ends those idle for a minute).
+JOB_LOCAL_CONF = {
+    "spark.driver.memory": "512m",
+    "spark.driver.extraJavaOptions": "-Xms64m -XX:+UseSerialGC -XX:MinHeapFreeRatio=10 "
+                                     "-XX:MaxHeapFreeRatio=30 -XX:ReservedCodeCacheSize=96m",
+    "spark.cleaner.periodicGC.interval": "2min",
+    "spark.python.factory.idleWorkerMaxPoolSize": "1",
+}
+#: ... and its child processes' environment: glibc's malloc keeps up to 8 arenas per core
+#: (64 MB address space each, partly resident) in the JVM and the Python workers; two suffice.
+#: pyarrow's own allocator (jemalloc/mimalloc) keeps what the Kafka reader's batches freed: at
+#: 3,000 msg/s each reader worker held 215 MB; the system allocator gives it back.
+JOB_LOCAL_ENV = {"MALLOC_ARENA_MAX": "2", "ARROW_DEFAULT_MEMORY_POOL": "system"}
 
 LOCAL_CONF = {
     "spark.driver.host": "127.0.0.1",

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 import settings
 from settings import Config, ConfigError, ListenerConfig, SinkConfig, load, sections
-from settings.checks import (Bool, Check, Enum, HostPorts, IntList, Num, Pattern, Rule, Rules,
+from settings.checks import (Bool, Check, duration_ms, Enum, HostPorts, IntList, Num, Pattern, Rule, Rules,
                              Str, StrList, Table, connect_address)
 from settings.load import apply_file
 from settings.tree import SECTIONS
@@ -139,6 +139,9 @@ def valid(spec):
     if isinstance(spec, Check):
         if spec.fn is connect_address:
             return st.just("") | st.builds("sc://{}:{}".format, HOST, st.integers(0, 65535)), same
+        if spec.fn is duration_ms:
+            return st.just("") | st.builds("{}{}".format, st.integers(1, 10_000),
+                                           st.sampled_from(["d", "h", " days", "w"])), same
         return st.sampled_from(["earliest", "latest", '{"t": {"0": 5}}']), same
     if isinstance(spec, Str):
         return TEXT, same

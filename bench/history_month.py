@@ -1,0 +1,240 @@
+"""A month of history at the job's cadence, in simulated time: does the table stay fast as it ages?
+
+    .venv/bin/python bench/history_month.py                         # 30 days, 17,280 batches/day, 1.04M rows/day
+    .venv/bin/python bench/history_month.py --days 3 --batches-per-day 1440 --rows-per-batch 700
+
+Each simulated micro-batch (every 86,400 / batches-per-day seconds of simulated time) is
+committed to the table exactly as the job commits one (sink/history/manifest.py: one file per
+UTC hour it touches, moved into place, one version of the log), its rows written with pyarrow
+instead of a Spark job (so a month of batches takes minutes, not days; the rows are the table's
+columns). The job's compaction (sink/history/compaction.py, run with Spark as in the job) runs
+after every simulated hour, as the job's maintenance thread would. The manifest's fsyncs are
+skipped (the disk is not what is measured). Then it prints:
+
+* files per closed day, and the bytes a query reads to plan (the newest
+  _spark_metadata/<N>.compact), after day 1 and after the last day;
+* the time of ``count(*)`` over one day and of a ``topic LIKE`` filter over one hour through
+  Spark Connect (a server in this process, queried by ``python -m sink.query --connect``),
+  on the last day's table;
+* compaction throughput (MB of input per second) and its CPU (this process and its JVM), as a
+  share of the two cores over the simulated day, and against the rate 25,000 msg/s needs.
+
+Times need quiet cores: on a shared machine say so next to the figures.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+UTC = dt.timezone.utc
+DAY_MS = 86_400_000
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for pid in pids:
+        try:
+            f = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+            total += (int(f[11]) + int(f[12])) / tick
+        except (OSError, IndexError):
+            pass
+    return total
+
+
+def jvm_pids() -> list[int]:
+    out = []
+    for p in os.listdir("/proc"):
+        if p.isdigit():
+            try:
+                st = open(f"/proc/{p}/stat").read()
+            except OSError:
+                continue
+            if int(st.rsplit(")", 1)[1].split()[1]) == os.getpid():
+                out.append(int(p))
+    return out
+
+
+_TEMPLATE: dict = {}
+
+
+def make_rows(start_ms: int, n: int, seq: int, topics: int):
+    """n rows of the table's columns (without `date`), accepted evenly over the 5 s from
+    start_ms: the columns that vary per row are built with numpy, the rest come from a template."""
+    import numpy as np
+    import pyarrow as pa
+    key = (n, topics)
+    if key not in _TEMPLATE:
+        topic = [f"site{i % 10}/dev{i % topics}/temp" for i in range(n)]
+        rnd = random.Random(n)  # readings that vary: compressed about as devices' data does
+        payload = [f'{{"v":{rnd.uniform(-40, 60):.3f},"u":"C"}}'.encode() for _ in range(n)]
+        _TEMPLATE[key] = {
+            "topic": pa.array(topic), "payload": pa.array(payload),
+            "payload_text": pa.array([p.decode() for p in payload]),
+            "qos": pa.array([1] * n, pa.int32()), "retain": pa.array([False] * n),
+            "client_id": pa.array([t.split("/")[1] for t in topic]),
+            "username": pa.array(["svc"] * n), "protocol": pa.array([5] * n, pa.int32()),
+            "kafka_topic": pa.array(["mqtt.messages"] * n),
+            "kafka_partition": pa.array([i % 4 for i in range(n)], pa.int32()),
+            "content_type": pa.nulls(n, pa.string()), "payload_format": pa.nulls(n, pa.int32()),
+            "response_topic": pa.nulls(n, pa.string()),
+            "correlation_data": pa.nulls(n, pa.binary()),
+            "message_expiry": pa.nulls(n, pa.int64()),
+            "user_properties": pa.array([[]] * n, pa.list_(pa.struct([("key", pa.string()),
+                                                                     ("value", pa.string())]))),
+        }
+    t = _TEMPLATE[key]
+    offsets = np.arange(seq, seq + n, dtype=np.int64)
+    at = pa.array((start_ms + np.arange(n, dtype=np.int64) * 5000 // max(n, 1)) * 1000,
+                  pa.timestamp("us", "UTC"))
+    ids = pa.array(np.char.add("bench-", offsets.astype(str)))
+    cols = {"message_id": ids, "topic": t["topic"], "payload": t["payload"],
+            "payload_text": t["payload_text"], "qos": t["qos"], "retain": t["retain"],
+            "client_id": t["client_id"], "username": t["username"], "protocol": t["protocol"],
+            "accepted_at": at, "kafka_topic": t["kafka_topic"],
+            "kafka_partition": t["kafka_partition"], "kafka_offset": pa.array(offsets),
+            "ingested_at": at}
+    cols.update({k: t[k] for k in ("content_type", "payload_format", "response_topic",
+                                   "correlation_data", "message_expiry", "user_properties")})
+    return pa.table(cols)
+
+
+def query_time(url: str, sql: str) -> tuple[float, str]:
+    out = subprocess.run([sys.executable, "-m", "sink.query", "--connect", url, "-v",
+                          "--format", "csv", sql], cwd=ROOT, capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=600)
+    import re
+    m = re.search(r"answered by Spark Connect in ([0-9.]+) s", out.stderr)
+    return (float(m.group(1)) if m else float("nan")), out.stdout.strip().splitlines()[-1:]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--days", type=int, default=30)
+    ap.add_argument("--batches-per-day", type=int, default=17_280)
+    ap.add_argument("--rows-per-batch", type=int, default=60)
+    ap.add_argument("--topics", type=int, default=1000)
+    ap.add_argument("--table", help="directory (default: a temporary one)")
+    ap.add_argument("--check-minutes", type=int, default=60,
+                    help="simulated minutes between compaction passes (the job: 1; hourly keeps "
+                         "the number of Spark jobs down: an open hour then holds up to an "
+                         "hour of batch files)")
+    args = ap.parse_args()
+    import pyarrow.parquet as pq
+
+    import sink.history.manifest as manifest
+    manifest._fsync_dir = lambda path: None        # the disk is not what is measured
+
+    def _write(path, raw):
+        with open(path, "wb") as f:
+            f.write(raw)
+    manifest._write_synced = _write
+    from sink.history.compaction import Policy, plan, run_task
+    from sink.history.job import PARQUET_OPTIONS
+    from sink.history.manifest import Change, Table
+    from sink.history.spark import get_spark
+    from sink.forward.kafka_embedded import free_port
+
+    root = Path(args.table or tempfile.mkdtemp(prefix="history-month-")) / "history"
+    port = free_port()
+    spark = get_spark("history-month", conf={"spark.connect.grpc.binding.address": "127.0.0.1",
+                                             "spark.connect.grpc.binding.port": str(port)})
+    table = Table(root)
+    root.mkdir(parents=True, exist_ok=True)
+    policy = Policy()
+    step_ms = DAY_MS // args.batches_per_day
+    t0 = int(dt.datetime(2024, 5, 1, tzinfo=UTC).timestamp() * 1000)
+    seq = 0
+    comp = {"seconds": 0.0, "cpu": 0.0, "bytes": 0, "tasks": 0, "rows": 0}
+    per_day = []
+    wall0 = time.monotonic()
+
+    def compaction_pass(now_ms: int) -> None:
+        """What the job's maintenance thread does at that (simulated) time, measured."""
+        for task in plan(table.snapshot(), now_ms, policy):
+            c0, w0 = cpu_seconds([os.getpid()] + jvm_pids()), time.monotonic()
+            if run_task(spark, table, task, policy, PARQUET_OPTIONS):
+                comp["tasks"] += 1
+                comp["bytes"] += task.bytes
+                comp["rows"] += task.rows
+            comp["seconds"] += time.monotonic() - w0
+            comp["cpu"] += cpu_seconds([os.getpid()] + jvm_pids()) - c0
+    for day in range(args.days):
+        for b in range(args.batches_per_day):
+            now = t0 + day * DAY_MS + b * step_ms
+            rows = make_rows(now, args.rows_per_batch, seq, args.topics)
+            seq += args.rows_per_batch
+            staging = table.staging(f"b{seq}")
+            date = dt.datetime.fromtimestamp(now / 1000, UTC)
+            out = staging / f"date={date.date()}" / f"_h={date.hour}"
+            out.mkdir(parents=True)
+            pq.write_table(rows, out / "part-0.parquet", compression="snappy")
+            files = table.place(manifest.staged_files(staging), f"b{seq:08d}", seq, 0)
+            table.commit(Change(op="append", add=files, stream={"id": "bench", "batch": seq}))
+            shutil.rmtree(staging, ignore_errors=True)
+            if (b + 1) % max(1, args.batches_per_day * args.check_minutes // 1440) == 0:
+                compaction_pass(now + step_ms)
+        # the day is over (and closed once the grace has passed): the next pass compacts it
+        end = t0 + (day + 1) * DAY_MS + policy.grace_ms
+        compaction_pass(end)
+        snap = table.snapshot()
+        date = str(dt.datetime.fromtimestamp((t0 + day * DAY_MS) / 1000, UTC).date())
+        files = [f for f in snap.files if f.date == date]
+        log_file = table.spark_log / f"{snap.id}.compact"
+        per_day.append((date, len(files), sum(f.rows for f in files), sum(f.size for f in files),
+                        log_file.stat().st_size, len(snap.files)))
+        print(f"day {day + 1} ({date}): {len(files)} file(s), {per_day[-1][2]} rows, "
+              f"{per_day[-1][3] / 1e6:.1f} MB; plan reads {per_day[-1][4]} bytes "
+              f"({per_day[-1][5]} live files); {time.monotonic() - wall0:.0f} s so far",
+              flush=True)
+    spark.sparkContext._jvm.org.apache.spark.sql.connect.service.SparkConnectService.start(
+        spark.sparkContext._jsc.sc())
+    spark.sql(f"CREATE TABLE IF NOT EXISTS messages USING parquet LOCATION '{root}'")
+    url = f"sc://127.0.0.1:{port}"
+    last = per_day[-1][0]
+    query_time(url, "SELECT 1")  # the first query of a session warms it
+    day_s, day_out = min(query_time(url, f"SELECT count(*) FROM messages WHERE date = DATE '{last}'")
+                         for _ in range(3))
+    hour_s, hour_out = min(query_time(
+        url, f"SELECT count(*) FROM messages WHERE date = DATE '{last}' AND topic LIKE 'site3/%' "
+             f"AND accepted_at >= TIMESTAMP '{last} 13:00:00' AND accepted_at < TIMESTAMP "
+             f"'{last} 14:00:00'") for _ in range(3))
+    first = per_day[0]
+    print("\nsummary")
+    print(f"  files per closed day: day 1 {first[1]}, day {args.days} {per_day[-1][1]}")
+    print(f"  metadata read to plan a query: after day 1 {first[4]} bytes, after day {args.days} "
+          f"{per_day[-1][4]} bytes ({per_day[-1][5]} live files)")
+    print(f"  count(*) over one day ({day_out}): {day_s:.2f} s; topic LIKE over one hour "
+          f"({hour_out}): {hour_s:.2f} s (best of 3, through Spark Connect)")
+    mb = comp["bytes"] / 1e6
+    rows_in = comp["rows"]
+    print(f"  compaction: {comp['tasks']} tasks, {mb:.0f} MB ({rows_in} rows) in "
+          f"{comp['seconds']:.0f} s = {mb / max(comp['seconds'], 1e-9):.1f} MB/s, "
+          f"{rows_in / max(comp['seconds'], 1e-9):.0f} rows/s; CPU {comp['cpu']:.0f} s "
+          f"({comp['cpu'] / args.days:.0f} s per simulated day: "
+          f"{comp['cpu'] / args.days / (86400 * 2) * 100:.3f}% of two cores at this rate)")
+    per_msg = per_day[-1][3] / max(per_day[-1][2], 1)
+    per_row = comp["cpu"] / max(rows_in, 1)
+    print(f"  at 25,000 msg/s ({25000 * per_msg / 1e6:.1f} MB/s of Parquet, {per_msg:.0f} "
+          f"bytes/row): each row is rewritten about twice (hour, day): "
+          f"{2 * 25000 * per_row:.2f} CPU-s/s = {2 * 25000 * per_row / 2 * 100:.0f}% of two "
+          f"cores, at {per_row * 1e6:.1f} CPU-us per row rewritten (fixed costs per task "
+          "included: an upper bound)")
+    print(f"  rows {seq} in {args.days} days; wall {time.monotonic() - wall0:.0f} s; table {root}")
+    spark.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

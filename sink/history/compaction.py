@@ -1,0 +1,191 @@
+"""Compaction: the many small files of micro-batches become few large ones.
+
+Every micro-batch writes one file per UTC hour it touched (inside the ``date`` partition; the
+hour is in the manifest and the file name). Files are merged in three cases:
+
+- a **closed day** (its end, UTC midnight, is ``grace`` in the past): its files smaller than
+  half the target are merged into ``ceil(bytes / target)`` files (target 128 MiB): one file per
+  closed day when the day is smaller than the target. This is the unit the table is kept in.
+- a **closed hour** of a day still open (the hour's end ``grace`` ago): its small files become
+  one file, so today holds about one file per hour;
+- an **open hour** with ``open_max_files`` small files (a 5 s trigger makes 720 an hour): they
+  are merged, so today's queries never read more than about that many small files.
+
+Rows that arrive late for a closed day (a replayed spool) add small files to it; the next pass
+merges them in. Merged files are sorted by ``accepted_at`` (then Kafka partition and offset), so
+a time filter skips most row groups by their statistics.
+
+A task writes its output to ``_staging``, moves it into the partition under new names, checks
+that it holds exactly the rows of its inputs (Parquet footers), then commits "remove the
+inputs, add the outputs" as one version (manifest.py). Readers see the inputs or the outputs,
+never both and never neither. A crash at any step leaves the last committed version intact;
+uncommitted output is deleted later as an orphan. If another writer removed an input first
+(``sink.maintain`` and the job compacting the same hour), the commit is refused (Conflict)
+and the output deleted.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import math
+import shutil
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from sink.history.manifest import Change, Conflict, FileEntry, Snapshot, Table, crash_point, \
+    staged_files
+from sink.history.retention import DAY_MS, day_start_ms
+
+log = logging.getLogger("sink.compaction")
+
+HOUR_MS = 3_600_000
+DEFAULT_TARGET_BYTES = 128 << 20
+DEFAULT_GRACE_MS = 300_000
+DEFAULT_OPEN_MAX_FILES = 120
+LEVEL_BATCH, LEVEL_HOUR, LEVEL_DAY = 0, 1, 2
+
+
+@dataclass(frozen=True)
+class Policy:
+    target_bytes: int = DEFAULT_TARGET_BYTES
+    grace_ms: int = DEFAULT_GRACE_MS
+    open_max_files: int = DEFAULT_OPEN_MAX_FILES
+
+    @property
+    def small(self) -> int:
+        return self.target_bytes // 2
+
+
+@dataclass
+class Task:
+    date: str
+    hour: int | None           # None: the whole (closed) day
+    inputs: list[FileEntry] = field(default_factory=list)
+    reason: str = ""
+
+    @property
+    def level(self) -> int:
+        return LEVEL_DAY if self.hour is None else LEVEL_HOUR
+
+    @property
+    def bytes(self) -> int:
+        return sum(f.size for f in self.inputs)
+
+    @property
+    def rows(self) -> int:
+        return sum(f.rows for f in self.inputs)
+
+    def __str__(self) -> str:
+        where = self.date if self.hour is None else f"{self.date} {self.hour:02d}:00"
+        return (f"{where} ({self.reason}: {len(self.inputs)} files, {self.rows} rows, "
+                f"{self.bytes / 1e6:.1f} MB)")
+
+
+def plan(snap: Snapshot, now_ms: int, policy: Policy = Policy()) -> list[Task]:
+    """The compaction tasks the table needs as of ``now_ms``, oldest first."""
+    by_date: dict[str, list[FileEntry]] = defaultdict(list)
+    for f in snap.files:
+        by_date[f.date].append(f)
+    tasks = []
+    for date in sorted(by_date):
+        files = by_date[date]
+        start = day_start_ms(date)
+        if start + DAY_MS + policy.grace_ms <= now_ms:  # closed day: one unit
+            small = [f for f in files if f.size < policy.small]
+            if len(small) >= 2:
+                tasks.append(Task(date, None, small, "closed day"))
+            continue
+        by_hour: dict[int | None, list[FileEntry]] = defaultdict(list)
+        for f in files:
+            by_hour[f.hour].append(f)
+        for hour in sorted(by_hour, key=lambda h: -1 if h is None else h):
+            if hour is None:
+                continue  # whole-day files of an open day: merged when the day closes
+            small = [f for f in by_hour[hour] if f.size < policy.small]
+            closed = start + (hour + 1) * HOUR_MS + policy.grace_ms <= now_ms
+            if closed and len(small) >= 2:
+                tasks.append(Task(date, hour, small, "closed hour"))
+            elif not closed and len(small) >= policy.open_max_files:
+                tasks.append(Task(date, hour, small, "open hour"))
+    return tasks
+
+
+def output_files(task: Task, policy: Policy) -> int:
+    return max(1, math.ceil(task.bytes / policy.target_bytes))
+
+
+def run_task(spark, table: Table, task: Task, policy: Policy = Policy(),
+             parquet_options: dict | None = None) -> Snapshot | None:
+    """Merge the task's files (Spark), then commit. Returns the new version, or None when the
+    commit was refused (another writer changed those files first)."""
+    from pyspark.sql import functions as F
+
+    from sink.history.schema import FILE_SCHEMA
+    started = time.monotonic()
+    staging = table.staging(f"c{task.date}-{'d' if task.hour is None else task.hour}")
+    placed: list[FileEntry] = []
+    try:
+        df = spark.read.schema(FILE_SCHEMA).parquet(*[str(table.abs(f.path)) for f in task.inputs])
+        df = df.withColumn("date", F.lit(dt.date.fromisoformat(task.date)))
+        n = output_files(task, policy)
+        df = df.repartitionByRange(n, "accepted_at") if n > 1 else df.coalesce(1)
+        df = df.sortWithinPartitions("accepted_at", "kafka_partition", "kafka_offset")
+        parts = ["date"]
+        if task.hour is not None:
+            df = df.withColumn("_h", F.lit(task.hour))
+            parts.append("_h")
+        writer = df.write.mode("overwrite")
+        for k, v in (parquet_options or {}).items():
+            writer = writer.option(k, v)
+        writer.partitionBy(*parts).parquet(str(staging / "out"))
+        crash_point("compact:after-write")
+        placed = table.place(staged_files(staging / "out"), f"c{table.latest_id() + 1:08d}",
+                             None, task.level)
+        crash_point("compact:after-place")
+        got = sum(f.rows for f in placed)
+        if got != task.rows:
+            raise RuntimeError(f"compaction of {task} wrote {got} rows, not {task.rows}: "
+                               "nothing committed")
+        new = table.commit(Change(op="compact", add=placed, remove=[f.path for f in task.inputs],
+                                  detail={"date": task.date, "hour": task.hour,
+                                          "inputs": len(task.inputs), "outputs": len(placed),
+                                          "bytes_in": task.bytes,
+                                          "bytes_out": sum(f.size for f in placed)}))
+        placed = []
+        log.info("compacted %s into %d file(s) in %.1f s (version %d)", task,
+                 new.detail["outputs"], time.monotonic() - started, new.id)
+        return new
+    except Conflict as exc:
+        log.info("compaction of %s skipped: %s", task, exc)
+        return None
+    finally:
+        for f in placed:  # placed but not committed: nobody lists them
+            try:
+                table.abs(f.path).unlink()
+            except OSError:
+                pass
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def compact(spark, table: Table, now_ms: int, policy: Policy = Policy(),
+            parquet_options: dict | None = None, should_stop=lambda: False,
+            max_tasks: int | None = None) -> dict:
+    """Run every task ``plan`` finds (up to ``max_tasks``); returns counts for the log."""
+    done = {"tasks": 0, "files_in": 0, "files_out": 0, "bytes_in": 0, "bytes_out": 0,
+            "seconds": 0.0, "skipped": 0}
+    started = time.monotonic()
+    for task in plan(table.snapshot(), now_ms, policy)[:max_tasks]:
+        if should_stop():
+            break
+        new = run_task(spark, table, task, policy, parquet_options)
+        if new is None:
+            done["skipped"] += 1
+            continue
+        done["tasks"] += 1
+        done["files_in"] += new.detail["inputs"]
+        done["files_out"] += new.detail["outputs"]
+        done["bytes_in"] += new.detail["bytes_in"]
+        done["bytes_out"] += new.detail["bytes_out"]
+    done["seconds"] = time.monotonic() - started
+    return done

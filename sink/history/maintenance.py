@@ -1,0 +1,250 @@
+"""Table maintenance: retention, compaction, deleting what no version needs any more.
+
+One pass (``maintain_once``) does, in order: drop the days past ``[history] retention``
+(retention.py), compact what ``compaction.plan`` finds, delete files removed more than the
+delete delay ago and left-overs of writers that died before their commit (manifest.py). The job
+runs a pass every ``compact_check_seconds`` in a thread of its own (``Maintainer``: its Spark
+jobs go to a pool of the FAIR scheduler, beside the stream's); ``python -m sink.maintain`` runs
+one on demand. Both can run at once: every change is one commit of the table's log, refused
+when another writer changed the same files first.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+
+from sink.history.compaction import Policy, compact
+from sink.history.manifest import Table
+from sink.history.retention import retention_change
+from sink.history.writer import adopt_file_sink
+
+log = logging.getLogger("sink.maintenance")
+
+#: [history] keys (and JobConfig fields) of the table's upkeep
+UPKEEP_KEYS = ("retention", "compact", "compact_target_mb", "compact_grace_seconds",
+               "compact_open_files", "compact_check_seconds", "delete_delay_seconds")
+POOL = "maintenance"
+JOB_GROUP = "history-maintenance"
+
+
+@dataclass
+class Settings:
+    compact: bool = True
+    policy: Policy = field(default_factory=Policy)
+    retention_ms: int | None = None
+    check_seconds: float = 60.0
+
+
+def settings_of(cfg) -> Settings:
+    """The maintenance settings of a JobConfig (or anything with the UPKEEP_KEYS)."""
+    from sink.history.retention import parse_duration
+    return Settings(compact=cfg.compact,
+                    policy=Policy(target_bytes=int(cfg.compact_target_mb) << 20,
+                                  grace_ms=int(cfg.compact_grace_seconds * 1000),
+                                  open_max_files=int(cfg.compact_open_files)),
+                    retention_ms=parse_duration(cfg.retention),
+                    check_seconds=float(cfg.compact_check_seconds))
+
+
+def job_table(spark, cfg) -> Table:
+    """The job's table (opened once per job: the writer and the maintainer share it)."""
+    table = getattr(spark, "_mqtt_history_tables", {}).get(cfg.table)
+    if table is None:
+        table = open_table(spark, cfg.table, cfg.checkpoint_dir,
+                           int(cfg.delete_delay_seconds * 1000))
+        spark._mqtt_history_tables = {**getattr(spark, "_mqtt_history_tables", {}),
+                                      cfg.table: table}
+    return table
+
+
+def batch_writer(spark, cfg, parquet_options: dict):
+    """The job's foreachBatch function (writer.BatchWriter) for cfg.table."""
+    from sink.history.writer import BatchWriter
+    return BatchWriter(job_table(spark, cfg), cfg.checkpoint_dir, parquet_options,
+                       settings_of(cfg).retention_ms)
+
+
+def start_maintainer(spark, cfg, parquet_options: dict) -> "Maintainer | None":
+    """Start the job's maintenance thread (None: a remote table, written by Spark's file
+    sink, or an --available-now run, which ends when Kafka is drained)."""
+    from sink.history.job import is_local_path
+    settings = settings_of(cfg)
+    if not is_local_path(cfg.table) or cfg.available_now:
+        return None
+    m = Maintainer(spark, job_table(spark, cfg), settings, parquet_options)
+    m.start()
+    return m
+
+
+def open_table(spark, table_path: str, checkpoint: str | None,
+               delete_delay_ms: int | None = None) -> Table:
+    """The table's log, ready for writing: a file-sink table adopted, the Spark log of the
+    newest version written again (it names files by absolute path: the directory may have
+    moved) and any missing one written."""
+    kw = {} if delete_delay_ms is None else {"delete_delay_ms": delete_delay_ms}
+    table = Table(table_path, **kw)
+    table.root.mkdir(parents=True, exist_ok=True)
+    adopt_file_sink(spark, table, checkpoint)
+    table.repair_spark_log(rewrite_latest=True)
+    return table
+
+
+def maintain_once(spark, table: Table, settings: Settings, now_ms: int | None = None,
+                  parquet_options: dict | None = None, should_stop=lambda: False) -> dict:
+    """One maintenance pass as of ``now_ms`` (default: now). Returns what it did."""
+    now = table.clock() if now_ms is None else now_ms
+    out: dict = {}
+    dropped = table.commit(retention_change(now, settings.retention_ms))
+    out["expired_days"] = dropped.detail["dates"] if dropped else []
+    if settings.compact:
+        out["compaction"] = compact(spark, table, now, settings.policy, parquet_options,
+                                    should_stop=should_stop)
+    out["deleted_removed"] = bool(table.expire_removed())
+    out["orphans"] = table.delete_orphans()
+    snap = table.snapshot()
+    out.update(version=snap.id, files=len(snap.files), rows=snap.rows, bytes=snap.bytes)
+    return out
+
+
+def describe(result: dict) -> str:
+    c = result.get("compaction") or {}
+    parts = [f"version {result['version']}: {result['files']} files, {result['rows']} rows, "
+             f"{result['bytes'] / 1e6:.1f} MB"]
+    if c.get("tasks"):
+        mb = c["bytes_in"] / 1e6
+        parts.append(f"compacted {c['files_in']} files into {c['files_out']} ({mb:.1f} MB in "
+                     f"{c['seconds']:.1f} s, {mb / max(c['seconds'], 1e-6):.1f} MB/s)")
+    if c.get("skipped"):
+        parts.append(f"{c['skipped']} compaction(s) left to another writer")
+    if result.get("expired_days"):
+        parts.append(f"dropped {len(result['expired_days'])} day(s) past the retention "
+                     f"({result['expired_days'][0]} .. {result['expired_days'][-1]})")
+    if result.get("orphans"):
+        parts.append(f"deleted {result['orphans']} left-over file(s)")
+    return "; ".join(parts)
+
+
+class Maintainer(threading.Thread):
+    """The job's maintenance thread: a pass every ``settings.check_seconds``."""
+
+    def __init__(self, spark, table: Table, settings: Settings,
+                 parquet_options: dict | None = None):
+        super().__init__(name="history-maintenance", daemon=True)
+        self.spark, self.table, self.settings = spark, table, settings
+        self.parquet_options = parquet_options
+        self._halt = threading.Event()
+        self.passes = 0
+        self.last: dict | None = None
+
+    def run(self) -> None:
+        sc = self.spark.sparkContext
+        sc.setLocalProperty("spark.scheduler.pool", POOL)
+        sc.setJobGroup(JOB_GROUP, "history table maintenance", interruptOnCancel=True)
+        while not self._halt.wait(self.settings.check_seconds):
+            started = time.monotonic()
+            try:
+                self.last = maintain_once(self.spark, self.table, self.settings,
+                                          parquet_options=self.parquet_options,
+                                          should_stop=self._halt.is_set)
+                self.passes += 1
+                c = self.last.get("compaction") or {}
+                if c.get("tasks") or self.last.get("expired_days") or self.last.get("orphans"):
+                    log.info("maintenance (%.1f s): %s", time.monotonic() - started,
+                             describe(self.last))
+            except Exception as exc:  # the stream goes on; the next pass tries again
+                if self._halt.is_set():
+                    return
+                log.warning("table maintenance failed (tried again in %g s): %s",
+                            self.settings.check_seconds, str(exc).splitlines()[0][:500])
+
+    def stop(self, timeout: float = 30.0) -> None:
+        self._halt.set()
+        try:
+            self.spark.sparkContext.cancelJobGroup(JOB_GROUP)
+        except Exception:  # the context may be stopping already
+            pass
+        self.join(timeout)
+
+
+# ---- python -m sink.maintain ---------------------------------------------------------------
+
+def parse_time(text: str) -> int:
+    """'2024-05-03', '2024-05-03T10:00:00Z', '2024-05-03 10:00' (UTC unless an offset is given)
+    or 'now' -> ms."""
+    import datetime as dt
+    if text.strip().lower() == "now":
+        return int(time.time() * 1000)
+    t = dt.datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+    if t.tzinfo is None:
+        t = t.replace(tzinfo=dt.timezone.utc)
+    return int(t.timestamp() * 1000)
+
+
+def main(argv=None) -> int:
+    import argparse
+    import sys
+
+    from settings import ConfigError
+    from settings import report as report_config_error
+    p = argparse.ArgumentParser(
+        prog="python -m sink.maintain",
+        description="Compact every closed partition of the history table and apply "
+                    "[history] retention now. Safe while the history job runs (each change is "
+                    "one commit of the table's log) or with it stopped; running it twice "
+                    "changes nothing the second time.")
+    p.add_argument("--table", metavar="DIR", help="history table directory (default: [history] "
+                   "table of --config, else ./data/history)")
+    p.add_argument("--as-of", metavar="TIME", default="now",
+                   help="treat days and hours as closed, and apply the retention, as of this "
+                        "UTC time (e.g. 2024-05-03 or 2024-05-03T10:00:00Z; default now): for "
+                        "tests and back-fills")
+    p.add_argument("--config", metavar="FILE", help="TOML config: [history] retention and compact_*")
+    p.add_argument("--checkpoint", metavar="DIR", help="the job's checkpoint (default "
+                   "<table>_checkpoint): read only when adopting a table of Spark's file sink")
+    p.add_argument("--retention", metavar="DURATION",
+                   help="override [history] retention, e.g. 400d ('' = keep everything)")
+    p.add_argument("--log-level", default="INFO")
+    args = p.parse_args(argv)
+    try:
+        from sink.history.job import config_from_args
+        job_argv = ["--config", args.config] if args.config else []
+        if args.table:
+            job_argv += ["--table", args.table]
+        if args.checkpoint:
+            job_argv += ["--checkpoint", args.checkpoint]
+        cfg, _ = config_from_args(job_argv)
+        if args.retention is not None:
+            cfg.retention = args.retention
+        settings = settings_of(cfg)
+        as_of = parse_time(args.as_of)
+    except ConfigError as exc:
+        return report_config_error(exc)
+    except ValueError as exc:
+        print(f"sink.maintain: error: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+    from sink.history.job import PARQUET_OPTIONS, is_local_path
+    if not is_local_path(cfg.table):
+        print(f"sink.maintain: error: {cfg.table} is not a local directory; only tables the job "
+              "writes through its own log (local paths) are maintained", file=sys.stderr)
+        return 2
+    from pathlib import Path
+    root = Path(cfg.table)
+    if not (root / "_manifest").is_dir() and not (root / "_spark_metadata").is_dir():
+        print(f"sink.maintain: error: no history table at {cfg.table} (no _manifest or "
+              "_spark_metadata): give the directory the job writes with --table", file=sys.stderr)
+        return 2
+    from sink.history.spark import get_spark
+    spark = get_spark("mqtt-history-maintain", log_level="ERROR")
+    try:
+        table = open_table(spark, cfg.table, cfg.checkpoint_dir,
+                           int(cfg.delete_delay_seconds * 1000))
+        result = maintain_once(spark, table, settings, as_of, PARQUET_OPTIONS)
+        print(describe(result))
+        return 0
+    finally:
+        spark.stop()

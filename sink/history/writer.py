@@ -1,0 +1,116 @@
+"""The job's sink: each micro-batch's rows -> Parquet files -> one commit of the table's log.
+
+Used as ``writeStream.foreachBatch(BatchWriter(...))`` in place of Spark's file sink (whose log
+can never drop a file, see manifest.py). Per micro-batch:
+
+1. skip it if the table's newest version already records this stream's batch (a batch run again
+   after a crash between our commit and Spark's checkpoint commit: written once, not twice);
+2. write its rows to ``_staging`` partitioned by ``date`` and UTC hour (one Spark action: the
+   source is read once), rows of days past the retention left out;
+3. move the files into their ``date=`` directory and commit them (manifest.Table.commit).
+
+Spark commits the batch to its checkpoint after this returns; the progress file the broker
+reads (sink/progress.py) follows the checkpoint, so it never runs ahead of the table.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from pathlib import Path
+
+from sink.history.manifest import Change, FileEntry, Snapshot, Table, crash_point, date_of, \
+    staged_files
+from sink.history.retention import first_kept_date
+
+log = logging.getLogger("sink.writer")
+
+HOUR_COLUMN = "_h"   # staging-only partition column: the UTC hour of accepted_at
+
+
+def checkpoint_stream_id(checkpoint: str) -> str | None:
+    """The query id Spark keeps in ``<checkpoint>/metadata`` (None before the first start)."""
+    try:
+        return json.loads(Path(checkpoint, "metadata").read_text().splitlines()[0])["id"]
+    except (OSError, ValueError, KeyError, IndexError):
+        return None
+
+
+class BatchWriter:
+    """``foreachBatch`` function writing micro-batches into ``table`` exactly once."""
+
+    def __init__(self, table: Table, checkpoint: str, parquet_options: dict | None = None,
+                 retention_ms: int | None = None):
+        self.table = table
+        self.checkpoint = checkpoint
+        self.parquet_options = dict(parquet_options or {})
+        self.retention_ms = retention_ms
+        self.stream_id: str | None = None
+        self.last: Snapshot | None = None
+
+    def __call__(self, df, batch_id: int) -> None:
+        from pyspark.sql import functions as F
+        if self.stream_id is None:
+            self.stream_id = checkpoint_stream_id(self.checkpoint) or "unknown"
+        snap = self.table.snapshot()
+        if snap.stream_batch(self.stream_id) >= batch_id:
+            log.info("batch %d is already in the table (version %d): not written again",
+                     batch_id, snap.id)
+            return
+        staging = self.table.staging(f"b{batch_id}")
+        try:
+            out = df.withColumn(HOUR_COLUMN, F.hour("accepted_at"))
+            if self.retention_ms:
+                kept = first_kept_date(self.table.clock(), self.retention_ms)
+                out = out.where(F.col("date") >= F.lit(kept))
+            writer = out.write.mode("overwrite")
+            for k, v in self.parquet_options.items():
+                writer = writer.option(k, v)
+            writer.partitionBy("date", HOUR_COLUMN).parquet(str(staging / "out"))
+            crash_point("append:after-write")
+            files = self.table.place(staged_files(staging / "out"), f"b{batch_id:08d}",
+                                     batch_id, 0)
+            crash_point("append:after-place")
+            if not files:
+                return
+            self.last = self.table.commit(Change(
+                op="append", add=files, stream={"id": self.stream_id, "batch": batch_id},
+                detail={"batch": batch_id, "rows": sum(f.rows for f in files)}))
+            crash_point("append:after-commit")
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+
+
+# ---- a table written by Spark's file sink (before this log existed) ---------------------------
+
+def legacy_log_ids(table: Table) -> list[int]:
+    """Batch ids of Spark's file-sink log in ``_spark_metadata`` (empty: none)."""
+    return table.spark_log_ids()
+
+
+def adopt_file_sink(spark, table: Table, checkpoint: str | None) -> Snapshot | None:
+    """Give a table written by Spark's file sink its first manifest version: the files its
+    ``_spark_metadata`` lists (Spark reads them for us), then replace that log by ours. A
+    no-op when the table has a manifest already or no file-sink log."""
+    if table.exists():
+        return None
+    ids = legacy_log_ids(table)
+    if not ids:
+        return None
+    import pyarrow.parquet as pq
+    from sink.history.schema import HISTORY_SCHEMA
+    paths = spark.read.schema(HISTORY_SCHEMA).parquet(str(table.root)).inputFiles()
+    entries = []
+    for uri in paths:
+        p = Path(uri[len("file:"):] if uri.startswith("file:") else uri)
+        p = Path("/" + str(p).lstrip("/"))
+        rel = p.relative_to(table.root).as_posix()
+        entries.append(FileEntry(path=rel, date=date_of(rel), hour=None, size=p.stat().st_size,
+                                 rows=pq.read_metadata(p).num_rows, level=0))
+    stream_id = checkpoint_stream_id(checkpoint) if checkpoint else None
+    snap = table.adopt(entries, first_id=max(ids) + 1,
+                       stream={"id": stream_id, "batch": max(ids)} if stream_id else None)
+    log.info("adopted %d files of Spark's file-sink log into the table's manifest (version %d)",
+             len(entries), snap.id)
+    return snap
+
