@@ -34,7 +34,7 @@ sys.path.insert(0, ROOT)
 
 from broker.protocol import packets as P  # noqa: E402
 from broker.protocol import properties as PR  # noqa: E402
-from sink.forward.kafka_embedded import EmbeddedKafka  # noqa: E402
+from kafka_client.embedded import EmbeddedKafka  # noqa: E402
 from tests.mqtt_raw import RawClient  # noqa: E402
 
 PY = sys.executable

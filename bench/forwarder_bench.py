@@ -3,7 +3,7 @@
     .venv/bin/python bench/forwarder_bench.py [--records 200000] [--payload 200] [--topics 50]
         [--rate 0] [--runs 3] [--code DIR ...]
 
-A spool is filled with --records entries (the bytes the broker writes: sink.forward.record.encode_message)
+A spool is filled with --records entries (the bytes the broker writes: kafka_client.record.encode_message)
 and one ``python -m sink.forward.forwarder`` process (the default deployment) forwards them to a fresh
 embedded Tansu. With --rate R > 0 the spool starts empty and the bench appends R records/s
 (notifying the forwarder like the Sink does), so the forwarder runs at that offered load instead
@@ -39,8 +39,8 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from sink.forward.kafka_embedded import EmbeddedKafka  # noqa: E402
-from sink.forward.record import encode_message  # noqa: E402
+from kafka_client.embedded import EmbeddedKafka  # noqa: E402
+from kafka_client.record import encode_message  # noqa: E402
 from sink.forward.spool import SpoolWriter  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
@@ -62,11 +62,11 @@ def entries(n: int, payload: int, topics: int, start: int = 0):
 
 # The forwarder process with --stub-kafka: Forwarder.run() from the checkout on sys.path, with
 # produce.BatchSender replaced by a stub acknowledging each request at once; the RecordBatches are
-# still built (sink.forward.record.build_batch), as the real sender does.
+# still built (kafka_client.record.build_batch), as the real sender does.
 STUB = r"""
 import json, sys, time
 from sink.forward import forwarder as fw
-from sink.forward.record import body_key, build_batch
+from kafka_client.record import body_key, build_batch
 spool, n = sys.argv[1], int(sys.argv[2])
 
 class Done:

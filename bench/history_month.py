@@ -144,7 +144,7 @@ def main() -> int:
     from sink.history.job import PARQUET_OPTIONS
     from sink.history.manifest import Change, Table
     from sink.history.spark import get_spark
-    from sink.forward.kafka_embedded import free_port
+    from kafka_client.embedded import free_port
 
     root = Path(args.table or tempfile.mkdtemp(prefix="history-month-")) / "history"
     port = free_port()

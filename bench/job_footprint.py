@@ -104,7 +104,7 @@ def main() -> int:
     ap.add_argument("--nmt", action="store_true",
                     help="the JVM's own accounting too (Native Memory Tracking, jcmd of a JDK)")
     args = ap.parse_args()
-    from sink.forward.kafka_embedded import EmbeddedKafka, free_port
+    from kafka_client.embedded import EmbeddedKafka, free_port
     from tests.e2e.test_spark_history import contract_headers, simple_message
     tmp = Path(tempfile.mkdtemp(prefix="job-footprint-"))
     kafka = EmbeddedKafka(log_file=str(tmp / "tansu.log")).start()

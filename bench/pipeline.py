@@ -47,7 +47,7 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, HERE)
 
 from loadgen import Client, Subscriber, connect, make_payload, percentile, publish_packet  # noqa: E402
-from sink.forward.kafka_embedded import EmbeddedKafka, free_port  # noqa: E402
+from kafka_client.embedded import EmbeddedKafka, free_port  # noqa: E402
 
 PY = sys.executable
 TICK = os.sysconf("SC_CLK_TCK")

@@ -25,8 +25,8 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from sink.forward.kafka_embedded import EmbeddedKafka  # noqa: E402
-from sink.forward.record import SinkRecord  # noqa: E402
+from kafka_client.embedded import EmbeddedKafka  # noqa: E402
+from kafka_client.record import SinkRecord  # noqa: E402
 from sink.forward.service import Sink  # noqa: E402
 
 

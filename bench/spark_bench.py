@@ -33,7 +33,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from sink.history.job import JobConfig, progress_since, start_query  # noqa: E402
-from sink.forward.kafka_embedded import EmbeddedKafka  # noqa: E402
+from kafka_client.embedded import EmbeddedKafka  # noqa: E402
 
 TOPIC = "mqtt.messages"
 

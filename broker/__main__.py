@@ -117,7 +117,7 @@ def bind_error(exc: OSError, host: str, port: int) -> str:
             host, port = m.group(1), int(m.group(2))
         msg = f"cannot listen on {host}:{port}: {exc.strerror or exc}"
     if exc.errno == errno.EADDRINUSE:
-        from sink import ports
+        from kafka_client import ports
         held = ports.describe(port)
         msg += f"{held or ''}"
         if "mosquitto" in held:

@@ -29,7 +29,7 @@ from mqtt_topics import matches
 
 from . import control as C
 from . import records as R
-from .fetch import Fetcher, Records
+from kafka_client.fetch import Fetcher, Records
 from .link import FetchReader, Topics, ensure_topics, make_consumer
 from .produce import Producer
 from .shares import Shares

@@ -18,8 +18,8 @@ import logging
 import threading
 import time
 
-from sink.forward.produce import BatchSender, NotReady
-from sink.forward.record import encode_body
+from kafka_client.produce import BatchSender, NotReady
+from kafka_client.record import encode_body
 
 log = logging.getLogger("cluster")
 
@@ -172,5 +172,5 @@ def _chunks(work: list, limit: int):
 
 def _tombstone(key: bytes) -> bytes:
     """A record body with a null value (Kafka's tombstone): keyLength key -1 0 headers."""
-    from sink.forward.record import vlen, zz_varint
+    from kafka_client.record import vlen, zz_varint
     return b"".join((vlen(len(key)), key, zz_varint(-1), vlen(0)))

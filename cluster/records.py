@@ -14,7 +14,7 @@ import json
 
 from broker.core.message import Message
 from broker.protocol import properties as PR
-from sink.forward.record import SinkRecord, from_kafka, to_kafka
+from kafka_client.record import SinkRecord, from_kafka, to_kafka
 
 H_NODE = "mqtt.node"
 

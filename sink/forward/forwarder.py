@@ -64,8 +64,8 @@ from typing import NamedTuple
 from settings import secrets
 
 from .. import progress
-from .produce import BatchSender, ChunkFuture, NotReady
-from .record import entry_fields, entry_shard, entry_timestamp, sign_body
+from kafka_client.produce import BatchSender, ChunkFuture, NotReady
+from kafka_client.record import entry_fields, entry_shard, entry_timestamp, sign_body
 from .spool import (DirLock, SpoolBatch, SpoolPosition, SpoolReader, checkpoint_name, read_checkpoint,
                     read_min_checkpoint, seg_name, write_checkpoint)
 

@@ -12,7 +12,7 @@ from broker.core.durability import Pending
 from broker.core.hooks import Hook
 from broker.protocol import properties as PR
 
-from .record import SinkRecord
+from kafka_client.record import SinkRecord
 
 SPOOL_ERROR = "the message could not be stored (broker disk error)"
 

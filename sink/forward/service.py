@@ -24,7 +24,7 @@ import time
 
 from .. import progress
 from .forwarder import Forwarder, MemorySource, SpoolSource, ThreadControl
-from .record import MessageEncoder, SinkRecord, encode_record
+from kafka_client.record import MessageEncoder, SinkRecord, encode_record
 from .spool import DirLock, SpoolWriter
 from mqtt_topics import matches as topic_matches  # one topic-filter matcher for the project
 from settings import HistoryConfig, SinkConfig
@@ -116,7 +116,7 @@ class Sink:
             return
         c = self.cfg
         if not self.bootstrap:
-            from .kafka_embedded import EmbeddedKafka
+            from kafka_client.embedded import EmbeddedKafka
             port = c.embedded_port or None
             logf = c.embedded_log_file or None
             self.embedded = EmbeddedKafka(port=port, log_file=logf).start()

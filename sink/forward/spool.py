@@ -16,7 +16,7 @@ Frame (little-endian)::
     u32 payload_length | u32 crc32(seq_le64 || payload) | u64 seq | payload
 
 ``seq`` is a per-spool monotonically increasing record number; the payload is a
-spool entry from :func:`sink.forward.record.encode_entry` (Kafka topic, key, value,
+spool entry from :func:`kafka_client.record.encode_entry` (Kafka topic, key, value,
 headers, timestamp -- including the ``mqtt.message_id`` header, so a replay
 re-sends the same id).
 
@@ -43,7 +43,7 @@ import time
 import zlib
 from typing import NamedTuple
 
-from .record import entry_timestamp
+from kafka_client.record import entry_timestamp
 
 log = logging.getLogger(__name__)
 

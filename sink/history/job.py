@@ -33,6 +33,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sink.history.paths import is_local_path
+from sink.history.paths import local as _local
+
 log = logging.getLogger("sink.job")
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
@@ -344,13 +347,6 @@ def _python_kafka(spark, cfg: JobConfig, dedup: bool):
     return reader.load()
 
 
-def is_local_path(path: str) -> bool:
-    """A path on this machine (no URI scheme such as hdfs:// or s3a://)."""
-    return "://" not in path or path.startswith("file://")
-
-
-def _local(path: str) -> Path:
-    return Path(path[len("file://"):] if path.startswith("file://") else path)
 
 
 def _recorded_source(checkpoint: str) -> str | None:

@@ -23,7 +23,7 @@ from pyspark.sql.types import (ArrayType, BinaryType, BooleanType, DateType, Int
                                LongType, StringType, StructField, StructType, TimestampType)
 
 # The header names are the record contract, defined once in sink/headers.py.
-from ..headers import (H_CLIENT_ID, H_CONTENT_TYPE, H_CORRELATION_DATA,  # noqa: F401
+from kafka_client.headers import (H_CLIENT_ID, H_CONTENT_TYPE, H_CORRELATION_DATA,  # noqa: F401
                      H_MESSAGE_EXPIRY, H_MESSAGE_ID, H_PAYLOAD_FORMAT, H_PROTOCOL, H_QOS,
                      H_RESPONSE_TOPIC, H_RETAIN, H_USER_PREFIX, H_USERNAME)
 

@@ -22,7 +22,7 @@ How it works
   The end offset of a micro-batch is planned on the driver (``latestOffset``); executors read
   ``[start, end)`` of each partition, one InputPartition per Kafka partition range. Reading
   sends Fetch requests through kafka-python's client and decodes the record batches with
-  sink.recordbatch (numpy over all records at once, no Python object per record) straight into
+  kafka_client.recordbatch (numpy over all records at once, no Python object per record) straight into
   Arrow record batches, one per Fetch response.
 - The end of a partition is the Fetch high watermark, not ListOffsets (Tansu under-reports the
   latter). On real Kafka both agree.
@@ -542,7 +542,7 @@ _clients: dict = {}
 class _PartitionFetcher:
     """Fetch requests for one partition through kafka-python's client (connection, security,
     metadata, API version negotiation), keeping the records as bytes: decoded by
-    sink.recordbatch, not record by record."""
+    kafka_client.recordbatch, not record by record."""
 
     MAX_BYTES = 8 * 1024 * 1024
 
@@ -580,7 +580,7 @@ class _PartitionFetcher:
         import kafka.errors as Errors
         from kafka import TopicPartition
         from kafka.protocol.consumer import FetchRequest
-        from sink.recordbatch import decode
+        from kafka_client.recordbatch import decode
 
         ft = FetchRequest.FetchTopic
         deadline = time.monotonic() + self.opts.poll_timeout_s
@@ -621,7 +621,7 @@ class _PartitionFetcher:
 
 
 def _message_ids(d) -> tuple:
-    from sink import recordbatch as rb
+    from kafka_client import recordbatch as rb
     from sink.history.schema import H_MESSAGE_ID
     return rb.first_header(d, H_MESSAGE_ID.encode())
 
@@ -630,7 +630,7 @@ def to_arrow(pa, schema, d, topic: str, partition: int, columns: bool, ingested_
     """Decoded records -> an Arrow batch of KAFKA_SCHEMA, or of HEADER_COLUMNS_SCHEMA when
     ``columns`` (the contract headers as columns and ``ingested_ms``, see sink.history.schema)."""
     import numpy as np
-    from sink import recordbatch as rb
+    from kafka_client import recordbatch as rb
     from sink.history.schema import H_USER_PREFIX, HEADER_COLUMNS
 
     n = len(d)
@@ -663,7 +663,7 @@ def to_arrow(pa, schema, d, topic: str, partition: int, columns: bool, ingested_
 def _header_list(pa, type_, d, offsets, mask, strip: int):
     """The headers selected by ``mask`` as list<struct<key string, value binary>>, record i
     owning entries offsets[i]:offsets[i+1]; ``strip`` bytes cut from the start of each key."""
-    from sink import recordbatch as rb
+    from kafka_client import recordbatch as rb
     ks, kl = d.hkey[0][mask] + strip, d.hkey[1][mask] - strip
     keys = rb.binary_array(pa, d.data, ks, kl, pa.string())
     values = rb.binary_array(pa, d.data, d.hvalue[0][mask], d.hvalue[1][mask])

@@ -5,7 +5,7 @@ Any process that can reach Kafka can write records; only the broker's forwarder 
 dropped before it becomes a row, and counted: unsigned (another producer), signed with another
 key (a broker with another data directory), or forged (a signature that does not match).
 
-Works on sink.recordbatch.Decoded columns: where each record's signed bytes start and end is
+Works on kafka_client.recordbatch.Decoded columns: where each record's signed bytes start and end is
 computed with numpy for all records; the per-record work is one HMAC.
 """
 from __future__ import annotations
@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from sink.headers import H_SIG, SIG_LEN
-from sink.recordbatch import Decoded, key_matches
+from kafka_client.headers import H_SIG, SIG_LEN
+from kafka_client.recordbatch import Decoded, key_matches
 
 log = logging.getLogger("sink.source")
 

@@ -23,7 +23,7 @@ def spark():
 @pytest.fixture
 def kafka(tmp_path):
     """A fresh embedded Kafka (Tansu, memory only) per test."""
-    from sink.forward.kafka_embedded import EmbeddedKafka
+    from kafka_client.embedded import EmbeddedKafka
     k = EmbeddedKafka(log_file=str(tmp_path / "tansu.log"))
     k.start()
     try:

@@ -22,7 +22,7 @@ from pathlib import Path
 import paho.mqtt.client as mqtt
 import pytest
 
-from sink.forward.kafka_embedded import EmbeddedKafka
+from kafka_client.embedded import EmbeddedKafka
 from tests.conftest import ROOT, BrokerProcess, free_port, wait_port
 from tests.e2e.chromium import log_in, start_chromium
 from tests.integration.dashboard_http import ADMIN, ADMIN_PW, make_accounts
@@ -132,7 +132,7 @@ class Stack:
 
         from kafka import KafkaProducer
 
-        from sink.forward.record import SinkRecord, to_kafka
+        from kafka_client.record import SinkRecord, to_kafka
         prod = KafkaProducer(bootstrap_servers=self.kafka.bootstrap)
         now = time.time()
         for r in range(ROOMS):
@@ -216,7 +216,7 @@ def test_batches_and_days_written_later_are_visible_to_the_server(stack):
     date partition (a record accepted three days ago) appear without any refresh."""
     from kafka import KafkaProducer
 
-    from sink.forward.record import SinkRecord, to_kafka
+    from kafka_client.record import SinkRecord, to_kafka
     old_ms = int((time.time() - 3 * 86400) * 1000)
     rec = SinkRecord(topic="late/arrival", payload=b"42", qos=1, retain=False, client_id="late",
                      username=None, protocol=5, accepted_at_ms=old_ms,

@@ -63,7 +63,7 @@ def env_for(crash_at: str | None = None) -> dict:
 def small_files_table(tmp_path_factory, spark):
     """A table of 240 messages over three hours of 2024-05-01 and one of 05-02, written by the
     job 25 records a micro-batch: many small files. Copied by each test."""
-    from sink.forward.kafka_embedded import EmbeddedKafka
+    from kafka_client.embedded import EmbeddedKafka
     tmp = tmp_path_factory.mktemp("base")
     kafka = EmbeddedKafka(log_file=str(tmp / "tansu.log"))
     kafka.start()

@@ -17,8 +17,8 @@ import pytest
 
 from settings import secrets
 from sink import progress
-from sink.forward.kafka_embedded import EmbeddedKafka
-from sink.forward.record import SinkRecord, to_kafka
+from kafka_client.embedded import EmbeddedKafka
+from kafka_client.record import SinkRecord, to_kafka
 from sink.forward.service import Sink
 from tests.conftest import ROOT, free_port
 from tests.e2e.test_dashboard_history import wait_for

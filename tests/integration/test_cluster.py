@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from broker.protocol import packets as P
 from broker.protocol import properties as PR
 from broker.protocol import reason_codes as rc
-from sink.forward.kafka_embedded import EmbeddedKafka
+from kafka_client.embedded import EmbeddedKafka
 from tests.conftest import ROOT, BrokerProcess
 from tests.integration.helpers import connect, expect_disconnect, uniq
 from tests.mqtt_raw import RawClient

@@ -7,8 +7,8 @@ import pytest
 
 from broker.protocol import packets as P
 from broker.protocol import reason_codes as rc
-from sink.forward.kafka_embedded import EmbeddedKafka
-from sink.forward.record import from_kafka
+from kafka_client.embedded import EmbeddedKafka
+from kafka_client.record import from_kafka
 from tests.conftest import BrokerProcess
 from tests.diskfull import SmallFS
 from tests.mqtt_raw import RawClient

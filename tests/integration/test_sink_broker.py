@@ -8,8 +8,8 @@ import pytest
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from sink.forward.kafka_embedded import EmbeddedKafka
-from sink.forward.record import from_kafka
+from kafka_client.embedded import EmbeddedKafka
+from kafka_client.record import from_kafka
 
 from .test_sink_kafka import consume
 

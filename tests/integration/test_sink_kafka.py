@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from kafka import KafkaConsumer, TopicPartition
 
-from sink.forward.kafka_embedded import EmbeddedKafka, free_port
-from sink.forward.record import SinkRecord, from_kafka, to_kafka
+from kafka_client.embedded import EmbeddedKafka, free_port
+from kafka_client.record import SinkRecord, from_kafka, to_kafka
 from sink.forward.service import Sink
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -229,7 +229,7 @@ def test_kafka_outage_and_empty_restart(kafka, tmp_path, mode, caplog):
 DRIVER = textwrap.dedent("""
     import asyncio, os, sys, time
     sys.path.insert(0, {root!r})
-    from sink.forward.record import SinkRecord
+    from kafka_client.record import SinkRecord
     from sink.forward.service import Sink
     s = Sink.from_config({{"bootstrap_servers": {bootstrap!r}, "forwarder": "process"}}, {data!r})
     s.start()

@@ -15,7 +15,7 @@ from kafka import KafkaConsumer, TopicPartition
 
 from settings import secrets
 from sink import progress
-from sink.forward.kafka_embedded import free_port
+from kafka_client.embedded import free_port
 from sink.forward.service import Sink
 from tests.integration.test_sink_kafka import rec, topic_id, wait_for
 

@@ -11,7 +11,7 @@ from sink.history.dedup import (Ledger, LedgerStore, TaskFilter, contains, load_
 
 
 def _columns(ids: list) -> tuple:
-    """ids (bytes or None) -> (data, start, length) as sink.recordbatch gives them."""
+    """ids (bytes or None) -> (data, start, length) as kafka_client.recordbatch gives them."""
     data, start, length, pos = b"", [], [], 0
     for i in ids:
         start.append(pos)

@@ -9,11 +9,11 @@ import types
 
 import pytest
 
-from sink.forward.record import SinkRecord
+from kafka_client.record import SinkRecord
 from sink.forward.service import Sink
 from sink.forward.spool import SpoolWriter
 from tests.diskfull import SmallFS
-from sink.forward.record import encode_entry
+from kafka_client.record import encode_entry
 from tests.unit.test_spool import ids, read_all
 
 ENOSPC = OSError(errno.ENOSPC, "No space left on device")
@@ -144,7 +144,7 @@ def test_spool_writer_refuses_on_disk_full_and_recovers(small_fs, caplog):
 @pytest.mark.timeout(60)
 async def test_sink_barrier_fails_on_disk_full_then_recovers(small_fs, tmp_path):
     """The Sink with its real spool writer on a full disk (Kafka unreachable: not needed)."""
-    from sink.forward.kafka_embedded import free_port
+    from kafka_client.embedded import free_port
     s = Sink.from_config({"bootstrap_servers": f"127.0.0.1:{free_port()}", "forwarder": "thread",
                           "drain_timeout_seconds": 0.5,
                           "spool_dir": os.path.join(small_fs.path, "spool")}, str(tmp_path))

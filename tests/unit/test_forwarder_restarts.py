@@ -21,8 +21,8 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from sink import progress
 from sink.forward import forwarder as fw
 from sink.forward.forwarder import Checkpoint, Forwarder, MemorySource, ThreadControl
-from sink.forward.produce import NotReady
-from sink.forward.record import decode_body, encode_message
+from kafka_client.produce import NotReady
+from kafka_client.record import decode_body, encode_message
 from tests.unit.test_forwarder_states import Clock, KafkaTimeoutError
 
 TOPIC = "mqtt.messages"

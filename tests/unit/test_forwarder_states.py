@@ -5,7 +5,7 @@ import pytest
 
 from sink.forward import forwarder as fw
 from sink.forward.forwarder import Forwarder, MemorySource, State, ThreadControl
-from sink.forward.record import decode_body, encode_message
+from kafka_client.record import decode_body, encode_message
 
 T0 = 1_800_000_000.0          # wall clock of the fake clock at monotonic 0
 

@@ -1,10 +1,11 @@
 """The packages depend on each other in one direction (README "Layout"): a new import against it,
 or a cycle between the modules of a package, fails here.
 
-    mqtt_topics, settings         leaves: the standard library only
+    mqtt_topics, settings,        leaves: the standard library (and, for kafka_client,
+    kafka_client                  kafka-python, numpy, crc32c) only
     broker                        the broker: mqtt_topics, settings
-    sink                          the analytics sink, a hook of the broker: + broker
-    cluster                       the cluster, a hook of the broker: + broker, sink (its Kafka code)
+    sink                          the analytics sink, a hook of the broker: + broker, kafka_client
+    cluster                       the cluster, a hook of the broker: + broker, kafka_client
 
 Entry points (`__main__.py`, `python -m ...`) put the parts together and may import any.
 """
@@ -14,13 +15,14 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("mqtt_topics", "settings", "broker", "sink", "cluster")
+PACKAGES = ("mqtt_topics", "settings", "kafka_client", "broker", "sink", "cluster")
 ALLOWED = {
     "mqtt_topics": set(),
     "settings": set(),
+    "kafka_client": set(),
     "broker": {"mqtt_topics", "settings"},
-    "sink": {"broker", "mqtt_topics", "settings"},
-    "cluster": {"broker", "sink", "mqtt_topics", "settings"},
+    "sink": {"broker", "kafka_client", "mqtt_topics", "settings"},
+    "cluster": {"broker", "kafka_client", "mqtt_topics", "settings"},
 }
 
 

@@ -1,7 +1,7 @@
 """SinkRecord <-> Kafka record and spool entry encodings."""
 import pytest
 
-from sink.forward.record import (SinkRecord, decode_entry, encode_entry, encode_record, entry_timestamp,
+from kafka_client.record import (SinkRecord, decode_entry, encode_entry, encode_record, entry_timestamp,
                          from_kafka, to_kafka)
 
 
@@ -66,7 +66,7 @@ def test_spool_entry_round_trip():
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from sink.forward.record import MessageEncoder, encode_message  # noqa: E402
+from kafka_client.record import MessageEncoder, encode_message  # noqa: E402
 
 _text = st.text(max_size=20)
 _message = st.tuples(

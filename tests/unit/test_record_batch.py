@@ -5,7 +5,7 @@ from hypothesis import given, settings, strategies as st
 from kafka.record.default_records import DefaultRecordBatch
 from kafka.record.memory_records import MemoryRecords
 
-from sink.forward.record import (SinkRecord, body_key, build_batch, decode_body, decode_entry, encode_body,
+from kafka_client.record import (SinkRecord, body_key, build_batch, decode_body, decode_entry, encode_body,
                          encode_entry, encode_record, entry_fields, entry_parts, entry_shard, read_zz_varint,
                          to_kafka, zz_varint)
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 from hypothesis import given, settings, strategies as st
 
 from settings import secrets
-from sink.forward.record import SinkRecord, build_batch, encode_body, entry_fields, encode_record, sign_body, to_kafka
+from kafka_client.record import SinkRecord, build_batch, encode_body, entry_fields, encode_record, sign_body, to_kafka
 from sink.history.verify import Verdicts, signed
-from sink.recordbatch import decode
+from kafka_client.recordbatch import decode
 
 KEY = secrets.derive(b"k" * 32, secrets.RECORDS)
 KID = secrets.key_id(b"k" * 32)
@@ -39,7 +39,7 @@ def test_signed_records_pass_and_keep_their_contract_headers():
     ok, v = check([signed_entry(r) for r in recs])
     assert ok == [True] * 12 and v.dropped == 0
     kt, ts, body = entry_fields(encode_record(recs[0], "mqtt.messages"))
-    from sink.forward.record import decode_body
+    from kafka_client.record import decode_body
     key, value, headers = decode_body(sign_body(body, kt, ts, KEY, KID))
     assert headers[:-1] == to_kafka(recs[0])[2]           # the contract's headers, unchanged, then
     assert headers[-1][0] == "mqtt.sig" and len(headers[-1][1]) == 20 and headers[-1][1][:4] == KID

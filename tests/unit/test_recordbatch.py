@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kafka.record import MemoryRecords, MemoryRecordsBuilder
 
-from sink import recordbatch as rb
+from kafka_client import recordbatch as rb
 from sink.history.schema import H_USER_PREFIX, HEADER_COLUMNS, HEADER_COLUMNS_SCHEMA, KAFKA_SCHEMA
 
 

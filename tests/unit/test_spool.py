@@ -7,7 +7,7 @@ import time
 import pytest
 
 from sink.forward.forwarder import SpoolSource
-from sink.forward.record import SinkRecord, decode_entry, encode_entry
+from kafka_client.record import SinkRecord, decode_entry, encode_entry
 from sink.forward.spool import (SpoolReader, SpoolWriter, frame, list_segments, read_checkpoint,
                         scan_segment, seg_name, write_checkpoint)
 
@@ -206,7 +206,7 @@ def test_unforwarded_segments_are_never_deleted(tmp_path):
 @pytest.mark.asyncio
 async def test_sink_barrier_without_kafka(tmp_path):
     """submit/barrier never wait for Kafka: durable acks while Kafka is unreachable."""
-    from sink.forward.kafka_embedded import free_port
+    from kafka_client.embedded import free_port
     from sink.forward.service import Sink
     s = Sink.from_config({"bootstrap_servers": f"127.0.0.1:{free_port()}", "forwarder": "thread",
                           "drain_timeout_seconds": 0.5}, str(tmp_path))

@@ -1,5 +1,5 @@
 """The cluster's reads from Kafka: Fetch requests for every partition it follows, decoded as
-columns by sink.recordbatch (numpy over all the records of a response, no Python object per
+columns by kafka_client.recordbatch (numpy over all the records of a response, no Python object per
 record), so a node pays per record only for the records one of its sessions wants.
 
 Through kafka-python's network client (connections, metadata, API versions, TLS/SASL), as the
@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import time
 
-from sink.recordbatch import decode
+from .recordbatch import decode
 
 log = logging.getLogger("cluster")
 

@@ -1,7 +1,7 @@
 """Produce pre-encoded records to Kafka: kafka-python's network client (connections, metadata,
 API versions, TLS/SASL) driven from the forwarder's own loop, without KafkaProducer's
 per-record accumulator. A chunk of spool entries becomes, per partition, one RecordBatch built
-from the bodies the broker encoded (sink.forward.record.build_batch), and one ProduceRequest per
+from the bodies the broker encoded (kafka_client.record.build_batch), and one ProduceRequest per
 leader (acks=all).
 """
 from __future__ import annotations

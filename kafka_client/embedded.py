@@ -51,7 +51,7 @@ class EmbeddedKafka:
         """Start Tansu and wait until it listens. Each embedded Kafka belongs to one broker: a
         port something else already listens on (another broker's embedded Kafka, a Kafka of
         one's own) is refused, never used as if it were ours."""
-        from .. import ports
+        from . import ports
         if ports.listening(self.host, self.port):
             raise RuntimeError(
                 f"cannot start the embedded Kafka on {self.bootstrap}: the port is taken"
