@@ -73,7 +73,7 @@ class _Claim:
 
 
 class ClusterNode(Hook):
-    provides = frozenset(("route", "admit", "locate", "barrier", "on_start", "on_turn_end", "on_tick",
+    provides = frozenset(("route", "admit", "locate", "install", "barrier", "on_start", "on_turn_end", "on_tick",
                           "on_stop", "stats", "on_client_connected", "on_client_disconnected")
                          + SESSION_EVENTS + STORED_EVENTS)
 
@@ -105,6 +105,7 @@ class ClusterNode(Hook):
         self.bound: dict[str, int] = {}          # cid -> epoch of this node's session
         self.handles: dict[str, set] = {}        # cid -> live stored-message handles
         self.since: dict[tuple, dict] = {}       # (cid, filter) -> positions when subscribed
+        self.waiting_subs: list = []             # (sub, positions): new subscriptions not started
         self.dirty: set[str] = set()             # persistent sessions whose state to write
         self.progress: set[str] = set()          # ... whose positions moved
         self.ended: set[str] = set()             # sessions ended here this turn
@@ -239,6 +240,8 @@ class ClusterNode(Hook):
 
     def _completed(self, items) -> None:
         """Records Kafka acknowledged (failure None) or gave up on."""
+        if self.waiting_subs:
+            self.loop.call_soon(self._start_waiting_subs)
         for batch, failure in items:
             if failure is not None:
                 self.counters["produce_errors"] += 1
@@ -276,16 +279,25 @@ class ClusterNode(Hook):
         username = sender.username if sender is not None else None
         level = sender.link_level if sender is not None else 5
         broker = self.broker
-        key, value, headers, ts = R.message_record(msg, client_id, username, level, self.node,
-                                                   f"{self.node}-{self.inc}-{next(self.ids)}",
-                                                   broker.clock())
-        self._send(self.topics.messages, key, value, headers, ts, b)
+        body = R.message_body(msg, client_id, username, level, self.node,
+                              f"{self.node}-{self.inc}-{next(self.ids)}", broker.clock())
+        ts = int(msg.accepted_at * 1000)
+        b.count += 1
+        self.producer.send_body(self.topics.messages, body, ts, b)
         self.counters["produced"] += 1
         if msg.retain and broker.cfg.retain_available and \
                 (not msg.payload or broker.retained_fits(msg)):
             # [MQTT-3.3.1-5] kept cluster-wide; an empty payload deletes it [MQTT-3.3.1-6];
             # (over mqtt.max_retained_*: refused or delivered unretained by the connection)
-            self._send(self.topics.retained, key, value if msg.payload else None, headers, ts, b)
+            if msg.payload:
+                b.count += 1
+                self.producer.send_body(self.topics.retained, body, ts, b)
+            else:
+                self._send(self.topics.retained, msg.topic_bytes, None, None, ts, b)
+            # here at once too (a client that publishes a retained message, then subscribes on
+            # this node, gets it, as on one broker); every node, this one included, applies the
+            # record again in the log's order, so concurrent updates end the same everywhere
+            broker.set_retained(msg.topic, msg if msg.payload else None)
 
     def barrier(self) -> Pending | None:
         """What the acks of this read wait for: every record written since the last barrier,
@@ -352,6 +364,42 @@ class ClusterNode(Hook):
             self.routed_upto[p] = rec.offsets[-1] + 1
             self.counters["delivered"] += n
             self.counters["read"] += len(rec)
+        if self.waiting_subs:
+            self._start_waiting_subs()
+
+    # ------------------------------------------------------------ new subscriptions
+    def install(self, sub) -> None:
+        """A new subscription takes the messages of the log from where it ends now: those
+        published before it (by this node: once Kafka has answered for them; by others: as far
+        as this node's last fetch saw) are delivered before it starts, so it does not get them,
+        as on one broker; everything published after its SUBACK it gets."""
+        waiting = [sub, self.producer.handed, None]  # the sub, this node's records before it, start
+        self.waiting_subs.append(waiting)
+        self._start_waiting_subs()
+
+    def _start_waiting_subs(self) -> None:
+        """Start the new subscriptions the reader has caught up with (after each fetch applied,
+        each answer of Kafka to this node's writes)."""
+        still, broker, topic = [], self.broker, self.topics.messages
+        for w in self.waiting_subs:
+            sub, handed, since = w
+            s = sub.session
+            if s.subscriptions.get(sub.filter) is not sub or broker.sessions.get(s.client_id) is not s:
+                continue  # unsubscribed, replaced or ended meanwhile
+            if since is None:
+                if self.producer.answered < handed:
+                    still.append(w)  # this node's earlier records: where they are is not known yet
+                    continue
+                high, acked = self.fetcher.high, self.producer.acked_upto
+                since = w[2] = {p: max(upto, high.get((topic, p), 0), acked.get((topic, p), 0))
+                                for p, upto in self.routed_upto.items()}
+                if s.store is not None:  # a persistent session's checkpoint records it
+                    self.since[(s.client_id, sub.filter)] = since
+            if all(self.routed_upto[p] >= off for p, off in since.items()):
+                broker.router.add(sub)
+            else:
+                still.append(w)
+        self.waiting_subs = still
 
     # ------------------------------------------------------------ control effects
     def _act(self, effects: list) -> None:
@@ -608,7 +656,8 @@ class ClusterNode(Hook):
         self.handles.pop(client_id, None)
 
     def on_subscribed(self, client_id: str, sub) -> None:
-        self.since[(client_id, sub.filter)] = dict(self.routed_upto)
+        # (a new subscription's start was set by install(); a replaced one keeps its own)
+        self.since.setdefault((client_id, sub.filter), dict(self.routed_upto))
         self.dirty.add(client_id)
 
     def on_unsubscribed(self, client_id: str, filt: str) -> None:

@@ -30,11 +30,15 @@ class Producer:
         self.loop = loop
         self.user_done = done
         self.backlog = 0                 # records handed to send() and not answered yet
+        self.handed = 0                  # records handed to send() since the start
+        self.answered = 0                # ... answered (in the order they were handed)
         self.delivery_timeout = delivery_timeout
         cfg = {"bootstrap_servers": bootstrap.split(","), "client_id": "mqtt-cluster"}
         cfg.update(kafka)
         self.sender = BatchSender(cfg)
         self.pending: list = []          # on the loop: (topic, ts, body, tag) not yet handed over
+        # (topic, partition) -> the offset after the last record Kafka acknowledged from here
+        self.acked_upto: dict[tuple[str, int], int] = {}
         self.kicked = False
         self.cond = threading.Condition()
         self.queue: list = []            # handed to the thread
@@ -48,6 +52,7 @@ class Producer:
         body = encode_body(key, value, headers or []) if value is not None else _tombstone(key)
         self.pending.append((topic, ts, body, tag))
         self.backlog += 1
+        self.handed += 1
         if not self.kicked:
             self.kicked = True
             self.loop.call_soon(self.kick)
@@ -55,7 +60,17 @@ class Producer:
     def done(self, outcome: list) -> None:
         """On the loop: the thread's answer for a run of records."""
         self.backlog -= len(outcome)
+        self.answered += len(outcome)
         self.user_done(outcome)
+
+    def send_body(self, topic: str, body: bytes, ts: int, tag) -> None:
+        """send() of a record body already encoded (kafka_client.record.encode_message_body)."""
+        self.pending.append((topic, ts, body, tag))
+        self.backlog += 1
+        self.handed += 1
+        if not self.kicked:
+            self.kicked = True
+            self.loop.call_soon(self.kick)
 
     def kick(self) -> None:
         """Hand what this turn appended to the thread."""
@@ -126,6 +141,10 @@ class Producer:
                     if time.monotonic() > deadline:
                         raise TimeoutError("no answer from Kafka")
                 if fut.exception is None:
+                    for tp, base in (fut.value or {}).items():
+                        end = base + fut.counts.get(tp, 0)
+                        if end > self.acked_upto.get(tp, 0):
+                            self.acked_upto[tp] = end
                     break
                 raise fut.exception
             except NotReady as exc:

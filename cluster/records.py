@@ -14,63 +14,83 @@ import json
 
 from broker.core.message import Message
 from broker.protocol import properties as PR
-from kafka_client.record import SinkRecord, from_kafka, to_kafka
+from kafka_client.headers import (H_CLIENT_ID, H_CONTENT_TYPE, H_CORRELATION_DATA,
+                                  H_MESSAGE_EXPIRY, H_PAYLOAD_FORMAT, H_QOS, H_RESPONSE_TOPIC,
+                                  H_RETAIN, H_USER_PREFIX)
+from kafka_client.record import SinkRecord, encode_message_body, to_kafka
 
 H_NODE = "mqtt.node"
 
 
-def message_record(msg: Message, client_id: str, username: str | None, protocol: int, node: str,
-                   message_id: str, now: float) -> tuple[bytes, bytes, list, int]:
-    """(key, value, headers, timestamp_ms) of an accepted message; `now` is the broker's clock
-    (Message.expires_at is on it)."""
-    rec = SinkRecord(topic=msg.topic, payload=msg.payload, qos=msg.qos, retain=msg.retain,
-                     client_id=client_id, username=username, protocol=protocol,
-                     accepted_at_ms=int(msg.accepted_at * 1000), message_id=message_id)
+def message_body(msg: Message, client_id: str, username: str | None, protocol: int, node: str,
+                 message_id: str, now: float) -> bytes:
+    """The Kafka record body (key, value, headers) of an accepted message; `now` is the broker's
+    clock (Message.expires_at is on it). The record's timestamp is msg.accepted_at."""
+    extra = None
     p = msg.props
-    if p:
-        rec.payload_format = p.get(PR.PAYLOAD_FORMAT_INDICATOR)
-        rec.content_type = p.get(PR.CONTENT_TYPE)
-        rec.response_topic = p.get(PR.RESPONSE_TOPIC)
-        rec.correlation_data = p.get(PR.CORRELATION_DATA)
-        rec.user_properties = p.get(PR.USER_PROPERTY)
-    if msg.expires_at is not None:
-        # seconds left now, at its acceptance (the record's timestamp): receivers count from there
-        rec.message_expiry = msg.remaining_expiry(now)
-    key, value, headers, ts = to_kafka(rec)
-    headers.append((H_NODE, node.encode()))
-    return key, value, headers, ts
+    if p or msg.expires_at is not None:  # the contract's property headers, in its order
+        rec = SinkRecord(topic=msg.topic, payload=b"", qos=msg.qos, retain=msg.retain,
+                         client_id=client_id, username=username, protocol=protocol,
+                         accepted_at_ms=0)
+        if p:
+            rec.payload_format = p.get(PR.PAYLOAD_FORMAT_INDICATOR)
+            rec.content_type = p.get(PR.CONTENT_TYPE)
+            rec.response_topic = p.get(PR.RESPONSE_TOPIC)
+            rec.correlation_data = p.get(PR.CORRELATION_DATA)
+            rec.user_properties = p.get(PR.USER_PROPERTY)
+        if msg.expires_at is not None:
+            # seconds left now, at its acceptance (the record's timestamp): receivers count from there
+            rec.message_expiry = msg.remaining_expiry(now)
+        extra = to_kafka(rec)[2][6 if username is not None else 5:]
+        extra.append((H_NODE, node.encode()))
+    else:
+        extra = [(H_NODE, node.encode())]
+    return encode_message_body(msg.topic, msg.payload, msg.qos, msg.retain, client_id, username,
+                               protocol, message_id, extra)
+
+
+_FLAG = {b"0": 0, b"1": 1, b"2": 2}
 
 
 def decode_message(key: bytes, value: bytes | None, headers, timestamp_ms: int, clock_now: float,
                    wall_now: float) -> tuple[Message, str, str]:
-    """(Message, publisher client id, accepting node) of a messages-topic record."""
-    node = ""
-    rest = []
-    for name, val in headers or ():
-        if name == H_NODE:
-            node = (val or b"").decode()
-        else:
-            rest.append((name, val))
-    r = from_kafka(key, value or b"", rest, timestamp_ms)
+    """(Message, publisher client id, accepting node) of a messages-topic record: the inverse
+    of message_body, reading each header once (a node decodes every message it delivers)."""
+    node = client_id = ""
+    qos, retain, expiry = 0, False, None
     props: dict = {}
-    if r.payload_format is not None:
-        props[PR.PAYLOAD_FORMAT_INDICATOR] = r.payload_format
-    if r.content_type is not None:
-        props[PR.CONTENT_TYPE] = r.content_type
-    if r.response_topic is not None:
-        props[PR.RESPONSE_TOPIC] = r.response_topic
-    if r.correlation_data is not None:
-        props[PR.CORRELATION_DATA] = r.correlation_data
-    if r.user_properties:
-        props[PR.USER_PROPERTY] = r.user_properties
+    ups = None
+    for name, val in headers:
+        if name.startswith(H_USER_PREFIX):
+            if ups is None:
+                ups = props[PR.USER_PROPERTY] = []
+            ups.append((name[len(H_USER_PREFIX):], (val or b"").decode()))
+        elif name == H_CLIENT_ID:
+            client_id = (val or b"").decode()
+        elif name == H_QOS:
+            qos = _FLAG.get(val, 0)
+        elif name == H_RETAIN:
+            retain = val == b"1"
+        elif name == H_NODE:
+            node = (val or b"").decode()
+        elif name == H_MESSAGE_EXPIRY:
+            expiry = int(val)
+        elif name == H_PAYLOAD_FORMAT:
+            props[PR.PAYLOAD_FORMAT_INDICATOR] = int(val)
+        elif name == H_CONTENT_TYPE:
+            props[PR.CONTENT_TYPE] = (val or b"").decode()
+        elif name == H_RESPONSE_TOPIC:
+            props[PR.RESPONSE_TOPIC] = (val or b"").decode()
+        elif name == H_CORRELATION_DATA:
+            props[PR.CORRELATION_DATA] = bytes(val or b"")
     expires_at = None
     accepted_at = timestamp_ms / 1000.0
-    if r.message_expiry is not None:
+    if expiry is not None:
         # [MQTT-3.3.2-6] counted from the first acceptance, on any node
-        expires_at = clock_now + r.message_expiry - max(0.0, wall_now - accepted_at)
-    msg = Message(r.topic, r.payload, r.qos, r.retain, props or None, expires_at, r.client_id,
-                  accepted_at)
-    return msg, r.client_id, node
+        expires_at = clock_now + expiry - max(0.0, wall_now - accepted_at)
+    msg = Message((key or b"").decode(), value or b"", qos, retain, props or None, expires_at,
+                  client_id, accepted_at)
+    return msg, client_id, node
 
 
 def dumps(obj: dict) -> bytes:

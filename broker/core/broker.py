@@ -65,6 +65,7 @@ class Broker:
         # one that admits CONNECTs (core/hooks.py ROUTING); None without a cluster
         self.router_hook = None
         self.admit = None
+        self.install = None  # the routing hook's say on when a new subscription starts
         # some hook provides barrier(): PUBACK/PUBREC are held until it says the message is
         # durable (AcksHeld events; the ack gate decides, core/durability.py)
         self.durable = False
@@ -138,6 +139,7 @@ class Broker:
         self.durable = bool(h.barrier)
         self.router_hook = h.route[0] if h.route else None
         self.admit = h.admit[0] if h.admit else None
+        self.install = h.install[0] if h.install else None
         self.queues.allow_read = None if self.auth is ALLOW_ALL else self.auth.allow_read
         for s in self.sessions.values():  # persistent sessions report to the current hooks
             s.store = self.store if s.expiry_interval else None
@@ -508,6 +510,15 @@ class Broker:
                             (s.sub_id,) if s.sub_id else None, self.clock())
             return session
         return None
+
+    def add_subscription(self, sub, replacing: bool = False) -> None:
+        """A client's new (or replaced) subscription starts taking messages: now, or, with a
+        routing hook providing install() (the cluster), once that hook has delivered what was
+        published before it (so it gets what a single broker would give it)."""
+        if self.install is None or replacing:
+            self.router.add(sub)
+        else:
+            self.install(sub)
 
     def set_retained(self, topic: str, msg: Message | None) -> None:
         """A retained message set (or deleted: None) elsewhere (the cluster's log): kept here

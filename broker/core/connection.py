@@ -913,7 +913,7 @@ class Connection:
         if existed:
             b.router.remove(session.subscriptions[filt])
         session.add_subscription(sub)
-        b.router.add(sub)
+        b.add_subscription(sub, existed)
         earlier = subscribed.get(filt)
         new = not existed if earlier is None else earlier[1]  # new before this SUBSCRIBE
         # Retain Handling: 0 send [MQTT-3.3.1-9], 1 send if new [MQTT-3.3.1-10], 2 don't

@@ -43,7 +43,7 @@ DURABILITY = ("barrier",)
 LIFECYCLE = ("on_start", "on_turn_end", "on_tick", "on_stop", "stats")
 # one hook at most: it routes accepted messages instead of the broker (the cluster, through its
 # log, back to Broker.deliver() on every node), and admits CONNECTs (a claim on the client id)
-ROUTING = ("route", "admit", "locate")
+ROUTING = ("route", "admit", "locate", "install")
 EVENTS = (MESSAGE_EVENTS + CLIENT_EVENTS + SESSION_EVENTS + STORED_EVENTS + AUTH_CHECKS
           + DURABILITY + LIFECYCLE + ROUTING)
 
@@ -72,6 +72,10 @@ class Hook:
     def route(self, msg, sender) -> None:
         """Take an accepted message (offered to on_message_accepted first) and its retained
         update; it reaches subscribers through Broker.deliver() (on this node and others)."""
+
+    def install(self, sub) -> None:
+        """A new subscription: add it to broker.router when it should start taking messages
+        (the cluster: once the messages in its log before it have been delivered)."""
 
     def locate(self, client_id: str) -> str | None:
         """Which node holds this client id's session (a cluster), None if none."""

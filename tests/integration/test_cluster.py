@@ -580,7 +580,11 @@ client_ops = st.lists(st.tuples(
     min_size=3, max_size=14)
 
 
-def run_script(ports: list[int], script, tag: str) -> dict:
+def run_script(ports: list[int], script, tag: str, marks: list | None = None) -> tuple[dict, list]:
+    """Run `script`; returns what each client got, and before each subscription change how
+    many messages each had (`marks`). Given the oracle's marks, a subscription change waits
+    until every client has had as many (the cluster delivers after its log: a moment later)."""
+    seen: list = []
     readers = []
     for i, port in enumerate(ports):
         c = RawClient(port)
@@ -592,12 +596,20 @@ def run_script(ports: list[int], script, tag: str) -> dict:
     for k, (who, op, topic, filt, qos, retain) in enumerate(script):
         r = readers[who]
         pid += 1
+        if op in ("sub", "unsub"):
+            if marks is None:
+                time.sleep(0.1)
+            else:  # what the oracle had delivered by now has arrived here too
+                want = marks[len(seen)]
+                deadline = time.monotonic() + 10
+                while time.monotonic() < deadline and \
+                        any(len(x.got) < n for x, n in zip(readers, want)):
+                    time.sleep(0.02)
+            seen.append([len(x.got) for x in readers])
         if op == "sub":
-            time.sleep(0.4)  # messages published before are settled everywhere
             r.c.send(P.Subscribe(pid, [(f"{tag}/{filt}", P.SubscriptionOptions(qos))]))
             r.ack(P.SUBACK)
         elif op == "unsub":
-            time.sleep(0.4)
             r.c.send(P.Unsubscribe(pid, [f"{tag}/{filt}"]))
             r.ack(P.UNSUBACK)
         else:
@@ -616,7 +628,7 @@ def run_script(ports: list[int], script, tag: str) -> dict:
         r.join(2)
         r.c.close()
         out[i] = [(t.split("/", 1)[1], p, q, rt) for t, p, q, rt in r.got]
-    return out
+    return out, seen
 
 
 @pytest.fixture(scope="module")
@@ -638,8 +650,8 @@ def test_the_cluster_delivers_what_a_single_broker_delivers(oracle_and_cluster, 
     topic [MQTT-4.6.0-5]."""
     single, c = oracle_and_cluster
     tag = f"o{uuid.uuid4().hex[:8]}"
-    want = run_script([single.port] * 3, script, tag)
-    got = run_script([c.port(n) for n in nodes], script, tag + "c")
+    want, marks = run_script([single.port] * 3, script, tag)
+    got, _ = run_script([c.port(n) for n in nodes], script, tag + "c", marks)
     for i in want:
         assert sorted(got[i]) == sorted(want[i]), f"client {i} on {nodes[i]}"
         for topic in {m[0] for m in want[i]}:
