@@ -11,7 +11,7 @@ import re
 import sys
 
 import settings
-from settings import one_line
+from settings import environment, one_line
 from settings import report as report_config_error
 
 from . import config as config_mod
@@ -25,7 +25,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="python -m broker",
         description="MQTT 3.1/3.1.1/5.0 broker. Settings: defaults < --config FILE < "
-                    "MQTT_BROKER_* environment < command-line flags.")
+                    "MQTT_BROKER_* environment < command-line flags.",
+        formatter_class=environment.HelpFormatter, epilog=environment.epilog(environment.BROKER))
     p.add_argument("--host", help="address to listen on (default 127.0.0.1: this machine only; "
                                   "0.0.0.0 for every interface, then see [auth] in the README)")
     p.add_argument("--port", type=int, help="MQTT TCP port (default 1883)")

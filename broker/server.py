@@ -6,10 +6,11 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
-import os
 import signal
 import socket
 from functools import partial
+
+from settings import environment
 
 from .config import Config, ListenerConfig
 from .core.broker import Broker
@@ -214,7 +215,7 @@ async def serve(config: Config, auth=None, hooks=()) -> None:
 def notify_service_manager(state: str) -> None:
     """sd_notify(3) without libsystemd: one datagram to the socket in $NOTIFY_SOCKET (set by
     systemd for Type=notify units; "@name" is an abstract socket). Nothing when it is unset."""
-    path = os.environ.get("NOTIFY_SOCKET")
+    path = environment.NOTIFY_SOCKET.get()
     if not path:
         return
     if path[0] == "@":
@@ -224,7 +225,7 @@ def notify_service_manager(state: str) -> None:
             s.sendto(state.encode(), path)
     except OSError as exc:
         log.warning("cannot tell the service manager %s at NOTIFY_SOCKET=%s: %s", state,
-                    os.environ["NOTIFY_SOCKET"], exc)
+                    path, exc)
 
 
 LOCAL_HOSTS = ("127.0.0.1", "::1", "localhost")

@@ -11,6 +11,7 @@ import re
 import tomllib
 
 from .checks import DOC, ConfigError, check, did_you_mean
+from .environment import SETTINGS_PREFIX
 from .tree import Config, ListenerConfig, sections
 
 
@@ -110,9 +111,9 @@ def load(path: str | None = None, env: dict | None = None, sets=(), flags=()) ->
     # Containers: MQTT_BROKER_PORT=1884, MQTT_BROKER_MQTT__RECEIVE_MAXIMUM=100, MQTT_BROKER_SINK__TOPIC=x,
     # MQTT_BROKER_AUTH__PASSWORD_FILE=/etc/broker/passwd, MQTT_BROKER_METRICS__ENABLED=true
     for var in sorted(env):
-        if not var.startswith("MQTT_BROKER_"):
+        if not var.startswith(SETTINGS_PREFIX):
             continue
-        parts = var[len("MQTT_BROKER_"):].lower().split("__")
+        parts = var[len(SETTINGS_PREFIX):].lower().split("__")
         if len(parts) == 1:
             parts = ["broker", parts[0]]
         if len(parts) != 2 or not all(parts):

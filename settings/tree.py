@@ -209,6 +209,21 @@ class HistoryConfig(Section):
         host = "127.0.0.1" if self.connect_host in ("", "0.0.0.0", "::") else self.connect_host
         return f"sc://{host}:{self.connect_port}"
 
+    @property
+    def checkpoint_dir(self) -> str:
+        """The job's checkpoint: checkpoint, or <table>_checkpoint (by string: hdfs:// and s3a://
+        tables too)."""
+        return self.checkpoint or self.table.rstrip("/") + "_checkpoint"
+
+    @property
+    def dedup_window_ms(self) -> int:
+        n, unit = self.dedup_window.split()
+        return int(n) * _UNIT_MS[unit.rstrip("s")]
+
+
+_UNIT_MS = {"second": 1000, "minute": 60_000, "hour": 3_600_000, "day": 86_400_000,
+            "week": 7 * 86_400_000}
+
 
 @dataclass(slots=True)
 class PersistenceConfig(Section):
