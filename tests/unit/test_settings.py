@@ -231,9 +231,17 @@ def test_sink_takes_its_section(tmp_path):
     s = Sink({}, str(tmp_path))
     assert s.max_bytes == SinkConfig().spool_max_bytes == 1 << 30
     assert s.cfg.spool_dir == str(tmp_path / "spool")
-    s = Sink(SinkConfig(spool_max_bytes=12345, forwarder_cpus=(0,)), str(tmp_path))
-    fwd = s._fwd_config()
-    assert fwd["retain_max_bytes"] == 12345 and fwd["cpus"] == (0,)
+    from sink.forward.forwarder import decode_setup, encode_setup
+    sink = SinkConfig(spool_max_bytes=12345, forwarder_cpus=(0,), forwarders=2,
+                      rules=(settings.Rule("a/#", "ka"),), kafka={"linger_ms": 5})
+    s = Sink(sink, str(tmp_path))
+    s.key = b"k" * 32
+    section, rt = decode_setup(encode_setup(s.cfg, s.runtime(shard=1)))
+    assert section == s.cfg and section.spool_max_bytes == 12345   # the same section, as the tree
+    assert section.forwarder_cpus == (0,) and section.rules == (("a/#", "ka"),)  # serializes it
+    assert (rt.spool_dir, rt.data_dir, rt.sink_key, rt.shard, rt.shards) == \
+        (str(tmp_path / "spool"), str(tmp_path), b"k" * 32, 1, 2)
+    assert rt.job_file == str(tmp_path / "history_job.json")
     with pytest.raises(ConfigError, match=r"sink\.spool_max_byte = 1.*did you mean sink\.spool_max_bytes"):
         Sink({"spool_max_byte": 1}, str(tmp_path))
     with pytest.raises(ConfigError, match="sink.durability"):
