@@ -34,14 +34,14 @@ class Server:
         # (unset: from loopback addresses only, as Mosquitto 2's local-only default)
         self.broker.anonymous_remote = config.auth.allow_anonymous is True
         self.auth_checks = None
-        if getattr(auth, "passwords", None) is not None:
-            # scrypt takes ~100 ms: on a few threads, with a bounded queue (auth/checks.py)
-            from .auth.checks import DEFAULT_MAX_PENDING, CheckQueue
-            self.auth_checks = CheckQueue(getattr(auth, "check_threads", 0),
-                                          getattr(auth, "max_pending_checks", DEFAULT_MAX_PENDING))
+        if getattr(auth, "passwords", None) is not None:  # an auth hook with a password file
+            # scrypt takes ~100 ms: on a few threads, with a bounded queue (auth/checks.py), and
+            # what a client sends meanwhile bounded too: the [auth] section says how far
+            from .auth.checks import CheckQueue
+            bounds = config.auth
+            self.auth_checks = CheckQueue(bounds.check_threads, bounds.max_pending_checks)
             self.broker.defer_auth = True  # CONNECTs with a user name return AuthRequested
-            self.broker.max_deferred_bytes = getattr(auth, "max_deferred_bytes",
-                                                     self.broker.max_deferred_bytes)
+            self.broker.max_deferred_bytes = bounds.max_deferred_bytes
         self.loop: asyncio.AbstractEventLoop | None = None
         self.servers: list = []
         self.ports: dict[str, int] = {}
