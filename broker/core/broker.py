@@ -10,7 +10,8 @@ from __future__ import annotations
 import logging
 import time
 
-from ..config import MQTTConfig
+from settings import MQTTConfig
+
 from ..protocol import properties as PR
 from .clientlog import ClientLog, shown
 from .hooks import ALLOW_ALL, Hooks  # ALLOW_ALL: the checks without an auth hook
