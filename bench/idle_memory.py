@@ -26,7 +26,7 @@ REPO = os.path.dirname(HERE)
 CHILD = r"""
 import asyncio, sys, tracemalloc, gc, resource
 sys.path.insert(0, sys.argv[1])
-from broker.config import Config
+from settings import Config
 from broker.server import Server
 from broker.transport.eventloop import install_uvloop
 install_uvloop()

@@ -10,9 +10,8 @@ import signal
 import socket
 from functools import partial
 
-from settings import environment
+from settings import Config, ListenerConfig, environment, listener_specs
 
-from .config import Config, ListenerConfig
 from .core.broker import Broker
 from .protocol import native
 from .transport import tls
@@ -83,9 +82,7 @@ class Server:
 
     # ------------------------------------------------------------ lifecycle
     def listener_specs(self) -> list[ListenerConfig]:
-        # the checks live with the other config checks
-        from .config import listener_specs
-        return listener_specs(self.config)
+        return listener_specs(self.config)   # checked with the other settings (settings/load.py)
 
     async def start(self) -> None:
         self.loop = asyncio.get_running_loop()

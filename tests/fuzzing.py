@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import random
 
-from broker.config import MQTTConfig
+from settings import MQTTConfig
 from broker.core.broker import Broker
 from broker.core.connection import Connection
 from broker.protocol import packets as P

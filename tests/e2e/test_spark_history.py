@@ -405,6 +405,6 @@ def test_job_config(tmp_path):
     assert conf == {"security_protocol": "SASL_SSL", "ssl_cafile": "/etc/ca.pem",
                     "sasl_mechanism": "PLAIN", "ssl_check_hostname": False}
     cfg_file.write_text('[history]\nsource = "spark"\n')
-    from broker.config import ConfigError
+    from settings import ConfigError
     with pytest.raises(ConfigError, match="history.source = 'spark'.*must be one of 'auto'"):
         config_from_args(["--config", str(cfg_file)])

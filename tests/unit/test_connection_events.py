@@ -7,7 +7,7 @@ CONNACK, and AckGate's store-commit decisions (transport/connection_protocol.py)
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from broker.config import MQTTConfig
+from settings import MQTTConfig
 from broker.core.broker import Broker
 from broker.core.connection import Connection
 from broker.core.durability import Pending, when_all

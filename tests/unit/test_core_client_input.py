@@ -226,7 +226,7 @@ def test_anonymous_client_from_another_machine_refused_0x87(level):
 
 
 def test_server_lets_anonymous_remote_clients_in_only_when_allowed_explicitly():
-    from broker.config import Config
+    from settings import Config
     from broker.server import Server
     assert Server(Config()).broker.anonymous_remote is False
     cfg = Config()
@@ -235,7 +235,7 @@ def test_server_lets_anonymous_remote_clients_in_only_when_allowed_explicitly():
 
 
 def test_startup_line_says_who_may_connect():
-    from broker.config import Config, ListenerConfig
+    from settings import Config, ListenerConfig
     from broker.server import who_may_connect
     cfg = Config()
     local = who_may_connect(ListenerConfig(host="127.0.0.1", port=1), cfg)
@@ -252,7 +252,7 @@ def test_startup_line_says_who_may_connect():
 
 
 def test_default_listener_is_this_machine_only():
-    from broker.config import Config
+    from settings import Config
     assert Config().host == "127.0.0.1" and Config().auth.allow_anonymous is None
 
 

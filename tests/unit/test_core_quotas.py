@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.config import MQTTConfig
+from settings import MQTTConfig
 from broker.protocol import packets as P
 from broker.protocol import properties as PR
 from broker.protocol import reason_codes as rc

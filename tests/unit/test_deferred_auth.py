@@ -4,7 +4,7 @@ waits for the CONNACK."""
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.config import MQTTConfig
+from settings import MQTTConfig
 from broker.core.broker import Broker
 from broker.core.events import AuthRequested
 from broker.core.hooks import AllowAll

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.config import MQTTConfig
+from settings import MQTTConfig
 from broker.core.broker import Broker
 from broker.core.hooks import (AUTH_CHECKS, DURABILITY, EVENTS, LIFECYCLE, ROUTING, STORED_EVENTS,
                                 AllowAll, Hook)

@@ -6,7 +6,7 @@ import sqlite3
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.config import MQTTConfig
+from settings import MQTTConfig
 from broker.core.broker import Broker
 from broker.core.hooks import AllowAll
 from broker.protocol import packets as P

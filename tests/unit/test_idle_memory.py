@@ -6,7 +6,7 @@ import asyncio
 import gc
 import tracemalloc
 
-from broker.config import Config
+from settings import Config
 from broker.protocol import packets as P
 from broker.protocol.codec import encode
 from broker.server import Server

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from hypothesis import event, example, given, settings
 from hypothesis import strategies as st
 
-from broker.config import MQTTConfig
+from settings import MQTTConfig
 from broker.core.broker import Broker
 from broker.core.connection import Connection
 from broker.protocol import packets as P

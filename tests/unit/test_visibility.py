@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from broker.auth import ACL, AccessControl, from_config
 from sink.forward.hook import SinkHook
-from broker.config import MQTTConfig
+from settings import MQTTConfig
 from broker.core.broker import Broker
 from broker.protocol import packets as P
 from broker.protocol import properties as PR
@@ -218,7 +218,7 @@ def test_will_to_sys_is_not_published():
                                   {"type": "tls", "certfile": "x.pem"}])
 def test_identity_as_username_needs_verified_certificates(spec):
     """On a listener that cannot verify client certificates nobody could connect: say so."""
-    from broker.config import Config
+    from settings import Config
     from broker.server import Server
     cfg = Config(listeners=[{**spec, "port": 1, "use_identity_as_username": True}])
     with pytest.raises(ValueError, match="use_identity_as_username = true: needs type tls or wss and a cafile"):
