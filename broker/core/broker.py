@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import time
 
+from mqtt_topics import parse_shared, valid_topic_filter
 from settings import MQTTConfig
 
 from ..protocol import properties as PR
@@ -19,7 +20,6 @@ from .message import Message
 from .retain import RetainedStore
 from .router import Router
 from .session import NEVER, Inflight, Queues, Session, Subscription, entry_size
-from .topics import parse_shared, valid_topic_filter
 
 log = logging.getLogger("broker")
 
