@@ -1,5 +1,6 @@
-"""Hostile clients (issue 8) through real sockets: inbound topic aliases cannot hold memory,
-session expiry caps cannot be bypassed, the number of sessions is bounded.
+"""Hostile clients through real sockets: inbound topic aliases cannot hold memory (bounded in
+number by Topic Alias Maximum and in bytes by mqtt.max_topic_alias_bytes), session expiry caps
+cannot be bypassed, the number of sessions is bounded (README "Listeners, limits").
 RSS is VmRSS of the broker process (as tests/integration/test_memory_bounds.py)."""
 import socket
 import time

@@ -1,5 +1,6 @@
 """Every configuration error is one ConfigError from the loader: which key, the value and where it
-came from, what is wrong and what is allowed, on one line (issue 8)."""
+came from, what is wrong and what is allowed, on one line (README "Configuration and
+precedence")."""
 from __future__ import annotations
 
 import re

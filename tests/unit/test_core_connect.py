@@ -83,8 +83,8 @@ def test_reserved_connect_flag_closes(level):
 @pytest.mark.parametrize("level", [5, 4])
 def test_second_connect_with_unknown_level(level):
     """[MQTT-3.1.0-2]: a second CONNECT whose protocol level is unknown is still a Protocol Error:
-    DISCONNECT 0x82 (v5), not the CONNACK-only 0x84 (fuzzer finding); 3.1.1: closed without a
-    DISCONNECT."""
+    DISCONNECT 0x82 (v5), not the CONNACK-only 0x84 (an input the fuzzer once failed on); 3.1.1:
+    closed without a DISCONNECT."""
     b, _ = make()
     c = connect(b, level=level)
     c.send_bytes(connect_bytes("MQTT", 7, client_id="y"))

@@ -1,5 +1,4 @@
-"""MQTT 5.0 section 3.3.2.3 PUBLISH properties at the sans-I/O level (issue 11), moved from
-tests/integration/test_publish.py: Payload Format Indicator, Message Expiry Interval (fake clock),
+"""MQTT 5.0 section 3.3.2.3 PUBLISH properties at the sans-I/O level: Payload Format Indicator, Message Expiry Interval (fake clock),
 Topic Alias both ways, Response Topic, Correlation Data, User Properties, Content Type. Every
 test names the conformance statement it checks; tests that make the broker close a connection
 also check that another client is still served."""

@@ -1,5 +1,5 @@
-"""Hostile clients (issue 8), sans-I/O: inbound topic aliases, session expiry caps, the number
-of sessions. Bytes in, bytes out, a fake clock (tests/unit/test_core.py's Client and make)."""
+"""Hostile clients, sans-I/O: what a client can make the broker hold is bounded: inbound topic
+aliases (in bytes too), session expiry (capped), the number of sessions. Bytes in, bytes out, a fake clock (tests/unit/test_core.py's Client and make)."""
 import logging
 import sqlite3
 

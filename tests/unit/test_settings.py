@@ -1,6 +1,6 @@
 """The typed configuration tree (settings/): every documented key is one field with one default,
 valid values round-trip through the tree, components read sections (not dicts with defaults),
-and the package is a leaf both the broker and the history job import (issue 11)."""
+and the package is a leaf both the broker and the history job import."""
 from __future__ import annotations
 
 import dataclasses
