@@ -32,8 +32,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from sink.history.job import Job, progress_since, start_query  # noqa: E402
 from kafka_client.embedded import EmbeddedKafka  # noqa: E402
+from sink.history.job import Job, progress_since, start_query  # noqa: E402
 
 TOPIC = "mqtt.messages"
 
@@ -214,6 +214,7 @@ def throughput(spark, kafka, n: int, payload: int, source: str, label: str, work
 
 def latency(spark, kafka, samples: int, trigger: float, source: str, work: Path) -> list[float]:
     from kafka import KafkaProducer
+
     from sink.history.query import run_sql
     cfg = Job.of(bootstrap=kafka.bootstrap, table=str(work / "latency"),
                     trigger_seconds=trigger, source=source, starting_offsets="latest")

@@ -25,11 +25,11 @@ import uuid
 
 from broker.core.durability import Pending
 from broker.core.hooks import SESSION_EVENTS, STORED_EVENTS, Hook
+from kafka_client.fetch import Fetcher, Records
 from mqtt_topics import matches
 
 from . import control as C
 from . import records as R
-from kafka_client.fetch import Fetcher, Records
 from .link import FetchReader, Topics, ensure_topics, make_consumer
 from .produce import Producer
 from .shares import Shares
@@ -309,7 +309,7 @@ class ClusterNode(Hook):
         topics = self.topics
         broker = self.broker
         clock_now, wall_now = broker.clock(), self.wall()
-        for topic, p, d, start in batches:
+        for topic, _p, d, start in batches:
             rec = Records(d, start)
             if topic == topics.control:
                 for i in rec.indexes():

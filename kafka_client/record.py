@@ -21,9 +21,22 @@ import struct
 import zlib
 from dataclasses import dataclass
 
-from .headers import (H_CLIENT_ID, H_CONTENT_TYPE, H_CORRELATION_DATA,  # noqa: F401
-                       H_MESSAGE_EXPIRY, H_MESSAGE_ID, H_PAYLOAD_FORMAT, H_PROTOCOL, H_QOS,
-                       H_RESPONSE_TOPIC, H_RETAIN, H_SIG, H_USER_PREFIX, H_USERNAME, SIG_LEN)
+from .headers import (  # noqa: F401
+    H_CLIENT_ID,
+    H_CONTENT_TYPE,
+    H_CORRELATION_DATA,
+    H_MESSAGE_EXPIRY,
+    H_MESSAGE_ID,
+    H_PAYLOAD_FORMAT,
+    H_PROTOCOL,
+    H_QOS,
+    H_RESPONSE_TOPIC,
+    H_RETAIN,
+    H_SIG,
+    H_USER_PREFIX,
+    H_USERNAME,
+    SIG_LEN,
+)
 
 _QOS = (b"0", b"1", b"2")
 _RETAIN = (b"0", b"1")

@@ -123,8 +123,8 @@ def sink_key(data_dir: str, create: bool = False) -> bytes | None:
     except ValueError:
         key = b""
     if len(key) < 16:
-        raise ValueError(f"the sink key ({'$' + KEY_ENV if environment.SINK_KEY.is_set() else secret_path(data_dir, KEY_FILE)})"
-                         " must be at least 32 hex digits")
+        where = "$" + KEY_ENV if environment.SINK_KEY.is_set() else secret_path(data_dir, KEY_FILE)
+        raise ValueError(f"the sink key ({where}) must be at least 32 hex digits")
     return key
 
 

@@ -12,9 +12,31 @@ import dataclasses
 import functools
 from dataclasses import MISSING, dataclass, field
 
-from .checks import (COUNT, DOC, PORT, SECONDS, Bool, Check, ConfigError, Enum, HostPorts, Int,
-                     IntList, Num, Pattern, Rules, Spec, Str, StrList, Table, check,
-                     connect_address, did_you_mean, duration_ms, starting_offsets)
+from .checks import (
+    COUNT,
+    DOC,
+    PORT,
+    SECONDS,
+    Bool,
+    Check,
+    ConfigError,
+    Enum,
+    HostPorts,
+    Int,
+    IntList,
+    Num,
+    Pattern,
+    Rules,
+    Spec,
+    Str,
+    StrList,
+    Table,
+    check,
+    connect_address,
+    did_you_mean,
+    duration_ms,
+    starting_offsets,
+)
 
 
 def key(default=MISSING, spec: Spec | None = None, *, factory=MISSING):
@@ -131,7 +153,8 @@ class MQTTConfig(Section):
     max_retained_messages: int = 100000  # retained messages held; one more: PUBACK 0x97 / not retained; 0: any
     max_retained_bytes: int = 268435456  # their payload + topic bytes together; likewise; 0: any
     max_retained_message_size: int = 1048576  # payload bytes of one retained message; likewise; 0: any
-    client_log_lines_per_second: float = key(20.0, Num(0))  # log lines about clients, all together (bursts of 10 s); 0: any
+    # log lines about clients, all together (bursts of 10 s); 0: any
+    client_log_lines_per_second: float = key(20.0, Num(0))
 
 
 @dataclass(slots=True)
@@ -150,7 +173,8 @@ class SinkConfig(Section):
     spool_group_commit_ms: float = key(2.0, Num(0, 1000))  # at most one fdatasync per this long, under load
     keep_until: str = key("kafka", Enum("kafka", "history"))
     committed_file: str = ""                        # "" = the history job's (from [history])
-    history_stale_seconds: float = key(120.0, Num(0, lo_open=True))  # keep_until = "history": records waiting this long, no commit: warn
+    # keep_until = "history": records waiting this long, no commit: warn
+    history_stale_seconds: float = key(120.0, Num(0, lo_open=True))
     replay_window_seconds: float = 3600.0
     replay_window_messages: int = 1_000_000
     embedded_port: int = key(9092, PORT)
@@ -263,7 +287,8 @@ class DashboardConfig(Section):
     # operators' accounts (not the MQTT password file): python -m broker.admin users add NAME
     users_file: str = ""                            # "" = <data_dir>/dashboard-users
     initial_admin: str = "admin"                    # created at first start when users_file has no account...
-    initial_admin_password: str = ""                # ...with this password; "" = random, in <data_dir>/dashboard-admin-password
+    # ...with this password; "" = random, in <data_dir>/dashboard-admin-password
+    initial_admin_password: str = ""
     allowed_hosts: tuple = key((), StrList())       # Host names besides localhost, 127.0.0.1, [::1], host
     session_seconds: float = key(28800.0, Num(60, 31 * 86400))  # a login lasts this long
     max_login_sessions: int = key(1000, Int(1, 1_000_000))  # sessions held; beyond: the oldest ends
@@ -271,7 +296,8 @@ class DashboardConfig(Section):
     max_pending_logins: int = key(8, Int(1, 10000))  # ...at most this many waiting or running (more: 503)
     login_failures: int = key(5, Int(1, 1000))      # wrong passwords from one address before it must wait...
     login_lockout_seconds: float = key(60.0, Num(1, 86400))  # ...1 s, doubling up to this (429)
-    history_worker_idle_seconds: float = key(120.0, Num(1, 86400))  # the history worker process exits when idle this long
+    # the history worker process exits when idle this long
+    history_worker_idle_seconds: float = key(120.0, Num(1, 86400))
 
 
 @dataclass(slots=True)

@@ -8,8 +8,9 @@ Configured by the ``[auth]`` table of the TOML config (see config/broker.toml)::
     allow_anonymous = false                # default: false with a password file, else true
     client_id_pattern = "%u-*"             # optional: client ids a user may choose (else 0x85)
 
-``from_config(cfg.auth)`` (the typed [auth] section, settings.AuthConfig) returns an ``AccessControl`` for the broker core (or
-None when nothing is configured: everyone may do everything, as before).
+``from_config(cfg.auth)`` (the typed [auth] section, settings.AuthConfig) returns an
+``AccessControl`` for the broker core (or None when nothing is configured: everyone may do
+everything, as before).
 
 CONNECT outcome (MQTT 5 reason code / MQTT 3.1.1 return code):
 

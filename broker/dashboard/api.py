@@ -38,10 +38,10 @@ from pathlib import Path
 
 from aiohttp import web
 
-from ..admin.service import AdminError, Refused, audit
-from . import JOB_HINT, live
 from settings.secrets import connect_token
 
+from ..admin.service import AdminError, Refused, audit
+from . import JOB_HINT, live
 from .history import BadRequest, HistoryClient, JobNotRunning, check_filter, make_query, parse_time
 from .login import COOKIE, Busy, LoginChecks, Sessions, Throttle
 

@@ -31,6 +31,7 @@ class Worker:
     def _session(self):
         if self._spark is None:
             from pyspark.sql import SparkSession  # ImportError: answer() says what is missing
+
             from settings.environment import SPARK_CONNECT_TOKEN
             from settings.secrets import client_url
             # the job's Spark Connect token, handed over in this process's environment by the

@@ -290,7 +290,7 @@ class Store(Hook):
             self.save_session(s)
             for sub in s.subscriptions.values():
                 self.save_subscription(s.client_id, sub)
-            for i, (m, qos, retain, ids, seq) in enumerate(list(s.queue)):
+            for i, (m, qos, retain, ids, _seq) in enumerate(list(s.queue)):
                 s.queue[i] = (m, qos, retain, ids, self.enqueue(s.client_id, m, qos, retain, ids))
             for pid, e in s.inflight_out.items():
                 e.handle = self.enqueue(s.client_id, e.msg, e.qos, e.retain, e.sub_ids, pid)

@@ -61,13 +61,22 @@ import time
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from kafka_client.produce import BatchSender, ChunkFuture, NotReady
+from kafka_client.record import entry_fields, entry_shard, entry_timestamp, sign_body
 from settings import SinkConfig, secrets
 
 from .. import progress
-from kafka_client.produce import BatchSender, ChunkFuture, NotReady
-from kafka_client.record import entry_fields, entry_shard, entry_timestamp, sign_body
-from .spool import (DirLock, SpoolBatch, SpoolPosition, SpoolReader, checkpoint_name, read_checkpoint,
-                    read_min_checkpoint, seg_name, write_checkpoint)
+from .spool import (
+    DirLock,
+    SpoolBatch,
+    SpoolPosition,
+    SpoolReader,
+    checkpoint_name,
+    read_checkpoint,
+    read_min_checkpoint,
+    seg_name,
+    write_checkpoint,
+)
 
 log = logging.getLogger("sink.forwarder")
 
@@ -279,7 +288,7 @@ class MemorySource:
 
     def find_position(self, min_seq: int, min_ts: int, upto: int) -> int:
         with self._lock:
-            for start, end, seq, payload in self._items:
+            for start, _end, seq, payload in self._items:
                 if start >= upto:
                     break
                 if seq >= min_seq and entry_timestamp(payload) >= min_ts:
@@ -675,7 +684,7 @@ class Forwarder:
         if state is None or not self.pending:
             return None
         head = self.pending[0]
-        for (t, p), n in head.offsets.items():
+        for (t, _p), _n in head.offsets.items():
             job = state["topics"].get(t)
             if job is None:
                 return (f"the history job does not report Kafka topic {t} (does it read it? "

@@ -11,7 +11,6 @@ import time
 from broker.core.durability import Pending
 from broker.core.hooks import Hook
 from broker.protocol import properties as PR
-
 from kafka_client.record import SinkRecord
 
 SPOOL_ERROR = "the message could not be stored (broker disk error)"

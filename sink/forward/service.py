@@ -22,12 +22,21 @@ import sys
 import threading
 import time
 
-from .. import progress
-from .forwarder import Forwarder, MemorySource, Runtime, SpoolSource, ThreadControl, encode_setup, forwarder_for
 from kafka_client.record import MessageEncoder, SinkRecord, encode_record
-from .spool import DirLock, SpoolWriter
 from mqtt_topics import matches as topic_matches  # one topic-filter matcher for the project
 from settings import HistoryConfig, SinkConfig
+
+from .. import progress
+from .forwarder import (
+    Forwarder,
+    MemorySource,
+    Runtime,
+    SpoolSource,
+    ThreadControl,
+    encode_setup,
+    forwarder_for,
+)
+from .spool import DirLock, SpoolWriter
 
 log = logging.getLogger("sink")
 

@@ -172,7 +172,7 @@ def scan_segment(path: str) -> dict:
         return info
     info["size"] = len(data)
     try:
-        for off, end, seq, payload in parse_frames(data):
+        for _off, end, seq, payload in parse_frames(data):
             if info["first_seq"] is None:
                 info["first_seq"] = seq
                 info["first_ts"] = entry_timestamp(payload)
@@ -671,7 +671,7 @@ class SpoolReader:
             except FileNotFoundError:
                 continue
             try:
-                for off, end, seq, payload in parse_frames(data):
+                for off, _end, seq, payload in parse_frames(data):
                     if b + off >= upto:
                         return upto
                     if seq >= min_seq and entry_timestamp(payload) >= min_ts:

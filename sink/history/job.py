@@ -23,6 +23,7 @@ Exactly once, and no duplicate message ids:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -30,7 +31,6 @@ import signal
 import sys
 import threading
 import time
-import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -530,8 +530,10 @@ def announce(job: Job) -> None:
         return
     from sink.progress import JOB_FILE, atomic_write, committed_path
     committed_file = committed_path(job.history.table, str(_local(job.history.checkpoint_dir)))
-    info = {"pid": os.getpid(), "started_at": time.time(), "table": os.path.abspath(job.history.table)
-            if is_local_path(job.history.table) else job.history.table, "committed_file": os.path.abspath(committed_file)}
+    table = job.history.table
+    info = {"pid": os.getpid(), "started_at": time.time(),
+            "table": os.path.abspath(table) if is_local_path(table) else table,
+            "committed_file": os.path.abspath(committed_file)}
     try:
         os.makedirs(job.data_dir, exist_ok=True)
         atomic_write(os.path.join(job.data_dir, JOB_FILE), json.dumps(info).encode())
@@ -691,8 +693,7 @@ def serve_connect(spark, job: Job) -> None:
     # catalog, not one a client's early request would make the server create on its own.
     jvm = spark.sparkContext._jvm
     jvm.org.apache.spark.sql.connect.service.SparkConnectService.start(spark.sparkContext._jsc.sc())
-    from settings import secrets
-    from settings import environment
+    from settings import environment, secrets
     token = ("$" + secrets.TOKEN_ENV if environment.SPARK_CONNECT_TOKEN.is_set() else
              secrets.secret_path(job.data_dir, secrets.TOKEN_FILE) if job.data_dir else None)
     log.info("Spark Connect on %s%s: query the table as `messages`, e.g. python -m sink.query "
@@ -851,8 +852,13 @@ def main(argv=None) -> int:
             log.info("history job stopped before it started")
             return 0
         from sink.history import catalog, thrift
-        from sink.history.spark import (JOB_LOCAL_CONF, JOB_LOCAL_ENV, PROJECT_ROOT, get_spark,
-                                        launched_by_spark_submit)
+        from sink.history.spark import (
+            JOB_LOCAL_CONF,
+            JOB_LOCAL_ENV,
+            PROJECT_ROOT,
+            get_spark,
+            launched_by_spark_submit,
+        )
         check_connect_port(job)
         for k, v in JOB_LOCAL_ENV.items():
             os.environ.setdefault(k, v)

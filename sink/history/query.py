@@ -235,13 +235,15 @@ def connect_session(url: str, token: str | None = None):
     """A Spark Connect client session (raises when the server does not answer or refuses the
     token)."""
     from pyspark.sql import SparkSession
+
     from settings.secrets import client_url
     return SparkSession.builder.remote(client_url(url, token)).getOrCreate()
 
 
 def running_job(data_dir: str | None) -> dict | None:
     """The history job that announced itself in the data directory and still runs."""
-    from sink.progress import JOB_FILE, running_job as job
+    from sink.progress import JOB_FILE
+    from sink.progress import running_job as job
     return job(os.path.join(data_dir, JOB_FILE)) if data_dir else None
 
 
@@ -383,6 +385,7 @@ def main(argv=None) -> int:
     import logging
     logging.getLogger("SQLQueryContextLogger").setLevel(logging.CRITICAL)  # we print the error
     from pyspark.errors import AnalysisException, ParseException
+
     from settings import secrets
     started = time.monotonic()
     try:

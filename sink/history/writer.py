@@ -19,8 +19,7 @@ import logging
 import shutil
 from pathlib import Path
 
-from sink.history.manifest import Change, FileEntry, Snapshot, Table, crash_point, date_of, \
-    staged_files
+from sink.history.manifest import Change, FileEntry, Snapshot, Table, crash_point, date_of, staged_files
 from sink.history.retention import first_kept_date
 
 log = logging.getLogger("sink.writer")
@@ -98,6 +97,7 @@ def adopt_file_sink(spark, table: Table, checkpoint: str | None) -> Snapshot | N
     if not ids:
         return None
     import pyarrow.parquet as pq
+
     from sink.history.schema import HISTORY_SCHEMA
     paths = spark.read.schema(HISTORY_SCHEMA).parquet(str(table.root)).inputFiles()
     entries = []

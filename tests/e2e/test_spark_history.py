@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from sink.history.job import DEDUP_MARKER, Job, SOURCE_MARKER, run
+from sink.history.job import DEDUP_MARKER, SOURCE_MARKER, Job, run
 from sink.history.query import run_sql
 
 pytestmark = pytest.mark.timeout(600)

@@ -16,9 +16,9 @@ import pytest
 from broker.auth import AccessControl, hash_password
 from broker.auth import passwords as pwmod
 from broker.auth.checks import THREAD_NAME
-from settings import AuthConfig, Config, MetricsConfig
 from broker.protocol.codec import encode
 from broker.server import Server
+from settings import AuthConfig, Config, MetricsConfig
 from tests.integration.helpers import P, RawClient, bye
 from tests.integration.test_auth import InProcessBroker
 

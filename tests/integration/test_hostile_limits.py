@@ -10,10 +10,21 @@ import pytest
 from broker.protocol import reason_codes as rc
 from broker.protocol.codec import encode
 from tests.conftest import BrokerProcess
-from tests.integration.helpers import (P, PR, assert_served, bye, cid, connect, expect_disconnect,
-                                       props, publish_ok, recv_publish, uniq)
-from tests.mqtt_raw import RawClient
+from tests.integration.helpers import (
+    PR,
+    P,
+    assert_served,
+    bye,
+    cid,
+    connect,
+    expect_disconnect,
+    props,
+    publish_ok,
+    recv_publish,
+    uniq,
+)
 from tests.integration.test_memory_bounds import PeakRSS
+from tests.mqtt_raw import RawClient
 
 
 def lean(tmp_path, **settings) -> BrokerProcess:

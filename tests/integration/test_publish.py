@@ -17,8 +17,21 @@ import pytest
 
 from broker.protocol import reason_codes as rc
 
-from .helpers import (P, PR, ack, assert_served, bye, cid, connect, expect_disconnect, props,
-                      publish_ok, raw_publish, recv_publish, uniq)
+from .helpers import (
+    PR,
+    P,
+    ack,
+    assert_served,
+    bye,
+    cid,
+    connect,
+    expect_disconnect,
+    props,
+    publish_ok,
+    raw_publish,
+    recv_publish,
+    uniq,
+)
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -12,8 +12,7 @@ from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
 import settings
-from settings import ConfigError
-from settings import sections
+from settings import ConfigError, sections
 from settings.checks import Num
 
 ROOT = Path(__file__).resolve().parents[2]

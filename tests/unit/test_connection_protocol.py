@@ -6,7 +6,6 @@ import socket
 
 import pytest
 
-from settings import AuthConfig, Config, ListenerConfig
 from broker.core.durability import Pending
 from broker.core.hooks import Hook
 from broker.protocol import packets as P
@@ -14,6 +13,7 @@ from broker.protocol import reason_codes as rc
 from broker.protocol.codec import Decoder, encode
 from broker.server import DEFER_ACCEPT_SECONDS, Server
 from broker.transport.connection_protocol import READ_PAUSE_GROWTH, MQTTProtocol
+from settings import AuthConfig, Config, ListenerConfig
 
 
 class FakeTransport:

@@ -1,9 +1,9 @@
 """The session state machine without sockets: bytes in, bytes out, a fake clock."""
-from mqtt_topics import TopicTrie, matches, parse_shared, valid_topic_filter
 from broker.core.retain import RetainedStore
 from broker.protocol import packets as P
 from broker.protocol import properties as PR
 from broker.protocol.codec import encode
+from mqtt_topics import TopicTrie, matches, parse_shared, valid_topic_filter
 from tests.sansio import Client, Clock, make  # noqa: F401 (Clock: imported from here by other tests)
 
 

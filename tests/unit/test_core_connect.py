@@ -12,9 +12,26 @@ from broker.protocol import packets as P
 from broker.protocol import properties as PR
 from broker.protocol import reason_codes as rc
 from broker.protocol.codec import encode
-from tests.sansio import (Client, ack, assert_served, bye, connect_bytes, exchange,
-                          expect_disconnect, lose, make, nothing, props, publish, publish_ok,
-                          recv_publish, recv_type, run_for, subscribe, until_closed)
+from tests.sansio import (
+    Client,
+    ack,
+    assert_served,
+    bye,
+    connect_bytes,
+    exchange,
+    expect_disconnect,
+    lose,
+    make,
+    nothing,
+    props,
+    publish,
+    publish_ok,
+    recv_publish,
+    recv_type,
+    run_for,
+    subscribe,
+    until_closed,
+)
 
 
 def connect(b, client_id="c", level=P.MQTT_5, expect_present=None, clean_start=True,

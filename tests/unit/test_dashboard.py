@@ -8,10 +8,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mqtt_topics import matches, valid_topic_filter, valid_topic_name
 from broker.dashboard import settings as dashboard_settings
 from broker.dashboard.history import BadRequest, check_filter, filter_regex, make_query
 from broker.dashboard.live import preview
+from mqtt_topics import matches, valid_topic_filter, valid_topic_name
 
 LEVEL = st.text(alphabet="ab$.*()[]\\^é+ \n", max_size=3)
 NAME_LEVEL = st.text(alphabet="ab$.*()[]\\^é \n", max_size=3)

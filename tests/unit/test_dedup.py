@@ -4,10 +4,21 @@ from __future__ import annotations
 import random
 
 import numpy as np
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from sink.history.dedup import (Ledger, LedgerStore, TaskFilter, contains, load_ledger, merge,
-                        offsets_key, parse_ids, to_intervals, write_task_summary)
+from sink.history.dedup import (
+    Ledger,
+    LedgerStore,
+    TaskFilter,
+    contains,
+    load_ledger,
+    merge,
+    offsets_key,
+    parse_ids,
+    to_intervals,
+    write_task_summary,
+)
 
 
 def _columns(ids: list) -> tuple:

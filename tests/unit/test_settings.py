@@ -19,8 +19,22 @@ from hypothesis import strategies as st
 
 import settings
 from settings import Config, ConfigError, ListenerConfig, SinkConfig, load, sections
-from settings.checks import (Bool, Check, duration_ms, Enum, HostPorts, IntList, Num, Pattern, Rule, Rules,
-                             Str, StrList, Table, connect_address)
+from settings.checks import (
+    Bool,
+    Check,
+    Enum,
+    HostPorts,
+    IntList,
+    Num,
+    Pattern,
+    Rule,
+    Rules,
+    Str,
+    StrList,
+    Table,
+    connect_address,
+    duration_ms,
+)
 from settings.load import apply_file
 from settings.tree import SECTIONS
 
@@ -120,7 +134,8 @@ TEXT = st.text(max_size=20)
 
 def valid(spec):
     """(strategy of valid file values, function giving the typed value the tree must hold)."""
-    same = (lambda v: v)
+    def same(v):
+        return v
     if isinstance(spec, Bool):
         return st.booleans(), same
     if isinstance(spec, Num):
