@@ -22,7 +22,7 @@ log = logging.getLogger("broker.server")
 
 
 class Server:
-    def __init__(self, config: Config, auth=None, hooks=()):
+    def __init__(self, config: Config, auth=None, hooks=()) -> None:
         """hooks: the persistence store, the sink, the cluster... (core/hooks.py), attached to
         the broker after auth; the server only calls their lifecycle events."""
         self.config = config
@@ -187,7 +187,7 @@ class Server:
 class ListenError(OSError):
     """A listener could not be opened: str() names which one, its address and why."""
 
-    def __init__(self, exc: OSError, what: str, host: str, port: int):
+    def __init__(self, exc: OSError, what: str, host: str, port: int) -> None:
         super().__init__(exc.errno, f"cannot listen on {host}:{port} for {what}: "
                          f"{exc.strerror or exc}")
         self.host, self.port = host, port

@@ -29,6 +29,7 @@ import logging
 import os
 import secrets as _random
 import stat
+from collections.abc import Callable
 
 from . import environment
 
@@ -73,7 +74,7 @@ def _read(path: str) -> str | None:
     return text or None
 
 
-def read_or_create(path: str, make, create: bool = True) -> str | None:
+def read_or_create(path: str, make: Callable[[], str], create: bool = True) -> str | None:
     """The secret in ``path``; when missing and ``create``, a new one from ``make()``, written
     0600 (in a 0700 directory) under a temporary name and linked into place, so concurrent
     starters agree on one secret and nobody reads a half-written file."""

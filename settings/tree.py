@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from dataclasses import MISSING, dataclass, field
+from typing import Any, Self
 
 from .checks import (
     COUNT,
@@ -39,7 +40,7 @@ from .checks import (
 )
 
 
-def key(default=MISSING, spec: Spec | None = None, *, factory=MISSING):
+def key(default: Any = MISSING, spec: Spec | None = None, *, factory: Any = MISSING) -> Any:
     """A field: its default (or factory, for a table) and, when the default's type does not say
     it all, what it accepts."""
     meta = {"check": spec} if spec is not None else {}
@@ -48,7 +49,7 @@ def key(default=MISSING, spec: Spec | None = None, *, factory=MISSING):
     return field(default=default, metadata=meta)
 
 
-def _inferred(default) -> Spec:
+def _inferred(default: object) -> Spec:
     if isinstance(default, bool):
         return Bool()
     if isinstance(default, int):
@@ -67,10 +68,10 @@ class Section:
 
     @classmethod
     def specs(cls) -> dict[str, Spec]:
-        return _specs(cls)
+        return _specs(cls)  # type: ignore[arg-type]  # a class is hashable; mypy reads Section.__hash__
 
     @classmethod
-    def from_table(cls, table: dict | None, source: str = "", name: str = ""):
+    def from_table(cls, table: dict[str, Any] | None, source: str = "", name: str = "") -> Self:
         """The section with table's keys checked (ConfigError naming the first bad one)."""
         section = cls()
         specs = {cls.TABLE: cls.specs()}
@@ -82,7 +83,7 @@ class Section:
     def to_table(self) -> dict:
         """The TOML table that loads back into this section (None: key left out)."""
         out = {}
-        for f in dataclasses.fields(self):
+        for f in dataclasses.fields(self):  # type: ignore[arg-type]  # its subclasses are dataclasses
             value = getattr(self, f.name)
             if "section" in f.metadata or value is None:
                 continue
@@ -93,17 +94,18 @@ class Section:
 
 
 @functools.cache
-def _specs(cls) -> dict[str, Spec]:
+def _specs(cls: Any) -> dict[str, Spec]:
+    """{key: Spec} of a Section subclass (a dataclass)."""
     out = {}
     for f in dataclasses.fields(cls):
         if "section" in f.metadata:
             continue
-        default = f.default if f.default is not MISSING else f.default_factory()
+        default = f.default if f.default is not MISSING else f.default_factory()  # type: ignore[operator]  # one or the other
         out[f.name] = f.metadata.get("check") or _inferred(default)
     return out
 
 
-def section(cls):
+def section(cls: type[Section]) -> Any:
     return field(default_factory=cls, metadata={"section": cls})
 
 
@@ -377,9 +379,9 @@ class Config(Section):
     cluster: ClusterConfig = section(ClusterConfig)
     listeners: list = field(default_factory=list, metadata={"section": ListenerConfig})
 
-    def to_tables(self) -> dict:
+    def to_tables(self) -> dict[str, Any]:
         """The config file (as a dict) that loads back into this tree."""
-        out = {"broker": self.to_table()}
+        out: dict[str, Any] = {"broker": self.to_table()}
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             if isinstance(value, Section):

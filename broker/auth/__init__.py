@@ -66,7 +66,7 @@ class AccessControl(Hook):
                  cache_seconds: float = _DEFAULT.cache_seconds,
                  reload_interval: float = _DEFAULT.reload_interval,
                  decision_cache_size: int = _DEFAULT.decision_cache_size,
-                 client_id_pattern: str = _DEFAULT.client_id_pattern, clock=time.monotonic):
+                 client_id_pattern: str = _DEFAULT.client_id_pattern, clock=time.monotonic) -> None:
         if allow_anonymous is None:
             allow_anonymous = not password_file
         if not allow_anonymous and not password_file:

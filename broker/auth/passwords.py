@@ -103,7 +103,7 @@ class Hash:
     "scrypt" or "7" (then `n` is the iteration count)."""
     __slots__ = ("kind", "n", "r", "p", "salt", "digest", "text")
 
-    def __init__(self, text: str):
+    def __init__(self, text: str) -> None:
         parts = text.split("$")
         if len(parts) == 5 and not parts[0] and parts[1] == "7":
             kind, numbers, encoded = "7", parts[2:3], parts[3:]
@@ -218,7 +218,7 @@ class PasswordFile:
     """The users of a password file, re-read when it changes, with a verification cache."""
 
     def __init__(self, path: str, reload_interval: float = 2.0, cache_seconds: float = 120.0,
-                 cache_max_entries: int = 100_000, clock=time.monotonic):
+                 cache_max_entries: int = 100_000, clock=time.monotonic) -> None:
         self.path = path
         self.reload_interval = reload_interval
         self.cache_seconds = cache_seconds

@@ -24,7 +24,7 @@ log = logging.getLogger("broker.dashboard.history_worker")
 
 
 class Worker:
-    def __init__(self, url: str):
+    def __init__(self, url: str) -> None:
         self.url = url
         self._spark = None
 

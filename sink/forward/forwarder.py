@@ -125,7 +125,7 @@ class Checkpoint(NamedTuple):
 class SpoolSource:
     """The on-disk spool, with checkpointing and segment retention."""
 
-    def __init__(self, spool_dir: str, retain_max_bytes: int, shard: int = 0, shards: int = 1):
+    def __init__(self, spool_dir: str, retain_max_bytes: int, shard: int = 0, shards: int = 1) -> None:
         self.dir = spool_dir
         self.shard, self.shards = shard, shards
         self.ckpt_name = checkpoint_name(shard, shards)
@@ -233,7 +233,7 @@ class MemorySource:
     """durability = "none": records only in memory (this process), same interface.
     Positions are cumulative bytes; forwarded records are kept for the replay window."""
 
-    def __init__(self, retain_max_bytes: int):
+    def __init__(self, retain_max_bytes: int) -> None:
         self._lock = threading.Lock()
         # (start, end, seq, payload) like a SpoolEntry, as a plain tuple: built on the event loop
         self._items: list[tuple[int, int, int, bytes]] = []
@@ -336,7 +336,7 @@ def _start(item: tuple) -> int:
 # Control channels
 # ---------------------------------------------------------------------------
 class ThreadControl:
-    def __init__(self):
+    def __init__(self) -> None:
         self._ev = threading.Event()
         self._cmds: collections.deque = collections.deque()
 
@@ -360,7 +360,7 @@ class ThreadControl:
 class PipeControl:
     """stdin of the forwarder process: command bytes; EOF = parent gone."""
 
-    def __init__(self, fd: int):
+    def __init__(self, fd: int) -> None:
         self.fd = fd
         os.set_blocking(fd, False)
 
@@ -450,7 +450,7 @@ class Forwarder:
                  shard: int = 0, shards: int = 1, keep_until: str = "kafka",
                  committed_file: str | None = None, chunk_records: int = 2000,
                  linger_ms: float | None = None, sink_key: bytes | None = None,
-                 embedded: bool = False, stale_after: float = 120.0, job_file: str | None = None):
+                 embedded: bool = False, stale_after: float = 120.0, job_file: str | None = None) -> None:
         # -- configuration
         self.source = source
         self.control = control

@@ -64,7 +64,7 @@ def committed_file(cfg: SinkConfig, history: HistoryConfig | None) -> str:
 
 class Sink:
     def __init__(self, cfg: SinkConfig | dict | None, data_dir: str,
-                 history: HistoryConfig | None = None):
+                 history: HistoryConfig | None = None) -> None:
         self.cfg = normalize_config(cfg, data_dir)
         self.committed_file = committed_file(self.cfg, history) if self.cfg.keep_until == "history" else None
         self.data_dir = data_dir

@@ -202,7 +202,7 @@ class Registration(threading.Thread):
     lowest priority: at the job's start it took the CPU the job's Python processes needed to
     start within Spark's fixed 10 s. A job that stops first ends it."""
 
-    def __init__(self, hist: HistoryConfig, delay: float = 60.0):
+    def __init__(self, hist: HistoryConfig, delay: float = 60.0) -> None:
         super().__init__(name="catalog-registration", daemon=True)
         self.hist, self.delay = hist, delay
         self.proc: subprocess.Popen | None = None

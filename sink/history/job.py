@@ -31,14 +31,23 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import FrameType
+from typing import Any
 
 from settings import HistoryConfig, SinkConfig
 from sink.history.paths import is_local_path
 from sink.history.paths import local as _local
 
 log = logging.getLogger("sink.job")
+
+# pyspark's objects (pyspark is imported only where Spark runs)
+Spark = Any           # a SparkSession
+DataFrame = Any       # a (streaming) DataFrame
+StreamingQuery = Any
+Flag = tuple[str, str, Any, str]   # (section, key, value, the flag that set it)
 
 QUERY_NAME = "mqtt_history"
 SOURCE_MARKER = "sink_source"  # file in the checkpoint: which Kafka reader it was made with
@@ -68,7 +77,7 @@ class Job:
     embedded_kafka: bool = False  # the broker's embedded Kafka (empty after each restart: routine)
 
     @classmethod
-    def of(cls, **values) -> "Job":
+    def of(cls, **values: Any) -> Job:
         """A Job from keywords: its own fields, the rest [history] keys (tests, benchmarks)."""
         own = {k: values.pop(k) for k in list(values) if k in cls.__dataclass_fields__}
         return cls(history=HistoryConfig(**values), **own)
@@ -101,7 +110,8 @@ class Job:
         return self
 
 
-def load_job(path: str | None, flags=(), available_now: bool = False) -> tuple[Job, list[str]]:
+def load_job(path: str | None, flags: Iterable[Flag] = (),
+             available_now: bool = False) -> tuple[Job, list[str]]:
     """The job from the broker's config file (no file: the tree's defaults) and flags
     ((section, key, value, flag) tuples, checked as the keys they set), and notes to log: every
     key is checked the way the broker checks it (settings.ConfigError: one line naming the key).
@@ -187,7 +197,7 @@ FLAG_KEYS = {"kafka_bootstrap": ("sink", "bootstrap_servers"), "table": ("histor
              "connect_port": ("history", "connect_port"), "nice": ("history", "nice")}
 
 
-def flags_of(args) -> list[tuple]:
+def flags_of(args: argparse.Namespace) -> list[Flag]:
     """The keys the command line sets, as (section, key, value, flag) for the tree to check."""
     flags = [(*key, getattr(args, dest), "--" + dest.replace("_", "-"))
              for dest, key in FLAG_KEYS.items() if getattr(args, dest, None) is not None]
@@ -200,7 +210,7 @@ def flags_of(args) -> list[tuple]:
     return flags
 
 
-def config_from_args(argv=None) -> tuple[Job, argparse.Namespace]:
+def config_from_args(argv: Sequence[str] | None = None) -> tuple[Job, argparse.Namespace]:
     args = build_parser().parse_args(argv)
     if not isinstance(logging.getLevelName(args.log_level.upper()), int):
         raise UsageError(f"--log-level must be DEBUG, INFO, WARNING or ERROR, not {args.log_level!r}")
@@ -230,7 +240,7 @@ def table_notes(configured: HistoryConfig, used: HistoryConfig, keep_until: str,
 
 # ---- building the query ------------------------------------------------------------------
 
-def _native_kafka_available(spark, job: Job):
+def _native_kafka_available(spark: Spark, job: Job) -> DataFrame | None:
     """Try Spark's kafka source. Returns the streaming DataFrame, or None when the
     spark-sql-kafka connector is not on the classpath (KAFKA_DATA_SOURCE_NOT_ENABLED)."""
     from pyspark.errors import AnalysisException
@@ -263,7 +273,7 @@ def dedup_in_source(job: Job) -> bool:
     return not (offsets.is_dir() and any(offsets.iterdir()))  # a new checkpoint
 
 
-def _python_kafka(spark, job: Job, dedup: bool):
+def _python_kafka(spark: Spark, job: Job, dedup: bool) -> DataFrame:
     from sink.history.source import FORMAT_NAME, KafkaPythonSource
     if not getattr(spark, "_mqtt_kafka_registered", False):
         spark.dataSource.register(KafkaPythonSource)
@@ -294,7 +304,7 @@ def _recorded_source(checkpoint: str) -> str | None:
         return None
 
 
-def kafka_stream(spark, job: Job, dedup: bool = False):
+def kafka_stream(spark: Spark, job: Job, dedup: bool = False) -> tuple[DataFrame, str]:
     """(streaming DataFrame of Kafka records, "kafka"|"python"); ``dedup``: the Python source
     drops duplicate ids (dedup_in_source)."""
     wanted = job.history.source
@@ -325,7 +335,7 @@ def kafka_stream(spark, job: Job, dedup: bool = False):
     return _python_kafka(spark, job, dedup), "python"
 
 
-def build_history_stream(kafka_df, dedup_window: str = _HISTORY.dedup_window,
+def build_history_stream(kafka_df: DataFrame, dedup_window: str = _HISTORY.dedup_window,
                          deduplicated: bool = False):
     """Kafka records -> history rows with duplicate message ids removed (by Spark's operator,
     unless the source did it: ``deduplicated``)."""
@@ -348,7 +358,7 @@ PARQUET_OPTIONS = {
 }
 
 
-def start_query(spark, job: Job):
+def start_query(spark: Spark, job: Job) -> tuple[StreamingQuery, str]:
     """Start the streaming query (file sink + checkpoint). Returns (query, source used)."""
     from sink.history.schema import PARTITION_COLUMN
     spark.conf.set("spark.sql.session.timeZone", "UTC")  # `date` is the UTC day
@@ -389,7 +399,7 @@ def start_query(spark, job: Job):
 
 # ---- progress ------------------------------------------------------------------------------
 
-def _offsets(value) -> dict[str, int]:
+def _offsets(value: Any) -> dict[str, int]:
     """{"topic-p": offset} from either source's offset JSON."""
     if not value:
         return {}
@@ -433,7 +443,7 @@ def describe_progress(p: dict) -> str:
 
 # ---- what the table has committed (sink/progress.py: read by the broker's spool) -------------
 
-def committed_offsets(end_offsets) -> dict[str, dict]:
+def committed_offsets(end_offsets: Iterable[object]) -> dict[str, dict[str, Any]]:
     """{kafka_topic: {"topic_id", "offsets": {partition: next offset}}} from the end offsets of
     a committed micro-batch: one JSON (str or dict) per source, either sink.history.source's
     ({"t": {topic: {p: n}}, "ids": {topic: id}}) or Spark's Kafka connector's ({topic: {p: n}},
@@ -470,7 +480,7 @@ def committed_from_checkpoint(checkpoint: str) -> tuple[int, dict] | None:
     return max(batches), committed_offsets([ln for ln in lines[2:] if ln.strip()])
 
 
-def _report_commits(spark, job: Job, query) -> None:
+def _report_commits(spark: Spark, job: Job, query: StreamingQuery) -> None:
     """Keep ``progress.committed_path(table, checkpoint)`` up to date from the checkpoint's
     commit log: now (a job killed between a commit and its report catches up) and then at every
     poll of run() (``query._commit_catch_up``), so within a poll interval of each commit.
@@ -501,7 +511,7 @@ def _report_commits(spark, job: Job, query) -> None:
     _hard_exit_hooks.append(catch_up)
 
 
-def committed_key(job: Job):
+def committed_key(job: Job) -> Callable[[], bytes | None]:
     """A function giving the key that signs the committed file, once the broker made its secret
     (a job started first writes unsigned files, which the broker ignores, until then)."""
     from settings import secrets
@@ -541,7 +551,7 @@ def announce(job: Job) -> None:
         log.warning("cannot write %s in %s: %s", JOB_FILE, job.data_dir, exc)
 
 
-def progress_since(query, after: int) -> list[dict]:
+def progress_since(query: StreamingQuery, after: int) -> list[dict[str, Any]]:
     """The query's progress reports with a batchId above ``after``, oldest first, as dicts.
     PySpark's ``recentProgress`` renders every retained report (up to 100) as JSON on each call;
     this walks the JVM's list from the newest back and renders only the new ones."""
@@ -559,7 +569,7 @@ def progress_since(query, after: int) -> list[dict]:
     return out
 
 
-def run(spark, job: Job, stop_event: threading.Event | None = None,
+def run(spark: Spark, job: Job, stop_event: threading.Event | None = None,
         poll_seconds: float = 1.0) -> int:
     """Run the query until it ends (available-now) or stop_event is set. Returns an exit code."""
     stop_event = stop_event or threading.Event()
@@ -572,7 +582,7 @@ def run(spark, job: Job, stop_event: threading.Event | None = None,
     registration = None if job.available_now else catalog.start_registration(job.history)
     last_batch, last_idle_log = -1, time.monotonic()
 
-    def report():
+    def report() -> None:
         nonlocal last_batch, last_idle_log
         for p in progress_since(query, last_batch):  # only batches after last_batch
             last_batch = p["batchId"]
@@ -620,7 +630,7 @@ RESTART = 75      # run()'s answer to such a failure (EX_TEMPFAIL)
 RESTARTS = 5
 
 
-def run_restarting(spark, job: Job, stop: threading.Event) -> int:
+def run_restarting(spark: Spark, job: Job, stop: threading.Event) -> int:
     """run(), started again (with the same checkpoint: exactly once holds) after a failure in
     TRANSIENT_FAILURES, up to RESTARTS times in a row, waiting a little longer each time."""
     for attempt in range(1, RESTARTS + 1):
@@ -634,7 +644,7 @@ def run_restarting(spark, job: Job, stop: threading.Event) -> int:
     return 1
 
 
-def _short_error(exc) -> str:
+def _short_error(exc: object) -> str:
     """The useful lines of a StreamingQueryException (our own messages, not the JVM stack)."""
     text = str(exc)
     for marker in ("ConnectionError:", "TimeoutError:", "ValueError:", "RuntimeError:"):
@@ -683,7 +693,7 @@ def check_connect_port(job: Job) -> None:
                 "([history] connect = false)") from None
 
 
-def serve_connect(spark, job: Job) -> None:
+def serve_connect(spark: Spark, job: Job) -> None:
     """Start the Spark Connect server in this session's SparkContext (the table ``messages`` is
     in its catalog already: sink/history/catalog.py) and say where to connect."""
     if not connect_enabled(job):
@@ -791,13 +801,13 @@ def set_autogroup_nice(nice: int, attempts: int = 10) -> bool:
 _hard_exit_hooks: list = []   # run before a third signal ends the job at once
 
 
-def stop_on_signals(stop: threading.Event):
+def stop_on_signals(stop: threading.Event) -> Callable[[int, FrameType | None], None]:
     """The SIGINT/SIGTERM handler: the first asks for a clean stop; the next one (Ctrl-C
     twice, or a terminal's SIGINT followed by a supervisor's SIGTERM) only says that the stop is
     under way; a third exits at once, after reporting the last committed batch to the broker."""
     count = [0]
 
-    def on_signal(signum, _frame):
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
         name = signal.Signals(signum).name
         count[0] += 1
         if count[0] == 1:
@@ -820,7 +830,7 @@ def stop_on_signals(stop: threading.Event):
     return on_signal
 
 
-def main(argv=None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     from settings import ConfigError
     from settings import report as report_config_error
     try:
@@ -865,7 +875,9 @@ def main(argv=None) -> int:
         conf = connect_conf(job)
         if conf and job.data_dir:   # clients need the token (settings/secrets.py)
             from settings import secrets
-            conf["spark.connect.authenticate.token"] = secrets.connect_token(job.data_dir, create=True)
+            token = secrets.connect_token(job.data_dir, create=True)
+            assert token is not None   # made when missing (create=True)
+            conf["spark.connect.authenticate.token"] = token
         spark = get_spark("mqtt-history-job", conf={
             **({} if launched_by_spark_submit() else JOB_LOCAL_CONF),
             **conf, **catalog.session_conf(job.history),

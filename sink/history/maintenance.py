@@ -129,7 +129,7 @@ class Maintainer(threading.Thread):
     """The job's maintenance thread: a pass every ``settings.check_seconds``."""
 
     def __init__(self, spark, table: Table, settings: Settings,
-                 parquet_options: dict | None = None):
+                 parquet_options: dict | None = None) -> None:
         super().__init__(name="history-maintenance", daemon=True)
         self.spark, self.table, self.settings = spark, table, settings
         self.parquet_options = parquet_options

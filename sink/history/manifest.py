@@ -186,7 +186,7 @@ class Table:
     """The commit log of one history table directory."""
 
     def __init__(self, path: str | os.PathLike, delete_delay_ms: int = DELETE_DELAY_MS,
-                 clock: Callable[[], int] = now_ms):
+                 clock: Callable[[], int] = now_ms) -> None:
         p = str(path)
         self.root = Path(p[len("file://"):] if p.startswith("file://") else p).absolute()
         self.delete_delay_ms = delete_delay_ms

@@ -231,7 +231,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     # process beside the driver, so the reader may keep state between calls (the AvailableNow
     # target, the latest offsets for progress reports). read() runs in executors.
 
-    def __init__(self, opts: SourceOptions, schema=None):
+    def __init__(self, opts: SourceOptions, schema=None) -> None:
         _ensure_logging()
         self.opts = opts
         self.schema = schema or (HEADER_COLUMNS_SCHEMA if opts.columns else KAFKA_SCHEMA)
@@ -546,7 +546,7 @@ class _PartitionFetcher:
 
     MAX_BYTES = 8 * 1024 * 1024
 
-    def __init__(self, opts: SourceOptions, topic: str, partition: int):
+    def __init__(self, opts: SourceOptions, topic: str, partition: int) -> None:
         self.opts, self.topic, self.partition = opts, topic, partition
         self.c = None
 

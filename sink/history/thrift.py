@@ -71,7 +71,7 @@ class _Checker:
     class Java:
         implements = ["mqtthistory.PasswordCheck"]
 
-    def __init__(self, path: str):
+    def __init__(self, path: str) -> None:
         from broker.auth.passwords import PasswordFile
         self.passwords = PasswordFile(path)
 

@@ -39,7 +39,7 @@ class BatchWriter:
     """``foreachBatch`` function writing micro-batches into ``table`` exactly once."""
 
     def __init__(self, table: Table, checkpoint: str, parquet_options: dict | None = None,
-                 retention_ms: int | None = None):
+                 retention_ms: int | None = None) -> None:
         self.table = table
         self.checkpoint = checkpoint
         self.parquet_options = dict(parquet_options or {})
