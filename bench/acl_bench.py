@@ -13,11 +13,11 @@ import tempfile
 import time
 
 from broker.auth import AccessControl
-from settings import MQTTConfig
 from broker.core.broker import Broker
 from broker.core.connection import Connection
 from broker.protocol import packets as P
 from broker.protocol.codec import encode
+from settings import MQTTConfig
 
 ACLS = {
     "no ACL": None,

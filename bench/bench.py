@@ -394,7 +394,8 @@ def print_report(summary, names, a):
                 ok = ""
                 if k == "p99" and o is not None:
                     ok = "yes" if o < P99_TARGET_MS else "NO"
-                print(f"{'  ' + k:<{W}} {fmt_num(o, 3):>14} {fmt_num(m, 3):>14} {fmt_num(ratio, 2):>10} {tgt:>10}  {ok}")
+                print(f"{'  ' + k:<{W}} {fmt_num(o, 3):>14} {fmt_num(m, 3):>14} "
+                      f"{fmt_num(ratio, 2):>10} {tgt:>10}  {ok}")
         elif sc == "conns":
             o = per.get(ours, {}).get("kib_per_conn")
             m = per.get(mosq, {}).get("kib_per_conn")
@@ -427,7 +428,8 @@ def print_report(summary, names, a):
                 deliv = f"{g['alive_at_measure']:,} alive, {fmt_num(g['connects_per_s'])} conn/s"
             lg = g.get("loadgen_cpu")
             print(f"{sc:<26} {b:<10} {fmt_num((g.get('broker_cpu') or 0) * 100):>7}% "
-                  f"{fmt_num((g.get('broker_core_other') or 0) * 100):>5}% {fmt_num((lg or 0) * 100):>6}% {fmt_num(g.get('loadgen_cpu_max', 0) * 100):>6}% "
+                  f"{fmt_num((g.get('broker_core_other') or 0) * 100):>5}% {fmt_num((lg or 0) * 100):>6}% "
+                  f"{fmt_num(g.get('loadgen_cpu_max', 0) * 100):>6}% "
                   f"{fmt_num(g.get('sent_per_s')):>11} {deliv:>24} {fmt_num(g['rss_peak_kib'] / 1024, 1):>8}MiB")
             if g.get("broker_us_per_connect") is not None:
                 print(f"{'':<26} {'':<10} broker CPU {g['broker_us_per_connect']:.1f} us per connect (accept, "

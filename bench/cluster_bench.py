@@ -22,7 +22,6 @@ import argparse
 import json
 import os
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -84,7 +83,7 @@ class Node:
                 break
             except OSError:
                 if self.proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"node {node_id} did not start (see {d}/broker.log)")
+                    raise RuntimeError(f"node {node_id} did not start (see {d}/broker.log)") from None
                 time.sleep(0.1)
 
     def stop(self, kill: bool = False) -> None:
@@ -197,7 +196,8 @@ def bench_takeover(kafka, tmp, rounds):
     print("| | p50 ms | p99 ms | max ms |")
     print("|---|---|---|---|")
     print(f"| new CONNACK on node 2 | {ms(connack, .5):.1f} | {ms(connack, .99):.1f} | {max(connack) * 1000:.1f} |")
-    print(f"| DISCONNECT 0x8E on node 1 | {ms(disconnect, .5):.1f} | {ms(disconnect, .99):.1f} | {max(disconnect) * 1000:.1f} |")
+    print(f"| DISCONNECT 0x8E on node 1 | {ms(disconnect, .5):.1f} | {ms(disconnect, .99):.1f} "
+          f"| {max(disconnect) * 1000:.1f} |")
     return {"connack_ms": [round(x * 1000, 2) for x in connack],
             "disconnect_ms": [round(x * 1000, 2) for x in disconnect]}
 

@@ -25,12 +25,12 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from broker.config import Config  # noqa: E402
 from broker.protocol import packets as P  # noqa: E402
 from broker.protocol.codec import encode  # noqa: E402
 from broker.server import Server  # noqa: E402
-from broker.transport.eventloop import install_uvloop  # noqa: E402
 from broker.transport.connection_protocol import MQTTProtocol  # noqa: E402
+from broker.transport.eventloop import install_uvloop  # noqa: E402
+from settings import Config  # noqa: E402
 
 
 class Transport:

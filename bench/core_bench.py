@@ -17,12 +17,11 @@ import subprocess
 import sys
 import time
 
-from settings import MQTTConfig
 from broker.core.broker import Broker
 from broker.core.connection import Connection
 from broker.protocol import packets as P
 from broker.protocol.codec import encode
-
+from settings import MQTTConfig
 
 SCENARIOS = {"qos0_fanin": (1, 0, False), "qos0_fanout": (100, 0, False),
              "qos1_fanin": (1, 1, False), "qos1_acked": (1, 1, True)}

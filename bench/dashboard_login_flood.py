@@ -32,6 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from auth_flood import cpu_seconds  # noqa: E402  (bench/auth_flood.py, beside this file)
+
 from broker.admin.accounts import set_account  # noqa: E402
 from broker.auth import hash_password  # noqa: E402
 from tests.conftest import BrokerProcess, free_port, wait_port  # noqa: E402

@@ -41,6 +41,7 @@ sys.path.insert(0, ROOT)
 
 from kafka_client.embedded import EmbeddedKafka  # noqa: E402
 from kafka_client.record import encode_message  # noqa: E402
+from settings import SinkConfig  # noqa: E402
 from sink.forward.spool import SpoolWriter  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
@@ -139,10 +140,9 @@ def run_once(code: str, args) -> dict:
     env = dict(os.environ, PYTHONPATH=code)
     proc = subprocess.Popen([sys.executable, "-m", "sink.forward.forwarder"], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, env=env, cwd=code)
-    cfg = dict(spool_dir=spool, bootstrap=k.bootstrap, kafka={}, keep_until="kafka", committed_file=None,
-               replay_window_seconds=3600, replay_window_messages=1_000_000, max_inflight=10000,
-               drain_timeout=5.0, retain_max_bytes=1 << 30, log_level=40)
-    proc.stdin.write(json.dumps(cfg).encode() + b"\n")
+    setup = {"sink": SinkConfig().to_table(),     # the [sink] defaults, as the broker sends them
+             "runtime": dict(spool_dir=spool, data_dir="", bootstrap=k.bootstrap, log_level=40)}
+    proc.stdin.write(json.dumps(setup).encode() + b"\n")
     proc.stdin.flush()
     stop = threading.Event()
 

@@ -140,11 +140,11 @@ def main() -> int:
         with open(path, "wb") as f:
             f.write(raw)
     manifest._write_synced = _write
+    from kafka_client.embedded import free_port
     from sink.history.compaction import Policy, plan, run_task
     from sink.history.job import PARQUET_OPTIONS
     from sink.history.manifest import Change, Table
     from sink.history.spark import get_spark
-    from kafka_client.embedded import free_port
 
     root = Path(args.table or tempfile.mkdtemp(prefix="history-month-")) / "history"
     port = free_port()

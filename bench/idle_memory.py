@@ -26,7 +26,7 @@ REPO = os.path.dirname(HERE)
 CHILD = r"""
 import asyncio, sys, tracemalloc, gc, resource
 sys.path.insert(0, sys.argv[1])
-from broker.config import Config
+from settings import Config
 from broker.server import Server
 from broker.transport.eventloop import install_uvloop
 install_uvloop()
@@ -65,8 +65,8 @@ async def main():
     print(f"{total / n:.0f} bytes per idle connection ({n} connections, Python heap, tracemalloc)")
     for s in sorted(stats, key=lambda s: -s.size_diff)[:top]:
         frames = [f for f in s.traceback if "tracemalloc" not in f.filename][-3:]
-        where = " <- ".join(f"{os.path.relpath(f.filename, sys.argv[1]) if f.filename.startswith(sys.argv[1]) else os.path.basename(f.filename)}:{f.lineno}"
-                            for f in reversed(frames))
+        where = " <- ".join(f"{os.path.relpath(f.filename, sys.argv[1]) if f.filename.startswith(sys.argv[1])
+                                else os.path.basename(f.filename)}:{f.lineno}" for f in reversed(frames))
         print(f"{s.size_diff / n:8.0f} B/conn  {where}")
     print("END", flush=True)
     await server.stop()

@@ -83,7 +83,7 @@ def show(title: str, pid: int) -> None:
 
 def nmt(pid: int) -> None:
     """The JVM's committed memory by area (jcmd VM.native_memory summary), for each JVM."""
-    for depth, p, _, _, what in tree(pid):
+    for _depth, p, _, _, what in tree(pid):
         if what.startswith("JVM"):
             out = subprocess.run(["jcmd", str(p), "VM.native_memory", "summary"],
                                  capture_output=True, text=True).stdout

@@ -514,7 +514,8 @@ class Meter:
 
     def snap(self):
         ru = resource.getrusage(resource.RUSAGE_SELF)
-        return time.perf_counter(), ru.ru_utime + ru.ru_stime, self.broker_cpu(), ru.ru_utime, self.steal(), self.core_busy()
+        return (time.perf_counter(), ru.ru_utime + ru.ru_stime, self.broker_cpu(), ru.ru_utime, self.steal(),
+                self.core_busy())
 
     @staticmethod
     def util(a, b):

@@ -33,11 +33,11 @@ import argparse
 import asyncio
 import json
 import os
+import resource
 import shutil
 import signal
 import subprocess
 import sys
-import resource
 import tempfile
 import time
 
@@ -47,6 +47,7 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, HERE)
 
 from loadgen import Client, Subscriber, connect, make_payload, percentile, publish_packet  # noqa: E402
+
 from kafka_client.embedded import EmbeddedKafka, free_port  # noqa: E402
 
 PY = sys.executable

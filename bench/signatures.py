@@ -14,10 +14,10 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from settings import secrets  # noqa: E402
 from kafka_client.record import build_batch, encode_message, entry_fields, sign_body  # noqa: E402
-from sink.history.verify import Verdicts, signed  # noqa: E402
 from kafka_client.recordbatch import decode  # noqa: E402
+from settings import secrets  # noqa: E402
+from sink.history.verify import Verdicts, signed  # noqa: E402
 
 
 def main() -> None:

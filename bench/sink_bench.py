@@ -1,6 +1,7 @@
 """Sink throughput / latency benchmark (a script, not a test).
 
-    .venv/bin/python bench/sink_bench.py [--records 30000] [--payload 200] [--modes spool-process,spool-thread,none-thread]
+    .venv/bin/python bench/sink_bench.py [--records 30000] [--payload 200]
+                                         [--modes spool-process,spool-thread,none-thread]
 
 For each mode, against a real (embedded Tansu) Kafka:
 

@@ -31,6 +31,7 @@ sys.path.insert(0, HERE)
 
 from loadgen import Client, connect, make_payload, publish_packet, subscribe_packet  # noqa: E402
 from pipeline import TableCounter, cmdline, descendants, offer, wait_port  # noqa: E402
+
 from kafka_client.embedded import free_port  # noqa: E402
 
 PY = sys.executable

@@ -32,8 +32,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from sink.history.job import JobConfig, progress_since, start_query  # noqa: E402
 from kafka_client.embedded import EmbeddedKafka  # noqa: E402
+from sink.history.job import Job, progress_since, start_query  # noqa: E402
 
 TOPIC = "mqtt.messages"
 
@@ -129,7 +129,7 @@ def cpu_per_record(spark, kafka, n: int, batch: int, source: str, work: Path,
     the end of the last one."""
     exclude = {kafka.proc.pid}
     fill = prefill(kafka.bootstrap, n, payload, "cpu", forwarder_shape=True)
-    cfg = JobConfig(bootstrap=kafka.bootstrap, table=str(work / "cpu"), trigger_seconds=1,
+    cfg = Job.of(bootstrap=kafka.bootstrap, table=str(work / "cpu"), trigger_seconds=1,
                     source=source, max_records_per_trigger=batch)
     query, used = start_query(spark, cfg)
     snaps, rows, deadline = {}, 0, time.monotonic() + 1800
@@ -168,14 +168,14 @@ def cpu_per_record(spark, kafka, n: int, batch: int, source: str, work: Path,
     print("  query durations (ms per batch): " +
           ", ".join(f"{k} {v / len(counted):.0f}"
                     for k, v in sorted(durs.items(), key=lambda kv: -kv[1])), flush=True)
-    files = list(Path(cfg.table).rglob("*.parquet"))
+    files = list(Path(cfg.history.table).rglob("*.parquet"))
     print(f"  {len(files)} Parquet files, {sum(f.stat().st_size for f in files) / 1e6:.1f} MB",
           flush=True)
 
 
 def idle_cpu(spark, kafka, trigger: float, source: str, work: Path, seconds: float = 30) -> None:
     """CPU the running job costs with nothing to read."""
-    cfg = JobConfig(bootstrap=kafka.bootstrap, table=str(work / "cpu-idle"), source=source,
+    cfg = Job.of(bootstrap=kafka.bootstrap, table=str(work / "cpu-idle"), source=source,
                     trigger_seconds=trigger, starting_offsets="latest")
     query, _ = start_query(spark, cfg)
     try:
@@ -197,7 +197,7 @@ def idle_cpu(spark, kafka, trigger: float, source: str, work: Path, seconds: flo
 def throughput(spark, kafka, n: int, payload: int, source: str, label: str, work: Path) -> float:
     fill = prefill(kafka.bootstrap, n, payload, label)
     # Each run reads the whole topic into a new table: count what is in Kafka now.
-    cfg = JobConfig(bootstrap=kafka.bootstrap, table=str(work / f"tp-{label}"),
+    cfg = Job.of(bootstrap=kafka.bootstrap, table=str(work / f"tp-{label}"),
                     available_now=True, source=source)
     t = time.monotonic()
     query, used = start_query(spark, cfg)
@@ -214,8 +214,9 @@ def throughput(spark, kafka, n: int, payload: int, source: str, label: str, work
 
 def latency(spark, kafka, samples: int, trigger: float, source: str, work: Path) -> list[float]:
     from kafka import KafkaProducer
+
     from sink.history.query import run_sql
-    cfg = JobConfig(bootstrap=kafka.bootstrap, table=str(work / "latency"),
+    cfg = Job.of(bootstrap=kafka.bootstrap, table=str(work / "latency"),
                     trigger_seconds=trigger, source=source, starting_offsets="latest")
     query, _ = start_query(spark, cfg)
     prod = KafkaProducer(bootstrap_servers=kafka.bootstrap, acks="all", linger_ms=0)
@@ -233,8 +234,8 @@ def latency(spark, kafka, samples: int, trigger: float, source: str, work: Path)
                                ("mqtt.qos", b"1"), ("mqtt.retain", b"0"), ("mqtt.protocol", b"5")]
                       ).get(30)
             while time.monotonic() - sent < 120:
-                if (Path(cfg.table) / "_spark_metadata").is_dir() and run_sql(
-                        spark, cfg.table, f"SELECT 1 FROM messages WHERE message_id = '{mid}'"):
+                if (Path(cfg.history.table) / "_spark_metadata").is_dir() and run_sql(
+                        spark, cfg.history.table, f"SELECT 1 FROM messages WHERE message_id = '{mid}'"):
                     break
                 time.sleep(0.25)
             out.append(time.monotonic() - sent)

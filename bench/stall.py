@@ -32,10 +32,10 @@ Scenarios (all within the defaults; each packet is built from the broker's own s
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import socket
 import statistics
 import sys
-import multiprocessing
 import tempfile
 import time
 from pathlib import Path

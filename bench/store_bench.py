@@ -9,11 +9,11 @@ import resource
 import tempfile
 import time
 
-from settings import MQTTConfig
 from broker.core.broker import Broker
 from broker.core.message import Message
 from broker.core.session import Session, Subscription
 from broker.store.sqlite import Store
+from settings import MQTTConfig
 
 
 def main():
@@ -39,7 +39,7 @@ def main():
         store.save_session(s)
         store.save_subscription(s.client_id, Subscription(f"devices/{i}/#", f"devices/{i}/#", None,
                                                           1, False, False, 0, None, s))
-        for j in range(a.queued):
+        for _ in range(a.queued):
             store.enqueue(s.client_id, shared, 1, False, None)
     store.commit()
     t_ses = time.perf_counter() - t0

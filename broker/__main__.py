@@ -11,10 +11,9 @@ import re
 import sys
 
 import settings
-from settings import one_line
+from settings import environment, one_line
 from settings import report as report_config_error
 
-from . import config as config_mod
 from .server import serve
 from .transport.eventloop import install_uvloop
 
@@ -25,7 +24,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="python -m broker",
         description="MQTT 3.1/3.1.1/5.0 broker. Settings: defaults < --config FILE < "
-                    "MQTT_BROKER_* environment < command-line flags.")
+                    "MQTT_BROKER_* environment < command-line flags.",
+        formatter_class=environment.HelpFormatter, epilog=environment.epilog(environment.BROKER))
     p.add_argument("--host", help="address to listen on (default 127.0.0.1: this machine only; "
                                   "0.0.0.0 for every interface, then see [auth] in the README)")
     p.add_argument("--port", type=int, help="MQTT TCP port (default 1883)")
@@ -59,6 +59,18 @@ def build_config(args) -> settings.Config:
     if args.no_sink:
         flags.append(("sink", "enabled", False, "--no-sink"))
     return settings.load(args.config, sets=args.set, flags=flags)
+
+
+def check_tls_files(cfg: settings.Config) -> None:
+    """Load every TLS listener's certificate once, so a bad file stops the broker before it
+    starts (ConfigError naming the listener's certfile)."""
+    from .transport import tls
+    for i, spec in enumerate(settings.listener_specs(cfg)[1:]):
+        if spec.type in ("tls", "wss"):
+            try:
+                tls.make_context(spec)
+            except ValueError as exc:
+                raise settings.ConfigError(f"listeners[{i}].certfile", str(exc), spec.certfile) from None
 
 
 def setup_logging(level: str, fmt: str) -> None:
@@ -134,7 +146,7 @@ def main(argv=None) -> int:
         cfg = build_config(args)
         from .auth import from_config as auth_from_config
         auth = auth_from_config(cfg.auth)   # reads the password and ACL files: errors stop here
-        config_mod.check_tls_files(cfg)
+        check_tls_files(cfg)
     except ValueError as exc:  # ConfigError, and what auth/dashboard find (files, ...)
         return report_config_error(exc)
     if args.check_config:

@@ -6,12 +6,12 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
-import os
 import signal
 import socket
 from functools import partial
 
-from .config import Config, ListenerConfig
+from settings import Config, ListenerConfig, environment, listener_specs
+
 from .core.broker import Broker
 from .protocol import native
 from .transport import tls
@@ -22,7 +22,7 @@ log = logging.getLogger("broker.server")
 
 
 class Server:
-    def __init__(self, config: Config, auth=None, hooks=()):
+    def __init__(self, config: Config, auth=None, hooks=()) -> None:
         """hooks: the persistence store, the sink, the cluster... (core/hooks.py), attached to
         the broker after auth; the server only calls their lifecycle events."""
         self.config = config
@@ -33,14 +33,14 @@ class Server:
         # (unset: from loopback addresses only, as Mosquitto 2's local-only default)
         self.broker.anonymous_remote = config.auth.allow_anonymous is True
         self.auth_checks = None
-        if getattr(auth, "passwords", None) is not None:
-            # scrypt takes ~100 ms: on a few threads, with a bounded queue (auth/checks.py)
-            from .auth.checks import DEFAULT_MAX_PENDING, CheckQueue
-            self.auth_checks = CheckQueue(getattr(auth, "check_threads", 0),
-                                          getattr(auth, "max_pending_checks", DEFAULT_MAX_PENDING))
+        if getattr(auth, "passwords", None) is not None:  # an auth hook with a password file
+            # scrypt takes ~100 ms: on a few threads, with a bounded queue (auth/checks.py), and
+            # what a client sends meanwhile bounded too: the [auth] section says how far
+            from .auth.checks import CheckQueue
+            bounds = config.auth
+            self.auth_checks = CheckQueue(bounds.check_threads, bounds.max_pending_checks)
             self.broker.defer_auth = True  # CONNECTs with a user name return AuthRequested
-            self.broker.max_deferred_bytes = getattr(auth, "max_deferred_bytes",
-                                                     self.broker.max_deferred_bytes)
+            self.broker.max_deferred_bytes = bounds.max_deferred_bytes
         self.loop: asyncio.AbstractEventLoop | None = None
         self.servers: list = []
         self.ports: dict[str, int] = {}
@@ -82,9 +82,7 @@ class Server:
 
     # ------------------------------------------------------------ lifecycle
     def listener_specs(self) -> list[ListenerConfig]:
-        # the checks live with the other config checks
-        from .config import listener_specs
-        return listener_specs(self.config)
+        return listener_specs(self.config)   # checked with the other settings (settings/load.py)
 
     async def start(self) -> None:
         self.loop = asyncio.get_running_loop()
@@ -189,7 +187,7 @@ class Server:
 class ListenError(OSError):
     """A listener could not be opened: str() names which one, its address and why."""
 
-    def __init__(self, exc: OSError, what: str, host: str, port: int):
+    def __init__(self, exc: OSError, what: str, host: str, port: int) -> None:
         super().__init__(exc.errno, f"cannot listen on {host}:{port} for {what}: "
                          f"{exc.strerror or exc}")
         self.host, self.port = host, port
@@ -214,7 +212,7 @@ async def serve(config: Config, auth=None, hooks=()) -> None:
 def notify_service_manager(state: str) -> None:
     """sd_notify(3) without libsystemd: one datagram to the socket in $NOTIFY_SOCKET (set by
     systemd for Type=notify units; "@name" is an abstract socket). Nothing when it is unset."""
-    path = os.environ.get("NOTIFY_SOCKET")
+    path = environment.NOTIFY_SOCKET.get()
     if not path:
         return
     if path[0] == "@":
@@ -224,7 +222,7 @@ def notify_service_manager(state: str) -> None:
             s.sendto(state.encode(), path)
     except OSError as exc:
         log.warning("cannot tell the service manager %s at NOTIFY_SOCKET=%s: %s", state,
-                    os.environ["NOTIFY_SOCKET"], exc)
+                    path, exc)
 
 
 LOCAL_HOSTS = ("127.0.0.1", "::1", "localhost")

@@ -130,7 +130,7 @@ def _will_delay(will: dict | None) -> int:
 
 
 class ControlState:
-    def __init__(self, node: str, inc: str, clock):
+    def __init__(self, node: str, inc: str, clock) -> None:
         self.node = node
         self.inc = inc
         self.clock = clock           # monotonic, local: only for "not seen for node_timeout"

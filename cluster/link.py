@@ -14,7 +14,7 @@ import time
 log = logging.getLogger("cluster")
 
 class Topics:
-    def __init__(self, prefix: str):
+    def __init__(self, prefix: str) -> None:
         self.messages = f"{prefix}.messages"
         self.retained = f"{prefix}.retained"
         self.control = f"{prefix}.control"
@@ -101,7 +101,7 @@ class Reader(threading.Thread):
     IDLE_AFTER = 0.2
     IDLE_WAIT_MS = 50
 
-    def __init__(self, consumer, loop, apply, name: str = "cluster-reader", between=None):
+    def __init__(self, consumer, loop, apply, name: str = "cluster-reader", between=None) -> None:
         super().__init__(name=name, daemon=True)
         self.consumer = consumer
         self.loop = loop
@@ -114,7 +114,7 @@ class Reader(threading.Thread):
     def run(self) -> None:
         done = threading.Event()
 
-        def on_loop(recs):
+        def on_loop(recs) -> None:
             try:
                 self.apply(recs)
             finally:
@@ -163,7 +163,7 @@ class FetchReader(threading.Thread):
     IDLE_AFTER = 0.2
     IDLE_WAIT_MS = 50
 
-    def __init__(self, fetcher, loop, apply, name: str = "cluster-reader"):
+    def __init__(self, fetcher, loop, apply, name: str = "cluster-reader") -> None:
         super().__init__(name=name, daemon=True)
         self.fetcher = fetcher
         self.loop = loop
@@ -176,7 +176,7 @@ class FetchReader(threading.Thread):
         f = self.fetcher
         busy_wait = f.wait_ms
 
-        def on_loop(batches):
+        def on_loop(batches) -> None:
             try:
                 self.apply(batches)
             finally:

@@ -25,11 +25,11 @@ import uuid
 
 from broker.core.durability import Pending
 from broker.core.hooks import SESSION_EVENTS, STORED_EVENTS, Hook
+from kafka_client.fetch import Fetcher, Records
 from mqtt_topics import matches
 
 from . import control as C
 from . import records as R
-from kafka_client.fetch import Fetcher, Records
 from .link import FetchReader, Topics, ensure_topics, make_consumer
 from .produce import Producer
 from .shares import Shares
@@ -44,7 +44,7 @@ class _Batch:
     """Records produced since the last barrier(): its token resolves when all are acknowledged."""
     __slots__ = ("count", "token", "failure")
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.count = 0
         self.token: Pending | None = None
         self.failure: str | None = None
@@ -54,7 +54,7 @@ class _Handle:
     """A stored outbound message of a persistent session: where it is in the messages topic."""
     __slots__ = ("cid", "pos", "pid", "released")
 
-    def __init__(self, cid: str, pos, pid):
+    def __init__(self, cid: str, pos, pid) -> None:
         self.cid = cid
         self.pos = pos           # (partition, offset), or None (not from the log: a retained replay)
         self.pid = pid
@@ -64,7 +64,7 @@ class _Handle:
 class _Claim:
     __slots__ = ("token", "cid", "clean", "deadline", "client")
 
-    def __init__(self, token, cid, clean, deadline):
+    def __init__(self, token, cid, clean, deadline) -> None:
         self.token = token
         self.cid = cid
         self.clean = clean
@@ -77,7 +77,7 @@ class ClusterNode(Hook):
                           "on_stop", "stats", "on_client_connected", "on_client_disconnected")
                          + SESSION_EVENTS + STORED_EVENTS)
 
-    def __init__(self, cfg, bootstrap: str, wall=time.time):
+    def __init__(self, cfg, bootstrap: str, wall=time.time) -> None:
         if not cfg.node_id:
             raise ValueError("cluster.node_id is empty: give each node an id of its own, "
                              "e.g. --set cluster.node_id=n1")
@@ -321,7 +321,7 @@ class ClusterNode(Hook):
         topics = self.topics
         broker = self.broker
         clock_now, wall_now = broker.clock(), self.wall()
-        for topic, p, d, start in batches:
+        for topic, _p, d, start in batches:
             rec = Records(d, start)
             if topic == topics.control:
                 for i in rec.indexes():
@@ -546,7 +546,7 @@ class ClusterNode(Hook):
         inflight = {(p, off): (pid, rel) for p, off, pid, rel in ck.get("inflight", ())}
         filters = [sub.topic_filter for sub, _ in subs]
 
-        def scan():
+        def scan() -> None:
             try:
                 found = self._scan(ranges, filters)
                 err = None

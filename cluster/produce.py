@@ -25,7 +25,7 @@ log = logging.getLogger("cluster")
 
 
 class Producer:
-    def __init__(self, loop, bootstrap: str, kafka: dict, done, delivery_timeout: float = 30.0):
+    def __init__(self, loop, bootstrap: str, kafka: dict, done, delivery_timeout: float = 30.0) -> None:
         """done(list of (tag, failure or None)) is called on the loop for every record sent."""
         self.loop = loop
         self.user_done = done

@@ -36,7 +36,7 @@ def group_id(prefix: str, group: str, topic_filter: str) -> str:
 class ShareStream:
     """This node's member of one share group's consumer group, and what it owes its members."""
 
-    def __init__(self, node, key: tuple):
+    def __init__(self, node, key: tuple) -> None:
         self.node = node
         self.key = key                    # (group, topic filter): Router's group key
         self.group, self.filter = key
@@ -70,13 +70,13 @@ class ShareStream:
         stream = self
 
         class Listener(ConsumerRebalanceListener):
-            def on_partitions_revoked(self, revoked):
+            def on_partitions_revoked(self, revoked) -> None:
                 stream._commit_now()      # what was delivered here is not delivered again
                 with stream.lock:
                     for tp in revoked:
                         stream.assigned.discard(tp.partition)
 
-            def on_partitions_assigned(self, assigned):
+            def on_partitions_assigned(self, assigned) -> None:
                 with stream.lock:
                     stream.assigned |= {tp.partition for tp in assigned}
                 log.info("cluster: $share/%s/%s: partitions %s of the messages topic are this "
@@ -191,7 +191,7 @@ def _holds(s, msg) -> bool:
 class Shares:
     """The share streams this node runs: one per group with members here."""
 
-    def __init__(self, node):
+    def __init__(self, node) -> None:
         self.node = node
         self.streams: dict[tuple, ShareStream] = {}
         self.seen_version = -1

@@ -37,7 +37,7 @@ class EmbeddedKafka:
     ...     k.bootstrap  # '127.0.0.1:PORT'
     """
 
-    def __init__(self, port: int | None = None, host: str = "127.0.0.1", log_file: str | None = None):
+    def __init__(self, port: int | None = None, host: str = "127.0.0.1", log_file: str | None = None) -> None:
         self.host = host
         self.port = port or free_port(host)
         self.log_file = log_file
@@ -115,5 +115,5 @@ class EmbeddedKafka:
     def __enter__(self) -> "EmbeddedKafka":
         return self.start()
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Any
 
-from .recordbatch import decode
+from .recordbatch import Decoded, decode
 
 log = logging.getLogger("cluster")
 
@@ -24,7 +25,7 @@ RECEIVE_MAX = 256 << 20        # the largest response accepted (kafka-python's d
 
 
 class Fetcher:
-    def __init__(self, bootstrap: str, kafka: dict, wait_ms: int):
+    def __init__(self, bootstrap: str, kafka: dict, wait_ms: int) -> None:
         from kafka.net.compat import KafkaNetClient
         cfg = {k: v for k, v in kafka.items() if k in _CLIENT_OPTIONS}
         cfg.setdefault("client_id", "mqtt-cluster-reader")
@@ -80,7 +81,7 @@ class Fetcher:
         from kafka import errors as Errors
         from kafka.protocol.consumer import FetchRequest
         F = FetchRequest.FetchTopic
-        out = []
+        out: list[tuple[str, int, Decoded, int]] = []
         by_leader = self._by_leader(list(self.positions))
         if not by_leader:
             self._refresh(0.2)
@@ -120,7 +121,7 @@ class Fetcher:
                             out.append((t.topic, p.partition_index, d, start))
         return out
 
-    def _out_of_range(self, tp) -> None:
+    def _out_of_range(self, tp: tuple[str, int]) -> None:
         """The log starts later (records deleted) or ends earlier (a restarted in-memory Kafka):
         from its start again."""
         early = self.offsets([tp], "earliest")[tp]
@@ -151,7 +152,7 @@ class Fetcher:
         fut = self.cluster.request_update()
         self.client.poll(timeout_ms=int(wait_s * 1000), future=fut)
 
-    def _ask(self, node, req, timeout_ms: int = 30_000):
+    def _ask(self, node: int, req: Any, timeout_ms: int = 30_000) -> Any:
         c = self.client
         deadline = time.monotonic() + timeout_ms / 1000
         while not c.ready(node):
@@ -179,14 +180,14 @@ class Records:
     Python only as far as asked: key(i) first (the MQTT topic, to match), the rest with
     record(i) for the few records wanted."""
 
-    def __init__(self, d, start: int):
+    def __init__(self, d: Decoded, start: int) -> None:
         raw = d.data.base if isinstance(d.data.base, bytes) else d.data.tobytes()
         self.mv = memoryview(raw)
         self.offsets = d.offset.tolist()
         self.first = next((i for i, o in enumerate(self.offsets) if o >= start), len(self.offsets))
         self.ks, self.kl = d.key[0].tolist(), d.key[1].tolist()
         self.d = d
-        self._rest = None
+        self._rest: tuple[list[Any], ...] | None = None
 
     def __len__(self) -> int:
         return len(self.offsets) - self.first

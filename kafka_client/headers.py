@@ -1,5 +1,7 @@
-"""The Kafka record contract's header names (DESIGN.md): written by the broker-side forwarder
-(sink/forward/record.py), read by the history job (sink/history/schema.py). A leaf module."""
+"""The Kafka record contract's header names (README "Kafka record schema" lists them with their
+values): encoded by kafka_client/record.py for the broker's forwarder (sink/forward/forwarder.py)
+and the cluster, read by the history job (sink/history/schema.py, source.py, verify.py). A leaf
+module."""
 
 H_MESSAGE_ID = "mqtt.message_id"
 H_CLIENT_ID = "mqtt.client_id"
@@ -14,7 +16,7 @@ H_CORRELATION_DATA = "mqtt.correlation_data"
 H_MESSAGE_EXPIRY = "mqtt.message_expiry"
 H_USER_PREFIX = "mqtt.user."
 
-#: The last header of every record the forwarder sends (sink/forward/record.py sign_body): the
+#: The last header of every record the forwarder sends (kafka_client/record.py sign_body): the
 #: broker's signature, 20 bytes = key id (4, settings.secrets.key_id) + HMAC-SHA256 (first 16 bytes)
 #: keyed by settings.secrets.derive(key, RECORDS) over
 #:     u16 len(kafka topic) | kafka topic | i64 timestamp ms | the record from its keyLength

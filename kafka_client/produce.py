@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Any
 
 from .record import body_key, build_batch
 
@@ -28,11 +29,11 @@ class NotReady(Exception):
 class ChunkFuture:
     """The outcome of one chunk (one ProduceRequest per leader)."""
 
-    def __init__(self, futs, counts):
+    def __init__(self, futs: list[tuple[Any, list[tuple[str, int]]]], counts: dict[tuple[str, int], int]) -> None:
         self._futs = futs                  # [(future, [(topic, partition), ...])]
         self.counts = counts               # (topic, partition) -> records in the chunk
-        self.exception = None
-        self.value = None                  # (topic, partition) -> base offset
+        self.exception: Exception | None = None
+        self.value: dict[tuple[str, int], int] | None = None   # (topic, partition) -> base offset
         self.is_done = False
 
     def poll(self) -> bool:
@@ -62,7 +63,7 @@ class ChunkFuture:
 
 
 class BatchSender:
-    def __init__(self, pcfg: dict):
+    def __init__(self, pcfg: dict) -> None:
         from kafka.net.compat import KafkaNetClient
         cfg = {k: v for k, v in pcfg.items() if k not in _PRODUCER_ONLY}
         cfg.setdefault("client_id", "mqtt-sink-forwarder")
@@ -86,7 +87,7 @@ class BatchSender:
     def poll(self, timeout_ms: int = 0) -> None:
         self.client.poll(timeout_ms=timeout_ms)
 
-    def request_update(self):
+    def request_update(self) -> Any:
         self._refresh_at = time.monotonic()
         return self.cluster.request_update()
 

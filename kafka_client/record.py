@@ -19,15 +19,33 @@ from __future__ import annotations
 import hmac
 import struct
 import zlib
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
-from .headers import (H_CLIENT_ID, H_CONTENT_TYPE, H_CORRELATION_DATA,  # noqa: F401
-                       H_MESSAGE_EXPIRY, H_MESSAGE_ID, H_PAYLOAD_FORMAT, H_PROTOCOL, H_QOS,
-                       H_RESPONSE_TOPIC, H_RETAIN, H_SIG, H_USER_PREFIX, H_USERNAME, SIG_LEN)
+from .headers import (  # noqa: F401
+    H_CLIENT_ID,
+    H_CONTENT_TYPE,
+    H_CORRELATION_DATA,
+    H_MESSAGE_EXPIRY,
+    H_MESSAGE_ID,
+    H_PAYLOAD_FORMAT,
+    H_PROTOCOL,
+    H_QOS,
+    H_RESPONSE_TOPIC,
+    H_RETAIN,
+    H_SIG,
+    H_USER_PREFIX,
+    H_USERNAME,
+    SIG_LEN,
+)
 
 _QOS = (b"0", b"1", b"2")
 _RETAIN = (b"0", b"1")
 _PROTO = {3: b"3", 4: b"4", 5: b"5"}
+
+Buffer = bytes | bytearray | memoryview
+T = TypeVar("T")
 
 
 @dataclass(slots=True)
@@ -76,7 +94,8 @@ def to_kafka(rec: SinkRecord) -> tuple[bytes, bytes, list[tuple[str, bytes]], in
     return rec.topic.encode(), bytes(rec.payload), headers, int(rec.accepted_at_ms)
 
 
-def from_kafka(key: bytes, value: bytes, headers, timestamp_ms: int) -> SinkRecord:
+def from_kafka(key: bytes, value: bytes, headers: Iterable[tuple[str, bytes | None]] | None,
+               timestamp_ms: int) -> SinkRecord:
     """Inverse of :func:`to_kafka` (headers: iterable of (name, bytes))."""
     rec = SinkRecord(topic=(key or b"").decode(), payload=bytes(value or b""), qos=0, retain=False,
                      client_id="", username=None, protocol=0, accepted_at_ms=int(timestamp_ms))
@@ -149,7 +168,7 @@ def vlen(n: int) -> bytes:
     return _VT[n] if 0 <= n < 8192 else zz_varint(n)
 
 
-def read_zz_varint(buf, o: int) -> tuple[int, int]:
+def read_zz_varint(buf: Buffer, o: int) -> tuple[int, int]:
     """-> (value, next offset). Raises ValueError when truncated or too long."""
     u = shift = 0
     n = len(buf)
@@ -207,7 +226,7 @@ def encode_record(rec: SinkRecord, kafka_topic: str) -> bytes:
                           rec.protocol, int(rec.accepted_at_ms), rec.message_id or "", extra)
 
 
-def encode_message(kafka_topic: str, topic: str, payload, qos: int, retain: bool, client_id: str,
+def encode_message(kafka_topic: str, topic: str, payload: Buffer, qos: int, retain: bool, client_id: str,
                    username: str | None, protocol: int, ts_ms: int, message_id: str,
                    extra: list[tuple[str, bytes]] | None = None) -> bytes:
     """The spool entry of one message (headers after mqtt.protocol in `extra`), without building a
@@ -259,19 +278,19 @@ class MessageEncoder:
     cache holds at most `max_entries` (then it starts over), so no client can grow it."""
     __slots__ = ("max_entries", "_keys", "_senders", "_kts")
 
-    def __init__(self, max_entries: int = 100_000):
+    def __init__(self, max_entries: int = 100_000) -> None:
         self.max_entries = max_entries
         self._keys: dict[str, bytes] = {}
         self._senders: dict[tuple, tuple[bytes, bytes]] = {}
         self._kts: dict[str, bytes] = {}
 
-    def _cache(self, d: dict, k, v):
+    def _cache(self, d: dict[Any, Any], k: Any, v: T) -> T:
         if len(d) >= self.max_entries:
             d.clear()
         d[k] = v
         return v
 
-    def encode(self, kafka_topic: str, topic: str, payload, qos: int, retain: bool, client_id: str,
+    def encode(self, kafka_topic: str, topic: str, payload: Buffer, qos: int, retain: bool, client_id: str,
                username: str | None, protocol: int, ts_ms: int, message_id: bytes) -> bytes:
         f = _FLAGS.get((qos, 1 if retain else 0, protocol))
         if f is None:  # values outside the contract's common ones
@@ -305,7 +324,7 @@ _SIG_PREFIX = struct.Struct(">H")
 _SIG_TS = struct.Struct(">q")
 
 
-def sign_body(body, kafka_topic: bytes, ts_ms: int, key: bytes, kid: bytes) -> bytes:
+def sign_body(body: Buffer, kafka_topic: bytes, ts_ms: int, key: bytes, kid: bytes) -> bytes:
     """The record body with the broker's signature as one more, last, header (sink/headers.py
     H_SIG): two varints and a header count read, one HMAC; runs in the forwarder."""
     b = body[0]                            # one-byte varints (lengths < 64): no call
@@ -338,7 +357,7 @@ def entry_fields(buf: bytes) -> tuple[bytes, int, bytes]:
     return buf[15:o], ts, buf[o:]
 
 
-def entry_parts(buf) -> tuple[str, int, memoryview]:
+def entry_parts(buf: Buffer) -> tuple[str, int, memoryview]:
     """-> (kafka_topic, timestamp_ms, body) of a version 2 entry, without decoding the body;
     a version 1 entry is re-encoded. Raises ValueError if malformed."""
     mv = memoryview(buf)
@@ -357,7 +376,7 @@ def entry_parts(buf) -> tuple[str, int, memoryview]:
     return str(mv[o:o + ktl], "utf-8"), ts, mv[o + ktl:]
 
 
-def body_key(body) -> bytes:
+def body_key(body: Buffer) -> bytes:
     """The key (MQTT topic) of a record body."""
     kl, o = read_zz_varint(body, 0)
     if kl < 0 or o + kl > len(body):
@@ -365,12 +384,12 @@ def body_key(body) -> bytes:
     return bytes(body[o:o + kl])
 
 
-def decode_body(body) -> tuple[bytes, bytes, list[tuple[str, bytes]]]:
+def decode_body(body: Buffer) -> tuple[bytes, bytes, list[tuple[str, bytes]]]:
     """-> (key, value, headers) of a record body. Raises ValueError if malformed."""
     mv = memoryview(body)
     n = len(mv)
 
-    def field(o):
+    def field(o: int) -> tuple[bytes, int]:
         ln, o = read_zz_varint(mv, o)
         if ln < -1 or o + max(ln, 0) > n:
             raise ValueError("truncated spool entry")
@@ -391,7 +410,7 @@ def decode_body(body) -> tuple[bytes, bytes, list[tuple[str, bytes]]]:
     return key, value, headers
 
 
-def decode_entry(buf) -> tuple[str, bytes, bytes, list[tuple[str, bytes]], int]:
+def decode_entry(buf: Buffer) -> tuple[str, bytes, bytes, list[tuple[str, bytes]], int]:
     """-> (kafka_topic, key, value, headers, timestamp_ms). Raises ValueError if malformed."""
     mv = memoryview(buf)
     if len(mv) and mv[0] == 1:
@@ -404,7 +423,7 @@ def decode_entry(buf) -> tuple[str, bytes, bytes, list[tuple[str, bytes]], int]:
     return kt, key, value, headers, ts
 
 
-def _decode_entry_v1(mv) -> tuple[str, bytes, bytes, list[tuple[str, bytes]], int]:
+def _decode_entry_v1(mv: memoryview) -> tuple[str, bytes, bytes, list[tuple[str, bytes]], int]:
     try:
         ver, ts, ktl, kl, vl, nh = _ENTRY_HEAD_V1.unpack_from(mv, 0)
     except struct.error as exc:
@@ -434,12 +453,12 @@ def _decode_entry_v1(mv) -> tuple[str, bytes, bytes, list[tuple[str, bytes]], in
     return kt, key, value, headers, ts
 
 
-def entry_timestamp(buf) -> int:
+def entry_timestamp(buf: Buffer) -> int:
     """Timestamp of an encoded entry (either version) without decoding the rest."""
     return _ENTRY_HEAD.unpack_from(buf, 0)[1]
 
 
-def entry_shard(buf, shards: int) -> int:
+def entry_shard(buf: Buffer, shards: int) -> int:
     """Which of `shards` forwarders sends this entry: crc32 of its key (the MQTT topic), read
     without decoding the rest, so every record of a topic goes through the same forwarder."""
     if buf[0] == 1:
@@ -458,12 +477,12 @@ _BATCH_REST = struct.Struct(">hiqqqhii")       # attributes .. recordCount
 _NO_COMPRESSION = b"\x00"
 
 
-def build_batch(records) -> bytes:
+def build_batch(records: Sequence[tuple[int, Buffer]]) -> bytes:
     """records: non-empty sequence of (timestamp_ms, body). -> one uncompressed RecordBatch."""
     from crc32c import crc32c
     base_ts = records[0][0]
     max_ts = base_ts
-    parts = [b""]
+    parts: list[Buffer] = [b""]
     append = parts.append
     vt = _VT
     for i, (ts, body) in enumerate(records):

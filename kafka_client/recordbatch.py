@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -63,7 +64,7 @@ class Decoded:
         """For every header, the index of its record."""
         return np.repeat(np.arange(len(self.offset)), np.diff(self.hoff))
 
-    def take(self, idx) -> "Decoded":
+    def take(self, idx: np.ndarray) -> Decoded:
         """The records at ``idx`` (a boolean mask or sorted indexes), headers included."""
         idx = np.flatnonzero(idx) if idx.dtype == bool else idx
         counts = np.diff(self.hoff)[idx]
@@ -77,7 +78,7 @@ class Decoded:
                        (self.hvalue[0][hidx], self.hvalue[1][hidx]), self.next_offset)
 
 
-def _ranges(starts, lengths, total) -> np.ndarray:
+def _ranges(starts: np.ndarray, lengths: np.ndarray, total: int) -> np.ndarray:
     """Concatenation of arange(s, s + n) for each (s, n): one vectorised gather index."""
     lengths = np.asarray(lengths, np.int64)
     if total == 0:
@@ -118,7 +119,8 @@ def _varints(data: np.ndarray, pos: np.ndarray, limit: np.ndarray | int) -> tupl
     return values, after
 
 
-def _field(data, pos, limit) -> tuple:
+def _field(data: np.ndarray, pos: np.ndarray,
+           limit: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """A length-prefixed byte field (length -1 = null) at every ``pos``: (start, length, after)."""
     length, start = _varints(data, pos, limit)
     if np.any(length < -1):
@@ -129,7 +131,7 @@ def _field(data, pos, limit) -> tuple:
     return start, length, after
 
 
-def _record_bodies(buf, pos: int, end: int, count: int, starts: list, limits: list) -> None:
+def _record_bodies(buf: bytes, pos: int, end: int, count: int, starts: list[int], limits: list[int]) -> None:
     """The one per-record Python step: hop over each record's length varint."""
     append_start, append_limit = starts.append, limits.append
     for _ in range(count):
@@ -158,7 +160,7 @@ def _record_bodies(buf, pos: int, end: int, count: int, starts: list, limits: li
         raise CorruptBatchError(f"{end - pos} bytes left after the last record of a batch")
 
 
-def _decompress(codec: int, payload) -> bytes:
+def _decompress(codec: int, payload: bytes | memoryview) -> bytes:
     try:
         return _decompress_with(codec, payload)
     except CorruptBatchError:
@@ -168,7 +170,7 @@ def _decompress(codec: int, payload) -> bytes:
             from exc
 
 
-def _decompress_with(codec: int, payload) -> bytes:
+def _decompress_with(codec: int, payload: bytes | memoryview) -> bytes:
     from kafka import codec as kc
     if codec == 1:
         return kc.gzip_decode(payload)
@@ -181,7 +183,7 @@ def _decompress_with(codec: int, payload) -> bytes:
     raise CorruptBatchError(f"unknown compression codec {codec}")
 
 
-def decode(raw, check_crcs: bool = True) -> Decoded:
+def decode(raw: bytes | memoryview, check_crcs: bool = True) -> Decoded:
     """All data records of the v2 batches in ``raw`` (a Fetch response's records bytes).
 
     A truncated batch at the end (Kafka may cut the last one at the fetch size) is ignored;
@@ -222,7 +224,8 @@ def decode(raw, check_crcs: bool = True) -> Decoded:
 
 def _decode_records(chunks: list, batch_info: list) -> Decoded:
     buf = b"".join(chunks)
-    starts, limits = [], []
+    starts: list[int] = []
+    limits: list[int] = []
     at = 0
     for chunk, (_, _, _, _, count) in zip(chunks, batch_info):
         _record_bodies(buf, at, at + len(chunk), count, starts, limits)
@@ -276,7 +279,8 @@ def _decode_records(chunks: list, batch_info: list) -> Decoded:
 
 # ---- Arrow ------------------------------------------------------------------------------------
 
-def binary_array(pa, data: np.ndarray, start: np.ndarray, length: np.ndarray, type_=None):
+def binary_array(pa: Any, data: np.ndarray, start: np.ndarray, length: np.ndarray,
+                 type_: Any = None) -> Any:
     """An Arrow binary (or string) array of ``data[start:start+length]`` slices; -1 = null."""
     type_ = type_ or pa.binary()
     n = len(start)
@@ -295,7 +299,7 @@ def binary_array(pa, data: np.ndarray, start: np.ndarray, length: np.ndarray, ty
                                             pa.py_buffer(values)], null_count=null_count)
 
 
-def constant_string(pa, text: str, n: int):
+def constant_string(pa: Any, text: str, n: int) -> Any:
     """n copies of ``text`` as an Arrow string array (built without Python objects per row)."""
     raw = text.encode()
     offsets = (np.arange(n + 1, dtype=np.int64) * len(raw)).astype(np.int32)

@@ -5,6 +5,9 @@ both the broker (routing, retain, ACLs) and the sink (per-topic rules) use the s
 """
 from __future__ import annotations
 
+from collections.abc import Hashable
+from typing import Any
+
 SHARE_PREFIX = "$share/"
 
 
@@ -62,7 +65,7 @@ def matches(filt: str, topic: str) -> bool:
 class _Node:
     __slots__ = ("children", "values")
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.children: dict[str, _Node] = {}
         self.values: dict = {}
 
@@ -70,10 +73,10 @@ class _Node:
 class TopicTrie:
     """Maps topic filters to {key: value} and finds every filter matching a topic."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.root = _Node()
 
-    def add(self, filt: str, key, value) -> bool:
+    def add(self, filt: str, key: Hashable, value: Any) -> bool:
         """Store value under key for filt; return True when the key was new."""
         node = self.root
         for level in filt.split("/"):
@@ -85,7 +88,7 @@ class TopicTrie:
         node.values[key] = value
         return new
 
-    def remove(self, filt: str, key) -> bool:
+    def remove(self, filt: str, key: Hashable) -> bool:
         path = [self.root]
         levels = filt.split("/")
         for level in levels:

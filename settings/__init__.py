@@ -11,8 +11,20 @@ key accepts, ConfigError), tree.py (the sections and their defaults), load.py (f
 """
 from .checks import ConfigError, Rule, connect_address, one_line, report
 from .load import listener_specs, load, read_toml
-from .tree import (AuthConfig, ClusterConfig, Config, DashboardConfig, HistoryConfig, ListenerConfig,
-                   MetricsConfig, MQTTConfig, PersistenceConfig, Section, SinkConfig, sections)
+from .tree import (
+                   AuthConfig,
+                   ClusterConfig,
+                   Config,
+                   DashboardConfig,
+                   HistoryConfig,
+                   ListenerConfig,
+                   MetricsConfig,
+                   MQTTConfig,
+                   PersistenceConfig,
+                   Section,
+                   SinkConfig,
+                   sections,
+)
 
 __all__ = ["AuthConfig", "ClusterConfig", "Config", "ConfigError", "DashboardConfig", "HistoryConfig",
            "ListenerConfig", "MQTTConfig", "MetricsConfig", "PersistenceConfig", "Rule", "Section",

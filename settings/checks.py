@@ -10,7 +10,8 @@ from __future__ import annotations
 import difflib
 import math
 import re
-from typing import NamedTuple
+from collections.abc import Callable, Iterable
+from typing import Any, NamedTuple, NoReturn
 
 _NO_VALUE = object()
 DOC = "config/broker.toml"
@@ -19,7 +20,7 @@ DOC = "config/broker.toml"
 class ConfigError(ValueError):
     """A setting the person running the broker must fix: str() is one line."""
 
-    def __init__(self, key: str, problem: str, value=_NO_VALUE, source: str = ""):
+    def __init__(self, key: str, problem: str, value: Any = _NO_VALUE, source: str = "") -> None:
         self.key, self.problem, self.value, self.source = key, problem, value, source
         text = key if value is _NO_VALUE else f"{key} = {show(value)}"
         if source:
@@ -27,21 +28,21 @@ class ConfigError(ValueError):
         super().__init__(one_line(f"{text}: {problem}"))
 
 
-def show(value) -> str:
+def show(value: object) -> str:
     """A value as the config file would spell it (true, not True)."""
     return ("true" if value else "false") if isinstance(value, bool) else repr(value)
 
 
-def one_line(text: str) -> str:
+def one_line(text: object) -> str:
     return "; ".join(part.strip() for part in str(text).splitlines() if part.strip())
 
 
-def did_you_mean(name: str, known, prefix: str = "") -> str:
+def did_you_mean(name: str, known: Iterable[str], prefix: str = "") -> str:
     close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
     return f" (did you mean {prefix}{close[0]}?)" if close else ""
 
 
-def _num_range(lo, hi, lo_open: bool = False) -> str:
+def _num_range(lo: float | None, hi: float | None, lo_open: bool = False) -> str:
     if lo is not None and hi is not None:
         return f"from {lo} to {hi}"
     if lo is not None:
@@ -54,17 +55,17 @@ def _num_range(lo, hi, lo_open: bool = False) -> str:
 class Spec:
     allowed = ""
 
-    def check(self, value, text: bool):
+    def check(self, value: Any, text: bool) -> Any:
         raise NotImplementedError
 
-    def bad(self):
+    def bad(self) -> NoReturn:
         raise ValueError(f"must be {self.allowed}")
 
 
 class Bool(Spec):
     allowed = "true or false"
 
-    def check(self, value, text):
+    def check(self, value: Any, text: bool) -> Any:
         if text and isinstance(value, str) and value.lower() in ("true", "false"):
             return value.lower() == "true"
         if not isinstance(value, bool):
@@ -76,12 +77,12 @@ class Num(Spec):
     """A number (int or float); Int below: a whole number. lo/hi inclusive unless lo_open."""
     whole = False
 
-    def __init__(self, lo=None, hi=None, lo_open: bool = False):
+    def __init__(self, lo: float | None = None, hi: float | None = None, lo_open: bool = False) -> None:
         self.lo, self.hi, self.lo_open = lo, hi, lo_open
         kind = "a whole number" if self.whole else "a number"
         self.allowed = f"{kind} {_num_range(lo, hi, lo_open)}".strip()
 
-    def check(self, value, text):
+    def check(self, value: Any, text: bool) -> Any:
         if text and isinstance(value, str):
             try:
                 value = int(value) if self.whole else float(value)
@@ -103,18 +104,18 @@ class Int(Num):
 class Str(Spec):
     allowed = "a string"
 
-    def check(self, value, text):
+    def check(self, value: Any, text: bool) -> Any:
         if not isinstance(value, str):
             self.bad()
         return value
 
 
 class Enum(Spec):
-    def __init__(self, *choices: str, any_case: bool = False):
+    def __init__(self, *choices: str, any_case: bool = False) -> None:
         self.choices, self.any_case = choices, any_case
         self.allowed = "one of " + ", ".join(repr(c) for c in choices)
 
-    def check(self, value, text):
+    def check(self, value: Any, text: bool) -> Any:
         if not isinstance(value, str):
             self.bad()
         if self.any_case:
@@ -125,10 +126,10 @@ class Enum(Spec):
 
 
 class Pattern(Str):
-    def __init__(self, regex: str, allowed: str):
+    def __init__(self, regex: str, allowed: str) -> None:
         self.regex, self.allowed = re.compile(regex), allowed
 
-    def check(self, value, text):
+    def check(self, value: Any, text: bool) -> Any:
         if not isinstance(value, str) or not self.regex.fullmatch(value):
             self.bad()
         return value
@@ -138,7 +139,7 @@ class StrList(Spec):
     """A list of strings; a comma-separated string too (what --set and the environment give)."""
     allowed = 'a list of strings, e.g. ["a", "b"] (or "a,b")'
 
-    def check(self, value, text):
+    def check(self, value: Any, text: bool) -> Any:
         if isinstance(value, str):
             return tuple(v.strip() for v in value.split(",") if v.strip())
         if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
@@ -149,7 +150,7 @@ class StrList(Spec):
 class IntList(Spec):
     allowed = "a list of whole numbers >= 0, e.g. [1, 2] (or \"1,2\")"
 
-    def check(self, value, text):
+    def check(self, value: Any, text: bool) -> Any:
         items = [v for v in value.split(",") if v.strip()] if isinstance(value, str) else \
             value if isinstance(value, (list, tuple)) else [value]
         for v in items:
@@ -162,10 +163,10 @@ class IntList(Spec):
 class Table(Spec):
     """A free-form table passed on as is ([sink.kafka], [history.kafka])."""
 
-    def __init__(self, where: str):
+    def __init__(self, where: str) -> None:
         self.allowed = f"a table ({where} in the config file)"
 
-    def check(self, value, text):
+    def check(self, value: Any, text: bool) -> Any:
         if text or not isinstance(value, dict):
             self.bad()
         return dict(value)
@@ -174,7 +175,7 @@ class Table(Spec):
 class HostPorts(Spec):
     allowed = '"HOST:PORT[,HOST:PORT...]" ("" = an embedded Kafka)'
 
-    def check(self, value, text):
+    def check(self, value: Any, text: bool) -> Any:
         items = value.split(",") if isinstance(value, str) else value
         if not isinstance(items, (list, tuple)):
             self.bad()
@@ -196,7 +197,7 @@ class Rule(NamedTuple):
 class Rules(Spec):
     allowed = 'a list of { filter = "a/#", topic = "kafka.topic" } tables'
 
-    def check(self, value, text):
+    def check(self, value: Any, text: bool) -> Any:
         rules = [{"filter": f, "topic": t} for f, t in value.items()] \
             if isinstance(value, dict) else value
         rules = [r._asdict() if isinstance(r, Rule) else r for r in rules] \
@@ -212,10 +213,10 @@ class Rules(Spec):
 class Check(Str):
     """A string checked by fn (raises ValueError); "" allowed when empty_ok."""
 
-    def __init__(self, fn, allowed: str, empty_ok: bool = True):
+    def __init__(self, fn: Callable[[str], object], allowed: str, empty_ok: bool = True) -> None:
         self.fn, self.allowed, self.empty_ok = fn, allowed, empty_ok
 
-    def check(self, value, text):
+    def check(self, value: Any, text: bool) -> Any:
         if not isinstance(value, str):
             self.bad()
         if value or not self.empty_ok:
@@ -263,7 +264,8 @@ SECONDS = Num(0)
 COUNT = Int(0)
 
 
-def check(section: str, key: str, value, schema: dict, source: str = "", text: bool = False,
+def check(section: str, key: str, value: Any, schema: dict[str, dict[str, Spec]], source: str = "",
+          text: bool = False,
           name: str = ""):
     """The value to keep for section.key, or ConfigError naming the key and what it accepts;
     schema: {table: {key: Spec}} (settings.tree.sections() for the whole file)."""

@@ -9,12 +9,15 @@ import dataclasses
 import os
 import re
 import tomllib
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from .checks import DOC, ConfigError, check, did_you_mean
+from .environment import SETTINGS_PREFIX
 from .tree import Config, ListenerConfig, sections
 
 
-def apply_setting(cfg: Config, section: str, key: str, value, source: str = "",
+def apply_setting(cfg: Config, section: str, key: str, value: Any, source: str = "",
                   text: bool = False) -> None:
     """Check section.key (ConfigError naming it) and store it; text: a string from --set / env."""
     if section == "listeners":
@@ -42,7 +45,7 @@ def apply_file(cfg: Config, data: dict, source: str) -> None:
                 apply_setting(cfg, section, key, value, source)
 
 
-def check_listeners(value, source: str = "") -> list[ListenerConfig]:
+def check_listeners(value: Any, source: str = "") -> list[ListenerConfig]:
     """[[listeners]] tables (or ListenerConfigs) as ListenerConfigs, every key checked."""
     if not isinstance(value, list) or not all(isinstance(x, (dict, ListenerConfig))
                                               for x in value):
@@ -100,7 +103,8 @@ def _toml_line(exc: tomllib.TOMLDecodeError) -> int:
     return line
 
 
-def load(path: str | None = None, env: dict | None = None, sets=(), flags=()) -> Config:
+def load(path: str | None = None, env: Mapping[str, str] | None = None, sets: Iterable[str] = (),
+         flags: Iterable[tuple[str, str, Any, str]] = ()) -> Config:
     """Defaults < the TOML file < MQTT_BROKER_* environment < --set SECTION.KEY=VALUE < flags
     ((section, key, value, flag) tuples); every key checked, ConfigError for the first bad one."""
     cfg = Config()
@@ -110,9 +114,9 @@ def load(path: str | None = None, env: dict | None = None, sets=(), flags=()) ->
     # Containers: MQTT_BROKER_PORT=1884, MQTT_BROKER_MQTT__RECEIVE_MAXIMUM=100, MQTT_BROKER_SINK__TOPIC=x,
     # MQTT_BROKER_AUTH__PASSWORD_FILE=/etc/broker/passwd, MQTT_BROKER_METRICS__ENABLED=true
     for var in sorted(env):
-        if not var.startswith("MQTT_BROKER_"):
+        if not var.startswith(SETTINGS_PREFIX):
             continue
-        parts = var[len("MQTT_BROKER_"):].lower().split("__")
+        parts = var[len(SETTINGS_PREFIX):].lower().split("__")
         if len(parts) == 1:
             parts = ["broker", parts[0]]
         if len(parts) != 2 or not all(parts):

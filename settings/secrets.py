@@ -29,14 +29,17 @@ import logging
 import os
 import secrets as _random
 import stat
+from collections.abc import Callable
+
+from . import environment
 
 log = logging.getLogger("settings.secrets")
 
 DIR_NAME = "secrets"
 TOKEN_FILE = "spark_connect.token"
 KEY_FILE = "sink.key"
-TOKEN_ENV = "SPARK_CONNECT_AUTHENTICATE_TOKEN"
-KEY_ENV = "MQTT_SINK_KEY"
+TOKEN_ENV = environment.SPARK_CONNECT_TOKEN.name
+KEY_ENV = environment.SINK_KEY.name
 
 #: what each derived key signs (sink.key -> HMAC(sink.key, purpose))
 RECORDS = b"mqtt-sink records v1"
@@ -71,7 +74,7 @@ def _read(path: str) -> str | None:
     return text or None
 
 
-def read_or_create(path: str, make, create: bool = True) -> str | None:
+def read_or_create(path: str, make: Callable[[], str], create: bool = True) -> str | None:
     """The secret in ``path``; when missing and ``create``, a new one from ``make()``, written
     0600 (in a 0700 directory) under a temporary name and linked into place, so concurrent
     starters agree on one secret and nobody reads a half-written file."""
@@ -103,7 +106,7 @@ def read_or_create(path: str, make, create: bool = True) -> str | None:
 def connect_token(data_dir: str, create: bool = False) -> str | None:
     """The Spark Connect token: $SPARK_CONNECT_AUTHENTICATE_TOKEN, else the file (made when
     missing if ``create``: the job does), else None."""
-    env = os.environ.get(TOKEN_ENV)
+    env = environment.SPARK_CONNECT_TOKEN.get()
     if env:
         return env
     return read_or_create(secret_path(data_dir, TOKEN_FILE), lambda: _random.token_urlsafe(32), create)
@@ -112,7 +115,7 @@ def connect_token(data_dir: str, create: bool = False) -> str | None:
 def sink_key(data_dir: str, create: bool = False) -> bytes | None:
     """The broker's key: $MQTT_SINK_KEY, else the file (made when missing if ``create``: the
     broker's sink does), else None."""
-    text = os.environ.get(KEY_ENV) or read_or_create(
+    text = environment.SINK_KEY.get() or read_or_create(
         secret_path(data_dir, KEY_FILE), lambda: _random.token_hex(32), create)
     if text is None:
         return None
@@ -121,8 +124,8 @@ def sink_key(data_dir: str, create: bool = False) -> bytes | None:
     except ValueError:
         key = b""
     if len(key) < 16:
-        raise ValueError(f"the sink key ({'$' + KEY_ENV if os.environ.get(KEY_ENV) else secret_path(data_dir, KEY_FILE)})"
-                         " must be at least 32 hex digits")
+        where = "$" + KEY_ENV if environment.SINK_KEY.is_set() else secret_path(data_dir, KEY_FILE)
+        raise ValueError(f"the sink key ({where}) must be at least 32 hex digits")
     return key
 
 

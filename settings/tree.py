@@ -11,13 +11,36 @@ from __future__ import annotations
 import dataclasses
 import functools
 from dataclasses import MISSING, dataclass, field
+from typing import Any, Self
 
-from .checks import (COUNT, DOC, PORT, SECONDS, Bool, Check, ConfigError, Enum, HostPorts, Int,
-                     IntList, Num, Pattern, Rules, Spec, Str, StrList, Table, check,
-                     connect_address, did_you_mean, duration_ms, starting_offsets)
+from .checks import (
+    COUNT,
+    DOC,
+    PORT,
+    SECONDS,
+    Bool,
+    Check,
+    ConfigError,
+    Enum,
+    HostPorts,
+    Int,
+    IntList,
+    Num,
+    Pattern,
+    Rules,
+    Spec,
+    Str,
+    StrList,
+    Table,
+    check,
+    connect_address,
+    did_you_mean,
+    duration_ms,
+    starting_offsets,
+)
 
 
-def key(default=MISSING, spec: Spec | None = None, *, factory=MISSING):
+def key(default: Any = MISSING, spec: Spec | None = None, *, factory: Any = MISSING) -> Any:
     """A field: its default (or factory, for a table) and, when the default's type does not say
     it all, what it accepts."""
     meta = {"check": spec} if spec is not None else {}
@@ -26,7 +49,7 @@ def key(default=MISSING, spec: Spec | None = None, *, factory=MISSING):
     return field(default=default, metadata=meta)
 
 
-def _inferred(default) -> Spec:
+def _inferred(default: object) -> Spec:
     if isinstance(default, bool):
         return Bool()
     if isinstance(default, int):
@@ -45,10 +68,10 @@ class Section:
 
     @classmethod
     def specs(cls) -> dict[str, Spec]:
-        return _specs(cls)
+        return _specs(cls)  # type: ignore[arg-type]  # a class is hashable; mypy reads Section.__hash__
 
     @classmethod
-    def from_table(cls, table: dict | None, source: str = "", name: str = ""):
+    def from_table(cls, table: dict[str, Any] | None, source: str = "", name: str = "") -> Self:
         """The section with table's keys checked (ConfigError naming the first bad one)."""
         section = cls()
         specs = {cls.TABLE: cls.specs()}
@@ -60,7 +83,7 @@ class Section:
     def to_table(self) -> dict:
         """The TOML table that loads back into this section (None: key left out)."""
         out = {}
-        for f in dataclasses.fields(self):
+        for f in dataclasses.fields(self):  # type: ignore[arg-type]  # its subclasses are dataclasses
             value = getattr(self, f.name)
             if "section" in f.metadata or value is None:
                 continue
@@ -71,17 +94,18 @@ class Section:
 
 
 @functools.cache
-def _specs(cls) -> dict[str, Spec]:
+def _specs(cls: Any) -> dict[str, Spec]:
+    """{key: Spec} of a Section subclass (a dataclass)."""
     out = {}
     for f in dataclasses.fields(cls):
         if "section" in f.metadata:
             continue
-        default = f.default if f.default is not MISSING else f.default_factory()
+        default = f.default if f.default is not MISSING else f.default_factory()  # type: ignore[operator]  # one or the other
         out[f.name] = f.metadata.get("check") or _inferred(default)
     return out
 
 
-def section(cls):
+def section(cls: type[Section]) -> Any:
     return field(default_factory=cls, metadata={"section": cls})
 
 
@@ -131,7 +155,8 @@ class MQTTConfig(Section):
     max_retained_messages: int = 100000  # retained messages held; one more: PUBACK 0x97 / not retained; 0: any
     max_retained_bytes: int = 268435456  # their payload + topic bytes together; likewise; 0: any
     max_retained_message_size: int = 1048576  # payload bytes of one retained message; likewise; 0: any
-    client_log_lines_per_second: float = key(20.0, Num(0))  # log lines about clients, all together (bursts of 10 s); 0: any
+    # log lines about clients, all together (bursts of 10 s); 0: any
+    client_log_lines_per_second: float = key(20.0, Num(0))
 
 
 @dataclass(slots=True)
@@ -150,7 +175,8 @@ class SinkConfig(Section):
     spool_group_commit_ms: float = key(2.0, Num(0, 1000))  # at most one fdatasync per this long, under load
     keep_until: str = key("kafka", Enum("kafka", "history"))
     committed_file: str = ""                        # "" = the history job's (from [history])
-    history_stale_seconds: float = key(120.0, Num(0, lo_open=True))  # keep_until = "history": records waiting this long, no commit: warn
+    # keep_until = "history": records waiting this long, no commit: warn
+    history_stale_seconds: float = key(120.0, Num(0, lo_open=True))
     replay_window_seconds: float = 3600.0
     replay_window_messages: int = 1_000_000
     embedded_port: int = key(9092, PORT)
@@ -209,6 +235,21 @@ class HistoryConfig(Section):
         host = "127.0.0.1" if self.connect_host in ("", "0.0.0.0", "::") else self.connect_host
         return f"sc://{host}:{self.connect_port}"
 
+    @property
+    def checkpoint_dir(self) -> str:
+        """The job's checkpoint: checkpoint, or <table>_checkpoint (by string: hdfs:// and s3a://
+        tables too)."""
+        return self.checkpoint or self.table.rstrip("/") + "_checkpoint"
+
+    @property
+    def dedup_window_ms(self) -> int:
+        n, unit = self.dedup_window.split()
+        return int(n) * _UNIT_MS[unit.rstrip("s")]
+
+
+_UNIT_MS = {"second": 1000, "minute": 60_000, "hour": 3_600_000, "day": 86_400_000,
+            "week": 7 * 86_400_000}
+
 
 @dataclass(slots=True)
 class PersistenceConfig(Section):
@@ -248,7 +289,8 @@ class DashboardConfig(Section):
     # operators' accounts (not the MQTT password file): python -m broker.admin users add NAME
     users_file: str = ""                            # "" = <data_dir>/dashboard-users
     initial_admin: str = "admin"                    # created at first start when users_file has no account...
-    initial_admin_password: str = ""                # ...with this password; "" = random, in <data_dir>/dashboard-admin-password
+    # ...with this password; "" = random, in <data_dir>/dashboard-admin-password
+    initial_admin_password: str = ""
     allowed_hosts: tuple = key((), StrList())       # Host names besides localhost, 127.0.0.1, [::1], host
     session_seconds: float = key(28800.0, Num(60, 31 * 86400))  # a login lasts this long
     max_login_sessions: int = key(1000, Int(1, 1_000_000))  # sessions held; beyond: the oldest ends
@@ -256,7 +298,8 @@ class DashboardConfig(Section):
     max_pending_logins: int = key(8, Int(1, 10000))  # ...at most this many waiting or running (more: 503)
     login_failures: int = key(5, Int(1, 1000))      # wrong passwords from one address before it must wait...
     login_lockout_seconds: float = key(60.0, Num(1, 86400))  # ...1 s, doubling up to this (429)
-    history_worker_idle_seconds: float = key(120.0, Num(1, 86400))  # the history worker process exits when idle this long
+    # the history worker process exits when idle this long
+    history_worker_idle_seconds: float = key(120.0, Num(1, 86400))
 
 
 @dataclass(slots=True)
@@ -336,9 +379,9 @@ class Config(Section):
     cluster: ClusterConfig = section(ClusterConfig)
     listeners: list = field(default_factory=list, metadata={"section": ListenerConfig})
 
-    def to_tables(self) -> dict:
+    def to_tables(self) -> dict[str, Any]:
         """The config file (as a dict) that loads back into this tree."""
-        out = {"broker": self.to_table()}
+        out: dict[str, Any] = {"broker": self.to_table()}
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             if isinstance(value, Section):

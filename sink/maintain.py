@@ -12,8 +12,11 @@ from sink.history.maintenance import describe, maintain_once, open_table, parse_
 
 def main(argv=None) -> int:
     import argparse
+
+    from settings import environment
     p = argparse.ArgumentParser(
-        prog="python -m sink.maintain",
+        prog="python -m sink.maintain", formatter_class=environment.HelpFormatter,
+        epilog=environment.epilog(environment.MAINTAIN),
         description="Compact every closed partition of the history table and apply "
                     "[history] retention now. Safe while the history job runs (each change is "
                     "one commit of the table's log) or with it stopped; running it twice "
@@ -32,41 +35,37 @@ def main(argv=None) -> int:
     p.add_argument("--log-level", default="INFO")
     args = p.parse_args(argv)
     try:
-        from sink.history.job import config_from_args
-        job_argv = ["--config", args.config] if args.config else []
-        if args.table:
-            job_argv += ["--table", args.table]
-        if args.checkpoint:
-            job_argv += ["--checkpoint", args.checkpoint]
-        cfg, _ = config_from_args(job_argv)
+        from sink.history.job import UsageError, flags_of, load_job
+        flags = flags_of(args)   # --table, --checkpoint: the job's flags, checked by the tree
         if args.retention is not None:
-            cfg.retention = args.retention
-        settings = settings_of(cfg)
+            flags.append(("history", "retention", args.retention, "--retention"))
+        hist = load_job(args.config, flags)[0].history
+        settings = settings_of(hist)
         as_of = parse_time(args.as_of)
     except ConfigError as exc:
         return report_config_error(exc)
-    except ValueError as exc:
+    except (UsageError, ValueError) as exc:
         print(f"sink.maintain: error: {exc}", file=sys.stderr)
         return 2
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("py4j").setLevel(logging.WARNING)
     from sink.history.job import PARQUET_OPTIONS, is_local_path
-    if not is_local_path(cfg.table):
-        print(f"sink.maintain: error: {cfg.table} is not a local directory; only tables the job "
+    if not is_local_path(hist.table):
+        print(f"sink.maintain: error: {hist.table} is not a local directory; only tables the job "
               "writes through its own log (local paths) are maintained", file=sys.stderr)
         return 2
     from pathlib import Path
-    root = Path(cfg.table)
+    root = Path(hist.table)
     if not (root / "_manifest").is_dir() and not (root / "_spark_metadata").is_dir():
-        print(f"sink.maintain: error: no history table at {cfg.table} (no _manifest or "
+        print(f"sink.maintain: error: no history table at {hist.table} (no _manifest or "
               "_spark_metadata): give the directory the job writes with --table", file=sys.stderr)
         return 2
     from sink.history.spark import get_spark
     spark = get_spark("mqtt-history-maintain", log_level="ERROR")
     try:
-        table = open_table(spark, cfg.table, cfg.checkpoint_dir,
-                           int(cfg.delete_delay_seconds * 1000))
+        table = open_table(spark, hist.table, hist.checkpoint_dir,
+                           int(hist.delete_delay_seconds * 1000))
         result = maintain_once(spark, table, settings, as_of, PARQUET_OPTIONS)
         print(describe(result))
         return 0

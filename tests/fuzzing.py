@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import random
 
-from broker.config import MQTTConfig
 from broker.core.broker import Broker
 from broker.core.connection import Connection
 from broker.protocol import packets as P
@@ -18,6 +17,7 @@ from broker.protocol import properties as PR
 from broker.protocol.codec import Decoder, encode, encode_ack, encode_publish
 from broker.protocol.errors import MQTTError
 from broker.protocol.properties import encode_vbi
+from settings import MQTTConfig
 from tests import vectors
 from tests.sansio import drain, feed
 

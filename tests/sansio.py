@@ -7,11 +7,11 @@ returned by data_received, transport state moving out), only they change.
 """
 from __future__ import annotations
 
-from broker.config import MQTTConfig
 from broker.core.broker import Broker
 from broker.core.connection import Connection
 from broker.protocol import packets as P
 from broker.protocol.codec import Decoder, encode
+from settings import MQTTConfig
 
 # ---------------------------------------------------------------- the adapter
 

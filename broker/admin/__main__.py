@@ -28,6 +28,8 @@ import json
 import os
 import sys
 
+from settings import environment
+
 from .accounts import PASSWORD_FILE, ROLES, delete_account, read_accounts, set_account, set_role, users_file
 from .bans import KINDS
 from .client import AdminClient, APIError
@@ -40,7 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m broker.admin",
         description="Manage the dashboard's operator accounts, and a running broker through "
                     "its admin API (the dashboard's /api/v1/...).",
-        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__.split("\n\n", 1)[1].rstrip() + "\n\n" + environment.epilog(environment.ADMIN))
     p.add_argument("--config", metavar="FILE", help="the broker's config (for data_dir, "
                    "[dashboard] users_file and port)")
     p.add_argument("--data-dir", metavar="DIR", help="the broker's data directory (default: "
@@ -176,9 +179,10 @@ def users(args, cfg) -> int:
 
 
 def _password(args, cfg) -> str:
-    if os.environ.get("BROKER_ADMIN_PASSWORD"):
-        return os.environ["BROKER_ADMIN_PASSWORD"]
-    path = args.password_file or os.environ.get("BROKER_ADMIN_PASSWORD_FILE") or \
+    password = environment.ADMIN_PASSWORD.get()
+    if password:
+        return password
+    path = args.password_file or environment.ADMIN_PASSWORD_FILE.get() or \
         os.path.join(cfg.data_dir, PASSWORD_FILE)
     try:
         with open(path, encoding="utf-8") as f:
@@ -199,9 +203,9 @@ def _print(args, data, rows=None, columns=()) -> None:
 
 
 def remote(args, cfg) -> int:
-    url = args.url or os.environ.get("BROKER_ADMIN_URL") or \
+    url = args.url or environment.ADMIN_URL.get() or \
         f"http://127.0.0.1:{cfg.dashboard.port}"
-    user = args.user or os.environ.get("BROKER_ADMIN_USER") or "admin"
+    user = args.user or environment.ADMIN_USER.get() or "admin"
     api = AdminClient(url, user, _password(args, cfg))
     cmd, op = args.command, getattr(args, "op", None)
     if cmd == "clients" and op == "list":

@@ -41,7 +41,7 @@ _DUMMY = hash_password(secrets.token_bytes(16))
 class Account:
     __slots__ = ("name", "role", "hash")
 
-    def __init__(self, name: str, role: str, hash_: str):
+    def __init__(self, name: str, role: str, hash_: str) -> None:
         self.name, self.role, self.hash = name, role, hash_
 
 
@@ -143,7 +143,7 @@ def delete_account(path: str, name: str) -> bool:
 class Accounts:
     """The accounts file of a running broker: re-read when it changes, checked off the loop."""
 
-    def __init__(self, path: str, reload_interval: float = 2.0):
+    def __init__(self, path: str, reload_interval: float = 2.0) -> None:
         self.path = path
         self.reload_interval = reload_interval
         self._lock = threading.Lock()

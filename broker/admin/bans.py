@@ -38,7 +38,7 @@ def peer_address(peer: str) -> str:
 
 
 class BanList:
-    def __init__(self, path: str | None, clock=time.time):
+    def __init__(self, path: str | None, clock=time.time) -> None:
         self.path = path
         self.clock = clock
         self.bans: dict[tuple[str, str], dict] = {}

@@ -13,13 +13,13 @@ from http.cookies import SimpleCookie
 
 
 class APIError(Exception):
-    def __init__(self, status: int, message: str):
+    def __init__(self, status: int, message: str) -> None:
         self.status = status
         super().__init__(f"HTTP {status}: {message}")
 
 
 class AdminClient:
-    def __init__(self, url: str, user: str, password: str, timeout: float = 30.0):
+    def __init__(self, url: str, user: str, password: str, timeout: float = 30.0) -> None:
         self.url = url.rstrip("/")
         self.user, self.password = user, password
         self.timeout = timeout

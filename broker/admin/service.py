@@ -45,7 +45,7 @@ def audit(who: str, address: str, action: str, outcome: str = "ok", **details) -
 
 
 class AdminService:
-    def __init__(self, server, bans: BanList | None = None, accounts=None):
+    def __init__(self, server, bans: BanList | None = None, accounts=None) -> None:
         self.server = server
         self.broker = server.broker
         self.view = BrokerView(server.broker)

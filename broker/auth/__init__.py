@@ -8,8 +8,9 @@ Configured by the ``[auth]`` table of the TOML config (see config/broker.toml)::
     allow_anonymous = false                # default: false with a password file, else true
     client_id_pattern = "%u-*"             # optional: client ids a user may choose (else 0x85)
 
-``from_config(cfg.auth)`` (the typed [auth] section, settings.AuthConfig) returns an ``AccessControl`` for the broker core (or
-None when nothing is configured: everyone may do everything, as before).
+``from_config(cfg.auth)`` (the typed [auth] section, settings.AuthConfig) returns an
+``AccessControl`` for the broker core (or None when nothing is configured: everyone may do
+everything, as before).
 
 CONNECT outcome (MQTT 5 reason code / MQTT 3.1.1 return code):
 
@@ -52,7 +53,6 @@ NOT_AUTHORIZED = 0x87
 CLIENT_IDENTIFIER_NOT_VALID = 0x85
 
 _DEFAULT = AuthConfig()  # the one place the [auth] defaults are written: settings/tree.py
-DEFAULT_MAX_DEFERRED_BYTES = _DEFAULT.max_deferred_bytes
 
 
 class AccessControl(Hook):
@@ -66,20 +66,13 @@ class AccessControl(Hook):
                  cache_seconds: float = _DEFAULT.cache_seconds,
                  reload_interval: float = _DEFAULT.reload_interval,
                  decision_cache_size: int = _DEFAULT.decision_cache_size,
-                 max_pending_checks: int = _DEFAULT.max_pending_checks,
-                 check_threads: int = _DEFAULT.check_threads,
-                 max_deferred_bytes: int = _DEFAULT.max_deferred_bytes,
-                 client_id_pattern: str = _DEFAULT.client_id_pattern, clock=time.monotonic):
+                 client_id_pattern: str = _DEFAULT.client_id_pattern, clock=time.monotonic) -> None:
         if allow_anonymous is None:
             allow_anonymous = not password_file
         if not allow_anonymous and not password_file:
             raise ConfigError("auth.allow_anonymous", "needs auth.password_file (otherwise no "
                               "client could connect)", False)
         self.allow_anonymous = allow_anonymous
-        # bounds of the off-loop password checks (broker/auth/checks.py, wired by the server)
-        self.max_pending_checks = max_pending_checks
-        self.check_threads = check_threads
-        self.max_deferred_bytes = max_deferred_bytes
         self.clock = clock
         self.reload_interval = reload_interval
         self.passwords = PasswordFile(password_file, reload_interval, cache_seconds, clock=clock) \
@@ -218,9 +211,7 @@ def from_config(cfg: AuthConfig | dict | None) -> AccessControl | None:
         return AccessControl(
             password_file=pw, acl_file=acl, allow_anonymous=cfg.allow_anonymous,
             cache_seconds=cfg.cache_seconds, reload_interval=cfg.reload_interval,
-            decision_cache_size=cfg.decision_cache_size, max_pending_checks=cfg.max_pending_checks,
-            check_threads=cfg.check_threads, max_deferred_bytes=cfg.max_deferred_bytes,
-            client_id_pattern=cfg.client_id_pattern)
+            decision_cache_size=cfg.decision_cache_size, client_id_pattern=cfg.client_id_pattern)
     except AuthFileError as exc:
         key, path = ("acl_file", acl) if acl and exc.errors and exc.errors[0].startswith(acl) \
             else ("password_file", pw)

@@ -12,8 +12,15 @@ import getpass
 import sys
 
 from .acl import ACL, AuthFileError
-from .passwords import (DEFAULT_N, DEFAULT_P, DEFAULT_R, delete_user, read_password_file,
-                        set_user, valid_username)
+from .passwords import (
+    DEFAULT_N,
+    DEFAULT_P,
+    DEFAULT_R,
+    delete_user,
+    read_password_file,
+    set_user,
+    valid_username,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

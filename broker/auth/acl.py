@@ -74,7 +74,7 @@ _FORBIDDEN_IN_SUBST = ("/", "+", "#")
 class AuthFileError(ValueError):
     """One or more problems in an auth file; each entry reads 'FILE:LINE: what is wrong'."""
 
-    def __init__(self, errors: list[str]):
+    def __init__(self, errors: list[str]) -> None:
         self.errors = list(errors)
         super().__init__("\n".join(self.errors))
 

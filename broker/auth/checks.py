@@ -35,7 +35,7 @@ class CheckQueue:
     """submit(key, fn, still_wanted, done): run fn() in a worker, then done(result) on the loop
     (result None when fn raised)."""
 
-    def __init__(self, threads: int = 0, max_pending: int = DEFAULT_MAX_PENDING):
+    def __init__(self, threads: int = 0, max_pending: int = DEFAULT_MAX_PENDING) -> None:
         self.threads = threads or default_threads()
         self.max_pending = max_pending
         self.executor = ThreadPoolExecutor(self.threads, thread_name_prefix=THREAD_NAME)

@@ -23,16 +23,16 @@ Format::
   when a client authenticates, and the file is re-read when it changed. A file that became
   invalid (or disappeared) keeps the previous users and logs the error with file:line.
 
-Verification cache (``cache_seconds``, default 120, 0 disables): scrypt is deliberately slow,
-so a reconnect storm of thousands of devices would keep the check threads busy for minutes. The outcome of a check (accepted or refused) is therefore remembered
-for ``cache_seconds``, keyed by HMAC-SHA256(per-process random key, user name + password):
-the cache never holds a password or a reusable hash of one, and a new guess always pays the
-full scrypt price, so the cache does not speed up password guessing. The cache is cleared
-whenever the file is reloaded (so a changed or deleted user takes effect at the next check
-after the reload) and bounded to ``cache_max_entries`` entries. The trade-off: a memory dump of
-the broker process exposes HMAC values that, together with the key from the same dump, could
-be brute-forced much faster than scrypt. Set cache_seconds = 0 if that matters more than
-reconnect storms.
+Verification cache (``cache_seconds``, default 120, 0 disables): scrypt is deliberately slow, so
+a reconnect storm of thousands of devices would keep the check threads busy for minutes. The
+outcome of a check (accepted or refused) is therefore remembered for ``cache_seconds``, keyed by
+HMAC-SHA256(per-process random key, user name + password): the cache never holds a password or a
+reusable hash of one, and a new guess always pays the full scrypt price, so the cache does not
+speed up password guessing. The cache is cleared whenever the file is reloaded (so a changed or
+deleted user takes effect at the next check after the reload) and bounded to
+``cache_max_entries`` entries. The trade-off: a memory dump of the broker process exposes HMAC
+values that, together with the key from the same dump, could be brute-forced much faster than
+scrypt. Set cache_seconds = 0 if that matters more than reconnect storms.
 
 The broker runs every check that may hash (any CONNECT with a user name) on a small thread
 pool with a bounded queue (broker/auth/checks.py), never on its event loop; a flood of
@@ -103,7 +103,7 @@ class Hash:
     "scrypt" or "7" (then `n` is the iteration count)."""
     __slots__ = ("kind", "n", "r", "p", "salt", "digest", "text")
 
-    def __init__(self, text: str):
+    def __init__(self, text: str) -> None:
         parts = text.split("$")
         if len(parts) == 5 and not parts[0] and parts[1] == "7":
             kind, numbers, encoded = "7", parts[2:3], parts[3:]
@@ -218,7 +218,7 @@ class PasswordFile:
     """The users of a password file, re-read when it changes, with a verification cache."""
 
     def __init__(self, path: str, reload_interval: float = 2.0, cache_seconds: float = 120.0,
-                 cache_max_entries: int = 100_000, clock=time.monotonic):
+                 cache_max_entries: int = 100_000, clock=time.monotonic) -> None:
         self.path = path
         self.reload_interval = reload_interval
         self.cache_seconds = cache_seconds

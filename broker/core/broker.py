@@ -10,7 +10,9 @@ from __future__ import annotations
 import logging
 import time
 
-from ..config import MQTTConfig
+from mqtt_topics import parse_shared, valid_topic_filter
+from settings import MQTTConfig
+
 from ..protocol import properties as PR
 from .clientlog import ClientLog, shown
 from .hooks import ALLOW_ALL, Hooks  # ALLOW_ALL: the checks without an auth hook
@@ -18,7 +20,6 @@ from .message import Message
 from .retain import RetainedStore
 from .router import Router
 from .session import NEVER, Inflight, Queues, Session, Subscription, entry_size
-from .topics import parse_shared, valid_topic_filter
 
 log = logging.getLogger("broker")
 

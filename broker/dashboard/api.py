@@ -34,18 +34,24 @@ import logging
 import math
 import socket
 import time
+from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 from aiohttp import web
 
-from ..admin.service import AdminError, Refused, audit
-from . import JOB_HINT, live
+from settings import DashboardConfig
 from settings.secrets import connect_token
 
+from ..admin.accounts import Accounts
+from ..admin.service import AdminError, AdminService, Refused, audit
+from . import JOB_HINT, live
 from .history import BadRequest, HistoryClient, JobNotRunning, check_filter, make_query, parse_time
-from .login import COOKIE, Busy, LoginChecks, Sessions, Throttle
+from .login import COOKIE, Busy, LoginChecks, Session, Sessions, Throttle
 
 log = logging.getLogger("broker.dashboard")
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 STATIC = Path(__file__).resolve().parent / "static"
 SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
@@ -55,7 +61,8 @@ LOGIN_HINT = ("log in with a dashboard account (POST /api/login, or HTTP Basic):
               "credentials from the MQTT password file do not log in here")
 
 
-def _json_error(status: int, message: str, headers=None, **extra) -> web.Response:
+def _json_error(status: int, message: str, headers: dict[str, str] | None = None,
+                **extra: Any) -> web.Response:
     return web.json_response({"error": message, **extra}, status=status, headers=headers)
 
 
@@ -65,7 +72,7 @@ class Params:
     """A request's query parameters, checked: unknown or repeated names and malformed values
     raise BadRequest naming the parameter and what it accepts."""
 
-    def __init__(self, request, *known: str):
+    def __init__(self, request: web.Request, *known: str) -> None:
         q = request.query
         for name in q:
             if name not in known:
@@ -110,7 +117,7 @@ class Params:
         return parse_time(self.q.get(name), name)
 
 
-async def _body(request, limit: int = 2 << 20) -> dict:
+async def _body(request: web.Request, limit: int = 2 << 20) -> dict[str, Any]:
     """A JSON object body (400 when it is not one)."""
     if request.content_type != "application/json":
         raise BadRequest("send the body as JSON (Content-Type: application/json)")
@@ -123,7 +130,8 @@ async def _body(request, limit: int = 2 << 20) -> dict:
     return data
 
 
-def _field(data: dict, name: str, kind, default=None, required: bool = False):
+def _field(data: dict[str, Any], name: str, kind: type, default: Any = None,
+           required: bool = False) -> Any:
     v = data.get(name, default)
     if v is None:
         if required:
@@ -141,7 +149,7 @@ def _field(data: dict, name: str, kind, default=None, required: bool = False):
 
 # ---- Host names -------------------------------------------------------------------------------
 
-def host_names(bind: str, extra=()) -> set[str]:
+def host_names(bind: str, extra: Iterable[str] = ()) -> set[str]:
     """Host header names the dashboard answers (lower case, no port)."""
     names = {"localhost", "127.0.0.1", "::1"}
     names.update(h.lower().strip("[]").rstrip(".") for h in extra if h)
@@ -152,7 +160,7 @@ def host_names(bind: str, extra=()) -> set[str]:
             names.add(name.lower())
             try:
                 for info in socket.getaddrinfo(name, None):
-                    names.add(info[4][0].split("%")[0].lower())
+                    names.add(str(info[4][0]).split("%")[0].lower())
             except OSError:
                 pass
     else:
@@ -194,7 +202,7 @@ def _basic(header: str) -> tuple[str | None, bytes | None]:
         return None, None
 
 
-def _foreign_origin(request):
+def _foreign_origin(request: web.Request) -> web.Response | None:
     """403 for a request whose Origin is another site than the one it was sent to, else None."""
     origin = request.headers.get("Origin")
     if origin is not None and origin.split("://", 1)[-1].split("/", 1)[0].lower() != \
@@ -203,13 +211,14 @@ def _foreign_origin(request):
     return None
 
 
-def _address(request) -> str:
+def _address(request: web.Request) -> str:
     peer = request.transport.get_extra_info("peername") if request.transport else None
     return str(peer[0]) if peer else "?"
 
 
 class Dashboard:
-    def __init__(self, server, settings, accounts, admin):
+    def __init__(self, server: Any, settings: DashboardConfig, accounts: Accounts,
+                 admin: AdminService) -> None:
         """settings: the DashboardConfig (connect_url resolved); accounts: broker.admin
         Accounts; admin: broker.admin AdminService."""
         self.server = server
@@ -227,7 +236,7 @@ class Dashboard:
         self.history = HistoryClient(settings.connect_url, settings.history_timeout_seconds,
                                      JOB_HINT, settings.history_worker_idle_seconds,
                                      token=lambda: connect_token(data_dir))
-        self.job = {"running": None, "url": settings.connect_url}
+        self.job: dict[str, Any] = {"running": None, "url": settings.connect_url}
         self.sampler = live.Sampler(self.view, self._io_bytes, settings.sample_seconds,
                                     settings.keep_points, self.counter, self._sink_stats,
                                     self.history_status)
@@ -274,7 +283,7 @@ class Dashboard:
 
     # ------------------------------------------------------------ middlewares
     @web.middleware
-    async def _host(self, request, handler):
+    async def _host(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         name = request_host(request.headers.get("Host"))
         if name not in self.hosts:
             log.info("dashboard: refused Host %s from %s", repr(request.headers.get("Host"))[:100],
@@ -285,7 +294,7 @@ class Dashboard:
         return await handler(request)
 
     @web.middleware
-    async def _errors(self, request, handler):
+    async def _errors(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         try:
             return await handler(request)
         except web.HTTPException:
@@ -306,14 +315,14 @@ class Dashboard:
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
             return _json_error(500, f"the broker could not answer {request.path}: {first}")
 
-    def _public(self, request) -> bool:
+    def _public(self, request: web.Request) -> bool:
         path = request.path
         if request.method in ("GET", "HEAD"):
             return path in ("/", "/favicon.ico") or path.startswith("/static/")
         return request.method == "POST" and path in ("/api/login", "/api/logout")
 
     @web.middleware
-    async def _auth(self, request, handler):
+    async def _auth(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         if self._public(request):
             return await handler(request)
         session, via_cookie = self.sessions.get(request.cookies.get(COOKIE)), True
@@ -321,12 +330,12 @@ class Dashboard:
         if session is None:
             via_cookie = False
             user, password = _basic(request.headers.get("Authorization", ""))
-            if user is None:
+            if user is None or password is None:
                 return _json_error(401, LOGIN_HINT)
-            session = await self._basic_login(request, user, password)
-            if not hasattr(session, "token"):
-                return session  # a refusal (401 / 429)
-            new_cookie = session
+            login = await self._basic_login(request, user, password)
+            if isinstance(login, web.Response):
+                return login  # a refusal (401 / 429)
+            session = new_cookie = login
         if self.accounts.role(session.user) != session.role:   # removed, or its role changed
             self.sessions.close(session.token)
             return _json_error(401, "your account was changed or removed: log in again")
@@ -345,7 +354,7 @@ class Dashboard:
             self._set_cookie(request, response, new_cookie)
         return response
 
-    def _csrf(self, request, session, via_cookie: bool):
+    def _csrf(self, request: web.Request, session: Session, via_cookie: bool) -> web.Response | None:
         refused = _foreign_origin(request)
         if refused is not None:
             return refused
@@ -355,14 +364,16 @@ class Dashboard:
                                "header: the csrf_token of POST /api/login or GET /api/me")
         return None
 
-    async def _basic_login(self, request, user: str, password: bytes):
+    async def _basic_login(self, request: web.Request, user: str,
+                           password: bytes) -> Session | web.Response:
         key = self.sessions.basic_key(user, password)
         s = self.sessions.for_basic(key)
         if s is not None:
             return s
         return await self._check_login(request, user, password, basic=key)
 
-    async def _check_login(self, request, user: str, password: bytes, basic: bytes | None = None):
+    async def _check_login(self, request: web.Request, user: str, password: bytes,
+                           basic: bytes | None = None) -> Session | web.Response:
         """A Session, or the refusal to send (401, 429; Busy raised: 503)."""
         address = _address(request)
         wait = self.throttle.retry_after(address)
@@ -378,12 +389,12 @@ class Dashboard:
         log.info("dashboard: %s (%s) logged in from %s", repr(user)[:100], role, address)
         return self.sessions.open(user, role, address, basic)
 
-    def _set_cookie(self, request, response, session) -> None:
+    def _set_cookie(self, request: web.Request, response: web.StreamResponse, session: Session) -> None:
         response.set_cookie(COOKIE, session.token, max_age=int(self.s.session_seconds),
                             httponly=True, samesite="Strict", secure=request.secure, path="/")
 
     # ------------------------------------------------------------ login
-    async def login(self, request):
+    async def login(self, request: web.Request) -> web.StreamResponse:
         refused = _foreign_origin(request)
         if refused is not None:
             return refused
@@ -393,37 +404,37 @@ class Dashboard:
         if len(user) > 256 or len(password) > 1024:
             raise BadRequest("the user name or password is too long")
         s = await self._check_login(request, user, password.encode("utf-8"))
-        if not hasattr(s, "token"):
+        if isinstance(s, web.Response):
             return s
         response = web.json_response(self._me(s))
         self._set_cookie(request, response, s)
         return response
 
-    async def logout(self, request):
+    async def logout(self, request: web.Request) -> web.StreamResponse:
         token = request.cookies.get(COOKIE)
         s = self.sessions.get(token)
         if s is not None and request.headers.get("X-CSRF-Token") == s.csrf:
-            self.sessions.close(token)
+            self.sessions.close(s.token)
         response = web.json_response({"logged_out": True})
         response.del_cookie(COOKIE, path="/")
         return response
 
-    def _me(self, s) -> dict:
+    def _me(self, s: Session) -> dict[str, Any]:
         return {"user": s.user, "role": s.role, "csrf_token": s.csrf,
                 "expires_at": live.iso(time.time() + s.expires - self.sessions.clock())}
 
-    async def me(self, request):
+    async def me(self, request: web.Request) -> web.StreamResponse:
         Params(request)
         return web.json_response(self._me(request["session"]))
 
     # ------------------------------------------------------------ the page's API
-    async def index(self, request):
+    async def index(self, request: web.Request) -> web.StreamResponse:
         return web.FileResponse(STATIC / "index.html", headers={"Cache-Control": "no-cache"})
 
-    async def favicon(self, request):
+    async def favicon(self, request: web.Request) -> web.StreamResponse:
         return web.FileResponse(STATIC / "favicon.svg", headers={"Content-Type": "image/svg+xml"})
 
-    async def api_live(self, request):
+    async def api_live(self, request: web.Request) -> web.StreamResponse:
         p = Params(request, "since")
         since = p.time("since") or 0.0
         return web.json_response({
@@ -434,41 +445,41 @@ class Dashboard:
             "history": self.history_status(), "user": request["session"].user,
             "role": request["session"].role})
 
-    async def api_clients(self, request):
+    async def api_clients(self, request: web.Request) -> web.StreamResponse:
         p = Params(request, "q", "limit")
         limit = p.int("limit", self.s.max_clients_listed, 1, self.s.max_clients_listed)
         return web.json_response(live.clients(self.view, p.text("q"), limit))
 
-    async def api_topics(self, request):
+    async def api_topics(self, request: web.Request) -> web.StreamResponse:
         p = Params(request, "filter", "limit")
         filt = check_filter(p.text("filter", "#", 65535) or "#")
         limit = p.int("limit", self.s.max_topics_listed, 1, self.s.max_topics_listed)
         return web.json_response(live.topics(self.view, self.counter, filt, limit))
 
-    async def api_history(self, request):
+    async def api_history(self, request: web.Request) -> web.StreamResponse:
         p = Params(request, "filter", "from", "to")
         q = make_query(p.text("filter", "", 65535), p.q.get("from"), p.q.get("to"),
                        self.s.history_max_days)
         return web.json_response(await self.history.ask(q))
 
     # ------------------------------------------------------------ the admin API (/api/v1)
-    def _audit(self, request, action: str, outcome: str = "ok", **details) -> None:
+    def _audit(self, request: web.Request, action: str, outcome: str = "ok", **details: Any) -> None:
         audit(request["session"].user, _address(request), action, outcome, **details)
 
-    async def v1_stats(self, request):
+    async def v1_stats(self, request: web.Request) -> web.StreamResponse:
         Params(request)
         st = self.view.stats()
         st = {k: list(v) if isinstance(v, tuple) else v for k, v in st.items()}
         return web.json_response(st)
 
-    async def v1_clients(self, request):
+    async def v1_clients(self, request: web.Request) -> web.StreamResponse:
         p = Params(request, "q", "limit")
         limit = p.int("limit", self.s.max_clients_listed, 1, 100_000)
         found, matched = self.view.clients(p.text("q"), limit, subscriptions=1000)
         return web.json_response({"clients": [live.client_json(r) for r in found],
                                   "matched": matched})
 
-    async def v1_client(self, request):
+    async def v1_client(self, request: web.Request) -> web.StreamResponse:
         Params(request)
         cid = request.match_info["client_id"]
         rec = self.view.client(cid)
@@ -480,7 +491,7 @@ class Dashboard:
             return _json_error(404, "no client with this id is connected")
         return web.json_response(live.client_json(rec))
 
-    async def v1_kick(self, request):
+    async def v1_kick(self, request: web.Request) -> web.StreamResponse:
         Params(request)
         cid = request.match_info["client_id"]
         ok = self.admin.kick(cid)
@@ -489,13 +500,13 @@ class Dashboard:
             return _json_error(404, "no client with this id is connected")
         return web.json_response({"kicked": cid})
 
-    async def v1_sessions(self, request):
+    async def v1_sessions(self, request: web.Request) -> web.StreamResponse:
         p = Params(request, "q", "limit", "connected")
         limit = p.int("limit", 1000, 1, 100_000)
         found, matched = self.view.sessions(p.text("q"), limit, p.bool("connected"))
         return web.json_response({"sessions": [_plain(r) for r in found], "matched": matched})
 
-    async def v1_subscriptions(self, request):
+    async def v1_subscriptions(self, request: web.Request) -> web.StreamResponse:
         p = Params(request, "client_id", "q", "limit")
         limit = p.int("limit", 1000, 1, 100_000)
         cid = p.q.get("client_id")
@@ -505,7 +516,7 @@ class Dashboard:
         return web.json_response({"subscriptions": [_plain(r) for r in found],
                                   "matched": matched})
 
-    async def v1_retained(self, request):
+    async def v1_retained(self, request: web.Request) -> web.StreamResponse:
         p = Params(request, "filter", "limit")
         filt = check_filter(p.text("filter", "#", 65535) or "#")
         limit = p.int("limit", 1000, 1, 100_000)
@@ -515,7 +526,7 @@ class Dashboard:
              "expires_in": r.expires_in, **live.preview(r.payload, 64 * 1024)} for r in found],
             "matched": matched})
 
-    async def v1_delete_retained(self, request):
+    async def v1_delete_retained(self, request: web.Request) -> web.StreamResponse:
         topic = Params(request, "topic").text("topic", limit=65535)
         if not topic:
             raise BadRequest("give the retained message's topic: ?topic=a/b")
@@ -525,7 +536,7 @@ class Dashboard:
             return _json_error(404, "no retained message on this topic")
         return web.json_response({"deleted": topic})
 
-    async def v1_publish(self, request):
+    async def v1_publish(self, request: web.Request) -> web.StreamResponse:
         Params(request)
         d = await _body(request)
         topic = _field(d, "topic", str, required=True)
@@ -553,11 +564,11 @@ class Dashboard:
                     qos=d.get("qos", 0), retain=bool(d.get("retain")), delivered=n)
         return web.json_response({"topic": topic, "delivered_to": n})
 
-    async def v1_bans(self, request):
+    async def v1_bans(self, request: web.Request) -> web.StreamResponse:
         Params(request)
         return web.json_response({"bans": [_ban(b) for b in self.admin.list_bans()]})
 
-    async def v1_ban(self, request):
+    async def v1_ban(self, request: web.Request) -> web.StreamResponse:
         Params(request)
         d = await _body(request, 64 * 1024)
         kind = _field(d, "kind", str, required=True)
@@ -567,7 +578,7 @@ class Dashboard:
         self._audit(request, "ban", "ok", kind=kind, value=value, kicked=len(kicked))
         return web.json_response({"ban": _ban(ban), "disconnected": kicked})
 
-    async def v1_unban(self, request):
+    async def v1_unban(self, request: web.Request) -> web.StreamResponse:
         p = Params(request, "kind", "value")
         kind, value = p.q.get("kind"), p.q.get("value")
         if not kind or not value:
@@ -578,7 +589,7 @@ class Dashboard:
             return _json_error(404, "no such ban")
         return web.json_response({"removed": {"kind": kind, "value": value}})
 
-    async def v1_reload(self, request):
+    async def v1_reload(self, request: web.Request) -> web.StreamResponse:
         Params(request)
         out = self.admin.reload()
         self._revalidate_sessions()
@@ -605,7 +616,7 @@ class Dashboard:
         r.add_static("/static/", STATIC, follow_symlinks=False)
         return app
 
-    def admin_routes(self):
+    def admin_routes(self) -> tuple[tuple[str, str, Handler], ...]:
         return (("GET", "/api/v1/stats", self.v1_stats),
                 ("GET", "/api/v1/clients", self.v1_clients),
                 ("GET", "/api/v1/clients/{client_id:.+}", self.v1_client),
@@ -629,7 +640,7 @@ class Dashboard:
         except OSError:
             await self.stop()
             raise
-        self.port = site._server.sockets[0].getsockname()[1]
+        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]  # started: an asyncio.Server
         self.sampler.sample()  # the baseline for the first rates
         self._tasks = [asyncio.create_task(self._sample()), asyncio.create_task(self._watch_job())]
         log.info("dashboard on http://%s:%s/ (log in with an operator's account; %d in %s)",
@@ -658,7 +669,7 @@ def _url_host(host: str) -> str:
         return host
 
 
-def _plain(rec) -> dict:
+def _plain(rec: Any) -> dict[str, Any]:
     from dataclasses import asdict
     return asdict(rec)
 

@@ -184,7 +184,7 @@ class HistoryClient:
     """Asks the history job from a child process (history_worker.py), one question at a time."""
 
     def __init__(self, url: str, timeout: float, start_hint: str, idle_seconds: float = 120.0,
-                 token=None):
+                 token=None) -> None:
         """token(): the job's Spark Connect token (or None), read when a worker starts."""
         from settings import connect_address
         self.url = url

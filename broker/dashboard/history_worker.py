@@ -24,17 +24,19 @@ log = logging.getLogger("broker.dashboard.history_worker")
 
 
 class Worker:
-    def __init__(self, url: str):
+    def __init__(self, url: str) -> None:
         self.url = url
         self._spark = None
 
     def _session(self):
         if self._spark is None:
             from pyspark.sql import SparkSession  # ImportError: answer() says what is missing
-            from settings.secrets import TOKEN_ENV, client_url
+
+            from settings.environment import SPARK_CONNECT_TOKEN
+            from settings.secrets import client_url
             # the job's Spark Connect token, handed over in this process's environment by the
             # broker (never on its command line)
-            url = client_url(self.url, os.environ.get(TOKEN_ENV))
+            url = client_url(self.url, SPARK_CONNECT_TOKEN.get())
             self._spark = SparkSession.builder.remote(url).create()
         return self._spark
 

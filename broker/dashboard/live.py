@@ -59,7 +59,7 @@ class TopicCounter(Hook):
     """
     provides = frozenset({"on_message_accepted"})
 
-    def __init__(self, max_topics: int):
+    def __init__(self, max_topics: int) -> None:
         self.max_topics = max_topics
         self.counts: dict[str, int] = {}
         self.prev: dict[str, int] = {}
@@ -90,7 +90,7 @@ class Sampler:
     """Every ``interval`` seconds: a point of every live series, kept for ``keep`` points."""
 
     def __init__(self, view, io_bytes, interval: float, keep: int, topics: TopicCounter | None,
-                 sink_stats=None, history_status=None):
+                 sink_stats=None, history_status=None) -> None:
         """view: a BrokerView; io_bytes(): (bytes in, bytes out) of the server."""
         self.view = view
         self.io_bytes = io_bytes

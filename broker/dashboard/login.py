@@ -36,7 +36,7 @@ class Busy(Exception):
 class Session:
     __slots__ = ("token", "user", "role", "csrf", "expires", "address")
 
-    def __init__(self, user: str, role: str, expires: float, address: str):
+    def __init__(self, user: str, role: str, expires: float, address: str) -> None:
         self.token = secrets.token_urlsafe(32)
         self.csrf = secrets.token_urlsafe(24)
         self.user, self.role, self.expires, self.address = user, role, expires, address
@@ -45,7 +45,7 @@ class Session:
 class Sessions:
     """token -> Session, bounded and expiring (clock: monotonic seconds)."""
 
-    def __init__(self, lifetime: float, max_sessions: int, clock=time.monotonic):
+    def __init__(self, lifetime: float, max_sessions: int, clock=time.monotonic) -> None:
         self.lifetime = lifetime
         self.max_sessions = max_sessions
         self.clock = clock
@@ -111,7 +111,7 @@ class Throttle:
     """Wrong passwords per address: after `free` failures each attempt waits, doubling."""
 
     def __init__(self, free: int, max_delay: float, clock=time.monotonic,
-                 max_addresses: int = MAX_THROTTLED_ADDRESSES):
+                 max_addresses: int = MAX_THROTTLED_ADDRESSES) -> None:
         self.free = free
         self.max_delay = max_delay
         self.clock = clock
@@ -151,7 +151,7 @@ class Throttle:
 class LoginChecks:
     """Account password checks on a bounded pool (role or None), off the event loop."""
 
-    def __init__(self, accounts, threads: int, max_pending: int):
+    def __init__(self, accounts, threads: int, max_pending: int) -> None:
         self.accounts = accounts
         self.queue = CheckQueue(threads, max_pending)
 
@@ -159,7 +159,7 @@ class LoginChecks:
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
 
-        def done(result):
+        def done(result) -> None:
             if not fut.done():
                 fut.set_result(result)
         if not self.queue.submit(address, lambda: self.accounts.check(user, password),

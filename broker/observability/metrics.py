@@ -19,7 +19,7 @@ log = logging.getLogger("broker.metrics")
 
 
 class BrokerCollector:
-    def __init__(self, server):
+    def __init__(self, server) -> None:
         self.server = server
         self.view = BrokerView(server.broker)  # the core's read-only view (core/view.py)
 
@@ -94,7 +94,7 @@ async def start_http(server, host: str, port: int):
     registry.register(BrokerCollector(server))
     started = time.time()
 
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             line = await asyncio.wait_for(reader.readline(), 5)
             while (await asyncio.wait_for(reader.readline(), 5)) not in (b"\r\n", b"\n", b""):

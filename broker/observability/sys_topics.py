@@ -13,7 +13,7 @@ from ..core.view import BrokerView
 
 
 class SysPublisher:
-    def __init__(self, server, interval: float = 10.0):
+    def __init__(self, server, interval: float = 10.0) -> None:
         self.server = server
         self.view = BrokerView(server.broker)  # the core's read-only view (core/view.py)
         self.interval = interval

@@ -21,6 +21,8 @@ import os
 import sqlite3
 import time
 import zlib
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 from ..core.durability import Pending
 from ..core.hooks import SESSION_EVENTS, STORED_EVENTS, Hook
@@ -28,6 +30,11 @@ from ..core.message import Message
 from ..core.session import Session, Subscription
 from ..protocol import packets as P
 from ..protocol.properties import decode_properties, encode_properties
+
+if TYPE_CHECKING:
+    from ..core.broker import Broker
+
+Row = tuple[Any, ...]   # (rowid, *columns) of a table
 
 log = logging.getLogger("broker.store")
 
@@ -59,13 +66,13 @@ def _crc(topic: str, payload: bytes, props: bytes | None) -> int:
     return zlib.crc32(props or b"", zlib.crc32(payload, zlib.crc32(topic.encode())))
 
 
-def _add_crc_column(db) -> None:
+def _add_crc_column(db: sqlite3.Connection) -> None:
     """Files written before messages had a checksum: add the column (old rows keep NULL)."""
     if "crc" not in {r[1] for r in db.execute("PRAGMA table_info(messages)")}:
         db.execute("ALTER TABLE messages ADD COLUMN crc INTEGER")
 
 
-def _ids(sub_ids) -> str | None:
+def _ids(sub_ids: Iterable[int] | None) -> str | None:
     return ",".join(map(str, sub_ids)) if sub_ids else None
 
 
@@ -76,8 +83,9 @@ class Store(Hook):
     provides = frozenset(SESSION_EVENTS + STORED_EVENTS + ("on_retain", "barrier", "on_start",
                                                            "on_turn_end", "on_tick", "on_stop"))
 
-    def __init__(self, path: str, clock=time.monotonic, wall=time.time, synchronous: str = "NORMAL",
-                 max_pending: int = 1_000_000):
+    def __init__(self, path: str, clock: Callable[[], float] = time.monotonic,
+                 wall: Callable[[], float] = time.time, synchronous: str = "NORMAL",
+                 max_pending: int = 1_000_000) -> None:
         self.path = path
         self.clock = clock
         self.wall = wall
@@ -86,7 +94,7 @@ class Store(Hook):
         self.failing = 0      # consecutive failed commits (0: healthy)
         self.max_pending = max_pending  # changes kept while commits fail; beyond: rewrite later
         self.resync = False   # changes were dropped: the next commit rewrites the whole state
-        self.broker = None    # set when attached to a broker: the state a rewrite writes
+        self.broker: Broker | None = None  # set when attached to a broker: the state a rewrite writes
         self.retry_at = 0.0   # clock() before which a failing store does not try again
         self.turn: Pending | None = None  # what acks of this turn's changes wait for (barrier)
         self.marked = 0       # len(ops) at the last barrier() or commit: later ones are new
@@ -133,7 +141,7 @@ class Store(Hook):
             _add_crc_column(db)
             return db
 
-    def _rows(self, db, table: str):
+    def _rows(self, db: sqlite3.Connection, table: str) -> Iterator[Row]:
         """(rowid, *columns) of every row of `table` that can still be read, in rowid order.
 
         Read in rowid ranges: where a range is unreadable (a damaged or missing page) the rows
@@ -161,7 +169,7 @@ class Store(Hook):
             last = rows[-1][0]
 
     # ------------------------------------------------------------ restore
-    def load(self, broker) -> dict:
+    def load(self, broker: Broker) -> dict[str, Any]:
         """Rebuild sessions, subscriptions, queues, in-flight state and retained messages.
 
         Row by row for every table: a row that cannot be read or has wrong types is skipped
@@ -182,7 +190,7 @@ class Store(Hook):
         messages: dict[int, Message] = {}
         restored: dict[str, int] = {}
 
-        def restore(table: str, check, apply) -> None:
+        def restore(table: str, check: Callable[[Row], bool], apply: Callable[..., None]) -> None:
             """apply(columns) to every readable row; a row that fails is dropped and counted."""
             n = 0
             for row in self._rows(src, table):
@@ -196,7 +204,9 @@ class Store(Hook):
                     self._drop(table, row[0], exc)
             restored[table] = n
 
-        def message(mid, topic, payload, qos, retain, props, expires_at, accepted, crc=None):
+        def message(mid: int, topic: str, payload: bytes | None, qos: int, retain: int,
+                    props: bytes | None, expires_at: float | None, accepted: float,
+                    crc: int | None = None) -> None:
             if crc is not None and crc != _crc(topic, payload or b"", props):
                 raise ValueError("checksum mismatch: the row's content is damaged")
             pr = decode_properties(props, 0, "PUBLISH")[0] if props else None
@@ -205,14 +215,17 @@ class Store(Hook):
             m.store_id = mid
             messages[mid] = m
 
-        def session(cid, interval, expires_at, username, will, next_pid):
+        def session(cid: str, interval: int, expires_at: float | None, username: str | None,
+                    will: bytes | None, next_pid: int | None) -> None:
             broker.restore_session(cid, interval, expires_at, username,
                                    decode_will(will) if will else None, next_pid)
 
-        def subscription(cid, filt, qos, no_local, rap, rh, sub_id):
+        def subscription(cid: str, filt: str, qos: int, no_local: int | None, rap: int | None,
+                         rh: int, sub_id: int | None) -> None:
             broker.restore_subscription(cid, filt, qos, bool(no_local), bool(rap), rh, sub_id)
 
-        def outbound(seq, cid, mid, qos, retain, ids, pid, released):
+        def outbound(seq: int, cid: str, mid: int, qos: int, retain: int, ids: str | None,
+                     pid: int | None, released: int | None) -> None:
             m = messages.get(mid)
             if m is not None:
                 sub_ids = tuple(int(x) for x in ids.split(",")) if ids else None
@@ -220,7 +233,7 @@ class Store(Hook):
 
         nret = 0
 
-        def retained(topic, mid):
+        def retained(topic: str, mid: int) -> None:
             nonlocal nret
             m = messages.get(mid)
             if m is not None and m.topic != topic:
@@ -249,7 +262,7 @@ class Store(Hook):
         broker.restored()
         return summary
 
-    def _drop(self, table: str, rowid, exc: Exception) -> None:
+    def _drop(self, table: str, rowid: int, exc: Exception) -> None:
         self.dropped[table] = self.dropped.get(table, 0) + 1
         if self.dropped[table] <= 3:  # the first few in detail, then the count per table
             log.debug("state store: dropped %s row %s: %s", table, rowid, exc)
@@ -271,7 +284,7 @@ class Store(Hook):
                 what.append(f"skipped {len(parts)} unreadable parts ({spans}; {parts[0][2]})")
             log.warning("state store: table %s: restored %d rows, %s", table, n, "; ".join(what))
 
-    def snapshot(self, broker, rewrite: bool = False) -> int:
+    def snapshot(self, broker: Broker, rewrite: bool = False) -> int:
         """Write the whole in-memory state: after recovering from a damaged file, or (rewrite)
         replacing everything in the file after changes had to be dropped. Returns commit()'s."""
         self.ops.clear()
@@ -290,7 +303,7 @@ class Store(Hook):
             self.save_session(s)
             for sub in s.subscriptions.values():
                 self.save_subscription(s.client_id, sub)
-            for i, (m, qos, retain, ids, seq) in enumerate(list(s.queue)):
+            for i, (m, qos, retain, ids, _seq) in enumerate(list(s.queue)):
                 s.queue[i] = (m, qos, retain, ids, self.enqueue(s.client_id, m, qos, retain, ids))
             for pid, e in s.inflight_out.items():
                 e.handle = self.enqueue(s.client_id, e.msg, e.qos, e.retain, e.sub_ids, pid)
@@ -315,7 +328,7 @@ class Store(Hook):
                                         _crc(msg.topic, msg.payload, props))))
         return mid
 
-    def enqueue(self, client_id: str, msg: Message, qos: int, retain: bool, sub_ids,
+    def enqueue(self, client_id: str, msg: Message, qos: int, retain: bool, sub_ids: Iterable[int] | None,
                 pid: int | None = None) -> int:
         mid = self._message_id(msg)
         self.seq += 1
@@ -456,7 +469,7 @@ class Store(Hook):
         self.db.close()
 
     # ------------------------------------------------------------ the hook (core/hooks.py)
-    def attach(self, broker) -> None:
+    def attach(self, broker: Broker) -> None:
         self.broker = broker
 
     def barrier(self) -> Pending | None:
@@ -488,21 +501,23 @@ class Store(Hook):
             self.collect_garbage()
 
     def on_start(self) -> None:
+        assert self.broker is not None, "a hook is attached before the broker starts"
         self.load(self.broker)
 
     def on_stop(self) -> None:
         self.close()
 
-    on_session_saved = save_session
+    # (the hook events are called positionally: their parameters' names may differ)
+    on_session_saved = save_session  # type: ignore[assignment]
     on_session_deleted = delete_session
     on_subscribed = save_subscription
     on_unsubscribed = delete_subscription
     on_qos2_received = qos2_add
     on_qos2_released = qos2_remove
     on_message_stored = enqueue
-    on_stored_sending = set_pid
-    on_stored_released = set_released
-    on_stored_done = remove
+    on_stored_sending = set_pid  # type: ignore[assignment]
+    on_stored_released = set_released  # type: ignore[assignment]
+    on_stored_done = remove  # type: ignore[assignment]
     on_retain = retain_set
 
 
@@ -511,7 +526,7 @@ _MIN_ROWID, _MAX_ROWID, _CHUNK = -(1 << 63), (1 << 63) - 1, 500
 _NUM = (int, float)
 
 
-def _fetch(db, sql: str, after: int, n: int) -> list:
+def _fetch(db: sqlite3.Connection, sql: str, after: int, n: int) -> list[Row]:
     """Up to n rows with rowid > after; a damaged page shows as an error or rowids out of order."""
     rows = db.execute(sql, (after, n)).fetchall()
     prev = after
@@ -522,7 +537,7 @@ def _fetch(db, sql: str, after: int, n: int) -> list:
     return rows
 
 
-def _readable_after(db, sql: str, bad: int) -> int | None:
+def _readable_after(db: sqlite3.Connection, sql: str, bad: int) -> int | None:
     """The smallest x > bad from which rows after x can be read again (None: nothing)."""
     def ok(x: int) -> bool:
         try:
@@ -547,45 +562,45 @@ def _readable_after(db, sql: str, bad: int) -> int | None:
     return hi
 
 
-def _opt(v, t) -> bool:
+def _opt(v: object, t: type | tuple[type, ...]) -> bool:
     return v is None or isinstance(v, t)
 
 
-def _text(v) -> bool:
+def _text(v: object) -> TypeGuard[str]:
     return isinstance(v, str) and "\x00" not in v  # [MQTT-1.5.4-2]: no U+0000 in MQTT strings
 
 
-def _topic(v) -> bool:
+def _topic(v: object) -> bool:
     return _text(v) and v != "" and "+" not in v and "#" not in v
 
 
-def _ok_message(r) -> bool:
+def _ok_message(r: Row) -> bool:
     return (isinstance(r[1], int) and _topic(r[2]) and _opt(r[3], bytes)
             and r[4] in (0, 1, 2) and _opt(r[5], int) and _opt(r[6], bytes) and _opt(r[7], _NUM)
             and isinstance(r[8], _NUM) and (len(r) < 10 or _opt(r[9], int)))
 
 
-def _ok_session(r) -> bool:
+def _ok_session(r: Row) -> bool:
     return (_text(r[1]) and isinstance(r[2], int) and _opt(r[3], _NUM)
             and _opt(r[4], str) and _opt(r[5], bytes) and _opt(r[6], int))
 
 
-def _ok_subscription(r) -> bool:
+def _ok_subscription(r: Row) -> bool:
     return (_text(r[1]) and _text(r[2]) and r[3] in (0, 1, 2)
             and _opt(r[4], int) and _opt(r[5], int) and r[6] in (0, 1, 2) and _opt(r[7], int))
 
 
-def _ok_outbound(r) -> bool:
+def _ok_outbound(r: Row) -> bool:
     return (isinstance(r[1], int) and isinstance(r[2], str) and isinstance(r[3], int)
             and r[4] in (0, 1, 2) and _opt(r[5], int) and _opt(r[6], str) and _opt(r[7], int)
             and _opt(r[8], int))
 
 
-def _ok_qos2(r) -> bool:
+def _ok_qos2(r: Row) -> bool:
     return isinstance(r[1], str) and isinstance(r[2], int)
 
 
-def _ok_retained(r) -> bool:
+def _ok_retained(r: Row) -> bool:
     return _topic(r[1]) and isinstance(r[2], int)
 
 

@@ -61,13 +61,22 @@ import time
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from settings import secrets
-
-from .. import progress
 from kafka_client.produce import BatchSender, ChunkFuture, NotReady
 from kafka_client.record import entry_fields, entry_shard, entry_timestamp, sign_body
-from .spool import (DirLock, SpoolBatch, SpoolPosition, SpoolReader, checkpoint_name, read_checkpoint,
-                    read_min_checkpoint, seg_name, write_checkpoint)
+from settings import SinkConfig, secrets
+
+from .. import progress
+from .spool import (
+    DirLock,
+    SpoolBatch,
+    SpoolPosition,
+    SpoolReader,
+    checkpoint_name,
+    read_checkpoint,
+    read_min_checkpoint,
+    seg_name,
+    write_checkpoint,
+)
 
 log = logging.getLogger("sink.forwarder")
 
@@ -116,7 +125,7 @@ class Checkpoint(NamedTuple):
 class SpoolSource:
     """The on-disk spool, with checkpointing and segment retention."""
 
-    def __init__(self, spool_dir: str, retain_max_bytes: int, shard: int = 0, shards: int = 1):
+    def __init__(self, spool_dir: str, retain_max_bytes: int, shard: int = 0, shards: int = 1) -> None:
         self.dir = spool_dir
         self.shard, self.shards = shard, shards
         self.ckpt_name = checkpoint_name(shard, shards)
@@ -224,7 +233,7 @@ class MemorySource:
     """durability = "none": records only in memory (this process), same interface.
     Positions are cumulative bytes; forwarded records are kept for the replay window."""
 
-    def __init__(self, retain_max_bytes: int):
+    def __init__(self, retain_max_bytes: int) -> None:
         self._lock = threading.Lock()
         # (start, end, seq, payload) like a SpoolEntry, as a plain tuple: built on the event loop
         self._items: list[tuple[int, int, int, bytes]] = []
@@ -279,7 +288,7 @@ class MemorySource:
 
     def find_position(self, min_seq: int, min_ts: int, upto: int) -> int:
         with self._lock:
-            for start, end, seq, payload in self._items:
+            for start, _end, seq, payload in self._items:
                 if start >= upto:
                     break
                 if seq >= min_seq and entry_timestamp(payload) >= min_ts:
@@ -327,7 +336,7 @@ def _start(item: tuple) -> int:
 # Control channels
 # ---------------------------------------------------------------------------
 class ThreadControl:
-    def __init__(self):
+    def __init__(self) -> None:
         self._ev = threading.Event()
         self._cmds: collections.deque = collections.deque()
 
@@ -351,7 +360,7 @@ class ThreadControl:
 class PipeControl:
     """stdin of the forwarder process: command bytes; EOF = parent gone."""
 
-    def __init__(self, fd: int):
+    def __init__(self, fd: int) -> None:
         self.fd = fd
         os.set_blocking(fd, False)
 
@@ -441,7 +450,7 @@ class Forwarder:
                  shard: int = 0, shards: int = 1, keep_until: str = "kafka",
                  committed_file: str | None = None, chunk_records: int = 2000,
                  linger_ms: float | None = None, sink_key: bytes | None = None,
-                 embedded: bool = False, stale_after: float = 120.0, job_file: str | None = None):
+                 embedded: bool = False, stale_after: float = 120.0, job_file: str | None = None) -> None:
         # -- configuration
         self.source = source
         self.control = control
@@ -675,7 +684,7 @@ class Forwarder:
         if state is None or not self.pending:
             return None
         head = self.pending[0]
-        for (t, p), n in head.offsets.items():
+        for (t, _p), _n in head.offsets.items():
             job = state["topics"].get(t)
             if job is None:
                 return (f"the history job does not report Kafka topic {t} (does it read it? "
@@ -1161,8 +1170,63 @@ class Forwarder:
         self.stopped = True
 
 
+@dataclass(slots=True)
+class Runtime:
+    """What a forwarder needs besides its [sink] section: what the broker's Sink found when it
+    started. The process gets both on its stdin (``encode_setup``), never on its command line."""
+    spool_dir: str                      # [sink] spool_dir resolved ("" = <data_dir>/spool)
+    data_dir: str                       # the broker's: the history job says there which file it writes
+    bootstrap: str                      # [sink] bootstrap_servers, or the embedded Kafka's address
+    embedded: bool = False              # the broker's embedded Kafka (empty after a restart: routine)
+    committed_file: str | None = None   # keep_until = "history": the job's committed file
+    sink_key: bytes | None = None       # the broker's key (settings/secrets.py); None: unsigned
+    shard: int = 0                      # this forwarder sends the topics with crc32 % shards == shard
+    shards: int = 1
+    watch_pid: int | None = None        # the embedded Kafka: stopped if the broker dies first
+    log_level: int = logging.INFO
+
+    @property
+    def job_file(self) -> str | None:
+        return os.path.join(self.data_dir, progress.JOB_FILE) if self.data_dir else None
+
+    def to_json(self) -> dict:
+        out = {f: getattr(self, f) for f in self.__slots__}
+        out["sink_key"] = self.sink_key.hex() if self.sink_key else None
+        return out
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Runtime":
+        d = dict(d)
+        d["sink_key"] = bytes.fromhex(d["sink_key"]) if d.get("sink_key") else None
+        return cls(**d)
+
+
+def forwarder_for(sink: SinkConfig, rt: Runtime, source, control, publish) -> Forwarder:
+    """The forwarder of a [sink] section: the one mapping of its keys onto a Forwarder (the
+    process's and the thread's alike)."""
+    return Forwarder(source, control, publish, rt.bootstrap, sink.kafka,
+                     sink.replay_window_seconds, sink.replay_window_messages, sink.max_inflight,
+                     sink.drain_timeout_seconds, shard=rt.shard, shards=rt.shards,
+                     keep_until=sink.keep_until, committed_file=rt.committed_file,
+                     sink_key=rt.sink_key, embedded=rt.embedded,
+                     stale_after=sink.history_stale_seconds, job_file=rt.job_file)
+
+
+def encode_setup(sink: SinkConfig, rt: Runtime) -> bytes:
+    """The forwarder process's first stdin line: its [sink] section as the tree serializes it
+    (Section.to_table) and its Runtime."""
+    return json.dumps({"sink": sink.to_table(), "runtime": rt.to_json()}).encode() + b"\n"
+
+
+def decode_setup(line: bytes) -> tuple[SinkConfig, Runtime]:
+    """encode_setup's line back: the section checked by the tree again (a ConfigError names a
+    key), the Runtime."""
+    d = json.loads(line)
+    return SinkConfig.from_table(d["sink"]), Runtime.from_json(d["runtime"])
+
+
 # ---------------------------------------------------------------------------
-# Process entry point: python -m sink.forward.forwarder   (config = first stdin line, JSON)
+# Process entry point: python -m sink.forward.forwarder   (setup = first stdin line, JSON)
 # ---------------------------------------------------------------------------
 def main() -> int:
     line = b""
@@ -1171,16 +1235,16 @@ def main() -> int:
         if not chunk:
             return 1
         line += chunk
-    cfg = json.loads(line)
-    logging.basicConfig(level=cfg.get("log_level", logging.INFO), stream=sys.stderr,
+    sink, rt = decode_setup(line)
+    logging.basicConfig(level=rt.log_level, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s[%(process)d]: %(message)s")
     if logging.getLogger("kafka").level == logging.NOTSET:
         logging.getLogger("kafka").setLevel(logging.CRITICAL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # the broker decides when we stop
-    if cfg.get("cpus"):  # keep the forwarder off the broker's core when asked to
-        os.sched_setaffinity(0, cfg["cpus"])
-    shard, shards = int(cfg.get("shard", 0)), int(cfg.get("shards", 1))
-    lock = DirLock(cfg["spool_dir"], "forwarder.lock" if shards <= 1 else f"forwarder-{shard}.lock")
+    if sink.forwarder_cpus:  # keep the forwarder off the broker's core when asked to
+        os.sched_setaffinity(0, sink.forwarder_cpus)
+    shard, shards = rt.shard, rt.shards
+    lock = DirLock(rt.spool_dir, "forwarder.lock" if shards <= 1 else f"forwarder-{shard}.lock")
     lock.acquire(timeout=15)
     out = sys.stdout.buffer
 
@@ -1191,24 +1255,16 @@ def main() -> int:
         except (BrokenPipeError, ValueError):
             pass
 
-    # every setting comes from the Sink (Sink._fwd_config: [sink] of the typed config tree)
-    fwd = Forwarder(SpoolSource(cfg["spool_dir"], cfg["retain_max_bytes"], shard, shards),
-                    PipeControl(0), publish, cfg["bootstrap"], cfg["kafka"],
-                    cfg["replay_window_seconds"], cfg["replay_window_messages"],
-                    cfg["max_inflight"], cfg["drain_timeout"],
-                    shard=shard, shards=shards, keep_until=cfg["keep_until"],
-                    committed_file=cfg["committed_file"],
-                    sink_key=bytes.fromhex(cfg["sink_key"]) if cfg.get("sink_key") else None,
-                    embedded=cfg.get("embedded", False), stale_after=cfg.get("stale_after", 120.0),
-                    job_file=cfg.get("job_file"))
+    fwd = forwarder_for(sink, rt, SpoolSource(rt.spool_dir, sink.spool_max_bytes, shard, shards),
+                        PipeControl(0), publish)
     try:
         fwd.run()
     finally:
         lock.release()
-        if fwd.exit_reason == "eof" and cfg.get("watch_pid"):
+        if fwd.exit_reason == "eof" and rt.watch_pid:
             # the broker died without closing us: don't leave its embedded Kafka behind
             try:
-                os.kill(int(cfg["watch_pid"]), signal.SIGTERM)
+                os.kill(rt.watch_pid, signal.SIGTERM)
             except OSError:
                 pass
     return 0

@@ -11,7 +11,6 @@ import time
 from broker.core.durability import Pending
 from broker.core.hooks import Hook
 from broker.protocol import properties as PR
-
 from kafka_client.record import SinkRecord
 
 SPOOL_ERROR = "the message could not be stored (broker disk error)"
@@ -22,7 +21,7 @@ class SinkHook(Hook):
     built, the hot path) or sink.submit(SinkRecord). False when the sink refuses (spool full).
     With durability "spool" it provides barrier(): acks wait for the spool's fsync."""
 
-    def __init__(self, sink):
+    def __init__(self, sink) -> None:
         self.sink = sink
         # the common case (no properties, no expiry) without building a SinkRecord, when the sink can
         self._submit_message = getattr(sink, "submit_message", None)

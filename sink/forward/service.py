@@ -22,12 +22,21 @@ import sys
 import threading
 import time
 
-from .. import progress
-from .forwarder import Forwarder, MemorySource, SpoolSource, ThreadControl
 from kafka_client.record import MessageEncoder, SinkRecord, encode_record
-from .spool import DirLock, SpoolWriter
 from mqtt_topics import matches as topic_matches  # one topic-filter matcher for the project
 from settings import HistoryConfig, SinkConfig
+
+from .. import progress
+from .forwarder import (
+    Forwarder,
+    MemorySource,
+    Runtime,
+    SpoolSource,
+    ThreadControl,
+    encode_setup,
+    forwarder_for,
+)
+from .spool import DirLock, SpoolWriter
 
 log = logging.getLogger("sink")
 
@@ -55,7 +64,7 @@ def committed_file(cfg: SinkConfig, history: HistoryConfig | None) -> str:
 
 class Sink:
     def __init__(self, cfg: SinkConfig | dict | None, data_dir: str,
-                 history: HistoryConfig | None = None):
+                 history: HistoryConfig | None = None) -> None:
         self.cfg = normalize_config(cfg, data_dir)
         self.committed_file = committed_file(self.cfg, history) if self.cfg.keep_until == "history" else None
         self.data_dir = data_dir
@@ -157,23 +166,14 @@ class Sink:
                  c.durability, c.forwarder if self.on_disk else "thread", self.bootstrap, c.topic,
                  c.spool_dir if self.on_disk else "memory")
 
-    def _fwd_config(self) -> dict:
-        c = self.cfg
-        return dict(spool_dir=c.spool_dir, bootstrap=self.bootstrap, kafka=c.kafka,
-                    keep_until=c.keep_until, committed_file=self.committed_file,
-                    replay_window_seconds=c.replay_window_seconds,
-                    replay_window_messages=c.replay_window_messages,
-                    max_inflight=c.max_inflight, drain_timeout=c.drain_timeout_seconds,
-                    retain_max_bytes=self.max_bytes, cpus=c.forwarder_cpus,
-                    # the secret travels on the child's stdin, never on its command line
-                    sink_key=self.key.hex() if self.key else None, **self._fwd_extra(),
-                    log_level=logging.getLogger("sink").getEffectiveLevel(),
-                    watch_pid=self.embedded.proc.pid if self.embedded and self.embedded.proc else None)
-
-    def _fwd_extra(self) -> dict:
-        """Forwarder arguments the process and the thread share."""
-        return dict(embedded=self.embedded is not None, stale_after=self.cfg.history_stale_seconds,
-                    job_file=os.path.join(self.data_dir, progress.JOB_FILE))
+    def runtime(self, shard: int = 0) -> Runtime:
+        """What a forwarder needs besides the [sink] section (self.cfg)."""
+        return Runtime(spool_dir=self.cfg.spool_dir, data_dir=self.data_dir,
+                       bootstrap=self.bootstrap, embedded=self.embedded is not None,
+                       committed_file=self.committed_file, sink_key=self.key, shard=shard,
+                       shards=max(1, self.cfg.forwarders),
+                       watch_pid=self.embedded.proc.pid if self.embedded and self.embedded.proc else None,
+                       log_level=logging.getLogger("sink").getEffectiveLevel())
 
     def _start_process(self, shard: int = 0) -> None:
         """One forwarder process; with `forwarders` > 1 each sends the topics whose crc32 falls
@@ -183,9 +183,7 @@ class Sink:
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         proc = subprocess.Popen([sys.executable, "-m", "sink.forward.forwarder"], stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, env=env, cwd=root, start_new_session=True)
-        shards = max(1, self.cfg.forwarders)
-        proc.stdin.write(json.dumps({**self._fwd_config(), "shard": shard, "shards": shards}).encode()
-                         + b"\n")
+        proc.stdin.write(encode_setup(self.cfg, self.runtime(shard)))  # the key: never on its command line
         proc.stdin.flush()
         fd = proc.stdin.fileno()
         os.set_blocking(fd, False)
@@ -236,11 +234,8 @@ class Sink:
         self._fwd_lock = DirLock(c.spool_dir, "forwarder.lock") if self.on_disk else None
         if self._fwd_lock:
             self._fwd_lock.acquire(timeout=15)
-        self._fwd = Forwarder(source, self._ctl, self._apply_status, self.bootstrap, c.kafka,
-                              c.replay_window_seconds, c.replay_window_messages, c.max_inflight,
-                              c.drain_timeout_seconds, keep_until=c.keep_until,
-                              committed_file=self.committed_file, sink_key=self.key,
-                              **self._fwd_extra())
+        rt = dataclasses.replace(self.runtime(), shards=1)   # one thread sends every topic
+        self._fwd = forwarder_for(c, rt, source, self._ctl, self._apply_status)
         self._fwd_thread = threading.Thread(target=self._run_thread_fwd, name="sink-forwarder", daemon=True)
         self._fwd_thread.start()
 

@@ -76,7 +76,7 @@ class SpoolBatch:
     few microseconds). Iterating yields :class:`SpoolEntry` values."""
     __slots__ = ("starts", "ends", "seqs", "payloads")
 
-    def __init__(self, starts: list[int], ends: list[int], seqs: list[int], payloads: list[bytes]):
+    def __init__(self, starts: list[int], ends: list[int], seqs: list[int], payloads: list[bytes]) -> None:
         self.starts, self.ends, self.seqs, self.payloads = starts, ends, seqs, payloads
 
     @property
@@ -153,7 +153,7 @@ def parse_frames(buf, off: int = 0):
 
 
 class CorruptFrame(Exception):
-    def __init__(self, offset: int, why: str):
+    def __init__(self, offset: int, why: str) -> None:
         super().__init__(f"{why} at offset {offset}")
         self.offset = offset
         self.why = why
@@ -172,7 +172,7 @@ def scan_segment(path: str) -> dict:
         return info
     info["size"] = len(data)
     try:
-        for off, end, seq, payload in parse_frames(data):
+        for _off, end, seq, payload in parse_frames(data):
             if info["first_seq"] is None:
                 info["first_seq"] = seq
                 info["first_ts"] = entry_timestamp(payload)
@@ -249,7 +249,7 @@ def fsync_dir(path: str) -> None:
 class DirLock:
     """An exclusive flock() on a file in the spool dir (released when the process dies)."""
 
-    def __init__(self, spool_dir: str, name: str):
+    def __init__(self, spool_dir: str, name: str) -> None:
         self.path = os.path.join(spool_dir, name)
         self.fd: int | None = None
 
@@ -295,7 +295,7 @@ class SpoolWriter:
 
     def __init__(self, spool_dir: str, segment_bytes: int = 16 << 20, fsync: bool = True,
                  on_durable=None, on_written=None, on_error=None, idle_interval: float = 0.01,
-                 max_batch_bytes: int = 8 << 20, group_commit: float = GROUP_COMMIT_SECONDS):
+                 max_batch_bytes: int = 8 << 20, group_commit: float = GROUP_COMMIT_SECONDS) -> None:
         self.dir = spool_dir
         self.segment_bytes = segment_bytes
         self.fsync = fsync
@@ -513,7 +513,7 @@ class SpoolWriter:
 class SpoolReader:
     """Tails the segments from a global position. Not thread-safe (one forwarder)."""
 
-    def __init__(self, spool_dir: str):
+    def __init__(self, spool_dir: str) -> None:
         self.dir = spool_dir
         self.pos = 0
         self._segs: list[int] = []
@@ -671,7 +671,7 @@ class SpoolReader:
             except FileNotFoundError:
                 continue
             try:
-                for off, end, seq, payload in parse_frames(data):
+                for off, _end, seq, payload in parse_frames(data):
                     if b + off >= upto:
                         return upto
                     if seq >= min_seq and entry_timestamp(payload) >= min_ts:

@@ -31,14 +31,16 @@ import subprocess
 import threading
 from pathlib import Path
 
+from settings import HistoryConfig
+
 log = logging.getLogger("sink.catalog")
 
 TABLE_NAME = "messages"
 MARKER = "registered.json"
 
 
-def metastore_dir(cfg) -> Path:
-    d = cfg.metastore_dir or (cfg.table.rstrip("/") + "_metastore")
+def metastore_dir(hist: HistoryConfig) -> Path:
+    d = hist.metastore_dir or (hist.table.rstrip("/") + "_metastore")
     return Path(d[len("file://"):] if d.startswith("file://") else d).absolute()
 
 
@@ -66,42 +68,42 @@ def definition_digest(table: str, database: str) -> str:
     return hashlib.sha256(create_table_sql(table, database).encode()).hexdigest()[:16]
 
 
-def external(cfg) -> bool:
-    return bool(cfg.metastore_uri)
+def external(hist: HistoryConfig) -> bool:
+    return bool(hist.metastore_uri)
 
 
-def session_conf(cfg) -> dict[str, str]:
+def session_conf(hist: HistoryConfig) -> dict[str, str]:
     """Settings of the job's SparkContext (at launch): its default database and, with an
     external metastore, Hive support pointed at it."""
     out = {}
-    if cfg.database != "default":
-        out["spark.sql.catalog.spark_catalog.defaultDatabase"] = cfg.database
-    if external(cfg):
+    if hist.database != "default":
+        out["spark.sql.catalog.spark_catalog.defaultDatabase"] = hist.database
+    if external(hist):
         out.update({"spark.sql.catalogImplementation": "hive",
-                    "spark.hadoop.hive.metastore.uris": cfg.metastore_uri})
+                    "spark.hadoop.hive.metastore.uris": hist.metastore_uri})
     return out
 
 
-def derby_conf(cfg) -> dict[str, str]:
+def derby_conf(hist: HistoryConfig) -> dict[str, str]:
     """spark-defaults of the Derby metastore's configuration directory."""
-    d = metastore_dir(cfg)
+    d = metastore_dir(hist)
     return {
         "spark.sql.catalogImplementation": "hive",
         "spark.hadoop.javax.jdo.option.ConnectionURL":
             f"jdbc:derby:;databaseName={d / 'metastore_db'};create=true",
         "spark.sql.warehouse.dir": str(d / "warehouse"),
-        "spark.sql.catalog.spark_catalog.defaultDatabase": cfg.database,
+        "spark.sql.catalog.spark_catalog.defaultDatabase": hist.database,
         "spark.sql.session.timeZone": "UTC",           # `date` is the UTC day of accepted_at
         "spark.sql.filesourceTableRelationCacheSize": "0",  # each query: the newest version
         "spark.driver.extraJavaOptions": f"-Dderby.system.home={d}",  # derby.log there
     }
 
 
-def write_conf_dir(cfg) -> Path:
+def write_conf_dir(hist: HistoryConfig) -> Path:
     """``<metastore_dir>/conf``: spark-defaults.conf and hive-site.xml for SPARK_CONF_DIR."""
-    conf = metastore_dir(cfg) / "conf"
+    conf = metastore_dir(hist) / "conf"
     conf.mkdir(parents=True, exist_ok=True)
-    values = derby_conf(cfg)
+    values = derby_conf(hist)
     lines = ["# written by the history job (sink/history/catalog.py): the catalog with the table",
              "# `messages`; use it with SPARK_CONF_DIR=<this directory> spark-sql / pyspark / ..."]
     lines += [f"{k} {v}" for k, v in values.items()]
@@ -122,45 +124,45 @@ def _replace(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def register_in_session(spark, cfg) -> None:
+def register_in_session(spark, hist: HistoryConfig) -> None:
     """``messages`` in the job's own catalog (in-memory, or the external metastore)."""
-    if "://" not in cfg.table or cfg.table.startswith("file://"):
-        Path(table_location(cfg.table)).mkdir(parents=True, exist_ok=True)
-    spark.sql(f"CREATE DATABASE IF NOT EXISTS {quote_ident(cfg.database)}")
-    spark.sql(create_table_sql(cfg.table, cfg.database))
+    if "://" not in hist.table or hist.table.startswith("file://"):
+        Path(table_location(hist.table)).mkdir(parents=True, exist_ok=True)
+    spark.sql(f"CREATE DATABASE IF NOT EXISTS {quote_ident(hist.database)}")
+    spark.sql(create_table_sql(hist.table, hist.database))
 
 
-def registered(cfg) -> bool:
+def registered(hist: HistoryConfig) -> bool:
     try:
-        m = json.loads((metastore_dir(cfg) / MARKER).read_text())
+        m = json.loads((metastore_dir(hist) / MARKER).read_text())
     except (OSError, ValueError):
         return False
-    return m.get("digest") == definition_digest(cfg.table, cfg.database)
+    return m.get("digest") == definition_digest(hist.table, hist.database)
 
 
-def register_in_derby(cfg, timeout: float = 600, started=None) -> bool:
+def register_in_derby(hist: HistoryConfig, timeout: float = 600, started=None) -> bool:
     """Register the table in the embedded Derby metastore with a short spark-sql run (unless
     it is there already, with this location and schema). False when it could not (another
     process holds the Derby database: tried again at the job's next start). ``started``
     receives the spark-sql process (so that a stopping job can end it)."""
-    if external(cfg):
+    if external(hist):
         return True
-    conf = write_conf_dir(cfg)
-    if registered(cfg):
+    conf = write_conf_dir(hist)
+    if registered(hist):
         return True
     import pyspark
     spark_sql = Path(pyspark.__file__).parent / "bin" / "spark-sql"
-    db = quote_ident(cfg.database)
+    db = quote_ident(hist.database)
     sql = (f"CREATE DATABASE IF NOT EXISTS {db}; DROP TABLE IF EXISTS {db}.{TABLE_NAME}; "
-           f"{create_table_sql(cfg.table, cfg.database)};")
+           f"{create_table_sql(hist.table, hist.database)};")
     env = {**os.environ, "SPARK_CONF_DIR": str(conf)}
     env.pop("PYSPARK_GATEWAY_PORT", None)
     cmd = [str(spark_sql), "--master", "local[1]", "--driver-memory", "512m",
            "--driver-java-options", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC "
-           f"-Dderby.system.home={metastore_dir(cfg)}", "--conf", "spark.ui.enabled=false",
+           f"-Dderby.system.home={metastore_dir(hist)}", "--conf", "spark.ui.enabled=false",
            "-e", sql]
     try:
-        proc = subprocess.Popen(cmd, cwd=str(metastore_dir(cfg)), env=env, text=True,
+        proc = subprocess.Popen(cmd, cwd=str(metastore_dir(hist)), env=env, text=True,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 stdin=subprocess.DEVNULL, preexec_fn=_lowest_priority)
         if started:
@@ -168,7 +170,7 @@ def register_in_derby(cfg, timeout: float = 600, started=None) -> bool:
         _, err = proc.communicate(timeout=timeout)
     except (OSError, subprocess.TimeoutExpired) as exc:
         log.warning("cannot register the table in the Derby metastore %s: %s",
-                    metastore_dir(cfg), exc)
+                    metastore_dir(hist), exc)
         return False
     if proc.returncode != 0:
         err = err.strip().splitlines()
@@ -176,14 +178,14 @@ def register_in_derby(cfg, timeout: float = 600, started=None) -> bool:
                    err[-1] if err else f"exit status {proc.returncode}")
         log.warning("cannot register the table in the Derby metastore %s (is a spark-sql or "
                     "pyspark session using it? tried again at the next start): %s",
-                    metastore_dir(cfg), why[:300])
+                    metastore_dir(hist), why[:300])
         return False
-    _replace(metastore_dir(cfg) / MARKER, json.dumps(
-        {"digest": definition_digest(cfg.table, cfg.database), "database": cfg.database,
-         "table": TABLE_NAME, "location": table_location(cfg.table)}) + "\n")
+    _replace(metastore_dir(hist) / MARKER, json.dumps(
+        {"digest": definition_digest(hist.table, hist.database), "database": hist.database,
+         "table": TABLE_NAME, "location": table_location(hist.table)}) + "\n")
     log.info("table %s.%s registered in the Derby metastore %s: SPARK_CONF_DIR=%s spark-sql "
-             "-e \"SELECT count(*) FROM messages\"", cfg.database, TABLE_NAME,
-             metastore_dir(cfg), conf)
+             "-e \"SELECT count(*) FROM messages\"", hist.database, TABLE_NAME,
+             metastore_dir(hist), conf)
     return True
 
 
@@ -200,15 +202,15 @@ class Registration(threading.Thread):
     lowest priority: at the job's start it took the CPU the job's Python processes needed to
     start within Spark's fixed 10 s. A job that stops first ends it."""
 
-    def __init__(self, cfg, delay: float = 60.0):
+    def __init__(self, hist: HistoryConfig, delay: float = 60.0) -> None:
         super().__init__(name="catalog-registration", daemon=True)
-        self.cfg, self.delay = cfg, delay
+        self.hist, self.delay = hist, delay
         self.proc: subprocess.Popen | None = None
         self._halt = threading.Event()
 
     def run(self) -> None:
         if not self._halt.wait(self.delay):
-            register_in_derby(self.cfg, started=lambda p: setattr(self, "proc", p))
+            register_in_derby(self.hist, started=lambda p: setattr(self, "proc", p))
 
     def stop(self) -> None:
         self._halt.set()
@@ -216,14 +218,14 @@ class Registration(threading.Thread):
             self.proc.terminate()
 
 
-def start_registration(cfg) -> Registration | None:
+def start_registration(hist: HistoryConfig) -> Registration | None:
     """Register the table in the Derby metastore in the background when it is not yet there
     (None: nothing to do: an external metastore, a remote table, or registered already)."""
-    if external(cfg) or "://" in cfg.table and not cfg.table.startswith("file://"):
+    if external(hist) or "://" in hist.table and not hist.table.startswith("file://"):
         return None
-    if registered(cfg):
-        write_conf_dir(cfg)
+    if registered(hist):
+        write_conf_dir(hist)
         return None
-    t = Registration(cfg)
+    t = Registration(hist)
     t.start()
     return t

@@ -33,8 +33,7 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from sink.history.manifest import Change, Conflict, FileEntry, Snapshot, Table, crash_point, \
-    staged_files
+from sink.history.manifest import Change, Conflict, FileEntry, Snapshot, Table, crash_point, staged_files
 from sink.history.retention import DAY_MS, day_start_ms
 
 log = logging.getLogger("sink.compaction")

@@ -152,7 +152,7 @@ def contains(iv: tuple, values: np.ndarray) -> np.ndarray:
 class Ledger:
     """Per group: intervals of the ids seen, and the micro-batch time it was last seen."""
 
-    def __init__(self, groups: "OrderedDict | None" = None):
+    def __init__(self, groups: "OrderedDict | None" = None) -> None:
         self.groups: OrderedDict = groups if groups is not None else OrderedDict()
 
     def __len__(self) -> int:
@@ -194,7 +194,7 @@ class TaskFilter:
     """One Spark task: drops ids already in the ledger or earlier in this task, and collects
     the ids it kept (the task's summary)."""
 
-    def __init__(self, ledger: Ledger):
+    def __init__(self, ledger: Ledger) -> None:
         self.ledger = ledger
         self.kept = Ledger()
         self.dropped = 0
@@ -256,7 +256,7 @@ class LedgerStore:
     """The planning process's side: ledger files and batch manifests under ``directory``."""
 
     def __init__(self, directory: str, window_ms: int = DEFAULT_WINDOW_MS,
-                 max_groups: int = DEFAULT_MAX_GROUPS):
+                 max_groups: int = DEFAULT_MAX_GROUPS) -> None:
         self.dir = Path(directory)
         self.window_ms = window_ms
         self.max_groups = max_groups

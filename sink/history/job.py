@@ -23,6 +23,7 @@ Exactly once, and no duplicate message ids:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -30,28 +31,29 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import FrameType
+from typing import Any
 
+from settings import HistoryConfig, SinkConfig
 from sink.history.paths import is_local_path
 from sink.history.paths import local as _local
 
 log = logging.getLogger("sink.job")
 
-DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
-DEFAULT_TABLE = "./data/history"
-DEFAULT_TOPIC = "mqtt.messages"
-DEFAULT_TRIGGER_SECONDS = 5.0
-DEFAULT_DEDUP_WINDOW = "24 hours"
-SOURCES = ("auto", "kafka", "python")
+# pyspark's objects (pyspark is imported only where Spark runs)
+Spark = Any           # a SparkSession
+DataFrame = Any       # a (streaming) DataFrame
+StreamingQuery = Any
+Flag = tuple[str, str, Any, str]   # (section, key, value, the flag that set it)
+
 QUERY_NAME = "mqtt_history"
-DEFAULT_CONNECT_HOST = "127.0.0.1"
-DEFAULT_CONNECT_PORT = 15002
 SOURCE_MARKER = "sink_source"  # file in the checkpoint: which Kafka reader it was made with
 DEDUP_MARKER = "sink_dedup"    # file in the checkpoint: "source" (sink.history.dedup) or "spark"
-DEFAULT_NICE = 10
-_UNIT_MS = {"second": 1000, "minute": 60_000, "hour": 3_600_000, "day": 86_400_000,
-            "week": 7 * 86_400_000}
+_HISTORY, _SINK = HistoryConfig(), SinkConfig()   # the defaults --help names: the tree's
+SOURCES = ("auto", "kafka", "python")
 
 
 class UsageError(Exception):
@@ -59,164 +61,103 @@ class UsageError(Exception):
 
 
 @dataclass
-class JobConfig:
-    bootstrap: str = DEFAULT_BOOTSTRAP
-    table: str = DEFAULT_TABLE
-    checkpoint: str | None = None
-    topics: list[str] = field(default_factory=lambda: [DEFAULT_TOPIC])
-    trigger_seconds: float = DEFAULT_TRIGGER_SECONDS
-    source: str = "auto"
-    max_records_per_trigger: int | None = None
-    available_now: bool = False
-    dedup_window: str = DEFAULT_DEDUP_WINDOW
-    dedup_max_prefixes: int = 100_000
-    starting_offsets: str = "earliest"
-    # Kafka client properties (security.protocol, sasl.mechanism, ssl.cafile, ...): passed as
-    # kafka.<name> options to Spark's connector and, where kafka-python knows them, to our source
-    kafka: dict = field(default_factory=dict)
-    # Spark Connect server in the job's own session (queries while the job runs)
-    connect: bool = True
-    connect_host: str = DEFAULT_CONNECT_HOST
-    connect_port: int = DEFAULT_CONNECT_PORT
-    # niceness of the job's processes (driver, JVM, Python workers inherit it): under load the
-    # broker's CPU comes first and the job catches up in between (0 = as started)
-    nice: int = DEFAULT_NICE
+class Job:
+    """One run of the history job: its [history] section as the tree loaded and checked it
+    (settings/tree.py: table, trigger_seconds, source, connect_*, the upkeep and catalog keys...),
+    and what the rest of the config file and the command line add."""
+    history: HistoryConfig = field(default_factory=HistoryConfig)
+    # Kafka: [sink] bootstrap_servers (or --kafka-bootstrap); none: the broker's embedded Kafka
+    bootstrap: str = f"127.0.0.1:{_SINK.embedded_port}"
+    # [history] kafka_topics (or --kafka-topic); none: the topics [sink] forwards to
+    topics: list[str] = field(default_factory=lambda: [_SINK.topic])
     # the broker's data directory: its secrets (settings/secrets.py: the Spark Connect token, the
     # key that signs records and the committed file). None (tests): no token, nothing checked
     data_dir: str | None = None
-    verify_records: bool = True   # drop Kafka records without the broker's signature
+    available_now: bool = False   # --available-now: what Kafka holds now, then exit
     embedded_kafka: bool = False  # the broker's embedded Kafka (empty after each restart: routine)
-    # the table's upkeep (sink/history/maintenance.py; [history] keys of the same names)
-    retention: str = ""
-    compact: bool = True
-    compact_target_mb: int = 128
-    compact_grace_seconds: float = 300.0
-    compact_open_files: int = 120
-    compact_check_seconds: float = 60.0
-    delete_delay_seconds: float = 600.0
-    # the catalog and the JDBC/ODBC endpoint (sink/history/catalog.py, thrift.py)
-    database: str = "default"
-    metastore_uri: str = ""
-    metastore_dir: str = ""
-    jdbc: bool = False
-    jdbc_host: str = "127.0.0.1"
-    jdbc_port: int = 10000
-    jdbc_password_file: str = ""
 
-    @property
-    def dedup_window_ms(self) -> int:
-        n, unit = self.dedup_window.split()
-        return int(n) * _UNIT_MS[unit.rstrip("s")]
-
-    @property
-    def checkpoint_dir(self) -> str:
-        if self.checkpoint:
-            return self.checkpoint
-        # String based, so that hdfs://... and s3a://... tables work too.
-        return self.table.rstrip("/") + "_checkpoint"
+    @classmethod
+    def of(cls, **values: Any) -> Job:
+        """A Job from keywords: its own fields, the rest [history] keys (tests, benchmarks)."""
+        own = {k: values.pop(k) for k in list(values) if k in cls.__dataclass_fields__}
+        return cls(history=HistoryConfig(**values), **own)
 
     def kafka_options(self) -> dict[str, str]:
-        """Options understood by both Spark's kafka source and sink.history.source (same names)."""
-        opts = {"kafka.bootstrap.servers": self.bootstrap, "startingOffsets": self.starting_offsets}
+        """Options understood by both Spark's kafka source and sink.history.source (same names):
+        Kafka client properties of [history.kafka] (security.protocol, sasl.mechanism,
+        ssl.cafile, ...) as kafka.<name>."""
+        h = self.history
+        opts = {"kafka.bootstrap.servers": self.bootstrap, "startingOffsets": h.starting_offsets}
         if len(self.topics) == 1 and self.topics[0].startswith("re:"):
             opts["subscribePattern"] = self.topics[0][3:]
         else:
             opts["subscribe"] = ",".join(self.topics)
-        if self.max_records_per_trigger:
-            opts["maxOffsetsPerTrigger"] = str(self.max_records_per_trigger)
-        for name, value in self.kafka.items():
+        if h.max_records_per_trigger:   # 0: no cap
+            opts["maxOffsetsPerTrigger"] = str(h.max_records_per_trigger)
+        for name, value in h.kafka.items():
             opts[f"kafka.{name}"] = str(value).lower() if isinstance(value, bool) else str(value)
         return opts
 
-    def validate(self) -> "JobConfig":
-        if self.source not in SOURCES:
-            raise UsageError(f"source must be one of {', '.join(SOURCES)}, not {self.source!r}")
+    def validate(self) -> "Job":
+        """What no single key says (each key was checked when the tree loaded it)."""
         if not self.topics or any(not t for t in self.topics):
             raise UsageError("no Kafka topic given: use --kafka-topic T or [history] kafka_topics")
         if any(t.startswith("re:") for t in self.topics) and len(self.topics) > 1:
             raise UsageError("a topic pattern (re:<regex>) cannot be combined with other topics")
-        if self.trigger_seconds <= 0:
-            raise UsageError(f"trigger seconds must be > 0, not {self.trigger_seconds}")
-        if self.max_records_per_trigger is not None and self.max_records_per_trigger <= 0:
-            raise UsageError("max_records_per_trigger must be a positive number")
-        import re
-        if not re.fullmatch(r"\s*\d+\s+(second|minute|hour|day|week)s?\s*", self.dedup_window):
-            raise UsageError(f"dedup_window must look like '24 hours' or '30 minutes', "
-                             f"not {self.dedup_window!r}")
-        if not 0 <= self.nice <= 19:
-            raise UsageError(f"nice must be 0-19, not {self.nice}")
-        if not 0 < self.connect_port < 65536:
-            raise UsageError(f"--connect-port must be 1-65535, not {self.connect_port}")
-        if self.jdbc and not self.jdbc_password_file:
+        if self.history.jdbc and not self.history.jdbc_password_file:
             raise UsageError("[history] jdbc = true needs users: set [history] jdbc_password_file "
                              "or [auth] password_file (python -m broker.auth add FILE USER)")
-        host, _, port = self.bootstrap.split(",")[0].rpartition(":")
-        if not host or not port.isdigit():
-            raise UsageError(f"Kafka bootstrap must look like HOST:PORT, not {self.bootstrap!r}")
         return self
 
 
-def _topics(value) -> list[str]:
-    if isinstance(value, str):
-        value = value.split(",")
-    if not isinstance(value, list):
-        raise UsageError(f"kafka_topics must be a list of topic names or a string, not {value!r}")
-    return [str(t).strip() for t in value if str(t).strip()]
-
-
-def load_config(path: str | None) -> dict:
-    """The job's settings from the broker's config file (no file: the defaults), every key of
-    which is checked the way the broker checks it (settings.ConfigError: one line naming the key)."""
-    # one loader and one typed tree for the project's config file (the leaf package settings/)
+def load_job(path: str | None, flags: Iterable[Flag] = (),
+             available_now: bool = False) -> tuple[Job, list[str]]:
+    """The job from the broker's config file (no file: the tree's defaults) and flags
+    ((section, key, value, flag) tuples, checked as the keys they set), and notes to log: every
+    key is checked the way the broker checks it (settings.ConfigError: one line naming the key).
+    The environment (MQTT_BROKER_*) is the broker's, not the job's."""
     from settings import ConfigError, load
+    from settings.load import apply_setting
     cfg = load(path, env={})
-    out = {}
-    # [sink] is the broker's section (config/broker.toml): read Kafka from where it forwards to.
+    file_history = dataclasses.replace(cfg.history)
+    for section, key, value, flag in flags:
+        apply_setting(cfg, section, key, value, flag)
     sink, hist = cfg.sink, cfg.history
-    if sink.bootstrap_servers:
-        out["bootstrap"] = sink.bootstrap_servers
-    else:  # empty = the broker starts an embedded Kafka on this port
+    notes = table_notes(file_history, hist, sink.keep_until, path)
+    # [sink] is the broker's section (config/broker.toml): read Kafka from where it forwards to
+    bootstrap, embedded = sink.bootstrap_servers, not sink.bootstrap_servers
+    if embedded:   # empty = the broker starts an embedded Kafka on this port
         if sink.embedded_port <= 0:
             raise ConfigError("sink.embedded_port", "an embedded Kafka on a random port cannot "
                               "be found by the history job: give its address with "
                               "--kafka-bootstrap", sink.embedded_port, os.path.basename(path or ""))
-        out["bootstrap"] = f"127.0.0.1:{sink.embedded_port}"
-        out["embedded_kafka"] = True
-    sink_topics = [sink.topic]
+        bootstrap = f"127.0.0.1:{sink.embedded_port}"
+    topics = [sink.topic]
     for rule in sink.rules:
-        if rule.topic not in sink_topics:
-            sink_topics.append(rule.topic)
-    # [history] kafka_topics (() means: the topics [sink] forwards to), then --kafka-topic, override
-    out["topics"] = _topics(list(hist.kafka_topics)) or sink_topics
-    for key in ("table", "checkpoint", "source", "dedup_window", "starting_offsets", "connect_host"):
-        if getattr(hist, key):  # "" means the default
-            out[key] = getattr(hist, key)
-    out["kafka"] = dict(hist.kafka)  # [history.kafka]: TLS/SASL for a secured cluster
-    out["trigger_seconds"] = hist.trigger_seconds
-    out["dedup_max_prefixes"] = hist.dedup_max_prefixes
-    out["max_records_per_trigger"] = hist.max_records_per_trigger or None
-    out.update(connect=hist.connect, connect_port=hist.connect_port, nice=hist.nice,
-               data_dir=cfg.data_dir, verify_records=hist.verify_records)
-    out["_keep_until"] = sink.keep_until   # not a JobConfig field: for the --table check
-    from sink.history.maintenance import UPKEEP_KEYS
-    out.update({k: getattr(hist, k) for k in UPKEEP_KEYS})
-    out.update({k: getattr(hist, k) for k in ("database", "metastore_uri", "metastore_dir", "jdbc",
-                                              "jdbc_host", "jdbc_port")})
-    out["jdbc_password_file"] = hist.jdbc_password_file or cfg.auth.password_file
-    return out
+        if rule.topic not in topics:
+            topics.append(rule.topic)
+    # [history] kafka_topics (() means: the topics [sink] forwards to), or --kafka-topic
+    topics = list(hist.kafka_topics) or topics
+    hist.jdbc_password_file = hist.jdbc_password_file or cfg.auth.password_file
+    job = Job(hist, bootstrap, topics, data_dir=cfg.data_dir, available_now=available_now,
+              embedded_kafka=embedded)
+    return job.validate(), notes
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from settings import environment
     p = argparse.ArgumentParser(
         prog="python -m sink.job",
         description="Copy MQTT messages from Kafka into the Parquet history table "
                     "(Spark Structured Streaming, exactly once, duplicate message ids dropped).",
+        formatter_class=environment.HelpFormatter,
         epilog="Flags override the config file, which overrides the defaults. "
-               "Query the table with: python -m sink.query \"SELECT ... FROM messages\"")
+               "Query the table with: python -m sink.query \"SELECT ... FROM messages\"\n\n"
+               + environment.epilog(environment.JOB))
     p.add_argument("--kafka-bootstrap", metavar="HOST:PORT",
-                   help=f"Kafka bootstrap servers (default {DEFAULT_BOOTSTRAP}, or "
+                   help=f"Kafka bootstrap servers (default 127.0.0.1:{_SINK.embedded_port}, or "
                         "[sink] bootstrap_servers)")
-    p.add_argument("--table", metavar="DIR", help=f"history table directory (default {DEFAULT_TABLE})")
+    p.add_argument("--table", metavar="DIR", help=f"history table directory (default {_HISTORY.table})")
     p.add_argument("--checkpoint", metavar="DIR",
                    help="checkpoint directory (default: <table>_checkpoint beside the table)")
     p.add_argument("--data-dir", metavar="DIR",
@@ -225,9 +166,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", metavar="FILE", help="TOML config; reads [history] and [sink]")
     p.add_argument("--kafka-topic", metavar="T", action="append",
                    help=f"Kafka topic to read (repeat or comma-separate for several; "
-                        f"re:<regex> for a pattern; default {DEFAULT_TOPIC})")
+                        f"re:<regex> for a pattern; default {_SINK.topic})")
     p.add_argument("--trigger-seconds", metavar="N", type=float,
-                   help=f"micro-batch interval in seconds (default {DEFAULT_TRIGGER_SECONDS:g})")
+                   help=f"micro-batch interval in seconds (default {_HISTORY.trigger_seconds:g})")
     p.add_argument("--source", choices=SOURCES,
                    help="Kafka reader: Spark's connector (kafka), our Python source (python), or "
                         "auto: the connector when it is on the classpath (default auto)")
@@ -235,58 +176,63 @@ def build_parser() -> argparse.ArgumentParser:
                    help="process the records that are in Kafka now, then exit")
     p.add_argument("--connect-port", metavar="N", type=int,
                    help=f"serve Spark Connect on this port while the job runs (default "
-                        f"{DEFAULT_CONNECT_PORT}, or [history] connect_port)")
+                        f"{_HISTORY.connect_port}, or [history] connect_port)")
     p.add_argument("--no-verify-records", action="store_true",
                    help="keep Kafka records that do not carry the broker's signature (other "
                         "producers); [history] verify_records = false")
     p.add_argument("--no-connect", action="store_true",
                    help="do not serve Spark Connect (sink.query then starts its own session)")
     p.add_argument("--nice", metavar="N", type=int,
-                   help=f"run at this niceness (0-19; default {DEFAULT_NICE}, or [history] nice): "
+                   help=f"run at this niceness (0-19; default {_HISTORY.nice}, or [history] nice): "
                         "on a machine shared with the broker, the broker's CPU comes first")
-    p.add_argument("--log-level", default=os.environ.get("SINK_LOG_LEVEL", "INFO"),
-                   help="log level of the job (default INFO)")
+    p.add_argument("--log-level", default=environment.SINK_LOG_LEVEL.get("INFO"),
+                   help=f"log level of the job (default INFO, or ${environment.SINK_LOG_LEVEL.name})")
     return p
 
 
-def config_from_args(argv=None) -> tuple[JobConfig, argparse.Namespace]:
+#: flag (its argparse dest) -> the key it sets
+FLAG_KEYS = {"kafka_bootstrap": ("sink", "bootstrap_servers"), "table": ("history", "table"),
+             "checkpoint": ("history", "checkpoint"), "data_dir": ("broker", "data_dir"),
+             "trigger_seconds": ("history", "trigger_seconds"), "source": ("history", "source"),
+             "connect_port": ("history", "connect_port"), "nice": ("history", "nice")}
+
+
+def flags_of(args: argparse.Namespace) -> list[Flag]:
+    """The keys the command line sets, as (section, key, value, flag) for the tree to check."""
+    flags = [(*key, getattr(args, dest), "--" + dest.replace("_", "-"))
+             for dest, key in FLAG_KEYS.items() if getattr(args, dest, None) is not None]
+    if getattr(args, "kafka_topic", None):
+        flags.append(("history", "kafka_topics", ",".join(args.kafka_topic), "--kafka-topic"))
+    if getattr(args, "no_connect", False):
+        flags.append(("history", "connect", False, "--no-connect"))
+    if getattr(args, "no_verify_records", False):
+        flags.append(("history", "verify_records", False, "--no-verify-records"))
+    return flags
+
+
+def config_from_args(argv: Sequence[str] | None = None) -> tuple[Job, argparse.Namespace]:
     args = build_parser().parse_args(argv)
-    values = load_config(args.config)
-    keep_until = values.pop("_keep_until", "kafka")
-    args.notes = table_notes(args, values, keep_until)
-    flags = {"bootstrap": args.kafka_bootstrap, "table": args.table,
-             "checkpoint": args.checkpoint, "trigger_seconds": args.trigger_seconds,
-             "source": args.source, "nice": args.nice, "data_dir": args.data_dir}
-    values.update({k: v for k, v in flags.items() if v is not None})
-    if args.kafka_bootstrap:
-        values["embedded_kafka"] = False   # a Kafka of one's own: losing a topic is a problem
-    if args.kafka_topic:
-        values["topics"] = _topics(",".join(args.kafka_topic))
-    if args.connect_port is not None:
-        values["connect_port"] = args.connect_port
-    if args.no_connect:
-        values["connect"] = False
-    if args.no_verify_records:
-        values["verify_records"] = False
     if not isinstance(logging.getLevelName(args.log_level.upper()), int):
         raise UsageError(f"--log-level must be DEBUG, INFO, WARNING or ERROR, not {args.log_level!r}")
-    cfg = JobConfig(**values, available_now=args.available_now)
-    return cfg.validate(), args
+    job, args.notes = load_job(args.config, flags_of(args), args.available_now)
+    return job, args
 
 
-def table_notes(args, values: dict, keep_until: str) -> list[str]:
+def table_notes(configured: HistoryConfig, used: HistoryConfig, keep_until: str,
+                path: str | None) -> list[str]:
     """A warning when the broker keeps records until the table has them ([sink] keep_until =
     "history") and --table / --checkpoint make the job report its commits somewhere else than
     the config's [history] says, which is where the broker looks for them."""
     from sink.progress import committed_path
-    table, ckpt = values.get("table", DEFAULT_TABLE), values.get("checkpoint")
-    mine = committed_path(args.table or table, args.checkpoint or ckpt)
-    theirs = committed_path(table, ckpt)
+    mine = committed_path(used.table, used.checkpoint or None)
+    theirs = committed_path(configured.table, configured.checkpoint or None)
     if keep_until != "history" or os.path.abspath(mine) == os.path.abspath(theirs):
         return []
-    flags = " ".join(f"{f} {v}" for f, v in (("--table", args.table), ("--checkpoint", args.checkpoint)) if v)
+    flags = " ".join(f"{f} {v}" for f, v, was in (("--table", used.table, configured.table),
+                                                  ("--checkpoint", used.checkpoint,
+                                                   configured.checkpoint)) if v != was)
     return [f"{flags}: this job reports what the table committed in {mine}, but the broker reads "
-            f"{theirs} ([history] of {args.config or 'the default config'}): with [sink] "
+            f"{theirs} ([history] of {path or 'the default config'}): with [sink] "
             "keep_until = \"history\" its spool keeps every record until spool_max_bytes, then "
             "refuses publishers. Set [history] table/checkpoint in the config both use instead "
             "of the flags"]
@@ -294,13 +240,13 @@ def table_notes(args, values: dict, keep_until: str) -> list[str]:
 
 # ---- building the query ------------------------------------------------------------------
 
-def _native_kafka_available(spark, cfg: JobConfig):
+def _native_kafka_available(spark: Spark, job: Job) -> DataFrame | None:
     """Try Spark's kafka source. Returns the streaming DataFrame, or None when the
     spark-sql-kafka connector is not on the classpath (KAFKA_DATA_SOURCE_NOT_ENABLED)."""
     from pyspark.errors import AnalysisException
     reader = spark.readStream.format("kafka").option("includeHeaders", "true") \
         .option("failOnDataLoss", "false")
-    for k, v in cfg.kafka_options().items():
+    for k, v in job.kafka_options().items():
         reader = reader.option(k, v)
     try:
         return reader.load()
@@ -311,14 +257,14 @@ def _native_kafka_available(spark, cfg: JobConfig):
         raise
 
 
-def dedup_in_source(cfg: JobConfig) -> bool:
+def dedup_in_source(job: Job) -> bool:
     """Whether the Python source drops duplicate ids (sink.history.dedup: state in the checkpoint, cost
     independent of the window) rather than Spark's dropDuplicatesWithinWatermark, whose every
     batch scans all ids of the window. The source needs a local checkpoint (its tasks write
     there); a checkpoint made with Spark's operator keeps it (its plan has that state)."""
-    if not is_local_path(cfg.checkpoint_dir):
+    if not is_local_path(job.history.checkpoint_dir):
         return False
-    ck = _local(cfg.checkpoint_dir)
+    ck = _local(job.history.checkpoint_dir)
     try:
         return (ck / DEDUP_MARKER).read_text().strip() == "source"
     except OSError:
@@ -327,23 +273,23 @@ def dedup_in_source(cfg: JobConfig) -> bool:
     return not (offsets.is_dir() and any(offsets.iterdir()))  # a new checkpoint
 
 
-def _python_kafka(spark, cfg: JobConfig, dedup: bool):
+def _python_kafka(spark: Spark, job: Job, dedup: bool) -> DataFrame:
     from sink.history.source import FORMAT_NAME, KafkaPythonSource
     if not getattr(spark, "_mqtt_kafka_registered", False):
         spark.dataSource.register(KafkaPythonSource)
         spark._mqtt_kafka_registered = True
     reader = (spark.readStream.format(FORMAT_NAME).option("headers", "columns")
               .option("maxPartitions", str(spark.sparkContext.defaultParallelism)))
-    for k, v in cfg.kafka_options().items():
+    for k, v in job.kafka_options().items():
         reader = reader.option(k, v)
-    if cfg.embedded_kafka:
+    if job.embedded_kafka:
         reader = reader.option("embeddedKafka", "true")
-    if cfg.verify_records and cfg.data_dir:   # the broker's record signatures (sink/history/verify.py)
-        reader = reader.option("verify.dataDir", os.path.abspath(cfg.data_dir))
+    if job.history.verify_records and job.data_dir:   # the broker's record signatures (sink/history/verify.py)
+        reader = reader.option("verify.dataDir", os.path.abspath(job.data_dir))
     if dedup:
-        reader = (reader.option("dedup.dir", str(_local(cfg.checkpoint_dir) / "dedup"))
-                  .option("dedup.windowMs", str(cfg.dedup_window_ms))
-                  .option("dedup.maxGroups", str(cfg.dedup_max_prefixes)))
+        reader = (reader.option("dedup.dir", str(_local(job.history.checkpoint_dir) / "dedup"))
+                  .option("dedup.windowMs", str(job.history.dedup_window_ms))
+                  .option("dedup.maxGroups", str(job.history.dedup_max_prefixes)))
     return reader.load()
 
 
@@ -358,22 +304,22 @@ def _recorded_source(checkpoint: str) -> str | None:
         return None
 
 
-def kafka_stream(spark, cfg: JobConfig, dedup: bool = False):
+def kafka_stream(spark: Spark, job: Job, dedup: bool = False) -> tuple[DataFrame, str]:
     """(streaming DataFrame of Kafka records, "kafka"|"python"); ``dedup``: the Python source
     drops duplicate ids (dedup_in_source)."""
-    wanted = cfg.source
-    recorded = _recorded_source(cfg.checkpoint_dir)
+    wanted = job.history.source
+    recorded = _recorded_source(job.history.checkpoint_dir)
     if recorded and wanted != "auto" and wanted != recorded:
         raise UsageError(
-            f"the checkpoint {cfg.checkpoint_dir} was written with --source {recorded}; its "
+            f"the checkpoint {job.history.checkpoint_dir} was written with --source {recorded}; its "
             f"offsets cannot be used with --source {wanted}. Use --source {recorded}, or a new "
             "--checkpoint (the message_id de-duplication does not span checkpoints)")
     if wanted == "auto" and recorded:
         wanted = recorded
     if wanted in ("auto", "kafka"):
-        df = _native_kafka_available(spark, cfg)
+        df = _native_kafka_available(spark, job)
         if df is not None:
-            if cfg.verify_records and cfg.data_dir:
+            if job.history.verify_records and job.data_dir:
                 log.warning("Spark's Kafka connector does not check the broker's record "
                             "signatures: any producer that can reach Kafka adds rows (use "
                             "Kafka ACLs, or --source python)")
@@ -386,10 +332,10 @@ def kafka_stream(spark, cfg: JobConfig, dedup: bool = False):
                 "python (or auto)")
         log.info("Spark's Kafka connector is not on the classpath: using the Python Kafka "
                  "source (sink.history.source)")
-    return _python_kafka(spark, cfg, dedup), "python"
+    return _python_kafka(spark, job, dedup), "python"
 
 
-def build_history_stream(kafka_df, dedup_window: str = DEFAULT_DEDUP_WINDOW,
+def build_history_stream(kafka_df: DataFrame, dedup_window: str = _HISTORY.dedup_window,
                          deduplicated: bool = False):
     """Kafka records -> history rows with duplicate message ids removed (by Spark's operator,
     unless the source did it: ``deduplicated``)."""
@@ -412,48 +358,48 @@ PARQUET_OPTIONS = {
 }
 
 
-def start_query(spark, cfg: JobConfig):
+def start_query(spark: Spark, job: Job) -> tuple[StreamingQuery, str]:
     """Start the streaming query (file sink + checkpoint). Returns (query, source used)."""
     from sink.history.schema import PARTITION_COLUMN
     spark.conf.set("spark.sql.session.timeZone", "UTC")  # `date` is the UTC day
-    in_source = dedup_in_source(cfg)  # decided before the marker below is written
-    kafka_df, used = kafka_stream(spark, cfg, in_source)
+    in_source = dedup_in_source(job)  # decided before the marker below is written
+    kafka_df, used = kafka_stream(spark, job, in_source)
     in_source = in_source and used == "python"
-    if is_local_path(cfg.checkpoint_dir):  # remote (hdfs://, s3a://) dirs: Spark makes them
-        _local(cfg.checkpoint_dir).mkdir(parents=True, exist_ok=True)
-        (_local(cfg.checkpoint_dir) / SOURCE_MARKER).write_text(used + "\n")
-        (_local(cfg.checkpoint_dir) / DEDUP_MARKER).write_text(
+    if is_local_path(job.history.checkpoint_dir):  # remote (hdfs://, s3a://) dirs: Spark makes them
+        _local(job.history.checkpoint_dir).mkdir(parents=True, exist_ok=True)
+        (_local(job.history.checkpoint_dir) / SOURCE_MARKER).write_text(used + "\n")
+        (_local(job.history.checkpoint_dir) / DEDUP_MARKER).write_text(
             ("source" if in_source else "spark") + "\n")
-    history = build_history_stream(kafka_df, cfg.dedup_window, in_source)
-    if is_local_path(cfg.table):
+    history = build_history_stream(kafka_df, job.history.dedup_window, in_source)
+    if is_local_path(job.history.table):
         # our own commit log (sink/history/manifest.py): compaction and retention can take
         # files out of the table, which Spark's file sink log cannot
         from sink.history.maintenance import batch_writer
-        writer = history.writeStream.foreachBatch(batch_writer(spark, cfg, PARQUET_OPTIONS))
+        writer = history.writeStream.foreachBatch(batch_writer(spark, job.history, PARQUET_OPTIONS))
     else:
         writer = history.writeStream.format("parquet")
         for key, value in PARQUET_OPTIONS.items():
             writer = writer.option(key, value)
-        writer = writer.option("path", cfg.table).partitionBy(PARTITION_COLUMN)
+        writer = writer.option("path", job.history.table).partitionBy(PARTITION_COLUMN)
     writer = (writer
-              .option("checkpointLocation", cfg.checkpoint_dir)
+              .option("checkpointLocation", job.history.checkpoint_dir)
               .outputMode("append")
               .queryName(QUERY_NAME))
-    if cfg.available_now:
+    if job.available_now:
         writer = writer.trigger(availableNow=True)
     else:
-        writer = writer.trigger(processingTime=f"{cfg.trigger_seconds:g} seconds")
+        writer = writer.trigger(processingTime=f"{job.history.trigger_seconds:g} seconds")
     query = writer.start()
-    _report_commits(spark, cfg, query)
+    _report_commits(spark, job, query)
     log.info("history job started: source=%s topics=%s bootstrap=%s table=%s checkpoint=%s %s",
-             used, ",".join(cfg.topics), cfg.bootstrap, cfg.table, cfg.checkpoint_dir,
-             "available-now" if cfg.available_now else f"trigger={cfg.trigger_seconds:g}s")
+             used, ",".join(job.topics), job.bootstrap, job.history.table, job.history.checkpoint_dir,
+             "available-now" if job.available_now else f"trigger={job.history.trigger_seconds:g}s")
     return query, used
 
 
 # ---- progress ------------------------------------------------------------------------------
 
-def _offsets(value) -> dict[str, int]:
+def _offsets(value: Any) -> dict[str, int]:
     """{"topic-p": offset} from either source's offset JSON."""
     if not value:
         return {}
@@ -497,7 +443,7 @@ def describe_progress(p: dict) -> str:
 
 # ---- what the table has committed (sink/progress.py: read by the broker's spool) -------------
 
-def committed_offsets(end_offsets) -> dict[str, dict]:
+def committed_offsets(end_offsets: Iterable[object]) -> dict[str, dict[str, Any]]:
     """{kafka_topic: {"topic_id", "offsets": {partition: next offset}}} from the end offsets of
     a committed micro-batch: one JSON (str or dict) per source, either sink.history.source's
     ({"t": {topic: {p: n}}, "ids": {topic: id}}) or Spark's Kafka connector's ({topic: {p: n}},
@@ -534,7 +480,7 @@ def committed_from_checkpoint(checkpoint: str) -> tuple[int, dict] | None:
     return max(batches), committed_offsets([ln for ln in lines[2:] if ln.strip()])
 
 
-def _report_commits(spark, cfg: JobConfig, query) -> None:
+def _report_commits(spark: Spark, job: Job, query: StreamingQuery) -> None:
     """Keep ``progress.committed_path(table, checkpoint)`` up to date from the checkpoint's
     commit log: now (a job killed between a commit and its report catches up) and then at every
     poll of run() (``query._commit_catch_up``), so within a poll interval of each commit.
@@ -542,20 +488,20 @@ def _report_commits(spark, cfg: JobConfig, query) -> None:
     The commit log is read rather than listening to query progress: a Python
     StreamingQueryListener costs the JVM a py4j callback per batch whose conversion looks
     classes up through the class path (about 5% of the job's JVM CPU, bench/spark_bench.py)."""
-    if not is_local_path(cfg.checkpoint_dir):
+    if not is_local_path(job.history.checkpoint_dir):
         return  # the broker reads a local file only
     from sink.progress import committed_path, write_committed
-    path = committed_path(cfg.table, str(_local(cfg.checkpoint_dir)))
+    path = committed_path(job.history.table, str(_local(job.history.checkpoint_dir)))
     newest = [-1, False]    # last batch written, and whether it was signed
-    key = committed_key(cfg)
+    key = committed_key(job)
 
     def catch_up() -> None:
-        last = committed_from_checkpoint(cfg.checkpoint_dir)
+        last = committed_from_checkpoint(job.history.checkpoint_dir)
         k = key()
         if not last or not last[1] or (last[0] <= newest[0] and (newest[1] or k is None)):
             return
         try:
-            write_committed(path, *last, key=k, table=os.path.abspath(cfg.table))
+            write_committed(path, *last, key=k, table=os.path.abspath(job.history.table))
             newest[:] = [last[0], k is not None]
         except OSError as exc:  # the table is still right; the spool just keeps more
             log.warning("cannot write %s (%s): the broker's spool keeps records longer", path, exc)
@@ -565,7 +511,7 @@ def _report_commits(spark, cfg: JobConfig, query) -> None:
     _hard_exit_hooks.append(catch_up)
 
 
-def committed_key(cfg: JobConfig):
+def committed_key(job: Job) -> Callable[[], bytes | None]:
     """A function giving the key that signs the committed file, once the broker made its secret
     (a job started first writes unsigned files, which the broker ignores, until then)."""
     from settings import secrets
@@ -573,37 +519,39 @@ def committed_key(cfg: JobConfig):
     warned = [False]
 
     def key() -> bytes | None:
-        if not found and cfg.data_dir:
-            k = secrets.sink_key(cfg.data_dir)
+        if not found and job.data_dir:
+            k = secrets.sink_key(job.data_dir)
             if k is not None:
                 found.append(secrets.derive(k, secrets.COMMITTED))
             elif not warned[0]:
                 warned[0] = True
                 log.warning("no broker key in %s yet (the broker makes it when its sink starts): "
                             "what the table commits is reported unsigned, which the broker "
-                            "ignores, until it is there", secrets.secrets_dir(cfg.data_dir))
+                            "ignores, until it is there", secrets.secrets_dir(job.data_dir))
         return found[0] if found else None
     return key
 
 
-def announce(cfg: JobConfig) -> None:
+def announce(job: Job) -> None:
     """Say in the broker's data directory, at once, that this job runs, which table it writes
     and where it reports its commits, so a broker that looks elsewhere can say so and one
     that waits for the first commit knows a job is starting (sink/forward/forwarder.py)."""
-    if not cfg.data_dir or not is_local_path(cfg.checkpoint_dir):
+    if not job.data_dir or not is_local_path(job.history.checkpoint_dir):
         return
     from sink.progress import JOB_FILE, atomic_write, committed_path
-    committed_file = committed_path(cfg.table, str(_local(cfg.checkpoint_dir)))
-    info = {"pid": os.getpid(), "started_at": time.time(), "table": os.path.abspath(cfg.table)
-            if is_local_path(cfg.table) else cfg.table, "committed_file": os.path.abspath(committed_file)}
+    committed_file = committed_path(job.history.table, str(_local(job.history.checkpoint_dir)))
+    table = job.history.table
+    info = {"pid": os.getpid(), "started_at": time.time(),
+            "table": os.path.abspath(table) if is_local_path(table) else table,
+            "committed_file": os.path.abspath(committed_file)}
     try:
-        os.makedirs(cfg.data_dir, exist_ok=True)
-        atomic_write(os.path.join(cfg.data_dir, JOB_FILE), json.dumps(info).encode())
+        os.makedirs(job.data_dir, exist_ok=True)
+        atomic_write(os.path.join(job.data_dir, JOB_FILE), json.dumps(info).encode())
     except OSError as exc:
-        log.warning("cannot write %s in %s: %s", JOB_FILE, cfg.data_dir, exc)
+        log.warning("cannot write %s in %s: %s", JOB_FILE, job.data_dir, exc)
 
 
-def progress_since(query, after: int) -> list[dict]:
+def progress_since(query: StreamingQuery, after: int) -> list[dict[str, Any]]:
     """The query's progress reports with a batchId above ``after``, oldest first, as dicts.
     PySpark's ``recentProgress`` renders every retained report (up to 100) as JSON on each call;
     this walks the JVM's list from the newest back and renders only the new ones."""
@@ -621,24 +569,24 @@ def progress_since(query, after: int) -> list[dict]:
     return out
 
 
-def run(spark, cfg: JobConfig, stop_event: threading.Event | None = None,
+def run(spark: Spark, job: Job, stop_event: threading.Event | None = None,
         poll_seconds: float = 1.0) -> int:
     """Run the query until it ends (available-now) or stop_event is set. Returns an exit code."""
     stop_event = stop_event or threading.Event()
-    query, _ = start_query(spark, cfg)
+    query, _ = start_query(spark, job)
     commit_catch_up = getattr(query, "_commit_catch_up", None)
     from sink.history import catalog
     from sink.history.maintenance import start_maintainer
-    maintainer = start_maintainer(spark, cfg, PARQUET_OPTIONS)
+    maintainer = start_maintainer(spark, job.history, PARQUET_OPTIONS, job.available_now)
     # `messages` for spark-sql & co (embedded Derby): once, a minute after the query started
-    registration = None if cfg.available_now else catalog.start_registration(cfg)
+    registration = None if job.available_now else catalog.start_registration(job.history)
     last_batch, last_idle_log = -1, time.monotonic()
 
-    def report():
+    def report() -> None:
         nonlocal last_batch, last_idle_log
         for p in progress_since(query, last_batch):  # only batches after last_batch
             last_batch = p["batchId"]
-            if p.get("numInputRows", 0) or cfg.available_now:
+            if p.get("numInputRows", 0) or job.available_now:
                 log.info("%s", describe_progress(p))
             elif time.monotonic() - last_idle_log > 60:
                 last_idle_log = time.monotonic()
@@ -682,11 +630,11 @@ RESTART = 75      # run()'s answer to such a failure (EX_TEMPFAIL)
 RESTARTS = 5
 
 
-def run_restarting(spark, cfg: JobConfig, stop: threading.Event) -> int:
+def run_restarting(spark: Spark, job: Job, stop: threading.Event) -> int:
     """run(), started again (with the same checkpoint: exactly once holds) after a failure in
     TRANSIENT_FAILURES, up to RESTARTS times in a row, waiting a little longer each time."""
     for attempt in range(1, RESTARTS + 1):
-        rc = run(spark, cfg, stop)
+        rc = run(spark, job, stop)
         if rc != RESTART or stop.is_set():
             return 0 if rc == RESTART else rc
         log.warning("starting the history query again (%d/%d) in %d s", attempt, RESTARTS,
@@ -696,7 +644,7 @@ def run_restarting(spark, cfg: JobConfig, stop: threading.Event) -> int:
     return 1
 
 
-def _short_error(exc) -> str:
+def _short_error(exc: object) -> str:
     """The useful lines of a StreamingQueryException (our own messages, not the JVM stack)."""
     text = str(exc)
     for marker in ("ConnectionError:", "TimeoutError:", "ValueError:", "RuntimeError:"):
@@ -708,81 +656,58 @@ def _short_error(exc) -> str:
 
 # ---- Spark Connect: the job's session answers queries while it runs ------------------------
 
-CONNECT_KEYS = {"connect", "connect_host", "connect_port"}
-
-
-def connect_settings(hist: dict, where: str = "[history]") -> dict:
-    """connect / connect_host / connect_port of a [history] table, checked."""
-    out = {}
-    if "connect" in hist:
-        if not isinstance(hist["connect"], bool):
-            raise UsageError(f"[history] connect in {where} must be true or false, "
-                             f"not {hist['connect']!r}")
-        out["connect"] = hist["connect"]
-    if hist.get("connect_host"):
-        out["connect_host"] = str(hist["connect_host"])
-    if "connect_port" in hist:
-        port = hist["connect_port"]
-        if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
-            raise UsageError(f"[history] connect_port in {where} must be a port number "
-                             f"(1-65535), not {port!r}")
-        out["connect_port"] = port
-    return out
-
-
-def connect_enabled(cfg: JobConfig) -> bool:
+def connect_enabled(job: Job) -> bool:
     # an --available-now run ends when Kafka is drained: nothing to serve
-    return cfg.connect and not cfg.available_now
+    return job.history.connect and not job.available_now
 
 
-def connect_url(cfg: JobConfig) -> str:
-    host = "127.0.0.1" if cfg.connect_host in ("", "0.0.0.0", "::") else cfg.connect_host
-    return f"sc://{host}:{cfg.connect_port}"
+def jdbc_enabled(job: Job) -> bool:
+    """[history] jdbc: the JDBC/ODBC endpoint (sink/history/thrift.py), not in an --available-now run."""
+    return job.history.jdbc and not job.available_now
 
 
-def connect_conf(cfg: JobConfig) -> dict[str, str]:
+def connect_conf(job: Job) -> dict[str, str]:
     """Where the Spark Connect server of the job's SparkContext listens (read when it starts).
 
     Under spark-submit the SparkContext exists before this code runs: pass the same settings
     as --conf (see deploy/spark-submit.md)."""
-    if not connect_enabled(cfg):
+    if not connect_enabled(job):
         return {}
-    return {"spark.connect.grpc.binding.address": cfg.connect_host,
-            "spark.connect.grpc.binding.port": str(cfg.connect_port)}
+    return {"spark.connect.grpc.binding.address": job.history.connect_host,
+            "spark.connect.grpc.binding.port": str(job.history.connect_port)}
 
 
-def check_connect_port(cfg: JobConfig) -> None:
+def check_connect_port(job: Job) -> None:
     """Fail early, with what to do, when the Spark Connect port is taken."""
-    if not connect_enabled(cfg):
+    if not connect_enabled(job):
         return
     import socket
-    if not 0 < cfg.connect_port < 65536:
-        raise UsageError(f"Spark Connect port must be 1-65535, not {cfg.connect_port}")
-    with socket.socket(socket.AF_INET6 if ":" in cfg.connect_host else socket.AF_INET) as s:
+    host, port = job.history.connect_host, job.history.connect_port
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
         try:
-            s.bind((cfg.connect_host, cfg.connect_port))
+            s.bind((host, port))
         except OSError as exc:
             raise UsageError(
-                f"cannot serve Spark Connect on {cfg.connect_host}:{cfg.connect_port} ({exc}): is "
-                "another history job running? Use --connect-port N ([history] connect_port), or "
-                "--no-connect ([history] connect = false)") from None
+                f"cannot serve Spark Connect on {host}:{port} ({exc}): is another history job "
+                "running? Use --connect-port N ([history] connect_port), or --no-connect "
+                "([history] connect = false)") from None
 
 
-def serve_connect(spark, cfg: JobConfig) -> None:
+def serve_connect(spark: Spark, job: Job) -> None:
     """Start the Spark Connect server in this session's SparkContext (the table ``messages`` is
     in its catalog already: sink/history/catalog.py) and say where to connect."""
-    if not connect_enabled(cfg):
+    if not connect_enabled(job):
         return
     # Started only now (not with spark.plugins at SparkContext start): the server's sessions
     # derive from the first session it sees, which must be this one with `messages` in its
     # catalog, not one a client's early request would make the server create on its own.
     jvm = spark.sparkContext._jvm
     jvm.org.apache.spark.sql.connect.service.SparkConnectService.start(spark.sparkContext._jsc.sc())
-    from settings import secrets
-    token = ("$" + secrets.TOKEN_ENV if os.environ.get(secrets.TOKEN_ENV) else
-             secrets.secret_path(cfg.data_dir, secrets.TOKEN_FILE) if cfg.data_dir else None)
+    from settings import environment, secrets
+    token = ("$" + secrets.TOKEN_ENV if environment.SPARK_CONNECT_TOKEN.is_set() else
+             secrets.secret_path(job.data_dir, secrets.TOKEN_FILE) if job.data_dir else None)
     log.info("Spark Connect on %s%s: query the table as `messages`, e.g. python -m sink.query "
-             "\"SELECT count(*) FROM messages\"", connect_url(cfg),
+             "\"SELECT count(*) FROM messages\"", job.history.connect_url,
              f" (clients need the token in {token})" if token else " (no token: open to every "
              "local process)")
 
@@ -876,13 +801,13 @@ def set_autogroup_nice(nice: int, attempts: int = 10) -> bool:
 _hard_exit_hooks: list = []   # run before a third signal ends the job at once
 
 
-def stop_on_signals(stop: threading.Event):
+def stop_on_signals(stop: threading.Event) -> Callable[[int, FrameType | None], None]:
     """The SIGINT/SIGTERM handler: the first asks for a clean stop; the next one (Ctrl-C
     twice, or a terminal's SIGINT followed by a supervisor's SIGTERM) only says that the stop is
     under way; a third exits at once, after reporting the last committed batch to the broker."""
     count = [0]
 
-    def on_signal(signum, _frame):
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
         name = signal.Signals(signum).name
         count[0] += 1
         if count[0] == 1:
@@ -905,11 +830,11 @@ def stop_on_signals(stop: threading.Event):
     return on_signal
 
 
-def main(argv=None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     from settings import ConfigError
     from settings import report as report_config_error
     try:
-        cfg, args = config_from_args(argv)
+        job, args = config_from_args(argv)
     except ConfigError as exc:
         return report_config_error(exc)
     except UsageError as exc:
@@ -924,41 +849,49 @@ def main(argv=None) -> int:
     logging.getLogger("SQLQueryContextLogger").setLevel(logging.CRITICAL)
     for note in args.notes:
         log.warning("%s", note)
-    announce(cfg)
+    announce(job)
     stop = threading.Event()
     on_signal = stop_on_signals(stop)
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
-    lower_priority(cfg.nice)
+    lower_priority(job.history.nice)
     try:
         # A broker starting beside the job may need a moment to bring its (embedded) Kafka up.
-        check_kafka(cfg.bootstrap, timeout=10.0 if cfg.available_now else 120.0, stop=stop)
+        check_kafka(job.bootstrap, timeout=10.0 if job.available_now else 120.0, stop=stop)
         if stop.is_set():
             log.info("history job stopped before it started")
             return 0
         from sink.history import catalog, thrift
-        from sink.history.spark import (JOB_LOCAL_CONF, JOB_LOCAL_ENV, PROJECT_ROOT, get_spark,
-                                        launched_by_spark_submit)
-        check_connect_port(cfg)
+        from sink.history.spark import (
+            JOB_LOCAL_CONF,
+            JOB_LOCAL_ENV,
+            PROJECT_ROOT,
+            get_spark,
+            launched_by_spark_submit,
+        )
+        check_connect_port(job)
         for k, v in JOB_LOCAL_ENV.items():
             os.environ.setdefault(k, v)
-        conf = connect_conf(cfg)
-        if conf and cfg.data_dir:   # clients need the token (settings/secrets.py)
+        conf = connect_conf(job)
+        if conf and job.data_dir:   # clients need the token (settings/secrets.py)
             from settings import secrets
-            conf["spark.connect.authenticate.token"] = secrets.connect_token(cfg.data_dir, create=True)
+            token = secrets.connect_token(job.data_dir, create=True)
+            assert token is not None   # made when missing (create=True)
+            conf["spark.connect.authenticate.token"] = token
         spark = get_spark("mqtt-history-job", conf={
             **({} if launched_by_spark_submit() else JOB_LOCAL_CONF),
-            **conf, **catalog.session_conf(cfg),
-            **thrift.thrift_conf(cfg, Path(PROJECT_ROOT) / "build")})
-        catalog.register_in_session(spark, cfg)  # `messages` for Spark Connect and JDBC
-        serve_connect(spark, cfg)
-        thrift.serve_thrift(spark, cfg)
+            **conf, **catalog.session_conf(job.history),
+            **(thrift.thrift_conf(Path(PROJECT_ROOT) / "build") if jdbc_enabled(job) else {})})
+        catalog.register_in_session(spark, job.history)  # `messages` for Spark Connect and JDBC
+        serve_connect(spark, job)
+        if jdbc_enabled(job):
+            thrift.serve_thrift(spark, job.history)
         # SparkContext installs its own SIGINT handler (cancel jobs + KeyboardInterrupt): ours
         # must win so that Ctrl-C stops the query cleanly.
         signal.signal(signal.SIGINT, on_signal)
         signal.signal(signal.SIGTERM, on_signal)
         try:
-            return run_restarting(spark, cfg, stop)
+            return run_restarting(spark, job, stop)
         finally:
             spark.stop()
     except UsageError as exc:

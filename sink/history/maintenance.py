@@ -15,6 +15,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from settings import HistoryConfig
 from sink.history.compaction import Policy, compact
 from sink.history.manifest import Table
 from sink.history.retention import retention_change
@@ -22,9 +23,6 @@ from sink.history.writer import adopt_file_sink
 
 log = logging.getLogger("sink.maintenance")
 
-#: [history] keys (and JobConfig fields) of the table's upkeep
-UPKEEP_KEYS = ("retention", "compact", "compact_target_mb", "compact_grace_seconds",
-               "compact_open_files", "compact_check_seconds", "delete_delay_seconds")
 POOL = "maintenance"
 JOB_GROUP = "history-maintenance"
 
@@ -37,43 +35,44 @@ class Settings:
     check_seconds: float = 60.0
 
 
-def settings_of(cfg) -> Settings:
-    """The maintenance settings of a JobConfig (or anything with the UPKEEP_KEYS)."""
+def settings_of(hist: HistoryConfig) -> Settings:
+    """The maintenance settings of a [history] section (retention, compact_*)."""
     from sink.history.retention import parse_duration
-    return Settings(compact=cfg.compact,
-                    policy=Policy(target_bytes=int(cfg.compact_target_mb) << 20,
-                                  grace_ms=int(cfg.compact_grace_seconds * 1000),
-                                  open_max_files=int(cfg.compact_open_files)),
-                    retention_ms=parse_duration(cfg.retention),
-                    check_seconds=float(cfg.compact_check_seconds))
+    return Settings(compact=hist.compact,
+                    policy=Policy(target_bytes=int(hist.compact_target_mb) << 20,
+                                  grace_ms=int(hist.compact_grace_seconds * 1000),
+                                  open_max_files=int(hist.compact_open_files)),
+                    retention_ms=parse_duration(hist.retention),
+                    check_seconds=float(hist.compact_check_seconds))
 
 
-def job_table(spark, cfg) -> Table:
+def job_table(spark, hist: HistoryConfig) -> Table:
     """The job's table (opened once per job: the writer and the maintainer share it)."""
-    table = getattr(spark, "_mqtt_history_tables", {}).get(cfg.table)
+    table = getattr(spark, "_mqtt_history_tables", {}).get(hist.table)
     if table is None:
-        table = open_table(spark, cfg.table, cfg.checkpoint_dir,
-                           int(cfg.delete_delay_seconds * 1000))
+        table = open_table(spark, hist.table, hist.checkpoint_dir,
+                           int(hist.delete_delay_seconds * 1000))
         spark._mqtt_history_tables = {**getattr(spark, "_mqtt_history_tables", {}),
-                                      cfg.table: table}
+                                      hist.table: table}
     return table
 
 
-def batch_writer(spark, cfg, parquet_options: dict):
-    """The job's foreachBatch function (writer.BatchWriter) for cfg.table."""
+def batch_writer(spark, hist: HistoryConfig, parquet_options: dict):
+    """The job's foreachBatch function (writer.BatchWriter) for hist.table."""
     from sink.history.writer import BatchWriter
-    return BatchWriter(job_table(spark, cfg), cfg.checkpoint_dir, parquet_options,
-                       settings_of(cfg).retention_ms)
+    return BatchWriter(job_table(spark, hist), hist.checkpoint_dir, parquet_options,
+                       settings_of(hist).retention_ms)
 
 
-def start_maintainer(spark, cfg, parquet_options: dict) -> "Maintainer | None":
+def start_maintainer(spark, hist: HistoryConfig, parquet_options: dict,
+                     available_now: bool = False) -> "Maintainer | None":
     """Start the job's maintenance thread (None: a remote table, written by Spark's file
     sink, or an --available-now run, which ends when Kafka is drained)."""
     from sink.history.paths import is_local_path
-    settings = settings_of(cfg)
-    if not is_local_path(cfg.table) or cfg.available_now:
+    settings = settings_of(hist)
+    if not is_local_path(hist.table) or available_now:
         return None
-    m = Maintainer(spark, job_table(spark, cfg), settings, parquet_options)
+    m = Maintainer(spark, job_table(spark, hist), settings, parquet_options)
     m.start()
     return m
 
@@ -130,7 +129,7 @@ class Maintainer(threading.Thread):
     """The job's maintenance thread: a pass every ``settings.check_seconds``."""
 
     def __init__(self, spark, table: Table, settings: Settings,
-                 parquet_options: dict | None = None):
+                 parquet_options: dict | None = None) -> None:
         super().__init__(name="history-maintenance", daemon=True)
         self.spark, self.table, self.settings = spark, table, settings
         self.parquet_options = parquet_options

@@ -45,6 +45,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
 
+from settings import environment
+
 MANIFEST_DIR = "_manifest"
 SPARK_LOG_DIR = "_spark_metadata"
 STAGING_DIR = "_staging"
@@ -171,7 +173,7 @@ class Change:
 
 # crash points (tests kill the process at each step: SINK_HISTORY_CRASH_AT=<name>)
 def crash_point(name: str) -> None:
-    if os.environ.get("SINK_HISTORY_CRASH_AT") == name:
+    if environment.SINK_HISTORY_CRASH_AT.get() == name:
         import signal
         try:
             if os.getpgid(0) == os.getpid():  # a process group leader takes its JVM along
@@ -184,7 +186,7 @@ class Table:
     """The commit log of one history table directory."""
 
     def __init__(self, path: str | os.PathLike, delete_delay_ms: int = DELETE_DELAY_MS,
-                 clock: Callable[[], int] = now_ms):
+                 clock: Callable[[], int] = now_ms) -> None:
         p = str(path)
         self.root = Path(p[len("file://"):] if p.startswith("file://") else p).absolute()
         self.delete_delay_ms = delete_delay_ms

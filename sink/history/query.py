@@ -235,13 +235,15 @@ def connect_session(url: str, token: str | None = None):
     """A Spark Connect client session (raises when the server does not answer or refuses the
     token)."""
     from pyspark.sql import SparkSession
+
     from settings.secrets import client_url
     return SparkSession.builder.remote(client_url(url, token)).getOrCreate()
 
 
 def running_job(data_dir: str | None) -> dict | None:
     """The history job that announced itself in the data directory and still runs."""
-    from sink.progress import JOB_FILE, running_job as job
+    from sink.progress import JOB_FILE
+    from sink.progress import running_job as job
     return job(os.path.join(data_dir, JOB_FILE)) if data_dir else None
 
 
@@ -305,12 +307,14 @@ def open_session(url: str | None, say=lambda msg: None, token: str | None = None
 
 
 def main(argv=None) -> int:
+    from settings import environment
     p = argparse.ArgumentParser(
         prog="python -m sink.query",
         description="Run Spark SQL over the history table, visible as the view 'messages'.",
+        formatter_class=environment.HelpFormatter,
         epilog="Example: python -m sink.query \"SELECT client_id, count(*) AS n FROM messages "
                "GROUP BY client_id ORDER BY n DESC\"   Binary values print as UTF-8 when valid, "
-               "else as base64:<...>; times are UTC.")
+               "else as base64:<...>; times are UTC.\n\n" + environment.epilog(environment.QUERY))
     p.add_argument("sql", nargs="?", help="the SQL statement (the table is the view 'messages'); "
                                           "or -f FILE, or on stdin")
     p.add_argument("-f", "--file", metavar="FILE", help="read the query from FILE (- = stdin)")
@@ -326,7 +330,7 @@ def main(argv=None) -> int:
                    help="output: readable table (default), csv, or json (one object per line)")
     p.add_argument("--max-width", type=int, default=60, metavar="N",
                    help="table format: cut cells longer than N characters (default 60)")
-    p.add_argument("--connect", metavar="URL", default=os.environ.get("SINK_CONNECT_URL"),
+    p.add_argument("--connect", metavar="URL", default=environment.SINK_CONNECT_URL.get(),
                    help="the running history job's Spark Connect server, used when it answers "
                         f"(default $SINK_CONNECT_URL or {DEFAULT_CONNECT_URL})")
     p.add_argument("--wait", type=float, default=120.0, metavar="S",
@@ -351,7 +355,7 @@ def main(argv=None) -> int:
         try:
             connect_address(args.connect)
         except ValueError as exc:
-            if args.connect != os.environ.get("SINK_CONNECT_URL"):
+            if args.connect != environment.SINK_CONNECT_URL.get():
                 p.error(f"--connect: {exc}")
             return report(ConfigError("SINK_CONNECT_URL", "must be sc://HOST:PORT (the history "
                                       "job's Spark Connect server)", args.connect))
@@ -381,6 +385,7 @@ def main(argv=None) -> int:
     import logging
     logging.getLogger("SQLQueryContextLogger").setLevel(logging.CRITICAL)  # we print the error
     from pyspark.errors import AnalysisException, ParseException
+
     from settings import secrets
     started = time.monotonic()
     try:

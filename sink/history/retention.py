@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import datetime as dt
 
-from sink.history.manifest import Change, Snapshot
-
 from settings.checks import duration_ms as parse_duration  # noqa: F401  ('400d' -> ms)
+from sink.history.manifest import Change, Snapshot
 
 DAY_MS = 86_400_000
 

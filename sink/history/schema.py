@@ -19,13 +19,34 @@ Header contract (written by the broker's forwarder, names fixed, values UTF-8 un
 """
 from __future__ import annotations
 
-from pyspark.sql.types import (ArrayType, BinaryType, BooleanType, DateType, IntegerType,
-                               LongType, StringType, StructField, StructType, TimestampType)
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    BooleanType,
+    DateType,
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
 
 # The header names are the record contract, defined once in sink/headers.py.
-from kafka_client.headers import (H_CLIENT_ID, H_CONTENT_TYPE, H_CORRELATION_DATA,  # noqa: F401
-                     H_MESSAGE_EXPIRY, H_MESSAGE_ID, H_PAYLOAD_FORMAT, H_PROTOCOL, H_QOS,
-                     H_RESPONSE_TOPIC, H_RETAIN, H_USER_PREFIX, H_USERNAME)
+from kafka_client.headers import (  # noqa: F401
+    H_CLIENT_ID,
+    H_CONTENT_TYPE,
+    H_CORRELATION_DATA,
+    H_MESSAGE_EXPIRY,
+    H_MESSAGE_ID,
+    H_PAYLOAD_FORMAT,
+    H_PROTOCOL,
+    H_QOS,
+    H_RESPONSE_TOPIC,
+    H_RETAIN,
+    H_USER_PREFIX,
+    H_USERNAME,
+)
 
 #: Rows as Spark's native Kafka source returns them with includeHeaders=true.
 KAFKA_SCHEMA = StructType([

@@ -206,7 +206,7 @@ def _consumer(opts: SourceOptions, **extra):
     conf.update(extra)
     try:
         return KafkaConsumer(**conf)
-    except KafkaTimeoutError as exc:  # "Unable to bootstrap from ..." 
+    except KafkaTimeoutError as exc:  # "Unable to bootstrap from ..."
         raise ConnectionError(
             f"cannot reach Kafka at {opts.bootstrap}: is it running? Set the address with "
             "--kafka-bootstrap or [sink] bootstrap_servers") from exc
@@ -231,7 +231,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     # process beside the driver, so the reader may keep state between calls (the AvailableNow
     # target, the latest offsets for progress reports). read() runs in executors.
 
-    def __init__(self, opts: SourceOptions, schema=None):
+    def __init__(self, opts: SourceOptions, schema=None) -> None:
         _ensure_logging()
         self.opts = opts
         self.schema = schema or (HEADER_COLUMNS_SCHEMA if opts.columns else KAFKA_SCHEMA)
@@ -546,7 +546,7 @@ class _PartitionFetcher:
 
     MAX_BYTES = 8 * 1024 * 1024
 
-    def __init__(self, opts: SourceOptions, topic: str, partition: int):
+    def __init__(self, opts: SourceOptions, topic: str, partition: int) -> None:
         self.opts, self.topic, self.partition = opts, topic, partition
         self.c = None
 
@@ -580,6 +580,7 @@ class _PartitionFetcher:
         import kafka.errors as Errors
         from kafka import TopicPartition
         from kafka.protocol.consumer import FetchRequest
+
         from kafka_client.recordbatch import decode
 
         ft = FetchRequest.FetchTopic
@@ -630,6 +631,7 @@ def to_arrow(pa, schema, d, topic: str, partition: int, columns: bool, ingested_
     """Decoded records -> an Arrow batch of KAFKA_SCHEMA, or of HEADER_COLUMNS_SCHEMA when
     ``columns`` (the contract headers as columns and ``ingested_ms``, see sink.history.schema)."""
     import numpy as np
+
     from kafka_client import recordbatch as rb
     from sink.history.schema import H_USER_PREFIX, HEADER_COLUMNS
 

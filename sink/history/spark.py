@@ -15,6 +15,8 @@ import os
 import sys
 from pathlib import Path
 
+from settings import environment
+
 log = logging.getLogger(__name__)
 
 PROJECT_ROOT = str(Path(__file__).resolve().parents[2])
@@ -77,7 +79,7 @@ LOCAL_CONF = {
 
 def launched_by_spark_submit() -> bool:
     """True when spark-submit started this interpreter (the JVM already exists)."""
-    return bool(os.environ.get("PYSPARK_GATEWAY_PORT") or os.environ.get("SPARK_SUBMIT"))
+    return environment.PYSPARK_GATEWAY_PORT.is_set() or environment.SPARK_SUBMIT.is_set()
 
 
 def prepare_python_env() -> None:
@@ -89,7 +91,7 @@ def prepare_python_env() -> None:
         return
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    paths = [p for p in (environment.PYTHONPATH.get() or "").split(os.pathsep) if p]
     if PROJECT_ROOT not in paths:
         os.environ["PYTHONPATH"] = os.pathsep.join([PROJECT_ROOT, *paths])
     # Spark prints its own log4j lines to stderr; keep them at WARN unless asked otherwise.
@@ -108,7 +110,7 @@ def get_spark(app_name: str = "mqtt-history", master: str | None = None,
 
     builder = SparkSession.builder.appName(app_name)
     submitted = launched_by_spark_submit()
-    master = master or os.environ.get("SPARK_MASTER")
+    master = master or environment.SPARK_MASTER.get()
     if master is None and not submitted:
         master = "local[2]"
     if master:

@@ -20,6 +20,8 @@ import logging
 import subprocess
 from pathlib import Path
 
+from settings import HistoryConfig
+
 log = logging.getLogger("sink.thrift")
 
 SOURCE = Path(__file__).with_name("jvm") / "PasswordFileAuthenticator.scala"
@@ -57,16 +59,10 @@ def auth_classes_dir(build_root: Path) -> Path:
     return out
 
 
-def thrift_conf(cfg, build_root: Path) -> dict[str, str]:
+def thrift_conf(build_root: Path) -> dict[str, str]:
     """Spark settings the JVM needs at launch for the endpoint (the authenticator's class
-    path); empty when the endpoint is off."""
-    if not jdbc_enabled(cfg):
-        return {}
+    path)."""
     return {"spark.driver.extraClassPath": str(auth_classes_dir(build_root))}
-
-
-def jdbc_enabled(cfg) -> bool:
-    return bool(getattr(cfg, "jdbc", False)) and not cfg.available_now
 
 
 class _Checker:
@@ -75,7 +71,7 @@ class _Checker:
     class Java:
         implements = ["mqtthistory.PasswordCheck"]
 
-    def __init__(self, path: str):
+    def __init__(self, path: str) -> None:
         from broker.auth.passwords import PasswordFile
         self.passwords = PasswordFile(path)
 
@@ -86,19 +82,18 @@ class _Checker:
         return ok
 
 
-def serve_thrift(spark, cfg) -> None:
-    """Start the Thrift server in the job's SparkContext (HiveThriftServer2.startWithContext)."""
-    if not jdbc_enabled(cfg):
-        return
+def serve_thrift(spark, h: HistoryConfig) -> None:
+    """Start the Thrift server in the job's SparkContext (HiveThriftServer2.startWithContext):
+    on [history] jdbc_host:jdbc_port, users of jdbc_password_file."""
     from pyspark.java_gateway import ensure_callback_server_started
     sc = spark.sparkContext
     gw = sc._gateway
     ensure_callback_server_started(gw)
-    checker = _Checker(cfg.jdbc_password_file)
+    checker = _Checker(h.jdbc_password_file)
     sc._mqtt_thrift_checker = checker  # keep the Python object alive
     gw.jvm.mqtthistory.PasswordCheckHolder.set(checker)
-    for k, v in {"hive.server2.thrift.bind.host": cfg.jdbc_host,
-                 "hive.server2.thrift.port": str(cfg.jdbc_port),
+    for k, v in {"hive.server2.thrift.bind.host": h.jdbc_host,
+                 "hive.server2.thrift.port": str(h.jdbc_port),
                  "hive.server2.transport.mode": "binary",
                  "hive.server2.authentication": "CUSTOM",
                  "hive.server2.custom.authentication.class": AUTH_CLASS,
@@ -111,5 +106,5 @@ def serve_thrift(spark, cfg) -> None:
         spark._jsparkSession.sqlContext())
     log.info("JDBC/ODBC (HiveServer2) on %s:%d, users of %s: e.g. beeline -u "
              "jdbc:hive2://%s:%d/default -n USER -p PASSWORD -e \"SELECT count(*) FROM messages\"",
-             cfg.jdbc_host, cfg.jdbc_port, cfg.jdbc_password_file,
-             "127.0.0.1" if cfg.jdbc_host in ("0.0.0.0", "::", "") else cfg.jdbc_host, cfg.jdbc_port)
+             h.jdbc_host, h.jdbc_port, h.jdbc_password_file,
+             "127.0.0.1" if h.jdbc_host in ("0.0.0.0", "::", "") else h.jdbc_host, h.jdbc_port)

@@ -19,8 +19,7 @@ import logging
 import shutil
 from pathlib import Path
 
-from sink.history.manifest import Change, FileEntry, Snapshot, Table, crash_point, date_of, \
-    staged_files
+from sink.history.manifest import Change, FileEntry, Snapshot, Table, crash_point, date_of, staged_files
 from sink.history.retention import first_kept_date
 
 log = logging.getLogger("sink.writer")
@@ -40,7 +39,7 @@ class BatchWriter:
     """``foreachBatch`` function writing micro-batches into ``table`` exactly once."""
 
     def __init__(self, table: Table, checkpoint: str, parquet_options: dict | None = None,
-                 retention_ms: int | None = None):
+                 retention_ms: int | None = None) -> None:
         self.table = table
         self.checkpoint = checkpoint
         self.parquet_options = dict(parquet_options or {})
@@ -98,6 +97,7 @@ def adopt_file_sink(spark, table: Table, checkpoint: str | None) -> Snapshot | N
     if not ids:
         return None
     import pyarrow.parquet as pq
+
     from sink.history.schema import HISTORY_SCHEMA
     paths = spark.read.schema(HISTORY_SCHEMA).parquet(str(table.root)).inputFiles()
     entries = []

@@ -10,8 +10,7 @@ import pytest
 
 from broker.protocol import packets as P
 from tests.e2e.chromium import log_in, start_chromium, wait
-from tests.integration.dashboard_http import (ADMIN, ADMIN_PW, VIEWER, VIEWER_PW, get_json,
-                                              start_dashboard)
+from tests.integration.dashboard_http import ADMIN, ADMIN_PW, VIEWER, VIEWER_PW, get_json, start_dashboard
 from tests.mqtt_raw import RawClient
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]

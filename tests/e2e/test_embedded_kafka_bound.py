@@ -12,7 +12,7 @@ import urllib.request
 
 import pytest
 
-from sink.history.job import JobConfig, run
+from sink.history.job import Job, run
 from sink.history.query import run_sql
 from sink.progress import committed_path
 from tests.conftest import BrokerProcess, free_port
@@ -51,7 +51,7 @@ def test_embedded_kafka_gives_back_what_the_table_holds(spark, tmp_path):
         "sink.committed_file": committed_path(table), "sink.embedded_max_mb": BOUND_MB,
         "metrics.enabled": True, "metrics.port": mport}).start()
     bootstrap = f"127.0.0.1:{kport}"
-    cfg = JobConfig(bootstrap=bootstrap, table=table, trigger_seconds=1, available_now=True,
+    cfg = Job.of(bootstrap=bootstrap, table=table, trigger_seconds=1, available_now=True,
                     source="python")
     sizes = []
     try:

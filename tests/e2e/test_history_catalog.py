@@ -14,7 +14,7 @@ import pyspark
 import pytest
 
 from sink.history import catalog
-from sink.history.job import JobConfig, run
+from sink.history.job import Job, run
 from tests.conftest import free_port
 from tests.e2e.test_spark_history import produce, simple_message
 
@@ -26,11 +26,11 @@ BIN = Path(pyspark.__file__).parent / "bin"
 def test_a_fresh_spark_sql_reads_messages_from_the_catalog(spark, kafka, tmp_path):
     msgs = [simple_message(i, "cat") for i in range(75)]
     produce(kafka.bootstrap, msgs)
-    cfg = JobConfig(bootstrap=kafka.bootstrap, table=str(tmp_path / "history"),
+    cfg = Job.of(bootstrap=kafka.bootstrap, table=str(tmp_path / "history"),
                     available_now=True, source="python")
     assert run(spark, cfg) == 0
-    assert catalog.register_in_derby(cfg)
-    conf = catalog.metastore_dir(cfg) / "conf"
+    assert catalog.register_in_derby(cfg.history)
+    conf = catalog.metastore_dir(cfg.history) / "conf"
     env = {**os.environ, "SPARK_CONF_DIR": str(conf)}
     env.pop("PYSPARK_GATEWAY_PORT", None)
     out = subprocess.run([str(BIN / "spark-sql"), "--master", "local[1]", "-S", "-e",
@@ -41,8 +41,8 @@ def test_a_fresh_spark_sql_reads_messages_from_the_catalog(spark, kafka, tmp_pat
     assert out.returncode == 0, out.stderr[-3000:]
     lines = [ln.strip() for ln in out.stdout.splitlines() if ln.strip()]
     assert lines[:2] == ["75\t75", "75"], out.stdout
-    assert catalog.registered(cfg)  # registered once: the next start runs no spark-sql
-    assert catalog.start_registration(cfg) is None
+    assert catalog.registered(cfg.history)  # registered once: the next start runs no spark-sql
+    assert catalog.start_registration(cfg.history) is None
 
 
 def _password_file(tmp_path: Path) -> Path:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from sink.history.job import JobConfig, run
+from sink.history.job import Job, run
 from sink.history.maintenance import Settings, maintain_once, open_table
 from sink.history.manifest import Table
 from sink.progress import committed_path, read_committed
@@ -69,7 +69,7 @@ def small_files_table(tmp_path_factory, spark):
     kafka.start()
     try:
         produce(kafka.bootstrap, messages())
-        cfg = JobConfig(bootstrap=kafka.bootstrap, table=str(tmp / "history"), trigger_seconds=1,
+        cfg = Job.of(bootstrap=kafka.bootstrap, table=str(tmp / "history"), trigger_seconds=1,
                         available_now=True, source="python", max_records_per_trigger=25)
         assert run(spark, cfg) == 0
     finally:
@@ -175,7 +175,7 @@ def test_a_micro_batch_killed_at_any_step_is_written_once(spark, kafka, tmp_path
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
     n, ids = count_ids(spark, table) if Path(table, "_spark_metadata").is_dir() else (0, 0)
     assert n == ids and n in (0, 120)
-    cfg = JobConfig(bootstrap=kafka.bootstrap, table=table, available_now=True, source="python")
+    cfg = Job.of(bootstrap=kafka.bootstrap, table=table, available_now=True, source="python")
     assert run(spark, cfg) == 0
     assert count_ids(spark, table) == (120, 120)
     # and the progress file covers all of it

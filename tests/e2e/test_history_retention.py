@@ -12,10 +12,10 @@ import time
 
 import pytest
 
-from sink.history.job import JobConfig, run
-from sink.progress import committed_path
-from sink.history.query import run_sql
 from sink.forward.spool import read_min_checkpoint
+from sink.history.job import Job, run
+from sink.history.query import run_sql
+from sink.progress import committed_path
 from tests.conftest import ROOT, BrokerProcess
 from tests.integration.test_sink_kafka import consume, wait_for
 
@@ -78,7 +78,7 @@ def test_job_down_kafka_restarted_empty_table_gets_everything_once(spark, kafka,
         kafka.start()                                                 # same port, empty
         got = consume(kafka.bootstrap, "mqtt.messages", N, timeout=180)
         assert len({dict(r.headers)["mqtt.message_id"] for r in got}) == N, broker.logs()[-3000:]
-        cfg = JobConfig(bootstrap=kafka.bootstrap, table=table, trigger_seconds=1, available_now=True)
+        cfg = Job.of(bootstrap=kafka.bootstrap, table=table, trigger_seconds=1, available_now=True)
         assert run(spark, cfg) == 0
         rows = run_sql(spark, table, "SELECT count(*) AS n, count(DISTINCT message_id) AS ids FROM messages")
         assert (rows[0].n, rows[0].ids) == (N, N)

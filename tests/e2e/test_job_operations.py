@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from settings import secrets
-from sink import progress
 from kafka_client.embedded import EmbeddedKafka
 from kafka_client.record import SinkRecord, to_kafka
+from settings import secrets
+from sink import progress
 from sink.forward.service import Sink
 from tests.conftest import ROOT, free_port
 from tests.e2e.test_dashboard_history import wait_for

@@ -9,7 +9,7 @@ import pytest
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from sink.history.job import JobConfig, run
+from sink.history.job import Job, run
 from sink.history.query import run_sql
 from tests.conftest import BrokerProcess
 from tests.integration.test_sink_kafka import consume
@@ -55,11 +55,11 @@ def test_mqtt_messages_queryable_exactly_once(spark, kafka, tmp_path):
     finally:
         broker.stop()
 
-    cfg = JobConfig(bootstrap=kafka.bootstrap, table=str(tmp_path / "history"), trigger_seconds=1,
+    cfg = Job.of(bootstrap=kafka.bootstrap, table=str(tmp_path / "history"), trigger_seconds=1,
                     available_now=True)
     assert run(spark, cfg) == 0
     assert run(spark, cfg) == 0  # a second pass over the same Kafka adds nothing
-    rows = run_sql(spark, cfg.table, "SELECT * FROM messages ORDER BY topic")
+    rows = run_sql(spark, cfg.history.table, "SELECT * FROM messages ORDER BY topic")
     assert [r.topic for r in rows] == ["sensors/v311/raw", "sensors/v311/text", "sensors/v5/q0",
                                        "sensors/v5/q1", "sensors/v5/q2", "sensors/v5/retained"]
     assert len({r.message_id for r in rows}) == 6

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from sink.history.job import DEDUP_MARKER, JobConfig, SOURCE_MARKER, run
+from sink.history.job import DEDUP_MARKER, SOURCE_MARKER, Job, run
 from sink.history.query import run_sql
 
 pytestmark = pytest.mark.timeout(600)
@@ -81,8 +81,8 @@ def simple_message(i: int, prefix: str = "m", when_ms: int | None = None) -> dic
             "accepted_ms": when_ms if when_ms is not None else int(time.time() * 1000)}
 
 
-def history_job(bootstrap: str, tmp_path: Path, **kw) -> JobConfig:
-    return JobConfig(bootstrap=bootstrap, table=str(tmp_path / "history"),
+def history_job(bootstrap: str, tmp_path: Path, **kw) -> Job:
+    return Job.of(bootstrap=bootstrap, table=str(tmp_path / "history"),
                      trigger_seconds=1, **kw)
 
 
@@ -117,17 +117,17 @@ def test_history_columns_and_dedup(spark, kafka, tmp_path):
 
     cfg = history_job(kafka.bootstrap, tmp_path, available_now=True)  # source auto
     assert run(spark, cfg) == 0
-    assert Path(cfg.checkpoint_dir, SOURCE_MARKER).read_text().strip() == "python"
+    assert Path(cfg.history.checkpoint_dir, SOURCE_MARKER).read_text().strip() == "python"
     # the Python source dropped the copies (sink/history/dedup.py), not Spark's watermark operator
-    assert Path(cfg.checkpoint_dir, DEDUP_MARKER).read_text().strip() == "source"
-    assert any(Path(cfg.checkpoint_dir, "dedup").glob("ledger-*.pkl"))
+    assert Path(cfg.history.checkpoint_dir, DEDUP_MARKER).read_text().strip() == "source"
+    assert any(Path(cfg.history.checkpoint_dir, "dedup").glob("ledger-*.pkl"))
 
-    rows = run_sql(spark, cfg.table, "SELECT * FROM messages")
+    rows = run_sql(spark, cfg.history.table, "SELECT * FROM messages")
     assert len(rows) == 203
     # the writer's per-column settings (job.PARQUET_OPTIONS) reached the files
     import pyarrow.parquet as pq
     chunks = {}
-    for f in Path(cfg.table).rglob("*.parquet"):
+    for f in Path(cfg.history.table).rglob("*.parquet"):
         rg = pq.ParquetFile(f).metadata.row_group(0)
         chunks.update({rg.column(i).path_in_schema: rg.column(i) for i in range(rg.num_columns)})
     assert not any("DICTIONARY" in e for e in chunks["message_id"].encodings)
@@ -165,16 +165,16 @@ def test_history_columns_and_dedup(spark, kafka, tmp_path):
 
     # Kafka coordinates are unique and the table is partitioned by UTC date.
     assert len({(r.kafka_partition, r.kafka_offset) for r in rows}) == 203
-    dates = run_sql(spark, cfg.table,
+    dates = run_sql(spark, cfg.history.table,
                     "SELECT date, count(*) AS n FROM messages GROUP BY date ORDER BY date")
     assert [(d.date, d.n) for d in dates] == [(dt.date(2024, 5, 1), 1), (dt.date(2024, 5, 2), 202)]
-    assert sorted(p.name for p in Path(cfg.table).glob("date=*")) == \
+    assert sorted(p.name for p in Path(cfg.history.table).glob("date=*")) == \
         ["date=2024-05-01", "date=2024-05-02"]
 
     # Running again with nothing new adds nothing; a late duplicate is still dropped.
     produce(kafka.bootstrap, [anon])
     assert run(spark, cfg) == 0
-    assert ids_and_count(spark, cfg.table)[0] == 203
+    assert ids_and_count(spark, cfg.history.table)[0] == 203
 
 
 # ---- 2: SIGKILL mid-stream, restart from the checkpoint: no duplicates, no gaps ---------------
@@ -311,12 +311,12 @@ def test_kafka_restart_offsets_go_backwards(spark, kafka, tmp_path):
     first = [simple_message(i, "before", base + i) for i in range(40)]
     produce(kafka.bootstrap, first)
     assert run(spark, cfg) == 0
-    assert ids_and_count(spark, cfg.table)[0] == 40
-    commits = [f for f in (Path(cfg.checkpoint_dir) / "commits").iterdir() if f.name.isdigit()]
+    assert ids_and_count(spark, cfg.history.table)[0] == 40
+    commits = [f for f in (Path(cfg.history.checkpoint_dir) / "commits").iterdir() if f.name.isdigit()]
     assert len(commits) >= 2  # 40 records, at most 30 per micro-batch
     # What the table holds, for the broker's spool (sink/progress.py): every offset, topic id
     from sink.progress import committed_path, read_committed
-    done = read_committed(committed_path(cfg.table))
+    done = read_committed(committed_path(cfg.history.table))
     assert done["batch_id"] == max(int(f.name) for f in commits)
     first_id = done["topics"][TOPIC]["topic_id"]
     assert first_id and sum(done["topics"][TOPIC]["offsets"].values()) == 40
@@ -327,10 +327,10 @@ def test_kafka_restart_offsets_go_backwards(spark, kafka, tmp_path):
     second = [simple_message(i, "after", base + 1000 + i) for i in range(100)]
     produce(kafka.bootstrap, second)
     assert run(spark, cfg) == 0
-    count, ids = ids_and_count(spark, cfg.table)
+    count, ids = ids_and_count(spark, cfg.history.table)
     assert count == 140
     assert ids == {m["message_id"] for m in first + second}
-    done = read_committed(committed_path(cfg.table))  # offsets of the new log, its new id
+    done = read_committed(committed_path(cfg.history.table))  # offsets of the new log, its new id
     assert done["topics"][TOPIC]["topic_id"] not in (None, first_id)
     assert sum(done["topics"][TOPIC]["offsets"].values()) == 100
 
@@ -339,7 +339,7 @@ def test_kafka_restart_offsets_go_backwards(spark, kafka, tmp_path):
     third = [simple_message(i, "again", base + 2000 + i) for i in range(3)]
     produce(kafka.bootstrap, third)
     assert run(spark, cfg) == 0
-    count, ids = ids_and_count(spark, cfg.table)
+    count, ids = ids_and_count(spark, cfg.history.table)
     assert count == 143 and {m["message_id"] for m in third} <= ids
     # (sink.history.source logs a WARNING "... offsets went backwards ..." to the job's stderr.)
 
@@ -386,7 +386,8 @@ def test_job_config(tmp_path):
                         '[history]\ntable = "/t/h"\ntrigger_seconds = 2\n'
                         'max_records_per_trigger = 100\n')
     cfg, _ = config_from_args(["--config", str(cfg_file), "--trigger-seconds", "7"])
-    assert (cfg.bootstrap, cfg.table, cfg.checkpoint_dir, cfg.trigger_seconds) == \
+    h = cfg.history
+    assert (cfg.bootstrap, h.table, h.checkpoint_dir, h.trigger_seconds) == \
         ("127.0.0.1:9999", "/t/h", "/t/h_checkpoint", 7.0)
     assert cfg.topics == ["mqtt.messages", "mqtt.s"]
     assert cfg.kafka_options()["maxOffsetsPerTrigger"] == "100"
@@ -404,6 +405,6 @@ def test_job_config(tmp_path):
     assert conf == {"security_protocol": "SASL_SSL", "ssl_cafile": "/etc/ca.pem",
                     "sasl_mechanism": "PLAIN", "ssl_check_hostname": False}
     cfg_file.write_text('[history]\nsource = "spark"\n')
-    from broker.config import ConfigError
+    from settings import ConfigError
     with pytest.raises(ConfigError, match="history.source = 'spark'.*must be one of 'auto'"):
         config_from_args(["--config", str(cfg_file)])

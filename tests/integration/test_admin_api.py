@@ -13,8 +13,7 @@ import pytest
 from broker.auth import hash_password
 from broker.protocol import packets as P
 from tests.conftest import ROOT, wait_port
-from tests.integration.dashboard_http import (ADMIN, ADMIN_PW, as_admin, request, start_dashboard,
-                                              wait_until)
+from tests.integration.dashboard_http import ADMIN, ADMIN_PW, as_admin, request, start_dashboard, wait_until
 from tests.integration.helpers import connect, expect_disconnect
 from tests.mqtt_raw import RawClient
 

@@ -14,8 +14,8 @@ import pytest
 
 from broker.auth import AccessControl, hash_password
 from broker.auth import passwords as pwmod
-from settings import Config
 from broker.server import Server
+from settings import Config
 from tests.integration.helpers import P, RawClient, bye, cid, publish_ok, recv_publish, uniq
 
 FAST = dict(n=2 ** 10, r=8, p=1)

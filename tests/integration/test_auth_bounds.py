@@ -16,17 +16,18 @@ import pytest
 from broker.auth import AccessControl, hash_password
 from broker.auth import passwords as pwmod
 from broker.auth.checks import THREAD_NAME
-from settings import Config, MetricsConfig
 from broker.protocol.codec import encode
 from broker.server import Server
+from settings import AuthConfig, Config, MetricsConfig
 from tests.integration.helpers import P, RawClient, bye
 from tests.integration.test_auth import InProcessBroker
 
 
 class Broker(InProcessBroker):
-    def __init__(self, auth, **cfg):
-        super().__init__(auth)
-        self.server = Server(Config(host="127.0.0.1", port=0, **cfg), auth=auth)
+    def __init__(self, hook, **cfg):
+        """hook: the auth hook; cfg: sections of the Config (auth=AuthConfig(...): the bounds)."""
+        super().__init__(hook)
+        self.server = Server(Config(host="127.0.0.1", port=0, **cfg), auth=hook)
 
 
 class Recorder:
@@ -93,10 +94,9 @@ def test_flood_of_wrong_passwords_is_bounded_and_a_good_connect_is_answered(pwfi
     CONNECT is answered after at most that many checks, not after the whole flood."""
     bound = 16
     rec = Recorder(monkeypatch)
-    auth = AccessControl(password_file=str(pwfile), cache_seconds=0, max_pending_checks=bound,
-                         check_threads=2)
-    b = Broker(auth, metrics=MetricsConfig(enabled=True, host="127.0.0.1", port=0,
-                                           sys_interval=0))
+    auth = AccessControl(password_file=str(pwfile), cache_seconds=0)
+    b = Broker(auth, auth=AuthConfig(max_pending_checks=bound, check_threads=2),
+               metrics=MetricsConfig(enabled=True, host="127.0.0.1", port=0, sys_interval=0))
     rec.server = b.server
     b.start()
     flood = []
@@ -150,8 +150,8 @@ def test_flood_of_wrong_passwords_is_bounded_and_a_good_connect_is_answered(pwfi
 def test_checks_of_clients_that_left_are_not_run(pwfile, monkeypatch):
     """Checks wait for a free thread; a client that closes its socket meanwhile costs no hash."""
     rec = Recorder(monkeypatch, gated=True)
-    auth = AccessControl(password_file=str(pwfile), cache_seconds=0, check_threads=2)
-    b = Broker(auth)
+    auth = AccessControl(password_file=str(pwfile), cache_seconds=0)
+    b = Broker(auth, auth=AuthConfig(check_threads=2))
     rec.server = b.server
     b.start()
     try:
@@ -181,8 +181,8 @@ def test_bytes_sent_while_the_password_is_checked_are_capped(pwfile, monkeypatch
     """Packets behind a CONNECT wait for its check in memory: past max_deferred_bytes the
     client gets CONNACK 0x97 Quota exceeded (3.1.1: 3) and is closed, before the check ends."""
     rec = Recorder(monkeypatch, gated=True)
-    auth = AccessControl(password_file=str(pwfile), cache_seconds=0, max_deferred_bytes=256 * 1024)
-    b = Broker(auth)
+    auth = AccessControl(password_file=str(pwfile), cache_seconds=0)
+    b = Broker(auth, auth=AuthConfig(max_deferred_bytes=256 * 1024))
     rec.server = b.server
     b.start()
     try:
@@ -213,8 +213,8 @@ def test_cached_results_skip_the_queue_so_a_reconnect_storm_is_not_refused(pwfil
     """With a warm result cache no hash is needed: 50 reconnects at once are all accepted even
     with room for a single pending check, and cost no further hash."""
     rec = Recorder(monkeypatch)
-    auth = AccessControl(password_file=str(pwfile), max_pending_checks=1, check_threads=1)
-    b = Broker(auth)
+    auth = AccessControl(password_file=str(pwfile))
+    b = Broker(auth, auth=AuthConfig(max_pending_checks=1, check_threads=1))
     rec.server = b.server
     b.start()
     try:

@@ -1,5 +1,6 @@
 """The real command lines with a bad setting: exit status 2 and one stderr line naming the key,
-never a traceback and never a broker that starts anyway (issue 8)."""
+never a traceback and never a broker that starts anyway (README "Configuration and
+precedence": a bad setting stops the command with exit status 2 and one line)."""
 from __future__ import annotations
 
 import os

@@ -13,8 +13,23 @@ from broker.protocol import reason_codes as rc
 from broker.protocol.codec import encode
 from tests.sansio import connect_bytes
 
-from .helpers import (P, PR, RawClient, ack, assert_served, bye, cid, connect, expect_disconnect,
-                      props, publish_ok, raw_connect_bytes, read_until_closed, recv_publish, uniq)
+from .helpers import (
+    PR,
+    P,
+    RawClient,
+    ack,
+    assert_served,
+    bye,
+    cid,
+    connect,
+    expect_disconnect,
+    props,
+    publish_ok,
+    raw_connect_bytes,
+    read_until_closed,
+    recv_publish,
+    uniq,
+)
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -17,8 +17,15 @@ import pytest
 
 from broker.auth import hash_password
 from tests.conftest import ROOT, free_port, wait_port
-from tests.integration.dashboard_http import (ADMIN, ADMIN_PW, VIEWER, VIEWER_PW,
-                                              request, start_dashboard, wait_until)
+from tests.integration.dashboard_http import (
+    ADMIN,
+    ADMIN_PW,
+    VIEWER,
+    VIEWER_PW,
+    request,
+    start_dashboard,
+    wait_until,
+)
 from tests.integration.dashboard_http import get as _get
 from tests.integration.dashboard_http import get_json as _get_json
 
@@ -76,8 +83,8 @@ def test_clients_listed_with_details_and_searchable(dash):
     try:
         a.subscribe("cmd/a/#", qos=1)
         b.subscribe("cmd/b/+", qos=2)
-        r = wait_until(lambda: (lambda r: r if r["matched"] == 2 and all(c["subscriptions"] for c in r["clients"]) else None)(
-            get_json(dash.dashboard + "/api/clients")[1]))
+        r = wait_until(lambda: (lambda r: r if r["matched"] == 2 and all(
+            c["subscriptions"] for c in r["clients"]) else None)(get_json(dash.dashboard + "/api/clients")[1]))
         by = {c["client_id"]: c for c in r["clients"]}
         assert by["sensor-a"]["protocol"] == "3.1.1" and by["sensor-a"]["username"] == "alice"
         assert by["sensor-b"]["protocol"] == "5.0" and by["sensor-b"]["username"] is None
@@ -143,7 +150,7 @@ def test_per_topic_counters_are_bounded(dash):
 def test_live_series_have_rates_by_qos(dash):
     c = client(dash, "live")
     try:
-        for i in range(30):
+        for _ in range(30):
             c.publish("live/t", b"1", qos=1).wait_for_publish(5)
 
         def seen():

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from .helpers import P, PR, ack, bye, cid, connect, publish_ok, recv_publish, uniq
+from .helpers import PR, P, ack, bye, cid, connect, publish_ok, recv_publish, uniq
 
 pytestmark = pytest.mark.timeout(30)
 

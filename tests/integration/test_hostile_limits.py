@@ -1,5 +1,6 @@
-"""Hostile clients (issue 8) through real sockets: inbound topic aliases cannot hold memory,
-session expiry caps cannot be bypassed, the number of sessions is bounded.
+"""Hostile clients through real sockets: inbound topic aliases cannot hold memory (bounded in
+number by Topic Alias Maximum and in bytes by mqtt.max_topic_alias_bytes), session expiry caps
+cannot be bypassed, the number of sessions is bounded (README "Listeners, limits").
 RSS is VmRSS of the broker process (as tests/integration/test_memory_bounds.py)."""
 import socket
 import time
@@ -9,10 +10,21 @@ import pytest
 from broker.protocol import reason_codes as rc
 from broker.protocol.codec import encode
 from tests.conftest import BrokerProcess
-from tests.integration.helpers import (P, PR, assert_served, bye, cid, connect, expect_disconnect,
-                                       props, publish_ok, recv_publish, uniq)
-from tests.mqtt_raw import RawClient
+from tests.integration.helpers import (
+    PR,
+    P,
+    assert_served,
+    bye,
+    cid,
+    connect,
+    expect_disconnect,
+    props,
+    publish_ok,
+    recv_publish,
+    uniq,
+)
 from tests.integration.test_memory_bounds import PeakRSS
+from tests.mqtt_raw import RawClient
 
 
 def lean(tmp_path, **settings) -> BrokerProcess:

@@ -159,7 +159,7 @@ def test_metrics_health_and_sys_match_traffic(multi):
     pub = paho_client("m-pub")
     pub.connect("127.0.0.1", multi.port)
     pub.loop_start()
-    for i in range(7):
+    for _ in range(7):
         pub.publish("metrics/t", b"x", qos=1).wait_for_publish(5)
     time.sleep(2.5)  # let a $SYS interval pass
     after = scrape()
@@ -236,6 +236,7 @@ use_identity_as_username = true
 def test_sighup_reloads_certificate_without_dropping_connections(tmp_path):
     """SIGHUP: new handshakes get the new certificate; open connections keep working."""
     import signal
+
     from broker.protocol import packets as P
     ca1, ca2 = trustme.CA(), trustme.CA()
     pem = tmp_path / "server.pem"

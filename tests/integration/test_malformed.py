@@ -15,8 +15,19 @@ from broker.protocol import reason_codes as rc
 from broker.protocol.codec import encode
 from broker.protocol.properties import encode_utf8, encode_vbi
 
-from .helpers import (P, RawClient, assert_served, bye, cid, connect, expect_disconnect,
-                      raw_connect_bytes, read_until_closed, recv_publish, uniq)
+from .helpers import (
+    P,
+    RawClient,
+    assert_served,
+    bye,
+    cid,
+    connect,
+    expect_disconnect,
+    raw_connect_bytes,
+    read_until_closed,
+    recv_publish,
+    uniq,
+)
 
 pytestmark = pytest.mark.timeout(30)
 

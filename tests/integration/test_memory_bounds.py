@@ -11,8 +11,7 @@ from broker.protocol import reason_codes as rc
 from broker.protocol.codec import Decoder, encode
 from broker.protocol.properties import encode_vbi
 from tests.conftest import BrokerProcess
-from tests.integration.helpers import (P, assert_served, bye, connect, publish_ok, recv_publish,
-                                       uniq)
+from tests.integration.helpers import P, assert_served, bye, connect, publish_ok, recv_publish, uniq
 
 MIB = 1 << 20
 

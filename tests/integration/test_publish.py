@@ -1,4 +1,4 @@
-"""MQTT 5.0 section 3.3 PUBLISH through real sockets: the smoke set kept by issue 11.
+"""MQTT 5.0 section 3.3 PUBLISH through real sockets: a smoke set of what needs a socket.
 
 The behaviour of every normative statement of 3.3 is tested at the sans-I/O level in
 tests/unit/test_core_publish.py and tests/unit/test_core_publish_properties.py. These tests prove
@@ -17,8 +17,21 @@ import pytest
 
 from broker.protocol import reason_codes as rc
 
-from .helpers import (P, PR, ack, assert_served, bye, cid, connect, expect_disconnect, props,
-                      publish_ok, raw_publish, recv_publish, uniq)
+from .helpers import (
+    PR,
+    P,
+    ack,
+    assert_served,
+    bye,
+    cid,
+    connect,
+    expect_disconnect,
+    props,
+    publish_ok,
+    raw_publish,
+    recv_publish,
+    uniq,
+)
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -81,6 +81,7 @@ def test_stalled_reader_cannot_grow_broker_memory(tmp_path):
     dropped (counted) instead of piling up in the broker; other clients are still served."""
     import socket
     import urllib.request
+
     from tests.conftest import free_port
     mport = free_port()
     b = BrokerProcess(tmp_path, settings={"metrics.enabled": True, "metrics.port": mport,

@@ -152,7 +152,8 @@ def test_headers_and_payload_round_trip(kafka, tmp_path, mode):
 @pytest.mark.timeout(60)
 def test_rules_and_exclude(kafka, tmp_path):
     cfg = {"bootstrap_servers": kafka.bootstrap, "forwarder": "thread",
-           "rules": [{"filter": "sensors/+/temp", "topic": "mqtt.temps"}, {"filter": "sensors/#", "topic": "mqtt.sensors"}],
+           "rules": [{"filter": "sensors/+/temp", "topic": "mqtt.temps"},
+                     {"filter": "sensors/#", "topic": "mqtt.sensors"}],
            "exclude": ["debug/#", "$SYS/#"]}
     s = Sink.from_config(cfg, str(tmp_path))
     s.start()

@@ -13,9 +13,9 @@ import time
 import pytest
 from kafka import KafkaConsumer, TopicPartition
 
+from kafka_client.embedded import free_port
 from settings import secrets
 from sink import progress
-from kafka_client.embedded import free_port
 from sink.forward.service import Sink
 from tests.integration.test_sink_kafka import rec, topic_id, wait_for
 

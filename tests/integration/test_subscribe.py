@@ -9,8 +9,7 @@ from collections import Counter
 
 import pytest
 
-from .helpers import (P, PR, RawClient, ack, bye, cid, connect, props, publish_ok, recv_publish,
-                      uniq)
+from .helpers import PR, P, RawClient, ack, bye, cid, connect, props, publish_ok, recv_publish, uniq
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -9,8 +9,16 @@ import pytest
 from broker.auth import AccessControl
 from broker.protocol import properties as PR
 from tests.conftest import BrokerProcess
-from tests.integration.helpers import (P, RawClient, bye, cid, expect_disconnect, publish_ok,
-                                       recv_publish, uniq)
+from tests.integration.helpers import (
+    P,
+    RawClient,
+    bye,
+    cid,
+    expect_disconnect,
+    publish_ok,
+    recv_publish,
+    uniq,
+)
 from tests.integration.test_auth import InProcessBroker, write_auth_files
 
 pytestmark = pytest.mark.timeout(120)

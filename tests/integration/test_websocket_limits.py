@@ -14,8 +14,8 @@ import pytest
 from broker.protocol import packets as P
 from broker.protocol.codec import encode
 from tests.conftest import BrokerProcess, free_port
-from tests.integration.test_scale import rss_kib
 from tests.integration.helpers import flood_stalled_reader
+from tests.integration.test_scale import rss_kib
 from tests.mqtt_raw import RawClient
 from tests.ws_raw import HandshakeRefused, WSClient, frame_header
 

@@ -8,9 +8,19 @@ from pathlib import Path
 
 import pytest
 
-from broker.auth import (ACL, AccessControl, AuthFileError, BAD_USER_NAME_OR_PASSWORD,
-                         NOT_AUTHORIZED, PasswordFile, covers, from_config, hash_password,
-                         overlaps, verify_password)
+from broker.auth import (
+    ACL,
+    BAD_USER_NAME_OR_PASSWORD,
+    NOT_AUTHORIZED,
+    AccessControl,
+    AuthFileError,
+    PasswordFile,
+    covers,
+    from_config,
+    hash_password,
+    overlaps,
+    verify_password,
+)
 from broker.auth import passwords as pwmod
 from broker.auth.__main__ import main as cli
 from mqtt_topics import matches

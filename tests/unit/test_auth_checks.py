@@ -72,16 +72,31 @@ def test_round_robin_across_addresses():
 
 
 def test_config_keys(tmp_path):
+    """The bounds of password checks are [auth] keys the server reads from its section: the
+    check queue's threads and length, the bytes a client may send while its check runs."""
     import pytest
 
     from broker.auth import from_config, hash_password
+    from broker.server import Server
+    from settings import AuthConfig, Config
     pw = tmp_path / "passwd"
     pw.write_text(f"alice:{hash_password('x', n=2 ** 4)}\n")
-    ac = from_config({"password_file": str(pw), "max_pending_checks": 8, "check_threads": 3,
-                      "max_deferred_bytes": 4096})
-    assert (ac.max_pending_checks, ac.check_threads, ac.max_deferred_bytes) == (8, 3, 4096)
-    ac = from_config({"password_file": str(pw)})
-    assert (ac.max_pending_checks, ac.check_threads, ac.max_deferred_bytes) == (64, 0, 1 << 20)
+    cfg = Config(data_dir=str(tmp_path), auth=AuthConfig.from_table(
+        {"password_file": str(pw), "max_pending_checks": 8, "check_threads": 3,
+         "max_deferred_bytes": 4096}))
+    server = Server(cfg, auth=from_config(cfg.auth))
+    try:
+        q = server.auth_checks
+        assert (q.max_pending, q.threads, server.broker.max_deferred_bytes) == (8, 3, 4096)
+    finally:
+        server.auth_checks.close()
+    cfg = Config(data_dir=str(tmp_path), auth=AuthConfig(password_file=str(pw)))
+    server = Server(cfg, auth=from_config(cfg.auth))
+    try:
+        q = server.auth_checks
+        assert (q.max_pending, server.broker.max_deferred_bytes) == (64, 1 << 20)
+    finally:
+        server.auth_checks.close()
     for bad in ({"max_pending_checks": 0}, {"check_threads": -1}, {"max_deferred_bytes": "1M"}):
         with pytest.raises(ValueError, match="auth.max_pending_checks|auth.check_threads|"
                                              "auth.max_deferred_bytes"):

@@ -7,7 +7,6 @@ CONNACK, and AckGate's store-commit decisions (transport/connection_protocol.py)
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from broker.config import MQTTConfig
 from broker.core.broker import Broker
 from broker.core.connection import Connection
 from broker.core.durability import Pending, when_all
@@ -17,7 +16,8 @@ from broker.core.message import Message
 from broker.protocol import packets as P
 from broker.protocol import properties as PR
 from broker.protocol import reason_codes as rc
-from broker.protocol.codec import Decoder, encode, encode_ack
+from broker.protocol.codec import Decoder, encode
+from settings import MQTTConfig
 from tests.unit.test_core import Clock
 
 CONNECT_V5 = encode(P.Connect("c", 5, keep_alive=10), 5)

@@ -6,7 +6,6 @@ import socket
 
 import pytest
 
-from broker.config import Config, ListenerConfig
 from broker.core.durability import Pending
 from broker.core.hooks import Hook
 from broker.protocol import packets as P
@@ -14,6 +13,7 @@ from broker.protocol import reason_codes as rc
 from broker.protocol.codec import Decoder, encode
 from broker.server import DEFER_ACCEPT_SECONDS, Server
 from broker.transport.connection_protocol import READ_PAUSE_GROWTH, MQTTProtocol
+from settings import AuthConfig, Config, ListenerConfig
 
 
 class FakeTransport:
@@ -245,12 +245,11 @@ async def test_password_check_runs_on_the_check_queue_and_busy_refuses():
 
     class Auth(AllowAll):
         passwords = object()
-        max_pending_checks = 1
 
         def authenticate(self, client_id, username, password):
             return 0 if password == b"good" else rc.BAD_USER_NAME_OR_PASSWORD
 
-    server = Server(Config(), auth=Auth())
+    server = Server(Config(auth=AuthConfig(max_pending_checks=1)), auth=Auth())
     server.loop = asyncio.get_running_loop()
     assert isinstance(server.auth_checks, CheckQueue)
     conns = []

@@ -1,9 +1,9 @@
 """The session state machine without sockets: bytes in, bytes out, a fake clock."""
-from mqtt_topics import TopicTrie, matches, parse_shared, valid_topic_filter
 from broker.core.retain import RetainedStore
 from broker.protocol import packets as P
 from broker.protocol import properties as PR
 from broker.protocol.codec import encode
+from mqtt_topics import TopicTrie, matches, parse_shared, valid_topic_filter
 from tests.sansio import Client, Clock, make  # noqa: F401 (Clock: imported from here by other tests)
 
 
@@ -188,7 +188,7 @@ def test_retained_match():
 
 def test_config_precedence_file_env_flags(tmp_path):
     """defaults < file < MQTT_BROKER_* environment < command-line flags."""
-    from broker import config
+    import settings
     from broker.__main__ import build_config, parse_args
     f = tmp_path / "b.toml"
     f.write_text('[broker]\nport = 1000\n[mqtt]\nreceive_maximum = 10\nmaximum_qos = 1\n'
@@ -196,7 +196,7 @@ def test_config_precedence_file_env_flags(tmp_path):
     env = {"MQTT_BROKER_PORT": "2000", "MQTT_BROKER_MQTT__RECEIVE_MAXIMUM": "20",
            "MQTT_BROKER_SINK__TOPIC": "from-env", "MQTT_BROKER_AUTH__ALLOW_ANONYMOUS": "false",
            "MQTT_BROKER_METRICS__ENABLED": "true"}
-    cfg = config.load(str(f), env=env)
+    cfg = settings.load(str(f), env=env)
     assert (cfg.port, cfg.mqtt.receive_maximum, cfg.mqtt.maximum_qos) == (2000, 20, 1)
     assert cfg.sink.topic == "from-env" and cfg.metrics.enabled is True
     assert cfg.auth.allow_anonymous is False
@@ -212,7 +212,7 @@ def test_config_precedence_file_env_flags(tmp_path):
     assert (cfg.port, cfg.mqtt.receive_maximum) == (3000, 30)
     import pytest
     with pytest.raises(ValueError, match="unknown setting"):
-        config.load(None, env={"MQTT_BROKER_MQTT__NO_SUCH_KEY": "1"})
+        settings.load(None, env={"MQTT_BROKER_MQTT__NO_SUCH_KEY": "1"})
 
 
 def test_match_cache_bounded_by_entries_and_bytes():

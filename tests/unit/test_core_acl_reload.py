@@ -7,9 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from broker.auth import AccessControl
-from broker.config import MQTTConfig
 from broker.core.broker import Broker
 from broker.protocol import properties as PR
+from settings import MQTTConfig
 from tests.sansio import Client, Clock, ack, lose, nothing, publish_ok, recv_publish, subscribe
 
 BEFORE = "user alice\ntopic write #\nuser bob\ntopic read secret/#\ntopic read public/#\n"

@@ -18,8 +18,17 @@ from broker.protocol import packets as P
 from broker.protocol import properties as PR
 from broker.protocol import reason_codes as rc
 from broker.protocol.codec import encode
-from tests.sansio import (Client, assert_served, drain, exchange, expect_disconnect, feed, make,
-                          subscribe, until_closed)
+from tests.sansio import (
+    Client,
+    assert_served,
+    drain,
+    exchange,
+    expect_disconnect,
+    feed,
+    make,
+    subscribe,
+    until_closed,
+)
 
 V3, V4, V5 = P.MQTT_31, P.MQTT_311, P.MQTT_5
 CONTROL = ["\n", "\r", "\x01", "\x1b[31m", "\x7f", "\x85", "\x9f", "a\tb"]
@@ -226,8 +235,8 @@ def test_anonymous_client_from_another_machine_refused_0x87(level):
 
 
 def test_server_lets_anonymous_remote_clients_in_only_when_allowed_explicitly():
-    from broker.config import Config
     from broker.server import Server
+    from settings import Config
     assert Server(Config()).broker.anonymous_remote is False
     cfg = Config()
     cfg.auth.allow_anonymous = True
@@ -235,8 +244,8 @@ def test_server_lets_anonymous_remote_clients_in_only_when_allowed_explicitly():
 
 
 def test_startup_line_says_who_may_connect():
-    from broker.config import Config, ListenerConfig
     from broker.server import who_may_connect
+    from settings import Config, ListenerConfig
     cfg = Config()
     local = who_may_connect(ListenerConfig(host="127.0.0.1", port=1), cfg)
     assert local == "this machine only; no users (no auth.password_file); anonymous clients"
@@ -252,7 +261,7 @@ def test_startup_line_says_who_may_connect():
 
 
 def test_default_listener_is_this_machine_only():
-    from broker.config import Config
+    from settings import Config
     assert Config().host == "127.0.0.1" and Config().auth.allow_anonymous is None
 
 

@@ -12,9 +12,26 @@ from broker.protocol import packets as P
 from broker.protocol import properties as PR
 from broker.protocol import reason_codes as rc
 from broker.protocol.codec import encode
-from tests.sansio import (Client, ack, assert_served, bye, connect_bytes, exchange,
-                          expect_disconnect, lose, make, nothing, props, publish, publish_ok,
-                          recv_publish, recv_type, run_for, subscribe, until_closed)
+from tests.sansio import (
+    Client,
+    ack,
+    assert_served,
+    bye,
+    connect_bytes,
+    exchange,
+    expect_disconnect,
+    lose,
+    make,
+    nothing,
+    props,
+    publish,
+    publish_ok,
+    recv_publish,
+    recv_type,
+    run_for,
+    subscribe,
+    until_closed,
+)
 
 
 def connect(b, client_id="c", level=P.MQTT_5, expect_present=None, clean_start=True,
@@ -83,8 +100,8 @@ def test_reserved_connect_flag_closes(level):
 @pytest.mark.parametrize("level", [5, 4])
 def test_second_connect_with_unknown_level(level):
     """[MQTT-3.1.0-2]: a second CONNECT whose protocol level is unknown is still a Protocol Error:
-    DISCONNECT 0x82 (v5), not the CONNACK-only 0x84 (fuzzer finding); 3.1.1: closed without a
-    DISCONNECT."""
+    DISCONNECT 0x82 (v5), not the CONNACK-only 0x84 (an input the fuzzer once failed on); 3.1.1:
+    closed without a DISCONNECT."""
     b, _ = make()
     c = connect(b, level=level)
     c.send_bytes(connect_bytes("MQTT", 7, client_id="y"))

@@ -1,8 +1,8 @@
-"""MQTT 5.0 section 3.3 PUBLISH at the sans-I/O level (issue 11): DUP, QoS, RETAIN, Topic Name
-and the PUBLISH actions of 3.3.4, moved from tests/integration/test_publish.py (which keeps a
-socket smoke set). Client packets in, broker packets out, a fake clock; every test names the
-conformance statement it checks. Tests that make the broker close a connection also check that
-another client is still served. Properties (3.3.2.3: aliases, expiry, forwarding) are in
+"""MQTT 5.0 section 3.3 PUBLISH at the sans-I/O level: DUP, QoS, RETAIN, Topic Name and the
+PUBLISH actions of 3.3.4 (tests/integration/test_publish.py keeps a socket smoke set). Client
+packets in, broker packets out, a fake clock; every test names the conformance statement it
+checks. Tests that make the broker close a connection also check that another client is still
+served. Properties (3.3.2.3: aliases, expiry, forwarding) are in
 test_core_publish_properties.py."""
 from __future__ import annotations
 
@@ -15,9 +15,23 @@ from broker.protocol import properties as PR
 from broker.protocol import reason_codes as rc
 from broker.protocol.codec import encode
 from tests.sansio import make
-from tests.sansio_pubsub import (AliasView, ack, assert_served, bye, connected, expect_disconnect, forge,
-                                 props, publish, publish_ok, publishes, raw_publish, retained,
-                                 subscribe, take)
+from tests.sansio_pubsub import (
+    AliasView,
+    ack,
+    assert_served,
+    bye,
+    connected,
+    expect_disconnect,
+    forge,
+    props,
+    publish,
+    publish_ok,
+    publishes,
+    raw_publish,
+    retained,
+    subscribe,
+    take,
+)
 
 # ---------------------------------------------------------------- 3.3.1.1 DUP
 

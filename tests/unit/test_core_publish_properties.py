@@ -1,8 +1,7 @@
-"""MQTT 5.0 section 3.3.2.3 PUBLISH properties at the sans-I/O level (issue 11), moved from
-tests/integration/test_publish.py: Payload Format Indicator, Message Expiry Interval (fake clock),
-Topic Alias both ways, Response Topic, Correlation Data, User Properties, Content Type. Every
-test names the conformance statement it checks; tests that make the broker close a connection
-also check that another client is still served."""
+"""MQTT 5.0 section 3.3.2.3 PUBLISH properties at the sans-I/O level: Payload Format Indicator,
+Message Expiry Interval (fake clock), Topic Alias both ways, Response Topic, Correlation Data,
+User Properties, Content Type. Every test names the conformance statement it checks; tests that
+make the broker close a connection also check that another client is still served."""
 from __future__ import annotations
 
 import math
@@ -16,9 +15,23 @@ from broker.protocol import properties as PR
 from broker.protocol import reason_codes as rc
 from broker.protocol.properties import encode_utf8
 from tests.sansio import advance, make
-from tests.sansio_pubsub import (AliasView, ack, assert_served, block, bye, connected,
-                                 expect_disconnect, forge, props, publish, publish_ok, publishes,
-                                 retained, subscribe, take)
+from tests.sansio_pubsub import (
+    AliasView,
+    ack,
+    assert_served,
+    block,
+    bye,
+    connected,
+    expect_disconnect,
+    forge,
+    props,
+    publish,
+    publish_ok,
+    publishes,
+    retained,
+    subscribe,
+    take,
+)
 
 # ---------------------------------------------------------------- Payload Format Indicator
 

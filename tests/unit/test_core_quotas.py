@@ -9,15 +9,29 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.config import MQTTConfig
 from broker.protocol import packets as P
 from broker.protocol import properties as PR
 from broker.protocol import reason_codes as rc
 from broker.protocol.codec import Decoder, encode
 from broker.protocol.errors import ProtocolError
 from broker.protocol.properties import Limits, decode_properties, encode_properties
-from tests.sansio import (Client, ack, assert_served, drain, expect_disconnect, feed, lose, make,
-                          nothing, publish, publish_ok, recv_publish, subscribe, until_closed)
+from settings import MQTTConfig
+from tests.sansio import (
+    Client,
+    ack,
+    assert_served,
+    drain,
+    expect_disconnect,
+    feed,
+    lose,
+    make,
+    nothing,
+    publish,
+    publish_ok,
+    recv_publish,
+    subscribe,
+    until_closed,
+)
 
 V4, V5 = P.MQTT_311, P.MQTT_5
 

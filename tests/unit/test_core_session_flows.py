@@ -9,8 +9,23 @@ import pytest
 from broker.protocol import packets as P
 from broker.protocol import properties as PR
 from broker.protocol import reason_codes as rc
-from tests.sansio import (Client, ack, assert_served, bye, expect_disconnect, lose, make, nothing,
-                          props, publish, publish_ok, recv, recv_publish, recv_type, subscribe)
+from tests.sansio import (
+    Client,
+    ack,
+    assert_served,
+    bye,
+    expect_disconnect,
+    lose,
+    make,
+    nothing,
+    props,
+    publish,
+    publish_ok,
+    recv,
+    recv_publish,
+    recv_type,
+    subscribe,
+)
 
 PERSIST = {PR.SESSION_EXPIRY_INTERVAL: 300}
 

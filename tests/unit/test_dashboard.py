@@ -8,10 +8,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mqtt_topics import matches, valid_topic_filter, valid_topic_name
 from broker.dashboard import settings as dashboard_settings
 from broker.dashboard.history import BadRequest, check_filter, filter_regex, make_query
 from broker.dashboard.live import preview
+from mqtt_topics import matches, valid_topic_filter, valid_topic_name
 
 LEVEL = st.text(alphabet="ab$.*()[]\\^é+ \n", max_size=3)
 NAME_LEVEL = st.text(alphabet="ab$.*()[]\\^é \n", max_size=3)
@@ -106,31 +106,25 @@ def test_dashboard_settings():
 
 
 def test_job_connect_settings():
-    from sink.history.job import UsageError, config_from_args, connect_conf, connect_settings
+    from sink.history.job import config_from_args, connect_conf
     cfg, _ = config_from_args(["--connect-port", "15555"])
     assert connect_conf(cfg) == {
         "spark.connect.grpc.binding.address": "127.0.0.1",
         "spark.connect.grpc.binding.port": "15555"}
     assert connect_conf(config_from_args(["--no-connect"])[0]) == {}
     assert connect_conf(config_from_args(["--available-now"])[0]) == {}
-    assert connect_settings({"connect": False, "connect_port": 1}) == \
-        {"connect": False, "connect_port": 1}
-    for bad in ({"connect": "yes"}, {"connect_port": 0}, {"connect_port": "15002"}):
-        with pytest.raises(UsageError):
-            connect_settings(bad)
 
 
 def test_job_config_file_connect_keys(tmp_path):
-    from sink.history.job import load_config
+    from sink.history.job import load_job
     f = tmp_path / "b.toml"
     f.write_text('[history]\nconnect = false\nconnect_host = "0.0.0.0"\nconnect_port = 16000\n')
-    got = load_config(str(f))
-    assert {k: got[k] for k in ("connect", "connect_host", "connect_port")} == \
-        {"connect": False, "connect_host": "0.0.0.0", "connect_port": 16000}
+    h = load_job(str(f))[0].history
+    assert (h.connect, h.connect_host, h.connect_port) == (False, "0.0.0.0", 16000)
     f.write_text('[history]\nconnect_port = 70000\n')
-    from broker.config import ConfigError
+    from settings import ConfigError
     with pytest.raises(ConfigError, match="history.connect_port = 70000"):
-        load_config(str(f))
+        load_job(str(f))
 
 
 def test_job_refuses_a_taken_connect_port():

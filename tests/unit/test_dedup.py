@@ -4,10 +4,21 @@ from __future__ import annotations
 import random
 
 import numpy as np
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from sink.history.dedup import (Ledger, LedgerStore, TaskFilter, contains, load_ledger, merge,
-                        offsets_key, parse_ids, to_intervals, write_task_summary)
+from sink.history.dedup import (
+    Ledger,
+    LedgerStore,
+    TaskFilter,
+    contains,
+    load_ledger,
+    merge,
+    offsets_key,
+    parse_ids,
+    to_intervals,
+    write_task_summary,
+)
 
 
 def _columns(ids: list) -> tuple:
@@ -190,17 +201,17 @@ def test_window_expires_an_idle_prefix(tmp_path):
 
 
 def test_job_uses_the_source_for_new_local_checkpoints_only(tmp_path):
-    from sink.history.job import DEDUP_MARKER, JobConfig, dedup_in_source
-    new = JobConfig(table=str(tmp_path / "t1"))
+    from sink.history.job import DEDUP_MARKER, Job, dedup_in_source
+    new = Job.of(table=str(tmp_path / "t1"))
     assert dedup_in_source(new)
-    old = JobConfig(table=str(tmp_path / "t2"))   # made with Spark's operator, before sink.history.dedup
+    old = Job.of(table=str(tmp_path / "t2"))   # made with Spark's operator, before sink.history.dedup
     (tmp_path / "t2_checkpoint" / "offsets").mkdir(parents=True)
     (tmp_path / "t2_checkpoint" / "offsets" / "0").write_text("v1")
     assert not dedup_in_source(old)
     (tmp_path / "t2_checkpoint" / DEDUP_MARKER).write_text("source\n")
     assert dedup_in_source(old)
-    assert not dedup_in_source(JobConfig(table="s3a://bucket/history"))  # tasks write locally
-    assert JobConfig(dedup_window=" 36 hours ").dedup_window_ms == 36 * 3600 * 1000
+    assert not dedup_in_source(Job.of(table="s3a://bucket/history"))  # tasks write locally
+    assert Job.of(dedup_window=" 36 hours ").history.dedup_window_ms == 36 * 3600 * 1000
 
 
 def test_bounds_reach_the_source_and_the_spool_writer(tmp_path):

@@ -4,12 +4,12 @@ waits for the CONNACK."""
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.config import MQTTConfig
 from broker.core.broker import Broker
 from broker.core.events import AuthRequested
 from broker.core.hooks import AllowAll
 from broker.protocol import packets as P
 from broker.protocol.codec import Decoder, encode
+from settings import MQTTConfig
 from tests.unit.test_core import Client as CoreClient
 from tests.unit.test_core import Clock
 

@@ -9,11 +9,10 @@ import types
 
 import pytest
 
-from kafka_client.record import SinkRecord
+from kafka_client.record import SinkRecord, encode_entry
 from sink.forward.service import Sink
 from sink.forward.spool import SpoolWriter
 from tests.diskfull import SmallFS
-from kafka_client.record import encode_entry
 from tests.unit.test_spool import ids, read_all
 
 ENOSPC = OSError(errno.ENOSPC, "No space left on device")

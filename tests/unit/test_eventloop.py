@@ -112,7 +112,7 @@ def test_the_servers_tick_bounds_the_closed_transports():
     table until the server's once-a-second tick prunes them."""
     out = run_child("""
         import asyncio, json, socket
-        from broker.config import Config
+        from settings import Config
         from broker.server import Server
         from broker.transport.eventloop import install_uvloop
         install_uvloop()

@@ -16,13 +16,14 @@ import os
 import tempfile
 
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
+from kafka_client.produce import NotReady
+from kafka_client.record import decode_body, encode_message
 from sink import progress
 from sink.forward import forwarder as fw
 from sink.forward.forwarder import Checkpoint, Forwarder, MemorySource, ThreadControl
-from kafka_client.produce import NotReady
-from kafka_client.record import decode_body, encode_message
 from tests.unit.test_forwarder_states import Clock, KafkaTimeoutError
 
 TOPIC = "mqtt.messages"

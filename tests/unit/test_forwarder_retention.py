@@ -1,6 +1,7 @@
 """keep_until = "history": the forwarder's committed position follows the job's committed file
 (sink/progress.py) over acknowledged chunks, never past one the table does not have."""
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sink import progress
 from sink.forward.forwarder import AckedChunk, Forwarder, MemorySource, ThreadControl

@@ -3,9 +3,9 @@ and a fake Kafka: which decision it takes on a failed chunk, a refused record, l
 Kafka that is not there yet."""
 import pytest
 
+from kafka_client.record import decode_body, encode_message
 from sink.forward import forwarder as fw
 from sink.forward.forwarder import Forwarder, MemorySource, State, ThreadControl
-from kafka_client.record import decode_body, encode_message
 
 T0 = 1_800_000_000.0          # wall clock of the fake clock at monotonic 0
 

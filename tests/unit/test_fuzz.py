@@ -18,9 +18,9 @@ V4, V5 = P.MQTT_311, P.MQTT_5
 FUZZ = settings(max_examples=300, deadline=None, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
-# Inputs the fuzzer found, replayed on every run: (level, bytes sent after a valid CONNECT,
-# reason code of the DISCONNECT expected (v5) or None when the connection must just close).
-FINDINGS = [
+# Inputs the fuzzer once failed on, replayed on every run: (level, bytes sent after a valid
+# CONNECT, reason code of the DISCONNECT expected (v5) or None when the connection must just close).
+FUZZER_INPUTS = [
     # a second CONNECT with an unknown protocol level: DISCONNECT carried 0x84, a CONNACK-only
     # reason code; a second CONNECT is a Protocol Error [MQTT-3.1.0-2] -> 0x82
     (V5, "10 0d 00 04 4d 51 54 54 07 02 00 3c 00 00 00", rc.PROTOCOL_ERROR),
@@ -60,15 +60,17 @@ def test_decoder_reports_only_protocol_errors(case, rng):
 @FUZZ
 @given(streams=hostile_streams(), rng=st.randoms(use_true_random=False),
        variant=st.sampled_from(range(len(F.CONFIGS))))
-@example(streams=[F.CONNECTS[V5][0] + bytes.fromhex(FINDINGS[0][1])], rng=random.Random(0),
+@example(streams=[F.CONNECTS[V5][0] + bytes.fromhex(FUZZER_INPUTS[0][1])], rng=random.Random(0),
          variant=0)
 def test_connection_survives_hostile_client(streams, rng, variant):
     F.CoreTarget(variant=variant).run(rng, *streams)  # a fresh broker: each example stands alone
 
 
-@pytest.mark.parametrize("level,hexdata,code", FINDINGS)
-def test_fuzz_findings(level, hexdata, code):
-    """Each finding as bytes on a fresh broker, with the exact answer expected."""
+@pytest.mark.parametrize("level,hexdata,code", FUZZER_INPUTS)
+def test_a_second_connect_is_a_protocol_error_whatever_its_level(level, hexdata, code):
+    """A second CONNECT is a Protocol Error [MQTT-3.1.0-2], even with an unknown protocol level
+    (v5: DISCONNECT 0x82, not the CONNACK-only 0x84; 3.1.1: the connection closes): the inputs the
+    fuzzer once failed on, on a fresh broker, with the exact answer expected."""
     t = F.CoreTarget()
     conn = F._Watched(t.broker)
     feed(conn, encode(P.Connect("f", level), level))

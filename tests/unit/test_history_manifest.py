@@ -12,10 +12,17 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sink.history.compaction import Policy, plan
-from sink.history.manifest import (KEEP_VERSIONS, Change, Conflict, FileEntry, Snapshot, Table,
-                                   file_uri, staged_files)
-from sink.history.retention import expired_dates, first_kept_date, parse_duration, \
-    retention_change
+from sink.history.manifest import (
+    KEEP_VERSIONS,
+    Change,
+    Conflict,
+    FileEntry,
+    Snapshot,
+    Table,
+    file_uri,
+    staged_files,
+)
+from sink.history.retention import expired_dates, first_kept_date, parse_duration, retention_change
 
 H = 3_600_000
 DAY = 24 * H

@@ -8,15 +8,23 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.config import MQTTConfig
 from broker.core.broker import Broker
-from broker.core.hooks import (AUTH_CHECKS, DURABILITY, EVENTS, LIFECYCLE, ROUTING, STORED_EVENTS,
-                                AllowAll, Hook)
+from broker.core.hooks import (
+    AUTH_CHECKS,
+    DURABILITY,
+    EVENTS,
+    LIFECYCLE,
+    ROUTING,
+    STORED_EVENTS,
+    AllowAll,
+    Hook,
+)
 from broker.core.message import Message
 from broker.core.session import NEVER, Inflight
 from broker.protocol import packets as P
 from broker.protocol import properties as PR
 from broker.store.sqlite import Store
+from settings import MQTTConfig
 from tests.unit.test_core import Client, Clock
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -1,18 +1,19 @@
-"""Hostile clients (issue 8), sans-I/O: inbound topic aliases, session expiry caps, the number
-of sessions. Bytes in, bytes out, a fake clock (tests/unit/test_core.py's Client and make)."""
+"""Hostile clients, sans-I/O: what a client can make the broker hold is bounded: inbound topic
+aliases (in bytes too), session expiry (capped), the number of sessions. Bytes in, bytes out, a
+fake clock (tests/unit/test_core.py's Client and make)."""
 import logging
 import sqlite3
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.config import MQTTConfig
 from broker.core.broker import Broker
 from broker.core.hooks import AllowAll
 from broker.protocol import packets as P
 from broker.protocol import properties as PR
 from broker.protocol import reason_codes as rc
 from broker.store.sqlite import Store
+from settings import MQTTConfig
 from tests.unit.test_core import Client, Clock, make
 
 

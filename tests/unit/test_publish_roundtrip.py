@@ -13,12 +13,12 @@ from dataclasses import dataclass, replace
 from hypothesis import event, example, given, settings
 from hypothesis import strategies as st
 
-from broker.config import MQTTConfig
 from broker.core.broker import Broker
 from broker.core.connection import Connection
 from broker.protocol import packets as P
 from broker.protocol import properties as PR
 from broker.protocol.codec import encode
+from settings import MQTTConfig
 
 BOUNDS = (127, 16383, 2097151)  # largest 1-, 2- and 3-byte Variable Byte Integers
 DELTAS = (0, 1, -1, 2, -2)  # hypothesis favours the first: the boundary itself

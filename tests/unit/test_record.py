@@ -1,8 +1,15 @@
 """SinkRecord <-> Kafka record and spool entry encodings."""
 import pytest
 
-from kafka_client.record import (SinkRecord, decode_entry, encode_entry, encode_record, entry_timestamp,
-                         from_kafka, to_kafka)
+from kafka_client.record import (
+    SinkRecord,
+    decode_entry,
+    encode_entry,
+    encode_record,
+    entry_timestamp,
+    from_kafka,
+    to_kafka,
+)
 
 
 def full_record(**kw):

@@ -1,13 +1,26 @@
 """Kafka v2 record bodies (encoded once in the broker) and RecordBatches (built by the forwarder),
 checked against kafka-python's own parser, with sizes around the varint boundaries."""
-from hypothesis import given, settings, strategies as st
-
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from kafka.record.default_records import DefaultRecordBatch
 from kafka.record.memory_records import MemoryRecords
 
-from kafka_client.record import (SinkRecord, body_key, build_batch, decode_body, decode_entry, encode_body,
-                         encode_entry, encode_record, entry_fields, entry_parts, entry_shard, read_zz_varint,
-                         to_kafka, zz_varint)
+from kafka_client.record import (
+    SinkRecord,
+    body_key,
+    build_batch,
+    decode_body,
+    decode_entry,
+    encode_body,
+    encode_entry,
+    encode_record,
+    entry_fields,
+    entry_parts,
+    entry_shard,
+    read_zz_varint,
+    to_kafka,
+    zz_varint,
+)
 
 # lengths around the 1-byte / 2-byte / 3-byte varint boundaries (zigzag: 63/64, 8191/8192)
 SIZES = st.sampled_from([0, 1, 63, 64, 127, 128, 255, 8191, 8192, 20000])

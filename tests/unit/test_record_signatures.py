@@ -4,12 +4,21 @@
 process that can reach Kafka cannot add or change history rows."""
 from __future__ import annotations
 
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from settings import secrets
-from kafka_client.record import SinkRecord, build_batch, encode_body, entry_fields, encode_record, sign_body, to_kafka
-from sink.history.verify import Verdicts, signed
+from kafka_client.record import (
+    SinkRecord,
+    build_batch,
+    encode_body,
+    encode_record,
+    entry_fields,
+    sign_body,
+    to_kafka,
+)
 from kafka_client.recordbatch import decode
+from settings import secrets
+from sink.history.verify import Verdicts, signed
 
 KEY = secrets.derive(b"k" * 32, secrets.RECORDS)
 KID = secrets.key_id(b"k" * 32)

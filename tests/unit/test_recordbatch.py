@@ -145,6 +145,7 @@ def test_old_message_format_is_refused_with_a_hint():
 
 def _to_arrow(d, columns, ingested_ms=0):
     from pyspark.sql.pandas.types import to_arrow_schema
+
     from sink.history.source import to_arrow
     schema = to_arrow_schema(HEADER_COLUMNS_SCHEMA if columns else KAFKA_SCHEMA, timezone="UTC")
     return to_arrow(pa, schema, d, "mqtt.messages", 3, columns, ingested_ms).to_pylist()

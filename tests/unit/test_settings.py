@@ -1,6 +1,6 @@
 """The typed configuration tree (settings/): every documented key is one field with one default,
 valid values round-trip through the tree, components read sections (not dicts with defaults),
-and the package is a leaf both the broker and the history job import (issue 11)."""
+and the package is a leaf both the broker and the history job import."""
 from __future__ import annotations
 
 import dataclasses
@@ -19,8 +19,22 @@ from hypothesis import strategies as st
 
 import settings
 from settings import Config, ConfigError, ListenerConfig, SinkConfig, load, sections
-from settings.checks import (Bool, Check, duration_ms, Enum, HostPorts, IntList, Num, Pattern, Rule, Rules,
-                             Str, StrList, Table, connect_address)
+from settings.checks import (
+    Bool,
+    Check,
+    Enum,
+    HostPorts,
+    IntList,
+    Num,
+    Pattern,
+    Rule,
+    Rules,
+    Str,
+    StrList,
+    Table,
+    connect_address,
+    duration_ms,
+)
 from settings.load import apply_file
 from settings.tree import SECTIONS
 
@@ -120,7 +134,8 @@ TEXT = st.text(max_size=20)
 
 def valid(spec):
     """(strategy of valid file values, function giving the typed value the tree must hold)."""
-    same = (lambda v: v)
+    def same(v):
+        return v
     if isinstance(spec, Bool):
         return st.booleans(), same
     if isinstance(spec, Num):
@@ -231,9 +246,17 @@ def test_sink_takes_its_section(tmp_path):
     s = Sink({}, str(tmp_path))
     assert s.max_bytes == SinkConfig().spool_max_bytes == 1 << 30
     assert s.cfg.spool_dir == str(tmp_path / "spool")
-    s = Sink(SinkConfig(spool_max_bytes=12345, forwarder_cpus=(0,)), str(tmp_path))
-    fwd = s._fwd_config()
-    assert fwd["retain_max_bytes"] == 12345 and fwd["cpus"] == (0,)
+    from sink.forward.forwarder import decode_setup, encode_setup
+    sink = SinkConfig(spool_max_bytes=12345, forwarder_cpus=(0,), forwarders=2,
+                      rules=(settings.Rule("a/#", "ka"),), kafka={"linger_ms": 5})
+    s = Sink(sink, str(tmp_path))
+    s.key = b"k" * 32
+    section, rt = decode_setup(encode_setup(s.cfg, s.runtime(shard=1)))
+    assert section == s.cfg and section.spool_max_bytes == 12345   # the same section, as the tree
+    assert section.forwarder_cpus == (0,) and section.rules == (("a/#", "ka"),)  # serializes it
+    assert (rt.spool_dir, rt.data_dir, rt.sink_key, rt.shard, rt.shards) == \
+        (str(tmp_path / "spool"), str(tmp_path), b"k" * 32, 1, 2)
+    assert rt.job_file == str(tmp_path / "history_job.json")
     with pytest.raises(ConfigError, match=r"sink\.spool_max_byte = 1.*did you mean sink\.spool_max_bytes"):
         Sink({"spool_max_byte": 1}, str(tmp_path))
     with pytest.raises(ConfigError, match="sink.durability"):
@@ -241,19 +264,22 @@ def test_sink_takes_its_section(tmp_path):
 
 
 def test_job_reads_the_tree(tmp_path):
-    from sink.history.job import config_from_args, load_config
+    """The job takes the [history] section as the tree loaded it, Kafka from [sink]."""
+    from sink.history.job import config_from_args, load_job
     f = tmp_path / "j.toml"
     f.write_text('[sink]\nbootstrap_servers = ["k1:9092", "k2:9092"]\ntopic = "m"\n'
                  'rules = [{ filter = "a/#", topic = "ka" }, { filter = "b/#", topic = "m" }]\n'
                  '[history]\nmax_records_per_trigger = 0\ntrigger_seconds = 2\n')
-    got = load_config(str(f))
-    assert got["bootstrap"] == "k1:9092,k2:9092" and got["topics"] == ["m", "ka"]
-    assert got["max_records_per_trigger"] is None and got["trigger_seconds"] == 2.0
-    cfg, _ = config_from_args([])                        # no file: the tree's defaults
-    h = settings.HistoryConfig()
-    assert (cfg.table, cfg.connect_port, cfg.dedup_window) == (h.table, h.connect_port,
-                                                                h.dedup_window)
-    assert cfg.topics == [SinkConfig().topic]
+    job, notes = load_job(str(f))
+    assert job.bootstrap == "k1:9092,k2:9092" and job.topics == ["m", "ka"] and notes == []
+    assert not job.embedded_kafka
+    assert isinstance(job.history, settings.HistoryConfig)
+    assert job.history == settings.load(str(f), env={}).history    # the section itself
+    assert "maxOffsetsPerTrigger" not in job.kafka_options()         # 0: no cap
+    job, _ = config_from_args([])                        # no file: the tree's defaults
+    assert job.history == settings.HistoryConfig()
+    assert job.topics == [SinkConfig().topic] and job.embedded_kafka
+    assert job.bootstrap == f"127.0.0.1:{SinkConfig().embedded_port}"
 
 
 def test_query_defaults_are_the_trees():
@@ -330,35 +356,47 @@ def test_component_defaults_agree_with_the_tree():
         (default(CheckQueue.__init__, "max_pending"), auth.max_pending_checks),
         (default(CheckQueue.__init__, "threads"), auth.check_threads),
     ] + [(default(AccessControl.__init__, k), getattr(auth, k))
-         for k in ("cache_seconds", "reload_interval", "decision_cache_size", "max_pending_checks",
-                   "check_threads", "max_deferred_bytes", "client_id_pattern", "allow_anonymous")]
+         for k in ("cache_seconds", "reload_interval", "decision_cache_size", "client_id_pattern",
+                   "allow_anonymous")]
     for i, (got, want) in enumerate(pairs):
         assert got == want, f"pair {i}: {got!r} != the tree's {want!r}"
 
 
-def test_job_flag_defaults_agree_with_the_tree():
-    """sink.job's JobConfig (the job's flags without a config file) defaults to the tree's."""
-    from sink.history.job import JobConfig
-    job, h, sink = JobConfig(), settings.HistoryConfig(), SinkConfig()
-    assert job.bootstrap == f"127.0.0.1:{sink.embedded_port}"
-    assert job.topics == [sink.topic]
-    assert (job.table, job.trigger_seconds, job.source, job.dedup_window, job.starting_offsets,
-            job.connect, job.connect_host, job.connect_port, job.kafka) == \
-        (h.table, h.trigger_seconds, h.source, h.dedup_window, h.starting_offsets, h.connect,
-         h.connect_host, h.connect_port, h.kafka)
-    assert job.checkpoint is None and h.checkpoint == ""
-    assert job.max_records_per_trigger is None and h.max_records_per_trigger == 0
+def test_job_flags_set_the_keys_of_the_tree(tmp_path):
+    """Each of sink.job's flags sets one key of the tree and is checked as that key (the
+    ConfigError names the flag); what no flag sets stays as the file says."""
+    from sink.history.job import FLAG_KEYS, config_from_args
+    f = tmp_path / "j.toml"
+    f.write_text('[history]\ndedup_window = "2 hours"\n')
+    job, _ = config_from_args(["--config", str(f), "--table", "/t", "--checkpoint", "/c",
+                               "--trigger-seconds", "3", "--source", "python", "--nice", "4",
+                               "--connect-port", "16000", "--no-connect", "--no-verify-records",
+                               "--kafka-topic", "a,b", "--kafka-topic", "c",
+                               "--kafka-bootstrap", "k:1", "--data-dir", "/d"])
+    h = job.history
+    assert (h.table, h.checkpoint, h.trigger_seconds, h.source, h.nice, h.connect_port,
+            h.connect, h.verify_records, h.dedup_window) == \
+        ("/t", "/c", 3.0, "python", 4, 16000, False, False, "2 hours")
+    assert (job.topics, job.bootstrap, job.data_dir, job.embedded_kafka) == \
+        (["a", "b", "c"], "k:1", "/d", False)
+    for section, key in FLAG_KEYS.values():
+        assert key in sections()[section]
+    for argv, key in ((["--trigger-seconds", "0"], "history.trigger_seconds"),
+                      (["--connect-port", "0"], "history.connect_port"),
+                      (["--kafka-bootstrap", "nohost"], "sink.bootstrap_servers")):
+        with pytest.raises(ConfigError, match=rf"{key} = .*\(--{argv[0][2:]}\)"):
+            config_from_args(argv)
 
 
 def test_job_niceness_from_config_and_flag(tmp_path):
     """[history] nice (default 10), overridden by --nice; checked 0-19."""
-    from sink.history.job import UsageError, config_from_args
-    assert config_from_args([])[0].nice == settings.HistoryConfig().nice == 10
+    from sink.history.job import config_from_args
+    assert config_from_args([])[0].history.nice == settings.HistoryConfig().nice == 10
     f = tmp_path / "j.toml"
     f.write_text("[history]\nnice = 3\n")
-    assert config_from_args(["--config", str(f)])[0].nice == 3
-    assert config_from_args(["--config", str(f), "--nice", "0"])[0].nice == 0
-    with pytest.raises(UsageError, match="nice must be 0-19"):
+    assert config_from_args(["--config", str(f)])[0].history.nice == 3
+    assert config_from_args(["--config", str(f), "--nice", "0"])[0].history.nice == 0
+    with pytest.raises(ConfigError, match=r"history.nice = 25 \(--nice\): must be a whole number from 0 to 19"):
         config_from_args(["--nice", "25"])
 
 

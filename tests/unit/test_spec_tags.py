@@ -25,9 +25,9 @@ V5_STATEMENTS = {
     "4.13.2": 1, "6.0.0": 4,
 }
 
-# Malformed tags in the files being rewritten on other branches of issue 11 (connection.py,
-# broker.py, session.py): to be corrected after the merge, then removed from here. An entry
-# that is no longer found fails the test, so this list only shrinks.
+# Malformed tags known and left for a file another branch is rewriting (to be corrected after
+# its merge, then removed from here). An entry that is no longer found fails the test, so this
+# set only shrinks; it is empty now.
 PENDING: set = set()
 
 

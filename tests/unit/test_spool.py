@@ -6,10 +6,18 @@ import time
 
 import pytest
 
-from sink.forward.forwarder import SpoolSource
 from kafka_client.record import SinkRecord, decode_entry, encode_entry
-from sink.forward.spool import (SpoolReader, SpoolWriter, frame, list_segments, read_checkpoint,
-                        scan_segment, seg_name, write_checkpoint)
+from sink.forward.forwarder import SpoolSource
+from sink.forward.spool import (
+    SpoolReader,
+    SpoolWriter,
+    frame,
+    list_segments,
+    read_checkpoint,
+    scan_segment,
+    seg_name,
+    write_checkpoint,
+)
 
 
 def payload(i: int, ts: int | None = None) -> bytes:
@@ -214,7 +222,7 @@ async def test_sink_barrier_without_kafka(tmp_path):
     try:
         assert s.barrier() is None
         t0 = time.perf_counter()
-        for i in range(500):
+        for _ in range(500):
             assert s.submit(SinkRecord(topic="a/b", payload=b"x", qos=1, retain=False, client_id="c",
                                        username=None, protocol=5, accepted_at_ms=int(time.time() * 1000)))
         submit_us = (time.perf_counter() - t0) / 500 * 1e6

@@ -1,5 +1,6 @@
 """SpoolReader.read returns a SpoolBatch: named fields over parallel lists; its bounds hold."""
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sink.forward.spool import FRAME_SIZE, SpoolEntry, SpoolReader, SpoolWriter
 

@@ -4,7 +4,8 @@ import shutil
 import sqlite3
 
 import pytest
-from hypothesis import HealthCheck, example, given, settings, strategies as st
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 
 from broker.core.broker import Broker
 from broker.core.message import Message

@@ -2,7 +2,8 @@
 import ast
 import pathlib
 
-from hypothesis import assume, given, settings, strategies as st
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
 import mqtt_topics
 from mqtt_topics import TopicTrie, matches, parse_shared, valid_topic_filter, valid_topic_name

@@ -9,11 +9,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from broker.auth import ACL, AccessControl, from_config
-from sink.forward.hook import SinkHook
-from broker.config import MQTTConfig
 from broker.core.broker import Broker
 from broker.protocol import packets as P
 from broker.protocol import properties as PR
+from settings import MQTTConfig
+from sink.forward.hook import SinkHook
 from tests.unit.test_auth import FakeClock, bump
 from tests.unit.test_core import Client, Clock
 
@@ -218,8 +218,8 @@ def test_will_to_sys_is_not_published():
                                   {"type": "tls", "certfile": "x.pem"}])
 def test_identity_as_username_needs_verified_certificates(spec):
     """On a listener that cannot verify client certificates nobody could connect: say so."""
-    from broker.config import Config
     from broker.server import Server
+    from settings import Config
     cfg = Config(listeners=[{**spec, "port": 1, "use_identity_as_username": True}])
     with pytest.raises(ValueError, match="use_identity_as_username = true: needs type tls or wss and a cafile"):
         Server(cfg).listener_specs()
