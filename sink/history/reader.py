@@ -51,9 +51,11 @@ def _units(files: list[FileEntry]) -> list[tuple[int, int, list[FileEntry]]]:
 
 
 def read_history(table: str, topic_filter: str, since_ms: int, until_ms: int | None = None,
-                 columns: list[str] | None = None) -> Iterator:
+                 columns: list[str] | None = None, snapshot=None) -> Iterator:
     """pyarrow RecordBatches of the messages on topics matching ``topic_filter`` accepted in
-    [since_ms, until_ms), in time order (see the module's docstring)."""
+    [since_ms, until_ms), in time order (see the module's docstring). ``snapshot``: the version
+    to read (``Table(table).snapshot()`` taken by the caller; default the newest at the first
+    batch)."""
     import datetime as dt
 
     import pyarrow as pa
@@ -62,7 +64,7 @@ def read_history(table: str, topic_filter: str, since_ms: int, until_ms: int | N
 
     from mqtt_topics import matches
     t = Table(table)
-    snap = t.snapshot()
+    snap = t.snapshot() if snapshot is None else snapshot
 
     def at(ms: int, typ) -> "pa.Scalar":
         v = dt.datetime.fromtimestamp(ms / 1000, dt.timezone.utc)
