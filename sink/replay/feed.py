@@ -138,7 +138,7 @@ class HistoryFeed:
         b = self.broker
         wall, clock = b.wall(), b.clock()
         cid = self.session.client_id
-        live_ids, skip = self.live_ids, self.skip
+        skip = self.skip
         from broker.core.message import Message
         for it in items:
             if it[0].__class__ is str:
@@ -161,8 +161,6 @@ class HistoryFeed:
                     self.counts["expired"] += 1
                     continue
                 expires_at = clock + left
-            if live_ids and rid in live_ids:
-                self.dups.add(rid)
             msg = Message(topic, payload, qos, retain, props, expires_at, sender, at_ms / 1000)
             self.counts["table" if self.in_table else "kafka"] += 1
             out.append((msg, qos if qos < self.qos else self.qos,
@@ -210,6 +208,8 @@ class HistoryFeed:
                 if rid is not None:
                     self.skip.add(rid)  # sent live: dropped from the stream if the switch fails
                 self.counts["live"] += 1
+            elif rid in self.live_ids:
+                self.dups.add(rid)  # the stream carried a held live message: not sent twice
             if allow is not None and not allow(session.client_id, session.username, msg.topic):
                 continue  # the ACL's read rules, per message (README "Access control")
             session.deliver(msg, qos, retain, self.sub_ids, now)
