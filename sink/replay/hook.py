@@ -24,7 +24,7 @@ from broker.core.session import Subscription
 from broker.protocol import reason_codes as rc
 
 from .feed import HistoryFeed, Limits
-from .records import FRAME_HEAD
+from .records import FRAME_HEAD, iso_ms
 from .spec import BadReplay, parse
 
 log = logging.getLogger("sink.replay")
@@ -135,8 +135,9 @@ class ReplayHook(Hook):
         session.replay.append(feed)
         self.totals["started"] += 1
         feed.start()
-        conn.note(logging.INFO, "%s: replaying %s from %s%s", conn.client_id, tf, spec.since_ms,
-                  f" to {spec.until_ms}" if spec.until_ms is not None else ", then live")
+        conn.note(logging.INFO, "%s: replaying %s from %s%s", conn.client_id, tf,
+                  iso_ms(spec.since_ms), f" to {iso_ms(spec.until_ms)}"
+                  if spec.until_ms is not None else ", then live")
         return qos, None
 
     def _refused(self, code: int, why: str | None) -> tuple[int, str | None]:

@@ -26,19 +26,20 @@ table's committed offsets on, read on a thread into a bounded queue (sink/replay
 from __future__ import annotations
 
 import collections
+import heapq
 import logging
 import threading
 import time
 
 import numpy as np
 
-from kafka_client.fetch import Fetcher
+from kafka_client.fetch import Fetcher, Records
 from kafka_client.headers import H_MESSAGE_ID
 from kafka_client.recordbatch import first_header
 from mqtt_topics import matches
 from sink.history.dedup import Ledger, TaskFilter
 
-from .records import from_kafka_record
+from .records import from_kafka_record, item_size
 
 log = logging.getLogger("sink.replay.worker")
 
@@ -174,8 +175,10 @@ class Tail(threading.Thread):
                 # full before the boundary: read ids only up to it, then come back here
                 self.collecting = False
                 self.resume = (before, seen_before)
-            for topic, p, d, start in batches:
-                self._records(topic, d, start)
+            # the partitions' records merged by accept time, each partition's in its order
+            for item in heapq.merge(*(self._records(topic, d, start)
+                                      for topic, p, d, start in batches), key=_accepted_at):
+                self._put(item, item_size(item))
             head = all(f.positions[tp] >= f.high.get(tp, 0) for tp in f.positions)
             if not self.boundary.is_set() and self.ends is not None and \
                     all(f.positions[tp] >= end for tp, end in self.ends.items()):
@@ -217,12 +220,14 @@ class Tail(threading.Thread):
                  self.counts["read"], self.counts["matched"])
         self.boundary.set()
 
-    def _records(self, topic: str, d, start: int) -> None:
+    def _records(self, topic: str, d, start: int) -> list:
+        """The new records of one partition's fetch that the replay sends (checked, not read
+        before, matching, in the time range), as records.py items; their ids are kept."""
         keep = d.offset >= start  # (a fetch may begin inside a batch)
         if not keep.all():
             d = d.take(keep)
         if not len(d):
-            return
+            return []
         self.counts["read"] += len(d)
         if self.check is not None:  # before de-duplication: a forged id must not hide a real one
             from sink.history.verify import signed
@@ -232,9 +237,9 @@ class Tail(threading.Thread):
                 d = d.take(ok)
         fresh = self.seen.keep(d.data, *first_header(d, _ID))
         self.counts["duplicates"] += int((~fresh).sum())
+        out: list = []
         if not self.collecting:
-            return
-        from kafka_client.fetch import Records
+            return out
         recs = Records(d, -1)
         for i in np.flatnonzero(fresh).tolist():
             key = recs.key(i)
@@ -248,7 +253,8 @@ class Tail(threading.Thread):
             if item is None:
                 continue
             self.counts["matched"] += 1
-            self._put(item, len(item[2]) + len(item[1]) + 64)
+            out.append(item)
+        return out
 
     def _match(self, topic: str) -> bool:
         hit = self._matches.get(topic)
@@ -328,6 +334,10 @@ class Tail(threading.Thread):
         for t in topics:
             self.ids.pop(t, None)
         return True
+
+
+def _accepted_at(item: tuple) -> int:
+    return item[5]
 
 
 def _topic_id(f: Fetcher, topic: str) -> str:
