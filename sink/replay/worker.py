@@ -117,7 +117,7 @@ class Worker:
                 items = from_rows(batch)
                 skip = known_mask(tail.known, [it[0] for it in items])
                 if skip.any():
-                    items = [it for it, s in zip(items, skip) if not s]
+                    items = [it for it, s in zip(items, skip, strict=True) if not s]
                 n += len(items)
                 self.emit_all(items)
         log.info("replay of %s: %d messages from the table (version %s), now Kafka", c["filter"],
