@@ -101,18 +101,19 @@ class ReplayHook(Hook):
         if problem:
             return self._refused(rc.IMPLEMENTATION_SPECIFIC_ERROR, f"{filt}: {problem}")
         mine = self.by_session.get(session, [])
-        for old in [f for f in mine if f.filter == filt]:
-            old.end("replaced by a new SUBSCRIBE")  # [MQTT-3.8.4-3]: the new one replaces it
+        replaced = [f for f in mine if f.filter == filt]  # [MQTT-3.8.4-3]: the new one replaces it
         if (filt not in session.subscriptions and mq.max_subscriptions_per_client
                 and len(session.subscriptions) >= mq.max_subscriptions_per_client):
             return self._refused(rc.QUOTA_EXCEEDED, None)
-        if len(self.feeds) >= self.cfg.max_replays:
+        if len(self.feeds) - len(replaced) >= self.cfg.max_replays:
             return self._refused(rc.QUOTA_EXCEEDED, f"{filt}: {len(self.feeds)} replays run "
                                  f"already, the most at once ([replay] max_replays); try later")
-        if len(self.by_session.get(session, ())) >= self.cfg.max_per_client:
+        if len(mine) - len(replaced) >= self.cfg.max_per_client:
             return self._refused(rc.QUOTA_EXCEEDED, f"{filt}: this client runs "
                                  f"{self.cfg.max_per_client} replays already ([replay] "
                                  "max_per_client)")
+        for old in replaced:
+            old.end("replaced by a new SUBSCRIBE")
         qos = min(o.qos, mq.maximum_qos)
         v5 = conn.level == 5
         no_local, rap = bool(o.no_local and v5), bool(o.retain_as_published and v5)
