@@ -185,6 +185,9 @@ def main(argv=None) -> int:
     log.info("starting broker (event loop: %s)", "uvloop" if uv else "asyncio")
     try:
         hooks = [h for h in (store, cluster, sink) if h is not None]
+        if sink is not None:  # SUBSCRIBE "$replay/...": the history, then live (sink/replay)
+            from sink.replay.hook import ReplayHook
+            hooks.append(ReplayHook.from_config(cfg, sink))
         asyncio.run(serve(cfg, auth=auth, hooks=hooks))
     except OSError as exc:
         log.error("%s", bind_error(exc, cfg.host, cfg.port))

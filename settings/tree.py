@@ -252,6 +252,20 @@ _UNIT_MS = {"second": 1000, "minute": 60_000, "hour": 3_600_000, "day": 86_400_0
 
 
 @dataclass(slots=True)
+class ReplayConfig(Section):
+    """[replay]: history replay over MQTT (SUBSCRIBE "$replay/<from>[..<to>]/<filter>"; needs the
+    sink and the history job's table)."""
+    TABLE = "replay"
+    enabled: bool = True
+    max_replays: int = key(4, Int(1, 1000))           # replays at once (a worker process each)
+    max_per_client: int = key(2, Int(1, 1000))        # replays one client may run at once
+    live_buffer_messages: int = key(10000, Int(1))    # live messages held per replay until the switch
+    live_buffer_bytes: int = key(16 << 20, Int(1))    # ...and their payload + topic bytes
+    kafka_buffer_bytes: int = key(64 << 20, Int(1 << 20))  # Kafka records a worker reads ahead
+    nice: int = key(10, Int(0, 19))                   # the worker processes' niceness
+
+
+@dataclass(slots=True)
 class PersistenceConfig(Section):
     """[persistence]: sessions and retained messages in SQLite (broker/store/sqlite.py)."""
     TABLE = "persistence"
@@ -372,6 +386,7 @@ class Config(Section):
     mqtt: MQTTConfig = section(MQTTConfig)
     sink: SinkConfig = section(SinkConfig)
     history: HistoryConfig = section(HistoryConfig)
+    replay: ReplayConfig = section(ReplayConfig)
     persistence: PersistenceConfig = section(PersistenceConfig)
     metrics: MetricsConfig = section(MetricsConfig)
     dashboard: DashboardConfig = section(DashboardConfig)
@@ -402,4 +417,4 @@ def sections() -> dict[str, dict[str, Spec]]:
 
 __all__ = ["DOC", "SECTIONS", "AuthConfig", "ClusterConfig", "Config", "ConfigError", "DashboardConfig",
            "HistoryConfig", "ListenerConfig", "MQTTConfig", "MetricsConfig", "PersistenceConfig",
-           "Section", "SinkConfig", "did_you_mean", "key", "sections"]
+           "ReplayConfig", "Section", "SinkConfig", "did_you_mean", "key", "sections"]

@@ -67,6 +67,8 @@ class Broker:
         self.router_hook = None
         self.admit = None
         self.install = None  # the routing hook's say on when a new subscription starts
+        # the hook that takes SUBSCRIBEs to "$replay/..." filters (core/hooks.py REPLAY), or None
+        self.replay_hook = None
         # some hook provides barrier(): PUBACK/PUBREC are held until it says the message is
         # durable (AcksHeld events; the ack gate decides, core/durability.py)
         self.durable = False
@@ -141,6 +143,7 @@ class Broker:
         self.router_hook = h.route[0] if h.route else None
         self.admit = h.admit[0] if h.admit else None
         self.install = h.install[0] if h.install else None
+        self.replay_hook = h.replay[0] if h.replay else None
         self.queues.allow_read = None if self.auth is ALLOW_ALL else self.auth.allow_read
         for s in self.sessions.values():  # persistent sessions report to the current hooks
             s.store = self.store if s.expiry_interval else None

@@ -22,7 +22,7 @@ from ..protocol.codec import Decoder, decode_one, encode, encode_ack, is_one_pac
 from ..protocol.errors import MalformedPacket, MQTTError, ProtocolError
 from ..protocol.properties import encode_vbi
 from .events import NO_EVENTS, AcksHeld, AdmitRequested, AuthRequested
-from .hooks import ALLOW_ALL
+from .hooks import ALLOW_ALL, REPLAY_PREFIX
 from .message import Message
 from .session import NEVER, ReplayBudget, Subscription
 from mqtt_topics import parse_shared, valid_topic_filter
@@ -849,9 +849,13 @@ class Connection:
         # its retained messages replayed once, with the last occurrence's options
         subscribed: dict = {}
         session = self.session
+        why = None  # a Reason String for the SUBACK (a refused history replay says why)
         try:
             for filt, o in s.topics:
-                code = self.subscribe_one(filt, o, sub_id, subscribed)
+                if filt.startswith(REPLAY_PREFIX):  # a history replay: the replay hook's (hooks.py)
+                    code, why = self.subscribe_replay(filt, o, sub_id, why)
+                else:
+                    code = self.subscribe_one(filt, o, sub_id, subscribed)
                 # [MQTT-3.9.3-1] in filter order, [MQTT-3.9.3-2] a Subscribe Reason Code each
                 codes.append(code if v5 or code < 0x80 else 0x80)
         finally:
@@ -859,6 +863,10 @@ class Connection:
                 for filt in subscribed:
                     session.store.save_subscription(session.client_id, session.subscriptions[filt])
         suback = encode(P.Suback(s.packet_id, codes), self.level)  # one code per filter [MQTT-3.8.4-6]
+        if why and v5 and self.request_problem_info:  # [MQTT-3.1.2-29]
+            with_why = encode(P.Suback(s.packet_id, codes, {PR.REASON_STRING: why}), self.level)
+            if len(with_why) <= self.max_packet_size:  # [MQTT-3.1.2-24]: else without it
+                suback = with_why
         if b.durable and subscribed and session.store is not None:
             # a persistent session's subscriptions are acknowledged once they are durable (the
             # hooks providing barrier(): the store's commit, the cluster's Kafka write)
@@ -876,6 +884,18 @@ class Connection:
             # ACL's deny rules of this client checked per message (README "Access control")
             session.replay_retained(b.retained.walk(topic_filter), qos, sid,
                                     session.subscriptions[filt].read_check, budget, now)
+
+    def subscribe_replay(self, filt: str, o: P.SubscriptionOptions, sub_id,
+                         why: str | None) -> tuple[int, str | None]:
+        """A "$replay/..." filter (README "Replay over MQTT"): the replay hook checks and installs
+        it; without one it is refused, saying why. (code, the SUBACK's Reason String so far)."""
+        hook = self.broker.replay_hook
+        if hook is None:
+            return rc.IMPLEMENTATION_SPECIFIC_ERROR, (
+                f"{filt}: history replay is not available on this broker: it needs the analytics "
+                "sink ([sink] enabled) and the history job's table")
+        code, reason = hook(self, filt, o, sub_id)
+        return code, reason or why
 
     def subscribe_one(self, filt: str, o: P.SubscriptionOptions, sub_id, subscribed: dict) -> int:
         b = self.broker

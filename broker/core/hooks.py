@@ -25,6 +25,10 @@ Events (handler signatures are the Hook methods below):
   update) instead of the broker's own router: the cluster sends it through Kafka and every node
   delivers it with Broker.deliver(); admit(...) -> Pending | None holds a CONNECT until the
   client id is this node's (the cluster's claim), Broker.release_session() lets a session go.
+* replay (one hook at most): replay(conn, filt, options, sub_id) -> (reason code, reason
+  string or None) for a SUBSCRIBE filter under REPLAY_PREFIX ("$replay/"): the history of a
+  topic filter, then its live messages (README "Replay over MQTT"). The hook checks and installs
+  the subscription itself; without such a hook the filter is refused (0x83).
 * lifecycle, called by the asyncio layer: on_start (listeners not yet open: restore state),
   on_turn_end (the end of an event-loop turn, before its output is written: commit), on_tick
   (about once a second), on_stop; and stats() -> {section: {name: value}} for metrics, $SYS and
@@ -44,8 +48,11 @@ LIFECYCLE = ("on_start", "on_turn_end", "on_tick", "on_stop", "stats")
 # one hook at most: it routes accepted messages instead of the broker (the cluster, through its
 # log, back to Broker.deliver() on every node), and admits CONNECTs (a claim on the client id)
 ROUTING = ("route", "admit", "locate", "install")
+# one hook at most: a SUBSCRIBE to a filter under REPLAY_PREFIX is its to decide and install
+REPLAY = ("replay",)
+REPLAY_PREFIX = "$replay/"
 EVENTS = (MESSAGE_EVENTS + CLIENT_EVENTS + SESSION_EVENTS + STORED_EVENTS + AUTH_CHECKS
-          + DURABILITY + LIFECYCLE + ROUTING)
+          + DURABILITY + LIFECYCLE + ROUTING + REPLAY)
 
 
 class Hook:
@@ -86,6 +93,13 @@ class Hook:
         """A CONNECT passed its checks: None to go on at once, or a Pending the CONNACK waits
         for (its failure refuses the CONNECT with 0x88 Server unavailable)."""
         return None
+
+    # ---------------------------------------------------------------- replay
+    def replay(self, conn, filt: str, options, sub_id: int | None) -> tuple[int, str | None]:
+        """A SUBSCRIBE names `filt` under REPLAY_PREFIX on connection `conn`: (the SUBACK reason
+        code, a Reason String or None). The hook installs the subscription (session.subscriptions,
+        Broker.router) and sends what it replays through the session (Session.replay)."""
+        return 0x83, None
 
     # ---------------------------------------------------------------- lifecycle
     def on_start(self) -> None:
@@ -306,6 +320,7 @@ class Hooks:
                      else Checks(auth) if auth else ALLOW_ALL)
         persistent = [h for h in hooks if h.provides & set(SESSION_EVENTS + STORED_EVENTS)]
         self.persistence = Persistence(persistent) if persistent else None
-        for event in ROUTING:
+        for event in ROUTING + REPLAY:
             if len(getattr(self, event)) > 1:
-                raise ValueError(f"two hooks provide {event}: attach one cluster")
+                raise ValueError(f"two hooks provide {event}: attach one "
+                                 f"{'replay hook' if event in REPLAY else 'cluster'}")

@@ -15,7 +15,7 @@ class Message:
     PUBLISH per distinct outgoing form so each form is encoded once."""
 
     __slots__ = ("topic", "topic_bytes", "payload", "qos", "retain", "props", "expires_at",
-                 "sender", "forms", "accepted_at", "store_id")
+                 "sender", "forms", "accepted_at", "store_id", "sink_id")
 
     def __init__(self, topic: str, payload: bytes, qos: int, retain: bool, props: dict | None,
                  expires_at: float | None, sender: str | None, accepted_at: float = 0.0):
@@ -30,6 +30,8 @@ class Message:
         self.forms: dict = {}
         self.accepted_at = accepted_at
         self.store_id: int | None = None  # row id once written to the persistent store
+        # sink_id, left unset (read with getattr): the sink's message id (bytes), set by the sink
+        # hook when it takes the message; a history replay's live switch-over compares it
 
     def remaining_expiry(self, now: float) -> int | None:
         """Seconds left (rounded up), 0 when expired, None when it never expires."""

@@ -177,7 +177,8 @@ class Session:
         self.store = None
         self.resend_pending: deque | tuple = NOTHING  # in-flight packet ids waiting to be resent
         # retained messages for new subscriptions, sent by pump() under backpressure: a Replay
-        # (a lazy walk of the retained store) per subscription
+        # (a lazy walk of the retained store) per subscription; or a history replay (a replay
+        # hook's feed: pump(session, link, now) sends what the window allows, True when done)
         self.replay: deque | tuple = NOTHING
         self.queues = queues if queues is not None else Queues()
         self.queue_room = self.queues.per_session  # bytes its queue may still take (entry_size())
@@ -372,6 +373,11 @@ class Session:
                 link.wake()  # more next turn, even if this one wrote nothing
                 return
             r = replay[0]
+            if r.__class__ is not Replay:  # a history replay (core/hooks.py REPLAY): it sends
+                if not r.pump(self, link, now):  # what it may now; True once it is done
+                    return
+                replay.popleft()
+                continue
             steps -= 1
             held = self._next_replayed(r, now)
             if held is None:
@@ -403,6 +409,8 @@ class Session:
         steps = REPLAY_LEFT_STEPS
         now = -1.0  # (expiry is checked again when the queue is sent)
         for r in replay:
+            if r.__class__ is not Replay:
+                continue  # a history replay ends with its connection (its hook ends it)
             r.budget.open -= 1
             if not (r.qos or self.queue_qos0):
                 continue

@@ -19,6 +19,7 @@ SPOOL_ERROR = "the message could not be stored (broker disk error)"
 class SinkHook(Hook):
     """on_message_accepted -> sink.submit_message (no properties, no expiry: no SinkRecord
     built, the hot path) or sink.submit(SinkRecord). False when the sink refuses (spool full).
+    The record's message id goes on the Message (``sink_id``) for a history replay's switch-over.
     With durability "spool" it provides barrier(): acks wait for the spool's fsync."""
 
     def __init__(self, sink) -> None:
@@ -53,8 +54,12 @@ class SinkHook(Hook):
     def on_message_accepted(self, msg, client_id: str, username: str | None, protocol: int) -> bool:
         p = msg.props
         if not p and msg.expires_at is None and self._submit_message is not None:
-            return self._submit_message(msg.topic, msg.payload, msg.qos, msg.retain, client_id,
-                                        username, protocol, int(msg.accepted_at * 1000))
+            mid = self._submit_message(msg.topic, msg.payload, msg.qos, msg.retain, client_id,
+                                       username, protocol, int(msg.accepted_at * 1000))
+            if mid is True or mid is False:  # excluded from the sink, or refused
+                return mid
+            msg.sink_id = mid  # its Kafka record's mqtt.message_id (a replay's switch to live)
+            return True
         rec = SinkRecord(topic=msg.topic, payload=msg.payload, qos=msg.qos, retain=msg.retain,
                          client_id=client_id, username=username, protocol=protocol,
                          accepted_at_ms=int(msg.accepted_at * 1000))
@@ -66,4 +71,8 @@ class SinkHook(Hook):
             rec.user_properties = p.get(PR.USER_PROPERTY)
         if msg.expires_at is not None:
             rec.message_expiry = msg.remaining_expiry(self.clock())
-        return self.sink.submit(rec)
+        if not self.sink.submit(rec):
+            return False
+        if rec.message_id is not None:
+            msg.sink_id = rec.message_id.encode()
+        return True

@@ -323,18 +323,31 @@ class Sink:
         return self._appended()
 
     def submit_message(self, topic: str, payload, qos: int, retain: bool, client_id: str,
-                       username: str | None, protocol: int, accepted_at_ms: int) -> bool:
+                       username: str | None, protocol: int, accepted_at_ms: int) -> bytes | bool:
         """submit() of a message without MQTT 5 properties or expiry, no SinkRecord built (the
-        broker's hot path). Same record, same result."""
+        broker's hot path). Same record; returns its message id (bytes) when it was taken, True
+        when its topic is excluded, False when refused."""
         kt = self._target(topic)
         if kt.__class__ is not str:
             return kt is _EXCLUDED
         c = self._ids.get(kt) or self._id_counter(kt)
         n = c[1] = c[1] + 1
+        mid = c[2] + b"%x" % n
         (self._writer if self.on_disk else self._mem).append(self._encode(
-            kt, topic, payload, qos, retain, client_id, username, protocol, accepted_at_ms,
-            c[2] + b"%x" % n))
-        return self._appended()
+            kt, topic, payload, qos, retain, client_id, username, protocol, accepted_at_ms, mid))
+        self._appended()
+        return mid
+
+    # what a history replay's live switch-over needs (sink/replay): records taken so far, and how
+    # many of them Kafka has acknowledged (sequence numbers of the spool, or of the memory queue)
+    def accepted_seq(self) -> int:
+        """The sequence number the next record taken will have."""
+        src = self._writer if self.on_disk else self._mem
+        return src.next_seq if src is not None else 0
+
+    def forwarded_seq(self) -> int:
+        """Every record with a lower sequence number is in Kafka (acknowledged)."""
+        return self._fwd_seq
 
     def hook(self):
         """The broker hook handing accepted messages to this sink (sink/forward/hook.py)."""

@@ -6,9 +6,9 @@
 
 What it reads is one committed version of the table (manifest.Table.snapshot): each message
 once. It visits only the files whose day (and, for today's files, hour) can hold rows at or
-after ``since_ms``, one day or hour at a time, oldest first; inside a file, pyarrow skips row
-groups by their ``accepted_at`` statistics (compacted files are sorted by it). Memory is about
-one day's or hour's matching rows.
+after ``since_ms``, one hour of accept times at a time, oldest first; inside a file, pyarrow
+skips row groups by their ``accepted_at`` statistics (compacted files are sorted by it). Memory
+is about one hour's matching rows.
 
 Continuing from Kafka without a gap: the table holds everything below the offsets in the
 progress file (sink/progress.py, ``history_committed.json``: written after each committed
@@ -51,9 +51,11 @@ def _units(files: list[FileEntry]) -> list[tuple[int, int, list[FileEntry]]]:
 
 
 def read_history(table: str, topic_filter: str, since_ms: int, until_ms: int | None = None,
-                 columns: list[str] | None = None) -> Iterator:
+                 columns: list[str] | None = None, snapshot=None) -> Iterator:
     """pyarrow RecordBatches of the messages on topics matching ``topic_filter`` accepted in
-    [since_ms, until_ms), in time order (see the module's docstring)."""
+    [since_ms, until_ms), in time order (see the module's docstring). ``snapshot``: the version
+    to read (``Table(table).snapshot()`` taken by the caller; default the newest at the first
+    batch)."""
     import datetime as dt
 
     import pyarrow as pa
@@ -62,29 +64,37 @@ def read_history(table: str, topic_filter: str, since_ms: int, until_ms: int | N
 
     from mqtt_topics import matches
     t = Table(table)
-    snap = t.snapshot()
+    snap = t.snapshot() if snapshot is None else snapshot
 
     def at(ms: int, typ) -> "pa.Scalar":
         v = dt.datetime.fromtimestamp(ms / 1000, dt.timezone.utc)
         return pa.scalar(v if typ.tz else v.replace(tzinfo=None), typ)  # naive = UTC (Spark)
     plain = not any(c in topic_filter for c in "+#")
+    need = None if columns is None else list(dict.fromkeys(
+        [*columns, "topic", *(c for c, _ in ORDER)]))
     for start, end, files in _units(snap.files):
         if end <= since_ms or (until_ms is not None and start >= until_ms):
             continue
         data = ds.dataset([str(t.abs(f.path)) for f in files], format="parquet")
         typ = data.schema.field("accepted_at").type
-        cond = ds.field("accepted_at") >= at(since_ms, typ)
-        if until_ms is not None:
-            cond = cond & (ds.field("accepted_at") < at(until_ms, typ))
-        if plain:
-            cond = cond & (ds.field("topic") == topic_filter)
-        need = None if columns is None else list(dict.fromkeys(
-            [*columns, "topic", *(c for c, _ in ORDER)]))
-        tbl = data.to_table(columns=need, filter=cond)
-        if not plain and tbl.num_rows:
-            topics = tbl.column("topic").to_pylist()
-            keep = pa.array([matches(topic_filter, x) for x in topics], pa.bool_())
-            tbl = tbl.filter(keep)
-        if tbl.num_rows:
-            tbl = tbl.take(pc.sort_indices(tbl, sort_keys=ORDER))
-            yield from (tbl if columns is None else tbl.select(columns)).to_batches()
+        # a day's files an hour at a time: memory is an hour's matching rows (a compacted day is
+        # sorted by accepted_at, so each hour reads only its row groups)
+        lo = max(start, since_ms - since_ms % HOUR_MS)
+        for w in range(lo, end, HOUR_MS):
+            w_end = min(w + HOUR_MS, end) if until_ms is None else min(w + HOUR_MS, end, until_ms)
+            if w_end <= since_ms:
+                continue
+            if w >= w_end:
+                break
+            cond = (ds.field("accepted_at") >= at(max(w, since_ms), typ)) & \
+                (ds.field("accepted_at") < at(w_end, typ))
+            if plain:
+                cond = cond & (ds.field("topic") == topic_filter)
+            tbl = data.to_table(columns=need, filter=cond)
+            if not plain and tbl.num_rows:
+                topics = tbl.column("topic").to_pylist()
+                keep = pa.array([matches(topic_filter, x) for x in topics], pa.bool_())
+                tbl = tbl.filter(keep)
+            if tbl.num_rows:
+                tbl = tbl.take(pc.sort_indices(tbl, sort_keys=ORDER))
+                yield from (tbl if columns is None else tbl.select(columns)).to_batches()

@@ -1,0 +1,8 @@
+"""History replay over MQTT (README "Replay over MQTT"): SUBSCRIBE "$replay/<from>[..<to>]/<filter>".
+
+spec.py     the syntax of the filter (sans-I/O)
+feed.py     the session's feed and the live tap: order, flow control, the switch to live (sans-I/O)
+hook.py     the broker hook (the core's "replay" capability) and the worker process's control
+worker.py   the child process: the history table's rows, then Kafka's records (tail.py)
+records.py  a replayed message between the two, and the frames that carry them
+"""

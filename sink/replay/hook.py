@@ -1,0 +1,290 @@
+"""The replay hook: SUBSCRIBE "$replay/<from>[..<to>]/<filter>" (README "Replay over MQTT").
+
+The core hands such a filter to ``ReplayHook.replay`` (broker/core/hooks.py REPLAY). It checks
+the filter (spec.py), the ACL on the filter replayed, the limits, and that a history can be read
+(the history table exists; pyarrow and numpy can be imported), then installs the subscription:
+the one the client sees, under its "$replay/..." filter, in ``session.subscriptions`` (it is
+not stored with a persistent session: a replay belongs to its connection and ends with it), and
+a HistoryFeed (feed.py) that taps the live messages and feeds the session. The history itself
+is read by a child process (worker.py) that a WorkerControl starts and reads, frame by frame,
+only when the feed asks.
+"""
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+import logging
+import os
+import sys
+from collections import deque
+
+from broker.core.hooks import Hook
+from broker.core.session import Subscription
+from broker.protocol import reason_codes as rc
+
+from .feed import HistoryFeed, Limits
+from .records import FRAME_HEAD, iso_ms
+from .spec import BadReplay, parse
+
+log = logging.getLogger("sink.replay")
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+class ReplayHook(Hook):
+    """``sink``: anything with accepted_seq() and forwarded_seq() (sink.forward.service.Sink);
+    ``worker``: the settings every worker gets (table, committed_file, data_dir, bootstrap,
+    kafka, topics, verify, nice, max_bytes); ``cfg``: settings.ReplayConfig."""
+    provides = frozenset({"replay", "on_client_disconnected", "on_tick", "on_stop", "stats"})
+
+    def __init__(self, cfg, sink, worker: dict, control_factory=None):
+        self.cfg = cfg
+        self.sink = sink
+        self.worker = worker
+        self.limits = Limits(cfg.live_buffer_messages, cfg.live_buffer_bytes)
+        self.control_factory = control_factory or WorkerControl
+        self.broker = None
+        self.feeds: dict = {}                 # HistoryFeed -> None, while they run
+        self.by_session: dict = {}            # Session -> [HistoryFeed]
+        self.totals = {"started": 0, "failed": 0, "refused": 0, "messages_table": 0,
+                       "messages_kafka": 0, "messages_live_held": 0}
+
+    @classmethod
+    def from_config(cls, cfg, sink) -> "ReplayHook":
+        """From the whole configuration (settings.Config) and the started sink."""
+        from ..forward.service import committed_file
+        h, s = cfg.history, cfg.sink
+        topics = list(h.kafka_topics) or list(dict.fromkeys([s.topic, *(r.topic for r in s.rules)]))
+        worker = dict(table=h.table, committed_file=committed_file(s, h), data_dir=cfg.data_dir,
+                      bootstrap=sink.bootstrap, kafka=dict(s.kafka), topics=topics,
+                      verify=h.verify_records, nice=cfg.replay.nice,
+                      max_bytes=cfg.replay.kafka_buffer_bytes,
+                      log_level=logging.getLogger("sink").getEffectiveLevel())
+        return cls(cfg.replay, sink, worker)
+
+    def attach(self, broker) -> None:
+        self.broker = broker
+
+    # ------------------------------------------------------------ SUBSCRIBE
+    def unavailable(self) -> str | None:
+        """Why no history can be read now, or None."""
+        if not self.cfg.enabled:
+            return "history replay is turned off on this broker ([replay] enabled = false)"
+        from sink.history.manifest import Table
+        if not Table(self.worker["table"]).exists():
+            return (f"there is no history table at {self.worker['table']} yet: the history job "
+                    "(python -m sink.job) makes it")
+        missing = [m for m in ("pyarrow", "numpy") if importlib.util.find_spec(m) is None]
+        if missing:
+            return (f"history replay needs {' and '.join(missing)} in the broker's Python "
+                    "environment (pip install -r requirements-broker.txt)")
+        return None
+
+    def replay(self, conn, filt: str, o, sub_id) -> tuple[int, str | None]:
+        b = self.broker
+        mq = b.cfg
+        session = conn.session
+        try:
+            spec = parse(filt, int(b.wall() * 1000))
+        except BadReplay as exc:
+            return self._refused(rc.TOPIC_FILTER_INVALID, f"{filt}: {exc}")
+        tf = spec.filter
+        if tf.count("/") >= mq.max_topic_levels or len(filt) > mq.max_topic_length:
+            return self._refused(rc.TOPIC_FILTER_INVALID, f"{filt}: too long or too many levels")
+        if not mq.wildcard_subscription_available and ("+" in tf or "#" in tf):
+            return self._refused(rc.WILDCARD_SUBSCRIPTIONS_NOT_SUPPORTED, None)
+        if sub_id is not None and not mq.subscription_identifiers_available:
+            return self._refused(rc.SUBSCRIPTION_IDENTIFIERS_NOT_SUPPORTED, None)
+        if not b.auth.allow_subscribe(conn.client_id, conn.username, tf):
+            return self._refused(rc.NOT_AUTHORIZED, f"{filt}: not authorized to read {tf}")
+        problem = self.unavailable()
+        if problem:
+            return self._refused(rc.IMPLEMENTATION_SPECIFIC_ERROR, f"{filt}: {problem}")
+        mine = self.by_session.get(session, [])
+        replaced = [f for f in mine if f.filter == filt]  # [MQTT-3.8.4-3]: the new one replaces it
+        if (filt not in session.subscriptions and mq.max_subscriptions_per_client
+                and len(session.subscriptions) >= mq.max_subscriptions_per_client):
+            return self._refused(rc.QUOTA_EXCEEDED, None)
+        if len(self.feeds) - len(replaced) >= self.cfg.max_replays:
+            return self._refused(rc.QUOTA_EXCEEDED, f"{filt}: {len(self.feeds)} replays run "
+                                 f"already, the most at once ([replay] max_replays); try later")
+        if len(mine) - len(replaced) >= self.cfg.max_per_client:
+            return self._refused(rc.QUOTA_EXCEEDED, f"{filt}: this client runs "
+                                 f"{self.cfg.max_per_client} replays already ([replay] "
+                                 "max_per_client)")
+        for old in replaced:
+            old.end("replaced by a new SUBSCRIBE")
+        qos = min(o.qos, mq.maximum_qos)
+        v5 = conn.level == 5
+        no_local, rap = bool(o.no_local and v5), bool(o.retain_as_published and v5)
+        # the subscription the client sees (and UNSUBSCRIBEs): never in the router (its topic
+        # filter is the $replay/ one, which no topic matches); the feed's tap is
+        book = Subscription(filt, filt, None, qos, no_local, rap, 0, sub_id, session)
+        old = session.subscriptions.get(filt)
+        if old is not None:
+            b.router.remove(old)
+        session.add_subscription(book)
+        control = self.control_factory(self, dict(self.worker, filter=tf, since_ms=spec.since_ms,
+                                                  until_ms=spec.until_ms))
+        feed = HistoryFeed(b, session, book, spec, qos, no_local, rap, sub_id, control,
+                           self.limits, on_end=self._ended)
+        control.feed = feed
+        self.feeds[feed] = None
+        self.by_session.setdefault(session, []).append(feed)
+        if isinstance(session.replay, tuple):
+            session.replay = deque()
+        session.replay.append(feed)
+        self.totals["started"] += 1
+        feed.start()
+        conn.note(logging.INFO, "%s: replaying %s from %s%s", conn.client_id, tf,
+                  iso_ms(spec.since_ms), f" to {iso_ms(spec.until_ms)}"
+                  if spec.until_ms is not None else ", then live")
+        return qos, None
+
+    def _refused(self, code: int, why: str | None) -> tuple[int, str | None]:
+        self.totals["refused"] += 1
+        return code, why
+
+    def _ended(self, feed: HistoryFeed) -> None:
+        self.feeds.pop(feed, None)
+        mine = self.by_session.get(feed.session)
+        if mine is not None and feed in mine:
+            mine.remove(feed)
+            if not mine:
+                del self.by_session[feed.session]
+        c = feed.counts
+        self.totals["messages_table"] += c["table"]
+        self.totals["messages_kafka"] += c["kafka"]
+        self.totals["messages_live_held"] += c["live"]
+        if feed.why.startswith("failed"):
+            self.totals["failed"] += 1
+
+    # ------------------------------------------------------------ lifecycle
+    def on_client_disconnected(self, session, publish_will: bool) -> None:
+        """A replay belongs to its connection: it ends, and its subscription goes (it is not
+        there when a persistent session resumes: subscribe again from the last time seen)."""
+        mine = self.by_session.get(session)
+        if not mine:
+            return
+        for feed in list(mine):
+            if session.subscriptions.get(feed.filter) is feed.book:
+                del session.subscriptions[feed.filter]
+            feed.end("the client disconnected")
+
+    def on_tick(self) -> None:
+        if not self.feeds:
+            return
+        forwarded = self.sink.forwarded_seq()
+        wall = self.broker.wall()
+        for feed in list(self.feeds):
+            if feed.session.subscriptions.get(feed.filter) is not feed.book:
+                feed.end("unsubscribed")
+            elif feed.live_until_passed(wall):
+                feed.end("its time range ended")
+            else:
+                feed.poll_sync(forwarded)
+
+    def on_stop(self) -> None:
+        for feed in list(self.feeds):
+            feed.end("the broker stops")
+
+    def stats(self) -> dict:
+        return {"replay": {"active": len(self.feeds), **self.totals}}
+
+
+class WorkerControl:
+    """The broker's side of one worker process (worker.py): started at the first want(); one
+    frame read per want(); sync requests and the end on its stdin."""
+
+    def __init__(self, hook: ReplayHook, settings: dict):
+        self.hook = hook
+        self.settings = settings
+        self.feed: HistoryFeed | None = None
+        self.proc = None
+        self.task: asyncio.Task | None = None
+        self.wanted = asyncio.Event()
+        self.lines: list = []                 # written once the process runs
+        self.closed = False
+
+    def arm(self) -> int:
+        return self.hook.sink.accepted_seq()
+
+    def want(self) -> None:
+        if self.closed:
+            return
+        self.wanted.set()
+        if self.task is None:
+            self.task = asyncio.get_running_loop().create_task(self._run())
+
+    def sync(self, generation: int) -> None:
+        self._line({"sync": generation})
+
+    def _line(self, obj: dict) -> None:
+        data = json.dumps(obj).encode() + b"\n"
+        if self.proc is None:
+            self.lines.append(data)
+        elif not self.closed:
+            try:
+                self.proc.stdin.write(data)
+            except (ConnectionError, RuntimeError):
+                pass
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.wanted.set()
+        proc = self.proc
+        if proc is not None and proc.returncode is None:
+            try:
+                proc.kill()  # it holds nothing worth a goodbye; the task reaps it
+            except ProcessLookupError:
+                pass
+
+    async def _run(self) -> None:
+        env = {**os.environ, "PYTHONPATH": ROOT + (os.pathsep + os.environ["PYTHONPATH"]
+                                                   if os.environ.get("PYTHONPATH") else "")}
+        try:
+            proc = self.proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "sink.replay.worker", stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE, env=env, cwd=ROOT)
+        except OSError as exc:
+            return self._failed(f"cannot start the replay worker: {exc}")
+        try:
+            if self.closed:
+                proc.kill()
+                return
+            # the settings (Kafka credentials among them) on stdin, never on the command line
+            proc.stdin.write(json.dumps(self.settings).encode() + b"\n")
+            for line in self.lines:
+                proc.stdin.write(line)
+            self.lines.clear()
+            import pickle
+            while not self.closed:
+                await self.wanted.wait()
+                self.wanted.clear()
+                if self.closed:
+                    break
+                head = await proc.stdout.readexactly(FRAME_HEAD.size)
+                body = await proc.stdout.readexactly(FRAME_HEAD.unpack(head)[0])
+                if self.closed:
+                    break
+                self.feed.add(pickle.loads(body))
+                self.feed.poll_sync(self.hook.sink.forwarded_seq())
+        except asyncio.IncompleteReadError:
+            if not self.closed:
+                self._failed("the replay worker stopped (the broker's log says why)")
+        except Exception as exc:  # never let a replay take the event loop down
+            log.exception("replay: reading the worker failed")
+            self._failed(f"reading the replay worker failed: {exc}")
+        finally:
+            if proc.returncode is None:
+                try:
+                    proc.kill()
+                except ProcessLookupError:
+                    pass
+            await proc.wait()
+
+    def _failed(self, why: str) -> None:
+        if self.feed is not None and not self.closed:
+            self.feed.fail(why)
