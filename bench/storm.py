@@ -621,6 +621,13 @@ def run_one(a, name: str, tmp: str, rep: int) -> dict:
             raise RuntimeError(f"{name} did not restart: {b.tail()}")
         t_listen = time.time()
         cpu_listen = schedstat_s(pid)
+        spy = None
+        if a.py_spy and name == "ours":  # a profile of the storm (its figures: not comparable)
+            spy = subprocess.Popen(pin(a.loadgen_cpu) + [
+                os.path.join(os.path.dirname(PY), "py-spy"), "record", "--nonblocking", "-r", "250",
+                "-f", "raw", "-o", a.py_spy, "-d", "15", "-p", str(pid)], stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL)
+            time.sleep(1)
         res["rss_listen_kib"] = status_kib(pid, "VmRSS")
         # 3. the storm, with established pingers
         pinger = spawn_worker(a, "ping", port, 0, 0, "127.0.3.1", fifo=True)
@@ -639,6 +646,8 @@ def run_one(a, name: str, tmp: str, rep: int) -> dict:
         pr = read_json(pinger, 60)
         pinger.wait(30)
         pinger = None
+        if spy is not None:
+            spy.wait(60)
         for w in ws:
             w.stdin.write("stop\n")
             w.stdin.flush()
@@ -785,6 +794,9 @@ def main() -> int:
                         "persistence is on by default")
     p.add_argument("--mosquitto-bin", default=shutil.which("mosquitto") or "/usr/sbin/mosquitto")
     p.add_argument("--json", metavar="FILE")
+    p.add_argument("--py-spy", metavar="FILE",
+                   help="record our restarted broker with py-spy (raw stacks to FILE; its figures "
+                        "are then not comparable)")
     # worker side (the script runs itself)
     p.add_argument("--role", choices=["setup", "publish", "storm", "ping"], help=argparse.SUPPRESS)
     p.add_argument("--port", type=int, help=argparse.SUPPRESS)
