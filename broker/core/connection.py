@@ -587,8 +587,6 @@ class Connection:
         session.will = c.will  # [MQTT-3.1.2-7]
         if b.store is not None and expiry and session.store is None:
             session.store = b.store  # outlives the connection: keep it on disk
-        if session.store is not None:
-            session.store.save_session(session)
         self.session = session
         self.state = _CONNECTED
         # connected since the CONNECT arrived (not the TCP accept, ms earlier): the same float
@@ -604,6 +602,8 @@ class Connection:
         else:
             self.write(encode(P.Connack(present, 0, ack_props), P.MQTT_5))
         session.link = self
+        if session.store is not None:  # (connected: the store may commit it with a later turn)
+            session.store.save_session(session)
         if log.isEnabledFor(logging.DEBUG):  # self.peer makes a string: only when logged
             self.note(logging.DEBUG, "client %s connected from %s (level %d, session present %s)",
                       client_id, self.peer, self.level, present)
