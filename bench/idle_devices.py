@@ -35,15 +35,23 @@ import shlex
 import shutil
 import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from storm import (IP_BIND_ADDRESS_NO_PORT, PY, REPO, BrokerProc, connect_packet,  # noqa: E402
-                   free_port, pin, schedstat_s, status_kib)
+from storm import (
+    IP_BIND_ADDRESS_NO_PORT,
+    PY,
+    REPO,
+    BrokerProc,
+    connect_packet,
+    free_port,
+    pin,
+    schedstat_s,
+    status_kib,
+)
 
 BROKER_FILES = 64
 SOURCES = 250  # source addresses 127.0.4.1 .. : ports chosen per address at connect
@@ -234,7 +242,7 @@ def main() -> int:
     p.add_argument("--json", metavar="FILE")
     a = p.parse_args()
     print("command: " + " ".join(shlex.quote(x) for x in [sys.executable] + sys.argv), flush=True)
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     try:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     except (ValueError, OSError):
@@ -302,7 +310,7 @@ def main() -> int:
                   f"{r['pings'] - r['pongs']} PINGRESPs missing")
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"command": sys.argv, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+            json.dump({"command": sys.argv, "date": datetime.datetime.now(datetime.UTC).isoformat(),
                        "host": {"platform": platform.platform(), "cpus": os.cpu_count(),
                                 "nofile": nofile}, "args": vars(a), "runs": runs}, f, indent=1)
     return 0
