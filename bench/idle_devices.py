@@ -150,8 +150,14 @@ class Devices:
         return time.time() - t0
 
     def ping_for(self, seconds: float) -> int:
-        """Each device pings once per keep-alive period, offsets spread over it."""
+        """Each device pings once per keep-alive period, offsets spread over it (keep alive 0:
+        none, the broker's idle cost alone)."""
         period = self.a.keep_alive
+        if not period:
+            end = time.time() + seconds
+            while time.time() < end:
+                self.poll(0.1)
+            return 0
         fds = list(self.socks)
         n = len(fds)
         t0 = time.time()
