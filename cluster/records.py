@@ -14,9 +14,17 @@ import json
 
 from broker.core.message import Message
 from broker.protocol import properties as PR
-from kafka_client.headers import (H_CLIENT_ID, H_CONTENT_TYPE, H_CORRELATION_DATA,
-                                  H_MESSAGE_EXPIRY, H_PAYLOAD_FORMAT, H_QOS, H_RESPONSE_TOPIC,
-                                  H_RETAIN, H_USER_PREFIX)
+from kafka_client.headers import (
+    H_CLIENT_ID,
+    H_CONTENT_TYPE,
+    H_CORRELATION_DATA,
+    H_MESSAGE_EXPIRY,
+    H_PAYLOAD_FORMAT,
+    H_QOS,
+    H_RESPONSE_TOPIC,
+    H_RETAIN,
+    H_USER_PREFIX,
+)
 from kafka_client.record import SinkRecord, encode_message_body, to_kafka
 
 H_NODE = "mqtt.node"

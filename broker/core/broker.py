@@ -20,6 +20,7 @@ from .message import Message
 from .retain import RetainedStore
 from .router import Router
 from .session import NEVER, Inflight, Queues, Session, Subscription, entry_size
+from .timeouts import ConnectionTable
 
 log = logging.getLogger("broker")
 
@@ -88,8 +89,9 @@ class Broker:
         # from auth.allow_anonymous (None there: only from loopback addresses); the core alone
         # (tests, embedding) lets everyone in, as without an auth hook
         self.anonymous_remote = True
-        # open connections, a dict used as a set: about 30 bytes less per connection than a set
-        self.connections: dict = {}
+        # open connections, filed by their next deadline (connect timeout, keep alive): tick()
+        # looks only at those due (core/timeouts.py)
+        self.connections = ConnectionTable()
         self.dirty: list = []            # connections with bytes to write
         self.schedule_flush = None       # set by the server: called when dirty becomes non-empty
         # set by the server when password checks are slow: a CONNECT with a user name then
@@ -631,8 +633,8 @@ class Broker:
         now = self.clock() if now is None else now
         self.client_log.tick(now)
         self.router.sweep()
-        for conn in list(self.connections):
-            conn.check_timeouts(now)
+        for conn in self.connections.due(now):
+            conn.look_at(now)
         for cid, s in list(self.delayed_wills.items()):
             if s.will_at is not None and s.will_at <= now:
                 del self.delayed_wills[cid]

@@ -51,7 +51,7 @@ class Connection:
                  "alias_max", "request_problem_info", "in_aliases", "in_alias_bytes", "out_aliases", "out",
                  "is_dirty", "close_requested", "events", "pending_acks",
                  "connect_seen", "owner", "paused", "identity", "deferred",
-                 "deferred_bytes", "connect_expiry", "log_at")
+                 "deferred_bytes", "connect_expiry", "log_at", "check_at")
 
     def __init__(self, broker, peer: str | None = "?"):
         self.broker = broker
@@ -89,7 +89,8 @@ class Connection:
         self.deferred_bytes = 0            # bytes received while the password is checked
         self.connect_expiry = 0            # the Session Expiry Interval the CONNECT asked for
         self.log_at = 0.0                  # this connection's log-line budget (clientlog.py)
-        broker.connections[self] = None
+        self.check_at = None               # its slot in broker.connections (core/timeouts.py)
+        broker.connections.file(self, self.last_rx + broker.cfg.connect_timeout)
         broker.stats["connections_total"] += 1
 
     @property
@@ -587,13 +588,12 @@ class Connection:
         session.will = c.will  # [MQTT-3.1.2-7]
         if b.store is not None and expiry and session.store is None:
             session.store = b.store  # outlives the connection: keep it on disk
-        if session.store is not None:
-            session.store.save_session(session)
         self.session = session
         self.state = _CONNECTED
         # connected since the CONNECT arrived (not the TCP accept, ms earlier): the same float
         # as last_rx, 24 bytes less per idle connection
         self.connected_at = self.last_rx
+        b.connections.file(self, self.next_check())  # its Keep Alive deadline, if it has one
         if self.decoder is not None:
             self.decoder.connect_accepted()  # max_connect_packet_size no longer applies
 
@@ -604,6 +604,8 @@ class Connection:
         else:
             self.write(encode(P.Connack(present, 0, ack_props), P.MQTT_5))
         session.link = self
+        if session.store is not None:  # (connected: the store may commit it with a later turn)
+            session.store.save_session(session)
         if log.isEnabledFor(logging.DEBUG):  # self.peer makes a string: only when logged
             self.note(logging.DEBUG, "client %s connected from %s (level %d, session present %s)",
                       client_id, self.peer, self.level, present)
@@ -1032,10 +1034,26 @@ class Connection:
         was_connected = self.state == _CONNECTED
         self.state = _CLOSED
         b = self.broker
-        b.connections.pop(self, None)
+        b.connections.remove(self)
         session = self.session
         if was_connected and session is not None and session.link is self:
             b.connection_closed(session, publish_will, b.clock())
+
+    def next_check(self) -> float | None:
+        """When check_timeouts() may next act: the CONNECT deadline, then 1.5 x Keep Alive
+        after the last packet; None when nothing can time out (Keep Alive 0, a password being
+        checked, closed)."""
+        if self.state == _NEW:
+            return self.connected_at + self.broker.cfg.connect_timeout
+        if self.state == _CONNECTED and self.keep_alive:
+            return self.last_rx + self.keep_alive * 1.5
+        return None
+
+    def look_at(self, now: float) -> None:
+        """Its deadline came (Broker.tick): time it out, or file it again for the next."""
+        self.check_timeouts(now)
+        if self.state != _CLOSED:
+            self.broker.connections.file(self, self.next_check())
 
     def check_timeouts(self, now: float) -> None:
         if self.state == _NEW:

@@ -1,14 +1,16 @@
 """Retained messages (3.3.1.3): one per topic, found by topic filter."""
 from __future__ import annotations
 
-from mqtt_topics import matches
+from mqtt_topics import NOTHING, matches
 
 
 class _Node:
     __slots__ = ("children", "message", "seq")
 
     def __init__(self):
-        self.children: dict[str, _Node] = {}
+        # NOTHING (shared, read-only) until the first child: most nodes hold a message and no
+        # children, 64 bytes less per retained message
+        self.children: dict[str, _Node] = NOTHING  # type: ignore[assignment]
         self.message = None
         self.seq = 0  # when `message` was stored (RetainedStore.seq then): walk() compares it
 
@@ -32,9 +34,12 @@ class RetainedStore:
             return
         node = self.root
         for level in topic.split("/"):
-            child = node.children.get(level)
+            children = node.children
+            child = children.get(level)
             if child is None:
-                child = node.children[level] = _Node()
+                if children is NOTHING:
+                    children = node.children = {}
+                child = children[level] = _Node()
             node = child
         old = node.message
         if old is None:
@@ -64,7 +69,10 @@ class RetainedStore:
         for i in range(len(levels), 0, -1):
             if path[i].message is not None or path[i].children:
                 break
-            del path[i - 1].children[levels[i - 1]]
+            parent = path[i - 1]
+            del parent.children[levels[i - 1]]
+            if not parent.children:
+                parent.children = NOTHING
 
     def get(self, topic: str):
         node = self.root

@@ -82,7 +82,7 @@ def publish(state, n: int, pid0: int = 1) -> None:
     """n messages from alice over the topics in turn, QoS 1, with properties; waits until Kafka
     has every one so far."""
     pub, sent = state["pub"], state["sent"]
-    for i in range(n):
+    for _i in range(n):
         k = len(sent)
         topic = TOPICS[k % len(TOPICS)]
         props = {PR.CONTENT_TYPE: "text/plain", PR.USER_PROPERTY: [("k", str(k))]}
