@@ -6,6 +6,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+echo "test.sh: ruff check (the lint rules in pyproject.toml)"
+.venv/bin/ruff check .
 set +e
 .venv/bin/python -m pytest "$@"
 rc=$?
