@@ -111,7 +111,7 @@ def main() -> int:
     log_path = tmp / "job.log"
     job = subprocess.Popen(
         [sys.executable, "-m", "sink.job", "--kafka-bootstrap", kafka.bootstrap, "--table",
-         str(tmp / "history"), "--connect-port", str(free_port()),
+         str(tmp / "history"), "--data-dir", str(tmp), "--connect-port", str(free_port()),
          *(["--nice", str(args.nice)] if args.nice is not None else [])],
         cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT),
                        **({"SPARK_SUBMIT_OPTS": "-XX:NativeMemoryTracking=summary"}

@@ -240,8 +240,6 @@ class ClusterNode(Hook):
 
     def _completed(self, items) -> None:
         """Records Kafka acknowledged (failure None) or gave up on."""
-        if self.waiting_subs:
-            self.loop.call_soon(self._start_waiting_subs)
         for batch, failure in items:
             if failure is not None:
                 self.counters["produce_errors"] += 1
@@ -349,18 +347,22 @@ class ClusterNode(Hook):
             if topic != topics.messages:
                 continue
             rec = Records(d, start)
-            deliver = broker.deliver
-            match = broker.router.match  # cached per topic
-            n = 0
-            for i in rec.indexes():
-                key = rec.key(i)
-                if key is None or not match(key.decode(errors="replace"))[0]:
-                    continue  # no subscriber here: not decoded (shared groups have their streams)
-                off, key, value, headers, ts = rec.record(i)
-                msg, sender, _ = R.decode_message(key, value, headers, ts, clock_now, wall_now)
-                msg.store_id = (p, off)  # its place in the log: persistent sessions' progress
-                deliver(msg, sender)
-                n += 1
+            starting = self._starting(p)
+            if starting:
+                n = self._route_starting(rec, p, starting, clock_now, wall_now)
+            else:
+                deliver = broker.deliver
+                match = broker.router.match  # cached per topic
+                n = 0
+                for i in rec.indexes():
+                    key = rec.key(i)
+                    if key is None or not match(key.decode(errors="replace"))[0]:
+                        continue  # no subscriber here: not decoded (shared groups: their streams)
+                    off, key, value, headers, ts = rec.record(i)
+                    msg, sender, _ = R.decode_message(key, value, headers, ts, clock_now, wall_now)
+                    msg.store_id = (p, off)  # its place in the log: persistent sessions' progress
+                    deliver(msg, sender)
+                    n += 1
             self.routed_upto[p] = rec.offsets[-1] + 1
             self.counters["delivered"] += n
             self.counters["read"] += len(rec)
@@ -368,33 +370,64 @@ class ClusterNode(Hook):
             self._start_waiting_subs()
 
     # ------------------------------------------------------------ new subscriptions
+    def _starting(self, p: int) -> list:
+        """(subscription, first offset) of the new subscriptions that take partition p's
+        records from a known position but are not routed yet."""
+        return [(sub, since[p]) for sub, since in self.waiting_subs if p in since]
+
+    def _route_starting(self, rec, p: int, starting: list, clock_now: float,
+                        wall_now: float) -> int:
+        """The slow path while new subscriptions start: record by record, each also goes to the
+        new subscriptions it matches at or after their first offset (so none misses a record of
+        a batch that crosses its start, whatever the other partitions have reached)."""
+        broker, match, n = self.broker, self.broker.router.match, 0
+        for i in rec.indexes():
+            key = rec.key(i)
+            if key is None:
+                continue
+            topic = key.decode(errors="replace")
+            off = rec.offsets[i]
+            new = [sub for sub, first in starting
+                   if off >= first and matches(sub.topic_filter, topic)]
+            if not new and not match(topic)[0]:
+                continue
+            off, key, value, headers, ts = rec.record(i)
+            msg, sender, _ = R.decode_message(key, value, headers, ts, clock_now, wall_now)
+            msg.store_id = (p, off)
+            if new:
+                broker.deliver_with(msg, sender, new)
+            else:
+                broker.deliver(msg, sender)
+            n += 1
+        return n
+
     def install(self, sub) -> None:
-        """A new subscription takes the messages of the log from where it ends now: those
-        published before it (by this node: once Kafka has answered for them; by others: as far
-        as this node's last fetch saw) are delivered before it starts, so it does not get them,
-        as on one broker; everything published after its SUBACK it gets."""
-        waiting = [sub, self.producer.handed, None]  # the sub, this node's records before it, start
-        self.waiting_subs.append(waiting)
+        """A new subscription takes the log's messages from where this node knows it ends at
+        the SUBSCRIBE: past what it has routed, what its last fetch saw and what Kafka has
+        acknowledged of this node's own writes. Every one of those records existed before the
+        SUBSCRIBE, so nothing published after it is skipped; a record published a moment before
+        (less than the log's latency) may still reach it, as if it had come a moment later."""
+        if sub.group is not None:  # a $share group's messages come by its own stream, from
+            self.broker.router.add(sub)  # the group's committed position (cluster/shares.py)
+            return
+        high, acked, topic = self.fetcher.high, self.producer.acked_upto, self.topics.messages
+        since = {p: max(upto, high.get((topic, p), 0), acked.get((topic, p), 0))
+                 for p, upto in self.routed_upto.items()}
+        s = sub.session
+        if s.store is not None:  # a persistent session's checkpoint records it
+            self.since[(s.client_id, sub.filter)] = since
+        self.waiting_subs.append((sub, since))
         self._start_waiting_subs()
 
     def _start_waiting_subs(self) -> None:
-        """Start the new subscriptions the reader has caught up with (after each fetch applied,
-        each answer of Kafka to this node's writes)."""
-        still, broker, topic = [], self.broker, self.topics.messages
+        """Route the new subscriptions the reader has caught up with in every partition (until
+        then _route_starting() gives them their records)."""
+        still, broker = [], self.broker
         for w in self.waiting_subs:
-            sub, handed, since = w
+            sub, since = w
             s = sub.session
             if s.subscriptions.get(sub.filter) is not sub or broker.sessions.get(s.client_id) is not s:
                 continue  # unsubscribed, replaced or ended meanwhile
-            if since is None:
-                if self.producer.answered < handed:
-                    still.append(w)  # this node's earlier records: where they are is not known yet
-                    continue
-                high, acked = self.fetcher.high, self.producer.acked_upto
-                since = w[2] = {p: max(upto, high.get((topic, p), 0), acked.get((topic, p), 0))
-                                for p, upto in self.routed_upto.items()}
-                if s.store is not None:  # a persistent session's checkpoint records it
-                    self.since[(s.client_id, sub.filter)] = since
             if all(self.routed_upto[p] >= off for p, off in since.items()):
                 broker.router.add(sub)
             else:

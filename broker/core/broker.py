@@ -499,6 +499,21 @@ class Broker:
         sender = self.sessions.get(sender_id) if sender_id is not None else None
         return self.route(msg, sender, shared)
 
+    def deliver_with(self, msg: Message, sender_id: str | None, starting: list) -> int:
+        """deliver(), and to `starting` too: subscriptions that match the message but are not
+        routed yet (the cluster starts a new one from a position in its log, record by record),
+        merged per session with the routed ones as route() merges overlapping subscriptions."""
+        sender = self.sessions.get(sender_id) if sender_id is not None else None
+        normal = list(self.router.match(msg.topic)[0])
+        for sub in starting:
+            for i, (session, subs) in enumerate(normal):
+                if session is sub.session:
+                    normal[i] = (session, [*subs, sub])
+                    break
+            else:
+                normal.append((sub.session, [sub]))
+        return self.fan_out(msg, sender, normal, ())
+
     def deliver_shared(self, msg: Message, key: tuple):
         """A message for one $share group (key: (group, topic filter)) from the routing hook's
         stream of that group: to one of this node's members [MQTT-4.8.2-3] at its granted QoS;
@@ -557,6 +572,11 @@ class Broker:
             groups = ()
         if not normal and not groups:
             return 0
+        return self.fan_out(msg, sender, normal, groups)
+
+    def fan_out(self, msg: Message, sender, normal, groups) -> int:
+        """route() once the matches are known: (session, [subscriptions]) pairs and shared
+        groups."""
         now = self.clock()
         mqos = msg.qos
         n = 0

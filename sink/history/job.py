@@ -545,7 +545,7 @@ def announce(job: Job) -> None:
             "table": os.path.abspath(table) if is_local_path(table) else table,
             "committed_file": os.path.abspath(committed_file),
             # where its Spark Connect server will answer (sink.query waits there, not elsewhere)
-            "connect": job.history.connect_url if connect_enabled(job) else None}
+            "serves_connect_at": job.history.connect_url if connect_enabled(job) else None}
     try:
         os.makedirs(job.data_dir, exist_ok=True)
         atomic_write(os.path.join(job.data_dir, JOB_FILE), json.dumps(info).encode())

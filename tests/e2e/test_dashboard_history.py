@@ -47,9 +47,11 @@ def http_json(url: str, timeout: float = 60.0) -> tuple[int, dict]:
         return e.code, json.loads(e.read() or b"{}")
 
 
-def sink_query(sql: str, url: str, *args: str) -> subprocess.CompletedProcess:
+def sink_query(sql: str, url: str, *args: str, data_dir: Path) -> subprocess.CompletedProcess:
+    """sink.query as an operator runs it: with the broker's data directory (its token)."""
     return subprocess.run(
-        [sys.executable, "-m", "sink.query", "-v", "--connect", url, "--format", "json", *args, sql],
+        [sys.executable, "-m", "sink.query", "-v", "--connect", url, "--format", "json",
+         "--data-dir", str(data_dir), *args, sql],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
         env={**os.environ, "PYTHONPATH": str(ROOT)})
 
@@ -102,7 +104,7 @@ class Stack:
         self.job_log = open(self.tmp / "job.log", "ab")
         self.job = subprocess.Popen(
             [sys.executable, "-m", "sink.job", "--kafka-bootstrap", self.kafka.bootstrap,
-             "--table", self.table, "--trigger-seconds", "1", "--connect-port",
+             "--table", self.table, "--data-dir", str(self.tmp), "--trigger-seconds", "1", "--connect-port",
              str(self.connect_port)],
             cwd=ROOT, stdout=self.job_log, stderr=subprocess.STDOUT,
             env={**os.environ, "PYTHONPATH": str(ROOT)})
@@ -184,7 +186,7 @@ def stack(tmp_path_factory):
         def ready():
             if s.job.poll() is not None:
                 raise AssertionError("the history job exited:\n" + s.job_logs())
-            p = sink_query("SELECT count(*) AS n FROM messages", s.url)
+            p = sink_query("SELECT count(*) AS n FROM messages", s.url, data_dir=s.tmp)
             return p.returncode == 0 and "Spark Connect" in p.stderr and \
                 rows(p)[0]["n"] >= expected and p
         wait_for(ready, 300, "the job's Spark Connect server to serve every message", every=3)
@@ -196,7 +198,7 @@ def stack(tmp_path_factory):
 def test_sink_query_answers_through_the_jobs_spark_connect_server(stack):
     p = sink_query("SELECT topic, count(*) AS n, min(payload_text) AS lo FROM messages "
                    "WHERE topic LIKE 'sensors/dev-%/temp' GROUP BY topic ORDER BY topic",
-                   stack.url)
+                   stack.url, data_dir=stack.tmp)
     got = rows(p)
     assert [r["topic"] for r in got] == [f"sensors/dev-{d}/temp" for d in range(DEVICES)]
     assert all(r["n"] == READINGS for r in got)
@@ -205,7 +207,7 @@ def test_sink_query_answers_through_the_jobs_spark_connect_server(stack):
     # nothing listens there: a local session answers, and -v says so
     dead = f"sc://127.0.0.1:{free_port()}"
     p = sink_query("SELECT count(*) AS n FROM messages WHERE client_id LIKE 'dev-%'", dead,
-                   "--table", stack.table)
+                   "--table", stack.table, data_dir=stack.tmp)
     assert rows(p)[0]["n"] == DEVICES * (READINGS + 1)
     assert "no Spark Connect server at " + dead in p.stderr
     assert "answered by a local Spark session" in p.stderr
@@ -231,7 +233,7 @@ def test_batches_and_days_written_later_are_visible_to_the_server(stack):
     def both():
         got = rows(sink_query("SELECT CAST(date AS STRING) AS d, count(*) AS n FROM messages "
                               "WHERE topic IN ('late/arrival') OR payload_text = '30.5' "
-                              "GROUP BY date ORDER BY d", stack.url))
+                              "GROUP BY date ORDER BY d", stack.url, data_dir=stack.tmp))
         return len(got) == 2 and got
     got = wait_for(both, 120, "the new batch and the new date partition")
     import datetime as dt

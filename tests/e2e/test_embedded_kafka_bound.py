@@ -52,7 +52,7 @@ def test_embedded_kafka_gives_back_what_the_table_holds(spark, tmp_path):
         "metrics.enabled": True, "metrics.port": mport}).start()
     bootstrap = f"127.0.0.1:{kport}"
     cfg = Job.of(bootstrap=bootstrap, table=table, trigger_seconds=1, available_now=True,
-                    source="python")
+                 source="python", data_dir=str(tmp_path / "b"))  # the broker's key signs the commit
     sizes = []
     try:
         for r in range(ROUNDS):

@@ -63,7 +63,7 @@ def test_jdbc_endpoint_with_beeline_and_pyhive(kafka, tmp_path):
     log_path = tmp_path / "job.log"
     job = subprocess.Popen(
         [sys.executable, "-m", "sink.job", "--config", str(cfg_file), "--kafka-bootstrap",
-         kafka.bootstrap, "--table", table, "--trigger-seconds", "1", "--no-connect",
+         kafka.bootstrap, "--table", table, "--data-dir", str(tmp_path), "--trigger-seconds", "1", "--no-connect",
          "--nice", "0"],  # niceness 10 starves it on a machine other work keeps busy
         cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=open(log_path, "ab"),
         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)

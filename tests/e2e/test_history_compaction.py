@@ -168,7 +168,7 @@ def test_a_micro_batch_killed_at_any_step_is_written_once(spark, kafka, tmp_path
     produce(kafka.bootstrap, msgs)
     table = str(tmp_path / "history")
     cmd = [sys.executable, "-m", "sink.job", "--kafka-bootstrap", kafka.bootstrap, "--table",
-           table, "--source", "python", "--available-now", "--no-connect",
+           table, "--data-dir", str(tmp_path), "--source", "python", "--available-now", "--no-connect",
            "--nice", "0"]  # niceness 10 starves it on a machine other work keeps busy
     proc = subprocess.run(cmd, cwd=ROOT, env=env_for(step), capture_output=True, text=True,
                           timeout=900, start_new_session=True)
