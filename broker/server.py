@@ -111,7 +111,7 @@ class Server:
                         reuse_address=True, backlog=4096, ssl=ctx)
             except OSError as exc:
                 raise ListenError(exc, f"MQTT ({kind}, listener {spec.name!r})", spec.host,
-                                  spec.port) from None
+                                  spec.port) from None  # type: ignore[arg-type]  # (required: set)
             self.servers.append(srv)
             defer_accept(srv.sockets)
             port = list(srv.sockets)[0].getsockname()[1]
@@ -193,7 +193,7 @@ class Server:
 class ListenError(OSError):
     """A listener could not be opened: str() names which one, its address and why."""
 
-    def __init__(self, exc: OSError, what: str, host: str, port: int | None) -> None:
+    def __init__(self, exc: OSError, what: str, host: str, port: int) -> None:
         super().__init__(exc.errno, f"cannot listen on {host}:{port} for {what}: "
                          f"{exc.strerror or exc}")
         self.host, self.port = host, port
