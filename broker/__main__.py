@@ -121,8 +121,10 @@ def bind_error(exc: OSError, host: str, port: int) -> str:
     """What to say when a listener cannot bind: which address (from the error: it may be
     another listener than the MQTT port), and which process holds it."""
     from .server import ListenError
+    msg: str
     if isinstance(exc, ListenError):  # names the listener: MQTT, the dashboard, metrics
-        host, port, msg = exc.host, exc.port, exc.strerror
+        # (a ListenError's strerror is the message it was made with)
+        host, port, msg = exc.host, exc.port, exc.strerror  # type: ignore[assignment]
     else:
         m = re.search(r"address \('([^']*)', (\d+)", str(exc))
         if m:
@@ -184,7 +186,7 @@ def main(argv=None) -> int:
         return 1
     log.info("starting broker (event loop: %s)", "uvloop" if uv else "asyncio")
     try:
-        hooks = [h for h in (store, cluster, sink) if h is not None]
+        hooks: list[object] = [h for h in (store, cluster, sink) if h is not None]
         if sink is not None:  # SUBSCRIBE "$replay/...": the history, then live (sink/replay)
             from sink.replay.hook import ReplayHook
             hooks.append(ReplayHook.from_config(cfg, sink))

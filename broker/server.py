@@ -9,6 +9,7 @@ import logging
 import signal
 import socket
 from functools import partial
+from typing import TYPE_CHECKING
 
 from settings import Config, ListenerConfig, environment, listener_specs
 
@@ -16,7 +17,11 @@ from .core.broker import Broker
 from .protocol import native
 from .transport import tls
 from .transport.connection_protocol import AckGate, MQTTProtocol
-from .transport.eventloop import transport_table
+from .transport.eventloop import TransportTable, transport_table
+
+if TYPE_CHECKING:
+    from .dashboard.api import Dashboard
+    from .observability.sys_topics import SysPublisher
 
 log = logging.getLogger("broker.server")
 
@@ -28,7 +33,7 @@ class Server:
         self.config = config
         self.broker = Broker(config.mqtt, auth=auth, hooks=hooks)
         self.hooks = self.broker.hooks
-        self.broker.schedule_flush = self._schedule_flush
+        self.broker.schedule_flush = self._schedule_flush  # type: ignore[assignment]  # (typed None in the core)
         # anonymous clients from other machines only when auth.allow_anonymous = true is set
         # (unset: from loopback addresses only, as Mosquitto 2's local-only default)
         self.broker.anonymous_remote = config.auth.allow_anonymous is True
@@ -41,7 +46,7 @@ class Server:
             self.auth_checks = CheckQueue(bounds.check_threads, bounds.max_pending_checks)
             self.broker.defer_auth = True  # CONNECTs with a user name return AuthRequested
             self.broker.max_deferred_bytes = bounds.max_deferred_bytes
-        self.loop: asyncio.AbstractEventLoop | None = None
+        self.loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]  # set by start()
         self.servers: list = []
         self.ports: dict[str, int] = {}
         self.tls_contexts: list = []
@@ -49,14 +54,14 @@ class Server:
         self.bytes_out = 0
         self._flush_scheduled = False
         self.acks = AckGate(self.hooks, self._schedule_flush)  # acks waiting for durability, decided in one place
-        self._ticker = None
-        self.transports = None  # uvloop's TransportTable (transport/eventloop.py), if it has one
-        self.sys = None
-        self.dashboard = None  # broker/dashboard ([dashboard] enabled = true)
+        self._ticker: asyncio.TimerHandle | None = None
+        self.transports: TransportTable | None = None  # uvloop's TransportTable (transport/eventloop.py), if it has one
+        self.sys: SysPublisher | None = None
+        self.dashboard: Dashboard | None = None  # broker/dashboard ([dashboard] enabled = true)
         # banned client ids, user names, addresses (0x8A at CONNECT); kept in the data dir
         from .admin.bans import BanList, bans_file
         self.bans = BanList(bans_file(config.data_dir))
-        self.broker.bans = self.bans.check
+        self.broker.bans = self.bans.check  # type: ignore[assignment]  # (typed None in the core)
 
     # ------------------------------------------------------------ output
     def _schedule_flush(self) -> None:
@@ -67,7 +72,8 @@ class Server:
     def flush(self) -> None:
         """Write what every dirty connection accumulated this turn, in one call each."""
         self._flush_scheduled = False
-        for turn_end in self.hooks.on_turn_end:  # state changes are committed before the
+        # (Hooks sets its event tuples by name: the core does not declare them)
+        for turn_end in self.hooks.on_turn_end:  # type: ignore[attr-defined]  # state changes are committed before the
             turn_end()                           # acknowledgements that wait for them go out
         dirty = self.broker.dirty
         self.broker.dirty = []
@@ -87,7 +93,7 @@ class Server:
     async def start(self) -> None:
         self.loop = asyncio.get_running_loop()
         self.transports = transport_table(self.loop)
-        for start in self.hooks.on_start:  # restore state before clients can connect
+        for start in self.hooks.on_start:  # type: ignore[attr-defined]  # restore state before clients can connect
             start()
         for spec in self.listener_specs():
             kind = spec.type
@@ -105,7 +111,7 @@ class Server:
                         reuse_address=True, backlog=4096, ssl=ctx)
             except OSError as exc:
                 raise ListenError(exc, f"MQTT ({kind}, listener {spec.name!r})", spec.host,
-                                  spec.port) from None
+                                  spec.port) from None  # type: ignore[arg-type]  # (required: set)
             self.servers.append(srv)
             defer_accept(srv.sockets)
             port = list(srv.sockets)[0].getsockname()[1]
@@ -155,7 +161,7 @@ class Server:
             self.broker.tick()
             if self.transports is not None:
                 self.transports.tidy()  # closed transports: at most about twice the live ones
-            for tick in self.hooks.on_tick:
+            for tick in self.hooks.on_tick:  # type: ignore[attr-defined]
                 tick()
             if self.sys is not None:
                 now = self.loop.time()
@@ -179,7 +185,7 @@ class Server:
         self.flush()  # the DISCONNECTs go out, then the connections close [MQTT-3.14.4-2]
         if self.auth_checks is not None:
             self.auth_checks.close()
-        for stop in self.hooks.on_stop:
+        for stop in self.hooks.on_stop:  # type: ignore[attr-defined]
             stop()
         await asyncio.sleep(0.05)
 

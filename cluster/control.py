@@ -32,9 +32,13 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 NEVER = 0xFFFFFFFF  # Session Expiry Interval meaning "does not expire"
+
+# A control record as applied (records.loads): a JSON object whose fields depend on its kind.
+# Fields are read with .get() even where the kind always carries them, so it is typed Any.
+Record = Any
 
 
 @dataclass
@@ -146,7 +150,7 @@ class ControlState:
         m = self.members.get(self.node)
         return m is not None and m.alive and m.inc == self.inc
 
-    def _writer_alive(self, rec: dict) -> bool:
+    def _writer_alive(self, rec: Record) -> bool:
         m = self.members.get(rec.get("node"))
         return m is not None and m.alive and m.inc == rec.get("inc")
 
@@ -159,7 +163,7 @@ class ControlState:
         return rendezvous(c.cid, self.alive())
 
     # ------------------------------------------------------------ apply
-    def apply(self, offset: int, key: str, rec: dict | None, at: float) -> list:
+    def apply(self, offset: int, key: str, rec: Record | None, at: float) -> list:
         """Apply the record at `offset`; `at` is its timestamp (wall clock, s): deadlines that
         follow from it are computed from it, so every node computes the same ones."""
         self.applied = offset
@@ -178,7 +182,7 @@ class ControlState:
                 return self._apply_end(cid, rec)
         return []
 
-    def _apply_node(self, kind: str, rec: dict, at: float) -> list:
+    def _apply_node(self, kind: str, rec: Record, at: float) -> list:
         node, inc = rec.get("node"), rec.get("inc")
         m = self.members.get(node)
         out: list = []
@@ -227,7 +231,7 @@ class ControlState:
             # published after its delay, or when the session ends if that is sooner
             c.will_at = at + min(_will_delay(c.will), c.expiry if c.expiry != NEVER else NEVER)
 
-    def _apply_claim(self, offset: int, cid: str, rec: dict) -> list:
+    def _apply_claim(self, offset: int, cid: str, rec: Record) -> list:
         if not self._writer_alive(rec):
             return []  # a fenced node's claim: it cannot own anything
         prev = self.clients.get(cid)
@@ -256,7 +260,7 @@ class ControlState:
         out.insert(0, Claimed(c, rec.get("req", ""), prev))
         return out
 
-    def _apply_state(self, cid: str, rec: dict) -> list:
+    def _apply_state(self, cid: str, rec: Record) -> list:
         c = self.clients.get(cid)
         epoch = rec.get("epoch")
         if c is None:
@@ -281,7 +285,8 @@ class ControlState:
             else:
                 return []
             if fired:
-                return [WillDue(cid, will, user, rec.get("node"))]
+                # (`fired` holds only when c.will, saved in `will`, was not None)
+                return [WillDue(cid, will, user, rec.get("node"))]  # type: ignore[arg-type]
             return []
         if c.prev is not None and epoch == c.prev[2] and rec.get("final"):
             if rec.get("session") is not None:
@@ -294,7 +299,7 @@ class ControlState:
             return [Stale(cid)]
         return []
 
-    def _may_write(self, c: Client, rec: dict) -> bool:
+    def _may_write(self, c: Client, rec: Record) -> bool:
         """A live incarnation that owns the client, or fires the timers of an orphan."""
         if not self._writer_alive(rec):
             return False
@@ -302,7 +307,7 @@ class ControlState:
             self.executor(c) == rec.get("node")
 
     @staticmethod
-    def _set_state(c: Client, rec: dict) -> None:
+    def _set_state(c: Client, rec: Record) -> None:
         c.connected = bool(rec.get("connected"))
         c.expiry = int(rec.get("expiry") or 0)
         c.expires_at = rec.get("expires_at")
@@ -312,7 +317,7 @@ class ControlState:
         if "session" in rec:
             c.session = rec.get("session")
 
-    def _apply_end(self, cid: str, rec: dict) -> list:
+    def _apply_end(self, cid: str, rec: Record) -> list:
         c = self.clients.get(cid)
         if c is None or rec.get("epoch") != c.epoch or not self._may_write(c, rec):
             return []

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from typing import Any
 
 log = logging.getLogger("cluster")
 
@@ -120,7 +121,7 @@ class Reader(threading.Thread):
             finally:
                 done.set()
 
-        fetcher_config = getattr(getattr(self.consumer, "_fetcher", None), "config", None)
+        fetcher_config: Any = getattr(getattr(self.consumer, "_fetcher", None), "config", None)
         busy_wait = fetcher_config.get("fetch_max_wait_ms") if fetcher_config else None
         while not self.stopping:
             if busy_wait is not None:  # kafka-python reads it for each fetch request it makes

@@ -17,11 +17,13 @@ Attached like the state store and the sink (core/hooks.py), it provides:
 """
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
 import threading
 import time
 import uuid
+from typing import Any
 
 from broker.core.durability import Pending
 from broker.core.hooks import SESSION_EVENTS, STORED_EVENTS, Hook
@@ -54,7 +56,7 @@ class _Handle:
     """A stored outbound message of a persistent session: where it is in the messages topic."""
     __slots__ = ("cid", "pos", "pid", "released")
 
-    def __init__(self, cid: str, pos, pid) -> None:
+    def __init__(self, cid: str, pos: tuple[int, int] | None, pid: int | None) -> None:
         self.cid = cid
         self.pos = pos           # (partition, offset), or None (not from the log: a retained replay)
         self.pid = pid
@@ -64,12 +66,13 @@ class _Handle:
 class _Claim:
     __slots__ = ("token", "cid", "clean", "deadline", "client")
 
-    def __init__(self, token, cid, clean, deadline) -> None:
+    def __init__(self, token: Pending, cid: str, clean: bool, deadline: float) -> None:
         self.token = token
         self.cid = cid
         self.clean = clean
         self.deadline = deadline
-        self.client = None
+        # the claim as applied (ControlState): set before the claim is acted on (_rebuild())
+        self.client: C.Client = None  # type: ignore[assignment]
 
 
 class ClusterNode(Hook):
@@ -90,12 +93,14 @@ class ClusterNode(Hook):
         self.inc = uuid.uuid4().hex[:12]
         self.topics = Topics(cfg.topic_prefix)
         self.wall = wall
-        self.broker = None
-        self.loop = None
-        self.state: C.ControlState | None = None
+        # set by attach() / on_start(), before anything else here runs (on_stop() may run
+        # without them: it checks); the core's Broker is left Any
+        self.broker: Any = None
+        self.loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]  # on_start()
+        self.state: C.ControlState = None  # type: ignore[assignment]  # on_start()
         self.partitions = cfg.partitions
-        self.producer = None
-        self.fetcher: Fetcher | None = None
+        self.producer: Producer = None  # type: ignore[assignment]  # on_start()
+        self.fetcher: Fetcher = None  # type: ignore[assignment]  # on_start()
         self.reader: FetchReader | None = None
         self.batch: _Batch | None = None
         self.routed_upto: dict[int, int] = {}    # messages partition -> next offset to deliver
@@ -114,7 +119,7 @@ class ClusterNode(Hook):
         self.ready = False
         self.stopping = False
         self.fenced = False
-        self.beat_handle = None
+        self.beat_handle: asyncio.TimerHandle | None = None
         self.last_checkpoint = 0.0
         self.counters = {"produced": 0, "read": 0, "delivered": 0, "claims": 0, "takeovers": 0,
                          "rebuilt_sessions": 0, "rebuilt_messages": 0, "wills_fired": 0,
@@ -127,7 +132,6 @@ class ClusterNode(Hook):
     def on_start(self) -> None:
         """Before the listeners open: create the topics, read the control and retained topics to
         their ends (so retained messages and ownership are known before any client), join."""
-        import asyncio
         self.loop = asyncio.get_running_loop()
         try:
             counts = ensure_topics(self.bootstrap, self.topics, self.cfg.partitions,
@@ -199,7 +203,7 @@ class ClusterNode(Hook):
         """For metrics (mqtt_cluster_*, clients{node=...}), $SYS/broker/cluster/... and the
         dashboard: this node, the members, connected clients per node, counters."""
         st = self.state
-        out = dict(self.counters)
+        out: dict[str, Any] = dict(self.counters)
         members = self.members()
         out.update(node=self.node, members=sum(1 for m in members if m["alive"]),
                    members_list=",".join(m["node"] for m in members if m["alive"]),
@@ -360,7 +364,7 @@ class ClusterNode(Hook):
                         continue  # no subscriber here: not decoded (shared groups: their streams)
                     off, key, value, headers, ts = rec.record(i)
                     msg, sender, _ = R.decode_message(key, value, headers, ts, clock_now, wall_now)
-                    msg.store_id = (p, off)  # its place in the log: persistent sessions' progress
+                    msg.store_id = (p, off)  # type: ignore[assignment]  # its place in the log
                     deliver(msg, sender)
                     n += 1
             self.routed_upto[p] = rec.offsets[-1] + 1
@@ -393,7 +397,7 @@ class ClusterNode(Hook):
                 continue
             off, key, value, headers, ts = rec.record(i)
             msg, sender, _ = R.decode_message(key, value, headers, ts, clock_now, wall_now)
-            msg.store_id = (p, off)
+            msg.store_id = (p, off)  # type: ignore[assignment]
             if new:
                 broker.deliver_with(msg, sender, new)
             else:
@@ -637,7 +641,7 @@ class ClusterNode(Hook):
         queued = []
         for p, off, key, value, headers, ts in found:
             msg, sender, _ = R.decode_message(key, value, headers, ts, clock_now, wall_now)
-            msg.store_id = (p, off)
+            msg.store_id = (p, off)  # type: ignore[assignment]  # (partition, offset), as in _apply
             got = _match(subs, msg, sender, cid, p, off)
             if got is None:
                 continue

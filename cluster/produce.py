@@ -133,6 +133,7 @@ class Producer:
             groups.setdefault(topic, []).append((ts, body))
         deadline = time.monotonic() + self.delivery_timeout
         failure = None
+        err: Exception  # the last attempt's
         while True:
             try:
                 fut = self.sender.send(groups)

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from broker.core.message import Message
 from broker.protocol import properties as PR
@@ -101,6 +102,10 @@ def decode_message(key: bytes, value: bytes | None, headers, timestamp_ms: int, 
     return msg, client_id, node
 
 
+# A JSON object as decoded (a will in a control record): its optional fields are read with .get()
+JsonObject = Any
+
+
 def dumps(obj: dict) -> bytes:
     return json.dumps(obj, separators=(",", ":")).encode()
 
@@ -128,14 +133,14 @@ def will_to_dict(will, now_wall: float) -> dict | None:
     return d
 
 
-def will_message(d: dict, client_id: str, clock_now: float, wall_now: float) -> Message:
+def will_message(d: JsonObject, client_id: str, clock_now: float, wall_now: float) -> Message:
     props = _props_from_json(d.get("props")) if d.get("props") else None
     expires_at = clock_now + d["expiry"] if d.get("expiry") is not None else None
     return Message(d["topic"], d["payload"].encode("latin-1"), d["qos"], d["retain"], props,
                    expires_at, client_id, wall_now)
 
 
-def will_from_dict(d: dict | None):
+def will_from_dict(d: JsonObject | None):
     """The Will back as a protocol packets.Will (for a session restored on another node)."""
     if d is None:
         return None
@@ -149,7 +154,7 @@ def will_from_dict(d: dict | None):
 
 
 def _props_to_json(props: dict) -> dict:
-    out = {}
+    out: dict[str, Any] = {}
     for k, v in props.items():
         if isinstance(v, (bytes, bytearray)):
             out[str(k)] = {"b": bytes(v).decode("latin-1")}

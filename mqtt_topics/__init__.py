@@ -66,15 +66,16 @@ def matches(filt: str, topic: str) -> bool:
 # A node's children or values while it has none: one shared, read-only empty mapping (an empty
 # dict is 64 bytes; a subscriber's own filter, as devices have, ends in a node without children
 # below a node without values: 128 bytes less per such filter)
-NOTHING = MappingProxyType({})
+NOTHING: MappingProxyType[Any, Any] = MappingProxyType({})
 
 
 class _Node:
     __slots__ = ("children", "values")
 
     def __init__(self) -> None:
-        self.children: dict[str, _Node] | MappingProxyType = NOTHING
-        self.values: dict | MappingProxyType = NOTHING
+        # NOTHING (read-only) stands in for an empty dict: replaced by a dict before any write
+        self.children: dict[str, _Node] = NOTHING  # type: ignore[assignment]
+        self.values: dict[Hashable, Any] = NOTHING  # type: ignore[assignment]
 
 
 class TopicTrie:
@@ -114,7 +115,7 @@ class TopicTrie:
             return False
         del leaf.values[key]
         if not leaf.values:
-            leaf.values = NOTHING
+            leaf.values = NOTHING  # type: ignore[assignment]
         for i in range(len(levels), 0, -1):  # prune empty branches
             node = path[i]
             if node.values or node.children:
@@ -122,7 +123,7 @@ class TopicTrie:
             parent = path[i - 1]
             del parent.children[levels[i - 1]]
             if not parent.children:
-                parent.children = NOTHING
+                parent.children = NOTHING  # type: ignore[assignment]
         return True
 
     def match(self, topic: str) -> list[dict]:

@@ -99,7 +99,7 @@ def job_alive(info: dict) -> bool:
     return True
 
 
-def atomic_write(path: str, raw: bytes) -> None:
+def atomic_write(path: str | os.PathLike[str], raw: bytes) -> None:
     """Replace the file at ``path`` with ``raw``: a temporary name, fsync, rename (readers see
     the old or the new content, never a mix)."""
     tmp = f"{path}.tmp{os.getpid()}"

@@ -157,7 +157,7 @@ class BanList:
     # ------------------------------------------------------------ the file
     def _load(self) -> None:
         try:
-            with open(self.path, encoding="utf-8") as f:
+            with open(self.path, encoding="utf-8") as f:  # type: ignore[arg-type]  # with a path only
                 data = json.load(f)
         except FileNotFoundError:
             return

@@ -144,7 +144,7 @@ class AdminService:
         except BanError as exc:
             raise AdminError(str(exc)) from None
         kicked = [cid for cid, user, peer in self.view.client_ids()
-                  if self.bans.matches(ban, cid, user, peer)]
+                  if self.bans.matches(ban, cid, user, peer)]  # type: ignore[union-attr]  # _bans() checked
         for cid in kicked:
             self.broker.kick(cid, "banned by the broker's administrator")
         return ban, kicked

@@ -100,10 +100,11 @@ class AccessControl(Hook):
             self._reload_acl()
 
     def _reload_acl(self) -> None:
-        sig = file_signature(self.acl_file)
+        # (only with an ACL file)
+        sig = file_signature(self.acl_file)  # type: ignore[arg-type]
         self._acl_sig = sig
         try:
-            acl = ACL.load(self.acl_file)
+            acl = ACL.load(self.acl_file)  # type: ignore[arg-type]
         except AuthFileError as exc:
             log.error("ACL file not reloaded, keeping the previous rules:\n%s", exc)
             return
@@ -119,7 +120,7 @@ class AccessControl(Hook):
         now = self.clock()
         if now - self._acl_checked >= self.reload_interval:
             self._acl_checked = now
-            if file_signature(self.acl_file) != self._acl_sig:
+            if file_signature(self.acl_file) != self._acl_sig:  # type: ignore[arg-type]  # (with an ACL file)
                 self._reload_acl()
 
     # ---------------------------------------------------------------- the core's interface

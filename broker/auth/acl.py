@@ -213,7 +213,8 @@ class ACL:
                 if value and not any(ch in value for ch in _FORBIDDEN_IN_SUBST):
                     f = f.replace(key, value)
                 else:  # the name would widen or escape the rule: never substituted
-                    f, widened = _cut_before(f, key), True
+                    # (None: nothing left; then widened, and not kept)
+                    f, widened = _cut_before(f, key), True  # type: ignore[assignment]
             if not widened:
                 out.append((r.access, f))
             elif r.access & DENY:  # fail closed: deny everything the pattern could mean

@@ -72,7 +72,7 @@ class CheckQueue:
                 continue
             self.running += 1
             fut = asyncio.get_running_loop().run_in_executor(self.executor, fn)
-            fut.add_done_callback(lambda f, done=done: self._finished(f, done))
+            fut.add_done_callback(lambda f, done=done: self._finished(f, done))  # type: ignore[misc]
 
     def _finished(self, fut, done) -> None:
         self.running -= 1

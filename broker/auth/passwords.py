@@ -290,17 +290,17 @@ class PasswordFile:
             password = b""
         key = None
         if self.cache_seconds > 0:
-            key = self._cache_key(username, password, no_password)
+            key = self._cache_key(username, password, no_password)  # type: ignore[arg-type]  # b"" for None
             hit = self._lookup(key)
             if hit is not None:
                 return hit
         users = self.users
         h = users.get(username)
         if h is None:
-            self._dummy_hash().verify(password)
+            self._dummy_hash().verify(password)  # type: ignore[arg-type]  # (as above)
             ok = False
         else:
-            ok = h.verify(password) and not no_password
+            ok = h.verify(password) and not no_password  # type: ignore[arg-type]
         if key is not None:
             with self._lock:
                 if users is self.users:      # not reloaded meanwhile

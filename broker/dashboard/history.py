@@ -54,7 +54,7 @@ def _quote(text: str) -> str:
 def filter_regex(filt: str) -> str:
     """A regex matching exactly the topic names the MQTT topic filter matches (section 4.7)."""
     levels = filt.split("/")
-    parts = []
+    parts: list[str] = []
     for i, level in enumerate(levels):
         if level == "#":
             prefix = "/".join(parts)
@@ -196,7 +196,7 @@ class HistoryClient:
         self.proc: asyncio.subprocess.Process | None = None
         self._lock = asyncio.Lock()
         self._waiting = 0
-        self._idle = None
+        self._idle: asyncio.TimerHandle | None = None
         self.started = 0   # worker processes started so far
         self.command = [sys.executable, "-m", "broker.dashboard.history_worker", url]
 
@@ -249,9 +249,9 @@ class HistoryClient:
     async def _ask(self, q: HistoryQuery) -> dict:
         proc = await self._worker()
         try:
-            proc.stdin.write(json.dumps(question(q)).encode() + b"\n")
-            await proc.stdin.drain()
-            line = await asyncio.wait_for(proc.stdout.readline(), self.timeout)
+            proc.stdin.write(json.dumps(question(q)).encode() + b"\n")  # type: ignore[union-attr]  # PIPE
+            await proc.stdin.drain()  # type: ignore[union-attr]
+            line = await asyncio.wait_for(proc.stdout.readline(), self.timeout)  # type: ignore[union-attr]
         except asyncio.TimeoutError:
             await self._stop_worker()  # ends its Spark operations too
             raise TimeoutError(f"the history job did not answer within {self.timeout:g} s "
@@ -287,7 +287,7 @@ class HistoryClient:
         if p is None or p.returncode is not None:
             return
         try:
-            p.stdin.close()          # the worker exits at end of input...
+            p.stdin.close()  # type: ignore[union-attr]  # the worker exits at end of input...
             await asyncio.wait_for(p.wait(), 2.0)
         except (asyncio.TimeoutError, OSError):
             p.kill()                 # ...or now

@@ -68,7 +68,7 @@ class Worker:
         # concurrent operations), so the answer takes about as long as the slowest one
         with ThreadPoolExecutor(3, thread_name_prefix="history-sql") as pool:
             counts_f, values_f, latest_f = (
-                pool.submit(lambda sql=sql: spark.sql(sql, args=args).collect())
+                pool.submit(lambda sql=sql: spark.sql(sql, args=args).collect())  # type: ignore[misc]
                 for sql in (COUNTS_SQL, VALUES_SQL, LATEST_SQL))
             counts = [(r.bucket, r.n) for r in counts_f.result()]
             series: dict[str, list] = {}

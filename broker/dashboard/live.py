@@ -12,6 +12,7 @@ import datetime as dt
 import time
 from collections import deque
 from dataclasses import asdict
+from typing import Any, Callable
 
 from mqtt_topics import matches
 
@@ -90,7 +91,8 @@ class Sampler:
     """Every ``interval`` seconds: a point of every live series, kept for ``keep`` points."""
 
     def __init__(self, view, io_bytes, interval: float, keep: int, topics: TopicCounter | None,
-                 sink_stats=None, history_status=None) -> None:
+                 sink_stats: Callable[[], dict[str, Any]] | None = None,
+                 history_status: Callable[[], dict[str, Any]] | None = None) -> None:
         """view: a BrokerView; io_bytes(): (bytes in, bytes out) of the server."""
         self.view = view
         self.io_bytes = io_bytes
@@ -99,7 +101,7 @@ class Sampler:
         self.topics = topics
         self.sink_stats = sink_stats or (lambda: {})
         self.history_status = history_status or (lambda: {})
-        self._last = None  # (t, counters) of the previous sample
+        self._last: tuple[float, dict] | None = None  # (t, counters) of the previous sample
 
     def counters(self) -> dict:
         c = self.view.counters()

@@ -7,6 +7,7 @@ ProtocolError carrying the MQTT 5 reason code.
 from __future__ import annotations
 
 import struct
+from typing import Any
 
 from . import packets as P
 from . import reason_codes as rc
@@ -50,7 +51,7 @@ class Decoder:
     def __init__(self, level: int = P.MQTT_5, max_packet_size: int = 268435460,
                  connect_limit: int | None = None, limits: Limits = NO_LIMITS):
         self.buf = b""     # start of an incomplete packet (empty when nothing is buffered)
-        self.more: list | None = None  # later chunks of that packet, while `need` is known
+        self.more: list[bytes] | None = None  # later chunks of that packet, while `need` is known
         self.have = 0      # bytes in buf + more
         self.need = 0      # total size of the incomplete packet, 0 while its header is incomplete
         self.level = level
@@ -59,7 +60,7 @@ class Decoder:
                                 else min(connect_limit, max_packet_size))
         self.limits = limits
 
-    def feed(self, data: bytes) -> tuple[list, Exception | None]:
+    def feed(self, data: bytes) -> tuple[list[Any], Exception | None]:
         """Return (packets decoded, error or None). Packets before an error are returned."""
         if not self.buf and is_one_packet(data) and len(data) <= self.max_packet_size:
             one = decode_one(data, self.level, self.limits)  # the common read
@@ -173,7 +174,7 @@ def is_one_packet(data: bytes) -> bool:
 
 
 def decode_one(data: bytes, level: int,
-               limits: Limits = NO_LIMITS) -> tuple[list, Exception | None]:
+               limits: Limits = NO_LIMITS) -> tuple[list[Any], Exception | None]:
     """The packet of a read that is_one_packet() (the caller checked it and the size limit):
     ([packet], None) or ([], error), as Decoder.feed() returns them."""
     first = data[0]
@@ -229,7 +230,7 @@ def decode_publish(buf: bytes, start: int, body: int, end: int, level: int,
                      None if qos else buf[start:end])
 
 
-def _packet_id(body, pos: int) -> tuple[int, int]:
+def _packet_id(body: Any, pos: int) -> tuple[int, int]:
     if pos + 2 > len(body):
         raise MalformedPacket("packet too short for its packet identifier")
     pid = (body[pos] << 8) | body[pos + 1]
@@ -238,7 +239,7 @@ def _packet_id(body, pos: int) -> tuple[int, int]:
     return pid, pos + 2
 
 
-def decode_packet(first: int, body: bytes, level: int, limits: Limits = NO_LIMITS):
+def decode_packet(first: int, body: bytes, level: int, limits: Limits = NO_LIMITS) -> Any:
     ptype = first >> 4
     flags = first & 0x0F
     if ptype == 0:
@@ -266,7 +267,7 @@ def decode_packet(first: int, body: bytes, level: int, limits: Limits = NO_LIMIT
         props = None
         if v5:
             props, pos = decode_properties(body, pos, "UNSUBSCRIBE", limits)
-        topics: list = []
+        topics: list[str] = []
         max_filters = limits.max_filters
         while pos < len(body):
             t, pos = decode_utf8(body, pos)  # [MQTT-3.10.3-1]
@@ -380,7 +381,7 @@ def decode_subscribe(body: bytes, v5: bool, limits: Limits = NO_LIMITS) -> P.Sub
     props = None
     if v5:
         props, pos = decode_properties(body, pos, "SUBSCRIBE", limits)
-    topics: list = []
+    topics: list[tuple[str, P.SubscriptionOptions]] = []
     max_filters = limits.max_filters
     while pos < len(body):
         filt, pos = decode_utf8(body, pos)  # [MQTT-3.8.3-1]
@@ -432,7 +433,7 @@ def encode_publish(topic: bytes, payload: bytes, qos: int, retain: bool, dup: bo
     return bytes((first,)) + encode_vbi(n) + head + payload
 
 
-def encode(pkt, level: int = P.MQTT_5) -> bytes:
+def encode(pkt: Any, level: int = P.MQTT_5) -> bytes:
     """Encode any packet object."""
     t = pkt.type
     v5 = level == P.MQTT_5
@@ -488,7 +489,7 @@ def encode(pkt, level: int = P.MQTT_5) -> bytes:
     raise ValueError(f"cannot encode {pkt!r}")
 
 
-def encode_ack(ptype: int, packet_id: int, reason_code: int = 0, props: dict | None = None,
+def encode_ack(ptype: int, packet_id: int, reason_code: int = 0, props: dict[int, Any] | None = None,
                level: int = P.MQTT_5) -> bytes:
     first = (ptype << 4) | (2 if ptype == P.PUBREL else 0)  # [MQTT-3.6.1-1]
     if level != P.MQTT_5 or (reason_code == 0 and not props):  # 3.4.2.1: short form

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 CONNECT, CONNACK, PUBLISH, PUBACK, PUBREC, PUBREL, PUBCOMP = 1, 2, 3, 4, 5, 6, 7
 SUBSCRIBE, SUBACK, UNSUBSCRIBE, UNSUBACK, PINGREQ, PINGRESP, DISCONNECT, AUTH = range(8, 16)
@@ -19,7 +20,7 @@ class Will:
     payload: bytes
     qos: int = 0
     retain: bool = False
-    properties: dict | None = None
+    properties: dict[int, Any] | None = None
 
 
 @dataclass(slots=True)
@@ -32,7 +33,7 @@ class Connect:
     username: str | None = None
     password: bytes | None = None
     will: Will | None = None
-    properties: dict | None = None
+    properties: dict[int, Any] | None = None
     type = CONNECT
 
 
@@ -40,7 +41,7 @@ class Connect:
 class Connack:
     session_present: bool = False
     reason_code: int = 0
-    properties: dict | None = None
+    properties: dict[int, Any] | None = None
     type = CONNACK
 
 
@@ -51,8 +52,8 @@ class Publish:
     _fields = ("topic", "payload", "qos", "retain", "dup", "packet_id", "properties")
 
     def __init__(self, topic: str, payload: bytes = b"", qos: int = 0, retain: bool = False,
-                 dup: bool = False, packet_id: int | None = None, properties: dict | None = None,
-                 raw: bytes | None = None):
+                 dup: bool = False, packet_id: int | None = None, properties: dict[int, Any] | None = None,
+                 raw: bytes | None = None) -> None:
         self.raw = raw  # the packet as received (QoS 0 only): forwarded as is when the form matches
         self.topic = topic
         self.payload = payload
@@ -62,11 +63,11 @@ class Publish:
         self.packet_id = packet_id
         self.properties = properties
 
-    def __eq__(self, other):
+    def __eq__(self, other: object) -> bool:
         return isinstance(other, Publish) and all(
             getattr(self, k) == getattr(other, k) for k in self._fields)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return ("Publish(" + ", ".join(f"{k}={getattr(self, k)!r}" for k in self._fields) + ")")
 
 
@@ -76,7 +77,7 @@ class Ack:
     type: int
     packet_id: int
     reason_code: int = 0
-    properties: dict | None = None
+    properties: dict[int, Any] | None = None
 
 
 @dataclass(slots=True)
@@ -91,7 +92,7 @@ class SubscriptionOptions:
 class Subscribe:
     packet_id: int
     topics: list[tuple[str, SubscriptionOptions]]
-    properties: dict | None = None
+    properties: dict[int, Any] | None = None
     type = SUBSCRIBE
 
 
@@ -99,7 +100,7 @@ class Subscribe:
 class Suback:
     packet_id: int
     reason_codes: list[int]
-    properties: dict | None = None
+    properties: dict[int, Any] | None = None
     type = SUBACK
 
 
@@ -107,7 +108,7 @@ class Suback:
 class Unsubscribe:
     packet_id: int
     topics: list[str]
-    properties: dict | None = None
+    properties: dict[int, Any] | None = None
     type = UNSUBSCRIBE
 
 
@@ -115,7 +116,7 @@ class Unsubscribe:
 class Unsuback:
     packet_id: int
     reason_codes: list[int] = field(default_factory=list)
-    properties: dict | None = None
+    properties: dict[int, Any] | None = None
     type = UNSUBACK
 
 
@@ -135,7 +136,7 @@ class PingResp:
 @dataclass(slots=True)
 class Disconnect:
     reason_code: int = 0
-    properties: dict | None = None
+    properties: dict[int, Any] | None = None
     type = DISCONNECT
 
 
@@ -145,5 +146,5 @@ DISCONNECT_NORMAL = Disconnect()  # the decoded empty DISCONNECT, shared: read, 
 @dataclass(slots=True)
 class Auth:
     reason_code: int = 0
-    properties: dict | None = None
+    properties: dict[int, Any] | None = None
     type = AUTH

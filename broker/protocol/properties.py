@@ -7,6 +7,7 @@ Identifier (0x0B) is a list of ints (a PUBLISH to a client may carry several).
 from __future__ import annotations
 
 import struct
+from typing import Any
 
 from . import reason_codes as rc
 from .errors import MalformedPacket, ProtocolError
@@ -104,7 +105,7 @@ _pack_H = struct.Struct(">H").pack
 _pack_I = struct.Struct(">I").pack
 
 
-def decode_utf8(buf, pos: int) -> tuple[str, int]:
+def decode_utf8(buf: Any, pos: int) -> tuple[str, int]:
     """UTF-8 Encoded String (1.5.4): 2-byte length, well-formed UTF-8, no U+0000."""
     if pos + 2 > len(buf):
         raise MalformedPacket("string length runs past the end of the packet")
@@ -121,7 +122,7 @@ def decode_utf8(buf, pos: int) -> tuple[str, int]:
     return s, end  # a leading U+FEFF is kept, not stripped [MQTT-1.5.4-3]
 
 
-def decode_binary(buf, pos: int) -> tuple[bytes, int]:
+def decode_binary(buf: Any, pos: int) -> tuple[bytes, int]:
     if pos + 2 > len(buf):
         raise MalformedPacket("binary length runs past the end of the packet")
     n = (buf[pos] << 8) | buf[pos + 1]
@@ -131,7 +132,7 @@ def decode_binary(buf, pos: int) -> tuple[bytes, int]:
     return bytes(buf[pos + 2:end]), end
 
 
-def decode_vbi(buf, pos: int) -> tuple[int, int]:
+def decode_vbi(buf: Any, pos: int) -> tuple[int, int]:
     """Variable Byte Integer (1.5.5): at most four bytes."""
     value = 0
     shift = 0
@@ -173,8 +174,8 @@ def encode_binary(b: bytes) -> bytes:
     return _pack_H(len(b)) + bytes(b)
 
 
-def decode_properties(buf, pos: int, packet: str,
-                      limits: Limits = NO_LIMITS) -> tuple[dict | None, int]:
+def decode_properties(buf: Any, pos: int, packet: str,
+                      limits: Limits = NO_LIMITS) -> tuple[dict[int, Any] | None, int]:
     """Read a property block; return (dict or None when empty, position after it). User
     Properties beyond `limits` raise ProtocolError 0x97 as soon as they are read."""
     length, pos = decode_vbi(buf, pos)
@@ -184,7 +185,7 @@ def decode_properties(buf, pos: int, packet: str,
     if end > len(buf):
         raise MalformedPacket("property length runs past the end of the packet")
     allowed = ALLOWED[packet]
-    props: dict = {}
+    props: dict[int, Any] = {}
     pairs = 0
     pair_bytes = 0
     max_pairs = limits.max_user_properties
@@ -254,7 +255,7 @@ def decode_properties(buf, pos: int, packet: str,
     return props, pos
 
 
-def encode_properties(props: dict | None) -> bytes:
+def encode_properties(props: dict[int, Any] | None) -> bytes:
     """Encode a property block including its length prefix."""
     if not props:
         return b"\x00"  # no properties: a Property Length of zero [MQTT-2.2.2-1]

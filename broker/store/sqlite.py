@@ -234,7 +234,7 @@ class Store(Hook):
         def session(cid: str, interval: int, expires_at: float | None, username: str | None,
                     will: bytes | None, next_pid: int | None) -> None:
             broker.restore_session(cid, interval, expires_at, username,
-                                   decode_will(will) if will else None, next_pid)
+                                   decode_will(will) if will else None, next_pid)  # type: ignore[arg-type]  # None: 1
 
         def subscription(cid: str, filt: str, qos: int, no_local: int | None, rap: int | None,
                          rh: int, sub_id: int | None) -> None:

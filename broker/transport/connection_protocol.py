@@ -71,10 +71,12 @@ class MQTTProtocol(asyncio.Protocol):
     def __init__(self, server, listener: ListenerConfig):
         self.server = server
         self.listener = listener
-        self.conn: Connection | None = None
-        self.transport = None
+        # both set by connection_made(), which the loop calls first; the transport is None
+        # again after connection_lost() (the methods that may run then check)
+        self.conn: Connection = None  # type: ignore[assignment]
+        self.transport: asyncio.Transport = None  # type: ignore[assignment]
         self.discard = -1          # >= 0 while closing: input bytes still allowed (and dropped)
-        self.linger_timer = None
+        self.linger_timer: asyncio.TimerHandle | None = None
         self.reading_paused = False
         self.read_limit = 0        # while output is paused: buffered bytes past which reading stops
 
@@ -86,7 +88,7 @@ class MQTTProtocol(asyncio.Protocol):
         transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)
         self.transport = transport
         conn = self.conn = Connection(server.broker, None)  # conn.peer: peer_name(), when logged
-        conn.owner = self
+        conn.owner = self  # type: ignore[assignment]  # (Connection.owner is typed None in the core)
         max_conn = server.config.mqtt.max_connections
         if max_conn and len(server.broker.connections) > max_conn:
             conn.note(logging.WARNING, "refusing %s: max_connections (%d) reached", conn.peer,
@@ -162,7 +164,7 @@ class MQTTProtocol(asyncio.Protocol):
             if not conn.close_requested:  # (else the core ended the connection already)
                 conn.connection_lost()
             conn.owner = None  # no reference cycle: both are freed now, not by a GC pass
-        self.transport = None
+        self.transport = None  # type: ignore[assignment]
 
     # ------------------------------------------------------------ the Connection's events
     def handle_events(self, events) -> None:
@@ -183,7 +185,8 @@ class MQTTProtocol(asyncio.Protocol):
         c, client_id = ev.connect, ev.client_id
 
         def check() -> int:  # in a worker thread
-            return auth.authenticate(client_id, c.username, c.password)
+            # (the core's events type `connect` as object: it is a packets.Connect)
+            return auth.authenticate(client_id, c.username, c.password)  # type: ignore[attr-defined]
 
         def done(code) -> None:
             self.auth_done(ev, 0x80 if code is None else code)
@@ -195,12 +198,12 @@ class MQTTProtocol(asyncio.Protocol):
             self.auth_done(ev, rc.SERVER_BUSY, "too many password checks waiting; try again later")
 
     def admit_done(self, ev: AdmitRequested, failure: str | None) -> None:
-        events = self.conn.admit_done(ev.connect, ev.client_id, ev.assigned, failure)
+        events = self.conn.admit_done(ev.connect, ev.client_id, ev.assigned, failure)  # type: ignore[arg-type]
         if events:
             self.handle_events(events)
 
     def auth_done(self, ev: AuthRequested, code: int, why: str | None = None) -> None:
-        events = self.conn.auth_done(ev.connect, ev.client_id, ev.assigned, code, why)
+        events = self.conn.auth_done(ev.connect, ev.client_id, ev.assigned, code, why)  # type: ignore[arg-type]
         if events:
             self.handle_events(events)
 

@@ -59,7 +59,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from kafka_client.produce import BatchSender, ChunkFuture, NotReady
 from kafka_client.record import entry_fields, entry_shard, entry_timestamp, sign_body
@@ -133,7 +133,7 @@ class SpoolSource:
         self.reader = SpoolReader(spool_dir)
         self.peeker = SpoolReader(spool_dir)
         self.retain_max_bytes = retain_max_bytes
-        self._last_ckpt = None
+        self._last_ckpt: tuple[Any, ...] | None = None
 
     def load(self) -> Checkpoint:
         # a shard without its own checkpoint yet (forwarders added) starts where all had got to
@@ -492,7 +492,8 @@ class Forwarder:
         self.retry_at = 0.0                           # back-off: nothing is sent or rewound before
         self.drain_deadline: float | None = None      # draining: exit once caught up, or then
         # -- Kafka
-        self.producer = None
+        # None until _ensure_producer() connects (and after close()): every other use follows it
+        self.producer: BatchSender = None  # type: ignore[assignment]
         self._next_producer_try = 0.0
         self.kafka_up: bool | None = None            # None: not connected yet
         self._down_since = 0.0
@@ -519,8 +520,8 @@ class Forwarder:
         self.pending: collections.deque[AckedChunk] = collections.deque()  # acked, not committed
         self.committed_pos = 0
         self.committed_seq = 0
-        self._progress = None
-        self._progress_key = None
+        self._progress: dict[str, Any] | None = None
+        self._progress_key: tuple[int, int, int] | None = None
         # -- watching the job's commits: what keeps records from being released, if anything
         self._file_state = "missing"      # ok | missing | unreadable | unsigned | bad_signature
         self._file_batch = None           # the job's last batch id seen, and when it changed:
@@ -528,7 +529,7 @@ class Forwarder:
         self._waiting_since: float | None = None   # records wait for the table since (monotonic)
         self.commit_status = "ok"         # ok, or what is wrong (see _watch_commits)
         self.commit_problem = ""
-        self._problem_logged = (None, 0.0)
+        self._problem_logged: tuple[str | None, float] = (None, 0.0)
         self._not_ready_since: float | None = None
         # -- counters and exit
         self.forwarded = 0
@@ -593,7 +594,7 @@ class Forwarder:
         only when all of it is)."""
         pend = self.pending
         while len(pend) > limit:
-            out = collections.deque()
+            out: collections.deque[AckedChunk] = collections.deque()
             it = iter(pend)
             for a in it:
                 b = next(it, None)
@@ -695,7 +696,8 @@ class Forwarder:
         return None
 
     def _other_table(self, job: dict | None) -> str | None:
-        if job is None or job["committed_file"] == os.path.abspath(self.committed_file):
+        # (keep_until = "history" only, where committed_file is given)
+        if job is None or job["committed_file"] == os.path.abspath(self.committed_file):  # type: ignore[type-var]
             return None
         return (f"the history job (pid {job.get('pid')}) writes table {job.get('table')} and "
                 f"reports its commits in {job['committed_file']}, but this broker reads "
@@ -848,7 +850,7 @@ class Forwarder:
     def _acked(self, c: InFlight, fut: ChunkFuture | None) -> None:
         tps = {}
         if fut is not None:
-            for (topic, part), base in fut.value.items():
+            for (topic, part), base in fut.value.items():  # type: ignore[union-attr]  # answered
                 tp = f"{topic}/{part}"
                 last = self.offsets.get(tp)
                 if last is not None and base <= last and self.state not in LOST:
@@ -936,7 +938,7 @@ class Forwarder:
             if lst is None:
                 groups[kt] = lst = []
             if rk is not None:
-                body = sign_body(body, kt, ts, rk, kid)
+                body = sign_body(body, kt, ts, rk, kid)  # type: ignore[arg-type]  # set with rk
             lst.append((ts, body))
             n_own += 1
         start, first_seq = batch.start, batch.first_seq
@@ -991,12 +993,13 @@ class Forwarder:
                     self.probe_since_ms = mono_ms
                     md.request_update()
                     return
-                fresh = getattr(md, "_last_successful_refresh_ms", mono_ms) > self.probe_since_ms + 1
+                # (PROBING: probe_since_ms is set)
+                fresh = getattr(md, "_last_successful_refresh_ms", mono_ms) > self.probe_since_ms + 1  # type: ignore[operator]
                 # and names every topic: a topic the restarted Kafka has not re-created yet has
                 # no id, and chunks acknowledged without one could never be matched to a commit
                 if not fresh or not all(md.topic_id(t) for t in self.topic_ids
                                         if hasattr(md, "topic_id")):
-                    if mono_ms - self.probe_since_ms < 15000:
+                    if mono_ms - self.probe_since_ms < 15000:  # type: ignore[operator]
                         md.request_update()
                         self.retry_at = time.monotonic() + 0.05
                         return
@@ -1028,7 +1031,7 @@ class Forwarder:
             self.offsets = {}
             self._forward_from(start, None)
         else:                                 # RESENDING
-            pos, seq = self.resend_at
+            pos, seq = self.resend_at  # type: ignore[misc]  # RESENDING: set
             self._forward_from(pos, seq)
             self.retry_at = time.monotonic() + 0.5
 
@@ -1157,7 +1160,7 @@ class Forwarder:
                 self._reap()
             self._reap()
             self.producer.close()
-            self.producer = None
+            self.producer = None  # type: ignore[assignment]  # (see __init__)
         try:
             if self.keep_until == "history":
                 self._advance_committed()

@@ -21,6 +21,7 @@ import subprocess
 import sys
 import threading
 import time
+from typing import TYPE_CHECKING
 
 from kafka_client.record import MessageEncoder, SinkRecord, encode_record
 from mqtt_topics import matches as topic_matches  # one topic-filter matcher for the project
@@ -37,6 +38,9 @@ from .forwarder import (
     forwarder_for,
 )
 from .spool import DirLock, SpoolWriter
+
+if TYPE_CHECKING:
+    from kafka_client.embedded import EmbeddedKafka
 
 log = logging.getLogger("sink")
 
@@ -77,7 +81,7 @@ class Sink:
         # history job reads from one topic are consecutive (sink/history/dedup.py keeps them as intervals)
         self._ids: dict[str, list] = {}   # Kafka topic -> [prefix, counter, prefix as bytes]
         self._encode = MessageEncoder().encode
-        self.embedded = None
+        self.embedded: EmbeddedKafka | None = None
         self.bootstrap = self.cfg.bootstrap_servers
         self._writer: SpoolWriter | None = None
         self._mem: MemorySource | None = None
@@ -183,9 +187,10 @@ class Sink:
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         proc = subprocess.Popen([sys.executable, "-m", "sink.forward.forwarder"], stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, env=env, cwd=root, start_new_session=True)
-        proc.stdin.write(encode_setup(self.cfg, self.runtime(shard)))  # the key: never on its command line
-        proc.stdin.flush()
-        fd = proc.stdin.fileno()
+        # the key: never on its command line
+        proc.stdin.write(encode_setup(self.cfg, self.runtime(shard)))  # type: ignore[union-attr]  # stdin=PIPE
+        proc.stdin.flush()  # type: ignore[union-attr]  # stdin=PIPE
+        fd = proc.stdin.fileno()  # type: ignore[union-attr]  # stdin=PIPE
         os.set_blocking(fd, False)
         self._notify_fds[shard] = fd
         self._procs[shard] = proc
@@ -194,7 +199,7 @@ class Sink:
         t.start()
 
     def _read_status(self, proc: subprocess.Popen, shard: int = 0) -> None:
-        for line in proc.stdout:
+        for line in proc.stdout:  # type: ignore[union-attr]  # stdout=PIPE
             try:
                 st = json.loads(line)
             except ValueError:
@@ -225,7 +230,7 @@ class Sink:
             self._kept_pos = kept.get("retained_pos", self._fwd_pos)
             self._kept_seq = kept.get("retained_seq", self._fwd_seq)
             cs = [x.get("committed_seq") for x in sts]
-            self._committed_seq = None if None in cs else min(cs)
+            self._committed_seq = None if None in cs else min(cs)  # type: ignore[type-var]  # no None
 
     def _start_thread(self) -> None:
         self._ctl = ThreadControl()
@@ -241,7 +246,7 @@ class Sink:
 
     def _run_thread_fwd(self) -> None:
         try:
-            self._fwd.run()
+            self._fwd.run()  # type: ignore[union-attr]  # set by _start_thread()
         except Exception:
             log.exception("forwarder thread crashed")
 
@@ -279,7 +284,8 @@ class Sink:
         if self._closed:
             self.dropped += 1
             return _REFUSED
-        src = self._writer if self.on_disk else self._mem
+        # the one of the two this durability uses (the other is None)
+        src: SpoolWriter | MemorySource = self._writer if self.on_disk else self._mem  # type: ignore[assignment]
         if src.end_pos - self._kept_pos >= self.max_bytes:
             self.dropped += 1
             if not self._full:
@@ -296,7 +302,7 @@ class Sink:
         self.accepted += 1
         if not self.on_disk:
             self.spooled += 1
-            self._ctl.notify()
+            self._ctl.notify()  # type: ignore[union-attr]  # in memory: the forwarder thread's
         return True
 
     def _id_counter(self, kafka_topic: str) -> list:
@@ -319,7 +325,7 @@ class Sink:
             return False
         if rec.message_id is None:
             rec.message_id = self._next_id(kt)
-        (self._writer if self.on_disk else self._mem).append(encode_record(rec, kt))
+        (self._writer if self.on_disk else self._mem).append(encode_record(rec, kt))  # type: ignore[union-attr]
         return self._appended()
 
     def submit_message(self, topic: str, payload, qos: int, retain: bool, client_id: str,
@@ -333,7 +339,7 @@ class Sink:
         c = self._ids.get(kt) or self._id_counter(kt)
         n = c[1] = c[1] + 1
         mid = c[2] + b"%x" % n
-        (self._writer if self.on_disk else self._mem).append(self._encode(
+        (self._writer if self.on_disk else self._mem).append(self._encode(  # type: ignore[union-attr]
             kt, topic, payload, qos, retain, client_id, username, protocol, accepted_at_ms, mid))
         self._appended()
         return mid
@@ -486,7 +492,7 @@ class Sink:
                               p.returncode)
                     self._notify_fds.pop(shard, None)
                     try:
-                        p.stdin.close()
+                        p.stdin.close()  # type: ignore[union-attr]  # stdin=PIPE
                     except OSError:
                         pass
                     self._start_process(shard)
@@ -534,9 +540,9 @@ class Sink:
         procs = list(self._procs.values())
         for p in procs:  # all drain at once
             try:
-                os.set_blocking(p.stdin.fileno(), True)
-                p.stdin.write(b"d")
-                p.stdin.flush()
+                os.set_blocking(p.stdin.fileno(), True)  # type: ignore[union-attr]  # stdin=PIPE
+                p.stdin.write(b"d")  # type: ignore[union-attr]  # stdin=PIPE
+                p.stdin.flush()  # type: ignore[union-attr]  # stdin=PIPE
             except (BrokenPipeError, OSError, ValueError):
                 pass
         for p in procs:
@@ -547,13 +553,13 @@ class Sink:
                 p.kill()
                 p.wait()
             try:
-                p.stdin.close()
+                p.stdin.close()  # type: ignore[union-attr]  # stdin=PIPE
             except (BrokenPipeError, OSError):
                 pass
         self._notify_fds.clear()
         self._procs.clear()
         if self._fwd_thread is not None:
-            self._ctl.command("drain")
+            self._ctl.command("drain")  # type: ignore[union-attr]  # with _fwd_thread
             self._fwd_thread.join(drain + 5)
             self._fwd_thread = None
             if self._fwd_lock:

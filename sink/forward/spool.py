@@ -41,7 +41,7 @@ import struct
 import threading
 import time
 import zlib
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from kafka_client.record import entry_timestamp
 
@@ -112,7 +112,7 @@ def seg_name(base: int) -> str:
 
 
 def list_segments(spool_dir: str) -> list[int]:
-    out = []
+    out: list[int] = []
     try:
         names = os.listdir(spool_dir)
     except FileNotFoundError:
@@ -162,7 +162,7 @@ class CorruptFrame(Exception):
 def scan_segment(path: str) -> dict:
     """Validate a whole segment. -> dict(count, first_seq, last_seq, first_ts, last_ts,
     valid_end (offset in file), size, status 'ok' | 'torn' | 'corrupt')."""
-    info = dict(count=0, first_seq=None, last_seq=None, first_ts=None, last_ts=None,
+    info: dict[str, Any] = dict(count=0, first_seq=None, last_seq=None, first_ts=None, last_ts=None,
                 valid_end=0, size=0, status="ok")
     try:
         with open(path, "rb") as f:
@@ -421,10 +421,10 @@ class SpoolWriter:
                         self._new_segment(start_pos)
                     mv = memoryview(data)
                     while mv:
-                        n = os.write(self._fd, mv)
+                        n = os.write(self._fd, mv)  # type: ignore[arg-type]  # opened above when None
                         mv = mv[n:]
                     if self.fsync:
-                        os.fdatasync(self._fd)
+                        os.fdatasync(self._fd)  # type: ignore[arg-type]  # (as above)
                         self._last_sync = time.monotonic()
                 except OSError as exc:
                     self._write_failed(start_pos, size, len(bufs), last, exc)

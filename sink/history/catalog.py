@@ -173,7 +173,7 @@ def register_in_derby(hist: HistoryConfig, timeout: float = 600, started=None) -
                     metastore_dir(hist), exc)
         return False
     if proc.returncode != 0:
-        err = err.strip().splitlines()
+        err = err.strip().splitlines()  # type: ignore[assignment]  # (its lines)
         why = next((ln for ln in err if "Another instance of Derby" in ln or "Error" in ln),
                    err[-1] if err else f"exit status {proc.returncode}")
         log.warning("cannot register the table in the Derby metastore %s (is a spark-sql or "

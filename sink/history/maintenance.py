@@ -14,6 +14,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from settings import HistoryConfig
 from sink.history.compaction import Policy, compact
@@ -82,7 +83,7 @@ def open_table(spark, table_path: str, checkpoint: str | None,
     """The table's log, ready for writing: a file-sink table adopted, the Spark log of the
     newest version written again (it names files by absolute path: the directory may have
     moved) and any missing one written."""
-    kw = {} if delete_delay_ms is None else {"delete_delay_ms": delete_delay_ms}
+    kw: dict[str, Any] = {} if delete_delay_ms is None else {"delete_delay_ms": delete_delay_ms}
     table = Table(table_path, **kw)
     table.root.mkdir(parents=True, exist_ok=True)
     adopt_file_sink(spark, table, checkpoint)

@@ -43,7 +43,7 @@ import time
 import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable, Iterable, overload
 
 from settings import environment
 
@@ -226,6 +226,11 @@ class Table:
         return self.root / rel
 
     # ---- committing ---------------------------------------------------------------------------
+
+    @overload
+    def commit(self, change: Change) -> Snapshot: ...
+    @overload
+    def commit(self, change: Callable[[Snapshot], Change | None]) -> Snapshot | None: ...
 
     def commit(self, change: Change | Callable[[Snapshot], Change | None]) -> Snapshot | None:
         """Commit ``change`` on top of the newest version; retried on top of whatever another
@@ -432,7 +437,7 @@ class Table:
         d.mkdir(parents=True)
         return d
 
-    def place(self, staged: Iterable[tuple[Path, str, int]], prefix: str, batch: int | None,
+    def place(self, staged: Iterable[tuple[Path, str, int | None]], prefix: str, batch: int | None,
               level: int) -> list[FileEntry]:
         """Move staged Parquet files (path, date, hour) into their ``date=`` directory under
         fresh names; their rows come from the Parquet footers. Returns their entries."""

@@ -276,7 +276,7 @@ def open_session(url: str | None, say=lambda msg: None, token: str | None = None
     """(spark, "connect" | "local"): the job's Spark Connect server when it answers at url
     (waiting for a job that is starting), else a new local session, said on stderr."""
     serves_at = job.get("serves_connect_at") if job is not None else None
-    if serves_at and url and serves_at != url:
+    if job is not None and serves_at and url and serves_at != url:
         say(f"the history job (pid {job.get('pid')}) serves Spark Connect at {serves_at}, "
             f"not at {url}")
         job = None   # nothing to wait for at url: a local session reads the table beside it

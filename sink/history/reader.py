@@ -44,7 +44,7 @@ def _units(files: list[FileEntry]) -> list[tuple[int, int, list[FileEntry]]]:
             continue
         by_hour: dict[int, list[FileEntry]] = defaultdict(list)
         for f in fs:
-            by_hour[f.hour].append(f)
+            by_hour[f.hour].append(f)  # type: ignore[index]  # no None hour here (above)
         for h in sorted(by_hour):
             out.append((start + h * HOUR_MS, start + (h + 1) * HOUR_MS, by_hour[h]))
     return out

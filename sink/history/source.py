@@ -44,7 +44,7 @@ import re
 import sys
 import time
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Any, Iterator
 
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows, SupportsTriggerAvailableNow
@@ -164,7 +164,7 @@ def _group(ranges: list, max_tasks: int | None) -> list:
     first, to the least loaded task)."""
     if not max_tasks or len(ranges) <= max_tasks:
         return ranges
-    tasks = [[0, []] for _ in range(max_tasks)]
+    tasks: list[list[Any]] = [[0, []] for _ in range(max_tasks)]  # [records, ranges]
     for r in sorted(ranges, key=lambda r: r.end - r.start, reverse=True):
         task = min(tasks, key=lambda t: t[0])
         task[0] += r.end - r.start
@@ -235,8 +235,8 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         _ensure_logging()
         self.opts = opts
         self.schema = schema or (HEADER_COLUMNS_SCHEMA if opts.columns else KAFKA_SCHEMA)
-        self._target = None         # Trigger.AvailableNow target offsets
-        self._latest = None         # last observed latest offsets (for progress reporting)
+        self._target: dict | None = None   # Trigger.AvailableNow target offsets
+        self._latest: dict | None = None   # last observed latest offsets (for progress reporting)
         self._warned: set = set()
         self._down_since: float | None = None   # Kafka not answering since (monotonic)
         self._dedup = None
@@ -338,7 +338,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._latest = snap
         if self._target is not None:  # AvailableNow: never go past the target
             snap = _cap(snap, self._target)
-        end = {"t": {}, "ids": dict(start.get("ids", {}))}
+        end: dict[str, Any] = {"t": {}, "ids": dict(start.get("ids", {}))}
         # Topics that vanished (e.g. Tansu restarted, not re-created yet): keep their offsets.
         for topic, parts in start.get("t", {}).items():
             if topic not in snap["t"]:
@@ -690,7 +690,7 @@ def _cap(snap: dict, target: dict) -> dict:
     """``snap`` limited to the AvailableNow ``target``: topics whose log changed since the
     target was taken are left out (their committed offsets are kept), partitions that appeared
     since are capped at 0."""
-    out = {"t": {}, "ids": {}}
+    out: dict[str, dict] = {"t": {}, "ids": {}}
     for topic, parts in snap["t"].items():
         if topic not in target["t"] or target["ids"].get(topic, "") != snap["ids"].get(topic, ""):
             continue

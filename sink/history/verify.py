@@ -83,7 +83,7 @@ def signed(d: Decoded, topic: str, key: bytes, kid: bytes, verdicts: Verdicts) -
     end = (d.hkey[0][last[cand]] - 1).tolist()      # the header's 1-byte name length varint
     sig = d.hvalue[0][last[cand]].tolist()
     ts = d.timestamp[cand].tolist()
-    buf = memoryview(d.data)
+    buf = memoryview(d.data)  # type: ignore[arg-type]  # an ndarray is a buffer (numpy's stubs lack __buffer__)
     tb = topic.encode()
     head = _PREFIX.pack(len(tb)) + tb
     klen = len(kid)

@@ -134,7 +134,8 @@ class HistoryFeed:
         self.requested = False
         if self.state is DONE:
             return
-        out = self.stash if self.state is SWITCHING else self.ready
+        # (SWITCHING: the stash is set)
+        out: deque = self.stash if self.state is SWITCHING else self.ready  # type: ignore[assignment]
         b = self.broker
         wall, clock = b.wall(), b.clock()
         cid = self.session.client_id
@@ -262,7 +263,7 @@ class HistoryFeed:
         stream (what was sent live is skipped there), armed again at its end."""
         self.counts["disarmed"] += 1
         skip = self.skip
-        self.ready = deque(e for e in self.stash if e[3] is None or e[3] not in skip)
+        self.ready = deque(e for e in self.stash if e[3] is None or e[3] not in skip)  # type: ignore[union-attr]
         self.stash = None
         self.live_bytes = 0
         self.state = REPLAYING

@@ -18,6 +18,7 @@ import logging
 import os
 import sys
 from collections import deque
+from typing import Any
 
 from broker.core.hooks import Hook
 from broker.core.session import Subscription
@@ -43,7 +44,7 @@ class ReplayHook(Hook):
         self.worker = worker
         self.limits = Limits(cfg.live_buffer_messages, cfg.live_buffer_bytes)
         self.control_factory = control_factory or WorkerControl
-        self.broker = None
+        self.broker: Any = None  # the core's Broker, set by attach()
         self.feeds: dict = {}                 # HistoryFeed -> None, while they run
         self.by_session: dict = {}            # Session -> [HistoryFeed]
         self.totals = {"started": 0, "failed": 0, "refused": 0, "messages_table": 0,
@@ -200,7 +201,7 @@ class WorkerControl:
         self.hook = hook
         self.settings = settings
         self.feed: HistoryFeed | None = None
-        self.proc = None
+        self.proc: asyncio.subprocess.Process | None = None
         self.task: asyncio.Task | None = None
         self.wanted = asyncio.Event()
         self.lines: list = []                 # written once the process runs
@@ -225,7 +226,7 @@ class WorkerControl:
             self.lines.append(data)
         elif not self.closed:
             try:
-                self.proc.stdin.write(data)
+                self.proc.stdin.write(data)  # type: ignore[union-attr]  # stdin=PIPE
             except (ConnectionError, RuntimeError):
                 pass
 
@@ -255,9 +256,9 @@ class WorkerControl:
                 proc.kill()
                 return
             # the settings (Kafka credentials among them) on stdin, never on the command line
-            proc.stdin.write(json.dumps(self.settings).encode() + b"\n")
+            proc.stdin.write(json.dumps(self.settings).encode() + b"\n")  # type: ignore[union-attr]  # PIPE
             for line in self.lines:
-                proc.stdin.write(line)
+                proc.stdin.write(line)  # type: ignore[union-attr]
             self.lines.clear()
             import pickle
             while not self.closed:
@@ -265,12 +266,14 @@ class WorkerControl:
                 self.wanted.clear()
                 if self.closed:
                     break
-                head = await proc.stdout.readexactly(FRAME_HEAD.size)
-                body = await proc.stdout.readexactly(FRAME_HEAD.unpack(head)[0])
+                head = await proc.stdout.readexactly(FRAME_HEAD.size)  # type: ignore[union-attr]  # PIPE
+                body = await proc.stdout.readexactly(FRAME_HEAD.unpack(head)[0])  # type: ignore[union-attr]
                 if self.closed:
                     break
-                self.feed.add(pickle.loads(body))
-                self.feed.poll_sync(self.hook.sink.forwarded_seq())
+                # (the feed is set before the first want())
+                self.feed.add(pickle.loads(body))  # type: ignore[union-attr]
+                self.feed.poll_sync(  # type: ignore[union-attr]
+                    self.hook.sink.forwarded_seq())
         except asyncio.IncompleteReadError:
             if not self.closed:
                 self._failed("the replay worker stopped (the broker's log says why)")

@@ -18,6 +18,7 @@ from __future__ import annotations
 import datetime as dt
 import pickle
 import struct
+from typing import Any
 
 from broker.protocol import properties as PR
 from kafka_client.record import from_kafka
@@ -37,7 +38,7 @@ def iso_ms(ms: int) -> str:
 def make(mid: str, topic: str, payload: bytes, qos: int, retain: bool, at_ms: int,
          client_id: str, payload_format=None, content_type=None, response_topic=None,
          correlation_data=None, message_expiry=None, user_properties=None) -> tuple:
-    props = {}
+    props: dict[int, Any] = {}
     if payload_format is not None:
         props[PR.PAYLOAD_FORMAT_INDICATOR] = int(payload_format)
     if content_type is not None:

@@ -30,6 +30,7 @@ import heapq
 import logging
 import threading
 import time
+from typing import Any, Callable
 
 import numpy as np
 
@@ -52,11 +53,11 @@ _ID = H_MESSAGE_ID.encode()
 class ReplayFetcher(Fetcher):
     """A Fetcher that reports offsets out of range instead of moving past them."""
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.out_of_range: set = set()
+        self.out_of_range: set[tuple[str, int]] = set()
 
-    def _out_of_range(self, tp) -> None:
+    def _out_of_range(self, tp: tuple[str, int]) -> None:
         self.out_of_range.add(tp)
 
 
@@ -68,7 +69,8 @@ def copy_ledger(ledger: Ledger) -> Ledger:
 class Tail(threading.Thread):
     def __init__(self, bootstrap: str, kafka: dict, topics: list[str], committed: dict | None,
                  topic_filter: str, since_ms: int, until_ms: int | None, max_bytes: int,
-                 check=None, fetcher_factory=ReplayFetcher):
+                 check: Any = None,
+                 fetcher_factory: Callable[[str, dict, int], ReplayFetcher] = ReplayFetcher) -> None:
         super().__init__(name="replay-kafka", daemon=True)
         self.bootstrap, self.kafka, self.topics = bootstrap, kafka, topics
         self.committed = committed
@@ -76,7 +78,7 @@ class Tail(threading.Thread):
         self.max_bytes = max_bytes
         self.check = check                       # (key, key id, Verdicts) or None
         self.fetcher_factory = fetcher_factory
-        self.fetcher: Fetcher | None = None
+        self.fetcher: ReplayFetcher | None = None
         self.seen = TaskFilter(Ledger())         # ids read from Kafka so far
         self.queue: collections.deque = collections.deque()
         self.queued_bytes = 0
@@ -105,7 +107,7 @@ class Tail(threading.Thread):
         with self.cond:
             if not self.queue:
                 self.cond.wait(timeout)
-            out = []
+            out: list[Any] = []
             size = 0
             q = self.queue
             while q and len(out) < max_items and size < max_bytes:
@@ -211,7 +213,7 @@ class Tail(threading.Thread):
         self.known = copy_ledger(self.seen.kept)
         if self.resume is not None:  # the queue filled on the way: read again from there
             positions, seen = self.resume
-            self.fetcher.positions.update(positions)
+            self.fetcher.positions.update(positions)  # type: ignore[union-attr]  # (_run())
             self.seen = TaskFilter(seen)
             self.resume = None
             self.collecting = True
@@ -269,7 +271,7 @@ class Tail(threading.Thread):
     def _discover(self, first: bool = False) -> bool:
         """Partitions to read (new ones from 0; at the first call from the committed offsets),
         and whether a topic was re-created (a restarted embedded Kafka). False: stop (error)."""
-        f = self.fetcher
+        f: ReplayFetcher = self.fetcher  # type: ignore[assignment]  # _run() made it first
         for t in self.topics:
             f.cluster.add_topic(t)
         deadline = time.monotonic() + (START_TIMEOUT if first else 0.2)
@@ -315,7 +317,7 @@ class Tail(threading.Thread):
 
     def _restarted(self, topics: set) -> bool:
         """The log of these topics started again (the embedded Kafka restarted)."""
-        f = self.fetcher
+        f: ReplayFetcher = self.fetcher  # type: ignore[assignment]  # (as in _discover())
         if not self.boundary.is_set():  # nothing sent yet: the table has all of the old log
             log.info("replay: Kafka's log of %s started again before the boundary: reading the "
                      "new one from 0", ", ".join(sorted(topics)))

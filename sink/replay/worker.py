@@ -22,10 +22,14 @@ import logging
 import os
 import sys
 import threading
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .records import FRAME_BYTES, FRAME_ITEMS, TABLE_COLUMNS, frame, from_rows, item_size
+
+if TYPE_CHECKING:
+    from .tail import Tail
 
 log = logging.getLogger("sink.replay.worker")
 
@@ -52,7 +56,7 @@ class Worker:
         self.cfg = cfg
         self.out = out
         self.lock = threading.Lock()
-        self.tail = None
+        self.tail: Tail | None = None
 
     def emit(self, items: list) -> None:
         if items:
