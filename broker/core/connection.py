@@ -24,7 +24,7 @@ from ..protocol.properties import encode_vbi
 from .events import NO_EVENTS, AcksHeld, AdmitRequested, AuthRequested
 from .hooks import ALLOW_ALL, REPLAY_PREFIX
 from .message import Message
-from .session import NEVER, ReplayBudget, Subscription
+from .session import NEVER, NO_IDS, ReplayBudget, Subscription
 from mqtt_topics import parse_shared, valid_topic_filter
 
 log = logging.getLogger("broker.connection")
@@ -741,10 +741,10 @@ class Connection:
             n = -1
         if qos:
             if qos == 2:
-                try:
-                    session.inflight_in.add(pid)
-                except AttributeError:  # NO_IDS: the session's first (no test on this hot path)
-                    session.qos2_received(pid)
+                ids = session.inflight_in
+                if ids is NO_IDS:  # the session's first: give it its own set
+                    ids = session.inflight_in = set()
+                ids.add(pid)
                 if session.store is not None:
                     session.store.qos2_add(session.client_id, pid)
             self.ack(qos, pid, rc.SUCCESS if n else rc.NO_MATCHING_SUBSCRIBERS)
@@ -822,12 +822,14 @@ class Connection:
             self.in_alias_bytes -= len(old)
 
     def on_pubrel(self, pkt: P.Ack) -> None:
-        try:
-            self.session.inflight_in.remove(pkt.packet_id)  # [MQTT-4.3.3-12] the id is free again
+        session = self.session
+        ids = session.inflight_in
+        if pkt.packet_id in ids:  # (never in NO_IDS: a session's own set once any was awaited)
+            ids.remove(pkt.packet_id)  # [MQTT-4.3.3-12] the id is free again
             code = rc.SUCCESS
-            if self.session.store is not None:
-                self.session.store.qos2_remove(self.session.client_id, pkt.packet_id)
-        except (KeyError, AttributeError):  # not awaited (AttributeError: NO_IDS, none ever was)
+            if session.store is not None:
+                session.store.qos2_remove(session.client_id, pkt.packet_id)
+        else:  # not awaited
             code = rc.PACKET_IDENTIFIER_NOT_FOUND  # 0x92
         data = encode_ack(P.PUBCOMP, pkt.packet_id, code, None, self.level)  # [MQTT-4.3.3-11]
         if code and len(data) > self.max_packet_size:  # [MQTT-3.1.2-24]
