@@ -122,8 +122,9 @@ class BrokerView:
 
     def client(self, client_id: str, subscriptions: int = 1000) -> ClientRecord | None:
         s = self._b.sessions.get(client_id)
-        c = s.link if s is not None else None
-        return self._client(c, s, subscriptions) if c is not None else None
+        if s is None or s.link is None:
+            return None
+        return self._client(s.link, s, subscriptions)
 
     def _client(self, conn: Connection, s: Session, n_subs: int) -> ClientRecord:
         b = self._b
@@ -190,7 +191,8 @@ class BrokerView:
         """The node whose session this client id is, in a cluster (the hook providing
         locate()); None on a single broker or when nobody has it."""
         for locate in self._b.hooks.locate:
-            return locate(client_id)
+            node: str | None = locate(client_id)
+            return node
         return None
 
     def retained_topic(self, topic: str) -> bool:
