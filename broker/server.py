@@ -33,7 +33,7 @@ class Server:
         self.config = config
         self.broker = Broker(config.mqtt, auth=auth, hooks=hooks)
         self.hooks = self.broker.hooks
-        self.broker.schedule_flush = self._schedule_flush  # type: ignore[assignment]  # (typed None in the core)
+        self.broker.schedule_flush = self._schedule_flush  # (typed None in the core)
         # anonymous clients from other machines only when auth.allow_anonymous = true is set
         # (unset: from loopback addresses only, as Mosquitto 2's local-only default)
         self.broker.anonymous_remote = config.auth.allow_anonymous is True
@@ -61,7 +61,7 @@ class Server:
         # banned client ids, user names, addresses (0x8A at CONNECT); kept in the data dir
         from .admin.bans import BanList, bans_file
         self.bans = BanList(bans_file(config.data_dir))
-        self.broker.bans = self.bans.check  # type: ignore[assignment]  # (typed None in the core)
+        self.broker.bans = self.bans.check  # (typed None in the core)
 
     # ------------------------------------------------------------ output
     def _schedule_flush(self) -> None:
@@ -73,7 +73,7 @@ class Server:
         """Write what every dirty connection accumulated this turn, in one call each."""
         self._flush_scheduled = False
         # (Hooks sets its event tuples by name: the core does not declare them)
-        for turn_end in self.hooks.on_turn_end:  # type: ignore[attr-defined]  # state changes are committed before the
+        for turn_end in self.hooks.on_turn_end:  # state changes are committed before the
             turn_end()                           # acknowledgements that wait for them go out
         dirty = self.broker.dirty
         self.broker.dirty = []
@@ -93,7 +93,7 @@ class Server:
     async def start(self) -> None:
         self.loop = asyncio.get_running_loop()
         self.transports = transport_table(self.loop)
-        for start in self.hooks.on_start:  # type: ignore[attr-defined]  # restore state before clients can connect
+        for start in self.hooks.on_start:  # restore state before clients can connect
             start()
         for spec in self.listener_specs():
             kind = spec.type
@@ -161,7 +161,7 @@ class Server:
             self.broker.tick()
             if self.transports is not None:
                 self.transports.tidy()  # closed transports: at most about twice the live ones
-            for tick in self.hooks.on_tick:  # type: ignore[attr-defined]
+            for tick in self.hooks.on_tick:
                 tick()
             if self.sys is not None:
                 now = self.loop.time()
@@ -185,7 +185,7 @@ class Server:
         self.flush()  # the DISCONNECTs go out, then the connections close [MQTT-3.14.4-2]
         if self.auth_checks is not None:
             self.auth_checks.close()
-        for stop in self.hooks.on_stop:  # type: ignore[attr-defined]
+        for stop in self.hooks.on_stop:
             stop()
         await asyncio.sleep(0.05)
 

@@ -6,8 +6,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-echo "test.sh: ruff check (the lint rules in pyproject.toml)"
+echo "test.sh: ruff check and mypy (their settings in pyproject.toml)"
 .venv/bin/ruff check .
+.venv/bin/mypy
 set +e
 .venv/bin/python -m pytest "$@"
 rc=$?

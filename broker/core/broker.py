@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from mqtt_topics import parse_shared, valid_topic_filter
 from settings import MQTTConfig
@@ -22,13 +24,18 @@ from .router import Router
 from .session import NEVER, Inflight, Queues, Session, Subscription, entry_size
 from .timeouts import ConnectionTable
 
+if TYPE_CHECKING:
+    from .connection import Connection
+    from .hooks import Persistence
+    from .router import GroupKey
+
 log = logging.getLogger("broker")
 
 
-def server_capabilities(cfg: MQTTConfig) -> dict:
+def server_capabilities(cfg: MQTTConfig) -> dict[int, int]:
     """The CONNACK properties that follow from the configuration alone, in the order sent:
     limits below the protocol's defaults and features not available [MQTT-3.2.2-9] .. (3.2.2.3)."""
-    caps = {}
+    caps: dict[int, int] = {}
     if cfg.receive_maximum != 65535:
         caps[PR.RECEIVE_MAXIMUM] = cfg.receive_maximum
     if cfg.maximum_qos < 2:
@@ -51,8 +58,9 @@ def server_capabilities(cfg: MQTTConfig) -> dict:
 
 
 class Broker:
-    def __init__(self, mqtt: MQTTConfig | None = None, sink=None, auth=None,
-                 clock=time.monotonic, wall=time.time, store=None, hooks=()):
+    def __init__(self, mqtt: MQTTConfig | None = None, sink: Any = None, auth: Any = None,
+                 clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time,
+                 store: Any = None, hooks: Sequence[Any] = ()) -> None:
         """sink, auth, store: hooks (or objects whose hook() makes one, as sink.forward.service.Sink),
         attached like those of `hooks`, in the order store, sink, auth, hooks."""
         self.cfg = mqtt or MQTTConfig()
@@ -60,16 +68,16 @@ class Broker:
         # derived from the hooks (_hooks_changed): the checks (ALLOW_ALL without an auth hook);
         # the persistence events persistent sessions call (session.store), or None; the hooks
         # accepted messages are offered to (connection.py calls offer() only when there are some)
-        self.auth = ALLOW_ALL  # `auth is ALLOW_ALL`: everything allowed, its checks are skipped
-        self.store = None
-        self.accepting: tuple = ()
+        self.auth: Any = ALLOW_ALL  # `auth is ALLOW_ALL`: everything allowed, its checks are skipped
+        self.store: Persistence | None = None
+        self.accepting: tuple[Callable[..., Any], ...] = ()
         # the hook that routes accepted messages instead of this broker (the cluster), and the
         # one that admits CONNECTs (core/hooks.py ROUTING); None without a cluster
-        self.router_hook = None
-        self.admit = None
-        self.install = None  # the routing hook's say on when a new subscription starts
+        self.router_hook: Callable[..., Any] | None = None
+        self.admit: Callable[..., Any] | None = None
+        self.install: Callable[..., Any] | None = None  # the routing hook's say on when a new subscription starts
         # the hook that takes SUBSCRIBEs to "$replay/..." filters (core/hooks.py REPLAY), or None
-        self.replay_hook = None
+        self.replay_hook: Callable[..., Any] | None = None
         # some hook provides barrier(): PUBACK/PUBREC are held until it says the message is
         # durable (AcksHeld events; the ack gate decides, core/durability.py)
         self.durable = False
@@ -92,8 +100,9 @@ class Broker:
         # open connections, filed by their next deadline (connect timeout, keep alive): tick()
         # looks only at those due (core/timeouts.py)
         self.connections = ConnectionTable()
-        self.dirty: list = []            # connections with bytes to write
-        self.schedule_flush = None       # set by the server: called when dirty becomes non-empty
+        self.dirty: list[Connection] = []  # connections with bytes to write
+        # set by the server: called when dirty becomes non-empty
+        self.schedule_flush: Callable[[], Any] | None = None
         # set by the server when password checks are slow: a CONNECT with a user name then
         # returns an AuthRequested event (core/events.py); the caller runs auth.authenticate
         # off the event loop and calls conn.auth_done(...)
@@ -111,20 +120,20 @@ class Broker:
         # a read of one packet up to this size is decoded whatever the connection's state (within
         # both inbound limits), without a per-connection Decoder (connection.py feed)
         self.small_packet_limit = min(self.cfg.maximum_packet_size, self.cfg.max_connect_packet_size)
-        self.connacks: dict = {}
+        self.connacks: dict[tuple[int, bool], bytes] = {}
         self.received_by_qos = [0, 0, 0]
         self.sent_by_qos = [0, 0, 0]
         self._id_counter = 0
         self._sessions_warned_at: float | None = None  # last max_sessions WARNING (one a minute)
         # banned client ids, user names, addresses (broker/admin/bans.py): a CONNECT is refused
         # with 0x8A when bans(client_id, username, peer) names a reason; None: no ban list
-        self.bans = None
+        self.bans: Callable[[str, str | None, str], str | None] | None = None
         for hook in (store, sink, auth, *hooks):
             if hook is not None:
                 self.add_hook(_as_hook(hook))
 
     # ------------------------------------------------------------ hooks
-    def add_hook(self, hook) -> None:
+    def add_hook(self, hook: Any) -> None:
         """Attach a hook (core/hooks.py): it receives the events in its `provides`."""
         self.hooks.add(hook)
         self._hooks_changed()
@@ -132,7 +141,7 @@ class Broker:
         if attach is not None:
             attach(self)
 
-    def remove_hook(self, hook) -> None:
+    def remove_hook(self, hook: Any) -> None:
         self.hooks.remove(hook)
         self._hooks_changed()
 
@@ -298,7 +307,8 @@ class Broker:
 
     # ------------------------------------------------------------ restore (a persistent store)
     def restore_session(self, client_id: str, interval: int, expires_at_wall: float | None,
-                        username: str | None = None, will=None, next_pid: int = 1) -> Session | None:
+                        username: str | None = None, will: Any = None,
+                        next_pid: int = 1) -> Session | None:
         """A persistent session read back at start: offline until its client reconnects. The
         current mqtt.session_expiry_maximum / persistent_client_expiration apply (a stored
         "never" too). None when it expired while the broker was down (or under the caps): its
@@ -347,8 +357,8 @@ class Broker:
         self.router.add(sub)
         return sub
 
-    def restore_outbound(self, client_id: str, msg: Message, qos: int, retain: bool, sub_ids,
-                         pid: int | None, released: bool, handle) -> bool:
+    def restore_outbound(self, client_id: str, msg: Message, qos: int, retain: bool, sub_ids: Any,
+                         pid: int | None, released: bool, handle: Any) -> bool:
         """A stored outbound message of a restored session: in flight (pid) or queued."""
         s = self.sessions.get(client_id)
         if s is None:
@@ -390,9 +400,9 @@ class Broker:
                         "some are deleted (or raise the limits)", r.count, r.bytes,
                         cfg.max_retained_messages, cfg.max_retained_bytes)
 
-    def hook_stats(self) -> dict:
+    def hook_stats(self) -> dict[str, Any]:
         """{section: {name: value}} of the hooks providing stats() (the sink's, the cluster's)."""
-        out: dict = {}
+        out: dict[str, Any] = {}
         for stats in self.hooks.stats:
             try:
                 out.update(stats())
@@ -401,7 +411,7 @@ class Broker:
         return out
 
     # ------------------------------------------------------------ read-only figures
-    def stats_view(self) -> dict:
+    def stats_view(self) -> dict[str, Any]:
         """Figures read at call time: BrokerView(broker).stats() (core/view.py), which metrics,
         $SYS, the dashboard and the admin API use."""
         from .view import BrokerView
@@ -448,7 +458,7 @@ class Broker:
         return not cfg.max_retained_bytes or \
             r.bytes + size - len(old.payload) <= cfg.max_retained_bytes
 
-    def retained_refused(self, msg: Message, conn, who: str) -> None:
+    def retained_refused(self, msg: Message, conn: Any, who: str) -> None:
         """A retained message the store had no room for: counted (dropped_retained_quota) and
         logged, rate-limited."""
         self.stats["dropped_retained_quota"] += 1
@@ -471,7 +481,7 @@ class Broker:
         for f in self.hooks.on_retain:
             f(msg.topic, m)
 
-    def publish(self, msg: Message, sender) -> int:
+    def publish(self, msg: Message, sender: Session | None) -> int:
         """An accepted message (offered to the hooks already): its retained update
         [MQTT-3.3.1-5], then every matching subscription. Returns how many sessions got it,
         or -1 when the hook that routes messages took it (the cluster: its log decides, and
@@ -499,12 +509,13 @@ class Broker:
         sender = self.sessions.get(sender_id) if sender_id is not None else None
         return self.route(msg, sender, shared)
 
-    def deliver_with(self, msg: Message, sender_id: str | None, starting: list) -> int:
+    def deliver_with(self, msg: Message, sender_id: str | None,
+                     starting: list[Subscription]) -> int:
         """deliver(), and to `starting` too: subscriptions that match the message but are not
         routed yet (the cluster starts a new one from a position in its log, record by record),
         merged per session with the routed ones as route() merges overlapping subscriptions."""
         sender = self.sessions.get(sender_id) if sender_id is not None else None
-        normal = list(self.router.match(msg.topic)[0])
+        normal: list[tuple[Session, list[Subscription]]] = list(self.router.match(msg.topic)[0])
         for sub in starting:
             for i, (session, subs) in enumerate(normal):
                 if session is sub.session:
@@ -514,7 +525,7 @@ class Broker:
                 normal.append((sub.session, [sub]))
         return self.fan_out(msg, sender, normal, ())
 
-    def deliver_shared(self, msg: Message, key: tuple):
+    def deliver_shared(self, msg: Message, key: GroupKey) -> Session | None:
         """A message for one $share group (key: (group, topic filter)) from the routing hook's
         stream of that group: to one of this node's members [MQTT-4.8.2-3] at its granted QoS;
         the member's Session, or None when the group has no member here (any more)."""
@@ -532,7 +543,7 @@ class Broker:
             return session
         return None
 
-    def add_subscription(self, sub, replacing: bool = False) -> None:
+    def add_subscription(self, sub: Subscription, replacing: bool = False) -> None:
         """A client's new (or replaced) subscription starts taking messages: now, or, with a
         routing hook providing install() (the cluster), once that hook has delivered what was
         published before it (so it gets what a single broker would give it)."""
@@ -565,8 +576,9 @@ class Broker:
         s.will = None
         return s
 
-    def route(self, msg: Message, sender, shared: bool = True) -> int:
+    def route(self, msg: Message, sender: Session | None, shared: bool = True) -> int:
         """Deliver to every matching subscription; returns how many sessions got it."""
+        groups: Sequence[tuple[GroupKey, list[Subscription]]]
         normal, groups = self.router.match(msg.topic)
         if not shared:
             groups = ()
@@ -574,9 +586,12 @@ class Broker:
             return 0
         return self.fan_out(msg, sender, normal, groups)
 
-    def fan_out(self, msg: Message, sender, normal, groups) -> int:
+    def fan_out(self, msg: Message, sender: Session | None,
+                normal: Sequence[tuple[Session, list[Subscription]]],
+                groups: Sequence[tuple[GroupKey, list[Subscription]]]) -> int:
         """route() once the matches are known: (session, [subscriptions]) pairs and shared
         groups."""
+        sub_ids: tuple[int, ...] | None
         now = self.clock()
         mqos = msg.qos
         n = 0
@@ -597,7 +612,7 @@ class Broker:
                 qos = -1
                 retain = False
                 check = False
-                ids = []
+                ids: list[int] = []
                 for s in subs:
                     if s.no_local and session is sender:
                         continue
@@ -642,7 +657,7 @@ class Broker:
         return self.route(msg, None)
 
     # ------------------------------------------------------------ output
-    def mark_dirty(self, conn) -> None:
+    def mark_dirty(self, conn: Connection) -> None:
         if not self.dirty and self.schedule_flush is not None:
             self.schedule_flush()
         self.dirty.append(conn)
@@ -676,7 +691,7 @@ class Broker:
                                    reference=reference)
 
 
-def _as_hook(obj):
+def _as_hook(obj: Any) -> Any:
     """A hook, or the hook an extension object makes (sink.forward.service.Sink.hook())."""
     if hasattr(obj, "provides"):
         return obj
@@ -688,6 +703,7 @@ def _as_hook(obj):
     return make()
 
 
-def _will_delay(will) -> int:
+def _will_delay(will: Any) -> int:
     """The Will Delay Interval (3.1.3.2.2), 0 when absent."""
-    return (will.properties or {}).get(PR.WILL_DELAY_INTERVAL, 0)
+    delay: int = (will.properties or {}).get(PR.WILL_DELAY_INTERVAL, 0)
+    return delay

@@ -19,6 +19,8 @@ Sans-I/O: time comes from the broker's clock.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from typing import Any
 
 SHOWN_CHARS = 200            # characters of one client-chosen string kept in a log line
 PER_CONNECTION_BURST = 10    # lines one connection may log at once...
@@ -29,7 +31,7 @@ SUMMARY_INTERVAL = 10.0      # seconds between the WARNINGs counting suppressed 
 log = logging.getLogger("broker.clients")
 
 
-def shown(value, limit: int = SHOWN_CHARS) -> str:
+def shown(value: object, limit: int = SHOWN_CHARS) -> str:
     """`value` as text safe for one log line: unprintable characters escaped, at most `limit`
     characters of it kept."""
     s = value if isinstance(value, str) else str(value)
@@ -70,7 +72,7 @@ class ClientLog:
     """The log lines of one broker about its clients (see the module docstring)."""
     __slots__ = ("clock", "all", "at", "suppressed", "summary_at")
 
-    def __init__(self, clock, lines_per_second: float = 20.0):
+    def __init__(self, clock: Callable[[], float], lines_per_second: float = 20.0) -> None:
         self.clock = clock
         self.all = Gcra(lines_per_second, max(1.0, lines_per_second * BURST_SECONDS)) \
             if lines_per_second else None
@@ -78,7 +80,7 @@ class ClientLog:
         self.suppressed = 0       # lines left out since the last summary
         self.summary_at = clock()
 
-    def line(self, logger: logging.Logger, level: int, conn, fmt: str, *args) -> bool:
+    def line(self, logger: logging.Logger, level: int, conn: Any, fmt: str, *args: object) -> bool:
         """Log `fmt % args` (each argument through shown()) to `logger` unless `conn` (anything
         with a `log_at` attribute, or None) or all clients together used their share; True if
         written."""

@@ -13,7 +13,9 @@ from __future__ import annotations
 import ipaddress
 import logging
 import re
+from collections.abc import Sequence
 from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
 
 from ..protocol import packets as P
 from ..protocol import properties as PR
@@ -24,21 +26,26 @@ from ..protocol.properties import encode_vbi
 from .events import NO_EVENTS, AcksHeld, AdmitRequested, AuthRequested
 from .hooks import ALLOW_ALL, REPLAY_PREFIX
 from .message import Message
-from .session import NEVER, ReplayBudget, Subscription
+from .session import NEVER, NO_IDS, ReplayBudget, Subscription
 from mqtt_topics import parse_shared, valid_topic_filter
+
+if TYPE_CHECKING:
+    from .broker import Broker
+    from .session import Session
 
 log = logging.getLogger("broker.connection")
 
 _NEW, _CONNECTED, _CLOSED, _AUTHENTICATING = 0, 1, 2, 3
 MAX_DEFERRED = 1000  # packets a client may send while its password is being checked
 # memory per idle connection: nothing allocated until used (shared, read-only placeholders)
-NO_ALIASES = MappingProxyType({})
-NO_OUTPUT: tuple = ()
+# (typed Any: each stands in for an empty dict or list, replaced by one before the first write)
+NO_ALIASES: Any = MappingProxyType({})
+NO_OUTPUT: Any = ()
 # close_requested: True when the broker ends the connection (the caller lingers: the client may
 # still be sending, and must read the DISCONNECT, not a reset); CLIENT_DONE after the client's
 # DISCONNECT, when the client sends nothing more [MQTT-3.14.4-1]: the socket is closed at once
 CLIENT_DONE = 2
-NO_PROPERTIES = MappingProxyType({})  # a packet without properties (3.1.1, or none sent)
+NO_PROPERTIES: MappingProxyType[int, Any] = MappingProxyType({})  # a packet without properties (3.1.1, or none sent)
 # Control characters (C0, DEL, C1) are refused in client ids and user names, as Mosquitto does:
 # [MQTT-1.5.4-2] lets a receiver treat them as malformed; they would forge or break log lines
 CONTROL_CHARACTERS = re.compile("[\x00-\x1f\x7f-\x9f]")
@@ -53,7 +60,7 @@ class Connection:
                  "connect_seen", "owner", "paused", "identity", "deferred",
                  "deferred_bytes", "connect_expiry", "log_at", "check_at")
 
-    def __init__(self, broker, peer: str | None = "?"):
+    def __init__(self, broker: Broker, peer: str | None = "?") -> None:
         self.broker = broker
         self._peer = peer  # None: asked from the owner at first use (peer)
         # None while every read held whole packets of at most 129 bytes (codec.decode_one); a
@@ -63,7 +70,8 @@ class Connection:
         self.level = P.MQTT_5
         self.client_id = ""
         self.username: str | None = None
-        self.session = None
+        # None until the CONNECT is accepted; typed as what the handlers of a connected client see
+        self.session: Session = None  # type: ignore[assignment]
         self.keep_alive = 0
         self.last_rx = broker.clock()
         self.connected_at = self.last_rx
@@ -73,23 +81,23 @@ class Connection:
         self.alias_max = 0
         self.request_problem_info = True
         # topic aliases: inbound alias -> topic, outbound topic -> alias
-        self.in_aliases = NO_ALIASES  # a dict once the client maps one
+        self.in_aliases: dict[int, str] = NO_ALIASES  # a dict once the client maps one
         self.in_alias_bytes = 0  # length of the topics in in_aliases (mqtt.max_topic_alias_bytes)
-        self.out_aliases = NO_ALIASES  # a dict once the broker assigns one
-        self.out = NO_OUTPUT       # a list while there is output for this turn
+        self.out_aliases: dict[str, int] = NO_ALIASES  # a dict once the broker assigns one
+        self.out: list[bytes | bytearray] = NO_OUTPUT  # a list while there is output for this turn
         self.is_dirty = False
-        self.close_requested = False
-        self.events: list | None = None  # events for the caller, created on the first one
+        self.close_requested: int = False  # (or CLIENT_DONE)
+        self.events: list[Any] | None = None  # events for the caller, created on the first one
         self.pending_acks = 0      # QoS>0 PUBLISHes accepted, ack waiting for durability
         self.connect_seen = False
-        self.owner = None          # the caller's handle (opaque here; the flush hands it back)
+        self.owner: Any = None     # the caller's handle (opaque here; the flush hands it back)
         self.paused = False        # input: the caller cannot take more output (pause_writing)
         self.identity: str | None = None  # verified TLS client certificate name, if used
-        self.deferred: list | None = None  # packets received while the password is checked
+        self.deferred: list[Any] | None = None  # packets received while the password is checked
         self.deferred_bytes = 0            # bytes received while the password is checked
         self.connect_expiry = 0            # the Session Expiry Interval the CONNECT asked for
         self.log_at = 0.0                  # this connection's log-line budget (clientlog.py)
-        self.check_at = None               # its slot in broker.connections (core/timeouts.py)
+        self.check_at: int | None = None   # its slot in broker.connections (core/timeouts.py)
         broker.connections.file(self, self.last_rx + broker.cfg.connect_timeout)
         broker.stats["connections_total"] += 1
 
@@ -112,16 +120,16 @@ class Connection:
         owner (its transport's address), else told by `peer` (sans-I/O)."""
         owner = self.owner
         if owner is not None:
-            return owner.peer_is_loopback()
+            return bool(owner.peer_is_loopback())
         return is_loopback(self.peer)
 
-    def note(self, level: int, fmt: str, *args) -> bool:
+    def note(self, level: int, fmt: str, *args: object) -> bool:
         """A log line about this connection: every argument escaped and shortened, at most a
         few lines per connection and a bounded rate for all (core/clientlog.py)."""
         return self.broker.client_log.line(log, level, self, fmt, *args)
 
     # ------------------------------------------------------------ output
-    def write(self, data) -> None:
+    def write(self, data: bytes | bytearray) -> None:
         out = self.out
         if out:
             out.append(data)
@@ -131,7 +139,7 @@ class Connection:
             self.is_dirty = True
             self.broker.mark_dirty(self)
 
-    def take_output(self) -> list:
+    def take_output(self) -> list[bytes | bytearray]:
         out = self.out
         self.out = NO_OUTPUT
         self.is_dirty = False
@@ -140,7 +148,7 @@ class Connection:
             s.pump(self.broker.clock())  # a paced retained replay: its next burst, for the next turn
         return out
 
-    def emit(self, event) -> None:
+    def emit(self, event: object) -> None:
         if self.events is None:
             self.events = [event]
         else:
@@ -152,7 +160,7 @@ class Connection:
             self.is_dirty = True
             self.broker.mark_dirty(self)
 
-    def take_events(self):
+    def take_events(self) -> Sequence[Any]:
         ev = self.events
         if ev is None:
             return NO_EVENTS
@@ -173,7 +181,7 @@ class Connection:
         else:
             self.pending_acks += 1
 
-    def acks_done(self, acks: list, failure: str | None = None, subacks: int = 0) -> None:
+    def acks_done(self, acks: list[bytes], failure: str | None = None, subacks: int = 0) -> None:
         """The acks of an AcksHeld event, decided: failure None means the messages are
         durable, send the acks as they are; otherwise never a success: v5 the same ack with
         0x80 Unspecified error, 3.1.x has no failure ack: close. [MQTT-4.3.2-4], [MQTT-4.3.3-8]:
@@ -192,7 +200,7 @@ class Connection:
             self.is_dirty = True
             self.broker.mark_dirty(self)
 
-    def fail_acks(self, acks: list, why: str) -> None:
+    def fail_acks(self, acks: list[bytes], why: str) -> None:
         """The held acks become failures: v5 the same ack with 0x80 Unspecified error; 3.1.x has
         no failure acknowledgement, so the connection is closed."""
         v5 = self.level == P.MQTT_5
@@ -256,7 +264,7 @@ class Connection:
         self.out_aliases = NO_ALIASES  # [MQTT-3.3.2-7]: aliases do not outlive the connection
 
     # ------------------------------------------------------------ input
-    def data_received(self, data: bytes):
+    def data_received(self, data: bytes) -> Sequence[Any]:
         """Feed bytes read from the client; returns the events for the caller (NO_EVENTS
         mostly). Output accumulates in `out`."""
         self.feed(data)
@@ -305,7 +313,8 @@ class Connection:
                 self.violation(exc)
                 return
         if error is not None and self.state != _CLOSED:
-            self.violation(error)
+            # (the codec returns MalformedPacket or ProtocolError, typed Exception there)
+            self.violation(error)  # type: ignore[arg-type]
         if self.state == _AUTHENTICATING:
             self.deferred_bytes += len(data)
             if self.deferred_bytes > self.broker.max_deferred_bytes:
@@ -325,7 +334,7 @@ class Connection:
         """Bytes of an incomplete packet held."""
         return 0 if self.decoder is None else self.decoder.buffered()
 
-    def handle(self, pkt) -> None:
+    def handle(self, pkt: Any) -> None:
         t = pkt.type
         if self.state != _CONNECTED:
             if self.state == _AUTHENTICATING:
@@ -443,10 +452,11 @@ class Connection:
         """Whether the connection still waits for its password check (not closed meanwhile)."""
         return self.state == _AUTHENTICATING
 
-    def defer(self, pkt) -> None:
-        if len(self.deferred) >= MAX_DEFERRED:
+    def defer(self, pkt: Any) -> None:
+        deferred: list[Any] = self.deferred  # type: ignore[assignment]  # (a list while authenticating)
+        if len(deferred) >= MAX_DEFERRED:
             return self.refuse_deferred(f"more than {MAX_DEFERRED} packets")
-        self.deferred.append(pkt)
+        deferred.append(pkt)
 
     def refuse_deferred(self, what: str) -> None:
         """[MQTT-3.1.4-6]: nothing after CONNECT is processed before it is accepted, so it waits
@@ -457,20 +467,20 @@ class Connection:
                                        "(wait for CONNACK before sending more)")
 
     def auth_done(self, c: P.Connect, client_id: str, assigned: str | None, code: int,
-                  why: str | None = None):
+                  why: str | None = None) -> Sequence[Any]:
         """The AuthRequested check finished (code 0: accepted): refuse, or accept and run what
         waited. Returns the events of what waited, like data_received()."""
         return self._resume(c, client_id, assigned, code, why, False)
 
     def admit_done(self, c: P.Connect, client_id: str, assigned: str | None,
-                   failure: str | None):
+                   failure: str | None) -> Sequence[Any]:
         """The AdmitRequested token resolved: refuse (0x88 Server unavailable) with its failure,
         or go on with the CONNECT and what waited. Returns events, like data_received()."""
         return self._resume(c, client_id, assigned, rc.SERVER_UNAVAILABLE if failure else 0,
                             failure, True)
 
     def _resume(self, c: P.Connect, client_id: str, assigned: str | None, code: int,
-                why: str | None, admitted: bool):
+                why: str | None, admitted: bool) -> Sequence[Any]:
         if self.state != _AUTHENTICATING:
             return NO_EVENTS  # the connection went away meanwhile
         self.state = _NEW
@@ -484,7 +494,7 @@ class Connection:
             if self.state == _AUTHENTICATING:  # admission holds it now: they wait on
                 self.deferred = waiting
                 return self.take_events()
-            for pkt in waiting:
+            for pkt in waiting:  # type: ignore[union-attr]  # (a list while authenticating)
                 if self.state != _CONNECTED or self.close_requested:
                     break
                 self.handle(pkt)
@@ -546,7 +556,7 @@ class Connection:
         # The CONNACK, sized before anything changes: it must fit the client's Maximum Packet Size
         # [MQTT-3.1.2-24] (a successful one has no Reason String or User Property to leave out,
         # [MQTT-3.2.2-19], [MQTT-3.2.2-20]); if it does not, the connection is closed unanswered
-        ack_props = None
+        ack_props: dict[int, Any] | None = None
         if v5 and not (assigned is None and (server_ka is None or cfg.server_keep_alive)
                        and (PR.SESSION_EXPIRY_INTERVAL not in props
                             or expiry == props[PR.SESSION_EXPIRY_INTERVAL])):
@@ -622,7 +632,7 @@ class Connection:
             self.write(encode(P.Connack(False, rc.v4_connack_code(code)), self.level))
         self.close(publish_will=False)
 
-    def send_fitting(self, pkt) -> bool:
+    def send_fitting(self, pkt: Any) -> bool:
         """Write a CONNACK, SUBACK, UNSUBACK, DISCONNECT (any packet with a Reason String) within
         the client's Maximum Packet Size [MQTT-3.1.2-24]: when larger, without its Reason String,
         then without its User Properties ([MQTT-3.2.2-19], [MQTT-3.2.2-20], [MQTT-3.9.2-1],
@@ -666,19 +676,20 @@ class Connection:
         expires_at = None
         new_alias = 0  # an alias this PUBLISH maps to its Topic Name: set once the topic is accepted
         if props is not None:
-            props = self.check_publish_properties(props)
-            if PR.TOPIC_ALIAS in p.properties:
-                new_alias = p.properties[PR.TOPIC_ALIAS]
+            raw = props
+            props = self.check_publish_properties(raw)
+            if PR.TOPIC_ALIAS in raw:
+                new_alias = raw[PR.TOPIC_ALIAS]
                 topic = self.resolve_alias(topic, new_alias)
                 if not p.topic:
                     new_alias = 0
-            if PR.MESSAGE_EXPIRY_INTERVAL in p.properties:
-                expires_at = b.clock() + p.properties[PR.MESSAGE_EXPIRY_INTERVAL]
+            if PR.MESSAGE_EXPIRY_INTERVAL in raw:
+                expires_at = b.clock() + raw[PR.MESSAGE_EXPIRY_INTERVAL]
         if not topic:  # [MQTT-4.7.3-1]
             raise ProtocolError("PUBLISH with an empty topic and no topic alias")
         if "+" in topic or "#" in topic:  # [MQTT-3.3.2-2]
             raise ProtocolError("topic name contains a wildcard", rc.TOPIC_NAME_INVALID)
-        pid = p.packet_id
+        pid: int = p.packet_id  # type: ignore[assignment]  # (None only for QoS 0: then unused)
         session = self.session
         if qos:
             if qos == 2 and pid in session.inflight_in:
@@ -741,10 +752,10 @@ class Connection:
             n = -1
         if qos:
             if qos == 2:
-                try:
-                    session.inflight_in.add(pid)
-                except AttributeError:  # NO_IDS: the session's first (no test on this hot path)
-                    session.qos2_received(pid)
+                ids = session.inflight_in
+                if ids is NO_IDS:  # the session's first: give it its own set
+                    ids = session.inflight_in = set()
+                ids.add(pid)
                 if session.store is not None:
                     session.store.qos2_add(session.client_id, pid)
             self.ack(qos, pid, rc.SUCCESS if n else rc.NO_MATCHING_SUBSCRIBERS)
@@ -769,7 +780,7 @@ class Connection:
         else:
             self.write(data)
 
-    def check_publish_properties(self, props: dict) -> dict | None:
+    def check_publish_properties(self, props: dict[int, Any]) -> dict[int, Any] | None:
         """Validate a client PUBLISH's properties; return those forwarded unaltered."""
         if PR.SUBSCRIPTION_IDENTIFIER in props:  # [MQTT-3.3.4-6]
             raise ProtocolError("a client PUBLISH must not carry a Subscription Identifier")
@@ -822,12 +833,14 @@ class Connection:
             self.in_alias_bytes -= len(old)
 
     def on_pubrel(self, pkt: P.Ack) -> None:
-        try:
-            self.session.inflight_in.remove(pkt.packet_id)  # [MQTT-4.3.3-12] the id is free again
+        session = self.session
+        ids = session.inflight_in
+        if pkt.packet_id in ids:  # (never in NO_IDS: a session's own set once any was awaited)
+            ids.remove(pkt.packet_id)  # [MQTT-4.3.3-12] the id is free again
             code = rc.SUCCESS
-            if self.session.store is not None:
-                self.session.store.qos2_remove(self.session.client_id, pkt.packet_id)
-        except (KeyError, AttributeError):  # not awaited (AttributeError: NO_IDS, none ever was)
+            if session.store is not None:
+                session.store.qos2_remove(session.client_id, pkt.packet_id)
+        else:  # not awaited
             code = rc.PACKET_IDENTIFIER_NOT_FOUND  # 0x92
         data = encode_ack(P.PUBCOMP, pkt.packet_id, code, None, self.level)  # [MQTT-4.3.3-11]
         if code and len(data) > self.max_packet_size:  # [MQTT-3.1.2-24]
@@ -849,7 +862,7 @@ class Connection:
         # filter -> (send retained, new before this packet, topic filter, qos, sub ids): a filter
         # repeated in one SUBSCRIBE replaces the earlier one [MQTT-3.8.4-3], so it is stored and
         # its retained messages replayed once, with the last occurrence's options
-        subscribed: dict = {}
+        subscribed: dict[str, tuple[bool, bool, str, int, tuple[int] | None]] = {}
         session = self.session
         why = None  # a Reason String for the SUBACK (a refused history replay says why)
         try:
@@ -887,7 +900,7 @@ class Connection:
             session.replay_retained(b.retained.walk(topic_filter), qos, sid,
                                     session.subscriptions[filt].read_check, budget, now)
 
-    def subscribe_replay(self, filt: str, o: P.SubscriptionOptions, sub_id,
+    def subscribe_replay(self, filt: str, o: P.SubscriptionOptions, sub_id: int | None,
                          why: str | None) -> tuple[int, str | None]:
         """A "$replay/..." filter (README "Replay over MQTT"): the replay hook checks and installs
         it; without one it is refused, saying why. (code, the SUBACK's Reason String so far)."""
@@ -899,7 +912,8 @@ class Connection:
         code, reason = hook(self, filt, o, sub_id)
         return code, reason or why
 
-    def subscribe_one(self, filt: str, o: P.SubscriptionOptions, sub_id, subscribed: dict) -> int:
+    def subscribe_one(self, filt: str, o: P.SubscriptionOptions, sub_id: int | None,
+                      subscribed: dict[str, tuple[bool, bool, str, int, tuple[int] | None]]) -> int:
         b = self.broker
         cfg = b.cfg
         try:
@@ -1065,7 +1079,7 @@ class Connection:
             self.server_disconnect(rc.KEEP_ALIVE_TIMEOUT, "keep alive timeout", publish_will=True)
 
 
-def _connack(b, level: int, present: bool) -> bytes:
+def _connack(b: Broker, level: int, present: bool) -> bytes:
     """A successful CONNACK with no properties but the broker's capabilities (v5): encoded once."""
     data = b.connacks.get((level, present))
     if data is None:
@@ -1086,7 +1100,7 @@ def is_loopback(peer: str) -> bool:
     return loopback_host((peer[3:] if peer.startswith("ws:") else peer).rpartition(":")[0])
 
 
-def loopback_host(host) -> bool:
+def loopback_host(host: object) -> bool:
     """Whether an address (a string, as sockets give it) is a loopback address."""
     if not isinstance(host, str):
         return False
@@ -1097,7 +1111,7 @@ def loopback_host(host) -> bool:
     except ValueError:
         return False
     mapped = getattr(ip, "ipv4_mapped", None)  # ::ffff:127.0.0.1 on a dual-stack listener
-    return (mapped or ip).is_loopback
+    return bool((mapped or ip).is_loopback)
 
 
 def _sniff_level(data: bytes) -> int:

@@ -22,7 +22,7 @@ class Pending:
     def __init__(self) -> None:
         self.done = False
         self.failure: str | None = None
-        self._callbacks: list | None = None
+        self._callbacks: list[Callable[[Pending], None]] | None = None
 
     def add_done_callback(self, fn: Callable[["Pending"], None]) -> None:
         """fn(self) once resolved: at once if it is already."""

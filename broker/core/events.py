@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-NO_EVENTS: tuple = ()  # what data_received returns on the fast path (shared, never mutated)
+NO_EVENTS: tuple[()] = ()  # what data_received returns on the fast path (shared, never mutated)
 
 
 class AuthRequested(NamedTuple):

@@ -36,6 +36,14 @@ Events (handler signatures are the Hook methods below):
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .broker import Broker
+
+Handlers = tuple[Callable[..., Any], ...]  # the bound handlers of one event (Hooks)
+
 MESSAGE_EVENTS = ("on_message_accepted", "on_retain", "on_will_published")
 CLIENT_EVENTS = ("on_client_connected", "on_client_disconnected")
 SESSION_EVENTS = ("on_session_saved", "on_session_deleted", "on_subscribed", "on_unsubscribed",
@@ -57,30 +65,33 @@ EVENTS = (MESSAGE_EVENTS + CLIENT_EVENTS + SESSION_EVENTS + STORED_EVENTS + AUTH
 
 class Hook:
     """Base class: subclasses set `provides` and implement those methods."""
-    provides: frozenset = frozenset()
+    provides: frozenset[str] = frozenset()
 
-    def attach(self, broker) -> None:
+    # (message, session, subscription, handle, Pending: Any below, so that hooks in other
+    # packages may name what they take and return more precisely)
+    def attach(self, broker: Broker) -> None:
         """Called when the hook is added to a broker (e.g. to call back into it)."""
 
     # ---------------------------------------------------------------- messages
-    def on_message_accepted(self, msg, client_id: str, username: str | None, protocol: int) -> bool:
+    def on_message_accepted(self, msg: Any, client_id: str, username: str | None,
+                            protocol: int) -> bool:
         """A PUBLISH (or will) was accepted, before it is routed. False refuses it: the
         publisher gets 0x97 Quota exceeded and nobody receives it. A hook that must make it
         durable also provides barrier()."""
         return True
 
     # ---------------------------------------------------------------- durability
-    def barrier(self):
+    def barrier(self) -> Any:
         """A core.durability.Pending resolving once everything this hook was handed so far is
         durable (its failure reason if it cannot be), or None when nothing waits."""
         return None
 
     # ---------------------------------------------------------------- routing
-    def route(self, msg, sender) -> None:
+    def route(self, msg: Any, sender: Any) -> Any:
         """Take an accepted message (offered to on_message_accepted first) and its retained
         update; it reaches subscribers through Broker.deliver() (on this node and others)."""
 
-    def install(self, sub) -> None:
+    def install(self, sub: Any) -> None:
         """A new subscription: add it to broker.router when it should start taking messages
         (the cluster: once the messages in its log before it have been delivered)."""
 
@@ -88,14 +99,15 @@ class Hook:
         """Which node holds this client id's session (a cluster), None if none."""
         return None
 
-    def admit(self, client_id: str, clean_start: bool, expiry: int, will, username: str | None,
-              level: int):
+    def admit(self, client_id: str, clean_start: bool, expiry: int, will: Any, username: str | None,
+              level: int) -> Any:
         """A CONNECT passed its checks: None to go on at once, or a Pending the CONNACK waits
         for (its failure refuses the CONNECT with 0x88 Server unavailable)."""
         return None
 
     # ---------------------------------------------------------------- replay
-    def replay(self, conn, filt: str, options, sub_id: int | None) -> tuple[int, str | None]:
+    def replay(self, conn: Any, filt: str, options: Any,
+               sub_id: int | None) -> tuple[int, str | None]:
         """A SUBSCRIBE names `filt` under REPLAY_PREFIX on connection `conn`: (the SUBACK reason
         code, a Reason String or None). The hook installs the subscription (session.subscriptions,
         Broker.router) and sends what it replays through the session (Session.replay)."""
@@ -114,31 +126,31 @@ class Hook:
     def on_stop(self) -> None:
         """The server stopped: release files and threads."""
 
-    def stats(self) -> dict:
+    def stats(self) -> dict[str, Any]:
         """{section: {name: number or text}} for metrics, $SYS and the dashboard."""
         return {}
 
-    def on_retain(self, topic: str, msg) -> None:
+    def on_retain(self, topic: str, msg: Any) -> None:
         """The retained message of `topic` was set (msg) or deleted (None)."""
 
-    def on_will_published(self, session, msg) -> None:
+    def on_will_published(self, session: Any, msg: Any) -> None:
         """A will message is being published (routed unless a check refuses it)."""
 
     # ---------------------------------------------------------------- clients
-    def on_client_connected(self, session, present: bool) -> None:
+    def on_client_connected(self, session: Any, present: bool) -> None:
         """A CONNECT is accepted: its session opened (resumed when present)."""
 
-    def on_client_disconnected(self, session, publish_will: bool) -> None:
+    def on_client_disconnected(self, session: Any, publish_will: bool) -> None:
         """The network connection of a session went away."""
 
     # ---------------------------------------------------------------- persistent sessions
-    def on_session_saved(self, session) -> None:
+    def on_session_saved(self, session: Any) -> None:
         """A persistent session's own fields changed (expiry, username, will, next pid)."""
 
     def on_session_deleted(self, client_id: str) -> None:
         """A persistent session ended: forget it and everything it held."""
 
-    def on_subscribed(self, client_id: str, sub) -> None:
+    def on_subscribed(self, client_id: str, sub: Any) -> None:
         """A persistent session's subscription was added or replaced."""
 
     def on_unsubscribed(self, client_id: str, filt: str) -> None:
@@ -150,18 +162,18 @@ class Hook:
     def on_qos2_released(self, client_id: str, pid: int) -> None:
         """The PUBREL came (or the PUBREC failed): the packet id is free."""
 
-    def on_message_stored(self, client_id: str, msg, qos: int, retain: bool, sub_ids,
-                          pid: int | None = None):
+    def on_message_stored(self, client_id: str, msg: Any, qos: int, retain: bool, sub_ids: Any,
+                          pid: int | None = None) -> Any:
         """An outbound message of a persistent session is queued (pid None) or in flight:
         returns a handle the following events name (None: not stored)."""
 
-    def on_stored_sending(self, handle, pid: int) -> None:
+    def on_stored_sending(self, handle: Any, pid: int) -> None:
         """A queued message is sent with packet id `pid`."""
 
-    def on_stored_released(self, handle) -> None:
+    def on_stored_released(self, handle: Any) -> None:
         """PUBREC came for a QoS 2 message: PUBREL is next."""
 
-    def on_stored_done(self, handle) -> None:
+    def on_stored_done(self, handle: Any) -> None:
         """Acknowledged, expired or discarded: the copy is no longer needed."""
 
 
@@ -193,8 +205,15 @@ ALLOW_ALL = AllowAll()  # the one the broker uses without an auth hook: callers 
 
 class Checks:
     """The checks of several auth hooks: a refusal by any of them refuses (deny wins)."""
+    # bound in __init__ (setattr): the one hook's method, or a combination
+    authenticate: Callable[..., int]
+    check_client_id: Callable[..., int]
+    allow_publish: Callable[..., bool]
+    allow_subscribe: Callable[..., bool]
+    allow_read: Callable[..., bool]
+    needs_read_check: Callable[..., bool]
 
-    def __init__(self, hooks: list):
+    def __init__(self, hooks: list[Any]) -> None:
         default = AllowAll()
         by = {c: [getattr(h, c) for h in hooks if c in h.provides] or [getattr(default, c)]
               for c in AUTH_CHECKS}
@@ -218,8 +237,8 @@ class Checks:
                 r()
 
 
-def _first_code(fns):
-    def check(*args):
+def _first_code(fns: list[Callable[..., int]]) -> Callable[..., int]:
+    def check(*args: Any) -> int:
         for f in fns:
             code = f(*args)
             if code:
@@ -228,22 +247,22 @@ def _first_code(fns):
     return check
 
 
-def _all(fns):
+def _all(fns: list[Callable[..., bool]]) -> Callable[..., bool]:
     return lambda *args: all(f(*args) for f in fns)
 
 
-def _any(fns):
+def _any(fns: list[Callable[..., bool]]) -> Callable[..., bool]:
     return lambda *args: any(f(*args) for f in fns)
 
 
-def _fan_out(fns):
-    def dispatch(*args):
+def _fan_out(fns: list[Callable[..., Any]]) -> Callable[..., None]:
+    def dispatch(*args: Any) -> None:
         for f in fns:
             f(*args)
     return dispatch
 
 
-def _noop(*args) -> None:
+def _noop(*args: Any) -> None:
     return None
 
 
@@ -257,9 +276,20 @@ class Persistence:
                 ("qos2_add", "on_qos2_received"), ("qos2_remove", "on_qos2_released"),
                 ("enqueue", "on_message_stored"), ("set_pid", "on_stored_sending"),
                 ("set_released", "on_stored_released"), ("remove", "on_stored_done"))
+    # bound in __init__ (setattr), as _METHODS pairs them
+    save_session: Callable[..., Any]
+    delete_session: Callable[..., Any]
+    save_subscription: Callable[..., Any]
+    delete_subscription: Callable[..., Any]
+    qos2_add: Callable[..., Any]
+    qos2_remove: Callable[..., Any]
+    enqueue: Callable[..., Any]
+    set_pid: Callable[..., Any]
+    set_released: Callable[..., Any]
+    remove: Callable[..., Any]
 
-    def __init__(self, hooks: list):
-        self.owner = None  # the hook holding stored message copies (STORED_EVENTS), if any
+    def __init__(self, hooks: list[Any]) -> None:
+        self.owner: Any = None  # the hook holding stored message copies (STORED_EVENTS), if any
         for h in hooks:
             if h.provides & set(STORED_EVENTS):
                 if self.owner is not None:
@@ -273,18 +303,51 @@ class Persistence:
 
 class Hooks:
     """The registry: hooks in the order added; per event, the tuple of handlers."""
+    # per event (EVENTS), set by _index()
+    on_message_accepted: Handlers
+    on_retain: Handlers
+    on_will_published: Handlers
+    on_client_connected: Handlers
+    on_client_disconnected: Handlers
+    on_session_saved: Handlers
+    on_session_deleted: Handlers
+    on_subscribed: Handlers
+    on_unsubscribed: Handlers
+    on_qos2_received: Handlers
+    on_qos2_released: Handlers
+    on_message_stored: Handlers
+    on_stored_sending: Handlers
+    on_stored_released: Handlers
+    on_stored_done: Handlers
+    authenticate: Handlers
+    check_client_id: Handlers
+    allow_publish: Handlers
+    allow_subscribe: Handlers
+    allow_read: Handlers
+    needs_read_check: Handlers
+    barrier: Handlers
+    on_start: Handlers
+    on_turn_end: Handlers
+    on_tick: Handlers
+    on_stop: Handlers
+    stats: Handlers
+    route: Handlers
+    admit: Handlers
+    locate: Handlers
+    install: Handlers
+    replay: Handlers
 
-    def __init__(self):
-        self.hooks: list = []
+    def __init__(self) -> None:
+        self.hooks: list[Any] = []
         self._index()
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Any]:
         return iter(self.hooks)
 
-    def __contains__(self, hook) -> bool:
+    def __contains__(self, hook: object) -> bool:
         return hook in self.hooks
 
-    def add(self, hook) -> None:
+    def add(self, hook: Any) -> None:
         if not isinstance(getattr(hook, "provides", None), (set, frozenset)):
             raise TypeError(f"{type(hook).__name__} is not a hook: it declares no `provides` set")
         unknown = set(hook.provides) - set(EVENTS)
@@ -302,11 +365,11 @@ class Hooks:
             self._index()
             raise
 
-    def remove(self, hook) -> None:
+    def remove(self, hook: Any) -> None:
         self.hooks.remove(hook)
         self._index()
 
-    def providing(self, event: str) -> list:
+    def providing(self, event: str) -> list[Any]:
         return [h for h in self.hooks if event in h.provides]
 
     def _index(self) -> None:
@@ -316,7 +379,7 @@ class Hooks:
         auth = [h for h in hooks if h.provides & set(AUTH_CHECKS)]
         # one auth hook providing every check is used as is (no indirection, its own extras
         # such as reload() stay reachable); else the combination, AllowAll filling the gaps
-        self.auth = (auth[0] if len(auth) == 1 and auth[0].provides >= set(AUTH_CHECKS)
+        self.auth: Any = (auth[0] if len(auth) == 1 and auth[0].provides >= set(AUTH_CHECKS)
                      else Checks(auth) if auth else ALLOW_ALL)
         persistent = [h for h in hooks if h.provides & set(SESSION_EVENTS + STORED_EVENTS)]
         self.persistence = Persistence(persistent) if persistent else None

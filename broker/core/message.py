@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import math
 
+from typing import Any
+
 from ..protocol import properties as PR
 from ..protocol.codec import encode_publish
 from ..protocol.properties import encode_properties
@@ -17,8 +19,9 @@ class Message:
     __slots__ = ("topic", "topic_bytes", "payload", "qos", "retain", "props", "expires_at",
                  "sender", "forms", "accepted_at", "store_id", "sink_id")
 
-    def __init__(self, topic: str, payload: bytes, qos: int, retain: bool, props: dict | None,
-                 expires_at: float | None, sender: str | None, accepted_at: float = 0.0):
+    def __init__(self, topic: str, payload: bytes, qos: int, retain: bool,
+                 props: dict[int, Any] | None, expires_at: float | None, sender: str | None,
+                 accepted_at: float = 0.0) -> None:
         self.topic = topic
         self.topic_bytes = topic.encode()
         self.payload = payload
@@ -27,7 +30,7 @@ class Message:
         self.props = props
         self.expires_at = expires_at
         self.sender = sender
-        self.forms: dict = {}
+        self.forms: dict[tuple[Any, ...], tuple[bytes, int]] = {}
         self.accepted_at = accepted_at
         self.store_id: int | None = None  # row id once written to the persistent store
         # sink_id, left unset (read with getattr): the sink's message id (bytes), set by the sink
@@ -40,7 +43,7 @@ class Message:
         left = self.expires_at - now
         return math.ceil(left) if left > 0 else 0
 
-    def encoded(self, level: int, qos: int, retain: bool, sub_ids: tuple | None,
+    def encoded(self, level: int, qos: int, retain: bool, sub_ids: tuple[int, ...] | None,
                 expiry: int | None, alias: int = 0, send_topic: bool = True) -> tuple[bytes, int]:
         """(PUBLISH bytes with packet id 0, offset of the packet id or -1).
 

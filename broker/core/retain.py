@@ -1,17 +1,26 @@
 """Retained messages (3.3.1.3): one per topic, found by topic filter."""
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
 from mqtt_topics import NOTHING, matches
+
+if TYPE_CHECKING:
+    from .message import Message
+
+# mqtt_topics' shared read-only empty mapping (the same object), typed to stand in for a dict
+NO_CHILDREN: Any = NOTHING
 
 
 class _Node:
     __slots__ = ("children", "message", "seq")
 
-    def __init__(self):
-        # NOTHING (shared, read-only) until the first child: most nodes hold a message and no
+    def __init__(self) -> None:
+        # NO_CHILDREN (shared, read-only) until the first child: most nodes hold a message and no
         # children, 64 bytes less per retained message
-        self.children: dict[str, _Node] = NOTHING  # type: ignore[assignment]
-        self.message = None
+        self.children: dict[str, _Node] = NO_CHILDREN
+        self.message: Message | None = None
         self.seq = 0  # when `message` was stored (RetainedStore.seq then): walk() compares it
 
 
@@ -20,14 +29,14 @@ class RetainedStore:
     `count` and `bytes` (the sum of `size(message)`, when a size function is given) are what the
     broker's bounds (mqtt.max_retained_messages, max_retained_bytes) compare against."""
 
-    def __init__(self, size=None):
+    def __init__(self, size: Callable[[Message], int] | None = None) -> None:
         self.root = _Node()
         self.count = 0
         self.bytes = 0
         self.size = size
         self.seq = 0  # sequence number of the next message stored (walk(): what came before)
 
-    def set(self, topic: str, message) -> None:
+    def set(self, topic: str, message: Message | None) -> None:
         """Store or replace [MQTT-3.3.1-5]; a None message deletes [MQTT-3.3.1-6], [MQTT-3.3.1-7]."""
         if message is None:
             self.delete(topic)
@@ -37,7 +46,7 @@ class RetainedStore:
             children = node.children
             child = children.get(level)
             if child is None:
-                if children is NOTHING:
+                if children is NO_CHILDREN:
                     children = node.children = {}
                 child = children[level] = _Node()
             node = child
@@ -52,13 +61,13 @@ class RetainedStore:
         self.seq += 1
 
     def delete(self, topic: str) -> None:
-        path = [self.root]
+        path: list[_Node] = [self.root]
         levels = topic.split("/")
         for level in levels:
-            node = path[-1].children.get(level)
-            if node is None:
+            step = path[-1].children.get(level)
+            if step is None:
                 return
-            path.append(node)
+            path.append(step)
         old = path[-1].message
         if old is None:
             return
@@ -72,23 +81,24 @@ class RetainedStore:
             parent = path[i - 1]
             del parent.children[levels[i - 1]]
             if not parent.children:
-                parent.children = NOTHING
+                parent.children = NO_CHILDREN
 
-    def get(self, topic: str):
+    def get(self, topic: str) -> Message | None:
         node = self.root
         for level in topic.split("/"):
-            node = node.children.get(level)
-            if node is None:
+            child = node.children.get(level)
+            if child is None:
                 return None
+            node = child
         return node.message
 
-    def match(self, filt: str) -> list:
+    def match(self, filt: str) -> list[Message]:
         """Retained messages whose topic matches filt ('$' topics excluded from leading wildcards)."""
-        out: list = []
+        out: list[Message] = []
         _walk(self.root, filt.split("/"), 0, out)
         return out
 
-    def walk(self, filt: str):
+    def walk(self, filt: str) -> Iterator[tuple[_Node, Message]]:
         """Lazily, (node, message) for each retained message matching `filt` that was stored
         before this call, in depth-first topic order: a subscription's replay takes a few at a
         time (Session.pump), so matching a filter against a large store never holds the event
@@ -97,7 +107,7 @@ class RetainedStore:
         checks `node.message is message` again before it sends one it held."""
         return _walk_lazily(self.root, filt.split("/"), self.seq)
 
-    def all(self):
+    def all(self) -> list[Message]:
         out = []
         stack = [self.root]
         while stack:
@@ -114,13 +124,14 @@ __all__ = ["RetainedStore", "matches"]
 # The walk is module functions, not closures in match(): a recursive closure is a reference
 # cycle (function -> cell -> function) that keeps the messages found in memory until the
 # garbage collector runs.
-def _walk(node: _Node, levels: list, i: int, out: list) -> None:
+def _walk(node: _Node, levels: list[str], i: int, out: list[Message]) -> None:
     """Collect the retained messages at or below `node` that match levels[i:]."""
     if i == len(levels):
         if node.message is not None:
             out.append(node.message)
         return
     level = levels[i]
+    child: _Node | None
     if level == "#":
         # '#' matches the parent level too (4.7.1.2)
         if i > 0 and node.message is not None:
@@ -141,7 +152,7 @@ def _walk(node: _Node, levels: list, i: int, out: list) -> None:
         _walk(child, levels, i + 1, out)
 
 
-def _walk_lazily(root: _Node, levels: list, before: int):
+def _walk_lazily(root: _Node, levels: list[str], before: int) -> Iterator[tuple[_Node, Message]]:
     """RetainedStore.walk(): a generator over an explicit stack (no recursion, no closure)."""
     n = len(levels)
     stack = [(root, 0)]
@@ -178,7 +189,7 @@ def _walk_lazily(root: _Node, levels: list, before: int):
             stack.append((child, i + 1))
 
 
-def _collect(node: _Node, out: list) -> None:
+def _collect(node: _Node, out: list[Message]) -> None:
     """Every retained message at or below `node`."""
     stack = [node]
     while stack:

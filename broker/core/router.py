@@ -1,38 +1,47 @@
 """Subscriptions -> matching sessions: the topic trie, $share groups and a match cache."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from mqtt_topics import TopicTrie
+
+if TYPE_CHECKING:
+    from .session import Session, Subscription
+
+GroupKey = tuple[str, str]  # a $share group: (group name, topic filter)
+# Router.match(): ([(session, its subscriptions)], [(group key, its members)])
+Match = tuple[list[tuple["Session", list["Subscription"]]], list[tuple[GroupKey, list["Subscription"]]]]
 
 CACHE_ENTRIES = 100_000
 CACHE_BYTES = 16 << 20
 MISS_TOPIC_MAX = 256  # a topic nobody subscribes to is cached only when shorter than this
-NO_MATCH: tuple = ((), ())  # the match of a topic nobody subscribes to: one shared object, so
+NO_MATCH: Any = ((), ())  # the match of a topic nobody subscribes to: one shared object, so
                             # a cache of misses costs no allocation, and nothing to free
 CLEAR_AT_ONCE = 4096  # a larger cache is not freed at once when emptied: sweep() frees it
 SWEEP_ENTRIES = 20_000  # entries of emptied caches sweep() frees per call (Broker.tick, 1/s)
 
 
 class Router:
-    def __init__(self, cache_entries: int = CACHE_ENTRIES, cache_bytes: int = CACHE_BYTES):
+    def __init__(self, cache_entries: int = CACHE_ENTRIES, cache_bytes: int = CACHE_BYTES) -> None:
         self.trie = TopicTrie()
         # topic -> match result; bounded by entries and by total topic length, emptied
         # when either bound is reached (cheaper than LRU on the hot path) and on any
         # subscription change
-        self.cache: dict[str, tuple] = {}
+        self.cache: dict[str, Match] = {}
         self.cache_size = 0  # sum of len(topic) over the cache's keys
         self.cache_entries = cache_entries
         self.cache_bytes = cache_bytes if cache_entries > 0 else 0  # 0 entries: no cache
-        self.next_member: dict[tuple, int] = {}
+        self.next_member: dict[GroupKey, int] = {}
         self.count = 0
         # (group, topic filter) -> members: which $share groups have members here (a cluster
         # runs a stream per group); shared_version changes whenever a group gains or loses one
-        self.shared_groups: dict[tuple, int] = {}
+        self.shared_groups: dict[GroupKey, int] = {}
         self.shared_version = 0
         # emptied caches waiting to be freed (at most one: freeing 100,000 entries at once held
         # the event loop 10-17 ms, in the SUBSCRIBE or PUBLISH that emptied the cache)
-        self.retired: list[dict] = []
+        self.retired: list[dict[str, Match]] = []
 
-    def add(self, sub) -> bool:
+    def add(self, sub: Subscription) -> bool:
         """Add or replace a subscription [MQTT-3.8.4-3]; True when it is new."""
         key = sub.session.client_id if sub.group is None else (sub.group, sub.session.client_id)
         new = self.trie.add(sub.topic_filter, key, sub)
@@ -44,7 +53,7 @@ class Router:
         self.empty_cache()
         return new
 
-    def remove(self, sub) -> bool:
+    def remove(self, sub: Subscription) -> bool:
         key = sub.session.client_id if sub.group is None else (sub.group, sub.session.client_id)
         removed = self.trie.remove(sub.topic_filter, key)
         self.count -= removed
@@ -82,13 +91,13 @@ class Router:
             if not old:
                 self.retired.pop()
 
-    def match(self, topic: str) -> tuple[list, list]:
+    def match(self, topic: str) -> Match:
         """([(session, [subscriptions])], [(group key, [subscriptions])]) for a topic; cached."""
         hit = self.cache.get(topic)
         if hit is not None:
             return hit
-        per_session: dict = {}
-        groups: dict = {}
+        per_session: dict[Session, list[Subscription]] = {}
+        groups: dict[GroupKey, list[Subscription]] = {}
         for values in self.trie.match(topic):
             for sub in values.values():
                 if sub.group is None:
@@ -109,7 +118,7 @@ class Router:
             self.cache_size += n
         return hit
 
-    def pick(self, key, members: list):
+    def pick(self, key: GroupKey, members: list[Subscription]) -> Subscription:
         """One member of a shared subscription group (4.8.2: each message to one session), round
         robin, preferring connected sessions."""
         n = len(members)

@@ -8,29 +8,53 @@ from __future__ import annotations
 
 import logging
 from collections import deque
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 from ..protocol import packets as P
 from ..protocol.codec import encode_ack
 
+if TYPE_CHECKING:
+    from .connection import Connection
+    from .message import Message
+
 NEVER = 0xFFFFFFFF  # Session Expiry Interval meaning "does not expire"
-NOTHING = ()  # an empty queue not made yet: len() 0, false, iterable; queued() makes the deque
+# an empty queue not made yet: len() 0, false, iterable; queued() makes the deque (typed Any: it
+# stands in for the deques of Session, which test `is NOTHING` before their first write)
+NOTHING: Any = ()
+# a queued message: (message, qos, retain, subscription ids, its handle in the store or None)
+QueueEntry = tuple["Message", int, bool, Any, Any]
 
 
-class _NoEntries(dict):
+class _NoEntries(dict[Any, Any]):
     """The dict a session shares while it has none of its own (subscriptions, inflight_out): it
     reads as empty; a write raises TypeError (the writer gives the session its own dict)."""
     __slots__ = ()
 
-    def _read_only(self, *args, **kwargs):
+    def _read_only(self, *args: Any, **kwargs: Any) -> Any:
         raise TypeError("a session's shared empty dict is read-only")
 
     __setitem__ = setdefault = update = __ior__ = _read_only
 
 
+class _NoIds(set[int]):
+    """The set of QoS 2 packet ids a session shares while it has none of its own (inflight_in):
+    it reads as empty (`pid in NO_IDS` is False); a write raises TypeError (the writer first gives
+    the session its own set: Session.qos2_received)."""
+    __slots__ = ()
+
+    def _read_only(self, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError("a session's shared empty set is read-only")
+
+    add = remove = discard = pop = clear = update = __ior__ = _read_only
+    difference_update = intersection_update = symmetric_difference_update = _read_only
+    __iand__ = __isub__ = __ixor__ = _read_only
+
+
 # memory per idle connection: an idle session makes no containers (an empty dict is 64 bytes, an
 # empty set 216); these shared, read-only empties stand in until the first entry
 NO_ENTRIES = _NoEntries()
-NO_IDS: frozenset = frozenset()
+NO_IDS = _NoIds()
 REPLAY_BURST = 1 << 20  # bytes of retained replay written per pump: the rest waits for the next turn
 REPLAY_STEPS = 1000     # retained messages looked at per pump (sent, skipped or over the budget)
 REPLAY_LEFT_STEPS = 2 * REPLAY_STEPS  # looked at when the connection ends mid-replay (to the queue)
@@ -42,7 +66,7 @@ class ReplayBudget:
     replays ends (`open` 0), logged once."""
     __slots__ = ("left", "dropped", "open", "limit")
 
-    def __init__(self, limit: int):
+    def __init__(self, limit: int) -> None:
         self.left = self.limit = limit
         self.dropped = 0
         self.open = 0
@@ -55,13 +79,14 @@ class Replay:
     Receive Maximum; `check`: the ACL read check applies to each (README "Access control")."""
     __slots__ = ("walk", "qos", "sub_ids", "check", "budget", "held")
 
-    def __init__(self, walk, qos: int, sub_ids, check: bool, budget: ReplayBudget):
+    def __init__(self, walk: Iterator[tuple[Any, Message]], qos: int, sub_ids: Any, check: bool,
+                 budget: ReplayBudget) -> None:
         self.walk = walk
         self.qos = qos
         self.sub_ids = sub_ids
         self.check = check
         self.budget = budget
-        self.held = None
+        self.held: tuple[Any, Message] | None = None
         budget.open += 1
 
 
@@ -77,12 +102,13 @@ class Queues:
     comparison and one subtraction per queued message)."""
     __slots__ = ("per_session", "total", "room", "acl_gen", "allow_read")
 
-    def __init__(self, max_bytes: int = 0, max_total: int = 0):
+    def __init__(self, max_bytes: int = 0, max_total: int = 0) -> None:
         self.per_session = max_bytes or UNBOUNDED
         self.total = max_total or UNBOUNDED
         self.room = self.total      # bytes all queues may still take
         self.acl_gen = 0
-        self.allow_read = None      # the auth hook's allow_read, None when everything is allowed
+        # the auth hook's allow_read, None when everything is allowed
+        self.allow_read: Callable[[str, str | None, str], bool] | None = None
 
     @property
     def used(self) -> int:
@@ -90,7 +116,7 @@ class Queues:
         return self.total - self.room
 
 
-def entry_size(msg) -> int:
+def entry_size(msg: Message) -> int:
     """What one queued entry counts towards the byte bounds: payload and topic bytes (a message
     queued for several sessions counts in each, as in Mosquitto's max_queued_bytes)."""
     return len(msg.payload) + len(msg.topic_bytes)
@@ -101,7 +127,8 @@ class Subscription:
                  "retain_handling", "sub_id", "session", "read_check")
 
     def __init__(self, filt: str, topic_filter: str, group: str | None, qos: int, no_local: bool,
-                 retain_as_published: bool, retain_handling: int, sub_id: int | None, session):
+                 retain_as_published: bool, retain_handling: int, sub_id: int | None,
+                 session: Session) -> None:
         self.filter = filt                # as subscribed, including any $share/{group}/ prefix
         self.topic_filter = topic_filter  # the filter that matches topics
         self.group = group
@@ -120,7 +147,7 @@ class Inflight:
     packet is PUBREL), and its handle in the persistent store (None when not stored)."""
     __slots__ = ("msg", "qos", "retain", "sub_ids", "released", "handle")
 
-    def __init__(self, msg, qos: int, retain: bool, sub_ids, handle):
+    def __init__(self, msg: Message, qos: int, retain: bool, sub_ids: Any, handle: Any) -> None:
         self.msg = msg
         self.qos = qos
         self.retain = retain
@@ -133,12 +160,6 @@ class Inflight:
                 f"sub_ids={self.sub_ids}, released={self.released}, handle={self.handle})")
 
 
-# Acknowledged Inflight records, reused by the next PUBLISH sent (any session): allocating and
-# freeing one per QoS 1/2 message costs more than the rest of the in-flight bookkeeping.
-_free_inflight: list = []
-FREE_INFLIGHT_MAX = 4096
-_new = object.__new__
-
 
 class Session:
     __slots__ = ("client_id", "subscriptions", "inflight_out", "queue", "inflight_in",
@@ -147,8 +168,8 @@ class Session:
                  "store", "resend_pending", "replay", "queues", "queue_room", "acl_gen")
 
     def __init__(self, client_id: str, max_queued: int = 1000, queue_qos0: bool = False,
-                 stats: dict | None = None, sent: list | None = None,
-                 queues: Queues | None = None):
+                 stats: dict[str, int] | None = None, sent: list[int] | None = None,
+                 queues: Queues | None = None) -> None:
         self.client_id = client_id
         self.username: str | None = None
         self.link_level = 5  # protocol level of the last connection (for the sink record)
@@ -159,14 +180,14 @@ class Session:
         self.inflight_out: dict[int, Inflight] = NO_ENTRIES
         # (message, qos, retain, sub_ids) waiting to be sent; NOTHING until the first one (an idle
         # connection holds no deques: 760 bytes each)
-        self.queue: deque | tuple = NOTHING
+        self.queue: deque[QueueEntry] = NOTHING
         # QoS 2 packet ids received, PUBREL not yet seen (NO_IDS until the first: qos2_received())
-        self.inflight_in: set[int] | frozenset = NO_IDS
+        self.inflight_in: set[int] = NO_IDS
         self.expiry_interval = 0
         self.expires_at: float | None = None
-        self.will = None
+        self.will: Any = None  # the Will Message (packets.Will), None when none
         self.will_at: float | None = None
-        self.link = None
+        self.link: Connection | None = None
         self.next_pid = 1
         self.max_queued = max_queued
         self.queue_qos0 = queue_qos0
@@ -174,12 +195,13 @@ class Session:
         self.sent = sent if sent is not None else [0, 0, 0]  # PUBLISH sent, by QoS
         # while this session outlives its connection: the persistence events its changes are
         # reported to (core/hooks.py Persistence: the hooks providing them), else None
-        self.store = None
-        self.resend_pending: deque | tuple = NOTHING  # in-flight packet ids waiting to be resent
+        # (hooks.Persistence: its methods are bound when the hooks change, so Any)
+        self.store: Any = None
+        self.resend_pending: deque[int] = NOTHING  # in-flight packet ids waiting to be resent
         # retained messages for new subscriptions, sent by pump() under backpressure: a Replay
         # (a lazy walk of the retained store) per subscription; or a history replay (a replay
         # hook's feed: pump(session, link, now) sends what the window allows, True when done)
-        self.replay: deque | tuple = NOTHING
+        self.replay: deque[Any] = NOTHING
         self.queues = queues if queues is not None else Queues()
         self.queue_room = self.queues.per_session  # bytes its queue may still take (entry_size())
         self.acl_gen = self.queues.acl_gen  # the ACL its queue was checked against (pump)
@@ -207,7 +229,7 @@ class Session:
         ids.add(pid)
 
     # ------------------------------------------------------------ outbound
-    def deliver(self, msg, qos: int, retain: bool, sub_ids, now: float) -> None:
+    def deliver(self, msg: Message, qos: int, retain: bool, sub_ids: Any, now: float) -> None:
         """Hand a matching message to this session: send now, or queue it."""
         link = self.link
         if link is None:
@@ -233,7 +255,7 @@ class Session:
         """entry_size() of the messages in `queue`."""
         return self.queues.per_session - self.queue_room
 
-    def _enqueue(self, msg, qos, retain, sub_ids) -> None:
+    def _enqueue(self, msg: Message, qos: int, retain: bool, sub_ids: Any) -> None:
         size = len(msg.payload) + len(msg.topic_bytes)  # entry_size(msg), inline
         q = self.queues
         queue = self.queue
@@ -251,7 +273,7 @@ class Session:
         self.queue_room -= size
         q.room -= size
 
-    def requeue(self, entry: tuple) -> None:
+    def requeue(self, entry: QueueEntry) -> None:
         """A queued entry read back from the store: counted like one queued now, never dropped
         (it was accepted before the broker stopped)."""
         self.queued().append(entry)
@@ -265,7 +287,7 @@ class Session:
         self.queue_room = self.queues.per_session
         self.queue = NOTHING
 
-    def queued(self) -> deque:
+    def queued(self) -> deque[QueueEntry]:
         """The queue, made at its first message."""
         q = self.queue
         if q is NOTHING:
@@ -280,9 +302,10 @@ class Session:
         self.next_pid = pid + 1 if pid < 65535 else 1
         return pid
 
-    def _send(self, msg, qos: int, retain: bool, sub_ids, now: float, seq=None) -> bool:
+    def _send(self, msg: Message, qos: int, retain: bool, sub_ids: Any, now: float,
+              seq: Any = None) -> bool:
         """Send one PUBLISH; `seq` is its row in the store when it came from the queue."""
-        link = self.link
+        link: Connection = self.link  # type: ignore[assignment]  # (callers: only while linked)
         expiry = None
         if msg.expires_at is not None:
             expiry = msg.remaining_expiry(now)
@@ -292,6 +315,7 @@ class Session:
                     self.store.remove(seq)
                 return False
         alias, send_topic = link.outbound_alias(msg.topic) if link.alias_max else (0, True)
+        data: bytes | bytearray
         data, off = msg.encoded(link.level, qos, retain, sub_ids, expiry, alias, send_topic)
         if len(data) > link.max_packet_size:
             # [MQTT-3.1.2-25]: too large for this client; discard as if sent
@@ -309,15 +333,8 @@ class Session:
                     seq = store.enqueue(self.client_id, msg, qos, retain, sub_ids, pid)
                 else:
                     store.set_pid(seq, pid)
-            free = _free_inflight
-            e = free.pop() if free else _new(Inflight)  # Inflight(msg, qos, retain, sub_ids, seq)
-            e.msg = msg
-            e.qos = qos
-            e.retain = retain
-            e.sub_ids = sub_ids
-            e.released = False
-            e.handle = seq
-            self.inflight_out[pid] = e  # [MQTT-4.3.2-3] [MQTT-4.3.3-3] unacknowledged until acked
+            # [MQTT-4.3.2-3] [MQTT-4.3.3-3] unacknowledged until acked
+            self.inflight_out[pid] = Inflight(msg, qos, retain, sub_ids, seq)
             b = bytearray(data)
             b[off] = pid >> 8
             b[off + 1] = pid & 0xFF
@@ -328,7 +345,8 @@ class Session:
         self.sent[qos] += 1
         return True
 
-    def replay_retained(self, walk, qos: int, sub_ids, check: bool, budget: ReplayBudget,
+    def replay_retained(self, walk: Iterator[tuple[Any, Message]], qos: int, sub_ids: Any,
+                        check: bool, budget: ReplayBudget,
                         now: float) -> None:
         """Retained messages for a new subscription [MQTT-3.3.1-9] (`walk`: RetainedStore.walk()),
         sent with RETAIN=1 by pump() like any other traffic: a burst per event-loop turn (at most
@@ -340,7 +358,7 @@ class Session:
         self.replay.append(Replay(walk, qos, sub_ids, check, budget))
         self.pump(now)
 
-    def _next_replayed(self, r: Replay, now: float):
+    def _next_replayed(self, r: Replay, now: float) -> tuple[Any, Message] | None:
         """The next message of a replay that may be sent (held, or from the walk), or None at the
         end of the walk; skips what was replaced, deleted, expired, not readable or over budget."""
         allow = self.queues.allow_read
@@ -362,7 +380,7 @@ class Session:
                 continue
             return held
 
-    def _pump_replay(self, link, now: float) -> None:
+    def _pump_replay(self, link: Connection, now: float) -> None:
         replay = self.replay
         inflight = self.inflight_out
         limit = link.receive_max
@@ -393,7 +411,7 @@ class Session:
             if self._send(msg, q, True, r.sub_ids, now):
                 budget -= len(msg.payload) + len(msg.topic_bytes) + 16
 
-    def _replay_done(self, r: Replay, link) -> None:
+    def _replay_done(self, r: Replay, link: Connection | None) -> None:
         b = r.budget
         b.open -= 1
         if b.open == 0 and b.dropped and link is not None:
@@ -464,7 +482,7 @@ class Session:
         cid, user = self.client_id, self.username
         dropped = 0
         if self.queue:
-            keep = deque()
+            keep: deque[QueueEntry] = deque()
             for e in self.queue:
                 if allow(cid, user, e[0].topic):
                     keep.append(e)
@@ -489,7 +507,7 @@ class Session:
         [MQTT-3.3.4-9]: at most the client's Receive Maximum at once; the rest are resent
         one by one as acknowledgements free the window.
         """
-        link = self.link
+        link: Connection = self.link  # type: ignore[assignment]  # (called once linked)
         link.outbound_aliases_reset()
         self.resend_pending = NOTHING
         budget = link.receive_max
@@ -504,7 +522,7 @@ class Session:
 
     def _resend(self, pid: int, now: float) -> int:
         """Resend one in-flight message; returns 1 when something was sent."""
-        link = self.link
+        link: Connection = self.link  # type: ignore[assignment]  # (callers: only while linked)
         e = self.inflight_out[pid]
         if e.released:  # [MQTT-4.3.3-6] the PUBREL, never the PUBLISH again
             link.write(encode_ack(P.PUBREL, pid, 0, None, link.level))
@@ -548,9 +566,6 @@ class Session:
         del self.inflight_out[pid]
         if entry.handle is not None:
             self.store.remove(entry.handle)
-        if len(_free_inflight) < FREE_INFLIGHT_MAX:
-            entry.msg = entry.sub_ids = None  # holds no message while unused
-            _free_inflight.append(entry)
         self._freed(now)
         return True
 
@@ -579,7 +594,7 @@ class Session:
         q = self.queue
         if not q:
             return 0
-        keep = deque()
+        keep: deque[QueueEntry] = deque()
         for e in q:
             msg, _, _, _, seq = e
             if msg.expires_at is None or msg.expires_at > now:

@@ -13,6 +13,11 @@ The table is also the broker's set of open connections: len(), iteration and `in
 from __future__ import annotations
 
 import heapq
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .connection import Connection
 
 NEVER = -1  # the slot of connections with no deadline (Keep Alive 0, a password being checked)
 SLOTS_PER_SECOND = 10
@@ -22,7 +27,7 @@ class ConnectionTable:
     __slots__ = ("slots", "due_at", "count")
 
     def __init__(self) -> None:
-        self.slots: dict[int, dict] = {}  # tenth of a second (or NEVER) -> {connection: None}
+        self.slots: dict[int, dict[Connection, None]] = {}  # tenth of a second (or NEVER) -> {connection: None}
         self.due_at: list[int] = []       # heap of the slots' times (each pushed once)
         self.count = 0
 
@@ -32,15 +37,15 @@ class ConnectionTable:
     def __bool__(self) -> bool:
         return self.count > 0
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Connection]:
         """Every open connection (a snapshot: they may close meanwhile)."""
         return iter([c for slot in self.slots.values() for c in slot])
 
-    def __contains__(self, conn) -> bool:
-        slot = self.slots.get(conn.check_at)
+    def __contains__(self, conn: Connection) -> bool:
+        slot = self.slots.get(conn.check_at)  # type: ignore[arg-type]  # (None: filed nowhere)
         return slot is not None and conn in slot
 
-    def file(self, conn, deadline: float | None) -> None:
+    def file(self, conn: Connection, deadline: float | None) -> None:
         """Put conn (new, or moved) in the slot of `deadline` (a clock time; None: no deadline)."""
         at = NEVER if deadline is None else int(deadline * SLOTS_PER_SECOND) + 1
         old = conn.check_at
@@ -59,17 +64,17 @@ class ConnectionTable:
         slot[conn] = None
         conn.check_at = at
 
-    def remove(self, conn) -> None:
+    def remove(self, conn: Connection) -> None:
         at = conn.check_at
         if at is not None:
             del self.slots[at][conn]
             conn.check_at = None
             self.count -= 1
 
-    def due(self, now: float) -> list:
+    def due(self, now: float) -> list[Connection]:
         """The connections whose deadline has come, taken out of the table: the caller files
         again those that stay open."""
-        out: list = []
+        out: list[Connection] = []
         due_at, slots = self.due_at, self.slots
         limit = now * SLOTS_PER_SECOND
         while due_at and due_at[0] <= limit:

@@ -8,7 +8,14 @@ called by broker/admin/service.py. Sans-I/O, like the rest of the core.
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .broker import Broker
+    from .connection import Connection
+    from .session import Session, Subscription
 
 PROTOCOLS = {3: "3.1", 4: "3.1.1", 5: "5.0"}
 
@@ -33,7 +40,7 @@ class ClientRecord:
     address: str
     connected_since: float     # epoch seconds
     keep_alive: int
-    subscriptions: tuple       # of SubscriptionRecord, at most the limit asked
+    subscriptions: tuple[SubscriptionRecord, ...]  # at most the limit asked
     subscription_count: int
     inflight: int
     queued: int
@@ -65,18 +72,18 @@ class BrokerView:
 
     __slots__ = ("_b",)
 
-    def __init__(self, broker):
+    def __init__(self, broker: Broker) -> None:
         self._b = broker
 
     # ------------------------------------------------------------ figures
-    def stats(self) -> dict:
+    def stats(self) -> dict[str, Any]:
         """Gauges, then the counters (copies), computed now. ``retained`` counts the messages
         clients retained; ``retained_sys`` the broker's own ($-topics, e.g. $SYS)."""
         b = self._b
         sessions = b.sessions.values()
         connected = sum(1 for c in b.connections if c.session is not None)
         sys_retained = self.retained_sys_count()
-        v = {"connections": len(b.connections), "clients_connected": connected,
+        v: dict[str, Any] = {"connections": len(b.connections), "clients_connected": connected,
              "sessions": len(b.sessions), "subscriptions": b.router.count,
              "retained": b.retained.count - sys_retained, "retained_sys": sys_retained,
              "queued": sum(len(s.queue) for s in sessions),
@@ -86,7 +93,7 @@ class BrokerView:
         v.update(b.stats)
         return v
 
-    def counters(self) -> dict:
+    def counters(self) -> dict[str, Any]:
         """The monotonic counters only (cheap: for rates sampled often)."""
         b = self._b
         return {"received_by_qos": tuple(b.received_by_qos), "sent_by_qos": tuple(b.sent_by_qos),
@@ -98,13 +105,14 @@ class BrokerView:
                    if name.startswith("$"))
 
     # ------------------------------------------------------------ clients and sessions
-    def _connected(self):
+    def _connected(self) -> Iterator[tuple[Connection, Session]]:
         for conn in list(self._b.connections):
             s = conn.session
             if s is not None and s.link is conn:  # past CONNECT, still its session's link
                 yield conn, s
 
-    def clients(self, query: str = "", limit: int = 500, subscriptions: int = 100):
+    def clients(self, query: str = "", limit: int = 500,
+                subscriptions: int = 100) -> tuple[list[ClientRecord], int]:
         """(records sorted by client id, how many matched): connected clients whose id contains
         `query` (any case)."""
         q = query.lower()
@@ -114,10 +122,11 @@ class BrokerView:
 
     def client(self, client_id: str, subscriptions: int = 1000) -> ClientRecord | None:
         s = self._b.sessions.get(client_id)
-        c = s.link if s is not None else None
-        return self._client(c, s, subscriptions) if c is not None else None
+        if s is None or s.link is None:
+            return None
+        return self._client(s.link, s, subscriptions)
 
-    def _client(self, conn, s, n_subs: int) -> ClientRecord:
+    def _client(self, conn: Connection, s: Session, n_subs: int) -> ClientRecord:
         b = self._b
         subs = tuple(_sub(s.client_id, sub) for sub in list(s.subscriptions.values())[:n_subs])
         return ClientRecord(
@@ -125,7 +134,8 @@ class BrokerView:
             round(b.wall() - (b.clock() - conn.connected_at), 3), conn.keep_alive, subs,
             len(s.subscriptions), len(s.inflight_out), len(s.queue))
 
-    def sessions(self, query: str = "", limit: int = 500, connected: bool | None = None):
+    def sessions(self, query: str = "", limit: int = 500,
+                 connected: bool | None = None) -> tuple[list[SessionRecord], int]:
         """(records sorted by client id, how many matched), connected and offline."""
         b = self._b
         q = query.lower()
@@ -141,13 +151,15 @@ class BrokerView:
                for s in found[:limit]]
         return out, len(found)
 
-    def subscriptions(self, client_id: str | None = None, contains: str = "", limit: int = 1000):
+    def subscriptions(self, client_id: str | None = None, contains: str = "",
+                      limit: int = 1000) -> tuple[list[SubscriptionRecord], int]:
         """(records, how many matched): every session's subscriptions (one client's with
         client_id), sorted by client id and filter; `contains` keeps filters containing it."""
         sessions = self._b.sessions
         chosen = ([sessions[client_id]] if client_id in sessions else []) if client_id is not None \
             else sorted(sessions.values(), key=lambda s: s.client_id)
-        out, n = [], 0
+        out: list[SubscriptionRecord] = []
+        n = 0
         for s in chosen:
             for sub in sorted(s.subscriptions.values(), key=lambda x: x.filter):
                 if contains and contains not in sub.filter:
@@ -157,12 +169,12 @@ class BrokerView:
                     out.append(_sub(s.client_id, sub))
         return out, n
 
-    def client_ids(self):
+    def client_ids(self) -> list[tuple[str, str | None, str]]:
         """(client id, user name, address) of every connected client."""
         return [(c.client_id, c.username, c.peer) for c, _ in self._connected()]
 
     # ------------------------------------------------------------ retained
-    def retained(self, filt: str = "#", limit: int = 2000):
+    def retained(self, filt: str = "#", limit: int = 2000) -> tuple[list[RetainedRecord], int]:
         """(records sorted by topic, how many matched) for a topic filter ('#' skips $-topics
         [MQTT-4.7.2-1]; ask '$SYS/#' for those); expired messages are left out."""
         b = self._b
@@ -179,13 +191,14 @@ class BrokerView:
         """The node whose session this client id is, in a cluster (the hook providing
         locate()); None on a single broker or when nobody has it."""
         for locate in self._b.hooks.locate:
-            return locate(client_id)
+            node: str | None = locate(client_id)
+            return node
         return None
 
     def retained_topic(self, topic: str) -> bool:
         return self._b.retained.get(topic) is not None
 
 
-def _sub(client_id: str, sub) -> SubscriptionRecord:
+def _sub(client_id: str, sub: Subscription) -> SubscriptionRecord:
     return SubscriptionRecord(client_id, sub.filter, sub.qos, sub.no_local,
                               sub.retain_as_published, sub.retain_handling, sub.sub_id)

@@ -312,8 +312,8 @@ class Store(Hook):
             for s in broker.sessions.values():
                 for e in s.queue:
                     e[0].store_id = None  # every message is written anew
-                for e in s.inflight_out.values():
-                    e.msg.store_id = None
+                for f in s.inflight_out.values():
+                    f.msg.store_id = None
             for m in broker.retained.all():
                 m.store_id = None
         for s in broker.sessions.values():
@@ -324,10 +324,10 @@ class Store(Hook):
                 self.save_subscription(s.client_id, sub)
             for i, (m, qos, retain, ids, _seq) in enumerate(list(s.queue)):
                 s.queue[i] = (m, qos, retain, ids, self.enqueue(s.client_id, m, qos, retain, ids))
-            for pid, e in s.inflight_out.items():
-                e.handle = self.enqueue(s.client_id, e.msg, e.qos, e.retain, e.sub_ids, pid)
-                if e.released:
-                    self.set_released(e.handle)
+            for pid, f in s.inflight_out.items():
+                f.handle = self.enqueue(s.client_id, f.msg, f.qos, f.retain, f.sub_ids, pid)
+                if f.released:
+                    self.set_released(f.handle)
             for pid in s.inflight_in:
                 self.qos2_add(s.client_id, pid)
         for m in broker.retained.all():

@@ -88,7 +88,7 @@ class MQTTProtocol(asyncio.Protocol):
         transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)
         self.transport = transport
         conn = self.conn = Connection(server.broker, None)  # conn.peer: peer_name(), when logged
-        conn.owner = self  # type: ignore[assignment]  # (Connection.owner is typed None in the core)
+        conn.owner = self
         max_conn = server.config.mqtt.max_connections
         if max_conn and len(server.broker.connections) > max_conn:
             conn.note(logging.WARNING, "refusing %s: max_connections (%d) reached", conn.peer,

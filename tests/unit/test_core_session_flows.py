@@ -134,6 +134,40 @@ def test_pubrel_unknown_packet_id_0x92():
     assert (comp.packet_id, comp.reason_code) == (9, rc.PACKET_IDENTIFIER_NOT_FOUND)
 
 
+def test_qos2_ids_start_in_the_shared_read_only_empty_set():
+    """A session awaits no PUBREL until its first QoS 2 PUBLISH: it shares NO_IDS, which stays
+    empty (a write raises TypeError); the first QoS 2 PUBLISH gives the session its own set."""
+    from broker.core.session import NO_IDS
+    b, _ = make()
+    c = connect(b, "c")
+    s = b.sessions["c"]
+    assert s.inflight_in is NO_IDS
+    with pytest.raises(TypeError):
+        NO_IDS.add(1)
+    publish(c, "ids", b"x", qos=2, pid=3)
+    assert recv_type(c, P.PUBREC).reason_code == rc.NO_MATCHING_SUBSCRIBERS
+    assert s.inflight_in == {3} and s.inflight_in is not NO_IDS and not NO_IDS
+    c.send(P.Ack(P.PUBREL, 3))
+    assert recv_type(c, P.PUBCOMP).reason_code == 0 and not s.inflight_in
+
+
+def test_pubrel_does_not_hide_an_error_of_the_store():
+    """PUBREL's lookup is an explicit test, not `except AttributeError`: a store that fails while
+    forgetting the id raises, rather than being answered as an unknown packet id (0x92)."""
+    b, _ = make()
+    c = connect(b, "c")
+    publish(c, "ids", b"x", qos=2, pid=3)
+    recv_type(c, P.PUBREC)
+
+    class Broken:
+        def qos2_remove(self, client_id, pid):
+            raise AttributeError("a bug in the store")
+
+    b.sessions["c"].store = Broken()
+    with pytest.raises(AttributeError, match="a bug in the store"):
+        c.conn.on_pubrel(P.Ack(P.PUBREL, 3))
+
+
 def test_pubrec_unknown_packet_id_gets_pubrel_0x92():
     """3.6.2.1: PUBREC for a packet identifier the broker did not send -> PUBREL 0x92."""
     b, _ = make()

@@ -26,6 +26,9 @@ def run_child(code: str) -> dict:
 
 
 def test_uvloop_takes_a_transport_table_and_nothing_else_does():
+    """The edge eventloop.py's two tricks rest on: uvloop.loop takes weakref.WeakValueDictionary
+    when imported and makes one per Loop, and gc.get_referents(loop) lists it. A uvloop that
+    changes either fails here (transport_table() would find no table and the server not tidy)."""
     out = run_child("""
         import asyncio, gc, json, weakref
         from broker.transport.eventloop import TransportTable, install_uvloop, transport_table

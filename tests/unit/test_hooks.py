@@ -428,9 +428,7 @@ def test_each_hook_gets_exactly_the_events_it_provides(provides, removed):
 
 
 # ---------------------------------------------------------------- in-flight records
-def test_inflight_records_have_named_fields_and_are_reused_only_once_acknowledged():
-    from broker.core import session as S
-    S._free_inflight.clear()  # other tests may have filled it
+def test_inflight_records_have_named_fields_and_each_delivery_its_own():
     b, _ = make()
     s1, s2, pub = Client(b), Client(b), Client(b)
     for c, cid in ((s1, "a"), (s2, "b")):
@@ -447,11 +445,11 @@ def test_inflight_records_have_named_fields_and_are_reused_only_once_acknowledge
     assert s1.received()[0].type == P.PUBREL and e1.released
     s1.send(P.Ack(P.PUBCOMP, d1.packet_id))
     assert d1.packet_id not in b.sessions["a"].inflight_out
-    assert e1 in S._free_inflight and e1.msg is None  # holds no message while unused
     pub.send(P.Publish("t", b"two", 1, packet_id=2))
     (n1,), (_n2,) = s1.received(), s2.received()
-    reused = b.sessions["a"].inflight_out[n1.packet_id]
-    assert reused.msg.payload == b"two" and reused.qos == 1 and not reused.released
+    new = b.sessions["a"].inflight_out[n1.packet_id]
+    assert new.msg.payload == b"two" and new.qos == 1 and not new.released
+    assert e1.msg.payload == b"one" and e1.released  # the acknowledged record is left as it was
     # the unacknowledged record of the other session is untouched
     assert e2.msg.payload == b"one" and b.sessions["b"].inflight_out[d2.packet_id] is e2
 

@@ -26,10 +26,20 @@ ALLOWED = {
 }
 
 
-def imports(path: Path) -> set[str]:
-    """Absolute module names a file imports (function-level imports included)."""
+def imports(path: Path, typing_only: bool = True) -> set[str]:
+    """Absolute module names a file imports (function-level imports included; those under
+    `if TYPE_CHECKING:`, which only the type checker runs, unless typing_only is False)."""
     out = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    tree = ast.parse(path.read_text(), str(path))
+    skip: set[int] = set()
+    if not typing_only:
+        for node in ast.walk(tree):
+            if isinstance(node, ast.If) and ast.unparse(node.test) in ("TYPE_CHECKING",
+                                                                        "typing.TYPE_CHECKING"):
+                skip |= {id(n) for stmt in node.body for n in ast.walk(stmt)}
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
         if isinstance(node, ast.Import):
             out |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom):
@@ -62,7 +72,9 @@ def test_packages_import_only_the_layers_below_them():
 
 
 def test_no_import_cycles_between_the_modules_of_a_package():
-    """Module-level and function-level imports alike (a lazy import is still a dependency)."""
+    """Module-level and function-level imports alike (a lazy import is still a dependency); not
+    the imports under `if TYPE_CHECKING:` (annotations naming a class of a module that imports
+    this one: nothing is imported when the program runs)."""
     for pkg in PACKAGES:
         graph: dict[str, set[str]] = {}
         names = {str(p.relative_to(ROOT).with_suffix("")).replace("/", ".").removesuffix(".__init__")
@@ -70,7 +82,7 @@ def test_no_import_cycles_between_the_modules_of_a_package():
         for path in modules(pkg):
             me = str(path.relative_to(ROOT).with_suffix("")).replace("/", ".").removesuffix(".__init__")
             deps = set()
-            for name in imports(path):
+            for name in imports(path, typing_only=False):
                 while name and name not in names:
                     name = name.rpartition(".")[0]
                 if name and name != me and not me.startswith(name + "."):
