@@ -21,7 +21,7 @@ import pytest
 from broker.auth import hash_password
 from broker.protocol import packets as P
 from broker.protocol import properties as PR
-from sink.history.job import JobConfig, run
+from sink.history.job import Job, run
 from sink.progress import committed_path
 from tests.conftest import BrokerProcess
 from tests.integration.test_sink_kafka import consume
@@ -58,8 +58,8 @@ def stack(tmp_path_factory, spark):
     sent: list = []
     state = {"kafka": kafka, "broker": broker, "pub": pub, "sent": sent, "tmp": tmp,
              "table": str(table), "t0": time.time()}
-    cfg = JobConfig(bootstrap=kafka.bootstrap, table=str(table), trigger_seconds=1,
-                    available_now=True, source="python", connect=False, data_dir=str(tmp))
+    cfg = Job.of(bootstrap=kafka.bootstrap, table=str(table), trigger_seconds=1,
+                 available_now=True, source="python", connect=False, data_dir=str(tmp))
     try:
         publish(state, 20)
         assert run(spark, cfg) == 0
