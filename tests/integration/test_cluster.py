@@ -391,7 +391,7 @@ def test_a_shared_subscription_gives_each_message_to_one_member_across_nodes(clu
     for i in range(n):
         assert pub_qos1(pub, f"{base}/{i % 16}", b"%d" % i, i + 1) == 0
     got1, got2 = [], []
-    deadline = time.monotonic() + 15
+    deadline = time.monotonic() + 60  # (a rebalance of the group on a busy machine takes seconds)
     while len(got1) + len(got2) < n and time.monotonic() < deadline:
         for cl, got in ((m1, got1), (m2, got2)):
             try:
