@@ -260,6 +260,12 @@ class Connection:
             return a, True
         return 0, True
 
+    def outbound_alias_unsent(self, topic: str) -> None:
+        """The PUBLISH that would have set up `topic`'s alias (outbound_alias() said it must be
+        sent) was not sent (too large for the client): the alias is free again, as if never
+        assigned [MQTT-3.3.2-11], 3.3.4."""
+        self.out_aliases.pop(topic, None)
+
     def outbound_aliases_reset(self) -> None:
         self.out_aliases = NO_ALIASES  # [MQTT-3.3.2-7]: aliases do not outlive the connection
 
