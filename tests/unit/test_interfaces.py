@@ -1,0 +1,151 @@
+"""The core's objects reach each other through narrow, named interfaces (README "Architecture"):
+
+- what only looks (broker/dashboard, broker/admin, broker/observability) reads through BrokerView
+  (broker/core/view.py) and changes state through a few named commands of the Broker, never its
+  session table, router, retained store, counters or configuration;
+- a Connection uses of its Broker only what ConnectionHost (broker/core/host.py) lists;
+- a Session changes its Connection only through the connection's methods (broker/core/session.py).
+
+Read from the source (ast), so a new reach-in fails here with the line that makes it.
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+OBSERVERS = ("broker/dashboard", "broker/admin", "broker/observability")
+# the commands that change the broker, which observers may call (everything read: BrokerView)
+COMMANDS = {"kick", "publish_operator", "retain", "publish_local", "add_hook", "remove_hook",
+            "bans",   # AdminService installs the ban list's check, asked at each CONNECT
+            "auth"}   # AdminService.reload: the auth hook re-reads its files
+# the core modules observers may import: the view, the message type they publish, the Hook base
+OBSERVER_CORE_IMPORTS = {"view", "message", "hooks"}
+
+
+# names that hold the core's objects (a private attribute of one is a reach-in: view._b ...)
+CORE_NAMES = {"broker", "b", "view", "session", "sessions", "link", "conn", "connection"}
+
+
+def _last_name(node: ast.expr) -> str | None:
+    return node.id if isinstance(node, ast.Name) else \
+        node.attr if isinstance(node, ast.Attribute) else None
+
+
+def _tree(path: Path) -> ast.Module:
+    return ast.parse(path.read_text(), str(path))
+
+
+def _is_broker(node: ast.expr, aliases: set[str]) -> bool:
+    """`x.broker` (server.broker, self.broker, self.server.broker) or a local alias of one."""
+    return (isinstance(node, ast.Attribute) and node.attr == "broker") or \
+        (isinstance(node, ast.Name) and node.id in aliases)
+
+
+def broker_uses(path: Path) -> list[tuple[int, str]]:
+    """(line, attribute) of every attribute taken from a Broker in this file."""
+    out = []
+    tree = _tree(path)
+    for fn in [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]:
+        aliases = {t.id for n in ast.walk(fn) if isinstance(n, ast.Assign)
+                   and _is_broker(n.value, set()) for t in n.targets if isinstance(t, ast.Name)}
+        for n in ast.walk(fn):
+            if isinstance(n, ast.Attribute) and _is_broker(n.value, aliases):
+                out.append((n.lineno, n.attr))
+    return sorted(set(out))
+
+
+def test_observers_read_the_broker_only_through_its_view():
+    """The dashboard, the admin API, $SYS and metrics take from the Broker only its commands;
+    every figure, record, setting and clock comes from BrokerView."""
+    bad = []
+    for pkg in OBSERVERS:
+        for path in sorted((ROOT / pkg).glob("*.py")):
+            rel = path.relative_to(ROOT)
+            bad += [f"{rel}:{line}: broker.{attr}" for line, attr in broker_uses(path)
+                    if attr not in COMMANDS]
+            for node in ast.walk(_tree(path)):
+                if isinstance(node, ast.ImportFrom) and node.module and \
+                        node.module.lstrip(".").startswith("core."):
+                    name = node.module.lstrip(".").split(".")[1]
+                    if name not in OBSERVER_CORE_IMPORTS:
+                        bad.append(f"{rel}:{node.lineno}: imports core.{name}")
+                if isinstance(node, ast.Attribute) and node.attr.startswith("_") and \
+                        not node.attr.startswith("__") and _last_name(node.value) in CORE_NAMES:
+                    bad.append(f"{rel}:{node.lineno}: private attribute {node.attr}")
+    assert bad == [], "observers reaching into the core (use BrokerView):\n" + "\n".join(bad)
+
+
+def test_the_observers_check_sees_a_reach_in(tmp_path):
+    """The check above finds a read of broker internals, through an alias too."""
+    f = tmp_path / "x.py"
+    f.write_text("def f(server):\n    b = server.broker\n    return b.sessions, server.broker.cfg\n")
+    assert [a for _, a in broker_uses(f)] == ["cfg", "sessions"]
+
+
+def host_members() -> set[str]:
+    tree = _tree(ROOT / "broker/core/host.py")
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "ConnectionHost")
+    return {n.name for n in cls.body if isinstance(n, ast.FunctionDef)}
+
+
+def test_a_connection_uses_of_its_broker_only_what_connection_host_lists():
+    """Every attribute a Connection takes from its broker (self.broker.x, or b = self.broker;
+    b.x) is a member of ConnectionHost; and there are few of them, in named groups."""
+    members = host_members()
+    path = ROOT / "broker/core/connection.py"
+    tree = _tree(path)
+    used = set()
+    for fn in [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)]:
+        aliases = {t.id for n in ast.walk(fn) if isinstance(n, ast.Assign)
+                   and _is_broker(n.value, set()) for t in n.targets if isinstance(t, ast.Name)}
+        if fn.name == "__init__":
+            aliases.add("broker")  # its parameter
+        for n in ast.walk(fn):
+            if isinstance(n, ast.Attribute) and _is_broker(n.value, aliases):
+                used.add((n.lineno, n.attr))
+    bad = sorted(f"connection.py:{line}: broker.{attr}" for line, attr in used if attr not in members)
+    assert bad == [], "not in ConnectionHost (broker/core/host.py):\n" + "\n".join(bad)
+    assert {a for _, a in used} <= members
+    # none of the broker's containers of other core objects is part of the surface
+    assert not members & {"sessions", "router", "retained", "connacks", "hooks", "queues",
+                          "delayed_wills", "dirty"}
+
+
+def test_connection_is_typed_with_connection_host():
+    """mypy checks the surface because the connection's broker is typed ConnectionHost."""
+    src = (ROOT / "broker/core/connection.py").read_text()
+    assert "def __init__(self, broker: ConnectionHost" in src
+
+
+# what a Session may use of its link (the docstring of broker/core/session.py lists the same)
+LINK_READS = {"level", "receive_max", "max_packet_size", "alias_max", "paused"}
+LINK_METHODS = {"write", "outbound_alias", "outbound_alias_unsent", "outbound_aliases_reset",
+                "wake", "note"}
+
+
+def _is_link(node: ast.expr) -> bool:
+    return (isinstance(node, ast.Name) and node.id == "link") or \
+        (isinstance(node, ast.Attribute) and node.attr == "link"
+         and isinstance(node.value, ast.Name) and node.value.id == "self")
+
+
+def test_a_session_changes_its_connection_only_through_its_methods():
+    """Session reads the client's limits of its link and calls its methods; it assigns none of
+    the connection's attributes and reaches through none (link.out_aliases.pop(...) was one)."""
+    path = ROOT / "broker/core/session.py"
+    bad = []
+    for n in ast.walk(_tree(path)):
+        if not (isinstance(n, ast.Attribute) and _is_link(n.value)):
+            continue
+        if not isinstance(n.ctx, ast.Load):
+            bad.append(f"session.py:{n.lineno}: assigns link.{n.attr}")
+        elif n.attr not in LINK_READS | LINK_METHODS:
+            bad.append(f"session.py:{n.lineno}: link.{n.attr}")
+    for n in ast.walk(_tree(path)):  # link.x.y: reaching through the connection
+        if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Attribute) and \
+                _is_link(n.value.value):
+            bad.append(f"session.py:{n.lineno}: link.{n.value.attr}.{n.attr}")
+    assert bad == [], "Session reaching into its Connection:\n" + "\n".join(bad)
+    doc = ast.get_docstring(_tree(path)) or ""
+    assert all(name in doc for name in LINK_READS | LINK_METHODS)
