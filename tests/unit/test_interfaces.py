@@ -149,3 +149,70 @@ def test_a_session_changes_its_connection_only_through_its_methods():
     assert bad == [], "Session reaching into its Connection:\n" + "\n".join(bad)
     doc = ast.get_docstring(_tree(path)) or ""
     assert all(name in doc for name in LINK_READS | LINK_METHODS)
+
+
+# the per-message path: routing, delivery, an accepted PUBLISH (bench/core_bench.py measures it)
+PER_MESSAGE = {"broker/core/router.py": {"match", "pick"},
+               "broker/core/broker.py": {"publish", "route", "fan_out", "deliver", "deliver_with",
+                                         "deliver_shared", "offer", "retain"},
+               "broker/core/connection.py": {"on_publish", "feed", "data_received", "write", "ack"},
+               "broker/core/session.py": {"deliver", "_send", "_enqueue", "acked", "_freed", "pump"}}
+COUNTERS = ("stats", "received_by_qos", "sent_by_qos", "sent")
+
+
+def per_message_writes() -> list[tuple[str, str, str, ast.AST]]:
+    """(file, function, target, node) of every attribute, or item of an attribute, written in a
+    per-message function (locals and their items left out)."""
+    out = []
+    for rel, names in PER_MESSAGE.items():
+        for fn in ast.walk(_tree(ROOT / rel)):
+            if not (isinstance(fn, ast.FunctionDef) and fn.name in names):
+                continue
+            for n in ast.walk(fn):
+                targets = [n.target] if isinstance(n, ast.AugAssign) else \
+                    n.targets if isinstance(n, ast.Assign) else []
+                for t in targets:
+                    if isinstance(t, ast.Attribute) or \
+                            (isinstance(t, ast.Subscript) and isinstance(t.value, ast.Attribute)):
+                        out.append((rel, fn.name, ast.unparse(t), n))
+    return out
+
+
+def _counter(target: str) -> str | None:
+    base = target.split("[")[0].split(".")[-1]
+    return base if "[" in target and base in COUNTERS else None
+
+
+def test_the_router_counts_nothing_per_message():
+    """Routing (Router.match / pick, Broker.publish / route / fan_out / deliver*) writes no
+    counter: figures are sampled by BrokerView when asked, per-topic rates come from a hook on
+    accepted messages (the dashboard's TopicCounter)."""
+    routing = [(f, fn, t) for f, fn, t, _ in per_message_writes()
+               if f in ("broker/core/router.py", "broker/core/broker.py") and _counter(t)
+               and fn != "offer"]
+    assert routing == []
+    router = {t for f, _, t, _ in per_message_writes() if f == "broker/core/router.py"}
+    assert router <= {"self.cache_size", "self.next_member[key]", "self.cache[topic]"}
+
+
+def test_per_message_counters_are_plain_increments_the_view_reads():
+    """What the per-message path counts: messages received and sent by QoS (one list item + 1
+    each), and drops by reason (only when a message is dropped): plain integer increments, every
+    one read by BrokerView for $SYS, metrics and the dashboard."""
+    found = {}
+    for f, fn, t, node in per_message_writes():
+        name = _counter(t)
+        if name is None:
+            continue
+        plain = (isinstance(node, ast.AugAssign) and isinstance(node.op, ast.Add)
+                 and ast.unparse(node.value) == "1") or \
+            (isinstance(node, ast.Assign) and ast.unparse(node.value).endswith(" + 1"))
+        assert plain, f"{f} {fn}: {ast.unparse(node)} is not a plain increment"
+        found.setdefault(name, set()).add(t.split("[", 1)[1].rstrip("]"))
+    # every message: its QoS (Session.sent is Broker.sent_by_qos, shared)
+    assert found.pop("received_by_qos") == {"qos"} and found.pop("sent") == {"qos"}
+    # the rest count drops and refusals, by the name the view and metrics show
+    assert all(k.strip("'\"").startswith(("dropped_", "sink_refused")) for k in found.pop("stats"))
+    assert found == {}
+    view = (ROOT / "broker/core/view.py").read_text()
+    assert "b.received_by_qos" in view and "b.sent_by_qos" in view and "b.stats" in view
