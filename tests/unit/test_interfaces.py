@@ -42,13 +42,15 @@ def _is_broker(node: ast.expr, aliases: set[str]) -> bool:
         (isinstance(node, ast.Name) and node.id in aliases)
 
 
-def broker_uses(path: Path) -> list[tuple[int, str]]:
-    """(line, attribute) of every attribute taken from a Broker in this file."""
+def broker_uses(path: Path, names: tuple[str, ...] = ()) -> list[tuple[int, str]]:
+    """(line, attribute) of every attribute taken from a Broker in this file: x.broker.attr, or
+    through a local alias (b = self.broker; b.attr), or a name in `names` (a parameter)."""
     out = []
     tree = _tree(path)
     for fn in [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]:
         aliases = {t.id for n in ast.walk(fn) if isinstance(n, ast.Assign)
                    and _is_broker(n.value, set()) for t in n.targets if isinstance(t, ast.Name)}
+        aliases.update(names)
         for n in ast.walk(fn):
             if isinstance(n, ast.Attribute) and _is_broker(n.value, aliases):
                 out.append((n.lineno, n.attr))
@@ -93,17 +95,7 @@ def test_a_connection_uses_of_its_broker_only_what_connection_host_lists():
     """Every attribute a Connection takes from its broker (self.broker.x, or b = self.broker;
     b.x) is a member of ConnectionHost; and there are few of them, in named groups."""
     members = host_members()
-    path = ROOT / "broker/core/connection.py"
-    tree = _tree(path)
-    used = set()
-    for fn in [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)]:
-        aliases = {t.id for n in ast.walk(fn) if isinstance(n, ast.Assign)
-                   and _is_broker(n.value, set()) for t in n.targets if isinstance(t, ast.Name)}
-        if fn.name == "__init__":
-            aliases.add("broker")  # its parameter
-        for n in ast.walk(fn):
-            if isinstance(n, ast.Attribute) and _is_broker(n.value, aliases):
-                used.add((n.lineno, n.attr))
+    used = broker_uses(ROOT / "broker/core/connection.py", names=("broker",))  # __init__'s
     bad = sorted(f"connection.py:{line}: broker.{attr}" for line, attr in used if attr not in members)
     assert bad == [], "not in ConnectionHost (broker/core/host.py):\n" + "\n".join(bad)
     assert {a for _, a in used} <= members
