@@ -71,12 +71,12 @@ class AdminService:
             raise AdminError("topics starting with '$' belong to the broker ($SYS)")
         if qos not in (0, 1, 2):
             raise AdminError("'qos' must be 0, 1 or 2")
-        if qos > self.broker.cfg.maximum_qos:
+        if qos > self.view.maximum_qos:
             raise AdminError(f"'qos' {qos} is above mqtt.maximum_qos "
-                             f"({self.broker.cfg.maximum_qos})")
+                             f"({self.view.maximum_qos})")
         if len(payload) > MAX_PAYLOAD:
             raise AdminError(f"the payload is {len(payload)} bytes; at most {MAX_PAYLOAD} here")
-        if retain and not self.broker.cfg.retain_available:
+        if retain and not self.view.retain_available:
             raise AdminError("retained messages are not available (mqtt.retain_available)")
         props: dict = {}
         if content_type is not None:
@@ -102,9 +102,9 @@ class AdminService:
         if message_expiry is not None:
             if not isinstance(message_expiry, int) or not 0 < message_expiry <= 0xFFFFFFFF:
                 raise AdminError("'message_expiry' must be whole seconds from 1 to 4294967295")
-            expires_at = self.broker.clock() + message_expiry
+            expires_at = self.view.clock() + message_expiry
         msg = Message(topic, payload, qos, retain, props or None, expires_at, ADMIN_CLIENT_ID,
-                      self.broker.wall())
+                      self.view.wall())
         n = self.broker.publish_operator(msg, username)
         if n is None:
             raise Refused("the sink refused the message (its spool is full): try again later")
@@ -118,7 +118,7 @@ class AdminService:
         # an empty retained payload deletes [MQTT-3.3.1-6]: through the core, so the store
         # forgets it too (on_retain); nothing is routed
         self.broker.retain(Message(topic, b"", 0, True, None, None, ADMIN_CLIENT_ID,
-                                   self.broker.wall()))
+                                   self.view.wall()))
         return True
 
     def retained(self, filt: str, limit: int):

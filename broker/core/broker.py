@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from mqtt_topics import parse_shared, valid_topic_filter
 from settings import MQTTConfig
 
+from ..protocol import packets as P
 from ..protocol import properties as PR
+from ..protocol.codec import encode
 from .clientlog import ClientLog, shown
 from .hooks import ALLOW_ALL, Hooks  # ALLOW_ALL: the checks without an auth hook
 from .message import Message
@@ -190,6 +192,10 @@ class Broker:
                         "offline sessions expire sooner", shown(client_id), len(self.sessions),
                         self.stats["refused_max_sessions"])
         return True
+
+    def session_of(self, client_id: str) -> Session | None:
+        """The session of this client id held here (connected or not), or None."""
+        return self.sessions.get(client_id)
 
     def open_session(self, client_id: str, clean_start: bool) -> tuple[Session, bool]:
         """[MQTT-3.1.2-4]: Clean Start discards any existing session; else it is resumed
@@ -552,6 +558,15 @@ class Broker:
         else:
             self.install(sub)
 
+    def remove_subscription(self, sub: Subscription) -> None:
+        """A subscription ends (UNSUBSCRIBE, or replaced by a new SUBSCRIBE of its filter)."""
+        self.router.remove(sub)
+
+    def retained_matching(self, topic_filter: str) -> Iterator[tuple[Any, Message]]:
+        """Lazily, the retained messages matching a filter (RetainedStore.walk): a new
+        subscription's replay [MQTT-3.3.1-9]."""
+        return self.retained.walk(topic_filter)
+
     def set_retained(self, topic: str, msg: Message | None) -> None:
         """A retained message set (or deleted: None) elsewhere (the cluster's log): kept here
         for new subscriptions, no hook told."""
@@ -657,6 +672,15 @@ class Broker:
         return self.route(msg, None)
 
     # ------------------------------------------------------------ output
+    def connack(self, level: int, present: bool) -> bytes:
+        """A successful CONNACK with no properties but the broker's capabilities (v5): encoded
+        once per (protocol level, session present)."""
+        data = self.connacks.get((level, present))
+        if data is None:
+            props = (self.capabilities or None) if level == P.MQTT_5 else None
+            data = self.connacks[(level, present)] = encode(P.Connack(present, 0, props), level)
+        return data
+
     def mark_dirty(self, conn: Connection) -> None:
         if not self.dirty and self.schedule_flush is not None:
             self.schedule_flush()

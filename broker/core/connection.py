@@ -7,6 +7,10 @@ writing (a dirty connection: after its flush; else, after the client's DISCONNEC
 Flow control is an input: pause_writing()/resume_writing(). The connection holds no
 transport: the asyncio side (broker/transport/connection_protocol.py) owns it.
 Packets are checked against the MQTT 5.0 rules (section 3 and 4.13).
+
+What a connection may use of its broker is `ConnectionHost` (core/host.py), listed there in
+groups (settings, time, counters, output, CONNECT, PUBLISH, SUBSCRIBE); mypy refuses anything
+else. Its session's state changes through Broker and Session methods and the CONNECT's fields.
 """
 from __future__ import annotations
 
@@ -30,7 +34,7 @@ from .session import NEVER, NO_IDS, ReplayBudget, Subscription
 from mqtt_topics import parse_shared, valid_topic_filter
 
 if TYPE_CHECKING:
-    from .broker import Broker
+    from .host import ConnectionHost
     from .session import Session
 
 log = logging.getLogger("broker.connection")
@@ -60,7 +64,7 @@ class Connection:
                  "connect_seen", "owner", "paused", "identity", "deferred",
                  "deferred_bytes", "connect_expiry", "log_at", "check_at")
 
-    def __init__(self, broker: Broker, peer: str | None = "?") -> None:
+    def __init__(self, broker: ConnectionHost, peer: str | None = "?") -> None:
         self.broker = broker
         self._peer = peer  # None: asked from the owner at first use (peer)
         # None while every read held whole packets of at most 129 bytes (codec.decode_one); a
@@ -259,6 +263,12 @@ class Connection:
             self.out_aliases[topic] = a
             return a, True
         return 0, True
+
+    def outbound_alias_unsent(self, topic: str) -> None:
+        """The PUBLISH that would have set up `topic`'s alias (outbound_alias() said it must be
+        sent) was not sent (too large for the client): the alias is free again, as if never
+        assigned [MQTT-3.3.2-11], 3.3.4."""
+        self.out_aliases.pop(topic, None)
 
     def outbound_aliases_reset(self) -> None:
         self.out_aliases = NO_ALIASES  # [MQTT-3.3.2-7]: aliases do not outlive the connection
@@ -525,7 +535,7 @@ class Connection:
             code = b.auth.check_client_id(client_id, c.username)  # [MQTT-3.1.3-8]
             if code:
                 return self.refuse(code, "client id not allowed for this user (auth.client_id_pattern)")
-        old = b.sessions.get(client_id)
+        old = b.session_of(client_id)
         if old is not None and cfg.session_owner_check and old.username != c.username:
             # A session belongs to the user that created it: another user may not resume it,
             # discard it (Clean Start 1) nor take over its connection (README "Access control").
@@ -569,7 +579,7 @@ class Connection:
             if PR.SESSION_EXPIRY_INTERVAL in props and expiry != props[PR.SESSION_EXPIRY_INTERVAL]:
                 ack_props[PR.SESSION_EXPIRY_INTERVAL] = expiry
         if v5:
-            size = len(_connack(b, P.MQTT_5, False) if ack_props is None else
+            size = len(b.connack(P.MQTT_5, False) if ack_props is None else
                        encode(P.Connack(False, 0, ack_props), P.MQTT_5))
             if size > self.max_packet_size:
                 return self.unsendable(P.CONNACK, size)
@@ -586,7 +596,7 @@ class Connection:
                     return
                 if token.failure is not None:
                     return self.refuse(rc.SERVER_UNAVAILABLE, token.failure)
-            old = b.sessions.get(client_id)  # the admission may have brought the session here
+            old = b.session_of(client_id)  # the admission may have brought the session here
         # [MQTT-3.1.4-3]: a client already connected with this id is taken over
         if old is not None and old.link is not None:
             old.link.server_disconnect(rc.SESSION_TAKEN_OVER, "another connection used this client id",
@@ -610,7 +620,7 @@ class Connection:
         # [MQTT-3.2.2-2], [MQTT-3.2.2-3]: session present only when resuming [MQTT-3.1.4-5]; MQTT
         # 3.1 has no such flag (its CONNACK's first byte is reserved): always 0 there
         if ack_props is None:  # v5: the broker's capabilities only
-            self.write(_connack(b, self.level, present and self.level != P.MQTT_31))
+            self.write(b.connack(self.level, present and self.level != P.MQTT_31))
         else:
             self.write(encode(P.Connack(present, 0, ack_props), P.MQTT_5))
         session.link = self
@@ -897,7 +907,7 @@ class Connection:
                 budget = ReplayBudget(cfg.max_retained_replay)
             # [MQTT-3.3.1-9]: sent with RETAIN=1, paced like other traffic (Session.pump); the
             # ACL's deny rules of this client checked per message (README "Access control")
-            session.replay_retained(b.retained.walk(topic_filter), qos, sid,
+            session.replay_retained(b.retained_matching(topic_filter), qos, sid,
                                     session.subscriptions[filt].read_check, budget, now)
 
     def subscribe_replay(self, filt: str, o: P.SubscriptionOptions, sub_id: int | None,
@@ -947,7 +957,7 @@ class Connection:
                            sub_id, session)
         sub.read_check = b.auth.needs_read_check(self.client_id, self.username, filt)
         if existed:
-            b.router.remove(session.subscriptions[filt])
+            b.remove_subscription(session.subscriptions[filt])
         session.add_subscription(sub)
         b.add_subscription(sub, existed)
         earlier = subscribed.get(filt)
@@ -970,7 +980,7 @@ class Connection:
             if sub is None:
                 codes.append(rc.NO_SUBSCRIPTION_EXISTED)
             else:
-                self.broker.router.remove(sub)  # [MQTT-3.10.4-2]
+                self.broker.remove_subscription(sub)  # [MQTT-3.10.4-2]
                 codes.append(rc.SUCCESS)
                 if session.store is not None:
                     session.store.delete_subscription(session.client_id, filt)
@@ -1077,15 +1087,6 @@ class Connection:
                 self.close(publish_will=False)
         elif self.keep_alive and now - self.last_rx > self.keep_alive * 1.5:  # [MQTT-3.1.2-22]
             self.server_disconnect(rc.KEEP_ALIVE_TIMEOUT, "keep alive timeout", publish_will=True)
-
-
-def _connack(b: Broker, level: int, present: bool) -> bytes:
-    """A successful CONNACK with no properties but the broker's capabilities (v5): encoded once."""
-    data = b.connacks.get((level, present))
-    if data is None:
-        props = (b.capabilities or None) if level == P.MQTT_5 else None
-        data = b.connacks[(level, present)] = encode(P.Connack(present, 0, props), level)
-    return data
 
 
 def _ack_size(codes: int, v5: bool) -> int:

@@ -1,8 +1,13 @@
 """Session state (4.1): subscriptions, in-flight windows, the offline queue.
 
 Plain data plus the outbound delivery rules; no sockets. While a client is
-connected `link` is its Connection (anything with level, receive_max,
-max_packet_size, topic alias state and write()).
+connected `link` is its Connection. What a session uses of it, all of it (the connection's
+internals are its own: a session changes them only through these methods):
+
+    read:    level, receive_max, max_packet_size, alias_max, paused (the client's limits and
+             flow control, set by the connection)
+    methods: write(data), outbound_alias(topic), outbound_alias_unsent(topic),
+             outbound_aliases_reset(), wake(), note(level, fmt, *args)
 """
 from __future__ import annotations
 
@@ -321,7 +326,7 @@ class Session:
             # [MQTT-3.1.2-25]: too large for this client; discard as if sent
             self.stats["dropped_too_large"] = self.stats.get("dropped_too_large", 0) + 1
             if alias and send_topic:  # the alias was never sent: undo it [MQTT-3.3.2-11], 3.3.4
-                link.out_aliases.pop(msg.topic, None)
+                link.outbound_alias_unsent(msg.topic)
             if seq is not None:
                 self.store.remove(seq)
             return False

@@ -99,10 +99,33 @@ class BrokerView:
         return {"received_by_qos": tuple(b.received_by_qos), "sent_by_qos": tuple(b.sent_by_qos),
                 **b.stats}
 
+    def hook_stats(self) -> dict[str, Any]:
+        """The hooks' own figures by section ("sink", "cluster", ...: Broker.hook_stats)."""
+        return self._b.hook_stats()
+
     def retained_sys_count(self) -> int:
         r = self._b.retained
         return sum(len(r.match(name + "/#")) for name in list(r.root.children)
                    if name.startswith("$"))
+
+    # ------------------------------------------------------------ settings and time
+    @property
+    def maximum_qos(self) -> int:
+        """mqtt.maximum_qos: the highest QoS the broker takes."""
+        return self._b.cfg.maximum_qos
+
+    @property
+    def retain_available(self) -> bool:
+        """mqtt.retain_available: whether retained messages are kept."""
+        return self._b.cfg.retain_available
+
+    def clock(self) -> float:
+        """The broker's monotonic clock (what expiry times are measured in)."""
+        return self._b.clock()
+
+    def wall(self) -> float:
+        """The broker's wall clock (epoch seconds: a message's accepted_at)."""
+        return self._b.wall()
 
     # ------------------------------------------------------------ clients and sessions
     def _connected(self) -> Iterator[tuple[Connection, Session]]:

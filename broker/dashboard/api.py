@@ -248,7 +248,7 @@ class Dashboard:
         return self.server.bytes_in, self.server.bytes_out
 
     def _sink_stats(self) -> dict:
-        return live.sink_stats(self.server.broker.hook_stats().get("sink"))
+        return live.sink_stats(self.view.hook_stats().get("sink"))
 
     # ------------------------------------------------------------ status of the history job
     def history_status(self) -> dict:
@@ -441,7 +441,7 @@ class Dashboard:
             "now": live.iso(time.time()), "sample_seconds": self.s.sample_seconds,
             "points": self.sampler.series(since), "totals": live.overview(self.view, self._io_bytes),
             "sink": self._sink_stats() or None,
-            "cluster": self.server.broker.hook_stats().get("cluster"),  # None on a single broker
+            "cluster": self.view.hook_stats().get("cluster"),  # None on a single broker
             "history": self.history_status(), "user": request["session"].user,
             "role": request["session"].role})
 

@@ -66,7 +66,7 @@ class BrokerCollector:
                                       "(auth.max_pending_checks reached)", value=checks.refused)
             yield CounterMetricFamily("mqtt_auth_skipped", "Password checks not run: the client "
                                       "left before its turn", value=checks.skipped)
-        yield from hook_metrics(self.server.broker.hook_stats())
+        yield from hook_metrics(self.view.hook_stats())
 
 
 def hook_metrics(sections: dict):
@@ -104,10 +104,11 @@ async def start_http(server, host: str, port: int):
             if path == "/metrics":
                 body, ctype, status = generate_latest(registry), "text/plain; version=0.0.4", "200 OK"
             elif path in ("/health", "/healthz"):
-                st = BrokerView(server.broker).stats()
+                view = BrokerView(server.broker)
+                st = view.stats()
                 info = {"status": "ok", "uptime_seconds": round(time.time() - started, 1),
                         "connections": st["connections"], "sessions": st["sessions"]}
-                for section, stats in server.broker.hook_stats().items():
+                for section, stats in view.hook_stats().items():
                     info[section] = {k: v for k, v in stats.items()
                                      if isinstance(v, (int, float, bool, str))}
                 body, ctype, status = json.dumps(info).encode(), "application/json", "200 OK"

@@ -41,7 +41,7 @@ class SysPublisher:
             "$SYS/broker/retained messages/count": str(st["retained"] + st["retained_sys"]),
             "$SYS/broker/subscriptions/count": str(st["subscriptions"]),
             "$SYS/broker/store/messages/count": str(st["queued"]),
-            **hook_topics(self.server.broker.hook_stats()),
+            **hook_topics(self.view.hook_stats()),
         }
 
     def publish(self) -> None:
