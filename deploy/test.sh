@@ -278,7 +278,12 @@ mosquitto_pub "${AUTH[@]}" -q 1 -t deploy/test/history -m "row-$RUN" || fail "pu
 ok "published a retained message, one for the offline session and a row, QoS 1"
 
 query() {  # rows of the history table whose payload is $1, through the job's Spark Connect port
-  PYTHONPATH=$ROOT .venv/bin/python -m sink.query --connect "sc://127.0.0.1:$CONNECT_PORT" \
+  # (with the job's token, from the broker's data directory the job shares: README "Deployment")
+  local token
+  token=$(podman exec "${PROJECT}_history_1" cat /var/lib/broker/secrets/spark_connect.token 2>/dev/null) \
+    || return 1
+  SPARK_CONNECT_AUTHENTICATE_TOKEN=$token PYTHONPATH=$ROOT .venv/bin/python -m sink.query \
+    --connect "sc://127.0.0.1:$CONNECT_PORT" \
     --format csv "SELECT payload_text, username FROM messages WHERE payload_text = '$1'" 2>/dev/null
 }
 has_row() { query "$1" | tr -d '\r' | grep -qx "$1,alice"; }  # csv lines end in CRLF
