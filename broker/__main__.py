@@ -20,7 +20,7 @@ from .transport.eventloop import install_uvloop
 log = logging.getLogger("broker")
 
 
-def parse_args(argv=None) -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="python -m broker",
         description="MQTT 3.1/3.1.1/5.0 broker. Settings: defaults < --config FILE < "
@@ -46,7 +46,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def build_config(args) -> settings.Config:
+def build_config(args: argparse.Namespace) -> settings.Config:
     """Every setting checked: ConfigError (one line, naming the key) for the first bad one."""
     flags = [("broker", name, getattr(args, name), "--" + name.replace("_", "-"))
              for name in ("host", "port", "data_dir", "log_level", "log_format")
@@ -78,7 +78,7 @@ def setup_logging(level: str, fmt: str) -> None:
         import json
 
         class JSONFormatter(logging.Formatter):
-            def format(self, r):
+            def format(self, r: logging.LogRecord) -> str:
                 return json.dumps({"time": self.formatTime(r), "level": r.levelname,
                                    "logger": r.name, "message": r.getMessage()})
         h = logging.StreamHandler()
@@ -142,7 +142,7 @@ def bind_error(exc: OSError, host: str, port: int) -> str:
     return msg
 
 
-def main(argv=None) -> int:
+def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         cfg = build_config(args)

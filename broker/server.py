@@ -9,7 +9,7 @@ import logging
 import signal
 import socket
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 from settings import Config, ListenerConfig, environment, listener_specs
 
@@ -20,6 +20,8 @@ from .transport.connection_protocol import AckGate, MQTTProtocol
 from .transport.eventloop import TransportTable, transport_table
 
 if TYPE_CHECKING:
+    from websockets.asyncio.server import Server as WSServer
+
     from .dashboard.api import Dashboard
     from .observability.sys_topics import SysPublisher
 
@@ -27,7 +29,7 @@ log = logging.getLogger("broker.server")
 
 
 class Server:
-    def __init__(self, config: Config, auth=None, hooks=()) -> None:
+    def __init__(self, config: Config, auth: Any = None, hooks: Sequence[Any] = ()) -> None:
         """hooks: the persistence store, the sink, the cluster... (core/hooks.py), attached to
         the broker after auth; the server only calls their lifecycle events."""
         self.config = config
@@ -95,6 +97,7 @@ class Server:
         self.transports = transport_table(self.loop)
         for start in self.hooks.on_start:  # restore state before clients can connect
             start()
+        srv: asyncio.Server | WSServer
         for spec in self.listener_specs():
             kind = spec.type
             ctx = None
@@ -199,7 +202,7 @@ class ListenError(OSError):
         self.host, self.port = host, port
 
 
-async def serve(config: Config, auth=None, hooks=()) -> None:
+async def serve(config: Config, auth: Any = None, hooks: Sequence[Any] = ()) -> None:
     server = Server(config, auth=auth, hooks=hooks)
     await server.start()
     log_codec()
@@ -294,7 +297,7 @@ def tune_gc() -> None:
 DEFER_ACCEPT_SECONDS = 1
 
 
-def defer_accept(sockets) -> None:
+def defer_accept(sockets: Iterable[socket.socket]) -> None:
     """TCP_DEFER_ACCEPT (Linux): the kernel hands a connection over once its first bytes have
     arrived, so accepting it and reading its CONNECT take one wake-up instead of two (about
     6 us less CPU per connection, bench/bench.py --scenarios conns). Every client of these

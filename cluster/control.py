@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, Callable, Iterable, NamedTuple
 
 NEVER = 0xFFFFFFFF  # Session Expiry Interval meaning "does not expire"
 
@@ -118,7 +118,7 @@ class Stale(NamedTuple):
     cid: str
 
 
-def rendezvous(key: str, nodes) -> str | None:
+def rendezvous(key: str, nodes: Iterable[str]) -> str | None:
     """The node of `nodes` that `key` maps to (highest random weight): every node with the same
     live set computes the same one, and a node leaving moves only its own keys."""
     best, best_w = None, b""
@@ -134,7 +134,7 @@ def _will_delay(will: dict | None) -> int:
 
 
 class ControlState:
-    def __init__(self, node: str, inc: str, clock) -> None:
+    def __init__(self, node: str, inc: str, clock: Callable[[], float]) -> None:
         self.node = node
         self.inc = inc
         self.clock = clock           # monotonic, local: only for "not seen for node_timeout"
@@ -359,7 +359,7 @@ class ControlState:
 
 
 # ------------------------------------------------------------------ record builders
-def node_record(kind: str, node: str, inc: str, **extra) -> dict:
+def node_record(kind: str, node: str, inc: str, **extra: Any) -> dict:
     return {"t": kind, "node": node, "inc": inc, **extra}
 
 
@@ -369,7 +369,7 @@ def claim_record(node: str, inc: str, req: str, clean: bool, expiry: int, will: 
             "expiry": expiry, "will": will, "user": user}
 
 
-def state_record(c: Client, node: str, inc: str, **changes) -> dict:
+def state_record(c: Client, node: str, inc: str, **changes: Any) -> dict:
     rec = {"t": "state", "epoch": c.epoch, "node": node, "inc": inc, "connected": c.connected,
            "expiry": c.expiry, "expires_at": c.expires_at, "will": c.will, "will_at": c.will_at,
            "user": c.user, "session": c.session}

@@ -10,7 +10,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable
+
+if TYPE_CHECKING:
+    import asyncio
+
+    from kafka_client.fetch import Fetcher
 
 log = logging.getLogger("cluster")
 
@@ -79,7 +84,7 @@ def _consumer_options(kafka: dict) -> dict:
     return {k: v for k, v in kafka.items() if k not in skip}
 
 
-def make_consumer(bootstrap: str, kafka: dict, fetch_wait_ms: int):
+def make_consumer(bootstrap: str, kafka: dict, fetch_wait_ms: int) -> Any:  # a kafka.KafkaConsumer
     from kafka import KafkaConsumer
     opts = {"enable_auto_commit": False, "fetch_max_wait_ms": fetch_wait_ms,
             "max_poll_records": 2000, "client_id": "mqtt-cluster-reader",
@@ -102,7 +107,8 @@ class Reader(threading.Thread):
     IDLE_AFTER = 0.2
     IDLE_WAIT_MS = 50
 
-    def __init__(self, consumer, loop, apply, name: str = "cluster-reader", between=None) -> None:
+    def __init__(self, consumer: Any, loop: asyncio.AbstractEventLoop, apply: Callable[[dict], None],
+                 name: str = "cluster-reader", between: Callable[[], None] | None = None) -> None:
         super().__init__(name=name, daemon=True)
         self.consumer = consumer
         self.loop = loop
@@ -115,7 +121,7 @@ class Reader(threading.Thread):
     def run(self) -> None:
         done = threading.Event()
 
-        def on_loop(recs) -> None:
+        def on_loop(recs: dict) -> None:
             try:
                 self.apply(recs)
             finally:
@@ -164,7 +170,8 @@ class FetchReader(threading.Thread):
     IDLE_AFTER = 0.2
     IDLE_WAIT_MS = 50
 
-    def __init__(self, fetcher, loop, apply, name: str = "cluster-reader") -> None:
+    def __init__(self, fetcher: Fetcher, loop: asyncio.AbstractEventLoop, apply: Callable[[list], None],
+                 name: str = "cluster-reader") -> None:
         super().__init__(name=name, daemon=True)
         self.fetcher = fetcher
         self.loop = loop
@@ -177,7 +184,7 @@ class FetchReader(threading.Thread):
         f = self.fetcher
         busy_wait = f.wait_ms
 
-        def on_loop(batches) -> None:
+        def on_loop(batches: list) -> None:
             try:
                 self.apply(batches)
             finally:

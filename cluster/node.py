@@ -23,7 +23,7 @@ import logging
 import threading
 import time
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from broker.core.durability import Pending
 from broker.core.hooks import SESSION_EVENTS, STORED_EVENTS, Hook
@@ -35,6 +35,13 @@ from . import records as R
 from .link import FetchReader, Topics, ensure_topics, make_consumer
 from .produce import Producer
 from .shares import Shares
+
+if TYPE_CHECKING:
+    from broker.core.broker import Broker
+    from broker.core.message import Message
+    from broker.core.session import Session, Subscription
+    from broker.protocol.packets import Will
+    from settings import ClusterConfig
 
 log = logging.getLogger("cluster")
 
@@ -80,7 +87,7 @@ class ClusterNode(Hook):
                           "on_stop", "stats", "on_client_connected", "on_client_disconnected")
                          + SESSION_EVENTS + STORED_EVENTS)
 
-    def __init__(self, cfg, bootstrap: str, wall=time.time) -> None:
+    def __init__(self, cfg: ClusterConfig, bootstrap: str, wall: Callable[[], float] = time.time) -> None:
         if not cfg.node_id:
             raise ValueError("cluster.node_id is empty: give each node an id of its own, "
                              "e.g. --set cluster.node_id=n1")
@@ -126,7 +133,7 @@ class ClusterNode(Hook):
                          "evictions": 0, "produce_errors": 0}
 
     # ------------------------------------------------------------ lifecycle
-    def attach(self, broker) -> None:
+    def attach(self, broker: Broker) -> None:
         self.broker = broker
 
     def on_start(self) -> None:
@@ -169,7 +176,7 @@ class ClusterNode(Hook):
         self.reader.start()
         self.beat_handle = self.loop.call_later(self.cfg.heartbeat_seconds, self._beat)
 
-    def _read_until(self, done, what: str, timeout: float = 60.0) -> None:
+    def _read_until(self, done: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
         """Start-up only (the loop serves nothing yet): poll and apply on this thread."""
         deadline = time.monotonic() + timeout
         while not done():
@@ -235,14 +242,14 @@ class ClusterNode(Hook):
         return c.node if c is not None else None
 
     # ------------------------------------------------------------ producing
-    def _send(self, topic: str, key: bytes, value: bytes | None, headers=None,
+    def _send(self, topic: str, key: bytes, value: bytes | None, headers: list[tuple[str, bytes]] | None = None,
               ts: int | None = None, batch: _Batch | None = None) -> None:
         if batch is not None:
             batch.count += 1
         self.producer.send(topic, key, value, headers,
                            int(self.wall() * 1000) if ts is None else ts, batch)
 
-    def _completed(self, items) -> None:
+    def _completed(self, items: list[tuple[_Batch | None, str | None]]) -> None:
         """Records Kafka acknowledged (failure None) or gave up on."""
         for batch, failure in items:
             if failure is not None:
@@ -267,7 +274,7 @@ class ClusterNode(Hook):
         return b
 
     # ------------------------------------------------------------ the hook: messages
-    def route(self, msg, sender) -> None:
+    def route(self, msg: Message, sender: Session | None) -> None:
         """An accepted message: to the messages topic (and the retained one); delivered here too
         when this node reads it back, like on every node."""
         if msg.qos == 0 and self.producer.backlog > self.cfg.max_backlog:
@@ -379,7 +386,7 @@ class ClusterNode(Hook):
         records from a known position but are not routed yet."""
         return [(sub, since[p]) for sub, since in self.waiting_subs if p in since]
 
-    def _route_starting(self, rec, p: int, starting: list, clock_now: float,
+    def _route_starting(self, rec: Records, p: int, starting: list, clock_now: float,
                         wall_now: float) -> int:
         """The slow path while new subscriptions start: record by record, each also goes to the
         new subscriptions it matches at or after their first offset (so none misses a record of
@@ -405,7 +412,7 @@ class ClusterNode(Hook):
             n += 1
         return n
 
-    def install(self, sub) -> None:
+    def install(self, sub: Subscription) -> None:
         """A new subscription takes the log's messages from where this node knows it ends at
         the SUBSCRIBE: past what it has routed, what its last fetch saw and what Kafka has
         acknowledged of this node's own writes. Every one of those records existed before the
@@ -531,7 +538,8 @@ class ClusterNode(Hook):
                                                             at=self.wall()))
 
     # ------------------------------------------------------------ admission (CONNECT)
-    def admit(self, client_id: str, clean_start: bool, expiry: int, will, username, level):
+    def admit(self, client_id: str, clean_start: bool, expiry: int, will: Will | None, username: str | None,
+              level: int) -> Pending:
         token = Pending()
         if not self.ready or self.fenced:
             token.resolve("this cluster node is not ready yet; try again")
@@ -627,7 +635,8 @@ class ClusterNode(Hook):
         finally:
             consumer.close()
 
-    def _rebuilt(self, claim: _Claim, s, subs, inflight: dict, found: list, err) -> None:
+    def _rebuilt(self, claim: _Claim, s: Session, subs: list[tuple[Subscription, dict[int, int]]], inflight: dict,
+                 found: list, err: Exception | None) -> None:
         broker = self.broker
         cid = claim.cid
         if err is not None:
@@ -670,14 +679,14 @@ class ClusterNode(Hook):
         claim.token.resolve()
 
     # ------------------------------------------------------------ the hook: clients
-    def on_client_connected(self, session, present: bool) -> None:
+    def on_client_connected(self, session: Session, present: bool) -> None:
         c = self.state.clients.get(session.client_id)
         if c is None or c.node != self.node or c.inc != self.inc:
             return
         self.bound[session.client_id] = c.epoch
         self.dirty.add(session.client_id)
 
-    def on_client_disconnected(self, session, publish_will: bool) -> None:
+    def on_client_disconnected(self, session: Session, publish_will: bool) -> None:
         cid = session.client_id
         if cid in self.bound:
             self.dirty.add(cid)
@@ -685,14 +694,14 @@ class ClusterNode(Hook):
                 self.ended.add(cid)  # a clean session ends with its connection
 
     # persistence events (persistent sessions only)
-    def on_session_saved(self, session) -> None:
+    def on_session_saved(self, session: Session) -> None:
         self.dirty.add(session.client_id)
 
     def on_session_deleted(self, client_id: str) -> None:
         self.ended.add(client_id)
         self.handles.pop(client_id, None)
 
-    def on_subscribed(self, client_id: str, sub) -> None:
+    def on_subscribed(self, client_id: str, sub: Subscription) -> None:
         # (a new subscription's start was set by install(); a replaced one keeps its own)
         self.since.setdefault((client_id, sub.filter), dict(self.routed_upto))
         self.dirty.add(client_id)
@@ -706,7 +715,8 @@ class ClusterNode(Hook):
 
     on_qos2_released = on_qos2_received
 
-    def on_message_stored(self, client_id: str, msg, qos: int, retain: bool, sub_ids, pid=None):
+    def on_message_stored(self, client_id: str, msg: Message, qos: int, retain: bool,
+                          sub_ids: tuple[int, ...] | None, pid: int | None = None) -> _Handle:
         h = _Handle(client_id, msg.store_id if isinstance(msg.store_id, tuple) else None, pid)
         hs = self.handles.get(client_id)
         if hs is None:
@@ -714,14 +724,14 @@ class ClusterNode(Hook):
         hs.add(h)
         return h
 
-    def on_stored_sending(self, handle, pid: int) -> None:
+    def on_stored_sending(self, handle: _Handle, pid: int) -> None:
         handle.pid = pid
 
-    def on_stored_released(self, handle) -> None:
+    def on_stored_released(self, handle: _Handle) -> None:
         handle.released = True
         self.progress.add(handle.cid)
 
-    def on_stored_done(self, handle) -> None:
+    def on_stored_done(self, handle: _Handle) -> None:
         hs = self.handles.get(handle.cid)
         if hs is not None:
             hs.discard(handle)
@@ -755,7 +765,7 @@ class ClusterNode(Hook):
             self.progress.discard(cid)
         self.dirty.clear()
 
-    def _state_record(self, s, epoch: int, final: bool = False, connected: bool | None = None) -> dict:
+    def _state_record(self, s: Session, epoch: int, final: bool = False, connected: bool | None = None) -> dict:
         broker = self.broker
         now, wall = broker.clock(), self.wall()
         connected = s.link is not None if connected is None else connected
@@ -769,7 +779,7 @@ class ClusterNode(Hook):
             rec["final"] = True
         return rec
 
-    def _checkpoint(self, s) -> dict:
+    def _checkpoint(self, s: Session) -> dict:
         cid = s.client_id
         pos = dict(self.routed_upto)
         inflight = []
@@ -858,7 +868,8 @@ class ClusterNode(Hook):
         broker.publish(msg, None)
 
 
-def _match(subs, msg, sender: str, cid: str, p: int, off: int):
+def _match(subs: Iterable[tuple[Subscription, dict[int, int] | None]], msg: Message, sender: str, cid: str, p: int,
+           off: int) -> tuple[int, bool, tuple[int, ...] | None] | None:
     """(qos, retain, sub_ids) of a message for a session's subscriptions (as Broker.route), or
     None. A subscription made after the message was in the log does not take it."""
     qos, retain, ids = -1, False, []

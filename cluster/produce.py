@@ -17,6 +17,10 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from typing import TYPE_CHECKING, Any, Callable, Iterator
+
+if TYPE_CHECKING:
+    import asyncio
 
 from kafka_client.produce import BatchSender, NotReady
 from kafka_client.record import encode_body
@@ -25,7 +29,8 @@ log = logging.getLogger("cluster")
 
 
 class Producer:
-    def __init__(self, loop, bootstrap: str, kafka: dict, done, delivery_timeout: float = 30.0) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, bootstrap: str, kafka: dict,
+                 done: Callable[[list[tuple[Any, str | None]]], None], delivery_timeout: float = 30.0) -> None:
         """done(list of (tag, failure or None)) is called on the loop for every record sent."""
         self.loop = loop
         self.user_done = done
@@ -47,7 +52,8 @@ class Producer:
         self.thread.start()
 
     # ------------------------------------------------------------ on the loop
-    def send(self, topic: str, key: bytes, value: bytes | None, headers, ts: int, tag) -> None:
+    def send(self, topic: str, key: bytes, value: bytes | None, headers: list[tuple[str, bytes]] | None, ts: int,
+             tag: Any) -> None:
         """Queue one record (value None: a tombstone); `tag` comes back with its outcome."""
         body = encode_body(key, value, headers or []) if value is not None else _tombstone(key)
         self.pending.append((topic, ts, body, tag))
@@ -63,7 +69,7 @@ class Producer:
         self.answered += len(outcome)
         self.user_done(outcome)
 
-    def send_body(self, topic: str, body: bytes, ts: int, tag) -> None:
+    def send_body(self, topic: str, body: bytes, ts: int, tag: Any) -> None:
         """send() of a record body already encoded (kafka_client.record.encode_message_body)."""
         self.pending.append((topic, ts, body, tag))
         self.backlog += 1
@@ -179,7 +185,7 @@ class Producer:
 CHUNK_BYTES = 1 << 20
 
 
-def _chunks(work: list, limit: int):
+def _chunks(work: list, limit: int) -> Iterator[list]:
     """`work` in order, cut into runs of at most `limit` bytes of record bodies (at least one)."""
     start, size = 0, 0
     for i, item in enumerate(work):

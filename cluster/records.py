@@ -11,7 +11,10 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any, Iterable
+
+if TYPE_CHECKING:
+    from broker.protocol.packets import Will
 
 from broker.core.message import Message
 from broker.protocol import properties as PR
@@ -61,7 +64,8 @@ def message_body(msg: Message, client_id: str, username: str | None, protocol: i
 _FLAG = {b"0": 0, b"1": 1, b"2": 2}
 
 
-def decode_message(key: bytes, value: bytes | None, headers, timestamp_ms: int, clock_now: float,
+def decode_message(key: bytes, value: bytes | None, headers: Iterable[tuple[str, bytes]], timestamp_ms: int,
+                   clock_now: float,
                    wall_now: float) -> tuple[Message, str, str]:
     """(Message, publisher client id, accepting node) of a messages-topic record: the inverse
     of message_body, reading each header once (a node decodes every message it delivers)."""
@@ -117,7 +121,7 @@ def loads(raw: bytes | None) -> dict | None:
 
 
 # ------------------------------------------------------------------ wills in control records
-def will_to_dict(will, now_wall: float) -> dict | None:
+def will_to_dict(will: Will | None, now_wall: float) -> dict | None:
     """A CONNECT's Will (protocol packets.Will) as JSON: topic, payload (latin-1 text),
     qos, retain, properties we carry (delay, expiry, the forwarded ones)."""
     if will is None:
@@ -140,7 +144,7 @@ def will_message(d: JsonObject, client_id: str, clock_now: float, wall_now: floa
                    expires_at, client_id, wall_now)
 
 
-def will_from_dict(d: JsonObject | None):
+def will_from_dict(d: JsonObject | None) -> Will | None:
     """The Will back as a protocol packets.Will (for a session restored on another node)."""
     if d is None:
         return None

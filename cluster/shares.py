@@ -19,11 +19,18 @@ import hashlib
 import logging
 import threading
 import time
+from typing import TYPE_CHECKING, Any, Iterable
 
 from mqtt_topics import matches
 
 from . import records as R
 from .link import Reader
+
+if TYPE_CHECKING:
+    from broker.core.message import Message
+    from broker.core.session import Session
+
+    from .node import ClusterNode
 
 log = logging.getLogger("cluster")
 
@@ -36,7 +43,7 @@ def group_id(prefix: str, group: str, topic_filter: str) -> str:
 class ShareStream:
     """This node's member of one share group's consumer group, and what it owes its members."""
 
-    def __init__(self, node, key: tuple) -> None:
+    def __init__(self, node: ClusterNode, key: tuple) -> None:
         self.node = node
         self.key = key                    # (group, topic filter): Router's group key
         self.group, self.filter = key
@@ -46,7 +53,7 @@ class ShareStream:
         self.commit_to: dict = {}         # partition -> offset: what the reader thread commits
         self.lock = threading.Lock()
         self.reader: Reader | None = None
-        self.consumer = None
+        self.consumer: Any = None  # a kafka.KafkaConsumer
         self.closing = False
 
     # ------------------------------------------------------------ on the reader thread
@@ -70,13 +77,13 @@ class ShareStream:
         stream = self
 
         class Listener(ConsumerRebalanceListener):
-            def on_partitions_revoked(self, revoked) -> None:
+            def on_partitions_revoked(self, revoked: Iterable[Any]) -> None:
                 stream._commit_now()      # what was delivered here is not delivered again
                 with stream.lock:
                     for tp in revoked:
                         stream.assigned.discard(tp.partition)
 
-            def on_partitions_assigned(self, assigned) -> None:
+            def on_partitions_assigned(self, assigned: Iterable[Any]) -> None:
                 with stream.lock:
                     stream.assigned |= {tp.partition for tp in assigned}
                 log.info("cluster: $share/%s/%s: partitions %s of the messages topic are this "
@@ -88,7 +95,7 @@ class ShareStream:
                              between=self._commit_now)
         self.reader.start()
 
-    def _seed_offsets(self, gid: str, topic: str, TopicPartition) -> None:
+    def _seed_offsets(self, gid: str, topic: str, TopicPartition: Any) -> None:
         """A group nobody has consumed for yet starts where the log is now, so what was published
         after its first SUBACK reaches it even while the consumer group is still forming."""
         from kafka import KafkaConsumer
@@ -177,13 +184,13 @@ class ShareStream:
                 pass
 
 
-def _holds(s, msg) -> bool:
+def _holds(s: Session, msg: Message) -> bool:
     """Whether a member session still owes an acknowledgement for msg (in flight or queued)."""
     for e in s.inflight_out.values():
         if e.msg is msg:
             return True
-    for e in s.queue:
-        if e[0] is msg:
+    for q in s.queue:
+        if q[0] is msg:
             return True
     return False
 
@@ -191,7 +198,7 @@ def _holds(s, msg) -> bool:
 class Shares:
     """The share streams this node runs: one per group with members here."""
 
-    def __init__(self, node) -> None:
+    def __init__(self, node: ClusterNode) -> None:
         self.node = node
         self.streams: dict[tuple, ShareStream] = {}
         self.seen_version = -1

@@ -237,7 +237,7 @@ def encode_message(kafka_topic: str, topic: str, payload: Buffer, qos: int, reta
     return _ENTRY_HEAD.pack(ENTRY_VERSION, ts_ms, len(kt), len(body)) + kt + body
 
 
-def encode_message_body(topic: str, payload, qos: int, retain: bool, client_id: str,
+def encode_message_body(topic: str, payload: Buffer, qos: int, retain: bool, client_id: str,
                         username: str | None, protocol: int, message_id: str,
                         extra: list[tuple[str, bytes]] | None = None) -> bytes:
     """The Kafka record body (encode_body's bytes) of the record contract for one message, the

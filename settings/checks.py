@@ -266,7 +266,7 @@ COUNT = Int(0)
 
 def check(section: str, key: str, value: Any, schema: dict[str, dict[str, Spec]], source: str = "",
           text: bool = False,
-          name: str = ""):
+          name: str = "") -> Any:
     """The value to keep for section.key, or ConfigError naming the key and what it accepts;
     schema: {table: {key: Spec}} (settings.tree.sections() for the whole file)."""
     name = name or f"{section}.{key}"

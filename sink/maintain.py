@@ -10,7 +10,7 @@ from settings import report as report_config_error
 from sink.history.maintenance import describe, maintain_once, open_table, parse_time, settings_of
 
 
-def main(argv=None) -> int:
+def main(argv: list[str] | None = None) -> int:
     import argparse
 
     from settings import environment

@@ -27,12 +27,16 @@ import getpass
 import json
 import os
 import sys
+from typing import TYPE_CHECKING, Any, Iterable
 
 from settings import environment
 
 from .accounts import PASSWORD_FILE, ROLES, delete_account, read_accounts, set_account, set_role, users_file
 from .bans import KINDS
 from .client import AdminClient, APIError
+
+if TYPE_CHECKING:
+    from settings import Config
 
 DEFAULT_URL = "http://127.0.0.1:18083"
 
@@ -133,7 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _config(args):
+def _config(args: argparse.Namespace) -> Config:
     import settings
     flags = [("broker", "data_dir", args.data_dir, "--data-dir")] if args.data_dir else []
     return settings.load(args.config, flags=flags)
@@ -148,7 +152,7 @@ def _ask(prompt: str) -> str:
     return first
 
 
-def users(args, cfg) -> int:
+def users(args: argparse.Namespace, cfg: Config) -> int:
     path = args.file or users_file(cfg.data_dir, cfg.dashboard.users_file)
     if args.op == "list":
         for a in read_accounts(path).values():
@@ -178,7 +182,7 @@ def users(args, cfg) -> int:
     return 0
 
 
-def _password(args, cfg) -> str:
+def _password(args: argparse.Namespace, cfg: Config) -> str:
     password = environment.ADMIN_PASSWORD.get()
     if password:
         return password
@@ -194,7 +198,8 @@ def _password(args, cfg) -> str:
                          f"or give --password-file ({path} cannot be read)") from None
 
 
-def _print(args, data, rows=None, columns=()) -> None:
+def _print(args: argparse.Namespace, data: Any, rows: Iterable[dict[str, Any]] | None = None,
+           columns: Iterable[str] = ()) -> None:
     if args.json or rows is None:
         print(json.dumps(data, indent=2, ensure_ascii=False))
         return
@@ -202,7 +207,7 @@ def _print(args, data, rows=None, columns=()) -> None:
         print("\t".join("" if r.get(c) is None else str(r.get(c)) for c in columns))
 
 
-def remote(args, cfg) -> int:
+def remote(args: argparse.Namespace, cfg: Config) -> int:
     url = args.url or environment.ADMIN_URL.get() or \
         f"http://127.0.0.1:{cfg.dashboard.port}"
     user = args.user or environment.ADMIN_USER.get() or "admin"
@@ -265,7 +270,7 @@ def _quote(text: str) -> str:
     return urllib.parse.quote(text, safe="")
 
 
-def main(argv=None) -> int:
+def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         cfg = _config(args)

@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import time
+from typing import Callable
 
 log = logging.getLogger("broker.admin")
 
@@ -38,7 +39,7 @@ def peer_address(peer: str) -> str:
 
 
 class BanList:
-    def __init__(self, path: str | None, clock=time.time) -> None:
+    def __init__(self, path: str | None, clock: Callable[[], float] = time.time) -> None:
         self.path = path
         self.clock = clock
         self.bans: dict[tuple[str, str], dict] = {}
@@ -64,7 +65,7 @@ class BanList:
 
     __call__ = check
 
-    def _active(self, key, now: float) -> dict | None:
+    def _active(self, key: tuple[str, str], now: float) -> dict | None:
         b = self.bans.get(key)
         if b is None or (b["until"] is not None and b["until"] <= now):
             return None

@@ -10,6 +10,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from http.cookies import SimpleCookie
+from typing import Any
 
 
 class APIError(Exception):
@@ -26,7 +27,8 @@ class AdminClient:
         self.cookie: str | None = None
         self.csrf: str | None = None
 
-    def _send(self, method: str, path: str, body=None, query: dict | None = None):
+    def _send(self, method: str, path: str, body: Any = None,
+              query: dict | None = None) -> tuple[int, dict[str, str], bytes]:
         url = self.url + path
         if query:
             url += "?" + urllib.parse.urlencode({k: v for k, v in query.items() if v is not None})
@@ -58,7 +60,7 @@ class AdminClient:
         self.csrf = body["csrf_token"]
         return body
 
-    def call(self, method: str, path: str, body=None, **query):
+    def call(self, method: str, path: str, body: Any = None, **query: Any) -> dict:
         if self.cookie is None:
             self.login()
         status, _, raw = self._send(method, path, body, query)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import TYPE_CHECKING, Any, Iterable
 
 from mqtt_topics import valid_topic_filter, valid_topic_name
 
@@ -17,6 +18,11 @@ from ..core.message import Message
 from ..core.view import BrokerView
 from ..protocol import properties as PR
 from .bans import BanError, BanList
+
+if TYPE_CHECKING:
+    from ..core.view import RetainedRecord
+    from ..server import Server
+    from .accounts import Accounts
 
 audit_log = logging.getLogger("broker.audit")
 
@@ -32,20 +38,20 @@ class Refused(RuntimeError):
     """The broker cannot take it now (e.g. the sink's spool is full): HTTP 503."""
 
 
-def _show(value, limit: int = 200) -> str:
+def _show(value: object, limit: int = 200) -> str:
     """A client-supplied string for a log line: escaped (repr) and cut."""
     text = repr(value)
     return text if len(text) <= limit else text[:limit] + "...'"
 
 
-def audit(who: str, address: str, action: str, outcome: str = "ok", **details) -> None:
+def audit(who: str, address: str, action: str, outcome: str = "ok", **details: object) -> None:
     extra = "".join(f" {k}={_show(v)}" for k, v in details.items())
     audit_log.info("audit: user=%s from=%s action=%s%s -> %s", _show(who, 100),
                    _show(address, 100), action, extra, outcome)
 
 
 class AdminService:
-    def __init__(self, server, bans: BanList | None = None, accounts=None) -> None:
+    def __init__(self, server: Server, bans: BanList | None = None, accounts: Accounts | None = None) -> None:
         self.server = server
         self.broker = server.broker
         self.view = BrokerView(server.broker)
@@ -61,7 +67,7 @@ class AdminService:
     # ------------------------------------------------------------ messages
     def publish(self, topic: str, payload: bytes, qos: int = 0, retain: bool = False,
                 content_type: str | None = None, message_expiry: int | None = None,
-                user_properties=(), response_topic: str | None = None,
+                user_properties: Iterable[Any] = (), response_topic: str | None = None,
                 utf8: bool | None = None, username: str | None = None) -> int:
         """Publish as an accepted PUBLISH is published (sink, retained, routed): how many
         sessions got it. Refused when the sink refuses it (spool full)."""
@@ -121,7 +127,7 @@ class AdminService:
                                    self.view.wall()))
         return True
 
-    def retained(self, filt: str, limit: int):
+    def retained(self, filt: str, limit: int) -> tuple[list[RetainedRecord], int]:
         if not valid_topic_filter(filt) or filt.startswith("$share/"):
             raise AdminError(f"invalid topic filter {filt!r}")
         return self.view.retained(filt, limit)

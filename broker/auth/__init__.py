@@ -35,12 +35,16 @@ from __future__ import annotations
 import logging
 import re
 import time
+from typing import TYPE_CHECKING, Callable
 
 from settings import AuthConfig, ConfigError
 
 from ..core.hooks import AUTH_CHECKS, Hook
 from .acl import ACL, AuthFileError, covers, file_signature, overlaps
 from .passwords import PasswordFile, hash_password, verify_password
+
+if TYPE_CHECKING:
+    from ..core.broker import Broker
 
 __all__ = ["AccessControl", "from_config", "ACL", "AuthFileError", "PasswordFile",
            "hash_password", "verify_password", "covers", "overlaps",
@@ -66,7 +70,8 @@ class AccessControl(Hook):
                  cache_seconds: float = _DEFAULT.cache_seconds,
                  reload_interval: float = _DEFAULT.reload_interval,
                  decision_cache_size: int = _DEFAULT.decision_cache_size,
-                 client_id_pattern: str = _DEFAULT.client_id_pattern, clock=time.monotonic) -> None:
+                 client_id_pattern: str = _DEFAULT.client_id_pattern,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         if allow_anonymous is None:
             allow_anonymous = not password_file
         if not allow_anonymous and not password_file:
@@ -86,9 +91,9 @@ class AccessControl(Hook):
         self._sub_cache: dict = {}
         self._read_cache: dict = {}
         self.client_id_pattern = client_id_pattern
-        self.on_acl_reload = None  # set by the broker: re-flag subscriptions after a reload
+        self.on_acl_reload: Callable[[], None] | None = None  # set by the broker: re-flag subscriptions after a reload
 
-    def attach(self, broker) -> None:
+    def attach(self, broker: Broker) -> None:
         self.on_acl_reload = broker.flag_read_checks  # re-flag subscriptions after a reload
 
     # ---------------------------------------------------------------- reload
@@ -183,7 +188,8 @@ class AccessControl(Hook):
                        for part in pat.split("*"))
         return 0 if re.fullmatch(rx, client_id, re.DOTALL) else CLIENT_IDENTIFIER_NOT_VALID
 
-    def _decide(self, cache: dict, fn, client_id, username, topic) -> bool:
+    def _decide(self, cache: dict, fn: Callable[[str, str | None, str], bool], client_id: str,
+                username: str | None, topic: str) -> bool:
         if not self.decision_cache_size:
             return fn(client_id, username, topic)
         key = (client_id, username, topic)

@@ -70,7 +70,7 @@ def _ask_password(user: str) -> str:
     return first
 
 
-def main(argv=None) -> int:
+def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         if args.command == "check-acl":

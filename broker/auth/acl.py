@@ -59,6 +59,7 @@ from __future__ import annotations
 import difflib
 import os
 from dataclasses import dataclass, field
+from typing import Iterable
 
 from mqtt_topics import matches, valid_topic_filter
 
@@ -266,7 +267,7 @@ class ACL:
                 f"{n_topic} topic rule(s) in all, {len(self.patterns)} pattern(s)")
 
 
-def _did_you_mean(word: str, known) -> str:
+def _did_you_mean(word: str, known: Iterable[str]) -> str:
     close = difflib.get_close_matches(word, list(known), n=1, cutoff=0.6)
     return f" (did you mean {close[0]!r}?)" if close else ""
 
@@ -285,7 +286,7 @@ def _cut_before(f: str, key: str) -> str | None:
     return "/".join(levels[:i] + ["#"]) if i else None
 
 
-def file_signature(path: str):
+def file_signature(path: str) -> tuple[int, int, int] | None:
     """What changes when a file is replaced or edited (for reload-on-change)."""
     try:
         st = os.stat(path)

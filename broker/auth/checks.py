@@ -18,6 +18,7 @@ import logging
 import os
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, Hashable
 
 from settings import AuthConfig
 
@@ -45,7 +46,8 @@ class CheckQueue:
         self.refused = 0          # submits refused because the queue was full
         self.skipped = 0          # checks not run because the client left before their turn
 
-    def submit(self, key, fn, still_wanted, done) -> bool:
+    def submit(self, key: Hashable, fn: Callable[[], Any], still_wanted: Callable[[], bool],
+               done: Callable[[Any], None]) -> bool:
         """Queue a check; False (nothing queued) when max_pending checks are already pending."""
         if self.pending >= self.max_pending:
             self.refused += 1
@@ -74,7 +76,7 @@ class CheckQueue:
             fut = asyncio.get_running_loop().run_in_executor(self.executor, fn)
             fut.add_done_callback(lambda f, done=done: self._finished(f, done))  # type: ignore[misc]
 
-    def _finished(self, fut, done) -> None:
+    def _finished(self, fut: asyncio.Future[Any], done: Callable[[Any], None]) -> None:
         self.running -= 1
         self.pending -= 1
         try:

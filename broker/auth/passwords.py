@@ -52,6 +52,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
+from typing import Any, Callable
 
 from .acl import AuthFileError, file_signature
 
@@ -218,7 +219,7 @@ class PasswordFile:
     """The users of a password file, re-read when it changes, with a verification cache."""
 
     def __init__(self, path: str, reload_interval: float = 2.0, cache_seconds: float = 120.0,
-                 cache_max_entries: int = 100_000, clock=time.monotonic) -> None:
+                 cache_max_entries: int = 100_000, clock: Callable[[], float] = time.monotonic) -> None:
         self.path = path
         self.reload_interval = reload_interval
         self.cache_seconds = cache_seconds
@@ -365,7 +366,7 @@ def _write_lines(path: str, lines: list[str]) -> None:
         raise
 
 
-def set_user(path: str, username: str, password: str | bytes, **params) -> bool:
+def set_user(path: str, username: str, password: str | bytes, **params: Any) -> bool:
     """Add or replace a user; True when the user was new. Other lines are kept as they are."""
     problem = valid_username(username)
     if problem:

@@ -18,6 +18,7 @@ class Message:
 
     __slots__ = ("topic", "topic_bytes", "payload", "qos", "retain", "props", "expires_at",
                  "sender", "forms", "accepted_at", "store_id", "sink_id")
+    sink_id: bytes  # (declared for the type checker; left unset by __init__, see below)
 
     def __init__(self, topic: str, payload: bytes, qos: int, retain: bool,
                  props: dict[int, Any] | None, expires_at: float | None, sender: str | None,

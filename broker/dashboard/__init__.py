@@ -7,8 +7,13 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from typing import TYPE_CHECKING
 
 from settings import DashboardConfig, HistoryConfig
+
+if TYPE_CHECKING:
+    from ..server import Server
+    from .api import Dashboard
 
 log = logging.getLogger("broker.dashboard")
 
@@ -23,7 +28,7 @@ def settings(dash: DashboardConfig | None = None,
     return dataclasses.replace(dash, connect_url=dash.connect_url or history.connect_url)
 
 
-async def start(server):
+async def start(server: Server) -> Dashboard:
     """Start the dashboard of a running Server; returns the Dashboard (``.port``, ``.stop()``).
 
     Operators' accounts come from [dashboard] users_file; with none there, the first

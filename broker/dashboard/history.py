@@ -21,6 +21,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from mqtt_topics import valid_topic_filter
 from settings.secrets import TOKEN_ENV
@@ -184,7 +185,7 @@ class HistoryClient:
     """Asks the history job from a child process (history_worker.py), one question at a time."""
 
     def __init__(self, url: str, timeout: float, start_hint: str, idle_seconds: float = 120.0,
-                 token=None) -> None:
+                 token: Callable[[], str | None] | None = None) -> None:
         """token(): the job's Spark Connect token (or None), read when a worker starts."""
         from settings import connect_address
         self.url = url

@@ -17,6 +17,7 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable
 
 from .history import COUNTS_SQL, LATEST_SQL, VALUES_SQL, iso
 
@@ -26,9 +27,9 @@ log = logging.getLogger("broker.dashboard.history_worker")
 class Worker:
     def __init__(self, url: str) -> None:
         self.url = url
-        self._spark = None
+        self._spark: Any = None  # a pyspark SparkSession
 
-    def _session(self):
+    def _session(self) -> Any:
         if self._spark is None:
             from pyspark.sql import SparkSession  # ImportError: answer() says what is missing
 
@@ -62,7 +63,7 @@ class Worker:
         raise AssertionError("unreachable")
 
     @staticmethod
-    def _run(spark, q: dict, started: float) -> dict:
+    def _run(spark: Any, q: dict, started: float) -> dict:
         args = q["params"]
         # three independent questions: asked at once (one Spark Connect session serves
         # concurrent operations), so the answer takes about as long as the slowest one
@@ -97,7 +98,7 @@ def _connection_problem(exc: Exception) -> bool:
                                    "SESSION_CLOSED", "Connection refused", "RetriesExceeded"))
 
 
-def _drop(spark) -> None:
+def _drop(spark: Any) -> None:
     """Let a Spark Connect session go without waiting: pyspark's exit hook would retry its
     clean-up calls for minutes when the job (the server) has stopped first."""
     client = getattr(spark, "_client", None)
@@ -106,14 +107,14 @@ def _drop(spark) -> None:
     threading.Thread(target=_quietly, args=(spark.stop,), daemon=True).start()
 
 
-def _quietly(fn) -> None:
+def _quietly(fn: Callable[[], object]) -> None:
     try:
         fn()
     except Exception:
         pass
 
 
-def main(argv=None) -> int:
+def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")

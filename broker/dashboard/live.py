@@ -12,11 +12,15 @@ import datetime as dt
 import time
 from collections import deque
 from dataclasses import asdict
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from mqtt_topics import matches
 
 from ..core.hooks import Hook
+from ..core.view import BrokerView, ClientRecord
+
+if TYPE_CHECKING:
+    from ..core.message import Message
 
 DROP_REASONS = ("queue_full", "expired", "too_large", "slow_consumer", "not_authorized",
                 "topic_limit", "sink_refused")
@@ -67,7 +71,7 @@ class TopicCounter(Hook):
         self.prev_t = time.monotonic()
         self.rates: dict[str, float] = {}
 
-    def on_message_accepted(self, msg, client_id, username, protocol) -> bool:
+    def on_message_accepted(self, msg: Message, client_id: str, username: str | None, protocol: int) -> bool:
         counts = self.counts
         c = counts.get(msg.topic)
         if c is not None:
@@ -90,7 +94,8 @@ class TopicCounter(Hook):
 class Sampler:
     """Every ``interval`` seconds: a point of every live series, kept for ``keep`` points."""
 
-    def __init__(self, view, io_bytes, interval: float, keep: int, topics: TopicCounter | None,
+    def __init__(self, view: BrokerView, io_bytes: Callable[[], tuple[int, int]], interval: float, keep: int,
+                 topics: TopicCounter | None,
                  sink_stats: Callable[[], dict[str, Any]] | None = None,
                  history_status: Callable[[], dict[str, Any]] | None = None) -> None:
         """view: a BrokerView; io_bytes(): (bytes in, bytes out) of the server."""
@@ -154,7 +159,7 @@ def sink_stats(stats: dict | None) -> dict:
     return {k: v for k, v in stats.items() if isinstance(v, (int, float, bool, str)) or v is None}
 
 
-def overview(view, io_bytes) -> dict:
+def overview(view: BrokerView, io_bytes: Callable[[], tuple[int, int]]) -> dict:
     """Totals since the broker started (retained: clients' messages, without $SYS)."""
     st = view.stats()
     bytes_in, bytes_out = io_bytes()
@@ -167,14 +172,14 @@ def overview(view, io_bytes) -> dict:
             "bytes_in": bytes_in, "bytes_out": bytes_out}
 
 
-def client_json(rec) -> dict:
+def client_json(rec: ClientRecord) -> dict:
     d = asdict(rec)
     d["connected_since"] = iso(rec.connected_since)
     d["subscriptions"] = [{"filter": s.filter, "qos": s.qos} for s in rec.subscriptions]
     return d
 
 
-def clients(view, query: str = "", limit: int = 500) -> dict:
+def clients(view: BrokerView, query: str = "", limit: int = 500) -> dict:
     """Connected clients, sorted by client id; ``query`` keeps ids containing it (any case)."""
     found, matched = view.clients(query, limit)
     st = view.stats()
@@ -182,7 +187,7 @@ def clients(view, query: str = "", limit: int = 500) -> dict:
             "connected": st["connections"], "sessions": st["sessions"], "limit": limit}
 
 
-def topics(view, counter: TopicCounter | None, filt: str = "#", limit: int = 2000) -> dict:
+def topics(view: BrokerView, counter: TopicCounter | None, filt: str = "#", limit: int = 2000) -> dict:
     """Topics with a retained message or recent traffic, matching filt, sorted by name."""
     retained = {r.topic: r for r in view.retained(filt, limit=1_000_000)[0]}
     counts = counter.counts if counter is not None else {}

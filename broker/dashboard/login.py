@@ -22,8 +22,12 @@ import hmac
 import secrets
 import time
 from collections import OrderedDict
+from typing import TYPE_CHECKING, Callable
 
 from ..auth.checks import CheckQueue
+
+if TYPE_CHECKING:
+    from ..admin.accounts import Accounts
 
 COOKIE = "broker_session"
 MAX_THROTTLED_ADDRESSES = 10_000
@@ -45,7 +49,7 @@ class Session:
 class Sessions:
     """token -> Session, bounded and expiring (clock: monotonic seconds)."""
 
-    def __init__(self, lifetime: float, max_sessions: int, clock=time.monotonic) -> None:
+    def __init__(self, lifetime: float, max_sessions: int, clock: Callable[[], float] = time.monotonic) -> None:
         self.lifetime = lifetime
         self.max_sessions = max_sessions
         self.clock = clock
@@ -110,7 +114,7 @@ class Sessions:
 class Throttle:
     """Wrong passwords per address: after `free` failures each attempt waits, doubling."""
 
-    def __init__(self, free: int, max_delay: float, clock=time.monotonic,
+    def __init__(self, free: int, max_delay: float, clock: Callable[[], float] = time.monotonic,
                  max_addresses: int = MAX_THROTTLED_ADDRESSES) -> None:
         self.free = free
         self.max_delay = max_delay
@@ -151,7 +155,7 @@ class Throttle:
 class LoginChecks:
     """Account password checks on a bounded pool (role or None), off the event loop."""
 
-    def __init__(self, accounts, threads: int, max_pending: int) -> None:
+    def __init__(self, accounts: Accounts, threads: int, max_pending: int) -> None:
         self.accounts = accounts
         self.queue = CheckQueue(threads, max_pending)
 
@@ -159,7 +163,7 @@ class LoginChecks:
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
 
-        def done(result) -> None:
+        def done(result: str | None) -> None:
             if not fut.done():
                 fut.set_result(result)
         if not self.queue.submit(address, lambda: self.accounts.check(user, password),

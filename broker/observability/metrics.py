@@ -9,21 +9,27 @@ import asyncio
 import json
 import logging
 import time
+from typing import TYPE_CHECKING, Iterator
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from ..core.view import BrokerView
 
+if TYPE_CHECKING:
+    from prometheus_client.metrics_core import Metric
+
+    from ..server import Server
+
 log = logging.getLogger("broker.metrics")
 
 
 class BrokerCollector:
-    def __init__(self, server) -> None:
+    def __init__(self, server: Server) -> None:
         self.server = server
         self.view = BrokerView(server.broker)  # the core's read-only view (core/view.py)
 
-    def collect(self):
+    def collect(self) -> Iterator[Metric]:
         st = self.view.stats()
         yield GaugeMetricFamily("mqtt_connections", "Open client connections", value=st["connections"])
         yield GaugeMetricFamily("mqtt_sessions", "Sessions (connected and offline)", value=st["sessions"])
@@ -69,7 +75,7 @@ class BrokerCollector:
         yield from hook_metrics(self.view.hook_stats())
 
 
-def hook_metrics(sections: dict):
+def hook_metrics(sections: dict) -> Iterator[GaugeMetricFamily]:
     """The hooks' figures (stats(): the sink's, the cluster's) as gauges mqtt_<section>_<name>;
     a dict under "<name>_by_<label>" is one gauge per key with that label, e.g. the cluster's
     clients_by_node -> mqtt_cluster_clients{node="n1"}."""
@@ -88,7 +94,7 @@ def hook_metrics(sections: dict):
                 yield g
 
 
-async def start_http(server, host: str, port: int):
+async def start_http(server: Server, host: str, port: int) -> asyncio.Server:
     """Serve GET /metrics (Prometheus text format) and GET /health (JSON)."""
     registry = CollectorRegistry()
     registry.register(BrokerCollector(server))

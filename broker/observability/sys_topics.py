@@ -6,14 +6,18 @@ so `$SYS/#` subscribers (filters starting with a wildcard never match them) see 
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 from .. import __version__
 from ..core.message import Message
 from ..core.view import BrokerView
 
+if TYPE_CHECKING:
+    from ..server import Server
+
 
 class SysPublisher:
-    def __init__(self, server, interval: float = 10.0) -> None:
+    def __init__(self, server: Server, interval: float = 10.0) -> None:
         self.server = server
         self.view = BrokerView(server.broker)  # the core's read-only view (core/view.py)
         self.interval = interval

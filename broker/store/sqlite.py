@@ -612,19 +612,19 @@ _QOS = (0, 1, 2)
 _NUMS = (int, float)
 
 
-def _opt(v, t) -> bool:
+def _opt(v: object, t: type | tuple[type, ...]) -> bool:
     return v is None or isinstance(v, t)
 
 
-def _text(v) -> bool:
+def _text(v: object) -> bool:
     return type(v) is str and "\x00" not in v  # [MQTT-1.5.4-2]: no U+0000 in MQTT strings
 
 
-def _topic(v) -> bool:
+def _topic(v: object) -> bool:
     return type(v) is str and v != "" and "\x00" not in v and "+" not in v and "#" not in v
 
 
-def _ok_message(r) -> bool:
+def _ok_message(r: Row) -> bool:
     _, mid, topic, payload, qos, retain, props, expires, accepted, *crc = r
     return (type(mid) is int and type(topic) is str and topic != "" and "\x00" not in topic
             and "+" not in topic and "#" not in topic and (payload is None or type(payload) is bytes)
@@ -634,14 +634,14 @@ def _ok_message(r) -> bool:
             and (not crc or crc[0] is None or type(crc[0]) is int))
 
 
-def _ok_session(r) -> bool:
+def _ok_session(r: Row) -> bool:
     _, cid, interval, expires, user, will, next_pid = r
     return (type(cid) is str and "\x00" not in cid and type(interval) is int
             and (expires is None or type(expires) in _NUMS) and (user is None or type(user) is str)
             and (will is None or type(will) is bytes) and (next_pid is None or type(next_pid) is int))
 
 
-def _ok_subscription(r) -> bool:
+def _ok_subscription(r: Row) -> bool:
     _, cid, filt, qos, no_local, rap, rh, sub_id = r
     return (type(cid) is str and type(filt) is str and "\x00" not in cid and "\x00" not in filt
             and qos in _QOS and (no_local is None or type(no_local) is int)
@@ -649,7 +649,7 @@ def _ok_subscription(r) -> bool:
             and (sub_id is None or type(sub_id) is int))
 
 
-def _ok_outbound(r) -> bool:
+def _ok_outbound(r: Row) -> bool:
     _, seq, cid, mid, qos, retain, ids, pid, released = r
     return (type(seq) is int and type(cid) is str and type(mid) is int and qos in _QOS
             and (retain is None or type(retain) is int) and (ids is None or type(ids) is str)

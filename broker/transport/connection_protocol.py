@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from settings import ListenerConfig
 
@@ -22,6 +23,10 @@ from ..core.durability import when_all
 from ..core.events import AcksHeld, AdmitRequested, AuthRequested
 from ..protocol import reason_codes as rc
 from . import tls
+
+if TYPE_CHECKING:
+    from ..core.hooks import Hooks
+    from ..server import Server
 
 log = logging.getLogger("broker.server")
 
@@ -44,7 +49,7 @@ class AckGate:
 
     __slots__ = ("hooks", "end_turn")
 
-    def __init__(self, hooks, end_turn):
+    def __init__(self, hooks: Hooks, end_turn: Callable[[], None]) -> None:
         self.hooks = hooks  # the broker's Hooks registry: its barrier tuple is read at each hold
         # schedules the end of this event-loop turn (the server's flush, which runs on_turn_end:
         # a token such as the store's is resolved by it even if nothing else is written)
@@ -68,7 +73,7 @@ class MQTTProtocol(asyncio.Protocol):
     __slots__ = ("server", "conn", "listener", "transport", "discard", "linger_timer",
                  "reading_paused", "read_limit")
 
-    def __init__(self, server, listener: ListenerConfig):
+    def __init__(self, server: Server, listener: ListenerConfig) -> None:
         self.server = server
         self.listener = listener
         # both set by connection_made(), which the loop calls first; the transport is None
@@ -81,7 +86,7 @@ class MQTTProtocol(asyncio.Protocol):
         self.read_limit = 0        # while output is paused: buffered bytes past which reading stops
 
     # ------------------------------------------------------------ transport events
-    def connection_made(self, transport) -> None:
+    def connection_made(self, transport: Any) -> None:  # an asyncio.Transport, or a WSTransport
         # TCP_NODELAY: uvloop and asyncio set it on every TCP transport they make (also under
         # TLS and WebSocket); asking for the socket here would cost an object per connection
         server = self.server
@@ -133,7 +138,7 @@ class MQTTProtocol(asyncio.Protocol):
             # whole turn, which bounds memory and latency under fan-out.
             self.server.flush()
 
-    def eof_received(self):
+    def eof_received(self) -> bool:
         return False  # the transport closes (after writing what it holds)
 
     def pause_writing(self) -> None:
@@ -156,7 +161,7 @@ class MQTTProtocol(asyncio.Protocol):
             self.reading_paused = True
             t.pause_reading()
 
-    def connection_lost(self, exc) -> None:
+    def connection_lost(self, exc: Exception | None) -> None:
         if self.linger_timer is not None:
             self.linger_timer.cancel()
         conn = self.conn
@@ -167,7 +172,7 @@ class MQTTProtocol(asyncio.Protocol):
         self.transport = None  # type: ignore[assignment]
 
     # ------------------------------------------------------------ the Connection's events
-    def handle_events(self, events) -> None:
+    def handle_events(self, events: Sequence[Any]) -> None:
         for ev in events:
             t = type(ev)
             if t is AcksHeld:
@@ -188,13 +193,14 @@ class MQTTProtocol(asyncio.Protocol):
             # (the core's events type `connect` as object: it is a packets.Connect)
             return auth.authenticate(client_id, c.username, c.password)  # type: ignore[attr-defined]
 
-        def done(code) -> None:
+        def done(code: int | None) -> None:
             self.auth_done(ev, 0x80 if code is None else code)
 
         t = self.transport
         peer = t.get_extra_info("peername") if t is not None else None
-        if not server.auth_checks.submit(peer[0] if peer else self.conn.peer, check,
-                                         self.conn.awaiting_auth, done):
+        # (auth_checks is set whenever the core defers password checks: Server.__init__)
+        if not server.auth_checks.submit(  # type: ignore[union-attr]
+                peer[0] if peer else self.conn.peer, check, self.conn.awaiting_auth, done):
             self.auth_done(ev, rc.SERVER_BUSY, "too many password checks waiting; try again later")
 
     def admit_done(self, ev: AdmitRequested, failure: str | None) -> None:

@@ -3,11 +3,14 @@ from __future__ import annotations
 
 import logging
 import ssl
+from typing import TYPE_CHECKING, Any
 
+if TYPE_CHECKING:
+    from settings import ListenerConfig
 log = logging.getLogger("broker.tls")
 
 
-def make_context(listener) -> ssl.SSLContext:
+def make_context(listener: ListenerConfig) -> ssl.SSLContext:
     """listener: a settings.ListenerConfig of type tls or wss."""
     if not listener.certfile:
         raise ValueError(f"TLS listener on port {listener.port} needs certfile (and keyfile)")
@@ -17,7 +20,7 @@ def make_context(listener) -> ssl.SSLContext:
     return ctx
 
 
-def load(ctx: ssl.SSLContext, listener) -> None:
+def load(ctx: ssl.SSLContext, listener: ListenerConfig) -> None:
     """(Re)load certificates into ctx; new handshakes use them, open connections are untouched."""
     try:
         ctx.load_cert_chain(listener.certfile, listener.keyfile or None)
@@ -30,11 +33,11 @@ def load(ctx: ssl.SSLContext, listener) -> None:
         raise ValueError(f"cannot load TLS certificate {listener.certfile}: {exc}") from None
 
 
-def peer_identity(ssl_object) -> str | None:
+def peer_identity(ssl_object: ssl.SSLObject | None) -> str | None:
     """The common name (else the first subject alternative name) of a verified client certificate."""
     if ssl_object is None:
         return None
-    cert = ssl_object.getpeercert()
+    cert: dict[str, Any] | None = ssl_object.getpeercert()
     if not cert:
         return None
     for rdn in cert.get("subject", ()):
@@ -46,7 +49,7 @@ def peer_identity(ssl_object) -> str | None:
     return None
 
 
-def listener_identity(listener, ssl_object) -> str | None:
+def listener_identity(listener: ListenerConfig, ssl_object: ssl.SSLObject | None) -> str | None:
     """What Connection.identity must be for a socket on this listener: None when the listener
     does not use certificates as user names, else the certificate's name, or "" when the client
     showed no verified certificate (the CONNECT is then refused, never trusted as claimed)."""

@@ -13,13 +13,23 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
+from typing import TYPE_CHECKING, Any
 
-from websockets.asyncio.server import serve
+from websockets.asyncio.server import Server as WSServer
+from websockets.asyncio.server import ServerConnection, serve
 from websockets.datastructures import Headers
 from websockets.exceptions import ConnectionClosed
-from websockets.http11 import Response
+from websockets.http11 import Request, Response
+from websockets.typing import Subprotocol
 
 from .connection_protocol import MQTTProtocol
+
+if TYPE_CHECKING:
+    import ssl
+
+    from settings import ListenerConfig
+
+    from ..server import Server
 
 log = logging.getLogger("broker.websocket")
 
@@ -33,7 +43,7 @@ class WSTransport:
     for the client pass the high-water mark, `protocol.resume_writing()` once they drained
     below the low-water mark."""
 
-    def __init__(self, ws, protocol, loop):
+    def __init__(self, ws: ServerConnection, protocol: MQTTProtocol, loop: asyncio.AbstractEventLoop) -> None:
         self.ws = ws
         self.protocol = protocol
         self.loop = loop
@@ -57,7 +67,7 @@ class WSTransport:
         t = self.ws.transport
         return self.size + (t.get_write_buffer_size() if t is not None else 0)
 
-    def write(self, data) -> None:
+    def write(self, data: bytes) -> None:
         if self.closing:
             return
         self.pending.append(bytes(data))
@@ -88,10 +98,10 @@ class WSTransport:
     def can_write_eof(self) -> bool:
         return False  # close() ends the stream properly: the Close frame after the output
 
-    def get_protocol(self):
+    def get_protocol(self) -> MQTTProtocol:
         return self.protocol
 
-    def get_extra_info(self, name, default=None):
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
         t = self.ws.transport
         return t.get_extra_info(name, default) if t is not None else default
 
@@ -125,7 +135,7 @@ class WSTransport:
             self.reading.set()  # a handler waiting to read again sees the end
 
 
-async def discard_input(ws, seconds: float, max_bytes: int) -> None:
+async def discard_input(ws: ServerConnection, seconds: float, max_bytes: int) -> None:
     """After our last output (a DISCONNECT) and Close frame: read and drop what the client still
     sends until it completes the closing handshake, for at most `seconds` and `max_bytes`, then
     abort. Unread input would stall websockets' reading (and so the handshake), and closing a
@@ -145,14 +155,15 @@ async def discard_input(ws, seconds: float, max_bytes: int) -> None:
         ws.transport.abort()
 
 
-async def start_listener(server, listener, ssl_context=None):
+async def start_listener(server: Server, listener: ListenerConfig,
+                         ssl_context: ssl.SSLContext | None = None) -> WSServer:
     """Start a ws:// (or wss:// with ssl_context) listener; returns the websockets Server."""
     path = listener.path
     loop = asyncio.get_running_loop()
     cfg = server.config.mqtt
     connections = server.broker.connections
 
-    def process_request(ws, request):
+    def process_request(ws: ServerConnection, request: Request) -> Response | None:
         if request.path.split("?")[0] != path:
             return Response(404, "Not Found", Headers(), f"MQTT is served on {path}\n".encode())
         if cfg.max_connections and len(connections) >= cfg.max_connections:
@@ -163,7 +174,7 @@ async def start_listener(server, listener, ssl_context=None):
                             b"too many connections, try again later\n")
         return None
 
-    async def handler(ws):
+    async def handler(ws: ServerConnection) -> None:
         proto = MQTTProtocol(server, listener)
         transport = WSTransport(ws, proto, loop)
         # as for TCP: max_connections (handshakes racing past process_request), and the TLS
@@ -201,7 +212,7 @@ async def start_listener(server, listener, ssl_context=None):
 
     return await serve(handler, listener.host, listener.port,
                        # [MQTT-6.0.0-3] [MQTT-6.0.0-4]: "mqtt" offered and selected, else HTTP 400
-                       subprotocols=["mqtt"], process_request=process_request, ssl=ssl_context,
+                       subprotocols=[Subprotocol("mqtt")], process_request=process_request, ssl=ssl_context,
                        compression=None, ping_interval=None,
                        # refused from the frame header, never buffered (same bound as TCP's
                        # decoder: [MQTT-3.2.2-15] maximum packet size)

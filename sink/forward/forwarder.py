@@ -59,7 +59,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 from kafka_client.produce import BatchSender, ChunkFuture, NotReady
 from kafka_client.record import entry_fields, entry_shard, entry_timestamp, sign_body
@@ -156,7 +156,7 @@ class SpoolSource:
     def pos(self) -> int:
         return self.reader.pos
 
-    def seek(self, pos: int, seq: int) -> None:
+    def seek(self, pos: int, seq: int | None) -> None:
         self.reader.seek(pos)
 
     def ts_at(self, pos: int) -> int | None:
@@ -295,10 +295,10 @@ class MemorySource:
                     return start
         return upto
 
-    def commit(self, *a, **k) -> None:
+    def commit(self, *a: Any, **k: Any) -> None:
         pass
 
-    def committed(self):
+    def committed(self) -> None:
         return None
 
     def housekeeping(self, acked_pos: int, acked_seq: int, window_s: float, window_n: int,
@@ -443,7 +443,8 @@ REFUSED_FOR_GOOD = frozenset({"MessageSizeTooLargeError", "RecordTooLargeError",
 # The forwarder loop
 # ---------------------------------------------------------------------------
 class Forwarder:
-    def __init__(self, source, control, publish, bootstrap: str, kafka_opts: dict | None = None,
+    def __init__(self, source: SpoolSource | MemorySource, control: ThreadControl | PipeControl,
+                 publish: Callable[[dict], None], bootstrap: str, kafka_opts: dict | None = None,
                  replay_window_seconds: float = 3600, replay_window_messages: int = 1_000_000,
                  max_inflight: int = 10000, drain_timeout: float = 5.0,
                  unreachable_after: float = 3.0, status_interval: float = 0.1,
@@ -550,7 +551,7 @@ class Forwarder:
                 log.info("connected to Kafka at %s", self.bootstrap)
             self.kafka_up = True
 
-    def _set_down(self, why) -> None:
+    def _set_down(self, why: object) -> None:
         if self.kafka_up is not False:
             log.warning("Kafka at %s is unavailable (%s); records stay in the spool until it is back",
                         self.bootstrap, why)
@@ -775,7 +776,7 @@ class Forwarder:
         self._set_up()
         return True
 
-    def _metadata(self):
+    def _metadata(self) -> Any:  # kafka_client's cluster metadata, if the producer has one
         return getattr(self.producer, "cluster", None)
 
     def _check_topic_ids(self) -> None:
@@ -1204,7 +1205,8 @@ class Runtime:
         return cls(**d)
 
 
-def forwarder_for(sink: SinkConfig, rt: Runtime, source, control, publish) -> Forwarder:
+def forwarder_for(sink: SinkConfig, rt: Runtime, source: SpoolSource | MemorySource,
+                  control: ThreadControl | PipeControl, publish: Callable[[dict], None]) -> Forwarder:
     """The forwarder of a [sink] section: the one mapping of its keys onto a Forwarder (the
     process's and the thread's alike)."""
     return Forwarder(source, control, publish, rt.bootstrap, sink.kafka,

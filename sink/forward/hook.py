@@ -7,11 +7,16 @@ records. The broker core imports nothing from sink/; this adapter imports the co
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING, Any
 
 from broker.core.durability import Pending
 from broker.core.hooks import Hook
 from broker.protocol import properties as PR
 from kafka_client.record import SinkRecord
+
+if TYPE_CHECKING:
+    from broker.core.broker import Broker
+    from broker.core.message import Message
 
 SPOOL_ERROR = "the message could not be stored (broker disk error)"
 
@@ -22,7 +27,7 @@ class SinkHook(Hook):
     The record's message id goes on the Message (``sink_id``) for a history replay's switch-over.
     With durability "spool" it provides barrier(): acks wait for the spool's fsync."""
 
-    def __init__(self, sink) -> None:
+    def __init__(self, sink: Any) -> None:  # a sink.forward.service.Sink, or anything with submit()
         self.sink = sink
         # the common case (no properties, no expiry) without building a SinkRecord, when the sink can
         self._submit_message = getattr(sink, "submit_message", None)
@@ -48,10 +53,10 @@ class SinkHook(Hook):
     def stats(self) -> dict:
         return {"sink": self.sink.stats()}
 
-    def attach(self, broker) -> None:
+    def attach(self, broker: Broker) -> None:
         self.clock = broker.clock  # Message.expires_at is on the broker's clock
 
-    def on_message_accepted(self, msg, client_id: str, username: str | None, protocol: int) -> bool:
+    def on_message_accepted(self, msg: Message, client_id: str, username: str | None, protocol: int) -> bool:
         p = msg.props
         if not p and msg.expires_at is None and self._submit_message is not None:
             mid = self._submit_message(msg.topic, msg.payload, msg.qos, msg.retain, client_id,

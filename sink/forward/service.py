@@ -21,9 +21,9 @@ import subprocess
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from kafka_client.record import MessageEncoder, SinkRecord, encode_record
+from kafka_client.record import Buffer, MessageEncoder, SinkRecord, encode_record
 from mqtt_topics import matches as topic_matches  # one topic-filter matcher for the project
 from settings import HistoryConfig, SinkConfig
 
@@ -41,6 +41,8 @@ from .spool import DirLock, SpoolWriter
 
 if TYPE_CHECKING:
     from kafka_client.embedded import EmbeddedKafka
+
+    from .hook import SinkHook
 
 log = logging.getLogger("sink")
 
@@ -235,7 +237,8 @@ class Sink:
     def _start_thread(self) -> None:
         self._ctl = ThreadControl()
         c = self.cfg
-        source = SpoolSource(c.spool_dir, self.max_bytes) if self.on_disk else self._mem
+        source: SpoolSource | MemorySource = \
+            SpoolSource(c.spool_dir, self.max_bytes) if self.on_disk else self._mem  # type: ignore[assignment]
         self._fwd_lock = DirLock(c.spool_dir, "forwarder.lock") if self.on_disk else None
         if self._fwd_lock:
             self._fwd_lock.acquire(timeout=15)
@@ -271,7 +274,7 @@ class Sink:
                 return kt
         return self.cfg.topic
 
-    def _target(self, topic: str):
+    def _target(self, topic: str) -> Any:  # a Kafka topic (str), _EXCLUDED or _REFUSED
         """Kafka topic for an accepted message, _EXCLUDED, or _REFUSED (closed / spool full)."""
         kt = self._route_cache.get(topic, _MISSING)
         if kt is _MISSING:
@@ -328,7 +331,7 @@ class Sink:
         (self._writer if self.on_disk else self._mem).append(encode_record(rec, kt))  # type: ignore[union-attr]
         return self._appended()
 
-    def submit_message(self, topic: str, payload, qos: int, retain: bool, client_id: str,
+    def submit_message(self, topic: str, payload: Buffer, qos: int, retain: bool, client_id: str,
                        username: str | None, protocol: int, accepted_at_ms: int) -> bytes | bool:
         """submit() of a message without MQTT 5 properties or expiry, no SinkRecord built (the
         broker's hot path). Same record; returns its message id (bytes) when it was taken, True
@@ -355,7 +358,7 @@ class Sink:
         """Every record with a lower sequence number is in Kafka (acknowledged)."""
         return self._fwd_seq
 
-    def hook(self):
+    def hook(self) -> SinkHook:
         """The broker hook handing accepted messages to this sink (sink/forward/hook.py)."""
         from .hook import SinkHook
         return SinkHook(self)
@@ -497,7 +500,7 @@ class Sink:
                         pass
                     self._start_process(shard)
 
-    def _bound_embedded(self, k) -> None:
+    def _bound_embedded(self, k: EmbeddedKafka) -> None:
         """Keep the embedded Kafka (memory storage, which deletes no record: no DeleteRecords,
         no retention) within [sink] embedded_max_mb: once the history table holds what it
         holds (keep_until = "history": the spool keeps every record the table has not

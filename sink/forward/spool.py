@@ -41,7 +41,7 @@ import struct
 import threading
 import time
 import zlib
-from typing import Any, NamedTuple
+from typing import Any, Callable, Iterable, Iterator, NamedTuple
 
 from kafka_client.record import entry_timestamp
 
@@ -100,7 +100,7 @@ class SpoolBatch:
     def __len__(self) -> int:
         return len(self.seqs)
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[SpoolEntry]:
         return map(SpoolEntry, self.starts, self.ends, self.seqs, self.payloads)
 
     def __getitem__(self, i: int) -> SpoolEntry:
@@ -132,7 +132,7 @@ def frame(seq: int, payload: bytes) -> bytes:
     return FRAME.pack(len(payload), crc, seq) + payload
 
 
-def parse_frames(buf, off: int = 0):
+def parse_frames(buf: bytes | bytearray | memoryview, off: int = 0) -> Iterator[tuple[int, int, int, memoryview]]:
     """Yield (offset, end, seq, payload_memoryview) for complete valid frames in buf
     starting at off. Stops at the first incomplete frame; raises CorruptFrame at the
     first complete frame whose CRC/length is bad."""
@@ -193,7 +193,7 @@ def checkpoint_name(shard: int = 0, shards: int = 1) -> str:
     return CHECKPOINT if shards <= 1 else f"checkpoint-{shard}.json"
 
 
-def read_min_checkpoint(spool_dir: str, names=None) -> dict | None:
+def read_min_checkpoint(spool_dir: str, names: Iterable[str] | None = None) -> dict | None:
     """The checkpoint furthest behind among the forwarders' (what every one of them has sent)."""
     if names is None:
         try:
@@ -294,7 +294,8 @@ class SpoolWriter:
     """
 
     def __init__(self, spool_dir: str, segment_bytes: int = 16 << 20, fsync: bool = True,
-                 on_durable=None, on_written=None, on_error=None, idle_interval: float = 0.01,
+                 on_durable: Callable[[int, int], None] | None = None, on_written: Callable[[], None] | None = None,
+                 on_error: Callable[[int, int, Exception], None] | None = None, idle_interval: float = 0.01,
                  max_batch_bytes: int = 8 << 20, group_commit: float = GROUP_COMMIT_SECONDS) -> None:
         self.dir = spool_dir
         self.segment_bytes = segment_bytes
@@ -561,7 +562,7 @@ class SpoolReader:
             return self._locate_refresh()
         return cur, nxt
 
-    def _locate_refresh(self):
+    def _locate_refresh(self) -> tuple[int | None, int | None]:
         self._segs_at = 0
         segs = self.segments(True)
         cur = nxt = None

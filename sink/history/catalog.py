@@ -30,8 +30,12 @@ import os
 import subprocess
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
 
 from settings import HistoryConfig
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 log = logging.getLogger("sink.catalog")
 
@@ -124,7 +128,7 @@ def _replace(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def register_in_session(spark, hist: HistoryConfig) -> None:
+def register_in_session(spark: SparkSession, hist: HistoryConfig) -> None:
     """``messages`` in the job's own catalog (in-memory, or the external metastore)."""
     if "://" not in hist.table or hist.table.startswith("file://"):
         Path(table_location(hist.table)).mkdir(parents=True, exist_ok=True)
@@ -140,7 +144,8 @@ def registered(hist: HistoryConfig) -> bool:
     return m.get("digest") == definition_digest(hist.table, hist.database)
 
 
-def register_in_derby(hist: HistoryConfig, timeout: float = 600, started=None) -> bool:
+def register_in_derby(hist: HistoryConfig, timeout: float = 600,
+                      started: Callable[[subprocess.Popen[Any]], object] | None = None) -> bool:
     """Register the table in the embedded Derby metastore with a short spark-sql run (unless
     it is there already, with this location and schema). False when it could not (another
     process holds the Derby database: tried again at the job's next start). ``started``

@@ -32,9 +32,13 @@ import shutil
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable
 
 from sink.history.manifest import Change, Conflict, FileEntry, Snapshot, Table, crash_point, staged_files
 from sink.history.retention import DAY_MS, day_start_ms
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 log = logging.getLogger("sink.compaction")
 
@@ -114,7 +118,7 @@ def output_files(task: Task, policy: Policy) -> int:
     return max(1, math.ceil(task.bytes / policy.target_bytes))
 
 
-def run_task(spark, table: Table, task: Task, policy: Policy = Policy(),
+def run_task(spark: SparkSession, table: Table, task: Task, policy: Policy = Policy(),
              parquet_options: dict | None = None) -> Snapshot | None:
     """Merge the task's files (Spark), then commit. Returns the new version, or None when the
     commit was refused (another writer changed those files first)."""
@@ -167,8 +171,8 @@ def run_task(spark, table: Table, task: Task, policy: Policy = Policy(),
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def compact(spark, table: Table, now_ms: int, policy: Policy = Policy(),
-            parquet_options: dict | None = None, should_stop=lambda: False,
+def compact(spark: SparkSession, table: Table, now_ms: int, policy: Policy = Policy(),
+            parquet_options: dict | None = None, should_stop: Callable[[], bool] = lambda: False,
             max_tasks: int | None = None) -> dict:
     """Run every task ``plan`` finds (up to ``max_tasks``); returns counts for the log."""
     done = {"tasks": 0, "files_in": 0, "files_out": 0, "bytes_in": 0, "bytes_out": 0,

@@ -161,11 +161,11 @@ class Ledger:
     def intervals(self) -> int:
         return sum(len(v[0]) for v in self.groups.values())
 
-    def seen(self, key, values: np.ndarray) -> np.ndarray:
+    def seen(self, key: tuple[bytes, int], values: np.ndarray) -> np.ndarray:
         g = self.groups.get(key)
         return contains(g[:2], values) if g is not None else np.zeros(len(values), bool)
 
-    def add(self, key, iv: tuple, ms: int = 0) -> None:
+    def add(self, key: tuple[bytes, int], iv: tuple, ms: int = 0) -> None:
         g = self.groups.pop(key, None)
         s, e = merge((g[0], g[1]), iv) if g is not None else iv
         self.groups[key] = (s, e, max(ms, g[2] if g is not None else 0))  # most recent last

@@ -336,7 +336,7 @@ def kafka_stream(spark: Spark, job: Job, dedup: bool = False) -> tuple[DataFrame
 
 
 def build_history_stream(kafka_df: DataFrame, dedup_window: str = _HISTORY.dedup_window,
-                         deduplicated: bool = False):
+                         deduplicated: bool = False) -> DataFrame:
     """Kafka records -> history rows with duplicate message ids removed (by Spark's operator,
     unless the source did it: ``deduplicated``)."""
     from sink.history.schema import to_history

@@ -14,13 +14,18 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from settings import HistoryConfig
 from sink.history.compaction import Policy, compact
 from sink.history.manifest import Table
 from sink.history.retention import retention_change
 from sink.history.writer import adopt_file_sink
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from sink.history.writer import BatchWriter
 
 log = logging.getLogger("sink.maintenance")
 
@@ -47,7 +52,7 @@ def settings_of(hist: HistoryConfig) -> Settings:
                     check_seconds=float(hist.compact_check_seconds))
 
 
-def job_table(spark, hist: HistoryConfig) -> Table:
+def job_table(spark: Any, hist: HistoryConfig) -> Table:  # a SparkSession (keeps the tables on it)
     """The job's table (opened once per job: the writer and the maintainer share it)."""
     table = getattr(spark, "_mqtt_history_tables", {}).get(hist.table)
     if table is None:
@@ -58,14 +63,14 @@ def job_table(spark, hist: HistoryConfig) -> Table:
     return table
 
 
-def batch_writer(spark, hist: HistoryConfig, parquet_options: dict):
+def batch_writer(spark: SparkSession, hist: HistoryConfig, parquet_options: dict) -> BatchWriter:
     """The job's foreachBatch function (writer.BatchWriter) for hist.table."""
     from sink.history.writer import BatchWriter
     return BatchWriter(job_table(spark, hist), hist.checkpoint_dir, parquet_options,
                        settings_of(hist).retention_ms)
 
 
-def start_maintainer(spark, hist: HistoryConfig, parquet_options: dict,
+def start_maintainer(spark: SparkSession, hist: HistoryConfig, parquet_options: dict,
                      available_now: bool = False) -> "Maintainer | None":
     """Start the job's maintenance thread (None: a remote table, written by Spark's file
     sink, or an --available-now run, which ends when Kafka is drained)."""
@@ -78,7 +83,7 @@ def start_maintainer(spark, hist: HistoryConfig, parquet_options: dict,
     return m
 
 
-def open_table(spark, table_path: str, checkpoint: str | None,
+def open_table(spark: SparkSession, table_path: str, checkpoint: str | None,
                delete_delay_ms: int | None = None) -> Table:
     """The table's log, ready for writing: a file-sink table adopted, the Spark log of the
     newest version written again (it names files by absolute path: the directory may have
@@ -91,8 +96,8 @@ def open_table(spark, table_path: str, checkpoint: str | None,
     return table
 
 
-def maintain_once(spark, table: Table, settings: Settings, now_ms: int | None = None,
-                  parquet_options: dict | None = None, should_stop=lambda: False) -> dict:
+def maintain_once(spark: SparkSession, table: Table, settings: Settings, now_ms: int | None = None,
+                  parquet_options: dict | None = None, should_stop: Callable[[], bool] = lambda: False) -> dict:
     """One maintenance pass as of ``now_ms`` (default: now). Returns what it did."""
     now = table.clock() if now_ms is None else now_ms
     out: dict = {}
@@ -129,7 +134,7 @@ def describe(result: dict) -> str:
 class Maintainer(threading.Thread):
     """The job's maintenance thread: a pass every ``settings.check_seconds``."""
 
-    def __init__(self, spark, table: Table, settings: Settings,
+    def __init__(self, spark: SparkSession, table: Table, settings: Settings,
                  parquet_options: dict | None = None) -> None:
         super().__init__(name="history-maintenance", daemon=True)
         self.spark, self.table, self.settings = spark, table, settings

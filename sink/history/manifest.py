@@ -385,7 +385,7 @@ class Table:
         commit). The job calls it now and then, so files go even when nothing is written."""
         now = self.clock()
 
-        def change(base: Snapshot):
+        def change(base: Snapshot) -> Change | None:
             if not any(now - r.at >= self.delete_delay_ms for r in base.removed):
                 return None
             return Change(op="expire")

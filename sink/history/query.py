@@ -31,8 +31,12 @@ import sys
 import time
 from decimal import Decimal
 from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any, Callable
 
 from settings import HistoryConfig, connect_address  # noqa: F401  (connect_address: sink.query's API)
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, Row, SparkSession
 
 DEFAULT_TABLE = HistoryConfig().table             # [history] table
 VIEW = "messages"
@@ -43,20 +47,20 @@ class TableMissing(Exception):
     pass
 
 
-def load_table(spark, table: str = DEFAULT_TABLE):
+def load_table(spark: SparkSession, table: str = DEFAULT_TABLE) -> DataFrame:
     """The history table as a DataFrame (only batches the job has committed)."""
     from sink.history.schema import HISTORY_SCHEMA
     check_table(table)
     return spark.read.schema(HISTORY_SCHEMA).parquet(table)
 
 
-def register_view(spark, table: str = DEFAULT_TABLE, view: str = VIEW):
+def register_view(spark: SparkSession, table: str = DEFAULT_TABLE, view: str = VIEW) -> DataFrame:
     df = load_table(spark, table)
     df.createOrReplaceTempView(view)
     return df
 
 
-def run_sql(spark, table: str, sql: str) -> list:
+def run_sql(spark: SparkSession, table: str, sql: str) -> list[Row]:
     """Run ``sql`` over the view ``messages`` of ``table``; returns a list of Rows."""
     register_view(spark, table)
     return spark.sql(sql).collect()
@@ -64,7 +68,7 @@ def run_sql(spark, table: str, sql: str) -> list:
 
 # ---- output ----------------------------------------------------------------------------------
 
-def _plain(value):
+def _plain(value: Any) -> Any:
     """A JSON/CSV-friendly version of a Spark value."""
     if isinstance(value, (bytes, bytearray, memoryview)):
         raw = bytes(value)
@@ -89,7 +93,7 @@ def _plain(value):
     return value
 
 
-def _cell(value, width: int) -> str:
+def _cell(value: Any, width: int) -> str:
     v = _plain(value)
     text = "NULL" if v is None else (json.dumps(v, ensure_ascii=False)
                                      if isinstance(v, (list, dict)) else str(v))
@@ -107,7 +111,7 @@ def format_table(columns: list[str], rows: list, max_width: int = 60) -> str:
     return "\n".join(out)
 
 
-def write_rows(columns: list[str], rows: list, fmt: str, out=sys.stdout, max_width: int = 60):
+def write_rows(columns: list[str], rows: list, fmt: str, out: IO[str] = sys.stdout, max_width: int = 60) -> None:
     if fmt == "table":
         print(format_table(columns, rows, max_width), file=out)
     elif fmt == "csv":
@@ -201,7 +205,7 @@ def check_table(table: str) -> None:
             f"{table}), or point --table at the directory the job writes")
 
 
-def read_sql(args) -> str:
+def read_sql(args: argparse.Namespace) -> str:
     """The query: the argument, -f FILE (- = stdin), or stdin when it is not a terminal."""
     if args.file and args.sql:
         raise BadQuery("give the query either as an argument or with -f, not both")
@@ -231,7 +235,7 @@ def connect_reachable(url: str, timeout: float = 1.0) -> bool:
         return False
 
 
-def connect_session(url: str, token: str | None = None):
+def connect_session(url: str, token: str | None = None) -> SparkSession:
     """A Spark Connect client session (raises when the server does not answer or refuses the
     token)."""
     from pyspark.sql import SparkSession
@@ -247,7 +251,8 @@ def running_job(data_dir: str | None) -> dict | None:
     return job(os.path.join(data_dir, JOB_FILE)) if data_dir else None
 
 
-def wait_for_server(url: str, job: dict | None, wait: float, progress=lambda msg: None) -> bool:
+def wait_for_server(url: str, job: dict | None, wait: float,
+                    progress: Callable[[str], object] = lambda msg: None) -> bool:
     """Whether the job's server answers at url, waiting up to `wait` seconds while a job that
     announced itself is still starting (its Spark takes 10-30 s), with a progress line."""
     if connect_reachable(url):
@@ -271,8 +276,9 @@ def wait_for_server(url: str, job: dict | None, wait: float, progress=lambda msg
     return False
 
 
-def open_session(url: str | None, say=lambda msg: None, token: str | None = None,
-                 job: dict | None = None, wait: float = 0.0, tell=lambda msg: None):
+def open_session(url: str | None, say: Callable[[str], object] = lambda msg: None, token: str | None = None,
+                 job: dict | None = None, wait: float = 0.0,
+                 tell: Callable[[str], object] = lambda msg: None) -> tuple[SparkSession, str]:
     """(spark, "connect" | "local"): the job's Spark Connect server when it answers at url
     (waiting for a job that is starting), else a new local session, said on stderr."""
     serves_at = job.get("serves_connect_at") if job is not None else None
@@ -311,7 +317,7 @@ def open_session(url: str | None, say=lambda msg: None, token: str | None = None
     return get_spark("mqtt-history-query", log_level="ERROR"), "local"
 
 
-def main(argv=None) -> int:
+def main(argv: list[str] | None = None) -> int:
     from settings import environment
     p = argparse.ArgumentParser(
         prog="python -m sink.query",

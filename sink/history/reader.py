@@ -19,9 +19,9 @@ reads the table, then Kafka from those offsets, and drops message ids it has alr
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Iterator
+from typing import Any, Iterator
 
-from sink.history.manifest import FileEntry, Table
+from sink.history.manifest import FileEntry, Snapshot, Table
 from sink.history.retention import DAY_MS, day_start_ms
 
 HOUR_MS = 3_600_000
@@ -51,7 +51,7 @@ def _units(files: list[FileEntry]) -> list[tuple[int, int, list[FileEntry]]]:
 
 
 def read_history(table: str, topic_filter: str, since_ms: int, until_ms: int | None = None,
-                 columns: list[str] | None = None, snapshot=None) -> Iterator:
+                 columns: list[str] | None = None, snapshot: Snapshot | None = None) -> Iterator:
     """pyarrow RecordBatches of the messages on topics matching ``topic_filter`` accepted in
     [since_ms, until_ms), in time order (see the module's docstring). ``snapshot``: the version
     to read (``Table(table).snapshot()`` taken by the caller; default the newest at the first
@@ -66,7 +66,7 @@ def read_history(table: str, topic_filter: str, since_ms: int, until_ms: int | N
     t = Table(table)
     snap = t.snapshot() if snapshot is None else snapshot
 
-    def at(ms: int, typ) -> "pa.Scalar":
+    def at(ms: int, typ: Any) -> "pa.Scalar":
         v = dt.datetime.fromtimestamp(ms / 1000, dt.timezone.utc)
         return pa.scalar(v if typ.tz else v.replace(tzinfo=None), typ)  # naive = UTC (Spark)
     plain = not any(c in topic_filter for c in "+#")

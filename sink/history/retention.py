@@ -9,6 +9,7 @@ replay) are not written at all.
 from __future__ import annotations
 
 import datetime as dt
+from typing import Callable
 
 from settings.checks import duration_ms as parse_duration  # noqa: F401  ('400d' -> ms)
 from sink.history.manifest import Change, Snapshot
@@ -35,9 +36,9 @@ def expired_dates(snap: Snapshot, now_ms: int, retention_ms: int | None) -> list
     return sorted({f.date for f in snap.files if day_start_ms(f.date) + DAY_MS <= cutoff})
 
 
-def retention_change(now_ms: int, retention_ms: int | None):
+def retention_change(now_ms: int, retention_ms: int | None) -> Callable[[Snapshot], Change | None]:
     """A commit function for Table.commit: remove every file of the expired days (None: none)."""
-    def change(base: Snapshot):
+    def change(base: Snapshot) -> Change | None:
         dates = set(expired_dates(base, now_ms, retention_ms))
         if not dates:
             return None

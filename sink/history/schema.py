@@ -19,6 +19,8 @@ Header contract (written by the broker's forwarder, names fixed, values UTF-8 un
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from pyspark.sql.types import (
     ArrayType,
     BinaryType,
@@ -47,6 +49,9 @@ from kafka_client.headers import (  # noqa: F401
     H_USER_PREFIX,
     H_USERNAME,
 )
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
 
 #: Rows as Spark's native Kafka source returns them with includeHeaders=true.
 KAFKA_SCHEMA = StructType([
@@ -166,14 +171,14 @@ def history_select_exprs() -> list[str]:
     ]
 
 
-def to_header_columns(kafka_df):
+def to_header_columns(kafka_df: DataFrame) -> DataFrame:
     """Kafka-shaped or header-column DataFrame -> HEADER_COLUMNS_SCHEMA rows."""
     if "headers" in kafka_df.columns:
         return kafka_df.selectExpr(*header_columns_exprs())
     return kafka_df
 
 
-def to_history(kafka_df):
+def to_history(kafka_df: DataFrame) -> DataFrame:
     """Kafka-shaped (or header-column) DataFrame, batch or streaming -> history rows, in
     HISTORY_SCHEMA order."""
     return to_header_columns(kafka_df).selectExpr(*history_select_exprs())

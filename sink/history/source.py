@@ -44,12 +44,23 @@ import re
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any, Iterator
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Hashable, Iterator, Mapping
 
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
-from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows, SupportsTriggerAvailableNow
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
+from pyspark.sql.types import StructType
 
 from sink.history.schema import HEADER_COLUMNS_SCHEMA, KAFKA_SCHEMA
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from kafka_client.recordbatch import Decoded
+    from sink.history.dedup import TaskFilter
+    from sink.history.verify import Verdicts
+
+    SignatureCheck = tuple[bytes, bytes, Verdicts]   # (derived key, key id, Verdicts)
 
 log = logging.getLogger("sink.source")
 
@@ -66,7 +77,7 @@ def _ensure_logging() -> None:
         log.propagate = False
 
 
-def _opt(options, *names, default=None):
+def _opt(options: Mapping[str, Any], *names: str, default: Any = None) -> Any:
     """Spark lower-cases option keys on some paths; accept any case."""
     lowered = {str(k).lower(): v for k, v in dict(options).items()}
     for name in names:
@@ -98,7 +109,7 @@ class SourceOptions:
         return dict(self.client_conf).get("check_crcs", True)
 
     @classmethod
-    def parse(cls, options) -> "SourceOptions":
+    def parse(cls, options: Mapping[str, Any]) -> "SourceOptions":
         bootstrap = _opt(options, "kafka.bootstrap.servers", "bootstrap.servers")
         if not bootstrap:
             raise ValueError("the mqtt_kafka source needs option kafka.bootstrap.servers (HOST:PORT)")
@@ -173,7 +184,7 @@ def _group(ranges: list, max_tasks: int | None) -> list:
             for _, rs in tasks if rs]
 
 
-def _client_conf(options) -> tuple:
+def _client_conf(options: Mapping[str, Any]) -> tuple:
     """kafka.<property> options that kafka-python's consumer understands (security.protocol ->
     security_protocol, ssl.cafile -> ssl_cafile, sasl.plain.username, ...); others (Java-only
     ones such as ssl.truststore.location) are for Spark's connector and skipped here."""
@@ -196,7 +207,7 @@ def _client_conf(options) -> tuple:
     return tuple(sorted(out))
 
 
-def _consumer(opts: SourceOptions, **extra):
+def _consumer(opts: SourceOptions, **extra: Any) -> Any:  # a kafka.KafkaConsumer
     from kafka import KafkaConsumer
     from kafka.errors import KafkaTimeoutError
     conf = dict(bootstrap_servers=opts.bootstrap.split(","), group_id=None,
@@ -219,10 +230,10 @@ class KafkaPythonSource(DataSource):
     def name(cls) -> str:
         return FORMAT_NAME
 
-    def schema(self):
+    def schema(self) -> StructType:
         return HEADER_COLUMNS_SCHEMA if SourceOptions.parse(self.options).columns else KAFKA_SCHEMA
 
-    def streamReader(self, schema):
+    def streamReader(self, schema: StructType) -> KafkaStreamReader:
         return KafkaStreamReader(SourceOptions.parse(self.options), schema)
 
 
@@ -231,7 +242,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     # process beside the driver, so the reader may keep state between calls (the AvailableNow
     # target, the latest offsets for progress reports). read() runs in executors.
 
-    def __init__(self, opts: SourceOptions, schema=None) -> None:
+    def __init__(self, opts: SourceOptions, schema: StructType | None = None) -> None:
         _ensure_logging()
         self.opts = opts
         self.schema = schema or (HEADER_COLUMNS_SCHEMA if opts.columns else KAFKA_SCHEMA)
@@ -246,7 +257,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     # ---- driver side ---------------------------------------------------------------------
 
-    def _topics(self, consumer) -> list[str]:
+    def _topics(self, consumer: Any) -> list[str]:
         if self.opts.pattern:
             rx = re.compile(self.opts.pattern)
             return sorted(t for t in consumer.topics() if rx.fullmatch(t))
@@ -274,7 +285,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             out["t"].setdefault(tp.topic, {})[str(tp.partition)] = off
         return out
 
-    def _high_watermarks(self, c, tps) -> dict:
+    def _high_watermarks(self, c: Any, tps: list[Any]) -> dict:
         """End offsets from a Fetch response (ListOffsets under-reports on Tansu)."""
         from kafka.errors import OffsetOutOfRangeError
         if not tps:
@@ -306,17 +317,17 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         log.info("starting offsets (%s): %s", self.opts.starting, json.dumps(snap["t"]))
         return snap
 
-    def getDefaultReadLimit(self):
+    def getDefaultReadLimit(self) -> ReadLimit:
         return ReadMaxRows(self.opts.max_rows) if self.opts.max_rows else ReadAllAvailable()
 
     def prepareForTriggerAvailableNow(self) -> None:
         self._target = self._snapshot()
         log.info("available-now: reading up to %s", json.dumps(self._target["t"]))
 
-    def reportLatestOffset(self):
+    def reportLatestOffset(self) -> dict | None:
         return self._latest
 
-    def latestOffset(self, start: dict, limit) -> dict:
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         try:
             snap = self._snapshot()
         except Exception as exc:  # Kafka down or restarting: no new data this trigger
@@ -380,14 +391,14 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         end["ts"] = int(time.time() * 1000)
         return end
 
-    def _warn_once(self, key, msg, *args) -> None:
+    def _warn_once(self, key: Hashable, msg: str, *args: object) -> None:
         """Said once: an INFO with the broker's embedded Kafka, which starts empty whenever the
         broker starts it (the broker sends again what the table lacks), else a WARNING."""
         if key not in self._warned:
             self._warned.add(key)
             log.log(logging.INFO if self.opts.embedded else logging.WARNING, msg, *args)
 
-    def partitions(self, start: dict, end: dict):
+    def partitions(self, start: dict, end: dict) -> list:
         ts = end.get("ts") or int(time.time() * 1000)  # offsets written before "ts" existed
         out = []
         for topic, parts in end.get("t", {}).items():
@@ -413,7 +424,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     # ---- executor side --------------------------------------------------------------------
 
-    def read(self, partition) -> Iterator:
+    def read(self, partition: InputPartition) -> Iterator:
         """Records [start, end) of the partition's Kafka ranges, one Arrow batch per Fetch
         response."""
         import pyarrow as pa
@@ -444,11 +455,12 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                          ", ".join(f"{r.topic}-{r.partition}" for r in ranges))
         _freeze_once()
 
-    def _arrow_schema(self):
+    def _arrow_schema(self) -> Any:  # a pyarrow Schema
         from pyspark.sql.pandas.types import to_arrow_schema
         return to_arrow_schema(self.schema, timezone="UTC")
 
-    def _read_range(self, pa, schema, partition: KafkaRange, dedup=None, check=None) -> Iterator:
+    def _read_range(self, pa: ModuleType, schema: Any, partition: KafkaRange, dedup: TaskFilter | None = None,
+                    check: SignatureCheck | None = None) -> Iterator:
         from kafka.errors import OffsetOutOfRangeError
 
         fetcher = _PartitionFetcher(self.opts, partition.topic, partition.partition)
@@ -502,7 +514,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 _no_key_warned: set = set()
 
 
-def _signature_check(data_dir: str | None):
+def _signature_check(data_dir: str | None) -> SignatureCheck | None:
     """(derived key, key id, Verdicts) for sink.history.verify, from the broker's data directory;
     None when records are not checked (not asked, or the broker never made its key there)."""
     if not data_dir:
@@ -548,9 +560,9 @@ class _PartitionFetcher:
 
     def __init__(self, opts: SourceOptions, topic: str, partition: int) -> None:
         self.opts, self.topic, self.partition = opts, topic, partition
-        self.c = None
+        self.c: Any = None   # a kafka.KafkaConsumer
 
-    def _client(self):
+    def _client(self) -> Any:
         """One kafka-python client per worker process and options, kept between tasks."""
         if self.c is None:
             self.c = _clients.get(self.opts)
@@ -573,7 +585,7 @@ class _PartitionFetcher:
         tp = TopicPartition(self.topic, self.partition)
         return self._client().beginning_offsets([tp])[tp]
 
-    def fetch(self, offset: int, wait_ms: int = 500):
+    def fetch(self, offset: int, wait_ms: int = 500) -> tuple[Decoded | None, int | None]:
         """-> (Decoded or None, high watermark or None). Raises OffsetOutOfRangeError; other
         errors (leader moved, connection lost, Kafka restarting) are retried on a new client
         until kafkaConsumer.pollTimeoutMs."""
@@ -621,13 +633,14 @@ class _PartitionFetcher:
                 time.sleep(0.5)
 
 
-def _message_ids(d) -> tuple:
+def _message_ids(d: Decoded) -> tuple:
     from kafka_client import recordbatch as rb
     from sink.history.schema import H_MESSAGE_ID
     return rb.first_header(d, H_MESSAGE_ID.encode())
 
 
-def to_arrow(pa, schema, d, topic: str, partition: int, columns: bool, ingested_ms: int = 0):
+def to_arrow(pa: ModuleType, schema: Any, d: Decoded, topic: str, partition: int, columns: bool,
+             ingested_ms: int = 0) -> Any:  # a pyarrow RecordBatch
     """Decoded records -> an Arrow batch of KAFKA_SCHEMA, or of HEADER_COLUMNS_SCHEMA when
     ``columns`` (the contract headers as columns and ``ingested_ms``, see sink.history.schema)."""
     import numpy as np
@@ -662,7 +675,7 @@ def to_arrow(pa, schema, d, topic: str, partition: int, columns: bool, ingested_
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
-def _header_list(pa, type_, d, offsets, mask, strip: int):
+def _header_list(pa: ModuleType, type_: Any, d: Decoded, offsets: np.ndarray, mask: np.ndarray, strip: int) -> Any:
     """The headers selected by ``mask`` as list<struct<key string, value binary>>, record i
     owning entries offsets[i]:offsets[i+1]; ``strip`` bytes cut from the start of each key."""
     from kafka_client import recordbatch as rb
@@ -673,7 +686,7 @@ def _header_list(pa, type_, d, offsets, mask, strip: int):
     return pa.ListArray.from_arrays(pa.array(offsets.astype("int32")), entries, type=type_)
 
 
-def _topic_id(consumer, topic: str) -> str:
+def _topic_id(consumer: Any, topic: str) -> str:
     """Kafka's topic id (a new one when a topic is re-created, or Tansu restarts), or "".
 
     kafka-python 3.0 keeps it, from Metadata v10+ responses, in its cluster metadata; this is

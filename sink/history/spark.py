@@ -14,8 +14,12 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from settings import environment
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +103,7 @@ def prepare_python_env() -> None:
 
 
 def get_spark(app_name: str = "mqtt-history", master: str | None = None,
-              conf: dict[str, str] | None = None, log_level: str = "WARN"):
+              conf: dict[str, str] | None = None, log_level: str = "WARN") -> SparkSession:
     """Return a SparkSession (the active one if it exists, else a new one).
 
     ``master`` defaults to $SPARK_MASTER or, when not launched by spark-submit, ``local[2]``.

@@ -19,6 +19,7 @@ import hashlib
 import logging
 import subprocess
 from pathlib import Path
+from typing import Any
 
 from settings import HistoryConfig
 
@@ -82,7 +83,7 @@ class _Checker:
         return ok
 
 
-def serve_thrift(spark, h: HistoryConfig) -> None:
+def serve_thrift(spark: Any, h: HistoryConfig) -> None:  # a SparkSession (its JVM gateway is used)
     """Start the Thrift server in the job's SparkContext (HiveThriftServer2.startWithContext):
     on [history] jdbc_host:jdbc_port, users of jdbc_password_file."""
     from pyspark.java_gateway import ensure_callback_server_started

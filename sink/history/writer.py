@@ -18,9 +18,13 @@ import json
 import logging
 import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sink.history.manifest import Change, FileEntry, Snapshot, Table, crash_point, date_of, staged_files
 from sink.history.retention import first_kept_date
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
 
 log = logging.getLogger("sink.writer")
 
@@ -47,7 +51,7 @@ class BatchWriter:
         self.stream_id: str | None = None
         self.last: Snapshot | None = None
 
-    def __call__(self, df, batch_id: int) -> None:
+    def __call__(self, df: DataFrame, batch_id: int) -> None:
         from pyspark.sql import functions as F
         if self.stream_id is None:
             self.stream_id = checkpoint_stream_id(self.checkpoint) or "unknown"
@@ -87,7 +91,7 @@ def legacy_log_ids(table: Table) -> list[int]:
     return table.spark_log_ids()
 
 
-def adopt_file_sink(spark, table: Table, checkpoint: str | None) -> Snapshot | None:
+def adopt_file_sink(spark: SparkSession, table: Table, checkpoint: str | None) -> Snapshot | None:
     """Give a table written by Spark's file sink its first manifest version: the files its
     ``_spark_metadata`` lists (Spark reads them for us), then replace that log by ours. A
     no-op when the table has a manifest already or no file-sink log."""

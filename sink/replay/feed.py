@@ -31,8 +31,18 @@ from __future__ import annotations
 
 import logging
 from collections import deque
+from typing import TYPE_CHECKING, Any, Callable
 
 from broker.core.session import Subscription
+
+if TYPE_CHECKING:
+    from broker.core.broker import Broker
+    from broker.core.connection import Connection
+    from broker.core.message import Message
+    from broker.core.session import Session
+
+    from .hook import WorkerControl
+    from .spec import ReplaySpec
 
 log = logging.getLogger("sink.replay")
 
@@ -55,9 +65,9 @@ class HistoryFeed:
     """See the module's docstring. ``control``: the source's side (hook.py WorkerControl, or a
     test's fake): want(), arm() -> sequence number, sync(generation), close()."""
 
-    def __init__(self, broker, session, book: Subscription, spec, qos: int, no_local: bool,
-                 retain_as_published: bool, sub_id: int | None, control, limits: Limits,
-                 on_end=None):
+    def __init__(self, broker: Broker, session: Session, book: Subscription, spec: ReplaySpec, qos: int, no_local: bool,
+                 retain_as_published: bool, sub_id: int | None, control: WorkerControl, limits: Limits,
+                 on_end: Callable[[HistoryFeed], None] | None = None) -> None:
         self.broker = broker
         self.session = session
         self.book = book                      # in session.subscriptions, under the $replay/ filter
@@ -128,7 +138,7 @@ class HistoryFeed:
             self.control.sync(self.armed)
 
     # ------------------------------------------------------------ the source's records
-    def add(self, items) -> None:
+    def add(self, items: list) -> None:
         """A chunk of the worker's stream (sink/replay/worker.py): records
         (id, topic, payload, qos, retain, accepted ms, properties, expiry s, client id) and
         markers (kind, value)."""
@@ -177,7 +187,7 @@ class HistoryFeed:
             self.control.want()
 
     # ------------------------------------------------------------ the session's feed
-    def pump(self, session, link, now: float) -> bool:
+    def pump(self, session: Session, link: Connection, now: float) -> bool:
         """Send what the window allows; True once there is nothing more to replay (the session
         drops it from its replays: the tap delivers from then on, or the replay ended)."""
         if self.state is DONE:
@@ -224,7 +234,7 @@ class HistoryFeed:
             self._want()
         return False
 
-    def _marker(self, kind: str, value) -> None:
+    def _marker(self, kind: str, value: Any) -> None:
         if kind == "head":  # the stream reached Kafka's end: hold live messages again
             if not self.armed and self.state is REPLAYING:
                 self._arm()
@@ -272,7 +282,7 @@ class HistoryFeed:
         self._want()
 
     # ------------------------------------------------------------ the router's tap
-    def deliver(self, msg, qos: int, retain: bool, sub_ids, now: float) -> None:
+    def deliver(self, msg: Message, qos: int, retain: bool, sub_ids: tuple[int, ...] | None, now: float) -> None:
         """A live message matching the filter (Broker.route calls it as for a session)."""
         s = self.session
         if self.state is DONE:
@@ -353,7 +363,7 @@ class HistoryFeed:
                                    "again from the time of the last message received",
                                    publish_will=True)
 
-    def session_note(self, level: int, fmt: str, *args) -> None:
+    def session_note(self, level: int, fmt: str, *args: object) -> None:
         link = self.session.link
         if link is not None:
             link.note(level, fmt, *args)

@@ -18,7 +18,7 @@ import logging
 import os
 import sys
 from collections import deque
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from broker.core.hooks import Hook
 from broker.core.session import Subscription
@@ -27,6 +27,16 @@ from broker.protocol import reason_codes as rc
 from .feed import HistoryFeed, Limits
 from .records import FRAME_HEAD, iso_ms
 from .spec import BadReplay, parse
+
+if TYPE_CHECKING:
+    from broker.core.broker import Broker
+    from broker.core.connection import Connection
+    from broker.core.session import Session
+    from broker.protocol.packets import SubscriptionOptions
+    from settings import Config
+    from settings.tree import ReplayConfig
+
+    from ..forward.service import Sink
 
 log = logging.getLogger("sink.replay")
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -38,7 +48,8 @@ class ReplayHook(Hook):
     kafka, topics, verify, nice, max_bytes); ``cfg``: settings.ReplayConfig."""
     provides = frozenset({"replay", "on_client_disconnected", "on_tick", "on_stop", "stats"})
 
-    def __init__(self, cfg, sink, worker: dict, control_factory=None):
+    def __init__(self, cfg: ReplayConfig, sink: Any, worker: dict,
+                 control_factory: Callable[[ReplayHook, dict], WorkerControl] | None = None) -> None:
         self.cfg = cfg
         self.sink = sink
         self.worker = worker
@@ -51,7 +62,7 @@ class ReplayHook(Hook):
                        "messages_kafka": 0, "messages_live_held": 0}
 
     @classmethod
-    def from_config(cls, cfg, sink) -> "ReplayHook":
+    def from_config(cls, cfg: Config, sink: Sink) -> "ReplayHook":
         """From the whole configuration (settings.Config) and the started sink."""
         from ..forward.service import committed_file
         h, s = cfg.history, cfg.sink
@@ -63,7 +74,7 @@ class ReplayHook(Hook):
                       log_level=logging.getLogger("sink").getEffectiveLevel())
         return cls(cfg.replay, sink, worker)
 
-    def attach(self, broker) -> None:
+    def attach(self, broker: Broker) -> None:
         self.broker = broker
 
     # ------------------------------------------------------------ SUBSCRIBE
@@ -81,7 +92,7 @@ class ReplayHook(Hook):
                     "environment (pip install -r requirements-broker.txt)")
         return None
 
-    def replay(self, conn, filt: str, o, sub_id) -> tuple[int, str | None]:
+    def replay(self, conn: Connection, filt: str, o: SubscriptionOptions, sub_id: int | None) -> tuple[int, str | None]:
         b = self.broker
         mq = b.cfg
         session = conn.session
@@ -161,7 +172,7 @@ class ReplayHook(Hook):
             self.totals["failed"] += 1
 
     # ------------------------------------------------------------ lifecycle
-    def on_client_disconnected(self, session, publish_will: bool) -> None:
+    def on_client_disconnected(self, session: Session, publish_will: bool) -> None:
         """A replay belongs to its connection: it ends, and its subscription goes (it is not
         there when a persistent session resumes: subscribe again from the last time seen)."""
         mine = self.by_session.get(session)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import datetime as dt
 import pickle
 import struct
-from typing import Any
+from typing import Any, Iterable
 
 from broker.protocol import properties as PR
 from kafka_client.record import from_kafka
@@ -36,8 +36,9 @@ def iso_ms(ms: int) -> str:
 
 
 def make(mid: str, topic: str, payload: bytes, qos: int, retain: bool, at_ms: int,
-         client_id: str, payload_format=None, content_type=None, response_topic=None,
-         correlation_data=None, message_expiry=None, user_properties=None) -> tuple:
+         client_id: str, payload_format: int | None = None, content_type: str | None = None,
+         response_topic: str | None = None, correlation_data: bytes | None = None,
+         message_expiry: int | None = None, user_properties: Iterable[tuple[str, str]] | None = None) -> tuple:
     props: dict[int, Any] = {}
     if payload_format is not None:
         props[PR.PAYLOAD_FORMAT_INDICATOR] = int(payload_format)
@@ -52,7 +53,8 @@ def make(mid: str, topic: str, payload: bytes, qos: int, retain: bool, at_ms: in
             None if message_expiry is None else int(message_expiry), client_id or "")
 
 
-def from_kafka_record(key: bytes | None, value: bytes | None, headers, ts_ms: int) -> tuple | None:
+def from_kafka_record(key: bytes | None, value: bytes | None, headers: Iterable[tuple[str, bytes | None]] | None,
+                      ts_ms: int) -> tuple | None:
     """A Kafka record of the sink (the record contract, kafka_client/record.py); None without a
     message id (not written by the broker's sink)."""
     r = from_kafka(key or b"", value or b"", headers, ts_ms)
@@ -68,7 +70,7 @@ TABLE_COLUMNS = ["message_id", "topic", "payload", "qos", "retain", "client_id",
                  "message_expiry", "user_properties"]
 
 
-def from_rows(batch) -> list:
+def from_rows(batch: Any) -> list:  # a pyarrow RecordBatch
     """The rows of a pyarrow RecordBatch of the history table (TABLE_COLUMNS)."""
     import pyarrow as pa
     import pyarrow.compute as pc

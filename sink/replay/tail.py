@@ -36,7 +36,7 @@ import numpy as np
 
 from kafka_client.fetch import Fetcher, Records
 from kafka_client.headers import H_MESSAGE_ID
-from kafka_client.recordbatch import first_header
+from kafka_client.recordbatch import Decoded, first_header
 from mqtt_topics import matches
 from sink.history.dedup import Ledger, TaskFilter
 
@@ -139,7 +139,7 @@ class Tail(threading.Thread):
         self._put(("error", text), 0)
         self.boundary.set()
 
-    def _put(self, item, size: int) -> None:
+    def _put(self, item: tuple, size: int) -> None:
         with self.cond:
             self.queue.append((item, size))
             self.queued_bytes += size
@@ -222,7 +222,7 @@ class Tail(threading.Thread):
                  self.counts["read"], self.counts["matched"])
         self.boundary.set()
 
-    def _records(self, topic: str, d, start: int) -> list:
+    def _records(self, topic: str, d: Decoded, start: int) -> list:
         """The new records of one partition's fetch that the replay sends (checked, not read
         before, matching, in the time range), as records.py items; their ids are kept."""
         keep = d.offset >= start  # (a fetch may begin inside a batch)

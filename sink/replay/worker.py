@@ -22,19 +22,21 @@ import logging
 import os
 import sys
 import threading
-from typing import TYPE_CHECKING
+from typing import IO, TYPE_CHECKING, Iterable
 
 import numpy as np
 
 from .records import FRAME_BYTES, FRAME_ITEMS, TABLE_COLUMNS, frame, from_rows, item_size
 
 if TYPE_CHECKING:
+    from sink.history.dedup import Ledger
+
     from .tail import Tail
 
 log = logging.getLogger("sink.replay.worker")
 
 
-def known_mask(known, ids: list) -> np.ndarray:
+def known_mask(known: Ledger | None, ids: list) -> np.ndarray:
     """Which of ``ids`` (bytes) are in the ledger ``known`` (sink.history.dedup intervals)."""
     from sink.history.dedup import parse_ids
     if not ids or known is None or not len(known):
@@ -52,7 +54,7 @@ def known_mask(known, ids: list) -> np.ndarray:
 
 
 class Worker:
-    def __init__(self, cfg: dict, out):
+    def __init__(self, cfg: dict, out: IO[bytes]) -> None:
         self.cfg = cfg
         self.out = out
         self.lock = threading.Lock()
@@ -74,7 +76,7 @@ class Worker:
                 chunk, size = [], 0
         self.emit(chunk)
 
-    def commands(self, stream) -> None:
+    def commands(self, stream: Iterable[bytes]) -> None:
         """stdin after the settings: sync requests; its end ends this process."""
         for line in stream:
             try:
