@@ -49,8 +49,8 @@ SPARK_CONNECT_TOKEN = EnvVar(
     "<data_dir>/secrets/spark_connect.token (Spark's own variable)", (BROKER, JOB, QUERY))
 SINK_KEY = EnvVar(
     "MQTT_SINK_KEY", "the broker's key (64 hex digits) that signs Kafka records and the job's "
-    "committed file, instead of <data_dir>/secrets/sink.key; the same for the broker and the job",
-    (BROKER, JOB))
+    "committed file, instead of <data_dir>/secrets/sink.key; the same for the broker and the job "
+    "(and every node of a cluster: deploy/compose.yaml passes it on)", (BROKER, JOB, COMPOSE))
 PURE_PYTHON = EnvVar(
     "MQTT_PURE_PYTHON", "1: run the pure-Python codec even where the compiled one is built "
     "(broker/protocol/native.py)", (BROKER,))
