@@ -318,16 +318,21 @@ ok "the health checks of kafka (Tansu), broker and history pass"
 DASH=http://127.0.0.1:$DASHBOARD_PORT
 [ "$(curl -s -o /dev/null -w '%{http_code}' "$DASH/api/live")" = 401 ] \
   || fail "the dashboard answered without a login"
-[ "$(curl -s -o /dev/null -w '%{http_code}' -u "alice:$PW" "$DASH/api/live")" = 200 ] \
-  || fail "the dashboard refused alice"
+# a device's credentials do not open the dashboard; its own first administrator does
+[ "$(curl -s -o /dev/null -w '%{http_code}' -u "alice:$PW" "$DASH/api/live")" = 401 ] \
+  || fail "a device's credentials (alice) opened the dashboard"
+ADMIN_PW=$(podman exec "${PROJECT}_broker_1" cat /var/lib/broker/dashboard-admin-password) \
+  || fail "no first administrator's password in the broker's data directory"
+[ "$(curl -s -o /dev/null -w '%{http_code}' -u "admin:$ADMIN_PW" "$DASH/api/live")" = 200 ] \
+  || fail "the dashboard refused its first administrator"
 now=$(date -u +%s)
-code=$(curl -s -o "$W/history.json" -w '%{http_code}' -u "alice:$PW" \
+code=$(curl -s -o "$W/history.json" -w '%{http_code}' -u "admin:$ADMIN_PW" \
        "$DASH/api/history?filter=deploy/test/%23&from=$((now - 3600))&to=$((now + 60))")
 # 200 (answered) or 503 saying what is missing (the broker image has no Spark client); never 500
 case "$code" in 200|503) ;; *) fail "dashboard history: HTTP $code $(head -c 300 "$W/history.json")";; esac
 [ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$METRICS_PORT/health")" = 200 ] \
   || fail "/health on the metrics port"
-ok "dashboard: login required, live data; history: HTTP $code $(head -c 160 "$W/history.json")"
+ok "dashboard: its own accounts (not the devices'), live data; history: HTTP $code $(head -c 160 "$W/history.json")"
 
 # ---- the cluster profile ---------------------------------------------------------------------
 # Three nodes (cluster.enabled, n1..n3) on the stack's Kafka (Tansu) behind HAProxy, started next
