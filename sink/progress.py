@@ -99,6 +99,20 @@ def job_alive(info: dict) -> bool:
     return True
 
 
+def fsync_dir(path: str | os.PathLike[str]) -> None:
+    """fsync a directory (a rename in it survives a crash); nothing where that cannot be done."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
 def atomic_write(path: str | os.PathLike[str], raw: bytes) -> None:
     """Replace the file at ``path`` with ``raw``: a temporary name, fsync, rename (readers see
     the old or the new content, never a mix)."""

@@ -44,6 +44,7 @@ import zlib
 from typing import Any, Callable, Iterable, Iterator, NamedTuple
 
 from kafka_client.record import entry_timestamp
+from sink.progress import fsync_dir
 
 log = logging.getLogger(__name__)
 
@@ -231,19 +232,6 @@ def write_checkpoint(spool_dir: str, data: dict, fsync: bool = True, name: str =
     finally:
         os.close(fd)
     os.replace(tmp, p)
-
-
-def fsync_dir(path: str) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 class DirLock:
