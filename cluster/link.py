@@ -95,7 +95,45 @@ def make_consumer(bootstrap: str, kafka: dict, fetch_wait_ms: int) -> Any:  # a 
     return KafkaConsumer(bootstrap_servers=bootstrap, **opts)
 
 
-class Reader(threading.Thread):
+class _Feeder(threading.Thread):
+    """A reading thread that hands the loop one batch at a time and waits until the loop has
+    applied it (apply(batch) -> None): a slow loop slows the reading, never grows a queue."""
+    IDLE_AFTER = 0.2
+    IDLE_WAIT_MS = 50
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, apply: Callable[[Any], None],
+                 name: str) -> None:
+        super().__init__(name=name, daemon=True)
+        self.loop = loop
+        self.apply = apply
+        self.stopping = False
+        self.last_records = time.monotonic()
+        self._done = threading.Event()
+
+    def _on_loop(self, batch: Any) -> None:
+        try:
+            self.apply(batch)
+        finally:
+            self._done.set()
+
+    def hand_over(self, batch: Any) -> bool:
+        """Apply `batch` on the loop and wait for it; False when this thread should end."""
+        self.last_records = time.monotonic()
+        self._done.clear()
+        try:
+            self.loop.call_soon_threadsafe(self._on_loop, batch)
+        except RuntimeError:
+            return False  # the loop closed
+        while not self._done.wait(0.5):
+            if self.stopping:
+                return False
+        return True
+
+    def stop(self) -> None:
+        self.stopping = True
+
+
+class Reader(_Feeder):
     """Polls the consumer and applies each batch on the loop (apply(batch) -> None), one at a
     time: the next poll waits until the loop applied the previous batch."""
 
@@ -104,29 +142,15 @@ class Reader(threading.Thread):
     # ~16% of a core through kafka-python on an idle node. After IDLE_AFTER seconds without a
     # record the fetch wait becomes IDLE_WAIT_MS (~10x fewer fetches); the first record after a
     # quiet spell may wait up to that much, the following ones do not.
-    IDLE_AFTER = 0.2
-    IDLE_WAIT_MS = 50
 
     def __init__(self, consumer: Any, loop: asyncio.AbstractEventLoop, apply: Callable[[dict], None],
                  name: str = "cluster-reader", between: Callable[[], None] | None = None) -> None:
-        super().__init__(name=name, daemon=True)
+        super().__init__(loop, apply, name)
         self.consumer = consumer
-        self.loop = loop
-        self.apply = apply
         self.between = between  # called on this thread after each poll (the consumer's thread)
-        self.last_records = time.monotonic()
-        self.stopping = False
         self.error: Exception | None = None
 
     def run(self) -> None:
-        done = threading.Event()
-
-        def on_loop(recs: dict) -> None:
-            try:
-                self.apply(recs)
-            finally:
-                done.set()
-
         fetcher_config: Any = getattr(getattr(self.consumer, "_fetcher", None), "config", None)
         busy_wait = fetcher_config.get("fetch_max_wait_ms") if fetcher_config else None
         while not self.stopping:
@@ -145,21 +169,11 @@ class Reader(threading.Thread):
                 self.between()
             if not recs or self.stopping:
                 continue
-            self.last_records = time.monotonic()
-            done.clear()
-            try:
-                self.loop.call_soon_threadsafe(on_loop, recs)
-            except RuntimeError:
-                return  # the loop closed
-            while not done.wait(0.5):
-                if self.stopping:
-                    return
-
-    def stop(self) -> None:
-        self.stopping = True
+            if not self.hand_over(recs):
+                return
 
 
-class FetchReader(threading.Thread):
+class FetchReader(_Feeder):
     """The node's own stream (cluster/fetch.py): fetches every followed partition, hands the
     loop one response at a time and waits until the loop applied it (backpressure).
 
@@ -167,29 +181,15 @@ class FetchReader(threading.Thread):
     fetch wait (cluster.fetch_wait_ms, 5) bounds the latency; an idle node (no record for
     IDLE_AFTER seconds) waits IDLE_WAIT_MS instead: ~10x fewer fetches, and the first record
     after a quiet spell may wait up to that much."""
-    IDLE_AFTER = 0.2
-    IDLE_WAIT_MS = 50
 
     def __init__(self, fetcher: Fetcher, loop: asyncio.AbstractEventLoop, apply: Callable[[list], None],
                  name: str = "cluster-reader") -> None:
-        super().__init__(name=name, daemon=True)
+        super().__init__(loop, apply, name)
         self.fetcher = fetcher
-        self.loop = loop
-        self.apply = apply
-        self.stopping = False
-        self.last_records = time.monotonic()
 
     def run(self) -> None:
-        done = threading.Event()
         f = self.fetcher
         busy_wait = f.wait_ms
-
-        def on_loop(batches: list) -> None:
-            try:
-                self.apply(batches)
-            finally:
-                done.set()
-
         while not self.stopping:
             idle = time.monotonic() - self.last_records > self.IDLE_AFTER
             f.wait_ms = max(busy_wait, self.IDLE_WAIT_MS) if idle else busy_wait
@@ -202,15 +202,5 @@ class FetchReader(threading.Thread):
                 continue
             if not batches or self.stopping:
                 continue
-            self.last_records = time.monotonic()
-            done.clear()
-            try:
-                self.loop.call_soon_threadsafe(on_loop, batches)
-            except RuntimeError:
-                return  # the loop closed
-            while not done.wait(0.5):
-                if self.stopping:
-                    return
-
-    def stop(self) -> None:
-        self.stopping = True
+            if not self.hand_over(batches):
+                return
