@@ -51,7 +51,7 @@ def _field(path: str, name: str) -> int:
     return 0
 
 
-def tree(pid: int, depth: int = 0) -> list[tuple[int, int, int, int, str]]:
+def tree(pid: int, depth: int = 0, parent_cmd: str | None = None) -> list[tuple[int, int, int, int, str]]:
     """(depth, pid, rss, pss, what) for pid and every descendant."""
     try:
         cmd = open(f"/proc/{pid}/cmdline").read().replace("\0", " ").strip()
@@ -59,10 +59,12 @@ def tree(pid: int, depth: int = 0) -> list[tuple[int, int, int, int, str]]:
         return []
     what = ("JVM (driver)" if "java" in cmd.split(" ")[0] else
             cmd.split(" -m ")[-1][:70] if " -m " in cmd else cmd[:70])
+    if cmd == parent_cmd and what.startswith("JVM"):
+        return []  # the JVM's fork that has not yet run its program (it shares the JVM's pages)
     rows = [(depth, pid, _field(f"/proc/{pid}/status", "VmRSS:"),
              _field(f"/proc/{pid}/smaps_rollup", "Pss:"), what)]
     for c in children(pid):
-        rows += tree(c, depth + 1)
+        rows += tree(c, depth + 1, cmd)
     return rows
 
 
@@ -71,8 +73,8 @@ def totals(pid: int) -> tuple[int, int]:
     return sum(r[2] for r in rows), sum(r[3] for r in rows)
 
 
-def show(title: str, pid: int) -> None:
-    rows = tree(pid)
+def show(title: str, pid: int, rows: list[tuple[int, int, int, int, str]] | None = None) -> None:
+    rows = tree(pid) if rows is None else rows
     print(f"\n{title}")
     print(f"  {'pid':>7} {'RSS MB':>7} {'PSS MB':>7}  process")
     for depth, p, rss, pss, what in rows:
@@ -123,16 +125,29 @@ def main() -> int:
                 print(log_path.read_text(errors="replace")[-3000:])
                 return 1
             time.sleep(1)
+        started = time.monotonic()
+        show("just started (the catalog's one-time spark-sql registration may run beside it)",
+             job.pid)
+        while "registered in the Derby metastore" not in log_path.read_text(errors="replace"):
+            if time.monotonic() - started > 600 or job.poll() is not None:
+                print("the table was not registered in the catalog within 600 s")
+                break
+            time.sleep(1)
+        print(f"\nthe catalog registration ended {time.monotonic() - started:.0f} s after the start")
         time.sleep(args.idle)
-        show(f"idle ({args.idle:g} s after start)", job.pid)
+        show(f"idle ({args.idle:g} s after that)", job.pid)
         if args.nmt:
             nmt(job.pid)
         peak = [0, 0]
+        at_peak: list[tuple[int, int, int, int, str]] = []
         stop = threading.Event()
 
         def sample():
             while not stop.wait(0.5):
-                rss, pss = totals(job.pid)
+                rows = tree(job.pid)
+                rss, pss = sum(r[2] for r in rows), sum(r[3] for r in rows)
+                if rss > peak[0]:
+                    at_peak[:] = rows
                 peak[0], peak[1] = max(peak[0], rss), max(peak[1], pss)
         sampler = threading.Thread(target=sample, daemon=True)
         sampler.start()
@@ -154,6 +169,7 @@ def main() -> int:
         time.sleep(args.idle)
         stop.set()
         print(f"peak while ingesting: RSS {peak[0] / 2**20:.0f} MB, PSS {peak[1] / 2**20:.0f} MB")
+        show("the processes at the peak (RSS)", job.pid, at_peak)
         show(f"idle again ({args.idle:g} s after the load)", job.pid)
         if args.nmt:
             nmt(job.pid)

@@ -579,15 +579,21 @@ def run(spark: Spark, job: Job, stop_event: threading.Event | None = None,
     commit_catch_up = getattr(query, "_commit_catch_up", None)
     from sink.history import catalog
     from sink.history.maintenance import start_maintainer
+    from sink.history.spark import launched_by_spark_submit, release_planner_workers
     maintainer = start_maintainer(spark, job.history, PARQUET_OPTIONS, job.available_now)
     # `messages` for spark-sql & co (embedded Derby): once, a minute after the query started
     registration = None if job.available_now else catalog.start_registration(job.history)
     last_batch, last_idle_log = -1, time.monotonic()
+    planners_released = launched_by_spark_submit() or getattr(query, "_jsq", None) is None
 
     def report() -> None:
-        nonlocal last_batch, last_idle_log
+        nonlocal last_batch, last_idle_log, planners_released
         for p in progress_since(query, last_batch):  # only batches after last_batch
             last_batch = p["batchId"]
+            if not planners_released:  # planned by now: its planning workers are not needed
+                planners_released = True
+                log.info("stopped %d idle Python planning daemons (Spark starts them again when a query is planned)",
+                          release_planner_workers(spark))
             if p.get("numInputRows", 0) or job.available_now:
                 log.info("%s", describe_progress(p))
             elif time.monotonic() - last_idle_log > 60:

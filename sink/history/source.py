@@ -556,7 +556,7 @@ class _PartitionFetcher:
     metadata, API version negotiation), keeping the records as bytes: decoded by
     kafka_client.recordbatch, not record by record."""
 
-    MAX_BYTES = 8 * 1024 * 1024
+    MAX_BYTES = 2 * 1024 * 1024
 
     def __init__(self, opts: SourceOptions, topic: str, partition: int) -> None:
         self.opts, self.topic, self.partition = opts, topic, partition

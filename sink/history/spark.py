@@ -14,7 +14,7 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from settings import environment
 
@@ -72,7 +72,53 @@ JOB_LOCAL_CONF = {
 #: (64 MB address space each, partly resident) in the JVM and the Python workers; two suffice.
 #: pyarrow's own allocator (jemalloc/mimalloc) keeps what the Kafka reader's batches freed: at
 #: 3,000 msg/s each reader worker held 215 MB; the system allocator gives it back.
-JOB_LOCAL_ENV = {"MALLOC_ARENA_MAX": "2", "ARROW_DEFAULT_MEMORY_POOL": "system"}
+#: Buffers of 1 MB and more (Kafka fetch responses, Arrow batches) are mapped on their own and
+#: given back when freed: glibc otherwise raises that threshold to the largest block freed (up to
+#: 32 MB) and serves later ones from the heap, which keeps the peak resident (a reading worker
+#: 215 -> 178 MB at 25,000 msg/s).
+JOB_LOCAL_ENV = {"MALLOC_ARENA_MAX": "2", "ARROW_DEFAULT_MEMORY_POOL": "system",
+                 "MALLOC_MMAP_THRESHOLD_": "1048576", "MALLOC_TRIM_THRESHOLD_": "8388608"}
+
+#: Python modules Spark runs only while it plans a Python data source query (looks the source
+#: up, makes it, plans its read): in the job, once per start of the streaming query.
+PLANNER_MODULES = ("pyspark.sql.worker.lookup_data_sources", "pyspark.sql.worker.create_data_source",
+                   "pyspark.sql.worker.plan_data_source_read")
+
+
+def release_planner_workers(spark: SparkSession) -> int:
+    """Stop the Python daemons (and their idle workers) Spark keeps for planning a Python data
+    source, once the streaming query has been planned; returns how many were stopped.
+
+    Spark keeps one daemon per kind of Python worker for the JVM's lifetime; the three planning
+    kinds are used once per query start, then hold 46 MB resident each, 138 MB of an idle job
+    of 740 (bench/job_footprint.py). Spark has no setting for this (spark.python.use.daemon is
+    for all workers: off, every micro-batch would start its reading worker anew, about 0.35 s
+    of CPU), so this stops those daemons through the JVM's PythonWorkerFactory.stop(), as
+    SparkEnv.stop() does; the factory starts its daemon again when a later query start plans
+    again. Reflection on a Spark-private field: on a Spark without it, nothing is stopped.
+    Call it from the thread that starts queries, after a progress report of the query (its
+    planning is over by then), never while a query is being planned.
+    """
+    try:
+        sc = spark.sparkContext
+        env = sc._jsc.sc().env()
+        # py4j cannot call SparkEnv's own methods (resolving them needs a class this classpath
+        # lacks): only java.lang.reflect on it.
+        field = sc._jvm.java.lang.Class.forName(  # type: ignore[union-attr]
+            "org.apache.spark.SparkEnv").getDeclaredField("pythonWorkers")
+        field.setAccessible(True)
+        stopped = 0
+        entries = field.get(env).iterator()
+        while entries.hasNext():
+            entry = entries.next()
+            if entry._1().workerModule() in PLANNER_MODULES:
+                entry._2().stop()
+                stopped += 1
+        return stopped
+    except Exception as exc:  # another Spark version: the daemons stay, nothing else changes
+        log.debug("cannot release the planning Python workers: %s", exc)
+        return 0
+
 
 LOCAL_CONF = {
     "spark.driver.host": "127.0.0.1",
@@ -102,6 +148,35 @@ def prepare_python_env() -> None:
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
 
+class _NumpyOnlyWhenLoaded:
+    """One of PySpark's py4j converters for NumPy values, asked only about NumPy objects.
+
+    PySpark registers converters that py4j asks about every argument of every call into the JVM;
+    the NumPy ones import ``pyspark.testing.utils`` to learn whether NumPy is installed, which
+    imports pandas, pyarrow, NumPy and protobuf: 84 MB resident in a process that never passes
+    a NumPy value (the job's driver: bench/job_footprint.py). An object can only be a NumPy value
+    once NumPy is loaded, so asking PySpark's converter only then converts the same values."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def can_convert(self, obj: object) -> bool:
+        np = sys.modules.get("numpy")
+        return (np is not None and isinstance(obj, (np.generic, np.ndarray))
+                and bool(self.inner.can_convert(obj)))
+
+    def convert(self, obj: object, gateway_client: Any) -> Any:
+        return self.inner.convert(obj, gateway_client)
+
+
+def _numpy_converters_only_when_loaded() -> None:
+    from py4j import protocol
+    from pyspark.sql import types
+    for i, conv in enumerate(protocol.INPUT_CONVERTER):
+        if isinstance(conv, (types.NumpyScalarConverter, types.NumpyArrayConverter)):
+            protocol.INPUT_CONVERTER[i] = _NumpyOnlyWhenLoaded(conv)
+
+
 def get_spark(app_name: str = "mqtt-history", master: str | None = None,
               conf: dict[str, str] | None = None, log_level: str = "WARN") -> SparkSession:
     """Return a SparkSession (the active one if it exists, else a new one).
@@ -111,6 +186,7 @@ def get_spark(app_name: str = "mqtt-history", master: str | None = None,
     """
     prepare_python_env()
     from pyspark.sql import SparkSession
+    _numpy_converters_only_when_loaded()
 
     builder = SparkSession.builder.appName(app_name)
     submitted = launched_by_spark_submit()
