@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import struct
 
+from .record import read_zz_varint
 from .recordbatch import (
     BATCH_HEADER,
     CODEC_MASK,
@@ -32,16 +33,13 @@ _HEAD = struct.Struct(">qi")
 
 def _varint(buf: bytes, pos: int, limit: int) -> tuple[int, int]:
     """A zigzag varint at `pos` ending at or before `limit`: (value, position after it)."""
-    raw = shift = 0
-    while True:
-        if pos >= limit or shift > 63:
-            raise CorruptBatchError("varint runs past the end of its record")
-        b = buf[pos]
-        raw |= (b & 0x7F) << shift
-        pos += 1
-        if b < 0x80:
-            return (raw >> 1) ^ -(raw & 1), pos
-        shift += 7
+    try:
+        value, pos = read_zz_varint(buf, pos)
+    except ValueError:
+        pos = limit + 1
+    if pos > limit:
+        raise CorruptBatchError("varint runs past the end of its record")
+    return value, pos
 
 
 class Scanned:
