@@ -7,6 +7,10 @@ Prints, side by side where it applies:
 * latency: a QoS 0 publisher on node 1 and a subscriber on node 2 at 1,000 and 5,000 msg/s:
   p50 / p99 / p99.9, and the CPU per message of the sending node, the receiving node and Kafka
   (from /proc, over the measured seconds);
+* filter: what a node costs for the records it reads: idle (no traffic) in % of a core, and at
+  each rate the CPU per message of a bystander node whose subscriber's filter matches none of
+  the records (publisher and subscriber on node 1, a subscriber on `elsewhere/#` on node 2)
+  against node 2 with the matching subscriber (publisher on node 1, subscriber on node 2);
 * fanin: 8 QoS 0 and QoS 1 publishers into one wildcard subscriber: a 1-node cluster (everything
   on n1) against 2 nodes (publishers spread over n1 and n2, the subscriber on n1), and the same
   broker without the cluster;
@@ -137,6 +141,45 @@ def bench_latency(kafka, tmp, rates, duration):
     return rows
 
 
+def idle_cpu(pids: dict, seconds: float) -> dict:
+    """% of a core each process used over `seconds` with no traffic."""
+    _, cpu = measured(pids, lambda: time.sleep(seconds))
+    return {k: round(v / seconds * 100, 1) for k, v in cpu.items()}
+
+
+def bench_filter(kafka, tmp, rates, duration):
+    prefix = f"bench{uuid.uuid4().hex[:6]}"
+    n1, n2 = Node("n1", kafka.bootstrap, tmp, prefix), Node("n2", kafka.bootstrap, tmp, prefix)
+    rows = []
+    try:
+        other = RawClient(n2.port)  # node 2 has a subscriber, on topics nobody publishes
+        assert other.connect(f"elsewhere-{uuid.uuid4().hex[:6]}", keep_alive=0).reason_code == 0
+        other.subscribe("elsewhere/#", qos=1)
+        time.sleep(2)  # the nodes' fetch wait becomes the idle one
+        idle = idle_cpu({"n1": n1.proc.pid, "n2": n2.proc.pid, "Kafka": kafka.proc.pid},
+                        max(duration, 5))
+        for rate in rates:
+            for case, sub_port in (("non-matching", n1.port), ("matching", n2.port)):
+                res, cpu = measured({"n2": n2.proc.pid}, lambda: loadgen(
+                    "--scenario", "latency", "--port", n1.port, "--sub-port", sub_port,
+                    "--rate", rate, "--duration", duration, "--warmup", 1, "--mqtt", 5))
+                n = res["sent_total"] or 1
+                rows.append({"rate": rate, "case": case,
+                             "n2 us/msg": round(cpu["n2"] / n * 1e6, 1),
+                             "p50_ms": res["lat_ms"]["p50"], "p99_ms": res["lat_ms"]["p99"]})
+        other.close()
+    finally:
+        n1.stop()
+        n2.stop()
+    print("\n## reading cost of a node (node 2): records for nobody on it vs for its subscriber")
+    print(f"idle, % of a core: {idle}")
+    print("| msg/s | node 2's records | node 2 us/msg | p50 ms | p99 ms |")
+    print("|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['rate']:,} | {r['case']} | {r['n2 us/msg']} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} |")
+    return {"idle_pct": idle, "rows": rows}
+
+
 def bench_fanin(kafka, tmp, duration):
     rows = []
     for label, nodes in (("no cluster", 0), ("cluster, 1 node", 1), ("cluster, 2 nodes", 2)):
@@ -250,7 +293,7 @@ def bench_failover(kafka, tmp, node_timeout, rounds):
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--only", default="latency,fanin,takeover,failover")
+    ap.add_argument("--only", default="latency,filter,fanin,takeover,failover")
     ap.add_argument("--rates", default="1000,5000")
     ap.add_argument("--duration", type=float, default=10.0)
     ap.add_argument("--rounds", type=int, default=30)
@@ -270,6 +313,8 @@ def main() -> None:
     try:
         if "latency" in only:
             out["latency"] = bench_latency(kafka, tmp, [int(r) for r in a.rates.split(",")], a.duration)
+        if "filter" in only:
+            out["filter"] = bench_filter(kafka, tmp, [int(r) for r in a.rates.split(",")], a.duration)
         if "fanin" in only:
             out["fanin"] = bench_fanin(kafka, tmp, a.duration)
         if "takeover" in only:

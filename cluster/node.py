@@ -27,7 +27,8 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from broker.core.durability import Pending
 from broker.core.hooks import SESSION_EVENTS, STORED_EVENTS, Hook
-from kafka_client.fetch import Fetcher, Records
+from kafka_client.fetch import Fetcher
+from kafka_client.recordscan import Scanned
 from mqtt_topics import matches
 
 from . import control as C
@@ -150,7 +151,7 @@ class ClusterNode(Hook):
         self.partitions = counts[self.topics.messages]
         self.state = C.ControlState(self.node, self.inc, time.monotonic)
         self.producer = Producer(self.loop, self.bootstrap, self.cfg.kafka, self._completed)
-        f = self.fetcher = Fetcher(self.bootstrap, self.cfg.kafka, self.cfg.fetch_wait_ms)
+        f = self.fetcher = Fetcher(self.bootstrap, self.cfg.kafka, self.cfg.fetch_wait_ms, Scanned)
         msgs = [(self.topics.messages, p) for p in range(self.partitions)]
         replay = [(self.topics.retained, p) for p in range(counts[self.topics.retained])] + \
             [(self.topics.control, 0)]
@@ -326,13 +327,16 @@ class ClusterNode(Hook):
     def _apply(self, batches: list) -> None:
         """A fetch's records, on the loop: control records to the replicated state, retained
         ones to the retained store, messages to this node's matching sessions. A message is
-        looked at by its key (the MQTT topic) first: decoded only when someone here wants it."""
+        looked at by its key (the MQTT topic) first: its value and headers are read only when
+        someone here wants it, and a fetch is not even scanned when nobody here can want it
+        (no plain subscription on this node and none starting: $share groups read their own
+        streams)."""
         topics = self.topics
         broker = self.broker
         clock_now, wall_now = broker.clock(), self.wall()
-        for topic, _p, d, start in batches:
-            rec = Records(d, start)
+        for topic, _p, rec, start in batches:
             if topic == topics.control:
+                rec.since(start)
                 for i in rec.indexes():
                     off, key, value, _, ts = rec.record(i)
                     try:
@@ -342,6 +346,7 @@ class ClusterNode(Hook):
                         continue
                     self._act(self.state.apply(off, (key or b"").decode(), body, ts / 1000.0))
             elif topic == topics.retained:
+                rec.since(start)
                 for i in rec.indexes():
                     _, key, value, headers, ts = rec.record(i)
                     name = (key or b"").decode()
@@ -354,29 +359,33 @@ class ClusterNode(Hook):
                     else:
                         msg.retain = True
                         broker.set_retained(name, msg)
-        for topic, p, d, start in batches:
+        router = broker.router
+        anyone = router.count > sum(router.shared_groups.values())  # a plain subscription here
+        for topic, p, rec, start in batches:
             if topic != topics.messages:
                 continue
-            rec = Records(d, start)
             starting = self._starting(p)
             if starting:
-                n = self._route_starting(rec, p, starting, clock_now, wall_now)
+                n = self._route_starting(rec.since(start), p, starting, clock_now, wall_now)
+            elif not anyone:
+                n = 0  # nobody here to deliver to: not even the keys are read
             else:
                 deliver = broker.deliver
-                match = broker.router.match  # cached per topic
+                match = router.match  # cached per topic
                 n = 0
+                rec.since(start)
                 for i in rec.indexes():
-                    key = rec.key(i)
-                    if key is None or not match(key.decode(errors="replace"))[0]:
+                    topic_name = rec.topic(i)
+                    if topic_name is None or not match(topic_name)[0]:
                         continue  # no subscriber here: not decoded (shared groups: their streams)
                     off, key, value, headers, ts = rec.record(i)
                     msg, sender, _ = R.decode_message(key, value, headers, ts, clock_now, wall_now)
                     msg.store_id = (p, off)  # type: ignore[assignment]  # its place in the log
                     deliver(msg, sender)
                     n += 1
-            self.routed_upto[p] = rec.offsets[-1] + 1
+            self.routed_upto[p] = rec.end
             self.counters["delivered"] += n
-            self.counters["read"] += len(rec)
+            self.counters["read"] += len(rec) if rec.scanned else rec.end - start
         if self.waiting_subs:
             self._start_waiting_subs()
 
@@ -386,17 +395,16 @@ class ClusterNode(Hook):
         records from a known position but are not routed yet."""
         return [(sub, since[p]) for sub, since in self.waiting_subs if p in since]
 
-    def _route_starting(self, rec: Records, p: int, starting: list, clock_now: float,
+    def _route_starting(self, rec: Scanned, p: int, starting: list, clock_now: float,
                         wall_now: float) -> int:
         """The slow path while new subscriptions start: record by record, each also goes to the
         new subscriptions it matches at or after their first offset (so none misses a record of
         a batch that crosses its start, whatever the other partitions have reached)."""
         broker, match, n = self.broker, self.broker.router.match, 0
         for i in rec.indexes():
-            key = rec.key(i)
-            if key is None:
+            topic = rec.topic(i)
+            if topic is None:
                 continue
-            topic = key.decode(errors="replace")
             off = rec.offsets[i]
             new = [sub for sub, first in starting
                    if off >= first and matches(sub.topic_filter, topic)]

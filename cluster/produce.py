@@ -55,7 +55,11 @@ class Producer:
     def send(self, topic: str, key: bytes, value: bytes | None, headers: list[tuple[str, bytes]] | None, ts: int,
              tag: Any) -> None:
         """Queue one record (value None: a tombstone); `tag` comes back with its outcome."""
-        body = encode_body(key, value, headers or []) if value is not None else _tombstone(key)
+        self.send_body(topic, encode_body(key, value, headers or []) if value is not None
+                       else _tombstone(key), ts, tag)
+
+    def send_body(self, topic: str, body: bytes, ts: int, tag: Any) -> None:
+        """send() of a record body already encoded (kafka_client.record.encode_message_body)."""
         self.pending.append((topic, ts, body, tag))
         self.backlog += 1
         self.handed += 1
@@ -68,15 +72,6 @@ class Producer:
         self.backlog -= len(outcome)
         self.answered += len(outcome)
         self.user_done(outcome)
-
-    def send_body(self, topic: str, body: bytes, ts: int, tag: Any) -> None:
-        """send() of a record body already encoded (kafka_client.record.encode_message_body)."""
-        self.pending.append((topic, ts, body, tag))
-        self.backlog += 1
-        self.handed += 1
-        if not self.kicked:
-            self.kicked = True
-            self.loop.call_soon(self.kick)
 
     def kick(self) -> None:
         """Hand what this turn appended to the thread."""

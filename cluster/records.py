@@ -29,7 +29,7 @@ from kafka_client.headers import (
     H_RETAIN,
     H_USER_PREFIX,
 )
-from kafka_client.record import SinkRecord, encode_message_body, to_kafka
+from kafka_client.record import encode_message_body, sink_record, to_kafka
 
 H_NODE = "mqtt.node"
 
@@ -41,18 +41,9 @@ def message_body(msg: Message, client_id: str, username: str | None, protocol: i
     extra = None
     p = msg.props
     if p or msg.expires_at is not None:  # the contract's property headers, in its order
-        rec = SinkRecord(topic=msg.topic, payload=b"", qos=msg.qos, retain=msg.retain,
-                         client_id=client_id, username=username, protocol=protocol,
-                         accepted_at_ms=0)
-        if p:
-            rec.payload_format = p.get(PR.PAYLOAD_FORMAT_INDICATOR)
-            rec.content_type = p.get(PR.CONTENT_TYPE)
-            rec.response_topic = p.get(PR.RESPONSE_TOPIC)
-            rec.correlation_data = p.get(PR.CORRELATION_DATA)
-            rec.user_properties = p.get(PR.USER_PROPERTY)
-        if msg.expires_at is not None:
-            # seconds left now, at its acceptance (the record's timestamp): receivers count from there
-            rec.message_expiry = msg.remaining_expiry(now)
+        # seconds left now, at its acceptance (the record's timestamp): receivers count from there
+        rec = sink_record(msg.topic, b"", msg.qos, msg.retain, client_id, username, protocol, 0, p,
+                          None if msg.expires_at is None else msg.remaining_expiry(now))
         extra = to_kafka(rec)[2][6 if username is not None else 5:]
         extra.append((H_NODE, node.encode()))
     else:

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from typing import Any, Callable
 
 from .recordbatch import Decoded, decode
+from .recordscan import Scanned
 
 log = logging.getLogger("cluster")
 
@@ -25,7 +26,10 @@ RECEIVE_MAX = 256 << 20        # the largest response accepted (kafka-python's d
 
 
 class Fetcher:
-    def __init__(self, bootstrap: str, kafka: dict, wait_ms: int) -> None:
+    def __init__(self, bootstrap: str, kafka: dict, wait_ms: int,
+                 decoder: Callable[[bytes], Any] | None = None) -> None:
+        """decoder(records bytes): kafka_client.recordbatch's columns by default, or a
+        kafka_client.recordscan.Scanned (Scanned itself: the cluster's keys-first reading)."""
         from kafka.net.compat import KafkaNetClient
         cfg = {k: v for k, v in kafka.items() if k in _CLIENT_OPTIONS}
         cfg.setdefault("client_id", "mqtt-cluster-reader")
@@ -35,6 +39,7 @@ class Fetcher:
         self.client._manager.bootstrap(int(kafka.get("request_timeout_ms", 10000)))
         self.cluster = self.client.cluster
         self.wait_ms = wait_ms
+        self.decoder = decoder
         self.positions: dict[tuple[str, int], int] = {}   # (topic, partition) -> next offset
         self.high: dict[tuple[str, int], int] = {}        # high watermarks seen in responses
 
@@ -75,13 +80,14 @@ class Fetcher:
 
     # ------------------------------------------------------------ fetching
     def fetch(self) -> list:
-        """One Fetch per leader for every followed partition: [(topic, partition, Decoded)]
-        for those with records (positions advanced past them); waits at most the fetch wait
-        when there is nothing new."""
+        """One Fetch per leader for every followed partition: [(topic, partition, Decoded or
+        Scanned, offset asked from)] for those with records (positions advanced past them);
+        waits at most the fetch wait when there is nothing new."""
         from kafka import errors as Errors
         from kafka.protocol.consumer import FetchRequest
         F = FetchRequest.FetchTopic
-        out: list[tuple[str, int, Decoded, int]] = []
+        out: list[tuple[str, int, Any, int]] = []
+        decoder = self.decoder
         by_leader = self._by_leader(list(self.positions))
         if not by_leader:
             self._refresh(0.2)
@@ -113,11 +119,12 @@ class Fetcher:
                         self.high[tp] = p.high_watermark
                     if not p.records:
                         continue
-                    d = decode(p.records, check_crcs=False)
+                    d = decode(p.records, check_crcs=False) if decoder is None \
+                        else decoder(p.records)
                     if d.next_offset is not None and d.next_offset > self.positions[tp]:
                         start = self.positions[tp]
                         self.positions[tp] = d.next_offset
-                        if len(d):
+                        if (d.end > start) if isinstance(d, Scanned) else len(d):
                             out.append((t.topic, p.partition_index, d, start))
         return out
 

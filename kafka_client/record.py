@@ -67,6 +67,26 @@ class SinkRecord:
     message_id: str | None = None     # assigned by Sink.submit when None: unique, stable across retries
 
 
+# MQTT 5 property identifiers (section 2.2.2.2) of the properties a record carries as headers
+PAYLOAD_FORMAT, CONTENT_TYPE, RESPONSE_TOPIC, CORRELATION_DATA, USER_PROPERTY = 0x01, 0x03, 0x08, 0x09, 0x26
+
+
+def sink_record(topic: str, payload: bytes, qos: int, retain: bool, client_id: str,
+                username: str | None, protocol: int, accepted_at_ms: int,
+                props: dict[int, Any] | None, message_expiry: int | None) -> SinkRecord:
+    """The record of an accepted MQTT message: `props` its MQTT 5 properties by identifier,
+    `message_expiry` the seconds of its Message Expiry Interval left (None: none)."""
+    rec = SinkRecord(topic, payload, qos, retain, client_id, username, protocol, accepted_at_ms,
+                     message_expiry=message_expiry)
+    if props:
+        rec.payload_format = props.get(PAYLOAD_FORMAT)
+        rec.content_type = props.get(CONTENT_TYPE)
+        rec.response_topic = props.get(RESPONSE_TOPIC)
+        rec.correlation_data = props.get(CORRELATION_DATA)
+        rec.user_properties = props.get(USER_PROPERTY)
+    return rec
+
+
 def to_kafka(rec: SinkRecord) -> tuple[bytes, bytes, list[tuple[str, bytes]], int]:
     """-> (key, value, headers, timestamp_ms) following the record contract."""
     headers: list[tuple[str, bytes]] = [

@@ -11,8 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from broker.core.durability import Pending
 from broker.core.hooks import Hook
-from broker.protocol import properties as PR
-from kafka_client.record import SinkRecord
+from kafka_client.record import sink_record
 
 if TYPE_CHECKING:
     from broker.core.broker import Broker
@@ -65,17 +64,9 @@ class SinkHook(Hook):
                 return mid
             msg.sink_id = mid  # its Kafka record's mqtt.message_id (a replay's switch to live)
             return True
-        rec = SinkRecord(topic=msg.topic, payload=msg.payload, qos=msg.qos, retain=msg.retain,
-                         client_id=client_id, username=username, protocol=protocol,
-                         accepted_at_ms=int(msg.accepted_at * 1000))
-        if p:
-            rec.payload_format = p.get(PR.PAYLOAD_FORMAT_INDICATOR)
-            rec.content_type = p.get(PR.CONTENT_TYPE)
-            rec.response_topic = p.get(PR.RESPONSE_TOPIC)
-            rec.correlation_data = p.get(PR.CORRELATION_DATA)
-            rec.user_properties = p.get(PR.USER_PROPERTY)
-        if msg.expires_at is not None:
-            rec.message_expiry = msg.remaining_expiry(self.clock())
+        rec = sink_record(msg.topic, msg.payload, msg.qos, msg.retain, client_id, username, protocol,
+                          int(msg.accepted_at * 1000), p,
+                          None if msg.expires_at is None else msg.remaining_expiry(self.clock()))
         if not self.sink.submit(rec):
             return False
         if rec.message_id is not None:

@@ -8,6 +8,7 @@ from kafka_client.record import (
     encode_record,
     entry_timestamp,
     from_kafka,
+    sink_record,
     to_kafka,
 )
 
@@ -37,6 +38,23 @@ def test_to_kafka_contract():
         ("mqtt.message_expiry", b"3600"),
         ("mqtt.user.k", b"v1"), ("mqtt.user.k", b"v2"), ("mqtt.user.ünï", "çödé".encode()),
         ("mqtt.user.empty", b""), ("mqtt.user.k", b"v1")]
+
+
+def test_sink_record_takes_each_mqtt5_property_by_its_identifier():
+    """The record of an accepted message (the sink's and the cluster's): every MQTT 5 property
+    the contract carries lands in its field, by the identifiers of MQTT 5 section 2.2.2.2."""
+    from broker.protocol import properties as PR
+    props = {PR.PAYLOAD_FORMAT_INDICATOR: 1, PR.CONTENT_TYPE: "application/json",
+             PR.RESPONSE_TOPIC: "resp/x", PR.CORRELATION_DATA: b"\x00\xffcorr",
+             PR.USER_PROPERTY: [("k", "v1"), ("k", "v2"), ("ünï", "çödé"), ("empty", ""), ("k", "v1")],
+             PR.TOPIC_ALIAS: 3}
+    rec = sink_record("sensors/ä/1", bytes(range(256)) * 3, 2, True, "cli-1", "bob", 5,
+                      1_700_000_000_123, props, 3600)
+    rec.message_id = "abc-1"
+    assert rec == full_record()
+    bare = sink_record("a", b"", 0, False, "", None, 4, 5, None, None)
+    assert bare == SinkRecord(topic="a", payload=b"", qos=0, retain=False, client_id="", username=None,
+                              protocol=4, accepted_at_ms=5)
 
 
 def test_minimal_record_has_only_mandatory_headers():
