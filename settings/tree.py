@@ -201,6 +201,7 @@ class HistoryConfig(Section):
     trigger_seconds: float = key(5.0, Num(0, lo_open=True))
     source: str = key("auto", Enum("auto", "kafka", "python"))
     max_records_per_trigger: int = key(0, COUNT)    # 0 = no cap
+    read_tasks: int = key(1, Int(0, 4096))          # Spark tasks reading Kafka per micro-batch (0 = one per core)
     dedup_window: str = key("24 hours", Pattern(r"\s*\d+\s+(second|minute|hour|day|week)s?\s*",
                                                 "a duration like '24 hours' or '30 minutes'"))
     dedup_max_prefixes: int = key(100_000, Int(1))  # id prefixes the de-duplication remembers

@@ -279,7 +279,8 @@ def _python_kafka(spark: Spark, job: Job, dedup: bool) -> DataFrame:
         spark.dataSource.register(KafkaPythonSource)
         spark._mqtt_kafka_registered = True
     reader = (spark.readStream.format(FORMAT_NAME).option("headers", "columns")
-              .option("maxPartitions", str(spark.sparkContext.defaultParallelism)))
+              .option("maxPartitions", str(job.history.read_tasks
+                                           or spark.sparkContext.defaultParallelism)))
     for k, v in job.kafka_options().items():
         reader = reader.option(k, v)
     if job.embedded_kafka:
