@@ -125,6 +125,22 @@ def test_forged_records_do_not_become_rows(job):
     assert "without a signature" in job.logs()
 
 
+def test_the_running_job_keeps_no_python_planning_daemons(job):
+    """Once its query is planned and has reported progress, the job stops the Python daemons Spark
+    keeps for planning a Python data source (46 MB each), and goes on ingesting."""
+    wait_for(lambda: "stopped 3 idle Python planning daemons" in job.logs(), 120,
+             "the job to stop the planning daemons", 0.5)
+    assert rows(job.query("SELECT count(*) AS n FROM messages"))[0]["n"] == GENUINE
+    from tests.e2e.test_spark_workers import _descendants
+    cmds = []
+    for pid in _descendants(job.proc.pid):
+        try:
+            cmds.append(Path(f"/proc/{pid}/cmdline").read_text().replace("\0", " "))
+        except OSError:
+            pass
+    assert not [c for c in cmds if "pyspark.sql.worker." in c], cmds
+
+
 def test_spark_connect_needs_the_token(job):
     """Any local process reaches the port; only one holding the token (0600 in the data
     directory) gets an answer."""
