@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -111,9 +112,10 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="job-footprint-"))
     kafka = EmbeddedKafka(log_file=str(tmp / "tansu.log")).start()
     log_path = tmp / "job.log"
+    connect_port = free_port()
     job = subprocess.Popen(
         [sys.executable, "-m", "sink.job", "--kafka-bootstrap", kafka.bootstrap, "--table",
-         str(tmp / "history"), "--data-dir", str(tmp), "--connect-port", str(free_port()),
+         str(tmp / "history"), "--data-dir", str(tmp), "--connect-port", str(connect_port),
          *(["--nice", str(args.nice)] if args.nice is not None else [])],
         cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT),
                        **({"SPARK_SUBMIT_OPTS": "-XX:NativeMemoryTracking=summary"}
@@ -171,6 +173,18 @@ def main() -> int:
         print(f"peak while ingesting: RSS {peak[0] / 2**20:.0f} MB, PSS {peak[1] / 2**20:.0f} MB")
         show("the processes at the peak (RSS)", job.pid, at_peak)
         show(f"idle again ({args.idle:g} s after the load)", job.pid)
+        for sql in ("SELECT count(*) FROM messages",
+                    "SELECT topic, count(*) FROM messages GROUP BY topic ORDER BY 2 DESC LIMIT 5"):
+            times = []
+            for _ in range(3):
+                out = subprocess.run(
+                    [sys.executable, "-m", "sink.query", "--connect", f"sc://127.0.0.1:{connect_port}",
+                     "--data-dir", str(tmp), "-v", "--format", "csv", sql], cwd=ROOT,
+                    capture_output=True, text=True, timeout=600,
+                    env={**os.environ, "PYTHONPATH": str(ROOT)})
+                m = re.search(r"answered by Spark Connect in ([0-9.]+) s", out.stderr)
+                times.append(m.group(1) if m else "failed: " + out.stderr[-300:])
+            print(f"query {sql!r}: {', '.join(times)} s (Spark Connect, 3 runs)")
         if args.nmt:
             nmt(job.pid)
         return 0
