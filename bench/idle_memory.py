@@ -65,8 +65,11 @@ async def main():
     print(f"{total / n:.0f} bytes per idle connection ({n} connections, Python heap, tracemalloc)")
     for s in sorted(stats, key=lambda s: -s.size_diff)[:top]:
         frames = [f for f in s.traceback if "tracemalloc" not in f.filename][-3:]
-        where = " <- ".join(f"{os.path.relpath(f.filename, sys.argv[1]) if f.filename.startswith(sys.argv[1])
-                                else os.path.basename(f.filename)}:{f.lineno}" for f in reversed(frames))
+        def short(f):
+            name = f.filename
+            name = os.path.relpath(name, sys.argv[1]) if name.startswith(sys.argv[1]) else os.path.basename(name)
+            return f"{name}:{f.lineno}"
+        where = " <- ".join(short(f) for f in reversed(frames))
         print(f"{s.size_diff / n:8.0f} B/conn  {where}")
     print("END", flush=True)
     await server.stop()

@@ -21,6 +21,8 @@ CONNACK = b"\x20\x02\x00\x00"  # 3.1.1, session not present, accepted
 
 
 class Floor(asyncio.Protocol):
+    __slots__ = ("transport",)  # the least a protocol can hold: the floor of memory per connection too
+
     def connection_made(self, transport):
         self.transport = transport
 

@@ -109,9 +109,15 @@ class Server:
                     from .transport.websocket import start_listener
                     srv = await start_listener(self, spec, ctx)
                 else:
-                    srv = await self.loop.create_server(
-                        partial(MQTTProtocol, self, spec), spec.host, spec.port,
-                        reuse_address=True, backlog=4096, ssl=ctx)
+                    factory = partial(MQTTProtocol, self, spec)
+                    sock = numeric_listen_socket(spec.host, spec.port)  # type: ignore[arg-type]  # (required: set)
+                    if sock is not None:
+                        srv = await self.loop.create_server(factory, sock=sock, backlog=4096,
+                                                            ssl=ctx)
+                    else:  # a name: resolved by the loop
+                        srv = await self.loop.create_server(factory, spec.host, spec.port,
+                                                            reuse_address=True, backlog=4096,
+                                                            ssl=ctx)
             except OSError as exc:
                 raise ListenError(exc, f"MQTT ({kind}, listener {spec.name!r})", spec.host,
                                   spec.port) from None  # type: ignore[arg-type]  # (required: set)
@@ -207,6 +213,7 @@ async def serve(config: Config, auth: Any = None, hooks: Sequence[Any] = ()) -> 
     await server.start()
     log_codec()
     tune_gc()
+    release_free_memory()
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -292,6 +299,50 @@ def tune_gc() -> None:
     gc.freeze()
     _, middle, old = gc.get_threshold()
     gc.set_threshold(GC_YOUNG_THRESHOLD, middle, old)
+
+
+def numeric_listen_socket(host: str, port: int) -> socket.socket | None:
+    """The bound socket create_server(host, port, reuse_address=True) makes, for a numeric
+    address (None for a name, which the loop resolves). The event loop would resolve even a
+    numeric address with getaddrinfo on libuv's thread pool, which then keeps 4 threads for the
+    process's life (0.7 MiB) and loads the IDNA codec (0.4 MiB). Same options (SO_REUSEADDR;
+    IPv6 only on an IPv6 address) and the same error as the loop's."""
+    for family in (socket.AF_INET, socket.AF_INET6):
+        try:
+            packed = socket.inet_pton(family, host)
+        except (OSError, ValueError):
+            continue
+        break
+    else:
+        return None
+    addr: tuple = (socket.inet_ntop(family, packed), port)
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6:
+            addr += (0, 0)
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        try:
+            sock.bind(addr)
+        except OSError as err:
+            raise OSError(err.errno, f"error while attempting to bind on address {addr!r}: "
+                          f"{(err.strerror or str(err)).lower()}") from None
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def release_free_memory() -> None:
+    """Give the C heap's free pages back to the system (glibc's malloc_trim; nothing elsewhere).
+    Importing and starting leave free holes in the heap (each module's compiled code is read
+    whole, then freed) that glibc keeps mapped: 1.8 MiB of the idle broker's RSS."""
+    import ctypes
+    try:
+        trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):  # not glibc (musl, macOS)
+        return
+    trim(0)
 
 
 DEFER_ACCEPT_SECONDS = 1

@@ -7,7 +7,6 @@ for a list, "a,b" from --set split), so the tree holds only checked, typed value
 """
 from __future__ import annotations
 
-import difflib
 import math
 import re
 from collections.abc import Callable, Iterable
@@ -38,6 +37,7 @@ def one_line(text: object) -> str:
 
 
 def did_you_mean(name: str, known: Iterable[str], prefix: str = "") -> str:
+    import difflib  # only for a mistake: not loaded into a broker that starts
     close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
     return f" (did you mean {prefix}{close[0]}?)" if close else ""
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import textwrap
 from dataclasses import dataclass
 
@@ -129,9 +130,29 @@ def epilog(command: str, width: int = 100) -> str:
     return "\n".join(lines)
 
 
+def terminal_columns() -> int:
+    """shutil.get_terminal_size().columns: $COLUMNS, else the terminal's, else 80."""
+    try:
+        columns = int(os.environ.get("COLUMNS", "0"))
+    except ValueError:
+        columns = 0
+    if columns <= 0:
+        try:
+            columns = os.get_terminal_size(sys.__stdout__.fileno()).columns  # type: ignore[union-attr]
+        except (AttributeError, ValueError, OSError):
+            columns = 0
+    return columns or 80
+
+
 class HelpFormatter(argparse.HelpFormatter):
     """argparse's formatter, but a paragraph of the description or epilog that has line breaks
     of its own (the list of variables) is kept as written; the others are wrapped as usual."""
+
+    def __init__(self, prog: str, indent_increment: int = 2, max_help_position: int = 24,
+                 width: int | None = None) -> None:
+        if width is None:  # argparse's default, without importing shutil (and the compression
+            width = terminal_columns() - 2  # modules it loads: 0.6 MiB) into every broker
+        super().__init__(prog, indent_increment, max_help_position, width)
 
     def _fill_text(self, text: str, width: int, indent: str) -> str:
         return "\n\n".join(

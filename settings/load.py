@@ -8,13 +8,15 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-import tomllib
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .checks import DOC, ConfigError, check, did_you_mean
 from .environment import SETTINGS_PREFIX
 from .tree import Config, ListenerConfig, sections
+
+if TYPE_CHECKING:
+    import tomllib
 
 
 def apply_setting(cfg: Config, section: str, key: str, value: Any, source: str = "",
@@ -79,6 +81,7 @@ def listener_specs(cfg: Config) -> list[ListenerConfig]:
 
 def read_toml(path: str) -> dict:
     """The TOML file at path; ConfigError saying what is wrong."""
+    import tomllib  # only with a file: a broker started without --config does not load it
     try:
         with open(path, "rb") as f:
             return tomllib.load(f)

@@ -11,8 +11,6 @@ nothing per message.
 """
 from __future__ import annotations
 
-import ipaddress
-import json
 import logging
 import os
 import time
@@ -75,6 +73,7 @@ class BanList:
         hit = self._active(("address", addr), now)
         if hit is not None or not self._networks:
             return hit
+        import ipaddress  # ipaddress and json: only with bans (the file, an address)
         try:
             ip = ipaddress.ip_address(addr)
         except ValueError:
@@ -96,6 +95,7 @@ class BanList:
         addr = peer_address(peer)
         if addr == value:
             return True
+        import ipaddress
         try:
             return ipaddress.ip_address(addr) in ipaddress.ip_network(value, strict=False)
         except ValueError:
@@ -149,6 +149,7 @@ class BanList:
             self._save()
 
     def _index(self) -> None:
+        import ipaddress
         nets = []
         for (kind, value), _ in self.bans.items():
             if kind == "address" and "/" in value:
@@ -159,6 +160,7 @@ class BanList:
     def _load(self) -> None:
         try:
             with open(self.path, encoding="utf-8") as f:  # type: ignore[arg-type]  # with a path only
+                import json
                 data = json.load(f)
         except FileNotFoundError:
             return
@@ -191,11 +193,14 @@ class BanList:
     def _save(self) -> None:
         if not self.path:
             return
+        import json
+
         from .accounts import _write_private
         _write_private(self.path, json.dumps({"bans": list(self.bans.values())}, indent=1) + "\n")
 
 
 def _normal_address(value: str) -> str:
+    import ipaddress
     try:
         if "/" in value:
             return str(ipaddress.ip_network(value, strict=False))

@@ -56,7 +56,6 @@ Semantics:
 """
 from __future__ import annotations
 
-import difflib
 import os
 from dataclasses import dataclass, field
 from typing import Iterable
@@ -268,6 +267,7 @@ class ACL:
 
 
 def _did_you_mean(word: str, known: Iterable[str]) -> str:
+    import difflib  # only for a mistake in the file
     close = difflib.get_close_matches(word, list(known), n=1, cutoff=0.6)
     return f" (did you mean {close[0]!r}?)" if close else ""
 

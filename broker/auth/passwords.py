@@ -47,8 +47,6 @@ import hashlib
 import hmac
 import logging
 import os
-import secrets
-import tempfile
 import threading
 import time
 from collections import Counter
@@ -225,7 +223,8 @@ class PasswordFile:
         self.cache_seconds = cache_seconds
         self.cache_max_entries = cache_max_entries
         self.clock = clock
-        self._key = secrets.token_bytes(32)
+        import secrets  # secrets and tempfile where used: the broker imports this module
+        self._key = secrets.token_bytes(32)  # also without a password file
         self._cache: dict[bytes, tuple[float, bool]] = {}
         self._dummy: Hash | None = None
         self._lock = threading.Lock()
@@ -345,6 +344,7 @@ def _read_lines(path: str) -> list[str]:
 
 def _write_lines(path: str, lines: list[str]) -> None:
     """Atomic replace (temp file + rename) keeping the file private (0600)."""
+    import tempfile
     d = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=".passwd-", dir=d)
     try:

@@ -14,7 +14,6 @@ else. Its session's state changes through Broker and Session methods and the CON
 """
 from __future__ import annotations
 
-import ipaddress
 import logging
 import re
 from collections.abc import Sequence
@@ -1107,6 +1106,7 @@ def loopback_host(host: object) -> bool:
         return False
     if host.startswith("127.") or host == "::1":
         return True  # the usual case, without parsing
+    import ipaddress  # (loaded at the first other address: not in a broker that sees none)
     try:
         ip = ipaddress.ip_address(host.strip("[]").partition("%")[0])
     except ValueError:
