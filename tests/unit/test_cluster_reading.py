@@ -100,7 +100,7 @@ def test_a_fetch_starting_inside_a_batch_delivers_only_from_its_start(node, deco
 
 
 def test_a_node_with_only_shared_subscriptions_does_not_scan_its_stream(node, decoded):
-    """$share groups [MQTT-4.8.2] get their records from their own streams (cluster/shares.py),
+    """$share groups (MQTT 5 section 4.8.2) get their records from their own streams (cluster/shares.py),
     one member in the cluster each: the node's stream delivers them nothing, and with no other
     subscription here it is not even scanned; the position moves on."""
     member = client(node, "member", "$share/g/t/#")
