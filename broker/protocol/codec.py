@@ -25,6 +25,9 @@ _REQUIRED_FLAGS = {P.CONNECT: 0, P.CONNACK: 0, P.PUBACK: 0, P.PUBREC: 0, P.PUBRE
                    P.PUBCOMP: 0, P.SUBSCRIBE: 2, P.SUBACK: 0, P.UNSUBSCRIBE: 2, P.UNSUBACK: 0,
                    P.PINGREQ: 0, P.PINGRESP: 0, P.DISCONNECT: 0, P.AUTH: 0}
 
+# A QoS 1/2 PUBLISH up to this size keeps its bytes as received (Publish.raw: forwarded with the
+# packet id patched, instead of encoded again); a larger one would hold its payload twice
+RAW_QOS12_MAX = 4096
 PROTOCOL_NAMES = {3: "MQIsdp", 4: "MQTT", 5: "MQTT"}
 # CONNECT's first 7 bytes (Protocol Name "MQTT" as a UTF-8 string, Protocol Level) for 3.1.1 and 5
 _PROTOCOLS = {b"\x00\x04MQTT\x04": ("MQTT", 4), b"\x00\x04MQTT\x05": ("MQTT", 5)}
@@ -227,7 +230,7 @@ def decode_publish(buf: bytes, start: int, body: int, end: int, level: int,
             props, used = decode_properties(rest, 0, "PUBLISH", limits)
             pos += used
     return P.Publish(topic, buf[pos:end], qos, bool(first & 1), bool(dup), packet_id, props,
-                     None if qos else buf[start:end])
+                     buf[start:end] if not qos or end - start <= RAW_QOS12_MAX else None)
 
 
 def _packet_id(body: Any, pos: int) -> tuple[int, int]:

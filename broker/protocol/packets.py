@@ -54,7 +54,7 @@ class Publish:
     def __init__(self, topic: str, payload: bytes = b"", qos: int = 0, retain: bool = False,
                  dup: bool = False, packet_id: int | None = None, properties: dict[int, Any] | None = None,
                  raw: bytes | None = None) -> None:
-        self.raw = raw  # the packet as received (QoS 0 only): forwarded as is when the form matches
+        self.raw = raw  # the packet as received (QoS 1/2: up to codec.RAW_QOS12_MAX), forwarded when the form matches
         self.topic = topic
         self.payload = payload
         self.qos = qos
