@@ -737,14 +737,14 @@ class Connection:
                                         rc.PAYLOAD_FORMAT_INVALID)
                 return self.ack(qos, pid, rc.PAYLOAD_FORMAT_INVALID)
         msg = Message(topic, p.payload, qos, p.retain, props, expires_at, self.client_id, b.wall())
-        raw = p.raw
-        if raw is not None and props is p.properties and raw[0] & 0x08 == 0:
+        received = p.raw
+        if received is not None and props is p.properties and received[0] & 0x08 == 0:
             # as received (DUP 0), nothing altered: subscribers on the same form get these bytes,
             # QoS 1/2 with their packet id patched in as in any form (Message.encoded): no encode
             # (bench/core_bench.py --instructions: qos1_fanin 47,207 -> 44,250 per delivery)
             msg.forms[(True, qos, p.retain, None, None, 0, True) if self.level == 5
-                      else (False, qos, p.retain)] = (raw, received_pid_offset(raw, len(msg.topic_bytes))
-                                                      if qos else -1)
+                      else (False, qos, p.retain)] = (
+                received, received_pid_offset(received, len(msg.topic_bytes)) if qos else -1)
         retain = p.retain
         if retain and p.payload and not b.retained_fits(msg):
             # mqtt.max_retained_*: v5 QoS 1/2 are refused (0x97 Quota exceeded, 3.3.4); QoS 0 and
