@@ -712,7 +712,8 @@ class Connection:
             if qos == 1 and pid in session.inflight_in:
                 self.ack(qos, pid, rc.PACKET_IDENTIFIER_IN_USE)
                 return
-        if len(topic) > cfg.max_topic_length or topic.count("/") >= cfg.max_topic_levels:
+        n = len(topic)  # (a topic shorter than max_topic_levels has fewer levels: not counted)
+        if n > cfg.max_topic_length or n >= cfg.max_topic_levels and topic.count("/") >= cfg.max_topic_levels:
             b.stats["dropped_topic_limit"] = b.stats.get("dropped_topic_limit", 0) + 1
             if new_alias:
                 self.forget_alias(new_alias)
