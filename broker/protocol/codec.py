@@ -177,6 +177,24 @@ def is_one_packet(data: bytes) -> bool:
     return 1 < n < 130 and data[1] == n - 2
 
 
+def puback_ids(data: bytes) -> list[int] | None:
+    """The packet ids of a read holding nothing but whole PUBACKs in their 4-byte form (3.4.2.1:
+    Reason Code 0 and no properties, at every level), in order; None for anything else, which
+    the Decoder takes (a packet id 0 too: malformed). A subscriber's reads are mostly these."""
+    n = len(data)
+    if n < 4 or n & 3:
+        return None
+    ids = []
+    for i in range(0, n, 4):
+        if data[i] != 0x40 or data[i + 1] != 2:
+            return None
+        pid = (data[i + 2] << 8) | data[i + 3]
+        if pid == 0:  # [MQTT-2.2.1-3]
+            return None
+        ids.append(pid)
+    return ids
+
+
 def decode_one(data: bytes, level: int,
                limits: Limits = NO_LIMITS) -> tuple[list[Any], Exception | None]:
     """The packet of a read that is_one_packet() (the caller checked it and the size limit):
