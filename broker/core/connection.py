@@ -299,7 +299,8 @@ class Connection:
         now = self.last_rx = b.clock()
         if data[:1] == b"\x40" and state == _CONNECTED and (dec is None or not dec.buf):
             # a read of PUBACKs only (a QoS 1 subscriber's): acknowledged without a packet object
-            # or handle()'s dispatch each (bench/core_bench.py --instructions qos1_puback:
+            # or handle()'s dispatch each; 4-byte packets, within maximum_packet_size once its
+            # CONNECT was (bench/core_bench.py --instructions qos1_puback:
             # 51,968 -> 45,052 per delivery, with Session.acked() calling _freed() only when needed)
             ids = puback_ids(data)
             if ids is not None:
@@ -755,10 +756,13 @@ class Connection:
                 return self.ack(qos, pid, rc.PAYLOAD_FORMAT_INVALID)
         msg = Message(topic, p.payload, qos, p.retain, props, expires_at, self.client_id, b.wall())
         received = p.raw
-        if received is not None and props is p.properties and received[0] & 0x08 == 0:
+        if received is not None and props is p.properties and received[0] & 0x08 == 0 \
+                and (qos == 0 or not p.retain):
             # as received (DUP 0), nothing altered: subscribers on the same form get these bytes,
             # QoS 1/2 with their packet id patched in as in any form (Message.encoded): no encode
-            # (bench/core_bench.py --instructions: qos1_fanin 47,207 -> 44,250 per delivery)
+            # (bench/core_bench.py --instructions: qos1_fanin 47,207 -> 44,250 per delivery). Not
+            # a retained QoS 1/2 one: the retained store would hold its bytes twice until sent
+            # (bench/retained_cap.py)
             msg.forms[(True, qos, p.retain, None, None, 0, True) if self.level == 5
                       else (False, qos, p.retain)] = (
                 received, received_pid_offset(received, len(msg.topic_bytes)) if qos else -1)

@@ -96,7 +96,7 @@ def test_forwarded_as_received_with_its_packet_id_MQTT_3_3_1_3(level, qos, paylo
     """A QoS 1/2 PUBLISH that needs no change goes to a subscriber of its level and QoS as the
     bytes received with the subscriber's packet id (never re-encoded), DUP 0 [MQTT-3.3.1-3]: the
     same bytes an encode gives. One received with DUP=1, or larger than RAW_QOS12_MAX (its bytes
-    are not kept), is encoded afresh."""
+    are not kept), or retained (the retained store would hold them), is encoded afresh."""
     import broker.core.message as message_module
     encodes = []
     real = message_module.encode_publish
@@ -113,6 +113,14 @@ def test_forwarded_as_received_with_its_packet_id_MQTT_3_3_1_3(level, qos, paylo
     data = b"".join(bytes(x) for x in sub.conn.take_output())
     assert data == encode(P.Publish("as/received", payload, qos, False, False, 700), level)
     assert len(encodes) == (1 if dup or len(received) > RAW_QOS12_MAX else 0)
+    before = len(encodes)
+    received = encode(P.Publish("as/received", payload + b"!", qos, True, dup, 301), level)
+    pub.send_bytes(received)
+    data = b"".join(bytes(x) for x in sub.conn.take_output())
+    assert data == encode(P.Publish("as/received", payload + b"!", qos, False, False, 701), level)
+    assert len(encodes) == before + 1
+    ((_, kept),) = b.retained_matching("as/received")
+    assert received not in [form for form, _ in kept.forms.values()]
     bye(sub, pub)
 
 
