@@ -5,7 +5,8 @@
 
 Prints messages/s through the core for fan-in (one subscriber), fan-out (100) and QoS 1 fan-in
 (its window freed without PUBACKs), and QoS 1 through real PUBACKs with the subscriber's Receive
-Maximum 32, so most messages wait in its queue (the enqueue / pump path). `--instructions`
+Maximum 32, so most messages wait in its queue (the enqueue / pump path), and without a Receive
+Maximum (qos1_puback: the subscriber's PUBACKs as bench/bench.py's qos1_fanin has them). `--instructions`
 counts instead the machine instructions per delivered message of each (valgrind's callgrind,
 the difference between two runs of different lengths): the same on any run, however busy the
 machine, so it shows changes of a few percent that timings cannot.
@@ -23,12 +24,14 @@ from broker.protocol import packets as P
 from broker.protocol.codec import encode
 from settings import MQTTConfig
 
-SCENARIOS = {"qos0_fanin": (1, 0, False), "qos0_fanout": (100, 0, False),
-             "qos1_fanin": (1, 1, False), "qos1_acked": (1, 1, True)}
+# name: (subscribers, QoS, the subscriber PUBACKs, its Receive Maximum or None: unbounded)
+SCENARIOS = {"qos0_fanin": (1, 0, False, None), "qos0_fanout": (100, 0, False, None),
+             "qos1_fanin": (1, 1, False, None), "qos1_acked": (1, 1, True, 32),
+             "qos1_puback": (1, 1, True, None)}
 
 
 def run(n: int, subscribers: int, qos: int, level: int, acked: bool = False,
-        dashboard: bool = False, store: bool = False) -> float:
+        dashboard: bool = False, store: bool = False, window: int | None = 32) -> float:
     b = Broker(MQTTConfig())
     if dashboard:  # the dashboard's per-topic counter: a hook on accepted messages
         from broker.dashboard.live import TopicCounter
@@ -45,10 +48,10 @@ def run(n: int, subscribers: int, qos: int, level: int, acked: bool = False,
     subs = []
     for i in range(subscribers):
         c = Connection(b)
-        props = {0x21: 32} if acked and level == 5 else None  # Receive Maximum 32
+        props = {0x21: window} if acked and window and level == 5 else None  # Receive Maximum
         c.data_received(encode(P.Connect(f"s{i}", level, properties=props), level))
-        if acked:
-            c.receive_max = 32  # (3.1.1 has no Receive Maximum: the same window for the bench)
+        if acked and window:
+            c.receive_max = window  # (3.1.1 has no Receive Maximum: the same window for the bench)
         c.data_received(encode(P.Subscribe(1, [("bench/#", P.SubscriptionOptions(qos))]), level))
         c.take_output()
         subs.append(c)
@@ -117,7 +120,7 @@ def main():
     ap.add_argument("--store", action="store_true",
                     help="with the default persistence (SQLite store) and the ack gate")
     a = ap.parse_args()
-    for name, (subs, qos, acked) in SCENARIOS.items():
+    for name, (subs, qos, acked, window) in SCENARIOS.items():
         if a.only and name != a.only:
             continue
         if a.instructions:
@@ -126,7 +129,7 @@ def main():
                   f"(callgrind, level {a.level}{' ' + ' '.join(extra) if extra else ''})", flush=True)
             continue
         n = a.messages if subs == 1 else a.messages // 20
-        r = run(n, subs, qos, a.level, acked, a.dashboard, a.store)
+        r = run(n, subs, qos, a.level, acked, a.dashboard, a.store, window)
         print(f"{name:12}: {r:12,.0f} deliveries/s (core only, level {a.level})", flush=True)
 
 

@@ -299,14 +299,6 @@ class Session:
             q = self.queue = deque()
         return q
 
-    def _alloc_pid(self) -> int:
-        pid = self.next_pid
-        inflight = self.inflight_out
-        while pid in inflight:  # [MQTT-2.2.1-4] non-zero and not in use
-            pid = pid + 1 if pid < 65535 else 1
-        self.next_pid = pid + 1 if pid < 65535 else 1
-        return pid
-
     def _send(self, msg: Message, qos: int, retain: bool, sub_ids: Any, now: float,
               seq: Any = None) -> bool:
         """Send one PUBLISH; `seq` is its row in the store when it came from the queue."""
@@ -331,7 +323,11 @@ class Session:
                 self.store.remove(seq)
             return False
         if qos:
-            pid = self._alloc_pid()
+            pid = self.next_pid
+            inflight = self.inflight_out
+            while pid in inflight:  # [MQTT-2.2.1-4] non-zero and not in use
+                pid = pid + 1 if pid < 65535 else 1
+            self.next_pid = pid + 1 if pid < 65535 else 1
             store = self.store
             if store is not None:
                 if seq is None:
@@ -339,7 +335,7 @@ class Session:
                 else:
                     store.set_pid(seq, pid)
             # [MQTT-4.3.2-3] [MQTT-4.3.3-3] unacknowledged until acked
-            self.inflight_out[pid] = Inflight(msg, qos, retain, sub_ids, seq)
+            inflight[pid] = Inflight(msg, qos, retain, sub_ids, seq)
             b = bytearray(data)
             b[off] = pid >> 8
             b[off + 1] = pid & 0xFF
@@ -571,7 +567,8 @@ class Session:
         del self.inflight_out[pid]
         if entry.handle is not None:
             self.store.remove(entry.handle)
-        self._freed(now)
+        if self.resend_pending or self.queue or self.replay:  # (else _freed() has nothing to do)
+            self._freed(now)
         return True
 
     def received(self, pid: int, reason_code: int, now: float) -> int | None:

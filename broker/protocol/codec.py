@@ -17,6 +17,7 @@ from .properties import (NO_LIMITS, Limits, decode_binary, decode_properties, de
 
 _H = struct.Struct(">H")
 _pack_H = _H.pack
+_pack_HH = struct.Struct(">HH").pack
 
 # Fixed header flags that must be exactly this value [MQTT-2.1.3-1]: PUBREL [MQTT-3.6.1-1],
 # SUBSCRIBE [MQTT-3.8.1-1], UNSUBSCRIBE [MQTT-3.10.1-1], DISCONNECT [MQTT-3.14.1-1],
@@ -25,6 +26,9 @@ _REQUIRED_FLAGS = {P.CONNECT: 0, P.CONNACK: 0, P.PUBACK: 0, P.PUBREC: 0, P.PUBRE
                    P.PUBCOMP: 0, P.SUBSCRIBE: 2, P.SUBACK: 0, P.UNSUBSCRIBE: 2, P.UNSUBACK: 0,
                    P.PINGREQ: 0, P.PINGRESP: 0, P.DISCONNECT: 0, P.AUTH: 0}
 
+# A QoS 1/2 PUBLISH up to this size keeps its bytes as received (Publish.raw: forwarded with the
+# packet id patched, instead of encoded again); a larger one would hold its payload twice
+RAW_QOS12_MAX = 4096
 PROTOCOL_NAMES = {3: "MQIsdp", 4: "MQTT", 5: "MQTT"}
 # CONNECT's first 7 bytes (Protocol Name "MQTT" as a UTF-8 string, Protocol Level) for 3.1.1 and 5
 _PROTOCOLS = {b"\x00\x04MQTT\x04": ("MQTT", 4), b"\x00\x04MQTT\x05": ("MQTT", 5)}
@@ -173,6 +177,24 @@ def is_one_packet(data: bytes) -> bool:
     return 1 < n < 130 and data[1] == n - 2
 
 
+def puback_ids(data: bytes) -> list[int] | None:
+    """The packet ids of a read holding nothing but whole PUBACKs in their 4-byte form (3.4.2.1:
+    Reason Code 0 and no properties, at every level), in order; None for anything else, which
+    the Decoder takes (a packet id 0 too: malformed). A subscriber's reads are mostly these."""
+    n = len(data)
+    if n < 4 or n & 3:
+        return None
+    ids = []
+    for i in range(0, n, 4):
+        if data[i] != 0x40 or data[i + 1] != 2:
+            return None
+        pid = (data[i + 2] << 8) | data[i + 3]
+        if pid == 0:  # [MQTT-2.2.1-3]
+            return None
+        ids.append(pid)
+    return ids
+
+
 def decode_one(data: bytes, level: int,
                limits: Limits = NO_LIMITS) -> tuple[list[Any], Exception | None]:
     """The packet of a read that is_one_packet() (the caller checked it and the size limit):
@@ -227,7 +249,7 @@ def decode_publish(buf: bytes, start: int, body: int, end: int, level: int,
             props, used = decode_properties(rest, 0, "PUBLISH", limits)
             pos += used
     return P.Publish(topic, buf[pos:end], qos, bool(first & 1), bool(dup), packet_id, props,
-                     None if qos else buf[start:end])
+                     buf[start:end] if not qos or end - start <= RAW_QOS12_MAX else None)
 
 
 def _packet_id(body: Any, pos: int) -> tuple[int, int]:
@@ -493,7 +515,8 @@ def encode_ack(ptype: int, packet_id: int, reason_code: int = 0, props: dict[int
                level: int = P.MQTT_5) -> bytes:
     first = (ptype << 4) | (2 if ptype == P.PUBREL else 0)  # [MQTT-3.6.1-1]
     if level != P.MQTT_5 or (reason_code == 0 and not props):  # 3.4.2.1: short form
-        return bytes((first, 2, packet_id >> 8, packet_id & 0xFF))
+        # one struct call, not a tuple made into bytes: 145 -> 60 ns a PUBACK (timeit, compiled)
+        return _pack_HH((first << 8) | 2, packet_id)
     # reason code plus a property block (empty when no properties), as common clients send
     body = bytes((packet_id >> 8, packet_id & 0xFF, reason_code)) + encode_properties(props)
     return _frame(first, body)

@@ -2,16 +2,32 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
-CONNECT, CONNACK, PUBLISH, PUBACK, PUBREC, PUBREL, PUBCOMP = 1, 2, 3, 4, 5, 6, 7
-SUBSCRIBE, SUBACK, UNSUBSCRIBE, UNSUBACK, PINGREQ, PINGRESP, DISCONNECT, AUTH = range(8, 16)
+# Final: the compiled codec (broker/protocol/native.py) has these values built in, not looked up
+CONNECT: Final = 1
+CONNACK: Final = 2
+PUBLISH: Final = 3
+PUBACK: Final = 4
+PUBREC: Final = 5
+PUBREL: Final = 6
+PUBCOMP: Final = 7
+SUBSCRIBE: Final = 8
+SUBACK: Final = 9
+UNSUBSCRIBE: Final = 10
+UNSUBACK: Final = 11
+PINGREQ: Final = 12
+PINGRESP: Final = 13
+DISCONNECT: Final = 14
+AUTH: Final = 15
 
 TYPE_NAMES = {1: "CONNECT", 2: "CONNACK", 3: "PUBLISH", 4: "PUBACK", 5: "PUBREC", 6: "PUBREL",
               7: "PUBCOMP", 8: "SUBSCRIBE", 9: "SUBACK", 10: "UNSUBSCRIBE", 11: "UNSUBACK",
               12: "PINGREQ", 13: "PINGRESP", 14: "DISCONNECT", 15: "AUTH"}
 
-MQTT_31, MQTT_311, MQTT_5 = 3, 4, 5
+MQTT_31: Final = 3
+MQTT_311: Final = 4
+MQTT_5: Final = 5
 
 
 @dataclass(slots=True)
@@ -54,7 +70,7 @@ class Publish:
     def __init__(self, topic: str, payload: bytes = b"", qos: int = 0, retain: bool = False,
                  dup: bool = False, packet_id: int | None = None, properties: dict[int, Any] | None = None,
                  raw: bytes | None = None) -> None:
-        self.raw = raw  # the packet as received (QoS 0 only): forwarded as is when the form matches
+        self.raw = raw  # the packet as received (QoS 1/2: up to codec.RAW_QOS12_MAX), forwarded when the form matches
         self.topic = topic
         self.payload = payload
         self.qos = qos

@@ -24,10 +24,10 @@ def delivery(level, qos):
     return b, sub, d
 
 
-def assert_protocol_error(c, level):
+def assert_protocol_error(c, level, code=rc.PROTOCOL_ERROR):
     out = c.received()
     if level == P.MQTT_5:
-        assert [(p.type, p.reason_code) for p in out] == [(P.DISCONNECT, rc.PROTOCOL_ERROR)]
+        assert [(p.type, p.reason_code) for p in out] == [(P.DISCONNECT, code)]
     else:
         assert out == []
     assert c.conn.close_requested
@@ -87,3 +87,68 @@ def test_acks_for_unknown_packet_ids_are_ignored(level, ack):
     sub.send(P.Ack(ack, d.packet_id + 1))
     assert sub.received() == [] and not sub.conn.close_requested
     assert d.packet_id in sub.conn.session.inflight_out
+
+
+def deliveries(level, qoses):
+    """(subscriber, the PUBLISHes it got) for one message per QoS in `qoses`, in order."""
+    b, _ = make()
+    sub, pub = Client(b, level), Client(b, level)
+    sub.connect("sub")
+    sub.send(P.Subscribe(1, [("t", P.SubscriptionOptions(2))]))
+    assert sub.received()[0].type == P.SUBACK
+    pub.connect("pub")
+    for i, qos in enumerate(qoses):
+        pub.send(P.Publish("t", b"m%d" % i, qos=qos, packet_id=i + 1))
+    pub.received()
+    got = sub.received()
+    assert [d.qos for d in got] == list(qoses)
+    return sub, got
+
+
+def pubacks(*pids: int) -> bytes:
+    return b"".join(b"\x40\x02" + pid.to_bytes(2, "big") for pid in pids)
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_pubacks_in_one_read_each_end_their_flow_MQTT_4_3_2_3(level):
+    """[MQTT-4.3.2-3]: several PUBACKs in one read end each QoS 1 flow they name, in order; one
+    for an unknown packet id is ignored; one for a QoS 2 delivery [MQTT-4.3.3-3] is a Protocol
+    Error after the PUBACKs before it took effect, and the ones after it are not applied."""
+    sub, got = deliveries(level, (1, 1, 1, 1))
+    ids = [d.packet_id for d in got]
+    sub.send_bytes(pubacks(ids[2], 999, ids[0]))
+    assert sub.received() == [] and not sub.conn.close_requested
+    assert list(sub.conn.session.inflight_out) == [ids[1], ids[3]]
+    sub, got = deliveries(level, (1, 2, 1))
+    ids = [d.packet_id for d in got]
+    sub.send_bytes(pubacks(ids[0], ids[1], ids[2]))
+    assert_protocol_error(sub, level)
+    assert list(sub.conn.session.inflight_out) == [ids[1], ids[2]]
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_puback_with_packet_id_0_among_others_is_malformed_MQTT_2_2_1_3(level):
+    """[MQTT-2.2.1-3]: a PUBACK with packet identifier 0 in a read of PUBACKs is a malformed
+    packet (v5: DISCONNECT 0x81), the PUBACKs before it applied."""
+    sub, got = deliveries(level, (1, 1))
+    ids = [d.packet_id for d in got]
+    sub.send_bytes(pubacks(ids[0], 0, ids[1]))
+    assert_protocol_error(sub, level, rc.MALFORMED_PACKET)
+    assert list(sub.conn.session.inflight_out) == [ids[1]]
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_pubacks_split_across_reads_end_their_flows_MQTT_4_3_2_3(level):
+    """[MQTT-4.3.2-3]: PUBACKs whose bytes arrive split across reads, or behind another packet,
+    end their flows as whole ones do."""
+    sub, got = deliveries(level, (1, 1, 1))
+    ids = [d.packet_id for d in got]
+    data = pubacks(*ids)
+    sub.send_bytes(data[:5])
+    assert list(sub.conn.session.inflight_out) == ids[1:]
+    sub.send_bytes(data[5:])
+    assert sub.conn.session.inflight_out == {}
+    sub, got = deliveries(level, (1, 1))
+    sub.send_bytes(b"\xc0\x00" + pubacks(*(d.packet_id for d in got)))  # PINGREQ first
+    assert [p.type for p in sub.received()] == [P.PINGRESP]
+    assert sub.conn.session.inflight_out == {}
