@@ -13,10 +13,21 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
+_handed_out: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port nothing listens on, never one this process was given before: two calls in a row
+    (a broker's MQTT, metrics and dashboard ports) could otherwise get the same port back once
+    the first probe socket is closed."""
+    for _ in range(1000):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _handed_out:
+            _handed_out.add(port)
+            return port
+    raise RuntimeError("no free port left that this test run has not used")
 
 
 def wait_port(port: int, proc: subprocess.Popen, timeout: float = 15.0) -> None:
