@@ -360,7 +360,7 @@ class ClusterNode(Hook):
                         msg.retain = True
                         broker.set_retained(name, msg)
         router = broker.router
-        anyone = router.count > sum(router.shared_groups.values())  # a plain subscription here
+        anyone = router.has_plain()
         for topic, p, rec, start in batches:
             if topic != topics.messages:
                 continue

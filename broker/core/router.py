@@ -36,6 +36,7 @@ class Router:
         # (group, topic filter) -> members: which $share groups have members here (a cluster
         # runs a stream per group); shared_version changes whenever a group gains or loses one
         self.shared_groups: dict[GroupKey, int] = {}
+        self.shared_count = 0  # the $share subscriptions among `count`
         self.shared_version = 0
         # emptied caches waiting to be freed (at most one: freeing 100,000 entries at once held
         # the event loop 10-17 ms, in the SUBSCRIBE or PUBLISH that emptied the cache)
@@ -49,9 +50,14 @@ class Router:
         if new and sub.group is not None:
             g = (sub.group, sub.topic_filter)
             self.shared_groups[g] = self.shared_groups.get(g, 0) + 1
+            self.shared_count += 1
             self.shared_version += 1
         self.empty_cache()
         return new
+
+    def has_plain(self) -> bool:
+        """Whether any subscription here is not a $share one."""
+        return self.count > self.shared_count
 
     def remove(self, sub: Subscription) -> bool:
         key = sub.session.client_id if sub.group is None else (sub.group, sub.session.client_id)
@@ -64,6 +70,7 @@ class Router:
                 self.shared_groups[g] = n
             else:
                 self.shared_groups.pop(g, None)
+            self.shared_count -= 1
             self.shared_version += 1
         self.empty_cache()
         return removed
