@@ -106,7 +106,9 @@ class BatchSender:
                 parts = self.cluster.partitions_for_topic(topic)
         return parts
 
-    def _partition(self, topic: str, key: bytes) -> int:
+    def _partitions(self, topic: str) -> tuple[int, list[int], dict]:
+        """(count, sorted partitions, key -> partition cache) of a topic, looked up once per
+        chunk (kafka-python's partitions_for_topic builds a new set at each call)."""
         parts = self.cluster.partitions_for_topic(topic)
         if not parts:
             self.partitions_for(topic)
@@ -115,25 +117,25 @@ class BatchSender:
         if ent is None or ent[0] != len(parts):
             ent = (len(parts), sorted(parts), {})
             self._parts[topic] = ent
-        cache = ent[2]
-        p = cache.get(key)
-        if p is None:   # same choice as kafka-python's DefaultPartitioner (murmur2 of the key)
-            from kafka.partitioner.default import murmur2
-            p = ent[1][(murmur2(key) & 0x7FFFFFFF) % ent[0]]
-            if len(cache) >= 100_000:
-                cache.clear()
-            cache[key] = p
-        return p
+        elif len(ent[2]) >= 100_000:
+            ent[2].clear()
+        return ent
 
     def send(self, groups: dict[str, list]) -> ChunkFuture:
         """groups: kafka topic -> [(timestamp_ms, body)] in spool order. Raises NotReady before
         anything is sent when a leader is unknown or its connection is not up."""
+        from kafka.partitioner.default import murmur2
         from kafka.protocol.producer import ProduceRequest
         from kafka.structs import TopicPartition
         by_tp: dict[tuple[str, int], list] = {}
         for topic, recs in groups.items():
+            n, parts, cache = self._partitions(topic)
             for ts, body in recs:
-                tp = (topic, self._partition(topic, body_key(body)))
+                key = body_key(body)
+                p = cache.get(key)
+                if p is None:   # same choice as kafka-python's DefaultPartitioner (murmur2 of the key)
+                    p = cache[key] = parts[(murmur2(key) & 0x7FFFFFFF) % n]
+                tp = (topic, p)
                 lst = by_tp.get(tp)
                 if lst is None:
                     by_tp[tp] = lst = []

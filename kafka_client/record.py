@@ -344,9 +344,10 @@ _SIG_PREFIX = struct.Struct(">H")
 _SIG_TS = struct.Struct(">q")
 
 
-def sign_body(body: Buffer, kafka_topic: bytes, ts_ms: int, key: bytes, kid: bytes) -> bytes:
+def sign_body(body: Buffer, kafka_topic: bytes, ts_ms: int, keyed: hmac.HMAC, kid: bytes) -> bytes:
     """The record body with the broker's signature as one more, last, header (sink/headers.py
-    H_SIG): two varints and a header count read, one HMAC; runs in the forwarder."""
+    H_SIG): two varints and a header count read, one HMAC from ``keyed``
+    (kafka_client.headers.signature_mac of the records key); runs in the forwarder."""
     b = body[0]                            # one-byte varints (lengths < 64): no call
     kl, o = ((b >> 1) ^ -(b & 1), 1) if b < 0x80 else read_zz_varint(body, 0)
     o += max(kl, 0)
@@ -356,8 +357,9 @@ def sign_body(body: Buffer, kafka_topic: bytes, ts_ms: int, key: bytes, kid: byt
     b = body[o]
     nh, after = ((b >> 1) ^ -(b & 1), o + 1) if b < 0x80 else read_zz_varint(body, o)
     signed = b"".join((body[:o], vlen(nh + 1), body[after:]))
-    mac = hmac.digest(key, b"".join((_SIG_PREFIX.pack(len(kafka_topic)), kafka_topic,
-                                     _SIG_TS.pack(ts_ms), signed)), "sha256")
+    h = keyed.copy()
+    h.update(b"".join((_SIG_PREFIX.pack(len(kafka_topic)), kafka_topic, _SIG_TS.pack(ts_ms), signed)))
+    mac = h.digest()
     return b"".join((signed, _SIG_HEAD, kid, mac[:SIG_LEN - len(kid)]))
 
 

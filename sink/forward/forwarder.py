@@ -61,6 +61,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, NamedTuple
 
+from kafka_client.headers import signature_mac
 from kafka_client.produce import BatchSender, ChunkFuture, NotReady
 from kafka_client.record import entry_fields, entry_shard, entry_timestamp, sign_body
 from settings import SinkConfig, secrets
@@ -466,7 +467,7 @@ class Forwarder:
         # be signed with it. None (tests): records unsigned, the committed file taken as it is
         self._records_key = self._kid = self._committed_key = None
         if sink_key:
-            self._records_key = secrets.derive(sink_key, secrets.RECORDS)
+            self._records_key = signature_mac(secrets.derive(sink_key, secrets.RECORDS))
             self._kid = secrets.key_id(sink_key)
             self._committed_key = secrets.derive(sink_key, secrets.COMMITTED)
         # the embedded Kafka (Tansu, memory only) starts empty whenever the broker (re)starts it:
@@ -939,7 +940,7 @@ class Forwarder:
             if lst is None:
                 groups[kt] = lst = []
             if rk is not None:
-                body = sign_body(body, kt, ts, rk, kid)  # type: ignore[arg-type]  # set with rk
+                body = sign_body(body, kt, ts, rk, kid)  # type: ignore[arg-type]  # kid set with rk
             lst.append((ts, body))
             n_own += 1
         start, first_seq = batch.start, batch.first_seq

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kafka_client.headers import H_SIG, SIG_LEN
+from kafka_client.headers import H_SIG, SIG_LEN, signature_mac
 from kafka_client.recordbatch import Decoded, key_matches
 
 log = logging.getLogger("sink.source")
@@ -87,13 +87,15 @@ def signed(d: Decoded, topic: str, key: bytes, kid: bytes, verdicts: Verdicts) -
     tb = topic.encode()
     head = _PREFIX.pack(len(tb)) + tb
     klen = len(kid)
-    digest = hmac.digest
+    keyed = signature_mac(key)
     for j, i in enumerate(cand.tolist()):
         s = sig[j]
         if buf[s:s + klen] != kid:
             verdicts.other_key += 1
             continue
-        mac = digest(key, b"".join((head, _TS.pack(ts[j]), buf[begin[j]:end[j]])), "sha256")
+        h = keyed.copy()
+        h.update(b"".join((head, _TS.pack(ts[j]), buf[begin[j]:end[j]])))
+        mac = h.digest()
         if hmac.compare_digest(mac[:SIG_LEN - klen], buf[s + klen:s + SIG_LEN]):
             ok[i] = True
         else:

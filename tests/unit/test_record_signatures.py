@@ -4,9 +4,13 @@
 process that can reach Kafka cannot add or change history rows."""
 from __future__ import annotations
 
+import hmac
+import struct
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kafka_client.headers import signature_mac
 from kafka_client.record import (
     SinkRecord,
     build_batch,
@@ -22,6 +26,7 @@ from sink.history.verify import Verdicts, signed
 
 KEY = secrets.derive(b"k" * 32, secrets.RECORDS)
 KID = secrets.key_id(b"k" * 32)
+H_SIG_NAME = b"mqtt.sig"
 OTHER = secrets.derive(b"o" * 32, secrets.RECORDS)
 OTHER_KID = secrets.key_id(b"o" * 32)
 
@@ -34,7 +39,7 @@ def rec(i: int, **kw) -> SinkRecord:
 
 def signed_entry(r: SinkRecord, key=KEY, kid=KID, kafka_topic="mqtt.messages") -> tuple[int, bytes]:
     kt, ts, body = entry_fields(encode_record(r, kafka_topic))
-    return ts, sign_body(body, kt, ts, key, kid)
+    return ts, sign_body(body, kt, ts, signature_mac(key), kid)
 
 
 def check(records: list[tuple[int, bytes]], topic="mqtt.messages"):
@@ -49,9 +54,22 @@ def test_signed_records_pass_and_keep_their_contract_headers():
     assert ok == [True] * 12 and v.dropped == 0
     kt, ts, body = entry_fields(encode_record(recs[0], "mqtt.messages"))
     from kafka_client.record import decode_body
-    key, value, headers = decode_body(sign_body(body, kt, ts, KEY, KID))
+    key, value, headers = decode_body(sign_body(body, kt, ts, signature_mac(KEY), KID))
     assert headers[:-1] == to_kafka(recs[0])[2]           # the contract's headers, unchanged, then
     assert headers[-1][0] == "mqtt.sig" and len(headers[-1][1]) == 20 and headers[-1][1][:4] == KID
+
+
+def test_the_signature_is_the_documented_hmac_of_topic_timestamp_and_record():
+    """kafka_client/headers.py H_SIG: key id, then the first 16 bytes of HMAC-SHA256 over
+    u16 topic length | topic | i64 timestamp | the record from its key up to the signature
+    header, computed here with hmac.digest from the contract, not with the signer's code."""
+    kt, ts, body = entry_fields(encode_record(rec(7, user_properties=[("a", "b")]), "mqtt.messages"))
+    out = sign_body(body, kt, ts, signature_mac(KEY), KID)
+    signed_part, sig = out[:-(len(H_SIG_NAME) + 2 + 20)], out[-20:]
+    assert sig[:4] == KID
+    expected = hmac.digest(KEY, struct.pack(">H", len(kt)) + kt + struct.pack(">q", ts) + signed_part,
+                           "sha256")[:16]
+    assert sig[4:] == expected
 
 
 def test_unsigned_other_key_and_altered_records_are_dropped_and_told_apart():
