@@ -764,7 +764,7 @@ class Connection:
             # (bench/retained_cap.py)
             msg.forms[(True, qos, p.retain, None, None, 0, True) if self.level == 5
                       else (False, qos, p.retain)] = (
-                received, received_pid_offset(received, len(msg.topic_bytes)) if qos else -1)
+                received, P.publish_pid_offset(received, len(msg.topic_bytes)) if qos else -1)
         retain = p.retain
         if retain and p.payload and not b.retained_fits(msg):
             # mqtt.max_retained_*: v5 QoS 1/2 are refused (0x97 Quota exceeded, 3.3.4); QoS 0 and
@@ -1157,12 +1157,3 @@ def _sniff_level(data: bytes) -> int:
         if i + 2 + n < len(data):
             return data[i + 2 + n]
     return P.MQTT_311
-
-
-def received_pid_offset(raw: bytes, topic_length: int) -> int:
-    """Where the packet identifier of a QoS 1/2 PUBLISH as received (`raw`) starts: after the
-    fixed header (its Remaining Length 1-4 bytes) and the topic (2 + `topic_length` bytes)."""
-    vbi = 1
-    while raw[vbi] & 0x80:
-        vbi += 1
-    return vbi + 3 + topic_length

@@ -87,6 +87,15 @@ class Publish:
         return ("Publish(" + ", ".join(f"{k}={getattr(self, k)!r}" for k in self._fields) + ")")
 
 
+def publish_pid_offset(raw: bytes, topic_length: int) -> int:
+    """Where the packet identifier of a QoS 1/2 PUBLISH as received (`raw`) starts: after the
+    fixed header (its Remaining Length 1-4 bytes) and the topic (2 + `topic_length` bytes)."""
+    vbi = 1
+    while raw[vbi] & 0x80:
+        vbi += 1
+    return vbi + 3 + topic_length
+
+
 @dataclass(slots=True)
 class Ack:
     """PUBACK, PUBREC, PUBREL and PUBCOMP share one shape (3.4-3.7)."""

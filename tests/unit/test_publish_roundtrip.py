@@ -10,6 +10,7 @@ chosen so that the Remaining Length (and the property block length) land on each
 """
 from dataclasses import dataclass, replace
 
+import pytest
 from hypothesis import event, example, given, settings
 from hypothesis import strategies as st
 
@@ -387,3 +388,14 @@ def test_outgoing_publish_roundtrips_at_vbi_boundaries(c):
     if c.sub_level == 5 and any(abs(pb - b) <= 1 for b in BOUNDS):
         event(f"property block length {pb}")
     roundtrip(c)
+
+
+@pytest.mark.parametrize("payload_len", [0, 100, 127 - 11, 128, 16_383 - 11, 16_384, 70_000])
+@pytest.mark.parametrize("level", [4, 5])
+def test_packet_identifier_offset_in_a_received_publish_at_every_remaining_length_size(level, payload_len):
+    """Sections 2.2.1 and 3.3.2: the Packet Identifier follows the fixed header (Remaining Length of
+    1-4 bytes) and the topic name; publish_pid_offset finds it in the bytes as received, where
+    the broker patches each subscriber's id in."""
+    raw = encode(P.Publish("a/b/c", b"x" * payload_len, qos=1, packet_id=0xBEEF), level)
+    off = P.publish_pid_offset(raw, len(b"a/b/c"))
+    assert raw[off:off + 2] == b"\xbe\xef"
