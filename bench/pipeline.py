@@ -281,6 +281,14 @@ def wait_port(port: int, timeout: float = 30.0) -> None:
     raise RuntimeError(f"nothing listens on {port}")
 
 
+def job_died(work: str, rc: int) -> None:
+    """The job ended before the table had every message: say so with the end of its log."""
+    with open(os.path.join(work, "job.log"), "rb") as f:
+        tail = f.read()[-3000:].decode(errors="replace")
+    print(f"the history job exited (code {rc}) before the table had every message; end of "
+          f"{work}/job.log:\n{tail}", file=sys.stderr)
+
+
 def run_one(a, rate: int) -> dict:
     work = tempfile.mkdtemp(prefix="pipeline-bench-")
     env = {**os.environ, "PYTHONPATH": ROOT + (os.pathsep + os.environ["PYTHONPATH"]
@@ -346,6 +354,9 @@ def run_one(a, rate: int) -> dict:
         in_kafka = in_table = None
         deadline = time.monotonic() + a.timeout
         while time.monotonic() < deadline and (in_kafka is None or in_table is None):
+            if in_table is None and job.poll() is not None:
+                job_died(work, job.returncode)
+                break
             meter.sample()
             now = time.monotonic()
             if in_kafka is None and kafka_count(spool_dir) - base_kafka >= n:
