@@ -1,5 +1,5 @@
-"""CPU cost of the broker's record signatures (sink/headers.py H_SIG): the forwarder signs each
-record body (sink/forward/record.py sign_body), the history job checks them on the decoded Fetch
+"""CPU cost of the broker's record signatures (kafka_client/headers.py H_SIG): the forwarder signs each
+record body (kafka_client/record.py sign_body), the history job checks them on the decoded Fetch
 bytes (sink/history/verify.py). CPU time of this process (time.process_time), so a busy machine
 changes the figures less than wall-clock would.
 

@@ -345,7 +345,7 @@ _SIG_TS = struct.Struct(">q")
 
 
 def sign_body(body: Buffer, kafka_topic: bytes, ts_ms: int, keyed: hmac.HMAC, kid: bytes) -> bytes:
-    """The record body with the broker's signature as one more, last, header (sink/headers.py
+    """The record body with the broker's signature as one more, last, header (kafka_client/headers.py
     H_SIG): two varints and a header count read, one HMAC from ``keyed``
     (kafka_client.headers.signature_mac of the records key); runs in the forwarder."""
     b = body[0]                            # one-byte varints (lengths < 64): no call

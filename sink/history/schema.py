@@ -34,7 +34,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-# The header names are the record contract, defined once in sink/headers.py.
+# The header names are the record contract, defined once in kafka_client/headers.py.
 from kafka_client.headers import (  # noqa: F401
     H_CLIENT_ID,
     H_CONTENT_TYPE,

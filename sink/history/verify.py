@@ -1,4 +1,4 @@
-"""The history job's check of the broker's record signatures (sink/headers.py H_SIG).
+"""The history job's check of the broker's record signatures (kafka_client/headers.py H_SIG).
 
 Any process that can reach Kafka can write records; only the broker's forwarder knows the key
 (settings/secrets.py), so only its records carry a valid ``mqtt.sig``. A record without one is

@@ -1,5 +1,5 @@
-"""The broker's record signatures (sink/headers.py H_SIG): the forwarder signs each record body
-(sink/forward/record.py sign_body), the history job checks them on the decoded Fetch bytes
+"""The broker's record signatures (kafka_client/headers.py H_SIG): the forwarder signs each record body
+(kafka_client/record.py sign_body), the history job checks them on the decoded Fetch bytes
 (sink/history/verify.py) and drops what is unsigned, signed with another key, or altered, so a
 process that can reach Kafka cannot add or change history rows."""
 from __future__ import annotations
