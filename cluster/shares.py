@@ -205,11 +205,11 @@ class Shares:
         self.last_settle = 0.0
 
     def reconcile(self) -> None:
-        router = self.node.broker.router
-        if router.shared_version == self.seen_version:
+        version, groups = self.node.broker.shared_groups()
+        if version == self.seen_version:
             return
-        self.seen_version = router.shared_version
-        want = {k for k, n in router.shared_groups.items() if n > 0}
+        self.seen_version = version
+        want = set(groups)
         for key in want - set(self.streams):
             s = self.streams[key] = ShareStream(self.node, key)
             threading.Thread(target=s.start, name="cluster-share-start", daemon=True).start()

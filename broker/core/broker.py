@@ -531,6 +531,13 @@ class Broker:
                 normal.append((sub.session, [sub]))
         return self.fan_out(msg, sender, normal, ())
 
+    def shared_groups(self) -> tuple[int, list[GroupKey]]:
+        """(version, the $share groups with a member here): the version changes whenever a group
+        gains or loses a member, so a routing hook that runs a stream per group (the cluster)
+        looks at the groups only then."""
+        r = self.router
+        return r.shared_version, [k for k, n in r.shared_groups.items() if n > 0]
+
     def deliver_shared(self, msg: Message, key: GroupKey) -> Session | None:
         """A message for one $share group (key: (group, topic filter)) from the routing hook's
         stream of that group: to one of this node's members [MQTT-4.8.2-3] at its granted QoS;

@@ -238,6 +238,30 @@ def test_shared_subscription_one_member_each():
     assert [x.payload for x in drain(plain)] == [b"%d" % i for i in range(n)]
 
 
+def test_shared_groups_name_the_groups_with_a_member_here_and_change_version_with_them():
+    """4.8.2: what a routing hook (the cluster) reads to run one stream per $share group with
+    members on this node: a group appears with its first member and stays while one is left;
+    the version changes with every member that comes or goes, and only then."""
+    b, _ = make()
+    v0, groups = b.shared_groups()
+    assert groups == []
+    a, c = connected(b, "a"), connected(b, "c")
+    subscribe(a, "$share/g/sh", qos=1)
+    v1, groups = b.shared_groups()
+    assert v1 != v0 and groups == [("g", "sh")]
+    subscribe(c, "sh", qos=1)                      # not a $share subscription: nothing changes
+    assert b.shared_groups() == (v1, [("g", "sh")])
+    subscribe(c, "$share/g/sh", qos=1)
+    v2, groups = b.shared_groups()
+    assert v2 != v1 and groups == [("g", "sh")]
+    bye(a)
+    v3, groups = b.shared_groups()
+    assert v3 != v2 and groups == [("g", "sh")]     # one member left
+    bye(c)
+    v4, groups = b.shared_groups()
+    assert v4 != v3 and groups == []
+
+
 def test_shared_subscription_member_leaves():
     """4.8.2: when a member disconnects (session ends) the remaining members get every message."""
     b, _ = make()
