@@ -605,8 +605,12 @@ def run(spark: Spark, job: Job, stop_event: threading.Event | None = None,
         while query.isActive and not stop_event.is_set():
             try:
                 query.awaitTermination(poll_seconds)
-            except Exception:  # it failed: query.exception() below says why
-                break
+            except Exception as err:
+                if query.isActive:  # not the query's failure (that ends it): a failed wait
+                    log.warning("waiting for the history query: %s (it goes on)", _short_error(err))
+                    stop_event.wait(poll_seconds)
+                    continue
+                break  # it failed: query.exception() below says why
             report()
             if commit_catch_up:
                 commit_catch_up()
@@ -619,6 +623,11 @@ def run(spark: Spark, job: Job, stop_event: threading.Event | None = None,
         if exc is not None:
             log.error("the history query failed: %s", _short_error(exc))
             return RESTART if any(t in str(exc) for t in TRANSIENT_FAILURES) else 1
+        if not stop_event.is_set() and not job.available_now:
+            # a streaming query ends only when stopped: nobody asked, so start it again
+            log.error("the history query ended without an error and without a stop (last batch "
+                      "%s): starting it again", last_batch)
+            return RESTART
         log.info("history job stopped (last batch %s)", last_batch)
         return 0
     finally:

@@ -1,5 +1,7 @@
 """The history job starts its query again after a failure that only says the machine was too
-busy (Spark's fixed 10 s for a Python process to connect back), and not after any other."""
+busy (Spark's fixed 10 s for a Python process to connect back), and not after any other; a
+failed wait does not end a running query, and a streaming query that ended unasked is started
+again instead of the job exiting as if stopped."""
 from __future__ import annotations
 
 import threading
@@ -27,3 +29,78 @@ def test_a_transient_failure_restarts_the_query_a_bounded_number_of_times(monkey
     stop.set()
     monkeypatch.setattr(job, "run", lambda spark, cfg, stop: job.RESTART)
     assert job.run_restarting(None, None, stop) == 0   # stopping: no restart
+
+
+class FakeQuery:
+    """A streaming query as run() sees it: its waits can fail without the query failing."""
+
+    def __init__(self, wait_errors: int = 0, ends_alone_after: int | None = None) -> None:
+        self.active, self.stopped, self.waits = True, False, 0
+        self.wait_errors, self.ends_alone_after = wait_errors, ends_alone_after
+        self.recentProgress: list = []   # no _jsq: read as Spark Connect's query is
+
+    @property
+    def isActive(self) -> bool:
+        return self.active
+
+    def awaitTermination(self, timeout: float) -> None:
+        self.waits += 1
+        if self.ends_alone_after is not None and self.waits >= self.ends_alone_after:
+            self.active = False
+            return
+        if self.waits <= self.wait_errors:
+            raise RuntimeError("py4j: the wait was interrupted")
+
+    def exception(self):
+        return None
+
+    def stop(self) -> None:
+        self.active, self.stopped = False, True
+
+
+class StopAfter(threading.Event):
+    """A stop event set by the n-th check of the loop (a SIGTERM arriving then)."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        self.n = n
+
+    def is_set(self) -> bool:
+        self.n -= 1
+        if self.n <= 0:
+            self.set()
+        return super().is_set()
+
+    def wait(self, timeout=None):
+        return self.is_set()
+
+
+def run_with(monkeypatch, query: FakeQuery, stop: threading.Event, available_now: bool = False) -> int:
+    from types import SimpleNamespace
+
+    import sink.history.catalog as catalog
+    import sink.history.maintenance as maintenance
+    import sink.history.spark as spark
+    monkeypatch.setattr(job, "start_query", lambda s, j: (query, "python"))
+    monkeypatch.setattr(maintenance, "start_maintainer", lambda *a: None)
+    monkeypatch.setattr(catalog, "start_registration", lambda *a: None)
+    monkeypatch.setattr(spark, "launched_by_spark_submit", lambda: True)
+    cfg = SimpleNamespace(history=None, available_now=available_now)
+    return job.run(None, cfg, stop, poll_seconds=0)
+
+
+def test_a_failed_wait_on_a_running_query_does_not_stop_it(monkeypatch):
+    """A wait that raises while the query still runs (not the query's failure, which ends it)
+    is logged and waited again: the query runs on until asked to stop."""
+    q = FakeQuery(wait_errors=3)
+    assert run_with(monkeypatch, q, StopAfter(12)) == 0
+    assert q.waits > 3, "the job stopped waiting after a failed wait"
+    assert q.stopped    # stopped because the stop event asked, at the end
+
+
+def test_a_streaming_query_that_ends_unasked_is_started_again(monkeypatch):
+    """Nobody asked the streaming query to stop and it ended without an error: run() asks for
+    a restart instead of reporting a clean stop (exit 0 with no history being written)."""
+    assert run_with(monkeypatch, FakeQuery(ends_alone_after=2), StopAfter(100)) == job.RESTART
+    # an available-now run ends by itself when Kafka is drained: that is its clean end
+    assert run_with(monkeypatch, FakeQuery(ends_alone_after=2), StopAfter(100), available_now=True) == 0
