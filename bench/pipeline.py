@@ -25,7 +25,9 @@ gives the steady-state figures. Reported:
   and the same over the publishing phase only (`cpu_us_per_msg_publishing`: the broker's and
   forwarder's live cost, without the idle seconds spent waiting for the table).
 
-CPU per message is the robust figure on a busy machine; wall-clock times are not.
+CPU per message is the robust figure on a busy machine; wall-clock times are not. The job logs
+at WARN; JOB_LOG_LEVEL=INFO in the environment gives its full log (with --keep, in the work
+directory).
 """
 from __future__ import annotations
 
@@ -311,7 +313,9 @@ def run_one(a, rate: int) -> dict:
                                   start_new_session=True)
         wait_port(port)
         job = subprocess.Popen([PY, "-m", "sink.job", "--kafka-bootstrap", kafka.bootstrap, "--table", table,
-                                "--trigger-seconds", str(a.trigger), "--log-level", "WARN",
+                                "--data-dir", os.path.join(work, "data"),  # checks the broker's signatures
+                                "--trigger-seconds", str(a.trigger),
+                                "--log-level", os.environ.get("JOB_LOG_LEVEL", "WARN"),
                                 "--connect-port", str(free_port())],  # Spark Connect on, as by default
                                cwd=ROOT, env=env, stdout=logs["job"], stderr=subprocess.STDOUT,
                                start_new_session=True)
