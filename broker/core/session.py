@@ -411,6 +411,8 @@ class Session:
             r.budget.left -= 1
             if self._send(msg, q, True, r.sub_ids, now):
                 budget -= len(msg.payload) + len(msg.topic_bytes) + 16
+        if not replay and self.replay is replay:
+            self.replay = NOTHING  # an empty deque holds 624 bytes: not kept by every session
 
     def _replay_done(self, r: Replay, link: Connection | None) -> None:
         b = r.budget
@@ -470,6 +472,8 @@ class Session:
             self.queue_room += size
             queues.room += size
             self._send(msg, qos, retain, sub_ids, now, seq)
+        if not queue and queue is not NOTHING and self.queue is queue:
+            self.queue = NOTHING  # drained: an empty deque holds 624 bytes (one per session that queued)
 
     def recheck_read(self) -> int:
         """The ACL changed since this session's queue was last checked: drop the queued

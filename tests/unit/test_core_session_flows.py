@@ -151,6 +151,31 @@ def test_qos2_ids_start_in_the_shared_read_only_empty_set():
     assert recv_type(c, P.PUBCOMP).reason_code == 0 and not s.inflight_in
 
 
+def test_a_session_keeps_no_empty_replay_or_queue_once_they_are_sent():
+    """Retained messages replayed for a SUBSCRIBE [MQTT-3.3.1-9] and messages queued beyond the
+    client's Receive Maximum [MQTT-3.3.4-9] are sent in order; once both are sent the session
+    holds no empty deque for them (624 bytes each, in every session that ever subscribed)."""
+    from collections import deque
+    b, _ = make()
+    pub = connect(b, "pub")
+    for i in range(3):
+        publish_ok(pub, f"r/{i}", b"%d" % i, qos=1, pid=i + 1, retain=True)
+    c = connect(b, "c", properties={PR.RECEIVE_MAXIMUM: 1})
+    s = b.sessions["c"]
+    subscribe(c, "r/#", qos=1)
+    for i in range(3):
+        publish_ok(pub, "r/0", b"q%d" % i, qos=1, pid=10 + i)   # queued behind the replay
+    assert isinstance(s.replay, deque) or isinstance(s.queue, deque)   # waiting for the window
+    got = drain_acking(c)
+    assert [p for p, _, _ in got] == [b"0", b"1", b"2", b"q0", b"q1", b"q2"]
+    assert not isinstance(s.replay, deque) and not isinstance(s.queue, deque)
+    # and a later replay or queue makes its deque again
+    publish_ok(pub, "r/0", b"q3", qos=1, pid=20)
+    publish_ok(pub, "r/0", b"q4", qos=1, pid=21)
+    assert [p for p, _, _ in drain_acking(c)] == [b"q3", b"q4"]
+    assert not isinstance(s.queue, deque)
+
+
 def test_pubrel_does_not_hide_an_error_of_the_store():
     """PUBREL's lookup is an explicit test, not `except AttributeError`: a store that fails while
     forgetting the id raises, rather than being answered as an unknown packet id (0x92)."""
