@@ -536,7 +536,7 @@ class Broker:
         gains or loses a member, so a routing hook that runs a stream per group (the cluster)
         looks at the groups only then."""
         r = self.router
-        return r.shared_version, [k for k, n in r.shared_groups.items() if n > 0]
+        return r.shared_version, list(r.shared_groups)  # (a group leaves with its last member)
 
     def deliver_shared(self, msg: Message, key: GroupKey) -> Session | None:
         """A message for one $share group (key: (group, topic filter)) from the routing hook's
