@@ -344,8 +344,8 @@ class Broker:
             self.store.save_session(s)
         return s
 
-    def restore_subscription(self, client_id: str, filt: str, qos: int, no_local: bool,
-                             retain_as_published: bool, retain_handling: int,
+    def restore_subscription(self, client_id: str, filt: str, qos: int, no_local: Any,
+                             retain_as_published: Any, retain_handling: int,
                              sub_id: int | None) -> Subscription | None:
         """A stored subscription of a restored session (None: no such session); ValueError for
         a filter that is not one."""

@@ -84,10 +84,10 @@ class Connection:
         self.alias_max = 0
         self.request_problem_info = True
         # topic aliases: inbound alias -> topic, outbound topic -> alias
-        self.in_aliases: dict[int, str] = NO_ALIASES  # a dict once the client maps one
+        self.in_aliases: Any = NO_ALIASES  # a dict once the client maps one
         self.in_alias_bytes = 0  # length of the topics in in_aliases (mqtt.max_topic_alias_bytes)
-        self.out_aliases: dict[str, int] = NO_ALIASES  # a dict once the broker assigns one
-        self.out: list[bytes | bytearray] = NO_OUTPUT  # a list while there is output for this turn
+        self.out_aliases: Any = NO_ALIASES  # a dict once the broker assigns one
+        self.out: Any = NO_OUTPUT  # a list while there is output for this turn
         self.is_dirty = False
         self.close_requested: int = False  # (or CLIENT_DONE)
         self.events: list[Any] | None = None  # events for the caller, created on the first one
@@ -142,7 +142,7 @@ class Connection:
             self.is_dirty = True
             self.broker.mark_dirty(self)
 
-    def take_output(self) -> list[bytes | bytearray]:
+    def take_output(self) -> Any:
         out = self.out
         self.out = NO_OUTPUT
         self.is_dirty = False
@@ -715,7 +715,7 @@ class Connection:
             raise ProtocolError("PUBLISH with an empty topic and no topic alias")
         if "+" in topic or "#" in topic:  # [MQTT-3.3.2-2]
             raise ProtocolError("topic name contains a wildcard", rc.TOPIC_NAME_INVALID)
-        pid: int = p.packet_id  # type: ignore[assignment]  # (None only for QoS 0: then unused)
+        pid: Any = p.packet_id  # type: ignore[assignment]  # (None only for QoS 0: then unused)
         session = self.session
         if qos:
             if qos == 2 and pid in session.inflight_in:

@@ -33,7 +33,7 @@ class Message:
         self.sender = sender
         self.forms: dict[tuple[Any, ...], tuple[bytes, int]] = {}
         self.accepted_at = accepted_at
-        self.store_id: int | None = None  # row id once written to the persistent store
+        self.store_id: Any = None  # row id once written to the persistent store
         # sink_id, left unset (read with getattr): the sink's message id (bytes), set by the sink
         # hook when it takes the message; a history replay's live switch-over compares it
 

@@ -10,7 +10,7 @@ if TYPE_CHECKING:
 
 GroupKey = tuple[str, str]  # a $share group: (group name, topic filter)
 # Router.match(): ([(session, its subscriptions)], [(group key, its members)])
-Match = tuple[list[tuple["Session", list["Subscription"]]], list[tuple[GroupKey, list["Subscription"]]]]
+Match = Any
 
 CACHE_ENTRIES = 100_000
 CACHE_BYTES = 16 << 20

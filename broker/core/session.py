@@ -31,29 +31,7 @@ NOTHING: Any = ()
 QueueEntry = tuple["Message", int, bool, Any, Any]
 
 
-class _NoEntries(dict[Any, Any]):
-    """The dict a session shares while it has none of its own (subscriptions, inflight_out): it
-    reads as empty; a write raises TypeError (the writer gives the session its own dict)."""
-    __slots__ = ()
-
-    def _read_only(self, *args: Any, **kwargs: Any) -> Any:
-        raise TypeError("a session's shared empty dict is read-only")
-
-    __setitem__ = setdefault = update = __ior__ = _read_only
-
-
-class _NoIds(set[int]):
-    """The set of QoS 2 packet ids a session shares while it has none of its own (inflight_in):
-    it reads as empty (`pid in NO_IDS` is False); a write raises TypeError (the writer first gives
-    the session its own set: Session.qos2_received)."""
-    __slots__ = ()
-
-    def _read_only(self, *args: Any, **kwargs: Any) -> Any:
-        raise TypeError("a session's shared empty set is read-only")
-
-    add = remove = discard = pop = clear = update = __ior__ = _read_only
-    difference_update = intersection_update = symmetric_difference_update = _read_only
-    __iand__ = __isub__ = __ixor__ = _read_only
+from .empties import _NoEntries, _NoIds
 
 
 # memory per idle connection: an idle session makes no containers (an empty dict is 64 bytes, an
@@ -133,7 +111,7 @@ class Subscription:
 
     def __init__(self, filt: str, topic_filter: str, group: str | None, qos: int, no_local: bool,
                  retain_as_published: bool, retain_handling: int, sub_id: int | None,
-                 session: Session) -> None:
+                 session: Any) -> None:
         self.filter = filt                # as subscribed, including any $share/{group}/ prefix
         self.topic_filter = topic_filter  # the filter that matches topics
         self.group = group
@@ -179,15 +157,15 @@ class Session:
         self.username: str | None = None
         self.link_level = 5  # protocol level of the last connection (for the sink record)
         # filter -> Subscription (NO_ENTRIES until the first: add_subscription())
-        self.subscriptions: dict[str, Subscription] = NO_ENTRIES
+        self.subscriptions: Any = NO_ENTRIES
         # packet id -> Inflight; insertion order = send order. NO_ENTRIES until QoS 1/2 messages
         # may come (the first QoS 1/2 subscription, a restored message): _send() writes unchecked
-        self.inflight_out: dict[int, Inflight] = NO_ENTRIES
+        self.inflight_out: Any = NO_ENTRIES
         # (message, qos, retain, sub_ids) waiting to be sent; NOTHING until the first one (an idle
         # connection holds no deques: 760 bytes each)
-        self.queue: deque[QueueEntry] = NOTHING
+        self.queue: Any = NOTHING
         # QoS 2 packet ids received, PUBREL not yet seen (NO_IDS until the first: qos2_received())
-        self.inflight_in: set[int] = NO_IDS
+        self.inflight_in: Any = NO_IDS
         self.expiry_interval = 0
         self.expires_at: float | None = None
         self.will: Any = None  # the Will Message (packets.Will), None when none
@@ -202,11 +180,11 @@ class Session:
         # reported to (core/hooks.py Persistence: the hooks providing them), else None
         # (hooks.Persistence: its methods are bound when the hooks change, so Any)
         self.store: Any = None
-        self.resend_pending: deque[int] = NOTHING  # in-flight packet ids waiting to be resent
+        self.resend_pending: Any = NOTHING  # in-flight packet ids waiting to be resent
         # retained messages for new subscriptions, sent by pump() under backpressure: a Replay
         # (a lazy walk of the retained store) per subscription; or a history replay (a replay
         # hook's feed: pump(session, link, now) sends what the window allows, True when done)
-        self.replay: deque[Any] = NOTHING
+        self.replay: Any = NOTHING
         self.queues = queues if queues is not None else Queues()
         self.queue_room = self.queues.per_session  # bytes its queue may still take (entry_size())
         self.acl_gen = self.queues.acl_gen  # the ACL its queue was checked against (pump)
