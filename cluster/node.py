@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from broker.core.durability import Pending
 from broker.core.hooks import SESSION_EVENTS, STORED_EVENTS, Hook
+from broker.core.session import Session
 from kafka_client.fetch import Fetcher
 from kafka_client.recordscan import Scanned
 from mqtt_topics import matches
@@ -40,7 +41,7 @@ from .shares import Shares
 if TYPE_CHECKING:
     from broker.core.broker import Broker
     from broker.core.message import Message
-    from broker.core.session import Session, Subscription
+    from broker.core.session import Subscription
     from broker.protocol.packets import Will
     from settings import ClusterConfig
 
@@ -380,7 +381,7 @@ class ClusterNode(Hook):
                         continue  # no subscriber here: not decoded (shared groups: their streams)
                     off, key, value, headers, ts = rec.record(i)
                     msg, sender, _ = R.decode_message(key, value, headers, ts, clock_now, wall_now)
-                    msg.store_id = (p, off)  # type: ignore[assignment]  # its place in the log
+                    msg.store_id = (p, off)  # its place in the log
                     deliver(msg, sender)
                     n += 1
             self.routed_upto[p] = rec.end
@@ -412,7 +413,7 @@ class ClusterNode(Hook):
                 continue
             off, key, value, headers, ts = rec.record(i)
             msg, sender, _ = R.decode_message(key, value, headers, ts, clock_now, wall_now)
-            msg.store_id = (p, off)  # type: ignore[assignment]
+            msg.store_id = (p, off)
             if new:
                 broker.deliver_with(msg, sender, new)
             else:
@@ -433,7 +434,7 @@ class ClusterNode(Hook):
         since = {p: max(upto, high.get((topic, p), 0), acked.get((topic, p), 0))
                  for p, upto in self.routed_upto.items()}
         s = sub.session
-        if s.store is not None:  # a persistent session's checkpoint records it
+        if isinstance(s, Session) and s.store is not None:  # a persistent session's checkpoint records it
             self.since[(s.client_id, sub.filter)] = since
         self.waiting_subs.append((sub, since))
         self._start_waiting_subs()
@@ -658,7 +659,7 @@ class ClusterNode(Hook):
         queued = []
         for p, off, key, value, headers, ts in found:
             msg, sender, _ = R.decode_message(key, value, headers, ts, clock_now, wall_now)
-            msg.store_id = (p, off)  # type: ignore[assignment]  # (partition, offset), as in _apply
+            msg.store_id = (p, off)  # (partition, offset), as in _apply
             got = _match(subs, msg, sender, cid, p, off)
             if got is None:
                 continue

@@ -139,7 +139,7 @@ class ShareStream:
                 if matches(self.filter, topic):
                     msg, _, _ = R.decode_message(r.key, r.value, r.headers, r.timestamp,
                                                       clock_now, wall_now)
-                    msg.store_id = (p, r.offset)  # type: ignore[assignment]  # (partition, offset), as cluster.node
+                    msg.store_id = (p, r.offset)  # (partition, offset), as cluster.node
                     member = broker.deliver_shared(msg, self.key)
                     if member is not None and msg.qos:
                         self.outstanding[(p, r.offset)] = (msg, member)

@@ -23,7 +23,7 @@ from .hooks import ALLOW_ALL, Hooks  # ALLOW_ALL: the checks without an auth hoo
 from .message import Message
 from .retain import RetainedStore
 from .router import Router
-from .session import NEVER, Inflight, Queues, Session, Subscription, entry_size
+from .session import NEVER, Inflight, Queues, Session, Subscriber, Subscription, entry_size
 from .timeouts import ConnectionTable
 
 if TYPE_CHECKING:
@@ -344,8 +344,8 @@ class Broker:
             self.store.save_session(s)
         return s
 
-    def restore_subscription(self, client_id: str, filt: str, qos: int, no_local: Any,
-                             retain_as_published: Any, retain_handling: int,
+    def restore_subscription(self, client_id: str, filt: str, qos: int, no_local: bool,
+                             retain_as_published: bool, retain_handling: int,
                              sub_id: int | None) -> Subscription | None:
         """A stored subscription of a restored session (None: no such session); ValueError for
         a filter that is not one."""
@@ -521,7 +521,7 @@ class Broker:
         routed yet (the cluster starts a new one from a position in its log, record by record),
         merged per session with the routed ones as route() merges overlapping subscriptions."""
         sender = self.sessions.get(sender_id) if sender_id is not None else None
-        normal: list[tuple[Session, list[Subscription]]] = list(self.router.match(msg.topic)[0])
+        normal: list[tuple[Subscriber, list[Subscription]]] = list(self.router.match(msg.topic)[0])
         for sub in starting:
             for i, (session, subs) in enumerate(normal):
                 if session is sub.session:
@@ -547,6 +547,8 @@ class Broker:
                 continue
             s = self.router.pick(key, members)
             session = s.session
+            if not isinstance(session, Session):  # (a $share group's members are sessions)
+                return None
             if s.read_check and not self.auth.allow_read(session.client_id, session.username,
                                                           msg.topic):
                 return None
@@ -609,7 +611,7 @@ class Broker:
         return self.fan_out(msg, sender, normal, groups)
 
     def fan_out(self, msg: Message, sender: Session | None,
-                normal: Sequence[tuple[Session, list[Subscription]]],
+                normal: Sequence[tuple[Subscriber, list[Subscription]]],
                 groups: Sequence[tuple[GroupKey, list[Subscription]]]) -> int:
         """route() once the matches are known: (session, [subscriptions]) pairs and shared
         groups."""

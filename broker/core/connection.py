@@ -29,7 +29,8 @@ from ..protocol.properties import encode_vbi
 from .events import NO_EVENTS, AcksHeld, AdmitRequested, AuthRequested
 from .hooks import ALLOW_ALL, REPLAY_PREFIX
 from .message import Message
-from .session import NEVER, NO_IDS, ReplayBudget, Subscription
+from .empties import NO_ENTRIES
+from .session import NEVER, ReplayBudget, Subscription
 from mqtt_topics import parse_shared, valid_topic_filter
 
 if TYPE_CHECKING:
@@ -42,8 +43,7 @@ _NEW, _CONNECTED, _CLOSED, _AUTHENTICATING = 0, 1, 2, 3
 MAX_DEFERRED = 1000  # packets a client may send while its password is being checked
 # memory per idle connection: nothing allocated until used (shared, read-only placeholders)
 # (typed Any: each stands in for an empty dict or list, replaced by one before the first write)
-NO_ALIASES: Any = MappingProxyType({})
-NO_OUTPUT: Any = ()
+NO_OUTPUT: tuple[()] = ()  # take_output() when there is none
 # close_requested: True when the broker ends the connection (the caller lingers: the client may
 # still be sending, and must read the DISCONNECT, not a reset); CLIENT_DONE after the client's
 # DISCONNECT, when the client sends nothing more [MQTT-3.14.4-1]: the socket is closed at once
@@ -84,10 +84,10 @@ class Connection:
         self.alias_max = 0
         self.request_problem_info = True
         # topic aliases: inbound alias -> topic, outbound topic -> alias
-        self.in_aliases: Any = NO_ALIASES  # a dict once the client maps one
+        self.in_aliases: dict[int, str] = NO_ENTRIES  # a dict once the client maps one
         self.in_alias_bytes = 0  # length of the topics in in_aliases (mqtt.max_topic_alias_bytes)
-        self.out_aliases: Any = NO_ALIASES  # a dict once the broker assigns one
-        self.out: Any = NO_OUTPUT  # a list while there is output for this turn
+        self.out_aliases: dict[str, int] = NO_ENTRIES  # a dict once the broker assigns one
+        self.out: list[bytes | bytearray] | None = None  # a list while there is output for this turn
         self.is_dirty = False
         self.close_requested: int = False  # (or CLIENT_DONE)
         self.events: list[Any] | None = None  # events for the caller, created on the first one
@@ -134,7 +134,7 @@ class Connection:
     # ------------------------------------------------------------ output
     def write(self, data: bytes | bytearray) -> None:
         out = self.out
-        if out:
+        if out is not None:
             out.append(data)
         else:
             self.out = [data]
@@ -142,14 +142,14 @@ class Connection:
             self.is_dirty = True
             self.broker.mark_dirty(self)
 
-    def take_output(self) -> Any:
+    def take_output(self) -> Sequence[bytes | bytearray]:
         out = self.out
-        self.out = NO_OUTPUT
+        self.out = None
         self.is_dirty = False
         s = self.session
         if s is not None and s.replay and not self.paused and s.link is self:
             s.pump(self.broker.clock())  # a paced retained replay: its next burst, for the next turn
-        return out
+        return NO_OUTPUT if out is None else out
 
     def emit(self, event: object) -> None:
         if self.events is None:
@@ -195,7 +195,7 @@ class Connection:
         if failure is not None:
             return self.fail_acks(acks, failure)
         out = self.out  # write(a) for each, in one step: a read's acks are many
-        if out:
+        if out is not None:
             out.extend(acks)
         else:
             self.out = list(acks)
@@ -257,7 +257,7 @@ class Connection:
             return a, False
         if len(self.out_aliases) < self.alias_max and self.broker.cfg.outbound_topic_aliases:
             a = len(self.out_aliases) + 1
-            if self.out_aliases is NO_ALIASES:
+            if self.out_aliases is NO_ENTRIES:
                 self.out_aliases = {}
             self.out_aliases[topic] = a
             return a, True
@@ -270,7 +270,7 @@ class Connection:
         self.out_aliases.pop(topic, None)
 
     def outbound_aliases_reset(self) -> None:
-        self.out_aliases = NO_ALIASES  # [MQTT-3.3.2-7]: aliases do not outlive the connection
+        self.out_aliases = NO_ENTRIES  # [MQTT-3.3.2-7]: aliases do not outlive the connection
 
     # ------------------------------------------------------------ input
     def data_received(self, data: bytes) -> Sequence[Any]:
@@ -715,7 +715,7 @@ class Connection:
             raise ProtocolError("PUBLISH with an empty topic and no topic alias")
         if "+" in topic or "#" in topic:  # [MQTT-3.3.2-2]
             raise ProtocolError("topic name contains a wildcard", rc.TOPIC_NAME_INVALID)
-        pid: Any = p.packet_id  # type: ignore[assignment]  # (None only for QoS 0: then unused)
+        pid = p.packet_id or 0  # (None only for QoS 0, then unused: QoS 1/2 have one [MQTT-2.2.1-3])
         session = self.session
         if qos:
             if qos == 2 and pid in session.inflight_in:
@@ -786,10 +786,7 @@ class Connection:
             n = -1
         if qos:
             if qos == 2:
-                ids = session.inflight_in
-                if ids is NO_IDS:  # the session's first: give it its own set
-                    ids = session.inflight_in = set()
-                ids.add(pid)
+                session.qos2_received(pid)
                 if session.store is not None:
                     session.store.qos2_add(session.client_id, pid)
             self.ack(qos, pid, rc.SUCCESS if n else rc.NO_MATCHING_SUBSCRIBERS)
@@ -854,7 +851,7 @@ class Connection:
                                 f"{size} bytes of topics, more than {limit} "
                                 "(mqtt.max_topic_alias_bytes): reuse aliases or send topic names",
                                 rc.QUOTA_EXCEEDED)
-        if self.in_aliases is NO_ALIASES:
+        if self.in_aliases is NO_ENTRIES:
             self.in_aliases = {}
         self.in_aliases[alias] = topic
         self.in_alias_bytes = size

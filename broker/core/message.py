@@ -33,7 +33,8 @@ class Message:
         self.sender = sender
         self.forms: dict[tuple[Any, ...], tuple[bytes, int]] = {}
         self.accepted_at = accepted_at
-        self.store_id: Any = None  # row id once written to the persistent store
+        self.store_id: int | tuple[int, int] | None = None  # its key in the store: a row id
+        # (broker/store/sqlite.py), or (partition, offset) in the cluster's log (cluster/node.py)
         # sink_id, left unset (read with getattr): the sink's message id (bytes), set by the sink
         # hook when it takes the message; a history replay's live switch-over compares it
 

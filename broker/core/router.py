@@ -1,22 +1,23 @@
 """Subscriptions -> matching sessions: the topic trie, $share groups and a match cache."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from mqtt_topics import TopicTrie
 
 if TYPE_CHECKING:
-    from .session import Session, Subscription
+    from .session import Subscriber, Subscription
 
 GroupKey = tuple[str, str]  # a $share group: (group name, topic filter)
 # Router.match(): ([(session, its subscriptions)], [(group key, its members)])
-Match = Any
+Match = tuple[list[tuple["Subscriber", list["Subscription"]]], list[tuple[GroupKey, list["Subscription"]]]]
 
 CACHE_ENTRIES = 100_000
 CACHE_BYTES = 16 << 20
 MISS_TOPIC_MAX = 256  # a topic nobody subscribes to is cached only when shorter than this
-NO_MATCH: Any = ((), ())  # the match of a topic nobody subscribes to: one shared object, so
-                            # a cache of misses costs no allocation, and nothing to free
+# the match of a topic nobody subscribes to: one shared object, so a cache of misses costs no
+# allocation, and nothing to free. Never changed, as every match the cache hands out
+NO_MATCH: Match = ([], [])
 CLEAR_AT_ONCE = 4096  # a larger cache is not freed at once when emptied: sweep() frees it
 SWEEP_ENTRIES = 20_000  # entries of emptied caches sweep() frees per call (Broker.tick, 1/s)
 
@@ -103,7 +104,7 @@ class Router:
         hit = self.cache.get(topic)
         if hit is not None:
             return hit
-        per_session: dict[Session, list[Subscription]] = {}
+        per_session: dict[Subscriber, list[Subscription]] = {}
         groups: dict[GroupKey, list[Subscription]] = {}
         for values in self.trie.match(topic):
             for sub in values.values():

@@ -14,30 +14,19 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..protocol import packets as P
 from ..protocol.codec import encode_ack
+from .empties import NO_ENTRIES, NO_IDS, NOTHING
 
 if TYPE_CHECKING:
     from .connection import Connection
     from .message import Message
 
 NEVER = 0xFFFFFFFF  # Session Expiry Interval meaning "does not expire"
-# an empty queue not made yet: len() 0, false, iterable; queued() makes the deque (typed Any: it
-# stands in for the deques of Session, which test `is NOTHING` before their first write)
-NOTHING: Any = ()
 # a queued message: (message, qos, retain, subscription ids, its handle in the store or None)
 QueueEntry = tuple["Message", int, bool, Any, Any]
-
-
-from .empties import _NoEntries, _NoIds
-
-
-# memory per idle connection: an idle session makes no containers (an empty dict is 64 bytes, an
-# empty set 216); these shared, read-only empties stand in until the first entry
-NO_ENTRIES = _NoEntries()
-NO_IDS = _NoIds()
 REPLAY_BURST = 1 << 20  # bytes of retained replay written per pump: the rest waits for the next turn
 REPLAY_STEPS = 1000     # retained messages looked at per pump (sent, skipped or over the budget)
 REPLAY_LEFT_STEPS = 2 * REPLAY_STEPS  # looked at when the connection ends mid-replay (to the queue)
@@ -105,13 +94,23 @@ def entry_size(msg: Message) -> int:
     return len(msg.payload) + len(msg.topic_bytes)
 
 
+class Subscriber(Protocol):
+    """What the router delivers a subscription's messages to: a Session, or a history replay's
+    live tap (sink/replay/feed.py HistoryFeed), which stands in for its session."""
+    client_id: str
+    username: str | None
+    link: Connection | None  # (a tap: None; the router prefers connected $share group members)
+
+    def deliver(self, msg: Message, qos: int, retain: bool, sub_ids: Any, now: float) -> None: ...
+
+
 class Subscription:
     __slots__ = ("filter", "topic_filter", "group", "qos", "no_local", "retain_as_published",
                  "retain_handling", "sub_id", "session", "read_check")
 
     def __init__(self, filt: str, topic_filter: str, group: str | None, qos: int, no_local: bool,
                  retain_as_published: bool, retain_handling: int, sub_id: int | None,
-                 session: Any) -> None:
+                 session: Subscriber) -> None:
         self.filter = filt                # as subscribed, including any $share/{group}/ prefix
         self.topic_filter = topic_filter  # the filter that matches topics
         self.group = group
@@ -157,15 +156,15 @@ class Session:
         self.username: str | None = None
         self.link_level = 5  # protocol level of the last connection (for the sink record)
         # filter -> Subscription (NO_ENTRIES until the first: add_subscription())
-        self.subscriptions: Any = NO_ENTRIES
+        self.subscriptions: dict[str, Subscription] = NO_ENTRIES
         # packet id -> Inflight; insertion order = send order. NO_ENTRIES until QoS 1/2 messages
         # may come (the first QoS 1/2 subscription, a restored message): _send() writes unchecked
-        self.inflight_out: Any = NO_ENTRIES
+        self.inflight_out: dict[int, Inflight] = NO_ENTRIES
         # (message, qos, retain, sub_ids) waiting to be sent; NOTHING until the first one (an idle
         # connection holds no deques: 760 bytes each)
-        self.queue: Any = NOTHING
+        self.queue: deque[QueueEntry] = NOTHING
         # QoS 2 packet ids received, PUBREL not yet seen (NO_IDS until the first: qos2_received())
-        self.inflight_in: Any = NO_IDS
+        self.inflight_in: set[int] = NO_IDS
         self.expiry_interval = 0
         self.expires_at: float | None = None
         self.will: Any = None  # the Will Message (packets.Will), None when none
@@ -180,11 +179,11 @@ class Session:
         # reported to (core/hooks.py Persistence: the hooks providing them), else None
         # (hooks.Persistence: its methods are bound when the hooks change, so Any)
         self.store: Any = None
-        self.resend_pending: Any = NOTHING  # in-flight packet ids waiting to be resent
+        self.resend_pending: deque[int] = NOTHING  # in-flight packet ids waiting to be resent
         # retained messages for new subscriptions, sent by pump() under backpressure: a Replay
         # (a lazy walk of the retained store) per subscription; or a history replay (a replay
         # hook's feed: pump(session, link, now) sends what the window allows, True when done)
-        self.replay: Any = NOTHING
+        self.replay: deque[Any] = NOTHING
         self.queues = queues if queues is not None else Queues()
         self.queue_room = self.queues.per_session  # bytes its queue may still take (entry_size())
         self.acl_gen = self.queues.acl_gen  # the ACL its queue was checked against (pump)
@@ -332,10 +331,15 @@ class Session:
         REPLAY_BURST bytes, REPLAY_STEPS messages), nothing while the transport is paused, QoS 1/2
         within the client's Receive Maximum; at most `budget.limit` for one SUBSCRIBE, the excess
         counted (dropped_retained_replay) and logged. Holds no list of messages."""
+        self.add_replay(Replay(walk, qos, sub_ids, check, budget))
+        self.pump(now)
+
+    def add_replay(self, replay: Any) -> None:
+        """A Replay, or a history replay's feed (sink/replay/feed.py), for pump() to send after
+        those before it."""
         if self.replay is NOTHING:
             self.replay = deque()
-        self.replay.append(Replay(walk, qos, sub_ids, check, budget))
-        self.pump(now)
+        self.replay.append(replay)
 
     def _next_replayed(self, r: Replay, now: float) -> tuple[Any, Message] | None:
         """The next message of a replay that may be sent (held, or from the walk), or None at the

@@ -337,7 +337,7 @@ class Store(Hook):
     # ------------------------------------------------------------ changes (batched)
     def _message_id(self, msg: Message) -> int:
         mid = msg.store_id
-        if mid is None:
+        if not isinstance(mid, int):  # None: not written yet (a tuple is the cluster's, never here)
             self.msg_seq += 1
             mid = msg.store_id = self.msg_seq
             exp = None if msg.expires_at is None else self.wall() + (msg.expires_at - self.clock())

@@ -83,8 +83,10 @@ class HistoryFeed:
         # the router's key for the tap (Router.add): its own, so a plain subscription of this
         # client to the same filter is another entry
         self.client_id = f"{session.client_id}\x00{book.filter}"
+        self.username = session.username      # (broker.core.session.Subscriber, with client_id)
+        self.link: Connection | None = None   # (a $share group member's: the tap is never one)
         self.tap = Subscription(book.filter, spec.filter, None, qos, no_local, retain_as_published,
-                                0, sub_id, self)  # type: ignore[arg-type]  # (the feed stands in for
+                                0, sub_id, self)  # (the feed stands in for
         # the session: the router hands the live tap's messages to its deliver())
         self.check = True                     # (Session.recheck_read sets it: each is checked)
         self.state = REPLAYING

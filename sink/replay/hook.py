@@ -17,7 +17,6 @@ import json
 import logging
 import os
 import sys
-from collections import deque
 from typing import TYPE_CHECKING, Any, Callable
 
 from broker.core.hooks import Hook
@@ -143,9 +142,7 @@ class ReplayHook(Hook):
         control.feed = feed
         self.feeds[feed] = None
         self.by_session.setdefault(session, []).append(feed)
-        if isinstance(session.replay, tuple):
-            session.replay = deque()
-        session.replay.append(feed)
+        session.add_replay(feed)
         self.totals["started"] += 1
         feed.start()
         conn.note(logging.INFO, "%s: replaying %s from %s%s", conn.client_id, tf,

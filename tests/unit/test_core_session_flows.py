@@ -137,7 +137,7 @@ def test_pubrel_unknown_packet_id_0x92():
 def test_qos2_ids_start_in_the_shared_read_only_empty_set():
     """A session awaits no PUBREL until its first QoS 2 PUBLISH: it shares NO_IDS, which stays
     empty (a write raises TypeError); the first QoS 2 PUBLISH gives the session its own set."""
-    from broker.core.session import NO_IDS
+    from broker.core.empties import NO_IDS
     b, _ = make()
     c = connect(b, "c")
     s = b.sessions["c"]
@@ -155,7 +155,7 @@ def test_a_session_keeps_no_empty_replay_or_queue_once_they_are_sent():
     """Retained messages replayed for a SUBSCRIBE [MQTT-3.3.1-9] and messages queued beyond the
     client's Receive Maximum [MQTT-3.3.4-9] are sent in order; once both are sent the session
     holds no empty deque for them (624 bytes each, in every session that ever subscribed)."""
-    from collections import deque
+    from broker.core.empties import NOTHING
     b, _ = make()
     pub = connect(b, "pub")
     for i in range(3):
@@ -165,15 +165,15 @@ def test_a_session_keeps_no_empty_replay_or_queue_once_they_are_sent():
     subscribe(c, "r/#", qos=1)
     for i in range(3):
         publish_ok(pub, "r/0", b"q%d" % i, qos=1, pid=10 + i)   # queued behind the replay
-    assert isinstance(s.replay, deque) or isinstance(s.queue, deque)   # waiting for the window
+    assert s.replay is not NOTHING or s.queue is not NOTHING   # waiting for the window
     got = drain_acking(c)
     assert [p for p, _, _ in got] == [b"0", b"1", b"2", b"q0", b"q1", b"q2"]
-    assert not isinstance(s.replay, deque) and not isinstance(s.queue, deque)
+    assert s.replay is NOTHING and s.queue is NOTHING   # the shared read-only empty
     # and a later replay or queue makes its deque again
     publish_ok(pub, "r/0", b"q3", qos=1, pid=20)
     publish_ok(pub, "r/0", b"q4", qos=1, pid=21)
     assert [p for p, _, _ in drain_acking(c)] == [b"q3", b"q4"]
-    assert not isinstance(s.queue, deque)
+    assert s.queue is NOTHING
 
 
 def test_pubrel_does_not_hide_an_error_of_the_store():

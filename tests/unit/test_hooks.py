@@ -327,7 +327,7 @@ def test_restore_subscription_outbound_qos2_and_retained():
     b, clock = make()
     s = b.restore_session("s", 100, None)
     sub = b.restore_subscription("s", "t/#", 1, False, False, 0, 4)
-    assert sub is s.subscriptions["t/#"] and b.restore_subscription("nobody", "x", 0, 0, 0, 0, None) is None
+    assert sub is s.subscriptions["t/#"] and b.restore_subscription("nobody", "x", 0, False, False, 0, None) is None
     with pytest.raises(ValueError, match="invalid topic filter"):
         b.restore_subscription("s", "a/#/b", 0, False, False, 0, None)
     m1 = Message("t/1", b"one", 1, False, None, None, "c", 1.0)
