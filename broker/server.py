@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 from settings import Config, ListenerConfig, environment, listener_specs
 
+from . import native
 from .core.broker import Broker
-from .protocol import native
 from .transport import tls
 from .transport.connection_protocol import AckGate, MQTTProtocol
 from .transport.eventloop import TransportTable, transport_table
@@ -269,11 +269,14 @@ def who_may_connect(spec: ListenerConfig, config: Config) -> str:
 
 
 def log_codec() -> None:
-    if native.running() == "compiled":
-        log.info("codec: compiled (mypyc)")
+    ran = {g.name: native.running(g) for g in native.GROUPS}
+    if all(r == "compiled" for r in ran.values()):
+        log.info("codec and core: compiled (mypyc)")
     else:
-        log.info("codec: pure Python (slower; bash scripts/setup.sh compiles it when gcc and "
-                 "the Python headers are installed)")
+        log.info("%s (pure Python is slower; bash scripts/setup.sh compiles them when gcc and "
+                 "the Python headers are installed)",
+                 ", ".join(f"{name}: {'compiled (mypyc)' if r == 'compiled' else 'pure Python'}"
+                           for name, r in ran.items()))
 
 
 # Young-generation threshold of the garbage collector (CPython's default is 700 allocations).

@@ -53,8 +53,8 @@ SINK_KEY = EnvVar(
     "committed file, instead of <data_dir>/secrets/sink.key; the same for the broker and the job "
     "(and every node of a cluster: deploy/compose.yaml passes it on)", (BROKER, JOB, COMPOSE))
 PURE_PYTHON = EnvVar(
-    "MQTT_PURE_PYTHON", "1: run the pure-Python codec even where the compiled one is built "
-    "(broker/protocol/native.py)", (BROKER,))
+    "MQTT_PURE_PYTHON", "1: run the pure-Python codec and core even where the compiled ones are built "
+    "(broker/native.py)", (BROKER,))
 NOTIFY_SOCKET = EnvVar(
     "NOTIFY_SOCKET", "set by systemd (Type=notify, deploy/broker.service): the broker says READY=1 "
     "there once it listens, and STOPPING=1", (BROKER,))

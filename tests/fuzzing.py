@@ -11,6 +11,7 @@ from __future__ import annotations
 import random
 
 from broker.core.broker import Broker
+from broker.core.clientlog import ClientLog
 from broker.core.connection import Connection
 from broker.protocol import packets as P
 from broker.protocol import properties as PR
@@ -327,17 +328,27 @@ CONFIGS = (
 )
 
 
-class _Watched(Connection):
-    """A Connection that remembers the protocol errors it reported (4.13)."""
-    __slots__ = ("errors",)
+class ErrorsSeen(ClientLog):
+    """The broker's client log, remembering which connections reported a protocol error (4.13):
+    Connection.violation() logs a line with the MQTTError (the Connection itself may be
+    compiled: no subclass of it)."""
 
-    def __init__(self, broker):
-        super().__init__(broker, "fuzz")
-        self.errors = []
+    def __init__(self, broker: Broker) -> None:
+        super().__init__(broker.clock, broker.cfg.client_log_lines_per_second)
+        self.errors: dict[Connection, list[MQTTError]] = {}
 
-    def violation(self, exc):
-        self.errors.append(exc)
-        super().violation(exc)
+    def line(self, logger, level, conn, fmt, *args) -> bool:
+        for a in args:
+            if isinstance(a, MQTTError):
+                self.errors.setdefault(conn, []).append(a)
+        return super().line(logger, level, conn, fmt, *args)
+
+
+def watched(broker: Broker) -> Connection:
+    """A hostile client's connection, its protocol errors seen (ErrorsSeen)."""
+    if not isinstance(broker.client_log, ErrorsSeen):
+        broker.client_log = ErrorsSeen(broker)
+    return Connection(broker, "fuzz")
 
 
 class CoreTarget:
@@ -405,7 +416,7 @@ class CoreTarget:
 
     def _run(self, rng, streams) -> None:
         b = self.broker
-        conns = [_Watched(b) for _ in streams]
+        conns = [watched(b) for _ in streams]
         pending = [[c, chunks(rng, data), 0] for c, data in zip(conns, streams)]
         while pending:
             entry = pending[rng.randrange(len(pending))]
@@ -452,7 +463,7 @@ class CoreTarget:
                 assert v5, "DISCONNECT sent to a 3.1.x client"
                 assert i == len(pkts) - 1 and closed, "DISCONNECT not last / connection kept"
                 assert p.reason_code in DISCONNECT_CODES and p.reason_code >= 0x80, p
-        if conn.errors:
+        if self.broker.client_log.errors.pop(conn, None):
             assert closed, "protocol error reported but the connection stays open"
         if not closed and conn.session is not None and conn.session.link is conn \
                 and conn.buffered() == 0:

@@ -18,9 +18,15 @@ class Auth(AllowAll):
     pass
 
 
+# per broker: the checks the fake caller queued, and whether it accepts more (the Broker may be
+# compiled: it takes no attributes of a test's own)
+CHECKS: dict[Broker, list] = {}
+ACCEPT: dict[Broker, bool] = {}
+
+
 class Client(CoreClient):
-    """With a fake caller for AuthRequested: the check is queued (b.checks), or refused at once
-    with Server busy when b.accept is false (a full CheckQueue)."""
+    """With a fake caller for AuthRequested: the check is queued (CHECKS[b]), or refused at once
+    with Server busy when ACCEPT[b] is false (a full CheckQueue)."""
 
     def send(self, pkt):
         self.feed(encode(pkt, self.level))
@@ -29,8 +35,8 @@ class Client(CoreClient):
         for ev in self.conn.data_received(data):
             assert type(ev) is AuthRequested
             b = self.conn.broker
-            if b.accept:
-                b.checks.append((self.conn, *ev))
+            if ACCEPT[b]:
+                CHECKS[b].append((self.conn, *ev))
             else:
                 assert self.conn.auth_done(*ev, 0x89, "busy") == ()
 
@@ -38,8 +44,7 @@ class Client(CoreClient):
 def make(accept=True, cap=1 << 20):
     clock = Clock()
     b = Broker(MQTTConfig(), clock=clock, wall=clock, auth=Auth())
-    b.checks = []
-    b.accept = accept
+    CHECKS[b], ACCEPT[b] = [], accept
     b.defer_auth = True
     b.max_deferred_bytes = cap
     return b
@@ -55,10 +60,10 @@ def test_user_name_without_password_is_deferred_anonymous_is_not():
     b = make()
     c = Client(b)
     c.send(P.Connect("u", 5, username="alice"))          # no password: still hashed
-    assert len(b.checks) == 1 and out(c) == []
+    assert len(CHECKS[b]) == 1 and out(c) == []
     anon = Client(b)
     anon.send(P.Connect("anon", 5))                      # no user name: no hash, inline
-    assert len(b.checks) == 1 and out(anon)[0].reason_code == 0
+    assert len(CHECKS[b]) == 1 and out(anon)[0].reason_code == 0
 
 
 def test_full_check_queue_refuses_with_server_busy():
@@ -95,11 +100,11 @@ def test_bytes_waiting_for_connack_are_capped(cap, sizes, level):
     if refused_at is not None:
         assert [(p.type, p.reason_code) for p in pkts] == [(P.CONNACK, 0x97 if level == 5 else 3)]
         assert c.conn.close_requested and c.conn.deferred is None
-        b.checks[0][0].auth_done(*b.checks[0][1:], 0)  # the check ends after the close: ignored
+        CHECKS[b][0][0].auth_done(*CHECKS[b][0][1:], 0)  # the check ends after the close: ignored
         assert out(c, level) == []
     else:
         assert pkts == [] and len(c.conn.deferred) == len(sizes)
-        conn, *args = b.checks[0]
+        conn, *args = CHECKS[b][0]
         conn.auth_done(*args, 0)
         assert [p.type for p in out(c, level)] == [P.CONNACK]
         assert c.conn.deferred is None

@@ -70,7 +70,7 @@ def test_the_scan_sees_reads():
     """The scan finds the reads that stay outside settings (the leaf kafka_client, the codec's
     loader): a scan that saw nothing would pass the test above."""
     assert "RUST_LOG" in names_read(ROOT / "kafka_client/embedded.py")[0]
-    assert environment.PURE_PYTHON.name in names_read(ROOT / "broker/protocol/native.py")[0]
+    assert environment.PURE_PYTHON.name in names_read(ROOT / "broker/native.py")[0]
 
 
 def test_compose_variables_are_declared():

@@ -72,7 +72,7 @@ def test_a_second_connect_is_a_protocol_error_whatever_its_level(level, hexdata,
     (v5: DISCONNECT 0x82, not the CONNACK-only 0x84; 3.1.1: the connection closes): the inputs the
     fuzzer once failed on, on a fresh broker, with the exact answer expected."""
     t = F.CoreTarget()
-    conn = F._Watched(t.broker)
+    conn = F.watched(t.broker)
     feed(conn, encode(P.Connect("f", level), level))
     (ack,), _ = Decoder(level).feed(drain(conn))
     assert ack.type == P.CONNACK and ack.reason_code == 0

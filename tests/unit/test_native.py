@@ -1,6 +1,7 @@
-"""The compiled codec (broker/protocol/native.py): which one runs, and never a stale one."""
+"""The compiled codec and core (broker/native.py): which one runs, and never a stale one."""
 from __future__ import annotations
 
+import importlib
 import importlib.machinery
 import os
 import shutil
@@ -10,11 +11,14 @@ import sysconfig
 
 import pytest
 
+import broker.core
 import broker.protocol
-from broker.protocol import codec, native
+from broker import native
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SUFFIX = importlib.machinery.EXTENSION_SUFFIXES[0]
+GROUPS = pytest.mark.parametrize("group", native.GROUPS, ids=[g.name for g in native.GROUPS])
+CHOSEN = {"broker.protocol": lambda: broker.protocol.CODEC, "broker.core": lambda: broker.core.CORE}
 
 
 @pytest.mark.parametrize("have, stamp, pure, want", [
@@ -30,81 +34,133 @@ def test_choose(have, stamp, pure, want):
     assert native.choose(have, stamp, "d", pure) == want
 
 
-def test_the_codec_runs_compiled_where_it_can_be_built():
-    """setup.sh builds it where gcc and Python.h are; the suite's second pass asks for pure."""
+@GROUPS
+def test_it_runs_compiled_where_it_can_be_built(group):
+    """setup.sh builds both where gcc and Python.h are; the suite's second pass asks for pure."""
+    modules = [importlib.import_module(f"{group.package}.{m}") for m in group.modules]
     if os.environ.get(native.PURE_ENV) == "1":
-        assert broker.protocol.CODEC == "pure" and codec.__file__.endswith("codec.py")
-        assert native.running() == "pure"
+        assert CHOSEN[group.package]() == "pure" and native.running(group) == "pure"
+        assert all(m.__file__.endswith(".py") for m in modules)
         return
     buildable = (shutil.which("gcc") is not None
                  and os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))
     if not buildable:
-        pytest.skip("no gcc or Python headers here: setup.sh leaves the pure-Python codec")
-    assert broker.protocol.CODEC == "compiled", "bash scripts/setup.sh should have compiled it"
-    assert native.running() == "compiled" and not codec.__file__.endswith(".py")
-    assert native.compiled_files() and len(native.compiled_files()) == len(native.COMPILED)
+        pytest.skip("no gcc or Python headers here: setup.sh leaves the pure-Python sources")
+    assert CHOSEN[group.package]() == "compiled", "bash scripts/setup.sh should have compiled it"
+    assert native.running(group) == "compiled"
+    assert modules and not any(m.__file__.endswith(".py") for m in modules)
+    assert len(native.compiled_files(group)) == len(group.modules)
 
 
-def _copy_package(tmp_path, stamp: str) -> str:
-    """broker/ with protocol/ only, with fake compiled modules (never imported when not chosen)."""
+def _copy_package(tmp_path, stamps: dict[str, str]) -> str:
+    """broker/ with native.py, protocol/ and core/, with fake compiled modules (never imported
+    when not chosen) and the given stamps; settings/ and mqtt_topics/ come from ROOT."""
     dst = tmp_path / "broker"
-    shutil.copytree(os.path.join(ROOT, "broker", "protocol"), dst / "protocol",
-                    ignore=shutil.ignore_patterns("*.so", "native.stamp", "__pycache__"))
-    shutil.copy(os.path.join(ROOT, "broker", "__init__.py"), dst / "__init__.py")
-    for name in native.COMPILED:
-        (dst / "protocol" / (name + SUFFIX)).write_bytes(b"not a shared library")
-    (dst / "protocol" / "native.stamp").write_text(stamp + "\n")
+    for sub in ("protocol", "core"):
+        shutil.copytree(os.path.join(ROOT, "broker", sub), dst / sub,
+                        ignore=shutil.ignore_patterns("*.so", "native.stamp", "__pycache__"))
+    for f in ("__init__.py", "native.py"):
+        shutil.copy(os.path.join(ROOT, "broker", f), dst / f)
+    for group in native.GROUPS:
+        for name in group.modules:
+            (tmp_path.joinpath(*group.package.split(".")) / (name + SUFFIX)).write_bytes(
+                b"not a shared library")
+        tmp_path.joinpath(*group.package.split("."), "native.stamp").write_text(
+            stamps[group.name] + "\n")
     return str(tmp_path)
 
 
-def _import_codec(root: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    code = ("import broker.protocol as p, broker.protocol.codec as c, broker.protocol.properties as q;"
-            "print(p.CODEC, c.__file__, q.__file__)")
-    return subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": root, **(env or {})}, timeout=60)
+_IMPORT = """
+import importlib, sys
+from broker import native
+for g in native.GROUPS:
+    pkg = importlib.import_module(g.package)
+    files = [importlib.import_module(f"{g.package}.{m}").__file__ for m in g.modules]
+    print(g.name, pkg.CODEC if g.name == "codec" else pkg.CORE, *files)
+"""
+
+
+def _import(root: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", _IMPORT], cwd=root, capture_output=True,
+                          text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": f"{root}:{ROOT}", **(env or {})})
+
+
+def _chosen(out: subprocess.CompletedProcess) -> dict[str, list[str]]:
+    assert out.returncode == 0, out.stderr
+    return {line.split()[0]: line.split()[1:] for line in out.stdout.splitlines()}
+
+
+def _digests(root: str | None = None) -> dict[str, str]:
+    return {g.name: native.source_digest(g, *([root] if root else [])) for g in native.GROUPS}
 
 
 def test_a_stale_build_is_never_run(tmp_path):
-    """Compiled from an older source: the source runs instead, and a warning says how to rebuild."""
-    root = _copy_package(tmp_path, stamp="0" * 64)
-    out = _import_codec(root, {native.PURE_ENV: "0"})
-    assert out.returncode == 0, out.stderr
-    chosen, codec_file, props_file = out.stdout.split()
-    assert chosen == "stale"
-    assert codec_file.endswith(os.path.join("protocol", "codec.py"))
-    assert props_file.endswith(os.path.join("protocol", "properties.py"))
-    assert "compiled from an older codec.py" in out.stderr and "scripts/setup.sh" in out.stderr
+    """Compiled from older sources: the sources run instead, and a warning says how to rebuild."""
+    root = _copy_package(tmp_path, {g.name: "0" * 64 for g in native.GROUPS})
+    out = _import(root, {native.PURE_ENV: "0"})
+    for name, (chosen, *files) in _chosen(out).items():
+        assert chosen == "stale" and all(f.endswith(".py") for f in files), (name, files)
+        assert f"the {name}'s compiled modules" in out.stderr
+    assert "older sources" in out.stderr and "scripts/setup.sh" in out.stderr
+
+
+def test_one_group_stale_the_other_compiled(tmp_path):
+    """The core's sources edited since its build, the codec's not: only the core runs its
+    sources (the codec here is the fake compiled module, so importing it fails)."""
+    root = _copy_package(tmp_path, {**_digests(), "core": "0" * 64})
+    with open(os.path.join(root, "broker", "core", "router.py"), "a") as f:
+        f.write("\n")
+    code = ("import broker.core as c, broker.core.router as r; print(c.CORE, r.__file__, flush=True);"
+            "import broker.protocol.codec")
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": f"{root}:{ROOT}", native.PURE_ENV: "0"},
+                         timeout=60)
+    chosen, router = out.stdout.split()
+    assert chosen == "stale" and router.endswith(os.path.join("core", "router.py"))
+    assert out.returncode != 0 and "ImportError" in out.stderr  # the codec: its fake .so
+    code = "import broker.native as n; print(n.state(n.CORE), n.state(n.CODEC))"
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": f"{root}:{ROOT}"}, timeout=60)
+    assert out.stdout.split() == ["stale", "compiled"], out.stderr
 
 
 def test_pure_python_can_be_asked_for(tmp_path):
-    root = _copy_package(tmp_path, stamp=native.source_digest())
-    out = _import_codec(root, {native.PURE_ENV: "1"})
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.split()[0] == "pure" and out.stdout.split()[1].endswith("codec.py")
+    root = _copy_package(tmp_path, _digests())
+    out = _import(root, {native.PURE_ENV: "1"})
+    for name, (chosen, *files) in _chosen(out).items():
+        assert chosen == "pure" and all(f.endswith(".py") for f in files), (name, files)
     assert "older" not in out.stderr
 
 
 def test_a_matching_stamp_loads_the_compiled_modules(tmp_path):
-    """The stamp matches: the (here fake) compiled module is what Python imports."""
-    root = _copy_package(tmp_path, stamp=native.source_digest())
-    out = _import_codec(root, {native.PURE_ENV: "0"})
+    """The stamps match: the (here fake) compiled modules are what Python imports."""
+    root = _copy_package(tmp_path, _digests())
+    out = _import(root, {native.PURE_ENV: "0"})
     assert out.returncode != 0 and "ImportError" in out.stderr  # it tried the fake .so
 
 
-def test_the_digest_covers_both_sources(tmp_path):
-    """Both compiled sources, and packets.py, whose Final constants the compiled codec has built
-    in: editing any of them makes the compiled modules stale."""
-    assert "packets" in native.BUILT_IN
-    for name in native.COMPILED + native.BUILT_IN:
-        shutil.copy(os.path.join(native.HERE, name + ".py"), tmp_path / (name + ".py"))
-    before = native.source_digest(str(tmp_path))
-    assert before == native.source_digest()
-    for name in native.COMPILED + native.BUILT_IN:
-        path = tmp_path / (name + ".py")
-        text = path.read_text()
-        path.write_text(text + "\n")
-        assert native.source_digest(str(tmp_path)) != before
-        path.write_text(text)
+@GROUPS
+def test_the_digest_covers_every_module_it_is_checked_with(tmp_path, group):
+    """Every module of the packages a group is type-checked with (mypyc builds in their
+    constants and types) is in its digest: editing any makes the compiled modules stale; a
+    module outside them (broker/server.py) does not."""
+    root = _copy_package(tmp_path, _digests())
+    shutil.copy(os.path.join(ROOT, "broker", "server.py"), tmp_path / "broker" / "server.py")
+    before = native.source_digest(group, root)
+    assert before == native.source_digest(group)
+    sources = group.sources(root)
+    assert {os.path.basename(p)[:-3] for p in sources} >= set(group.modules)
+    assert {os.path.basename(p) for p in sources} >= {"packets.py", "codec.py"}
+    for path in sources + [str(tmp_path / "broker" / "server.py")]:
+        with open(path) as f:
+            text = f.read()
+        with open(path, "a") as f:
+            f.write("\n")
+        changed = native.source_digest(group, root) != before
+        assert changed == (path in sources), path
+        with open(path, "w") as f:
+            f.write(text)
 
 
 # Decodes a seeded corpus (every byte fixture, the fuzz seeds, and mutations of both), re-encodes
@@ -137,8 +193,7 @@ print(native.running(), len(inputs), h.hexdigest())
 
 
 def test_compiled_and_pure_codec_agree_on_every_input():
-    built = native.choose(bool(native.compiled_files()), native.read_stamp(), native.source_digest(),
-                          False)
+    built = native.state(native.CODEC)
     if built != "compiled":  # (whichever codec this process runs: MQTT_PURE_PYTHON=1 or not)
         pytest.skip("the codec is not compiled here (no gcc or Python headers): nothing to compare")
     runs = {}
@@ -153,18 +208,20 @@ def test_compiled_and_pure_codec_agree_on_every_input():
     assert runs["0"][2] == runs["1"][2]  # same packets, errors and re-encodings
 
 
-def test_without_a_compiler_setup_goes_on_with_the_pure_codec(tmp_path):
+def test_without_a_compiler_setup_goes_on_with_the_pure_sources(tmp_path):
     """build_native.py where the C compiler fails: a warning saying what to install, no compiled
-    module left behind (not even the fake one there before), and the package runs the source."""
-    root = _copy_package(tmp_path, stamp="0" * 64)
+    module left behind (not even the fake ones there before), and the packages run the sources."""
+    root = _copy_package(tmp_path, {g.name: "0" * 64 for g in native.GROUPS})
     os.makedirs(tmp_path / "scripts")
     shutil.copy(os.path.join(ROOT, "scripts", "build_native.py"), tmp_path / "scripts")
     out = subprocess.run([sys.executable, str(tmp_path / "scripts" / "build_native.py")],
                          cwd=root, capture_output=True, text=True, timeout=300,
                          env={**os.environ, "CC": "/bin/false", "PYTHONPATH": root})
     assert out.returncode == 0, out.stderr
-    assert "could not compile the codec" in out.stderr and "apt-get install gcc" in out.stderr
-    left = os.listdir(tmp_path / "broker" / "protocol")
-    assert not [f for f in left if f.endswith(".so") or f == "native.stamp"], left
-    imported = _import_codec(root, {native.PURE_ENV: "0"})
-    assert imported.returncode == 0 and imported.stdout.split()[0] == "pure", imported.stderr
+    assert "apt-get install gcc" in out.stderr
+    for group in native.GROUPS:
+        assert f"could not compile the {group.name}" in out.stderr
+        left = os.listdir(tmp_path.joinpath(*group.package.split(".")))
+        assert not [f for f in left if f.endswith(".so") or f == "native.stamp"], left
+    for name, (chosen, *files) in _chosen(_import(root, {native.PURE_ENV: "0"})).items():
+        assert chosen == "pure" and all(f.endswith(".py") for f in files), (name, files)

@@ -5,9 +5,23 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from broker.core.connection import Connection
+from broker.core.timeouts import ConnectionTable
 from broker.protocol import packets as P
 from broker.protocol import reason_codes as rc
 from tests.sansio import Client, expect_disconnect, make, run_for
+
+
+def spy_on_due(monkeypatch) -> list:
+    """The connections the tick looks at (each handed to Connection.look_at), as they come."""
+    looked: list = []
+    real = ConnectionTable.due
+
+    def due(self, now):
+        found = real(self, now)
+        looked.extend(found)
+        return found
+    monkeypatch.setattr(ConnectionTable, "due", due)
+    return looked
 
 
 def test_the_tick_looks_only_at_connections_whose_deadline_came(monkeypatch):
@@ -19,10 +33,7 @@ def test_the_tick_looks_only_at_connections_whose_deadline_came(monkeypatch):
         c = Client(b)
         c.connect(f"idle-{i}", keep_alive=60)
         clients.append(c)
-    looked = []
-    real = Connection.check_timeouts
-    monkeypatch.setattr(Connection, "check_timeouts", lambda self, now: (looked.append(self),
-                                                                         real(self, now)))
+    looked = spy_on_due(monkeypatch)
     run_for(b, clock, 10)
     assert looked == [] and len(b.connections) == 1000
     run_for(b, clock, 80.2)  # 90.2 s after the last packet: 1.5 x 60 passed
@@ -36,10 +47,7 @@ def test_a_client_that_keeps_sending_is_looked_at_once_per_deadline(monkeypatch)
     b, clock = make()
     c = Client(b)
     c.connect("busy", keep_alive=10)
-    looked = []
-    real = Connection.check_timeouts
-    monkeypatch.setattr(Connection, "check_timeouts", lambda self, now: (looked.append(now),
-                                                                         real(self, now)))
+    looked = spy_on_due(monkeypatch)
     for _ in range(10):
         run_for(b, clock, 5)
         c.send(P.PingReq())
