@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install everything and run the whole test suite. Extra arguments go to pytest.
-# With no arguments the unit tests run a second time on the pure-Python codec
+# With no arguments the unit tests run a second time on the pure-Python codec and core
 # (MQTT_PURE_PYTHON=1), the one a machine without a C compiler runs; setup.sh compiles it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -13,7 +13,7 @@ set +e
 .venv/bin/python -m pytest "$@"
 rc=$?
 if [ $rc -eq 0 ] && [ $# -eq 0 ]; then
-  echo "test.sh: the unit tests again, on the pure-Python codec"
+  echo "test.sh: the unit tests again, on the pure-Python codec and core"
   MQTT_PURE_PYTHON=1 .venv/bin/python -m pytest -q tests/unit
   rc=$?
 fi
