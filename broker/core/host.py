@@ -1,8 +1,10 @@
 """What a Connection may use of its Broker: the whole of it, in one place.
 
-A Connection (core/connection.py) holds its broker typed as `ConnectionHost`, so the type
-checker (mypy, strict in broker/core) refuses any other reach into the broker: a new need is
-added here, by name, where a reader sees the whole surface. Broker satisfies it (checked below).
+A Connection (core/connection.py) uses of its broker only what is listed here: tests/unit/
+test_interfaces.py reads the connection's source and refuses any other reach into the broker. A
+new need is added here, by name, where a reader sees the whole surface. Broker satisfies it
+(mypy checks it below). The connection's broker is typed as the Broker itself, so that the
+compiled core calls it natively (broker/native.py); a Protocol would make every call generic.
 Nothing here runs: it is a typing.Protocol, and the connection calls the Broker's own attributes
 and methods directly (no wrapper, no cost on the per-message path).
 

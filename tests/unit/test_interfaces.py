@@ -104,10 +104,12 @@ def test_a_connection_uses_of_its_broker_only_what_connection_host_lists():
                           "delayed_wills", "dirty"}
 
 
-def test_connection_is_typed_with_connection_host():
-    """mypy checks the surface because the connection's broker is typed ConnectionHost."""
-    src = (ROOT / "broker/core/connection.py").read_text()
-    assert "def __init__(self, broker: ConnectionHost" in src
+def test_the_broker_is_checked_to_be_a_connection_host():
+    """The connection's broker is typed Broker (native calls when compiled); mypy checks that
+    Broker provides all of ConnectionHost, and the test above that the connection uses no more."""
+    assert "def __init__(self, broker: Broker" in (ROOT / "broker/core/connection.py").read_text()
+    assert "def _broker_is_a_connection_host(b: Broker) -> ConnectionHost:" in \
+        (ROOT / "broker/core/host.py").read_text()
 
 
 # what a Session may use of its link (the docstring of broker/core/session.py lists the same)
