@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import hashlib
 import importlib
-import importlib.abc
 import importlib.machinery
 import importlib.util
 import os
@@ -115,8 +114,10 @@ def state(group: Group, root: str = ROOT, pure_requested: bool = False) -> str:
                   source_digest(group, root), pure_requested)
 
 
-class _FromSource(importlib.abc.MetaPathFinder):
-    """Imports the named modules from their .py, ahead of an extension module of that name."""
+class _FromSource:
+    """Imports the named modules from their .py, ahead of an extension module of that name (a
+    meta path finder: importlib.abc is not imported for its base class, it loads tempfile and
+    shutil into every broker)."""
 
     def __init__(self, paths: dict[str, str]) -> None:
         self.paths = paths  # full module name -> its source
