@@ -269,14 +269,11 @@ def who_may_connect(spec: ListenerConfig, config: Config) -> str:
 
 
 def log_codec() -> None:
-    ran = {g.name: native.running(g) for g in native.GROUPS}
-    if all(r == "compiled" for r in ran.values()):
+    if native.running() == "compiled":
         log.info("codec and core: compiled (mypyc)")
     else:
-        log.info("%s (pure Python is slower; bash scripts/setup.sh compiles them when gcc and "
-                 "the Python headers are installed)",
-                 ", ".join(f"{name}: {'compiled (mypyc)' if r == 'compiled' else 'pure Python'}"
-                           for name, r in ran.items()))
+        log.info("codec and core: pure Python (slower; bash scripts/setup.sh compiles them when "
+                 "gcc and the Python headers are installed)")
 
 
 # Young-generation threshold of the garbage collector (CPython's default is 700 allocations).

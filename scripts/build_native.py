@@ -1,10 +1,10 @@
-"""Compile the codec and the core with mypyc, in place (broker/native.py says which modules).
+"""Compile the codec and the core with mypyc, in place (broker/native.py says which modules)
 
     .venv/bin/python scripts/build_native.py [--force] [--clean]
 
-Run by scripts/setup.sh. Does nothing for a group whose compiled modules match its sources
-(its native.stamp holds the digest they were built from); otherwise builds it with the
-machine's C compiler (about 10 s each for the codec and the core) and writes the stamp.
+Run by scripts/setup.sh. Does nothing when the compiled modules match their sources
+(broker/native.stamp holds the digest they were built from); otherwise builds them with the
+machine's C compiler (about 40 s) and writes the stamp.
 Without a compiler or the Python headers it says so and leaves the pure-Python sources in
 place: the broker runs the same, slower. `--clean` removes the compiled modules.
 """
@@ -19,7 +19,7 @@ import tempfile
 import warnings
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SECONDS = {"codec": 10, "core": 20}  # about, on one core of the machine in README's tables
+SECONDS = 40  # about, on one core of the machine in README's tables
 
 
 def _native():
@@ -34,9 +34,10 @@ def _native():
 
 
 def artefacts(group) -> list[str]:
-    d = group.directory(ROOT)
-    patterns = [n + ".*.so" for n in group.modules] + ["_native__mypyc.*.so", "native.stamp"]
-    return [p for pattern in patterns for p in glob.glob(os.path.join(d, pattern))]
+    patterns = [group.source(m, ROOT)[:-3] + ".*.so" for m in group.modules]
+    patterns.append(os.path.join(ROOT, *group.library.split(".")) + "__mypyc.*.so")
+    return [p for pattern in patterns for p in glob.glob(pattern)] + \
+        [p for p in [group.stamp(ROOT)] if os.path.exists(p)]
 
 
 def clean(group) -> None:
@@ -48,7 +49,7 @@ def build(native, group) -> None:
     from mypyc.build import mypycify
     from setuptools import setup
     digest = native.source_digest(group, ROOT)
-    sources = [os.path.join(*group.package.split("."), n + ".py") for n in group.modules]
+    sources = [os.path.relpath(group.source(m, ROOT), ROOT) for m in group.modules]
     clean(group)
     tmp = tempfile.mkdtemp(prefix="mypyc-build-")
     cwd = os.getcwd()
@@ -56,7 +57,7 @@ def build(native, group) -> None:
     try:
         with warnings.catch_warnings():  # setuptools' note on pyproject.toml's beta table
             warnings.simplefilter("ignore")
-            setup(name=f"mqtt-{group.name}-native",
+            setup(name="mqtt-broker-native",
                   ext_modules=mypycify(sources, opt_level="3", group_name=group.library),
                   script_args=["-q", "build_ext", "--inplace", "--build-temp", tmp,
                                "--build-lib", tmp])
@@ -75,15 +76,14 @@ def main(argv=None) -> int:
     p.add_argument("--clean", action="store_true", help="remove the compiled modules and stop")
     args = p.parse_args(argv)
     native = _native()
-    for group in native.GROUPS:
+    for group in (native.NATIVE,):
         if args.clean:
             clean(group)
             continue
         complete = len(native.compiled_files(group, ROOT)) == len(group.modules)
         if complete and native.state(group, ROOT) == "compiled" and not args.force:
             continue  # up to date
-        print(f"build_native: compiling the {group.name} with mypyc (about {SECONDS[group.name]} s)",
-              flush=True)
+        print(f"build_native: compiling the {group.name} with mypyc (about {SECONDS} s)", flush=True)
         try:
             build(native, group)
         except BaseException as exc:  # SystemExit from setuptools on a compiler error

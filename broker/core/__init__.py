@@ -6,4 +6,4 @@ never runs.
 """
 from .. import native
 
-CORE = native.select(__name__)  # 'compiled', 'pure' or 'stale' (then pure, with a warning)
+CORE = native.select()  # 'compiled', 'pure' or 'stale' (then pure, with a warning)

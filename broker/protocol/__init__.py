@@ -5,4 +5,4 @@ makes sure a compiled build older than its source never runs.
 """
 from .. import native
 
-CODEC = native.select(__name__)  # 'compiled', 'pure' or 'stale' (then pure, with a warning)
+CODEC = native.select()  # 'compiled', 'pure' or 'stale' (then pure, with a warning)

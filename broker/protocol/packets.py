@@ -50,7 +50,10 @@ class Connect:
     password: bytes | None = None
     will: Will | None = None
     properties: dict[int, Any] | None = None
-    type = CONNECT
+
+    @property
+    def type(self) -> int:
+        return CONNECT
 
 
 @dataclass(slots=True)
@@ -58,14 +61,22 @@ class Connack:
     session_present: bool = False
     reason_code: int = 0
     properties: dict[int, Any] | None = None
-    type = CONNACK
+
+    @property
+    def type(self) -> int:
+        return CONNACK
+
+
+_PUBLISH_FIELDS = ("topic", "payload", "qos", "retain", "dup", "packet_id", "properties")
 
 
 class Publish:
     """PUBLISH. `topic` is a str; empty when only a Topic Alias names it."""
     __slots__ = ("topic", "payload", "qos", "retain", "dup", "packet_id", "properties", "raw")
-    type = PUBLISH
-    _fields = ("topic", "payload", "qos", "retain", "dup", "packet_id", "properties")
+
+    @property
+    def type(self) -> int:
+        return PUBLISH
 
     def __init__(self, topic: str, payload: bytes = b"", qos: int = 0, retain: bool = False,
                  dup: bool = False, packet_id: int | None = None, properties: dict[int, Any] | None = None,
@@ -81,10 +92,10 @@ class Publish:
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Publish) and all(
-            getattr(self, k) == getattr(other, k) for k in self._fields)
+            getattr(self, k) == getattr(other, k) for k in _PUBLISH_FIELDS)
 
     def __repr__(self) -> str:
-        return ("Publish(" + ", ".join(f"{k}={getattr(self, k)!r}" for k in self._fields) + ")")
+        return ("Publish(" + ", ".join(f"{k}={getattr(self, k)!r}" for k in _PUBLISH_FIELDS) + ")")
 
 
 def publish_pid_offset(raw: bytes, topic_length: int) -> int:
@@ -118,7 +129,10 @@ class Subscribe:
     packet_id: int
     topics: list[tuple[str, SubscriptionOptions]]
     properties: dict[int, Any] | None = None
-    type = SUBSCRIBE
+
+    @property
+    def type(self) -> int:
+        return SUBSCRIBE
 
 
 @dataclass(slots=True)
@@ -126,7 +140,10 @@ class Suback:
     packet_id: int
     reason_codes: list[int]
     properties: dict[int, Any] | None = None
-    type = SUBACK
+
+    @property
+    def type(self) -> int:
+        return SUBACK
 
 
 @dataclass(slots=True)
@@ -134,7 +151,10 @@ class Unsubscribe:
     packet_id: int
     topics: list[str]
     properties: dict[int, Any] | None = None
-    type = UNSUBSCRIBE
+
+    @property
+    def type(self) -> int:
+        return UNSUBSCRIBE
 
 
 @dataclass(slots=True)
@@ -142,12 +162,18 @@ class Unsuback:
     packet_id: int
     reason_codes: list[int] = field(default_factory=list)
     properties: dict[int, Any] | None = None
-    type = UNSUBACK
+
+    @property
+    def type(self) -> int:
+        return UNSUBACK
 
 
 @dataclass(slots=True)
 class PingReq:
-    type = PINGREQ
+
+    @property
+    def type(self) -> int:
+        return PINGREQ
 
 
 PINGREQ_PACKET = PingReq()  # the decoded PINGREQ, shared: read, never changed
@@ -155,14 +181,20 @@ PINGREQ_PACKET = PingReq()  # the decoded PINGREQ, shared: read, never changed
 
 @dataclass(slots=True)
 class PingResp:
-    type = PINGRESP
+
+    @property
+    def type(self) -> int:
+        return PINGRESP
 
 
 @dataclass(slots=True)
 class Disconnect:
     reason_code: int = 0
     properties: dict[int, Any] | None = None
-    type = DISCONNECT
+
+    @property
+    def type(self) -> int:
+        return DISCONNECT
 
 
 DISCONNECT_NORMAL = Disconnect()  # the decoded empty DISCONNECT, shared: read, never changed
@@ -172,4 +204,7 @@ DISCONNECT_NORMAL = Disconnect()  # the decoded empty DISCONNECT, shared: read, 
 class Auth:
     reason_code: int = 0
     properties: dict[int, Any] | None = None
-    type = AUTH
+
+    @property
+    def type(self) -> int:
+        return AUTH

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from broker.core.hooks import Hook
 from broker.protocol import packets as P
 from broker.protocol import properties as PR
 from broker.protocol import reason_codes as rc
@@ -87,22 +88,31 @@ def test_dup_not_propagated_MQTT_3_3_1_3(qos):
     bye(sub, pub)
 
 
+class Accepted(Hook):
+    """Keeps the messages the broker accepted."""
+    provides = frozenset({"on_message_accepted"})
+
+    def __init__(self):
+        self.msgs = []
+
+    def on_message_accepted(self, msg, client_id, username, protocol):
+        self.msgs.append(msg)
+        return True
+
+
 @pytest.mark.parametrize("level", [P.MQTT_311, P.MQTT_5])
 @pytest.mark.parametrize("qos", [1, 2])
 @pytest.mark.parametrize("payload_len", [0, 60, 200, 4000, 20000])  # Remaining Length 1, 2, 3 bytes
 @pytest.mark.parametrize("dup", [False, True])
-def test_forwarded_as_received_with_its_packet_id_MQTT_3_3_1_3(level, qos, payload_len, dup,
-                                                                monkeypatch):
+def test_forwarded_as_received_with_its_packet_id_MQTT_3_3_1_3(level, qos, payload_len, dup):
     """A QoS 1/2 PUBLISH that needs no change goes to a subscriber of its level and QoS as the
     bytes received with the subscriber's packet id (never re-encoded), DUP 0 [MQTT-3.3.1-3]: the
     same bytes an encode gives. One received with DUP=1, or larger than RAW_QOS12_MAX (its bytes
-    are not kept), or retained (the retained store would hold them), is encoded afresh."""
-    import broker.core.message as message_module
-    encodes = []
-    real = message_module.encode_publish
-    monkeypatch.setattr(message_module, "encode_publish",
-                        lambda *a: encodes.append(a) or real(*a))
+    are not kept), or retained (the retained store would hold them), is encoded afresh: the
+    message's forms (one per outgoing shape) hold the received bytes only when forwarded as is."""
     b, _ = make()
+    accepted = Accepted()
+    b.add_hook(accepted)
     sub = connected(b, level=level)
     subscribe(sub, "as/received", qos=2)
     sub.conn.session.next_pid = 700  # the subscriber's ids differ from the publisher's
@@ -112,15 +122,17 @@ def test_forwarded_as_received_with_its_packet_id_MQTT_3_3_1_3(level, qos, paylo
     pub.send_bytes(received)
     data = b"".join(bytes(x) for x in sub.conn.take_output())
     assert data == encode(P.Publish("as/received", payload, qos, False, False, 700), level)
-    assert len(encodes) == (1 if dup or len(received) > RAW_QOS12_MAX else 0)
-    before = len(encodes)
+    forms = [form for form, _ in accepted.msgs[-1].forms.values()]
+    assert len(forms) == 1
+    assert (received in forms) == (not dup and len(received) <= RAW_QOS12_MAX)
     received = encode(P.Publish("as/received", payload + b"!", qos, True, dup, 301), level)
     pub.send_bytes(received)
     data = b"".join(bytes(x) for x in sub.conn.take_output())
     assert data == encode(P.Publish("as/received", payload + b"!", qos, False, False, 701), level)
-    assert len(encodes) == before + 1
+    forms = [form for form, _ in accepted.msgs[-1].forms.values()]
+    assert len(forms) == 1 and received not in forms
     ((_, kept),) = b.retained_matching("as/received")
-    assert received not in [form for form, _ in kept.forms.values()]
+    assert kept is accepted.msgs[-1]
     bye(sub, pub)
 
 

@@ -17,8 +17,7 @@ from broker import native
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SUFFIX = importlib.machinery.EXTENSION_SUFFIXES[0]
-GROUPS = pytest.mark.parametrize("group", native.GROUPS, ids=[g.name for g in native.GROUPS])
-CHOSEN = {"broker.protocol": lambda: broker.protocol.CODEC, "broker.core": lambda: broker.core.CORE}
+G = native.NATIVE
 
 
 @pytest.mark.parametrize("have, stamp, pure, want", [
@@ -34,49 +33,47 @@ def test_choose(have, stamp, pure, want):
     assert native.choose(have, stamp, "d", pure) == want
 
 
-@GROUPS
-def test_it_runs_compiled_where_it_can_be_built(group):
-    """setup.sh builds both where gcc and Python.h are; the suite's second pass asks for pure."""
-    modules = [importlib.import_module(f"{group.package}.{m}") for m in group.modules]
+def test_it_runs_compiled_where_it_can_be_built():
+    """setup.sh builds it where gcc and Python.h are; the suite's second pass asks for pure."""
+    modules = [importlib.import_module(m) for m in G.modules]
     if os.environ.get(native.PURE_ENV) == "1":
-        assert CHOSEN[group.package]() == "pure" and native.running(group) == "pure"
+        assert broker.protocol.CODEC == broker.core.CORE == "pure" and native.running() == "pure"
         assert all(m.__file__.endswith(".py") for m in modules)
         return
     buildable = (shutil.which("gcc") is not None
                  and os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))
     if not buildable:
         pytest.skip("no gcc or Python headers here: setup.sh leaves the pure-Python sources")
-    assert CHOSEN[group.package]() == "compiled", "bash scripts/setup.sh should have compiled it"
-    assert native.running(group) == "compiled"
-    assert modules and not any(m.__file__.endswith(".py") for m in modules)
-    assert len(native.compiled_files(group)) == len(group.modules)
+    assert broker.protocol.CODEC == broker.core.CORE == "compiled", \
+        "bash scripts/setup.sh should have compiled them"
+    assert native.running() == "compiled"
+    assert not any(m.__file__.endswith(".py") for m in modules)
+    assert len(native.compiled_files(G)) == len(G.modules)
 
 
-def _copy_package(tmp_path, stamps: dict[str, str]) -> str:
+def _copy_package(tmp_path, stamp: str) -> str:
     """broker/ with native.py, protocol/ and core/, with fake compiled modules (never imported
-    when not chosen) and the given stamps; settings/ and mqtt_topics/ come from ROOT."""
+    when not chosen) and the given stamp; settings/ and mqtt_topics/ come from ROOT."""
     dst = tmp_path / "broker"
     for sub in ("protocol", "core"):
         shutil.copytree(os.path.join(ROOT, "broker", sub), dst / sub,
                         ignore=shutil.ignore_patterns("*.so", "native.stamp", "__pycache__"))
     for f in ("__init__.py", "native.py"):
         shutil.copy(os.path.join(ROOT, "broker", f), dst / f)
-    for group in native.GROUPS:
-        for name in group.modules:
-            (tmp_path.joinpath(*group.package.split(".")) / (name + SUFFIX)).write_bytes(
-                b"not a shared library")
-        tmp_path.joinpath(*group.package.split("."), "native.stamp").write_text(
-            stamps[group.name] + "\n")
+    for module in G.modules:
+        with open(G.source(module, str(tmp_path))[:-3] + SUFFIX, "wb") as f:
+            f.write(b"not a shared library")
+    with open(G.stamp(str(tmp_path)), "w") as f:
+        f.write(stamp + "\n")
     return str(tmp_path)
 
 
 _IMPORT = """
-import importlib, sys
+import importlib
 from broker import native
-for g in native.GROUPS:
-    pkg = importlib.import_module(g.package)
-    files = [importlib.import_module(f"{g.package}.{m}").__file__ for m in g.modules]
-    print(g.name, pkg.CODEC if g.name == "codec" else pkg.CORE, *files)
+files = [importlib.import_module(m).__file__ for m in native.NATIVE.modules]
+import broker.protocol, broker.core
+print(broker.protocol.CODEC, broker.core.CORE, *files)
 """
 
 
@@ -86,78 +83,56 @@ def _import(root: str, env: dict | None = None) -> subprocess.CompletedProcess:
                           env={**os.environ, "PYTHONPATH": f"{root}:{ROOT}", **(env or {})})
 
 
-def _chosen(out: subprocess.CompletedProcess) -> dict[str, list[str]]:
+def _chosen(out: subprocess.CompletedProcess) -> tuple[str, list[str]]:
     assert out.returncode == 0, out.stderr
-    return {line.split()[0]: line.split()[1:] for line in out.stdout.splitlines()}
-
-
-def _digests(root: str | None = None) -> dict[str, str]:
-    return {g.name: native.source_digest(g, *([root] if root else [])) for g in native.GROUPS}
+    codec, core, *files = out.stdout.split()
+    assert codec == core  # decided once, for both packages
+    assert len(files) == len(G.modules)
+    return codec, files
 
 
 def test_a_stale_build_is_never_run(tmp_path):
-    """Compiled from older sources: the sources run instead, and a warning says how to rebuild."""
-    root = _copy_package(tmp_path, {g.name: "0" * 64 for g in native.GROUPS})
+    """Compiled from older sources: the sources run instead, every one of them (a compiled
+    module among sources would not match them), and a warning says how to rebuild."""
+    root = _copy_package(tmp_path, "0" * 64)
     out = _import(root, {native.PURE_ENV: "0"})
-    for name, (chosen, *files) in _chosen(out).items():
-        assert chosen == "stale" and all(f.endswith(".py") for f in files), (name, files)
-        assert f"the {name}'s compiled modules" in out.stderr
+    chosen, files = _chosen(out)
+    assert chosen == "stale" and all(f.endswith(".py") for f in files), files
     assert "older sources" in out.stderr and "scripts/setup.sh" in out.stderr
 
 
-def test_one_group_stale_the_other_compiled(tmp_path):
-    """The core's sources edited since its build, the codec's not: only the core runs its
-    sources (the codec here is the fake compiled module, so importing it fails)."""
-    root = _copy_package(tmp_path, {**_digests(), "core": "0" * 64})
-    with open(os.path.join(root, "broker", "core", "router.py"), "a") as f:
-        f.write("\n")
-    code = ("import broker.core as c, broker.core.router as r; print(c.CORE, r.__file__, flush=True);"
-            "import broker.protocol.codec")
-    out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True,
-                         env={**os.environ, "PYTHONPATH": f"{root}:{ROOT}", native.PURE_ENV: "0"},
-                         timeout=60)
-    chosen, router = out.stdout.split()
-    assert chosen == "stale" and router.endswith(os.path.join("core", "router.py"))
-    assert out.returncode != 0 and "ImportError" in out.stderr  # the codec: its fake .so
-    code = "import broker.native as n; print(n.state(n.CORE), n.state(n.CODEC))"
-    out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True,
-                         env={**os.environ, "PYTHONPATH": f"{root}:{ROOT}"}, timeout=60)
-    assert out.stdout.split() == ["stale", "compiled"], out.stderr
-
-
 def test_pure_python_can_be_asked_for(tmp_path):
-    root = _copy_package(tmp_path, _digests())
+    root = _copy_package(tmp_path, native.source_digest(G))
     out = _import(root, {native.PURE_ENV: "1"})
-    for name, (chosen, *files) in _chosen(out).items():
-        assert chosen == "pure" and all(f.endswith(".py") for f in files), (name, files)
+    chosen, files = _chosen(out)
+    assert chosen == "pure" and all(f.endswith(".py") for f in files), files
     assert "older" not in out.stderr
 
 
 def test_a_matching_stamp_loads_the_compiled_modules(tmp_path):
-    """The stamps match: the (here fake) compiled modules are what Python imports."""
-    root = _copy_package(tmp_path, _digests())
+    """The stamp matches: the (here fake) compiled modules are what Python imports."""
+    root = _copy_package(tmp_path, native.source_digest(G))
     out = _import(root, {native.PURE_ENV: "0"})
     assert out.returncode != 0 and "ImportError" in out.stderr  # it tried the fake .so
 
 
-@GROUPS
-def test_the_digest_covers_every_module_it_is_checked_with(tmp_path, group):
-    """Every module of the packages a group is type-checked with (mypyc builds in their
-    constants and types) is in its digest: editing any makes the compiled modules stale; a
-    module outside them (broker/server.py) does not."""
-    root = _copy_package(tmp_path, _digests())
+def test_the_digest_covers_every_module_it_is_checked_with(tmp_path):
+    """Every module of broker/protocol and broker/core (mypyc builds in their constants and
+    types) is in the digest: editing any makes the compiled modules stale; a module outside
+    them (broker/server.py) does not."""
+    root = _copy_package(tmp_path, native.source_digest(G))
     shutil.copy(os.path.join(ROOT, "broker", "server.py"), tmp_path / "broker" / "server.py")
-    before = native.source_digest(group, root)
-    assert before == native.source_digest(group)
-    sources = group.sources(root)
-    assert {os.path.basename(p)[:-3] for p in sources} >= set(group.modules)
-    assert {os.path.basename(p) for p in sources} >= {"packets.py", "codec.py"}
+    before = native.source_digest(G, root)
+    assert before == native.source_digest(G)
+    sources = G.sources(root)
+    assert {G.source(m, root) for m in G.modules} <= set(sources)
+    assert {os.path.basename(p) for p in sources} >= {"empties.py", "hooks.py", "errors.py"}
     for path in sources + [str(tmp_path / "broker" / "server.py")]:
         with open(path) as f:
             text = f.read()
         with open(path, "a") as f:
             f.write("\n")
-        changed = native.source_digest(group, root) != before
+        changed = native.source_digest(G, root) != before
         assert changed == (path in sources), path
         with open(path, "w") as f:
             f.write(text)
@@ -167,7 +142,7 @@ def test_the_digest_covers_every_module_it_is_checked_with(tmp_path, group):
 # what decoded, and prints one digest of every outcome: packet, error type and reason code.
 _DIFFERENTIAL = r"""
 import hashlib, random, sys
-from broker.protocol import native
+from broker import native
 from broker.protocol.codec import Decoder, decode_one, encode, is_one_packet
 from tests import fuzzing, vectors
 rng = random.Random(11)
@@ -193,7 +168,7 @@ print(native.running(), len(inputs), h.hexdigest())
 
 
 def test_compiled_and_pure_codec_agree_on_every_input():
-    built = native.state(native.CODEC)
+    built = native.state(G)
     if built != "compiled":  # (whichever codec this process runs: MQTT_PURE_PYTHON=1 or not)
         pytest.skip("the codec is not compiled here (no gcc or Python headers): nothing to compare")
     runs = {}
@@ -211,17 +186,16 @@ def test_compiled_and_pure_codec_agree_on_every_input():
 def test_without_a_compiler_setup_goes_on_with_the_pure_sources(tmp_path):
     """build_native.py where the C compiler fails: a warning saying what to install, no compiled
     module left behind (not even the fake ones there before), and the packages run the sources."""
-    root = _copy_package(tmp_path, {g.name: "0" * 64 for g in native.GROUPS})
+    root = _copy_package(tmp_path, "0" * 64)
     os.makedirs(tmp_path / "scripts")
     shutil.copy(os.path.join(ROOT, "scripts", "build_native.py"), tmp_path / "scripts")
     out = subprocess.run([sys.executable, str(tmp_path / "scripts" / "build_native.py")],
                          cwd=root, capture_output=True, text=True, timeout=300,
                          env={**os.environ, "CC": "/bin/false", "PYTHONPATH": root})
     assert out.returncode == 0, out.stderr
+    assert "could not compile the codec and core" in out.stderr
     assert "apt-get install gcc" in out.stderr
-    for group in native.GROUPS:
-        assert f"could not compile the {group.name}" in out.stderr
-        left = os.listdir(tmp_path.joinpath(*group.package.split(".")))
-        assert not [f for f in left if f.endswith(".so") or f == "native.stamp"], left
-    for name, (chosen, *files) in _chosen(_import(root, {native.PURE_ENV: "0"})).items():
-        assert chosen == "pure" and all(f.endswith(".py") for f in files), (name, files)
+    left = [os.path.join(d, f) for d, _, files in os.walk(tmp_path / "broker") for f in files]
+    assert not [f for f in left if f.endswith(".so") or f.endswith("native.stamp")], left
+    chosen, files = _chosen(_import(root, {native.PURE_ENV: "0"}))
+    assert chosen == "pure" and all(f.endswith(".py") for f in files), files
