@@ -15,10 +15,14 @@ table's committed offsets on, read on a thread into a bounded queue (sink/replay
 - **Bounded.** Matching records wait in a queue of at most ``max_bytes``; when it is full no more
   is fetched (Kafka keeps them). If it fills before the boundary is reached, the ids are still
   read to the boundary and the reading then goes back to where the queue filled.
-- **Markers** in the queue, in order with the records: ``("head",)`` when the reading reached
-  the end of every partition; ``("synced", n)`` answers ``sync(n)``: it follows every record
-  Kafka held when a fetch issued after the request was answered (hook.py: the switch to live);
-  ``("error", text)`` when the replay cannot go on.
+- **Markers** in the queue, in order with the records: ``("head",)`` when a fetch reached the
+  end of every partition (after each such fetch that brought records, so that a busy topic,
+  where no fetch comes back empty, still has them: feed.py arms its tap again at one);
+  ``("synced", n)`` answers ``sync(n)``: it follows every record Kafka held when the request came
+  (hook.py: the switch to live). The end offsets it waits for are fixed when the request comes
+  (each partition's high watermark in the first answer to a fetch issued after it), so the
+  answer comes once the reading gets there, however busy the topic is meanwhile: it never
+  chases a high watermark that keeps moving. ``("error", text)`` when the replay cannot go on.
 - **A restarted embedded Kafka** (a new topic id, or offsets out of range) while the reading is
   at the end of the log: read the new log from 0 (what is read again is dropped as a duplicate).
   While it is behind: an error (records the table committed meanwhile are not sent again).
@@ -50,12 +54,32 @@ START_TIMEOUT = 60.0          # Kafka unreachable this long at the start: the re
 _ID = H_MESSAGE_ID.encode()
 
 
+class Watermarks(dict):
+    """Fetcher.high that notes which partitions' high watermarks the last fetch's answer gave
+    (``fresh``): a partition whose fetch failed keeps an older one, which says nothing about
+    what Kafka holds now."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fresh: set[tuple[str, int]] = set()
+
+    def __setitem__(self, tp: tuple[str, int], offset: int) -> None:
+        super().__setitem__(tp, offset)
+        self.fresh.add(tp)
+
+
 class ReplayFetcher(Fetcher):
-    """A Fetcher that reports offsets out of range instead of moving past them."""
+    """A Fetcher that reports offsets out of range instead of moving past them, and which high
+    watermarks its last fetch was told."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.out_of_range: set[tuple[str, int]] = set()
+        self.high: Watermarks = Watermarks()
+
+    def fetch(self) -> list:
+        self.high.fresh.clear()
+        return super().fetch()
 
     def _out_of_range(self, tp: tuple[str, int]) -> None:
         self.out_of_range.add(tp)
@@ -88,7 +112,10 @@ class Tail(threading.Thread):
         self.ends: dict | None = None            # the boundary, per (topic, partition)
         self.resume: tuple | None = None         # (positions, seen ids) where the queue filled first
         self.collecting = True
-        self.syncs: list = []                    # sync requests not yet answered
+        self.syncs: list = []                    # sync requests not yet seen by a fetch
+        # [(generations, {(topic, partition): end offset})]: sync requests, oldest first, each
+        # answered once the reading reaches its ends (filled from fetches after the request)
+        self.goals: list[tuple[list, dict]] = []
         self.ids: dict = {}                      # topic -> its Kafka topic id when read
         self.at_head = False
         self.stopped = False
@@ -161,10 +188,17 @@ class Tail(threading.Thread):
         while not self.stopped:
             if self.boundary.is_set() and self.collecting and not self._room():
                 continue  # (waited for room)
-            pending = list(self.syncs)
+            with self.cond:  # the fetches from now on are issued after these requests
+                if self.syncs:
+                    self.goals.append((list(self.syncs), {}))
+                    del self.syncs[:]
             before = dict(f.positions)
             seen_before = copy_ledger(self.seen.kept) if not self.boundary.is_set() else None
             batches = f.fetch()
+            fresh = f.high.fresh
+            for _, ends in self.goals:  # each partition's end: the first one told after the request
+                for tp in fresh:
+                    ends.setdefault(tp, f.high[tp])
             if self.ends is None and all(tp in f.high for tp in f.positions):
                 self.ends = {tp: f.high[tp] for tp in f.positions}
             if f.out_of_range:
@@ -181,25 +215,29 @@ class Tail(threading.Thread):
             for item in heapq.merge(*(self._records(topic, d, start)
                                       for topic, p, d, start in batches), key=_accepted_at):
                 self._put(item, item_size(item))
-            head = all(f.positions[tp] >= f.high.get(tp, 0) for tp in f.positions)
+            head = all(tp in fresh and f.positions[tp] >= f.high[tp] for tp in f.positions)
             if not self.boundary.is_set() and self.ends is not None and \
                     all(f.positions[tp] >= end for tp, end in self.ends.items()):
                 self._at_boundary()
                 continue
             if self.boundary.is_set() and self.collecting:
-                if head and not batches and not self.at_head:
+                if head and (batches or not self.at_head):
                     self._put(("head",), 0)
-                self.at_head = head and not batches
-                if head and pending:
-                    for g in pending:
+                self.at_head = head
+                while self.goals and self._reached(self.goals[0][1]):
+                    for g in self.goals.pop(0)[0]:
                         self._put(("synced", g), 0)
-                    with self.cond:
-                        del self.syncs[:len(pending)]
             now = time.monotonic()
             if now - last_meta >= METADATA_EVERY:
                 last_meta = now
                 if not self._discover():
                     return
+
+    def _reached(self, ends: dict) -> bool:
+        """The reading is at or past these ends in every partition (one not among them yet: no
+        fetch issued after the request has been answered for it)."""
+        positions = self.fetcher.positions  # type: ignore[union-attr]  # (_run())
+        return all(tp in ends and pos >= ends[tp] for tp, pos in positions.items())
 
     def _room(self) -> bool:
         """Wait a little for room in the queue; True when there is."""
@@ -333,6 +371,8 @@ class Tail(threading.Thread):
             if tp[0] in topics:
                 f.positions[tp] = 0
                 f.high.pop(tp, None)
+                for _, ends in self.goals:  # the new log's end, from the next fetch
+                    ends.pop(tp, None)
         for t in topics:
             self.ids.pop(t, None)
         return True

@@ -6,8 +6,9 @@ The broker's event loop never reads Parquet or decodes Kafka: this process does,
 niceness, and streams the replay to the broker on stdout in frames (records.py) as fast as the
 broker takes them - the broker reads the next frame only when its client has room, so a slow
 client costs the pipe's buffer here and nothing in the broker. Lines on stdin after the first:
-``{"sync": n}`` (answered by a ``("synced", n)`` marker: feed.py). It exits at the end of stdin
-(the broker ended the replay, or is gone).
+``{"sync": n}`` (answered by a ``("synced", n)`` marker: feed.py; one that comes while this
+process is still starting is kept for the Kafka reading). It exits at the end of stdin (the
+broker ended the replay, or is gone).
 
 Order of the stream: the job's committed file is read, then a snapshot of the table is taken,
 then Kafka is read from the committed offsets (tail.py) to the boundary; the table's rows of the
@@ -59,6 +60,11 @@ class Worker:
         self.out = out
         self.lock = threading.Lock()
         self.tail: Tail | None = None
+        # sync requests that came before the tail was made (the broker asks as soon as Kafka
+        # has what it needs, which can be before this process has even read the table: a request
+        # dropped then is never asked again, and the replay would never go live)
+        self.early_syncs: list[int] = []
+        self.sync_lock = threading.Lock()
 
     def emit(self, items: list) -> None:
         if items:
@@ -77,15 +83,30 @@ class Worker:
         self.emit(chunk)
 
     def commands(self, stream: Iterable[bytes]) -> None:
-        """stdin after the settings: sync requests; its end ends this process."""
+        """stdin after the settings: sync requests, until its end."""
         for line in stream:
             try:
                 cmd = json.loads(line)
             except ValueError:
                 continue
-            if "sync" in cmd and self.tail is not None:
-                self.tail.request_sync(int(cmd["sync"]))
-        os._exit(0)
+            if "sync" in cmd:
+                self.request_sync(int(cmd["sync"]))
+
+    def request_sync(self, generation: int) -> None:
+        """To the tail, or kept for it until it is made (attach())."""
+        with self.sync_lock:
+            if self.tail is None:
+                self.early_syncs.append(generation)
+            else:
+                self.tail.request_sync(generation)
+
+    def attach(self, tail: Tail) -> None:
+        """The tail from now on, with the sync requests that came before it."""
+        with self.sync_lock:
+            self.tail = tail
+            for g in self.early_syncs:
+                tail.request_sync(g)
+            self.early_syncs.clear()
 
     def run(self) -> None:
         from settings import secrets
@@ -108,9 +129,9 @@ class Worker:
         if c.get("verify", True) and key is not None:
             from sink.history.verify import Verdicts
             check = (secrets.derive(key, secrets.RECORDS), secrets.key_id(key), Verdicts())
-        tail = self.tail = Tail(c["bootstrap"], c.get("kafka") or {}, c["topics"], committed,
-                                c["filter"], c["since_ms"], c.get("until_ms"),
-                                c.get("max_bytes", 64 << 20), check)
+        tail = Tail(c["bootstrap"], c.get("kafka") or {}, c["topics"], committed, c["filter"],
+                    c["since_ms"], c.get("until_ms"), c.get("max_bytes", 64 << 20), check)
+        self.attach(tail)
         tail.start()
         tail.boundary.wait()
         if tail.failed:
@@ -140,6 +161,12 @@ class Worker:
         threading.Event().wait()
 
 
+def _commands(w: Worker, stdin: IO[bytes]) -> None:
+    """The end of stdin ends this process (the broker ended the replay, or is gone)."""
+    w.commands(stdin)
+    os._exit(0)
+
+
 def main() -> int:
     first = sys.stdin.buffer.readline()
     if not first:
@@ -153,7 +180,7 @@ def main() -> int:
     except OSError:
         pass
     w = Worker(cfg, sys.stdout.buffer)
-    threading.Thread(target=w.commands, args=(sys.stdin.buffer,), name="replay-commands",
+    threading.Thread(target=_commands, args=(w, sys.stdin.buffer), name="replay-commands",
                      daemon=True).start()
     try:
         w.run()
