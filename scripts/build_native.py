@@ -40,8 +40,12 @@ def artefacts(group) -> list[str]:
         [p for p in [group.stamp(ROOT)] if os.path.exists(p)]
 
 
+# what builds before the core was compiled left: the codec's own library and stamp
+LEGACY = ("broker/protocol/_native__mypyc.*.so", "broker/protocol/native.stamp")
+
+
 def clean(group) -> None:
-    for path in artefacts(group):
+    for path in artefacts(group) + [p for g in LEGACY for p in glob.glob(os.path.join(ROOT, g))]:
         os.remove(path)
 
 
