@@ -172,7 +172,7 @@ class ClusterNode(Hook):
         log.info("cluster: node %s joined (incarnation %s) in %.2f s: %d members alive (%s), "
                  "%d clients known, %d retained messages", self.node, self.inc,
                  time.monotonic() - t0, len(self.state.alive()), ", ".join(self.state.alive()),
-                 len(self.state.clients), self.broker.retained.count)
+                 len(self.state.clients), self.broker.retained_count())
         self.ready = True
         self.reader = FetchReader(f, self.loop, self._apply)
         self.reader.start()
@@ -360,8 +360,7 @@ class ClusterNode(Hook):
                     else:
                         msg.retain = True
                         broker.set_retained(name, msg)
-        router = broker.router
-        anyone = router.has_plain()
+        anyone = broker.has_plain_subscribers()
         for topic, p, rec, start in batches:
             if topic != topics.messages:
                 continue
@@ -372,12 +371,12 @@ class ClusterNode(Hook):
                 n = 0  # nobody here to deliver to: not even the keys are read
             else:
                 deliver = broker.deliver
-                match = router.match  # cached per topic
+                subscribers_of = broker.subscribers_of  # cached per topic
                 n = 0
                 rec.since(start)
                 for i in rec.indexes():
                     topic_name = rec.topic(i)
-                    if topic_name is None or not match(topic_name)[0]:
+                    if topic_name is None or not subscribers_of(topic_name):
                         continue  # no subscriber here: not decoded (shared groups: their streams)
                     off, key, value, headers, ts = rec.record(i)
                     msg, sender, _ = R.decode_message(key, value, headers, ts, clock_now, wall_now)
@@ -401,7 +400,7 @@ class ClusterNode(Hook):
         """The slow path while new subscriptions start: record by record, each also goes to the
         new subscriptions it matches at or after their first offset (so none misses a record of
         a batch that crosses its start, whatever the other partitions have reached)."""
-        broker, match, n = self.broker, self.broker.router.match, 0
+        broker, subscribers_of, n = self.broker, self.broker.subscribers_of, 0
         for i in rec.indexes():
             topic = rec.topic(i)
             if topic is None:
@@ -409,7 +408,7 @@ class ClusterNode(Hook):
             off = rec.offsets[i]
             new = [sub for sub, first in starting
                    if off >= first and matches(sub.topic_filter, topic)]
-            if not new and not match(topic)[0]:
+            if not new and not subscribers_of(topic):
                 continue
             off, key, value, headers, ts = rec.record(i)
             msg, sender, _ = R.decode_message(key, value, headers, ts, clock_now, wall_now)
@@ -428,7 +427,7 @@ class ClusterNode(Hook):
         SUBSCRIBE, so nothing published after it is skipped; a record published a moment before
         (less than the log's latency) may still reach it, as if it had come a moment later."""
         if sub.group is not None:  # a $share group's messages come by its own stream, from
-            self.broker.router.add(sub)  # the group's committed position (cluster/shares.py)
+            self.broker.route_from_now(sub)  # the group's committed position (cluster/shares.py)
             return
         high, acked, topic = self.fetcher.high, self.producer.acked_upto, self.topics.messages
         since = {p: max(upto, high.get((topic, p), 0), acked.get((topic, p), 0))
@@ -449,7 +448,7 @@ class ClusterNode(Hook):
             if s.subscriptions.get(sub.filter) is not sub or broker.sessions.get(s.client_id) is not s:
                 continue  # unsubscribed, replaced or ended meanwhile
             if all(self.routed_upto[p] >= off for p, off in since.items()):
-                broker.router.add(sub)
+                broker.route_from_now(sub)
             else:
                 still.append(w)
         self.waiting_subs = still

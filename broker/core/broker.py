@@ -568,13 +568,32 @@ class Broker:
             self.install(sub)
 
     def remove_subscription(self, sub: Subscription) -> None:
-        """A subscription ends (UNSUBSCRIBE, or replaced by a new SUBSCRIBE of its filter)."""
+        """A subscription ends (UNSUBSCRIBE, or replaced by a new SUBSCRIBE of its filter; a
+        history replay's live tap)."""
         self.router.remove(sub)
+
+    def route_from_now(self, sub: Subscription) -> None:
+        """A subscription routed from now on, without the routing hook's install(): the one
+        install() held back once it has caught up (the cluster), or a history replay's tap."""
+        self.router.add(sub)
+
+    def has_plain_subscribers(self) -> bool:
+        """Whether any subscription here is not a $share one (nothing to route otherwise)."""
+        return self.router.has_plain()
+
+    def subscribers_of(self, topic: str) -> list[tuple[Subscriber, list[Subscription]]]:
+        """The (subscriber, its matching subscriptions) a message on `topic` goes to, $share
+        groups aside; cached per topic (Router.match)."""
+        return self.router.match(topic)[0]
 
     def retained_matching(self, topic_filter: str) -> Iterator[tuple[Any, Message]]:
         """Lazily, the retained messages matching a filter (RetainedStore.walk): a new
         subscription's replay [MQTT-3.3.1-9]."""
         return self.retained.walk(topic_filter)
+
+    def retained_count(self) -> int:
+        """How many retained messages the broker holds ($-topics included)."""
+        return self.retained.count
 
     def set_retained(self, topic: str, msg: Message | None) -> None:
         """A retained message set (or deleted: None) elsewhere (the cluster's log): kept here

@@ -113,7 +113,7 @@ class HistoryFeed:
     # ------------------------------------------------------------ start
     def start(self) -> None:
         """The tap into the router, armed; the first records asked for."""
-        self.broker.router.add(self.tap)
+        self.broker.route_from_now(self.tap)
         self._arm()
         self._want()
 
@@ -340,7 +340,7 @@ class HistoryFeed:
         was_live = self.state is LIVE
         self.state = DONE
         self.why = why
-        self.broker.router.remove(self.tap)
+        self.broker.remove_subscription(self.tap)
         self.control.close()
         self.ready = deque()
         self.stash = None

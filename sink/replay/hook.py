@@ -133,7 +133,7 @@ class ReplayHook(Hook):
         book = Subscription(filt, filt, None, qos, no_local, rap, 0, sub_id, session)
         old = session.subscriptions.get(filt)
         if old is not None:
-            b.router.remove(old)
+            b.remove_subscription(old)
         session.add_subscription(book)
         control = self.control_factory(self, dict(self.worker, filter=tf, since_ms=spec.since_ms,
                                                   until_ms=spec.until_ms))

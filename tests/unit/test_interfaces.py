@@ -78,6 +78,24 @@ def test_observers_read_the_broker_only_through_its_view():
     assert bad == [], "observers reaching into the core (use BrokerView):\n" + "\n".join(bad)
 
 
+HOOKS = ("cluster", "sink/replay", "sink/forward")
+# the broker's own stores: a hook routes and replays through the Broker's methods
+# (route_from_now, remove_subscription, subscribers_of, has_plain_subscribers, set_retained)
+BROKER_STORES = {"router", "retained"}
+
+
+def test_hooks_route_through_the_broker_not_its_router():
+    """The cluster and the sink's hooks take no broker's router or retained store: the Broker's
+    methods say what they may do with them."""
+    bad = []
+    for pkg in HOOKS:
+        for path in sorted((ROOT / pkg).glob("*.py")):
+            rel = path.relative_to(ROOT)
+            bad += [f"{rel}:{line}: broker.{attr}" for line, attr in broker_uses(path)
+                    if attr in BROKER_STORES]
+    assert bad == [], "hooks reaching into the broker's stores:\n" + "\n".join(bad)
+
+
 def test_the_observers_check_sees_a_reach_in(tmp_path):
     """The check above finds a read of broker internals, through an alias too."""
     f = tmp_path / "x.py"
