@@ -108,9 +108,12 @@ def read_stamp(group: Group, root: str = ROOT) -> str | None:
 
 
 def state(group: Group, root: str = ROOT, pure_requested: bool = False) -> str:
-    """choose() for the group as built under root."""
-    return choose(bool(compiled_files(group, root)), read_stamp(group, root),
-                  source_digest(group, root), pure_requested)
+    """choose() for the group as built under root; some of its modules compiled but not all is
+    'stale' too (a compiled module calls the others natively: they must all be compiled)."""
+    have = compiled_files(group, root)
+    if have and len(have) < len(group.modules) and not pure_requested:
+        return "stale"
+    return choose(bool(have), read_stamp(group, root), source_digest(group, root), pure_requested)
 
 
 class _FromSource:

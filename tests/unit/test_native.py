@@ -101,6 +101,16 @@ def test_a_stale_build_is_never_run(tmp_path):
     assert "older sources" in out.stderr and "scripts/setup.sh" in out.stderr
 
 
+def test_a_build_missing_a_module_is_never_run(tmp_path):
+    """One compiled module gone (the others call it natively): all run from their sources."""
+    root = _copy_package(tmp_path, native.source_digest(G))
+    os.remove(G.source("broker.core.router", root)[:-3] + SUFFIX)
+    assert native.state(G, root) == "stale"
+    out = _import(root, {native.PURE_ENV: "0"})
+    chosen, files = _chosen(out)
+    assert chosen == "stale" and all(f.endswith(".py") for f in files), files
+
+
 def test_pure_python_can_be_asked_for(tmp_path):
     root = _copy_package(tmp_path, native.source_digest(G))
     out = _import(root, {native.PURE_ENV: "1"})
