@@ -42,6 +42,9 @@ class Fetcher:
         self.decoder = decoder
         self.positions: dict[tuple[str, int], int] = {}   # (topic, partition) -> next offset
         self.high: dict[tuple[str, int], int] = {}        # high watermarks seen in responses
+        # the partitions whose high watermark the last fetch's answer gave (one whose fetch
+        # failed keeps an older one in `high`, which says nothing about what Kafka holds now)
+        self.told: set[tuple[str, int]] = set()
 
     def close(self) -> None:
         try:
@@ -88,6 +91,7 @@ class Fetcher:
         F = FetchRequest.FetchTopic
         out: list[tuple[str, int, Any, int]] = []
         decoder = self.decoder
+        self.told.clear()
         by_leader = self._by_leader(list(self.positions))
         if not by_leader:
             self._refresh(0.2)
@@ -117,6 +121,7 @@ class Fetcher:
                         continue
                     if p.high_watermark is not None and p.high_watermark >= 0:
                         self.high[tp] = p.high_watermark
+                        self.told.add(tp)
                     if not p.records:
                         continue
                     d = decode(p.records, check_crcs=False) if decoder is None \

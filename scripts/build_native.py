@@ -80,23 +80,22 @@ def main(argv=None) -> int:
     p.add_argument("--clean", action="store_true", help="remove the compiled modules and stop")
     args = p.parse_args(argv)
     native = _native()
-    for group in (native.NATIVE,):
-        if args.clean:
-            clean(group)
-            continue
-        complete = len(native.compiled_files(group, ROOT)) == len(group.modules)
-        if complete and native.state(group, ROOT) == "compiled" and not args.force:
-            continue  # up to date
-        print(f"build_native: compiling the {group.name} with mypyc (about {SECONDS} s)", flush=True)
-        try:
-            build(native, group)
-        except BaseException as exc:  # SystemExit from setuptools on a compiler error
-            if isinstance(exc, KeyboardInterrupt):
-                raise
-            clean(group)
-            print(f"build_native: WARNING: could not compile the {group.name} ({exc}); the broker "
-                  f"runs its pure-Python source, which is slower. A C compiler and the Python "
-                  f"headers are needed (Debian: apt-get install gcc python3-dev).", file=sys.stderr)
+    group = native.NATIVE
+    if args.clean:
+        clean(group)
+        return 0
+    if native.state(group, ROOT) == "compiled" and not args.force:
+        return 0  # up to date (state(): every module built, from these sources)
+    print(f"build_native: compiling the {group.name} with mypyc (about {SECONDS} s)", flush=True)
+    try:
+        build(native, group)
+    except BaseException as exc:  # SystemExit from setuptools on a compiler error
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        clean(group)
+        print(f"build_native: WARNING: could not compile the {group.name} ({exc}); the broker "
+              f"runs its pure-Python source, which is slower. A C compiler and the Python "
+              f"headers are needed (Debian: apt-get install gcc python3-dev).", file=sys.stderr)
     return 0
 
 

@@ -37,5 +37,5 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   .venv/bin/python -m pip install -q -r requirements-dev.txt
   echo "$want" > "$stamp"
 fi
-# The codec compiled with mypyc (broker/protocol/native.py); rebuilt only when its source changed.
+# The codec and core compiled with mypyc (broker/native.py); rebuilt only when their sources changed.
 .venv/bin/python scripts/build_native.py

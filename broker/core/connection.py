@@ -44,8 +44,8 @@ log = logging.getLogger("broker.connection")
 
 _NEW, _CONNECTED, _CLOSED, _AUTHENTICATING = 0, 1, 2, 3
 MAX_DEFERRED = 1000  # packets a client may send while its password is being checked
-# memory per idle connection: nothing allocated until used (shared, read-only placeholders)
-# (typed Any: each stands in for an empty dict or list, replaced by one before the first write)
+# memory per idle connection: nothing allocated until used (the aliases hold empties.NO_ENTRIES,
+# `out` None, until their first entry)
 NO_OUTPUT: tuple[()] = ()  # take_output() when there is none
 # close_requested: True when the broker ends the connection (the caller lingers: the client may
 # still be sending, and must read the DISCONNECT, not a reset); CLIENT_DONE after the client's

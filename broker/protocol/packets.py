@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-# Final: the compiled codec (broker/protocol/native.py) has these values built in, not looked up
+# Final: the compiled codec and core (broker/native.py) have these values built in, not looked up
 CONNECT: Final = 1
 CONNACK: Final = 2
 PUBLISH: Final = 3

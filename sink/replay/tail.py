@@ -54,32 +54,12 @@ START_TIMEOUT = 60.0          # Kafka unreachable this long at the start: the re
 _ID = H_MESSAGE_ID.encode()
 
 
-class Watermarks(dict):
-    """Fetcher.high that notes which partitions' high watermarks the last fetch's answer gave
-    (``fresh``): a partition whose fetch failed keeps an older one, which says nothing about
-    what Kafka holds now."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.fresh: set[tuple[str, int]] = set()
-
-    def __setitem__(self, tp: tuple[str, int], offset: int) -> None:
-        super().__setitem__(tp, offset)
-        self.fresh.add(tp)
-
-
 class ReplayFetcher(Fetcher):
-    """A Fetcher that reports offsets out of range instead of moving past them, and which high
-    watermarks its last fetch was told."""
+    """A Fetcher that reports offsets out of range instead of moving past them."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.out_of_range: set[tuple[str, int]] = set()
-        self.high: Watermarks = Watermarks()
-
-    def fetch(self) -> list:
-        self.high.fresh.clear()
-        return super().fetch()
 
     def _out_of_range(self, tp: tuple[str, int]) -> None:
         self.out_of_range.add(tp)
@@ -195,7 +175,7 @@ class Tail(threading.Thread):
             before = dict(f.positions)
             seen_before = copy_ledger(self.seen.kept) if not self.boundary.is_set() else None
             batches = f.fetch()
-            fresh = f.high.fresh
+            fresh = f.told  # (Fetcher.told: the high watermarks this fetch was given)
             for _, ends in self.goals:  # each partition's end: the first one told after the request
                 for tp in fresh:
                     ends.setdefault(tp, f.high[tp])

@@ -64,7 +64,8 @@ class FakeLog(T.ReplayFetcher):
                  script=None, stop_after: int = 40) -> None:
         # (no Kafka client: only what Tail uses of a ReplayFetcher)
         self.positions: dict = {}
-        self.high = T.Watermarks()
+        self.high: dict = {}
+        self.told: set = set()
         self.out_of_range: set = set()
         self.cluster = Cluster(partitions)
         self.client = Client()
@@ -84,7 +85,7 @@ class FakeLog(T.ReplayFetcher):
         self.ends[(TOPIC, p)] += n
 
     def fetch(self) -> list:
-        self.high.fresh.clear()
+        self.told.clear()
         self.fetches += 1
         if self.fetches > self.stop_after:
             self.tail.stopped = True
@@ -96,6 +97,7 @@ class FakeLog(T.ReplayFetcher):
                 continue  # (an error code for the partition: no high watermark in the answer)
             end = self.ends[tp]
             self.high[tp] = end
+            self.told.add(tp)
             n = min(end - pos, self.cap)
             if n > 0:
                 out.append((tp[0], tp[1], batch(tp[1], pos, n), pos))
