@@ -5,7 +5,7 @@ Also a main file for spark-submit (deploy/spark-submit.md).
 """
 import sys
 
-from sink.history.job import main
+from sink.history.job import run
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run())

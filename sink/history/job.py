@@ -920,5 +920,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
 
 
+def run(argv: Sequence[str] | None = None) -> int:
+    """main(), then ignore SIGINT and SIGTERM for the interpreter's exit: it drops the Python
+    handlers (SIG_DFL), so a supervisor's SIGTERM arriving then (scripts/run.sh sends one after
+    Ctrl-C) would end a clean stop with -15. SIGKILL still ends a stuck exit."""
+    code = main(argv)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    return code
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run())
