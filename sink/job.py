@@ -5,7 +5,7 @@ Also a main file for spark-submit (deploy/spark-submit.md).
 """
 import sys
 
-from sink.history.job import run
+from sink.history.job import cli
 
 if __name__ == "__main__":
-    sys.exit(run())
+    sys.exit(cli())

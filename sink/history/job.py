@@ -920,8 +920,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
 
 
-def run(argv: Sequence[str] | None = None) -> int:
-    """main(), then ignore SIGINT and SIGTERM for the interpreter's exit: it drops the Python
+def cli(argv: Sequence[str] | None = None) -> int:
+    """The command: main(), then ignore SIGINT and SIGTERM for the interpreter's exit: it drops the Python
     handlers (SIG_DFL), so a supervisor's SIGTERM arriving then (scripts/run.sh sends one after
     Ctrl-C) would end a clean stop with -15. SIGKILL still ends a stuck exit."""
     code = main(argv)
@@ -931,4 +931,4 @@ def run(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(run())
+    sys.exit(cli())

@@ -173,7 +173,8 @@ def test_ctrl_c_then_sigterm_stops_cleanly_and_reports_the_last_commit(job):
     sends SIGTERM: the second signal must not cut the clean stop short."""
     assert job.proc.poll() is None, job.logs()[-3000:]
     os.killpg(job.proc.pid, signal.SIGINT)
-    time.sleep(0.5)
+    # SIGTERM while the stop is under way (it takes about 0.2 s once the SIGINT is seen)
+    wait_for(lambda: "SIGINT received" in job.logs(), 60, "the job to take the SIGINT", 0.01)
     job.proc.send_signal(signal.SIGTERM)
     code = job.proc.wait(120)
     text = job.logs()
