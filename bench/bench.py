@@ -348,6 +348,7 @@ def summarize(runs, names):
                 elif sc == "latency":
                     agg["lat_ms"] = {k: median(r["lat_ms"][k] for r in rs)
                                      for k in ("p50", "p90", "p99", "p99.9", "max")}
+                    agg["lat_runs"] = [r["lat_ms"] for r in rs]  # in run order, for paired ratios
                     agg["sent_per_s"] = median(r["sent_per_s"] for r in rs)
                     agg["delivered_total"] = sum(r["delivered_total"] for r in rs)
                     agg["expected_total"] = sum(r["sent_total"] for r in rs)
@@ -403,6 +404,17 @@ def print_report(summary, names, a):
                     ok = "yes" if o < P99_TARGET_MS else "NO"
                 print(f"{'  ' + k:<{W}} {fmt_num(o, 3):>14} {fmt_num(m, 3):>14} "
                       f"{fmt_num(ratio, 2):>10} {tgt:>10}  {ok}")
+            # Each of our runs against the Mosquitto run right after it: on a shared host the
+            # latency of both drifts from run to run far more than they differ, so the spread of
+            # these ratios says how much the medians' ratio above can be trusted.
+            ro, rm = per.get(ours, {}).get("lat_runs"), per.get(mosq, {}).get("lat_runs")
+            if ro and rm and len(ro) == len(rm):
+                for k in LATENCY_RATIO_TARGET:
+                    pairs = sorted(x[k] / y[k] for x, y in zip(ro, rm) if x[k] and y[k])
+                    if pairs:
+                        print(f"{'  ' + k + ' ratio of paired runs':<{W}} {'':>14} {'':>14} "
+                              f"{fmt_num(median(pairs), 2):>10}   range {pairs[0]:.2f}-{pairs[-1]:.2f}"
+                              f" over {len(pairs)} pairs")
         elif sc == "conns":
             o = per.get(ours, {}).get("kib_per_conn")
             m = per.get(mosq, {}).get("kib_per_conn")
