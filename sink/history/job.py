@@ -921,9 +921,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def cli(argv: Sequence[str] | None = None) -> int:
-    """The command: main(), then ignore SIGINT and SIGTERM for the interpreter's exit: it drops the Python
-    handlers (SIG_DFL), so a supervisor's SIGTERM arriving then (scripts/run.sh sends one after
-    Ctrl-C) would end a clean stop with -15. SIGKILL still ends a stuck exit."""
+    """The command: main(), then SIGINT and SIGTERM ignored for the interpreter's exit, which
+    drops the Python handlers (SIG_DFL): a supervisor's SIGTERM arriving then (scripts/run.sh
+    sends one after Ctrl-C) would end a clean stop with -15. SIGKILL still ends a stuck exit."""
     code = main(argv)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)

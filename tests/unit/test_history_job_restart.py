@@ -104,3 +104,18 @@ def test_a_streaming_query_that_ends_unasked_is_started_again(monkeypatch):
     assert run_with(monkeypatch, FakeQuery(ends_alone_after=2), StopAfter(100)) == job.RESTART
     # an available-now run ends by itself when Kafka is drained: that is its clean end
     assert run_with(monkeypatch, FakeQuery(ends_alone_after=2), StopAfter(100), available_now=True) == 0
+
+
+def test_a_signal_during_the_exit_after_a_clean_stop_is_ignored(monkeypatch):
+    """The interpreter's exit drops Python's signal handlers: after main() returned, a
+    supervisor's SIGTERM (or a second Ctrl-C) must not turn the clean stop into exit -15."""
+    import signal
+    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    monkeypatch.setattr(job, "main", lambda argv=None: 0)
+    try:
+        assert job.cli([]) == 0
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        for s, handler in saved.items():
+            signal.signal(s, handler)
