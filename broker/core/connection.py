@@ -1002,7 +1002,11 @@ class Connection:
         for filt in u.topics:
             sub = session.subscriptions.pop(filt, None)  # [MQTT-3.10.4-1] exact match
             if sub is None:
-                codes.append(rc.NO_SUBSCRIPTION_EXISTED)
+                # a filter no SUBSCRIBE could have made ("#/a", "a/b#", "$share/g"): 0x8F, as
+                # its SUBACK would have said, rather than "no subscription existed" (README
+                # "Conformance notes": Mosquitto closes the connection instead, 0x81)
+                codes.append(rc.NO_SUBSCRIPTION_EXISTED if _filter_well_formed(filt)
+                             else rc.TOPIC_FILTER_INVALID)
             else:
                 self.broker.remove_subscription(sub)  # [MQTT-3.10.4-2]
                 codes.append(rc.SUCCESS)
@@ -1117,6 +1121,16 @@ def wrong_ack(ptype: int, pid: int) -> ProtocolError:
     """A PUBACK or PUBCOMP that is not the one its message's flow waits for (Session.acked())."""
     return ProtocolError(f"{P.TYPE_NAMES[ptype]} for packet id {pid}, whose delivery waits for "
                          "another acknowledgement")
+
+
+def _filter_well_formed(filt: str) -> bool:
+    """Whether a SUBSCRIBE could have made this filter, shared or not [MQTT-4.7.1-1],
+    [MQTT-4.7.1-2], [MQTT-4.8.2-1]."""
+    try:
+        shared = parse_shared(filt)
+    except ValueError:
+        return False
+    return valid_topic_filter(shared[1] if shared else filt)
 
 
 def _ack_size(codes: int, v5: bool) -> int:

@@ -25,6 +25,9 @@ _pack_HH = struct.Struct(">HH").pack
 _REQUIRED_FLAGS = {P.CONNECT: 0, P.CONNACK: 0, P.PUBACK: 0, P.PUBREC: 0, P.PUBREL: 2,
                    P.PUBCOMP: 0, P.SUBSCRIBE: 2, P.SUBACK: 0, P.UNSUBSCRIBE: 2, P.UNSUBACK: 0,
                    P.PINGREQ: 0, P.PINGRESP: 0, P.DISCONNECT: 0, P.AUTH: 0}
+# MQTT 3.1 (level 3) lets a client set DUP on a PUBREL, SUBSCRIBE or UNSUBSCRIBE it sends again
+# (3.1's section 2.1, "DUP"); 3.1.1 made those flags fixed. Accepted at level 3 only.
+_DUP_IN_31 = frozenset((P.PUBREL, P.SUBSCRIBE, P.UNSUBSCRIBE))
 
 # A QoS 1/2 PUBLISH up to this size keeps its bytes as received (Publish.raw: forwarded with the
 # packet id patched, instead of encoded again); a larger one would hold its payload twice
@@ -266,7 +269,8 @@ def decode_packet(first: int, body: bytes, level: int, limits: Limits = NO_LIMIT
     flags = first & 0x0F
     if ptype == 0:
         raise MalformedPacket("packet type 0 is reserved")
-    if flags != _REQUIRED_FLAGS[ptype]:  # [MQTT-2.1.3-1]
+    if flags != _REQUIRED_FLAGS[ptype] and not (  # [MQTT-2.1.3-1]
+            level == P.MQTT_31 and ptype in _DUP_IN_31 and flags == _REQUIRED_FLAGS[ptype] | 8):
         raise MalformedPacket(f"invalid fixed header flags for {P.TYPE_NAMES[ptype]}")
     if ptype == P.CONNECT:
         return decode_connect(body, limits)

@@ -349,3 +349,21 @@ def test_pre_connect_limit_refuses_a_large_connect_from_its_header():
     d.feed(encode(ok))
     d.connect_accepted()
     assert d.feed(encode(pub)[:1000]) == ([], None) and d.feed(encode(pub)[1000:]) == ([pub], None)
+
+
+# ---------------------------------------------------------------- MQTT 3.1's DUP flag
+
+@pytest.mark.parametrize("first, body, want", [
+    (0x6A, "00 07", P.Ack(P.PUBREL, 7, 0, None)),
+    (0x8A, "00 01 00 01 61 01", P.Subscribe(1, [("a", P.SubscriptionOptions(1))])),
+    (0xAA, "00 02 00 01 61", P.Unsubscribe(2, ["a"])),
+])
+def test_mqtt31_resent_pubrel_subscribe_unsubscribe_may_carry_dup(first, body, want):
+    """MQTT 3.1 (MQIsdp, level 3) sets DUP on a PUBREL, SUBSCRIBE or UNSUBSCRIBE it sends again
+    (Mosquitto's test/broker 03-publish-b2c-qos2 sends 0x6A): accepted at level 3, and still
+    malformed at 3.1.1 and 5, whose flags are fixed [MQTT-2.1.3-1], [MQTT-3.6.1-1]."""
+    data = bytes((first,)) + bytes((len(h(body)),)) + h(body)
+    assert decode_one(data, P.MQTT_31) == want
+    for level in (P.MQTT_311, P.MQTT_5):
+        with pytest.raises(MalformedPacket):
+            decode_one(data, level)

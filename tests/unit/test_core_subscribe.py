@@ -358,6 +358,22 @@ def test_unsubscribe_codes_MQTT_3_10_4_4():
     assert drain(c) == []
 
 
+def test_unsubscribe_of_a_filter_no_subscribe_could_make_is_0x8F_MQTT_4_7_1_1():
+    """UNSUBSCRIBE of an ill-formed filter ("#/test/topic" [MQTT-4.7.1-1], "a/b+" [MQTT-4.7.1-2],
+    "$share/g" [MQTT-4.8.2-1]): UNSUBACK 0x8F Topic Filter invalid, as its SUBACK would say, not
+    0x11; a well-formed one that was never subscribed stays 0x11, and the connection stays up."""
+    b, _ = make()
+    c = connected(b, "c")
+    subscribe(c, "t", qos=1)
+    c.send(P.Unsubscribe(3, ["#/test/topic", "a/b+", "$share/g", "never/subscribed", "t"]))
+    (u,) = c.received()
+    assert u.type == P.UNSUBACK
+    assert u.reason_codes == [rc.TOPIC_FILTER_INVALID] * 3 + [rc.NO_SUBSCRIPTION_EXISTED,
+                                                             rc.SUCCESS]
+    c.send(P.PingReq())
+    assert [p.type for p in c.received()] == [P.PINGRESP]
+
+
 @pytest.mark.parametrize("level", [V4, V3])
 def test_unsubscribe_v311_MQTT_3_10_4_4(level):
     """3.1.1: UNSUBACK (no reason codes) and the subscription is gone."""
