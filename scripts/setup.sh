@@ -17,8 +17,12 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
   if [ ${#need[@]} -gt 0 ]; then
     echo "setup: installing ${need[*]}"
     # (no service starts during the install: Debian's mosquitto would take port 1883)
-    bash scripts/mosquitto_service.sh install "${need[@]}" \
-      || echo "setup: WARNING: could not install ${need[*]}; tests that need them say so"
+    if ! bash scripts/mosquitto_service.sh install "${need[@]}"; then
+      echo "setup: ERROR: apt-get could not install ${need[*]} (its error is above)." >&2
+      echo "setup: fix that first (often: apt-get update, or a proxy or mirror setting), or" \
+           "install them by hand: apt-get install ${need[*]}; then run this again." >&2
+      exit 1
+    fi
   fi
   # the benchmarks need the mosquitto binary, not its service (which takes port 1883)
   bash scripts/mosquitto_service.sh disable

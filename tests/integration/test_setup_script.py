@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 import subprocess
 
+import pytest
+
 from tests.conftest import ROOT
 
 SCRIPT = str(ROOT / "scripts" / "mosquitto_service.sh")
@@ -57,3 +59,24 @@ def test_no_service_starts_during_the_install(tmp_path):
 def test_setup_uses_it():
     text = (ROOT / "scripts" / "setup.sh").read_text()
     assert "mosquitto_service.sh install" in text and "mosquitto_service.sh disable" in text
+
+
+def test_setup_stops_when_apt_get_fails(tmp_path):
+    """A failed apt-get install stops setup.sh there, saying what failed and what to run, rather
+    than going on to a .venv whose tests then fail for a missing Java or client."""
+    if os.geteuid() != 0:
+        pytest.skip("setup.sh installs Debian packages only as root; this run is not root")
+    b = tmp_path / "bin"
+    b.mkdir()
+    (b / "apt-get").write_text("#!/bin/sh\necho 'E: Unable to locate package openjdk' >&2\nexit 100\n")
+    (b / "apt-get").chmod(0o755)
+    for tool in ("bash", "dirname", "id", "chmod", "rm"):  # nothing else: no java, no mosquitto
+        (b / tool).symlink_to(subprocess.run(["which", tool], capture_output=True, text=True,
+                                             check=True).stdout.strip())
+    env = {"PATH": str(b), "POLICY_RC_D": str(tmp_path / "policy-rc.d"), "HOME": str(tmp_path)}
+    p = subprocess.run(["/bin/bash", str(ROOT / "scripts" / "setup.sh")], env=env,
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 1, (p.stdout, p.stderr)
+    assert "setup: ERROR: apt-get could not install" in p.stderr
+    assert "apt-get install openjdk-17-jre-headless" in p.stderr
+    assert "creating .venv" not in p.stdout and "installing pinned" not in p.stdout
