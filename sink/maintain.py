@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         table = open_table(spark, hist.table, hist.checkpoint_dir,
                            int(hist.delete_delay_seconds * 1000))
         result = maintain_once(spark, table, settings, as_of, PARQUET_OPTIONS)
-        print(describe(result))
+        print(describe(result, settings.policy))
         return 0
     finally:
         spark.stop()

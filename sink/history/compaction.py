@@ -85,33 +85,73 @@ class Task:
                 f"{self.bytes / 1e6:.1f} MB)")
 
 
+# Why a file was left as it is (survey()), for sink.maintain's report
+LEFT_LARGE = "large"           # at least half the target size: never merged again
+LEFT_OPEN = "open"             # in an hour (or day) not yet closed, below open_max_files
+LEFT_ALONE = "alone"           # the only small file of its closed hour or day
+
+
 def plan(snap: Snapshot, now_ms: int, policy: Policy = Policy()) -> list[Task]:
     """The compaction tasks the table needs as of ``now_ms``, oldest first."""
+    return survey(snap, now_ms, policy)[0]
+
+
+def survey(snap: Snapshot, now_ms: int,
+           policy: Policy = Policy()) -> tuple[list[Task], dict[str, int]]:
+    """``plan``'s tasks, and how many files no task takes, by why (LEFT_*)."""
     by_date: dict[str, list[FileEntry]] = defaultdict(list)
     for f in snap.files:
         by_date[f.date].append(f)
     tasks = []
+    left = {LEFT_LARGE: 0, LEFT_OPEN: 0, LEFT_ALONE: 0}
+
+    def take(small: list[FileEntry], task: Task | None, why: str) -> None:
+        if task is not None:
+            tasks.append(task)
+        else:
+            left[why] += len(small)
+
     for date in sorted(by_date):
         files = by_date[date]
+        large = [f for f in files if f.size >= policy.small]
+        left[LEFT_LARGE] += len(large)
         start = day_start_ms(date)
         if start + DAY_MS + policy.grace_ms <= now_ms:  # closed day: one unit
             small = [f for f in files if f.size < policy.small]
-            if len(small) >= 2:
-                tasks.append(Task(date, None, small, "closed day"))
+            take(small, Task(date, None, small, "closed day") if len(small) >= 2 else None,
+                 LEFT_ALONE)
             continue
         by_hour: dict[int | None, list[FileEntry]] = defaultdict(list)
         for f in files:
             by_hour[f.hour].append(f)
         for hour in sorted(by_hour, key=lambda h: -1 if h is None else h):
-            if hour is None:
-                continue  # whole-day files of an open day: merged when the day closes
             small = [f for f in by_hour[hour] if f.size < policy.small]
+            if hour is None:
+                left[LEFT_OPEN] += len(small)  # whole-day files of an open day: merged when
+                continue                       # the day closes
             closed = start + (hour + 1) * HOUR_MS + policy.grace_ms <= now_ms
-            if closed and len(small) >= 2:
-                tasks.append(Task(date, hour, small, "closed hour"))
-            elif not closed and len(small) >= policy.open_max_files:
-                tasks.append(Task(date, hour, small, "open hour"))
-    return tasks
+            if closed:
+                take(small, Task(date, hour, small, "closed hour") if len(small) >= 2 else None,
+                     LEFT_ALONE)
+            else:
+                take(small, Task(date, hour, small, "open hour")
+                     if len(small) >= policy.open_max_files else None, LEFT_OPEN)
+    return tasks, left
+
+
+def describe_left(left: dict[str, int], policy: Policy) -> str:
+    """sink.maintain's words for survey()'s counts ("" when every file was taken)."""
+    parts = []
+    if left.get(LEFT_OPEN):
+        parts.append(f"{left[LEFT_OPEN]} in hours or days still open (merged once they are over "
+                     f"and a grace of {policy.grace_ms / 60000:g} min has passed, or when an "
+                     f"hour reaches {policy.open_max_files} small files)")
+    if left.get(LEFT_LARGE):
+        parts.append(f"{left[LEFT_LARGE]} already at least half the target size "
+                     f"({policy.target_bytes / 2**20:g} MiB)")
+    if left.get(LEFT_ALONE):
+        parts.append(f"{left[LEFT_ALONE]} alone in a closed hour or day (nothing to merge with)")
+    return "left as they are: " + ", ".join(parts) if parts else ""
 
 
 def output_files(task: Task, policy: Policy) -> int:

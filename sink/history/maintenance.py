@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
 from settings import HistoryConfig
-from sink.history.compaction import Policy, compact
+from sink.history.compaction import Policy, compact, describe_left, survey
 from sink.history.manifest import Table
 from sink.history.retention import retention_change
 from sink.history.writer import adopt_file_sink
@@ -110,10 +110,13 @@ def maintain_once(spark: SparkSession, table: Table, settings: Settings, now_ms:
     out["orphans"] = table.delete_orphans()
     snap = table.snapshot()
     out.update(version=snap.id, files=len(snap.files), rows=snap.rows, bytes=snap.bytes)
+    if settings.compact:
+        out["left"] = survey(snap, now, settings.policy)[1]
     return out
 
 
-def describe(result: dict) -> str:
+def describe(result: dict, policy: Policy = Policy()) -> str:
+    """What a pass did and what it left, for a person (sink.maintain prints it)."""
     c = result.get("compaction") or {}
     parts = [f"version {result['version']}: {result['files']} files, {result['rows']} rows, "
              f"{result['bytes'] / 1e6:.1f} MB"]
@@ -121,8 +124,16 @@ def describe(result: dict) -> str:
         mb = c["bytes_in"] / 1e6
         parts.append(f"compacted {c['files_in']} files into {c['files_out']} ({mb:.1f} MB in "
                      f"{c['seconds']:.1f} s, {mb / max(c['seconds'], 1e-6):.1f} MB/s)")
+    elif "compaction" in result:
+        parts.append("compacted nothing")
+    else:
+        parts.append("compaction is off ([history] compact = false)")
     if c.get("skipped"):
         parts.append(f"{c['skipped']} compaction(s) left to another writer")
+    if result.get("left"):
+        left = describe_left(result["left"], policy)
+        if left:
+            parts.append(left)
     if result.get("expired_days"):
         parts.append(f"dropped {len(result['expired_days'])} day(s) past the retention "
                      f"({result['expired_days'][0]} .. {result['expired_days'][-1]})")
@@ -157,7 +168,7 @@ class Maintainer(threading.Thread):
                 c = self.last.get("compaction") or {}
                 if c.get("tasks") or self.last.get("expired_days") or self.last.get("orphans"):
                     log.info("maintenance (%.1f s): %s", time.monotonic() - started,
-                             describe(self.last))
+                             describe(self.last, self.settings.policy))
             except Exception as exc:  # the stream goes on; the next pass tries again
                 if self._halt.is_set():
                     return

@@ -95,7 +95,8 @@ def test_maintain_compacts_closed_days_once_each_and_is_idempotent(spark, small_
                           "--as-of", "2024-05-01T11:30:00Z"], cwd=ROOT, env=env_for(),
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert "compacted" in out.stdout
+    assert "compacted" in out.stdout and "compacted nothing" not in out.stdout
+    assert "in hours or days still open" in out.stdout  # hour 11, and why it waits
     hours = {}
     for f in Table(table).snapshot().files:
         hours.setdefault((f.date, f.hour), []).append(f.level)

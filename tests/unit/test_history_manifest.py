@@ -11,7 +11,8 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from sink.history.compaction import Policy, plan
+from sink.history.compaction import Policy, plan, survey
+from sink.history.maintenance import describe
 from sink.history.manifest import (
     KEEP_VERSIONS,
     Change,
@@ -203,6 +204,28 @@ def test_plan_closed_day_closed_hour_and_full_open_hour():
     done = Snapshot(id=1, files=[entry("c.parquet", "2024-05-01", None, 2000),
                                  entry("d.parquet", "2024-05-02", None, 10)])
     assert plan(done, now + 10 * DAY, pol) == []
+
+
+def test_a_pass_says_which_files_it_left_and_why():
+    """Every file is either in a task or counted as left, for a reason sink.maintain prints:
+    still-open hours (with the grace and the open-hour threshold), already large, or alone."""
+    pol = Policy(target_bytes=1000, grace_ms=300_000, open_max_files=4)
+    files = ([entry("d1-big.parquet", "2024-05-01", hour=1, size=900)]
+             + [entry("d1-lone.parquet", "2024-05-01", hour=2)]
+             + [entry(f"h2-{i}.parquet", "2024-05-02", hour=2) for i in range(3)]
+             + [entry("whole.parquet", "2024-05-02", hour=None)])
+    now = T0 + DAY + 2 * H + 600_000  # 2024-05-02 02:10: hour 2 of 05-02 still open
+    tasks, left = survey(Snapshot(id=0, files=files), now, pol)
+    assert tasks == []
+    assert left == {"large": 1, "alone": 1, "open": 4}
+    text = describe({"version": 7, "files": 6, "rows": 60, "bytes": 1500, "left": left,
+                     "compaction": {"tasks": 0}}, pol)
+    assert text.startswith("version 7: 6 files, 60 rows")
+    assert "compacted nothing" in text
+    assert "4 in hours or days still open" in text and "grace of 5 min" in text
+    assert "at 4 small files" not in text and "reaches 4 small files" in text
+    assert "1 already at least half the target size" in text
+    assert "1 alone in a closed hour or day" in text
 
 
 # ---- retention ----------------------------------------------------------------------------
