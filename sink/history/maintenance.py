@@ -115,8 +115,9 @@ def maintain_once(spark: SparkSession, table: Table, settings: Settings, now_ms:
     return out
 
 
-def describe(result: dict, policy: Policy = Policy()) -> str:
+def describe(result: dict, policy: Policy | None = None) -> str:
     """What a pass did and what it left, for a person (sink.maintain prints it)."""
+    policy = policy or Policy()
     c = result.get("compaction") or {}
     parts = [f"version {result['version']}: {result['files']} files, {result['rows']} rows, "
              f"{result['bytes'] / 1e6:.1f} MB"]
