@@ -155,8 +155,8 @@ def _ask(prompt: str) -> str:
 def users(args: argparse.Namespace, cfg: Config) -> int:
     path = args.file or users_file(cfg.data_dir, cfg.dashboard.users_file)
     if args.op == "list":
-        for a in read_accounts(path).values():
-            print(f"{a.name}\t{a.role}")
+        accounts = [{"name": a.name, "role": a.role} for a in read_accounts(path).values()]
+        _print(args, {"users": accounts}, accounts, ("name", "role"))
         return 0
     if args.op == "delete":
         if not delete_account(path, args.name):
@@ -203,8 +203,20 @@ def _print(args: argparse.Namespace, data: Any, rows: Iterable[dict[str, Any]] |
     if args.json or rows is None:
         print(json.dumps(data, indent=2, ensure_ascii=False))
         return
-    for r in rows:
-        print("\t".join("" if r.get(c) is None else str(r.get(c)) for c in columns))
+    print(table(list(rows), tuple(columns)))
+
+
+def table(rows: list[dict[str, Any]], columns: tuple[str, ...]) -> str:
+    """Rows as aligned columns under a header (as `emqx ctl` prints), "(none)" for no rows;
+    --json gives the API's answer for scripts."""
+    if not rows:
+        return "(none)"
+    cells = [[c.upper() for c in columns]]
+    cells += [["-" if r.get(c) is None else str(r.get(c)).replace("\n", " ") for c in columns]
+              for r in rows]
+    widths = [max(len(line[i]) for line in cells) for i in range(len(columns))]
+    return "\n".join("  ".join(v.ljust(w) for v, w in zip(line, widths)).rstrip()
+                     for line in cells)
 
 
 def remote(args: argparse.Namespace, cfg: Config) -> int:

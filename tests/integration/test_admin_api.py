@@ -193,14 +193,17 @@ def test_admin_cli_over_the_api(adm, tmp_path):
         assert "cmd/#" in cli("subscriptions", "list").stdout
         cli("publish", "cmd/led", "on", "--qos", "1", "--retain")
         wait_until(lambda: ("cmd/led", b"on", False) in got)
-        assert "cmd/led\t1\t" in cli("retained", "list", "--filter", "cmd/#").stdout
+        listed = cli("retained", "list", "--filter", "cmd/#").stdout.splitlines()
+        assert listed[0].split() == ["TOPIC", "QOS", "AT", "PAYLOAD"]
+        assert listed[1].split()[:2] == ["cmd/led", "1"] and listed[1].endswith("on")
         out = json.loads(cli("--json", "stats").stdout)
         assert out["retained"] == 1 and out["clients_connected"] == 1
         cli("clients", "kick", "cli-dev")
         wait_until(lambda: ("disconnect", 0x98) in got)
         cli("bans", "add", "clientid", "cli-dev", "--reason", "lost")
-        assert "clientid\tcli-dev" in cli("bans", "list").stdout
+        assert cli("bans", "list").stdout.splitlines()[1].split()[:2] == ["clientid", "cli-dev"]
         cli("bans", "delete", "clientid", "cli-dev")
+        assert cli("bans", "list").stdout == "(none)\n"
         cli("retained", "delete", "cmd/led")
         p = cli("retained", "delete", "cmd/led", ok=False)
         assert "404" in p.stderr and "no retained message" in p.stderr
@@ -213,7 +216,10 @@ def test_admin_cli_over_the_api(adm, tmp_path):
         p = cli("users", "--file", str(tmp_path / "ops"), "add", "ann", "--role", "viewer",
                 "--password", "pw-ann")
         assert "added 'ann' (viewer)" in p.stdout
-        assert cli("users", "--file", str(tmp_path / "ops"), "list").stdout == "ann\tviewer\n"
+        assert cli("users", "--file", str(tmp_path / "ops"), "list").stdout == \
+            "NAME  ROLE\nann   viewer\n"
+        assert json.loads(cli("--json", "users", "--file", str(tmp_path / "ops"), "list")
+                          .stdout) == {"users": [{"name": "ann", "role": "viewer"}]}
     finally:
         c.loop_stop()
 

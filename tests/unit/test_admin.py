@@ -286,3 +286,16 @@ async def test_login_checks_are_bounded_and_answer_busy_at_once():
     release.set()
     assert await first == "admin" and await second is None
     checks.close()
+
+
+def test_cli_lists_are_aligned_columns_under_a_header_and_none_when_empty():
+    """`python -m broker.admin ... list` prints aligned columns with a header (as `emqx ctl`
+    does), "-" for a missing value, "(none)" for an empty list; --json is for scripts."""
+    from broker.admin.__main__ import table
+    rows = [{"kind": "clientid", "value": "dev-1", "reason": None},
+            {"kind": "ip", "value": "10.0.0.0/8", "reason": "a long\nreason"}]
+    assert table(rows, ("kind", "value", "reason")).splitlines() == [
+        "KIND      VALUE       REASON",
+        "clientid  dev-1       -",
+        "ip        10.0.0.0/8  a long reason"]
+    assert table([], ("kind",)) == "(none)"
