@@ -63,7 +63,7 @@ class Client:
     will: dict | None = None
     will_at: float | None = None     # wall clock (s) when the pending will is published
     user: str | None = None
-    session: dict | None = None      # the latest checkpoint of the session (cluster/sessions.py)
+    session: dict | None = None      # the latest checkpoint of the session (written by cluster/node.py)
     prev: tuple | None = None        # (node, inc, epoch) of an owner whose last word is awaited
     handed_over: bool = True         # that last word arrived (or none is awaited)
 

@@ -174,7 +174,7 @@ class Reader(_Feeder):
 
 
 class FetchReader(_Feeder):
-    """The node's own stream (cluster/fetch.py): fetches every followed partition, hands the
+    """The node's own stream (kafka_client/fetch.py): fetches every followed partition, hands the
     loop one response at a time and waits until the loop applied it (backpressure).
 
     Tansu answers a fetch only when its wait ends, even if records arrive meanwhile, so the

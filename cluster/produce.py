@@ -3,7 +3,7 @@
 The loop appends records (their Kafka v2 record bodies, encoded once) and kicks a producer
 thread at most once per turn; the thread sends everything waiting as one ProduceRequest per
 leader (acks=all), through the sink's BatchSender (kafka-python's network client, no per-record
-accumulator: sink/forward/produce.py), waits for the answer, and reports each record's outcome
+accumulator: kafka_client/produce.py), waits for the answer, and reports each record's outcome
 back to the loop in one batch. One request in flight at a time keeps the records of a partition
 in the order they were appended; a retriable error sends the same records again until
 `delivery_timeout` (then they fail: the acknowledgements waiting for them become failures).

@@ -15,7 +15,7 @@ Delivery and ordering
 Spool entries already hold Kafka v2 record bodies (encoded once by the broker). The forwarder
 reads a chunk of them (up to 2,000), groups them per partition (murmur2 of the key, like
 kafka-python's default partitioner) into RecordBatches and sends one ProduceRequest per leader
-(``acks=all``) through kafka-python's network client (sink/forward/produce.py), up to four chunks in
+(``acks=all``) through kafka-python's network client (kafka_client/produce.py), up to four chunks in
 flight. Acknowledged chunks advance the forwarded position over a contiguous prefix only; it is
 persisted in ``checkpoint.json`` (spool mode). On a failed chunk the forwarder waits for
 everything in flight, rewinds to the first record of that chunk and sends again from there, in

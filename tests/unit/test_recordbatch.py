@@ -1,4 +1,4 @@
-"""sink/recordbatch.py (vectorised decoding of Kafka v2 record batches) against kafka-python's own
+"""kafka_client/recordbatch.py (vectorised decoding of Kafka v2 record batches) against kafka-python's own
 record parser, and sink.history.source.to_arrow (the rows the history job reads) against the record
 contract. Property-based: sizes around the varint boundaries, empty and null keys/values, many
 headers, null header values, several batches, compression."""
