@@ -262,7 +262,7 @@ def encode_message_body(topic: str, payload: Buffer, qos: int, retain: bool, cli
                         extra: list[tuple[str, bytes]] | None = None) -> bytes:
     """The Kafka record body (encode_body's bytes) of the record contract for one message, the
     headers after mqtt.protocol in `extra`: the same bytes as encode_body(*to_kafka(rec)[:3])
-    (tests/unit/test_record_batch.py), with fewer Python steps (the broker's hot paths)."""
+    (tests/unit/test_record_wire.py), with fewer Python steps (the broker's hot paths)."""
     vt = _VT
     key = topic.encode()
     value = payload if type(payload) is bytes else bytes(payload)
