@@ -43,6 +43,9 @@ class Cluster:
         self.tmp = tmp_path
         self.extra = extra or {}
         self.prefix = f"t{uuid.uuid4().hex[:10]}"
+        self.key_file = tmp_path / "cluster.key"  # one key for the nodes (README "Cluster")
+        if not self.key_file.exists():
+            self.key_file.write_text(os.urandom(32).hex())
         self.nodes = {}
         for i in range(1, n + 1):
             self.start(f"n{i}")
@@ -51,7 +54,8 @@ class Cluster:
         return {"cluster.enabled": True, "cluster.node_id": node_id,
                 "cluster.bootstrap_servers": self.kafka.bootstrap,
                 "cluster.topic_prefix": self.prefix, "cluster.node_timeout": NODE_TIMEOUT,
-                "cluster.heartbeat_seconds": 0.25, "cluster.handoff_timeout": 1.0, **self.extra}
+                "cluster.heartbeat_seconds": 0.25, "cluster.handoff_timeout": 1.0,
+                "cluster.key_file": str(self.key_file), **self.extra}
 
     def start(self, node_id: str, port: int | None = None) -> BrokerProcess:
         d = self.tmp / node_id

@@ -9,11 +9,14 @@ from broker.protocol import properties as PR
 from cluster import records as R
 from kafka_client.record import SinkRecord, decode_body, encode_body, to_kafka
 
-text = st.text(st.characters(blacklist_categories=("Cs",)), max_size=20)
+# MQTT strings: UTF-8 without U+0000 [MQTT-1.5.4-2]; topic names: no wildcards [MQTT-3.3.2-2]
+text = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=20)
+topic_name = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00+#"),
+                     min_size=1, max_size=20)
 
 
 @settings(max_examples=200, deadline=None)
-@given(topic=text.filter(bool), payload=st.binary(max_size=50), qos=st.integers(0, 2),
+@given(topic=topic_name, payload=st.binary(max_size=50), qos=st.integers(0, 2),
        retain=st.booleans(), username=st.none() | text, ups=st.lists(st.tuples(text, text), max_size=4),
        content_type=st.none() | text, corr=st.none() | st.binary(max_size=8),
        expiry=st.none() | st.integers(1, 10_000))
