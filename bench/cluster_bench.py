@@ -60,6 +60,15 @@ def cpu_seconds(pid: int) -> float:
     return total / 1e9
 
 
+def cluster_key(tmp: str) -> str:
+    """The nodes' shared key file (README "Cluster"), made once in `tmp`."""
+    path = os.path.join(tmp, "cluster.key")
+    if not os.path.exists(path):
+        with open(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
+            f.write(os.urandom(32).hex())
+    return path
+
+
 class Node:
     extra: list = []  # more --set items for every node (--fetch-wait)
 
@@ -76,7 +85,8 @@ class Node:
                     "--set", f"cluster.bootstrap_servers={kafka}",
                     "--set", f"cluster.topic_prefix={prefix}",
                     "--set", f"cluster.node_timeout={node_timeout}",
-                    "--set", "cluster.heartbeat_seconds=0.5", *Node.extra]
+                    "--set", "cluster.heartbeat_seconds=0.5",
+                    "--set", f"cluster.key_file={cluster_key(tmp)}", *Node.extra]
         self.log = open(os.path.join(d, "broker.log"), "ab")
         self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT,
                                      env={**os.environ, "PYTHONPATH": ROOT})

@@ -165,7 +165,11 @@ def main(argv: list[str] | None = None) -> int:
         cluster = None
         if cfg.cluster.enabled:
             from cluster.node import ClusterNode
-            cluster = ClusterNode(cfg.cluster, cfg.cluster.bootstrap_servers or cfg.sink.bootstrap_servers)
+            from settings import secrets
+            key = secrets.cluster_key(cfg.cluster.key_file or secrets.secret_path(
+                cfg.data_dir, secrets.CLUSTER_KEY_FILE))
+            cluster = ClusterNode(cfg.cluster, cfg.cluster.bootstrap_servers or cfg.sink.bootstrap_servers,
+                                  key=key)
         p = cfg.persistence
         if cluster is not None and p.enabled:
             log.info("cluster: sessions and retained messages live in Kafka; the local state "

@@ -64,6 +64,10 @@ class Server:
         from .admin.bans import BanList, bans_file
         self.bans = BanList(bans_file(config.data_dir))
         self.broker.bans = self.bans.check  # (typed None in the core)
+        for h in hooks:  # a cluster shares the list between its nodes (cluster/node.py)
+            share = getattr(h, "share_bans", None)
+            if share is not None:
+                share(self.bans)
 
     # ------------------------------------------------------------ output
     def _schedule_flush(self) -> None:

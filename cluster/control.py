@@ -22,6 +22,12 @@ Records (JSON objects; key `n:<node id>` or `c:<client id>`):
   the current epoch (a late write of an old owner is ignored), or as the previous owner's last
   word (`final`) on its session, which the new owner waits for when that owner is alive.
 * `end` (key c:): the session ended (expired, or a clean session's connection closed).
+* `ban`, `unban` (key `b:<kind>:<value>`): a ban added or removed through any node's admin API
+  (broker/admin/bans.py): every node applies it to its own ban list (refusing CONNECTs) and
+  disconnects the clients it covers. The last record per key wins, so a replay gives the list.
+
+Every record is checked whole (records.decode_control) and signed (cluster/trust.py) before it
+is applied here.
 
 Each client record holds the client's whole state, so a compacting Kafka that keeps only the
 last record per key keeps what matters; the owner re-asserts its state if a stale write ever
@@ -36,7 +42,7 @@ from typing import Any, Callable, Iterable, NamedTuple
 
 NEVER = 0xFFFFFFFF  # Session Expiry Interval meaning "does not expire"
 
-# A control record as applied (records.loads): a JSON object whose fields depend on its kind.
+# A control record as applied (records.decode_control): a JSON object whose fields depend on its kind.
 # Fields are read with .get() even where the kind always carries them, so it is typed Any.
 Record = Any
 
@@ -118,6 +124,12 @@ class Stale(NamedTuple):
     cid: str
 
 
+class BanChanged(NamedTuple):
+    """A ban was added (`removed` False) or removed through some node: applied on every node."""
+    ban: dict
+    removed: bool
+
+
 def rendezvous(key: str, nodes: Iterable[str]) -> str | None:
     """The node of `nodes` that `key` maps to (highest random weight): every node with the same
     live set computes the same one, and a node leaving moves only its own keys."""
@@ -172,6 +184,8 @@ class ControlState:
         kind = rec.get("t")
         if key.startswith("n:"):
             return self._apply_node(kind, rec, at)
+        if key.startswith("b:"):
+            return [BanChanged(rec, kind == "unban")]
         if key.startswith("c:"):
             cid = key[2:]
             if kind == "claim":
@@ -375,6 +389,17 @@ def state_record(c: Client, node: str, inc: str, **changes: Any) -> dict:
            "user": c.user, "session": c.session}
     rec.update(changes)
     return rec
+
+
+def ban_record(ban: dict) -> dict:
+    """A ban as broker/admin/bans.py BanList.add made it (kind, value, reason, until, at, by)."""
+    return {"t": "ban", "kind": ban["kind"], "value": ban["value"],
+            "reason": str(ban.get("reason") or "")[:500], "until": ban.get("until"),
+            "at": ban.get("at"), "by": str(ban.get("by") or "")}
+
+
+def unban_record(kind: str, value: str) -> dict:
+    return {"t": "unban", "kind": kind, "value": value}
 
 
 def end_record(c: Client, node: str, inc: str, fired: bool = False) -> dict:

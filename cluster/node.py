@@ -14,12 +14,18 @@ Attached like the state store and the sink (core/hooks.py), it provides:
   below which everything was delivered and acknowledged, in-flight packet ids) go to the control
   topic, so a session survives the node it was on, SIGKILL included.
 * timers of sessions whose node is gone (wills, expiry) are fired by one live node.
+* bans: a ban made through any node's admin API is a control record every node applies.
+
+Every record it writes is signed with the cluster's key and every record it reads must be
+(cluster/trust.py); a record that is not, or whose content is malformed (cluster/records.py),
+is ignored and counted (stats: ignored_*).
 """
 from __future__ import annotations
 
 import asyncio
 import itertools
 import logging
+import os
 import threading
 import time
 import uuid
@@ -29,6 +35,7 @@ from broker.core.durability import Pending
 from broker.core.hooks import SESSION_EVENTS, STORED_EVENTS, Hook
 from broker.core.session import Session
 from kafka_client.fetch import Fetcher
+from kafka_client.recordbatch import CorruptBatchError
 from kafka_client.recordscan import Scanned
 from mqtt_topics import matches
 
@@ -37,8 +44,10 @@ from . import records as R
 from .link import FetchReader, Topics, ensure_topics, make_consumer
 from .produce import Producer
 from .shares import Shares
+from .trust import MALFORMED, Trust
 
 if TYPE_CHECKING:
+    from broker.admin.bans import BanList
     from broker.core.broker import Broker
     from broker.core.message import Message
     from broker.core.session import Subscription
@@ -89,7 +98,10 @@ class ClusterNode(Hook):
                           "on_stop", "stats", "on_client_connected", "on_client_disconnected")
                          + SESSION_EVENTS + STORED_EVENTS)
 
-    def __init__(self, cfg: ClusterConfig, bootstrap: str, wall: Callable[[], float] = time.time) -> None:
+    def __init__(self, cfg: ClusterConfig, bootstrap: str, wall: Callable[[], float] = time.time,
+                 key: bytes | None = None) -> None:
+        """`key`: the cluster's key (settings.secrets.cluster_key; None: a key of this node
+        alone, for a node that is its own cluster, as in tests)."""
         if not cfg.node_id:
             raise ValueError("cluster.node_id is empty: give each node an id of its own, "
                              "e.g. --set cluster.node_id=n1")
@@ -102,6 +114,8 @@ class ClusterNode(Hook):
         self.inc = uuid.uuid4().hex[:12]
         self.topics = Topics(cfg.topic_prefix)
         self.wall = wall
+        self.trust = Trust(key if key is not None else os.urandom(32))
+        self.bans: BanList | None = None  # the server's ban list (share_bans())
         # set by attach() / on_start(), before anything else here runs (on_stop() may run
         # without them: it checks); the core's Broker is left Any
         self.broker: Any = None
@@ -151,7 +165,8 @@ class ClusterNode(Hook):
                                "cluster.bootstrap_servers)") from exc
         self.partitions = counts[self.topics.messages]
         self.state = C.ControlState(self.node, self.inc, time.monotonic)
-        self.producer = Producer(self.loop, self.bootstrap, self.cfg.kafka, self._completed)
+        self.producer = Producer(self.loop, self.bootstrap, self.cfg.kafka, self._completed,
+                                 sign=self.trust.sign)
         f = self.fetcher = Fetcher(self.bootstrap, self.cfg.kafka, self.cfg.fetch_wait_ms, Scanned)
         msgs = [(self.topics.messages, p) for p in range(self.partitions)]
         replay = [(self.topics.retained, p) for p in range(counts[self.topics.retained])] + \
@@ -213,6 +228,7 @@ class ClusterNode(Hook):
         dashboard: this node, the members, connected clients per node, counters."""
         st = self.state
         out: dict[str, Any] = dict(self.counters)
+        out.update((f"ignored_{why}", n) for why, n in self.trust.ignored.items())
         members = self.members()
         out.update(node=self.node, members=sum(1 for m in members if m["alive"]),
                    members_list=",".join(m["node"] for m in members if m["alive"]),
@@ -339,22 +355,35 @@ class ClusterNode(Hook):
             if topic == topics.control:
                 rec.since(start)
                 for i in rec.indexes():
-                    off, key, value, _, ts = rec.record(i)
-                    try:
-                        body = R.loads(value)
-                    except ValueError:
-                        log.warning("cluster: unreadable control record at offset %d", off)
+                    r = self._verified(topic, rec, i)
+                    if r is None:
                         continue
-                    self._act(self.state.apply(off, (key or b"").decode(), body, ts / 1000.0))
+                    off, key, value, _, ts = r
+                    try:
+                        name, body = R.decode_control(key, value)
+                    except R.Malformed as exc:
+                        self.trust.ignore(MALFORMED, f"{topic} offset {off}", str(exc))
+                        continue
+                    try:
+                        self._act(self.state.apply(off, name, body, ts / 1000.0))
+                    except Exception:  # a bug, not the record's shape: never stops the node
+                        log.exception("cluster: applying the control record at offset %d failed",
+                                      off)
+                        self.trust.ignore(MALFORMED, f"{topic} offset {off}", "could not apply")
             elif topic == topics.retained:
                 rec.since(start)
                 for i in rec.indexes():
-                    _, key, value, headers, ts = rec.record(i)
-                    name = (key or b"").decode()
-                    if value is None:
-                        broker.set_retained(name, None)
+                    r = self._verified(topic, rec, i)
+                    if r is None:
                         continue
-                    msg, _, _ = R.decode_message(key, value, headers, ts, clock_now, wall_now)
+                    off, key, value, headers, ts = r
+                    if value is None and key:
+                        broker.set_retained(key.decode(errors="replace"), None)
+                        continue
+                    got = self._decode(topic, off, key, value, headers, ts, clock_now, wall_now)
+                    if got is None:
+                        continue
+                    msg, name = got[0], got[0].topic
                     if msg.expires_at is not None and msg.expires_at <= clock_now:
                         broker.set_retained(name, None)  # expired meanwhile
                     else:
@@ -378,9 +407,11 @@ class ClusterNode(Hook):
                     topic_name = rec.topic(i)
                     if topic_name is None or not subscribers_of(topic_name):
                         continue  # no subscriber here: not decoded (shared groups: their streams)
-                    off, key, value, headers, ts = rec.record(i)
-                    msg, sender, _ = R.decode_message(key, value, headers, ts, clock_now, wall_now)
-                    msg.store_id = (p, off)  # its place in the log
+                    got = self._message(topic, rec, i, clock_now, wall_now)
+                    if got is None:
+                        continue
+                    msg, sender = got
+                    msg.store_id = (p, rec.offsets[i])  # its place in the log
                     deliver(msg, sender)
                     n += 1
             self.routed_upto[p] = rec.end
@@ -388,6 +419,41 @@ class ClusterNode(Hook):
             self.counters["read"] += len(rec) if rec.scanned else rec.end - start
         if self.waiting_subs:
             self._start_waiting_subs()
+
+    def _verified(self, topic: str, rec: Scanned, i: int) -> tuple | None:
+        """(offset, key, value, headers, timestamp) of record i when a node of this cluster
+        wrote it (signed with the cluster's key); else None, counted."""
+        try:
+            r = rec.record(i)
+            why = self.trust.check(topic, rec.body(i), r[4])
+        except CorruptBatchError as exc:
+            self.trust.ignore(MALFORMED, f"{topic} offset {rec.offsets[i]}", str(exc))
+            return None
+        if why is not None:
+            self.trust.ignore(why, f"{topic} offset {r[0]}")
+            return None
+        return r
+
+    def _message(self, topic: str, rec: Scanned, i: int, clock_now: float,
+                 wall_now: float) -> tuple[Message, str] | None:
+        """_verified() then _decode() of record i."""
+        r = self._verified(topic, rec, i)
+        if r is None:
+            return None
+        return self._decode(topic, r[0], r[1], r[2], r[3], r[4], clock_now, wall_now)
+
+    def _decode(self, topic: str, off: int, key: bytes | None, value: bytes | None,
+                headers: list, ts: int, clock_now: float,
+                wall_now: float) -> tuple[Message, str] | None:
+        """(Message, publisher) of a messages or retained record, checked as a PUBLISH is
+        (records.decode_message with this broker's limits); None, counted, if it is not one."""
+        try:
+            msg, sender, _ = R.decode_message(key, value, headers, ts, clock_now, wall_now,
+                                              self.broker.cfg)
+        except R.Malformed as exc:
+            self.trust.ignore(MALFORMED, f"{topic} offset {off}", str(exc))
+            return None
+        return msg, sender
 
     # ------------------------------------------------------------ new subscriptions
     def _starting(self, p: int) -> list:
@@ -410,8 +476,10 @@ class ClusterNode(Hook):
                    if off >= first and matches(sub.topic_filter, topic)]
             if not new and not subscribers_of(topic):
                 continue
-            off, key, value, headers, ts = rec.record(i)
-            msg, sender, _ = R.decode_message(key, value, headers, ts, clock_now, wall_now)
+            got = self._message(self.topics.messages, rec, i, clock_now, wall_now)
+            if got is None:
+                continue
+            msg, sender = got
             msg.store_id = (p, off)
             if new:
                 broker.deliver_with(msg, sender, new)
@@ -481,6 +549,8 @@ class ClusterNode(Hook):
                     log.warning("cluster: node %s (incarnation %s) is gone; its clients' "
                                 "sessions and wills are taken over by the live nodes",
                                 ev.node, ev.inc)
+            elif kind is C.BanChanged:
+                self._ban_changed(ev)
             elif kind is C.Stale:
                 if ev.cid in self.broker.sessions and self.bound.get(ev.cid) is not None:
                     self.dirty.add(ev.cid)  # write this node's state again: it is the current one
@@ -544,6 +614,38 @@ class ClusterNode(Hook):
         self.state.inc = self.inc
         self._write_control(f"n:{self.node}", C.node_record("join", self.node, self.inc,
                                                             at=self.wall()))
+
+    # ------------------------------------------------------------ bans
+    def share_bans(self, bans: BanList) -> None:
+        """The server's ban list is the cluster's: its changes go to the control topic, and the
+        changes read there (from any node) apply to it (_ban_changed)."""
+        self.bans = bans
+        bans.shared = self._share_ban
+
+    def _share_ban(self, op: str, ban: dict) -> None:
+        if self.producer is None or self.stopping:
+            log.warning("cluster: the ban change (%s %s %r) was made before this node joined "
+                        "the cluster or while it stops: it applies on this node only", op,
+                        ban["kind"], ban["value"][:100])
+            return
+        rec = C.ban_record(ban) if op == "ban" else C.unban_record(ban["kind"], ban["value"])
+        self._write_control(R.ban_key(ban["kind"], ban["value"]), rec)
+        self.producer.kick()
+
+    def _ban_changed(self, ev: C.BanChanged) -> None:
+        """A ban made through some node: kept here (CONNECTs refused) and its clients here
+        disconnected."""
+        bans = self.bans
+        if bans is None:
+            return
+        ban = bans.apply_shared(ev.ban, ev.removed)
+        if ban is None or self.broker is None:
+            return
+        from broker.core.view import BrokerView
+        broker = self.broker
+        for cid, user, peer in BrokerView(broker).client_ids():
+            if bans.matches(ban, cid, user, peer):
+                broker.kick(cid, "banned by the broker's administrator")
 
     # ------------------------------------------------------------ admission (CONNECT)
     def admit(self, client_id: str, clean_start: bool, expiry: int, will: Will | None, username: str | None,
@@ -631,7 +733,7 @@ class ClusterNode(Hook):
                     for r in rs:
                         if r.offset >= hi:
                             break
-                        topic = (r.key or b"").decode()
+                        topic = (r.key or b"").decode(errors="replace")
                         if any(matches(f, topic) for f in filters):
                             out.append((tp.partition, r.offset, r.key, r.value, r.headers,
                                         r.timestamp))
@@ -656,8 +758,16 @@ class ClusterNode(Hook):
             return
         clock_now, wall_now = broker.clock(), self.wall()
         queued = []
+        messages = self.topics.messages
         for p, off, key, value, headers, ts in found:
-            msg, sender, _ = R.decode_message(key, value, headers, ts, clock_now, wall_now)
+            why = self.trust.check_fields(messages, key, value, headers, ts)
+            if why is not None:
+                self.trust.ignore(why, f"{messages} offset {off}")
+                continue
+            decoded = self._decode(messages, off, key, value, headers, ts, clock_now, wall_now)
+            if decoded is None:
+                continue
+            msg, sender = decoded
             msg.store_id = (p, off)  # (partition, offset), as in _apply
             got = _match(subs, msg, sender, cid, p, off)
             if got is None:

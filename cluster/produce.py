@@ -30,8 +30,11 @@ log = logging.getLogger("cluster")
 
 class Producer:
     def __init__(self, loop: asyncio.AbstractEventLoop, bootstrap: str, kafka: dict,
-                 done: Callable[[list[tuple[Any, str | None]]], None], delivery_timeout: float = 30.0) -> None:
-        """done(list of (tag, failure or None)) is called on the loop for every record sent."""
+                 done: Callable[[list[tuple[Any, str | None]]], None], delivery_timeout: float = 30.0,
+                 sign: Callable[[str, bytes, int], bytes] | None = None) -> None:
+        """done(list of (tag, failure or None)) is called on the loop for every record sent;
+        sign(topic, body, timestamp) gives each record body its signature (cluster/trust.py)."""
+        self.sign = sign
         self.loop = loop
         self.user_done = done
         self.backlog = 0                 # records handed to send() and not answered yet
@@ -60,6 +63,8 @@ class Producer:
 
     def send_body(self, topic: str, body: bytes, ts: int, tag: Any) -> None:
         """send() of a record body already encoded (kafka_client.record.encode_message_body)."""
+        if self.sign is not None:
+            body = self.sign(topic, body, ts)
         self.pending.append((topic, ts, body, tag))
         self.backlog += 1
         self.handed += 1

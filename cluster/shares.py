@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING, Any, Iterable
 
 from mqtt_topics import matches
 
-from . import records as R
 from .link import Reader
 
 if TYPE_CHECKING:
@@ -135,10 +134,17 @@ class ShareStream:
         for tp, rs in recs.items():
             p = tp.partition
             for r in rs:
-                topic = (r.key or b"").decode()
+                topic = (r.key or b"").decode(errors="replace")
                 if matches(self.filter, topic):
-                    msg, _, _ = R.decode_message(r.key, r.value, r.headers, r.timestamp,
-                                                      clock_now, wall_now)
+                    why = node.trust.check_fields(tp.topic, r.key, r.value, r.headers, r.timestamp)
+                    if why is not None:
+                        node.trust.ignore(why, f"{tp.topic} offset {r.offset}")
+                        continue
+                    got = node._decode(tp.topic, r.offset, r.key, r.value, r.headers, r.timestamp,
+                                       clock_now, wall_now)
+                    if got is None:
+                        continue
+                    msg = got[0]
                     msg.store_id = (p, r.offset)  # (partition, offset), as cluster.node
                     member = broker.deliver_shared(msg, self.key)
                     if member is not None and msg.qos:

@@ -100,6 +100,7 @@ export MQTT_PORT=${MQTT_PORT:-$(free_port)} METRICS_PORT=${METRICS_PORT:-$(free_
 export DASHBOARD_PORT=${DASHBOARD_PORT:-$(free_port)} CONNECT_PORT=${CONNECT_PORT:-$(free_port)}
 # one key for the broker, the cluster's nodes and the job (README "Deployment", cluster profile)
 export MQTT_SINK_KEY=${MQTT_SINK_KEY:-$(python3 -c 'import secrets; print(secrets.token_hex(32))')}
+export MQTT_CLUSTER_KEY=${MQTT_CLUSTER_KEY:-$(python3 -c 'import secrets; print(secrets.token_hex(32))')}
 export CLUSTER_MQTT_PORT=${CLUSTER_MQTT_PORT:-$(free_port)}
 compose() {  # compose [--profile cluster] COMMAND ...
   "$W/venv/bin/podman-compose" -p "$PROJECT" -f deploy/compose.yaml -f deploy/compose.tansu.yaml \

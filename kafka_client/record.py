@@ -363,6 +363,28 @@ def sign_body(body: Buffer, kafka_topic: bytes, ts_ms: int, keyed: hmac.HMAC, ki
     return b"".join((signed, _SIG_HEAD, kid, mac[:SIG_LEN - len(kid)]))
 
 
+UNSIGNED, OTHER_KEY, FORGED = "unsigned", "other_key", "forged"
+
+
+def signature_verdict(body: Buffer, kafka_topic: bytes, ts_ms: int, keyed: hmac.HMAC,
+                      kid: bytes) -> str | None:
+    """The check of sign_body's signature on a record body as read back (from its keyLength
+    varint to its end): None when valid, else UNSIGNED (no signature header last), OTHER_KEY
+    (signed with a key whose id is not ``kid``) or FORGED (the HMAC does not match)."""
+    n = len(body) - SIG_LEN
+    if n < len(_SIG_HEAD) or body[n - len(_SIG_HEAD):n] != _SIG_HEAD:
+        return UNSIGNED
+    klen = len(kid)
+    if body[n:n + klen] != kid:
+        return OTHER_KEY
+    h = keyed.copy()
+    h.update(b"".join((_SIG_PREFIX.pack(len(kafka_topic)), kafka_topic, _SIG_TS.pack(ts_ms),
+                       body[:n - len(_SIG_HEAD)])))
+    if not hmac.compare_digest(h.digest()[:SIG_LEN - klen], bytes(body[n + klen:])):
+        return FORGED
+    return None
+
+
 def entry_fields(buf: bytes) -> tuple[bytes, int, bytes]:
     """entry_parts() for the forwarder's loop: (kafka topic as UTF-8 bytes, timestamp, body),
     slicing the bytes it was given. Raises ValueError if malformed."""

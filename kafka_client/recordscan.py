@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import struct
 
-from .record import read_zz_varint
+from .record import read_zz_varint, zz_varint
 from .recordbatch import (
     BATCH_HEADER,
     CODEC_MASK,
@@ -166,6 +166,13 @@ class Scanned:
     def key(self, i: int) -> bytes | None:
         n = self._kl[i]
         return None if n < 0 else self._buf[self._ks[i]:self._ks[i] + n]
+
+    def body(self, i: int) -> bytes:
+        """Record i from its keyLength varint to its end (what a signature covers,
+        kafka_client/record.py sign_body), assuming the writer's shortest key-length varint."""
+        kl = self._kl[i]
+        start = self._ks[i] - (1 if -64 <= kl < 64 else len(zz_varint(kl)))
+        return self._buf[start:self._limits[i]]
 
     def topic(self, i: int) -> str | None:
         """The key as text (an MQTT topic), None when null."""

@@ -5,7 +5,8 @@
 #   bash scripts/cluster.sh            # 3 nodes
 #   bash scripts/cluster.sh 2 --set mqtt.max_connections=1000     # extra flags go to every node
 #
-# Environment: KAFKA_PORT (9092), LB_PORT (1883), FIRST_PORT (1884), DATA (./data/cluster).
+# Environment: KAFKA_PORT (9092), LB_PORT (1883), FIRST_PORT (1884), DATA (./data/cluster; the
+# nodes' key, made when missing, is $DATA/cluster.key).
 # Anonymous clients are allowed on localhost only (the broker's secure default); to open the
 # nodes to devices give them a password file (README "Access control") and --host 0.0.0.0.
 set -euo pipefail
@@ -18,6 +19,13 @@ FIRST_PORT=${FIRST_PORT:-1884}
 DATA=${DATA:-./data/cluster}
 bash scripts/setup.sh >/dev/null
 mkdir -p "$DATA"
+# one key for all the nodes: they sign their Kafka records with it and ignore records without
+# (README "Cluster", the cluster key)
+KEY="$DATA/cluster.key"
+if [ ! -s "$KEY" ]; then
+  (umask 077; .venv/bin/python -c "import secrets; print(secrets.token_hex(32))" >"$KEY")
+  echo "cluster.sh: made the cluster key $KEY"
+fi
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
 trap cleanup EXIT INT TERM
@@ -35,7 +43,7 @@ for i in $(seq 1 "$N"); do
   port=$((FIRST_PORT + i - 1))
   PYTHONPATH=$PWD .venv/bin/python -m broker --host 127.0.0.1 --port "$port" \
     --data-dir "$DATA/n$i" --kafka-bootstrap "127.0.0.1:$KAFKA_PORT" \
-    --set cluster.enabled=true --set "cluster.node_id=n$i" "$@" >"$DATA/n$i.log" 2>&1 &
+    --set cluster.enabled=true --set "cluster.node_id=n$i" --set "cluster.key_file=$KEY" "$@" >"$DATA/n$i.log" 2>&1 &
   pids+=($!)
   servers+="    server n$i 127.0.0.1:$port"$'\n'
   echo "cluster.sh: node n$i on 127.0.0.1:$port (log $DATA/n$i.log)"

@@ -52,6 +52,10 @@ SINK_KEY = EnvVar(
     "MQTT_SINK_KEY", "the broker's key (64 hex digits) that signs Kafka records and the job's "
     "committed file, instead of <data_dir>/secrets/sink.key; the same for the broker and the job "
     "(and every node of a cluster: deploy/compose.yaml passes it on)", (BROKER, JOB, COMPOSE))
+CLUSTER_KEY = EnvVar(
+    "MQTT_CLUSTER_KEY", "the key (64 hex digits) the nodes of a cluster sign their Kafka records "
+    "with, instead of cluster.key_file; the same on every node (deploy/compose.yaml passes it on)",
+    (BROKER, COMPOSE))
 PURE_PYTHON = EnvVar(
     "MQTT_PURE_PYTHON", "1: run the pure-Python codec and core even where the compiled ones are built "
     "(broker/native.py)", (BROKER,))

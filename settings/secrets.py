@@ -16,6 +16,13 @@ the data directory from the same config, ``data_dir``, or ``--data-dir``):
     signs the job's committed file (sink/progress.py; the broker ignores a file whose signature
     fails). ``$MQTT_SINK_KEY`` (64 hex digits) overrides it everywhere.
 
+``cluster.key``
+    32 random bytes (hex): the key every node of a cluster signs its Kafka records with
+    (cluster/trust.py); the nodes ignore records without a valid signature. All the nodes need
+    the same key: ``cluster.key_file`` names it (default this file; made when missing, which
+    suits nodes sharing one data directory; scripts/cluster.sh makes one for its nodes), and
+    ``$MQTT_CLUSTER_KEY`` (64 hex digits) overrides it.
+
 Whoever can read these files can query the history and write records the job accepts: run the
 broker and the job as one user, and keep the data directory to that user.
 
@@ -38,12 +45,14 @@ log = logging.getLogger("settings.secrets")
 DIR_NAME = "secrets"
 TOKEN_FILE = "spark_connect.token"
 KEY_FILE = "sink.key"
+CLUSTER_KEY_FILE = "cluster.key"
 TOKEN_ENV = environment.SPARK_CONNECT_TOKEN.name
 KEY_ENV = environment.SINK_KEY.name
 
 #: what each derived key signs (sink.key -> HMAC(sink.key, purpose))
 RECORDS = b"mqtt-sink records v1"
 COMMITTED = b"mqtt-sink committed v1"
+CLUSTER_RECORDS = b"mqtt-cluster records v1"
 
 
 def secrets_dir(data_dir: str) -> str:
@@ -126,6 +135,25 @@ def sink_key(data_dir: str, create: bool = False) -> bytes | None:
     if len(key) < 16:
         where = "$" + KEY_ENV if environment.SINK_KEY.is_set() else secret_path(data_dir, KEY_FILE)
         raise ValueError(f"the sink key ({where}) must be at least 32 hex digits")
+    return key
+
+
+def cluster_key(path: str, create: bool = True) -> bytes:
+    """The cluster's key: $MQTT_CLUSTER_KEY, else the file ``path`` (made when missing if
+    ``create``). Raises ValueError when it is not at least 32 hex digits."""
+    text = environment.CLUSTER_KEY.get() or read_or_create(path, lambda: _random.token_hex(32),
+                                                           create)
+    where = "$" + environment.CLUSTER_KEY.name if environment.CLUSTER_KEY.is_set() else path
+    if text is None:
+        raise ValueError(f"no cluster key in {where}: give every node the same key file "
+                         "(cluster.key_file; 64 hex digits, e.g. openssl rand -hex 32)")
+    try:
+        key = bytes.fromhex(text)
+    except ValueError:
+        key = b""
+    if len(key) < 16:
+        raise ValueError(f"the cluster key ({where}) must be at least 32 hex digits "
+                         "(e.g. openssl rand -hex 32)")
     return key
 
 

@@ -369,6 +369,9 @@ class ClusterConfig(Section):
     fetch_wait_ms: int = key(5, Int(1, 10000))      # Kafka fetch wait: latency vs idle CPU
     max_backlog: int = key(20000, Int(100))        # records not yet in Kafka; beyond, QoS 0 is dropped
     server_reference: str = ""                      # sent with DISCONNECT 0x9C on SIGTERM
+    # the key the nodes sign their records with: the same file on every node ("" =
+    # <data_dir>/secrets/cluster.key; made when missing); $MQTT_CLUSTER_KEY overrides it
+    key_file: str = ""
     kafka: dict = key(factory=dict, spec=Table("[cluster.kafka]"))  # KafkaProducer/Consumer options
 
 

@@ -6,6 +6,11 @@ IP address or a network (``10.0.0.0/8``, ``2001:db8::/32``). A ban may end at a 
 epoch seconds) or never. The list is kept in ``<data_dir>/bans.json`` (replaced atomically, mode
 0600) and read back at start, so bans survive restarts.
 
+In a cluster the list is the cluster's: each change made here is also handed to ``shared``
+(cluster/node.py writes it to the cluster's control topic), and every node applies the changes
+it reads there with ``apply_shared`` (so a ban made through one node refuses and disconnects
+the client on all of them).
+
 The broker core calls ``BanList.check`` (set as ``Broker.bans``): a few dict lookups per CONNECT,
 nothing per message.
 """
@@ -42,6 +47,9 @@ class BanList:
         self.clock = clock
         self.bans: dict[tuple[str, str], dict] = {}
         self._networks: list = []   # (network, key) for address bans that are networks
+        # a cluster's: told of every change made through add() / remove() ("ban", ban) or
+        # ("unban", {"kind", "value"})
+        self.shared: Callable[[str, dict], None] | None = None
         if path:
             self._load()
 
@@ -126,6 +134,8 @@ class BanList:
         self.bans[(kind, value)] = ban
         self._index()
         self._save()
+        if self.shared is not None:
+            self.shared("ban", dict(ban))
         return dict(ban)
 
     def remove(self, kind: str, value: str) -> bool:
@@ -138,7 +148,38 @@ class BanList:
             return False
         self._index()
         self._save()
+        if self.shared is not None:
+            self.shared("unban", {"kind": kind, "value": value})
         return True
+
+    def apply_shared(self, ban: dict, removed: bool) -> dict | None:
+        """A change made through another node of the cluster (or this one, read back): the ban
+        as now held (None when removed, expired or not a ban). Not handed to ``shared``."""
+        kind, value, until = ban.get("kind"), ban.get("value"), ban.get("until")
+        if kind not in KINDS or not isinstance(value, str) or not value or \
+                len(value) > MAX_VALUE or (until is not None and not isinstance(until, (int, float))):
+            return None
+        if kind == "address":
+            try:
+                value = _normal_address(value)
+            except BanError:
+                return None
+        if removed or (until is not None and until <= self.clock()):
+            if self.bans.pop((kind, value), None) is not None:
+                self._index()
+                self._save()
+            return None
+        new = {"kind": kind, "value": value, "reason": str(ban.get("reason") or "")[:500],
+               "until": until, "at": ban.get("at"), "by": str(ban.get("by") or "")}
+        if self.bans.get((kind, value)) != new:
+            if (kind, value) not in self.bans and len(self.bans) >= MAX_BANS:
+                log.warning("a ban from the cluster was not kept: the ban list holds %d entries",
+                            MAX_BANS)
+                return None
+            self.bans[(kind, value)] = new
+            self._index()
+            self._save()
+        return dict(new)
 
     def _prune(self, now: float) -> None:
         gone = [k for k, b in self.bans.items() if b["until"] is not None and b["until"] <= now]

@@ -43,6 +43,9 @@ class Cluster:
         self.tmp = tmp_path
         self.extra = extra or {}
         self.prefix = f"t{uuid.uuid4().hex[:10]}"
+        self.key_file = tmp_path / "cluster.key"  # one key for the nodes (README "Cluster")
+        if not self.key_file.exists():
+            self.key_file.write_text(os.urandom(32).hex())
         self.nodes = {}
         for i in range(1, n + 1):
             self.start(f"n{i}")
@@ -51,7 +54,8 @@ class Cluster:
         return {"cluster.enabled": True, "cluster.node_id": node_id,
                 "cluster.bootstrap_servers": self.kafka.bootstrap,
                 "cluster.topic_prefix": self.prefix, "cluster.node_timeout": NODE_TIMEOUT,
-                "cluster.heartbeat_seconds": 0.25, "cluster.handoff_timeout": 1.0, **self.extra}
+                "cluster.heartbeat_seconds": 0.25, "cluster.handoff_timeout": 1.0,
+                "cluster.key_file": str(self.key_file), **self.extra}
 
     def start(self, node_id: str, port: int | None = None) -> BrokerProcess:
         d = self.tmp / node_id
@@ -845,3 +849,120 @@ def test_a_node_whose_kafka_is_unreachable_says_so_in_one_line(tmp_path):
     assert r.returncode == 1
     assert "Traceback" not in r.stderr
     assert "cannot use the Kafka at" in r.stderr and "is it running" in r.stderr
+
+
+# ------------------------------------------------------------------ what the nodes trust
+def _incarnations(c: Cluster, nodes: set) -> dict:
+    """{node: incarnation} from the joins in the cluster's control topic, read as any Kafka
+    client can (the heartbeats keep coming: read until every node's join was seen)."""
+    import json
+
+    from kafka import KafkaConsumer, TopicPartition
+    consumer = KafkaConsumer(bootstrap_servers=c.kafka.bootstrap, group_id=None,
+                             enable_auto_commit=False)
+    out: dict = {}
+    try:
+        tp = TopicPartition(f"{c.prefix}.control", 0)
+        consumer.assign([tp])
+        consumer.seek_to_beginning(tp)
+        deadline = time.monotonic() + 10
+        while set(out) != nodes and time.monotonic() < deadline:
+            for rs in consumer.poll(timeout_ms=200).values():
+                for r in rs:
+                    rec = json.loads(r.value) if r.value else {}
+                    if rec.get("t") == "join":
+                        out[rec["node"]] = rec["inc"]
+        return out
+    finally:
+        consumer.close()
+
+
+def test_records_written_to_kafka_without_the_cluster_key_are_ignored(cluster):
+    """A process that reaches Kafka but has no MQTT credentials and not the cluster's key: its
+    message does not reach subscribers past the ACL, its claim on a connected client id does not
+    disconnect it (0x8E), its join of a node's new incarnation does not drop the node's clients;
+    each node counts what it ignored, and keeps serving."""
+    import json
+
+    from kafka import KafkaProducer
+    c = cluster(2)
+    topic = uniq("forged")
+    sub = connect(c.port("n2"))
+    sub.subscribe(topic + "/#", qos=1)
+    victim_id = f"victim-{uuid.uuid4().hex[:6]}"
+    victim = connect(c.port("n2"), victim_id)
+    time.sleep(0.5)
+    incs = _incarnations(c, {"n1", "n2"})
+    assert set(incs) == {"n1", "n2"}
+    forger = KafkaProducer(bootstrap_servers=c.kafka.bootstrap)
+    try:
+        forger.send(f"{c.prefix}.messages", key=f"{topic}/x".encode(), value=b"forged",
+                    headers=[("mqtt.client_id", b"admin"), ("mqtt.qos", b"1"),
+                             ("mqtt.retain", b"0"), ("mqtt.node", b"n1")])
+        claim = {"t": "claim", "node": "n1", "inc": incs["n1"], "req": "x", "clean": True,
+                 "expiry": 0, "will": None, "user": None}
+        forger.send(f"{c.prefix}.control", key=f"c:{victim_id}".encode(),
+                    value=json.dumps(claim).encode())
+        forger.send(f"{c.prefix}.control", key=b"n:n2",
+                    value=json.dumps({"t": "join", "node": "n2", "inc": "forged"}).encode())
+        forger.flush(10)
+    finally:
+        forger.close()
+    assert sub.nothing(1.5) and victim.nothing(0.1)
+    victim.send(b"\xc0\x00")  # PINGREQ: still connected
+    victim.recv_type(P.PINGRESP)
+    pub = connect(c.port("n1"))
+    assert pub_qos1(pub, f"{topic}/real", b"real", 1) == 0
+    (m,) = publishes(sub, 1)
+    assert m.payload == b"real"
+    for n in ("n1", "n2"):
+        log = c.nodes[n].log_path.read_text()
+        assert "ignored Kafka records" in log and "without a signature" in log, n
+
+
+def test_a_malformed_control_record_does_not_stop_a_node_from_starting(cluster):
+    """A control record that is not one (here `[]`, and one that is not JSON) is skipped, also
+    when a restarted node reads the control topic from its beginning."""
+    from kafka import KafkaProducer
+    c = cluster(1)
+    forger = KafkaProducer(bootstrap_servers=c.kafka.bootstrap)
+    try:
+        forger.send(f"{c.prefix}.control", key=b"c:x", value=b"[]")
+        forger.send(f"{c.prefix}.control", key=b"n:n1", value=b"\xff not json")
+        forger.flush(10)
+    finally:
+        forger.close()
+    time.sleep(0.5)
+    assert c.nodes["n1"].alive()
+    port = c.port("n1")
+    c.nodes["n1"].stop()
+    c.start("n1", port)
+    x = connect(c.port("n1"))
+    x.send(b"\xc0\x00")
+    x.recv_type(P.PINGRESP)
+
+
+def test_a_ban_made_through_one_node_disconnects_and_refuses_the_client_on_another(
+        cluster, tmp_path, make_broker):
+    """Bans are the cluster's: the client connected to n1 is disconnected (0x98) and its
+    CONNECTs are refused (0x8A Banned) on every node, within a second of the ban on n2."""
+    from tests.integration.dashboard_http import as_admin, start_dashboard
+    c = cluster(1)
+    d = tmp_path / "n2"
+    d.mkdir()
+    n2 = start_dashboard(make_broker, d, c.settings("n2"))
+    dev = f"dev-{uuid.uuid4().hex[:6]}"
+    live = connect(c.port("n1"), dev)
+    time.sleep(0.3)
+    t0 = time.monotonic()
+    status, r = as_admin(n2.dashboard + "/api/v1/bans", "POST",
+                         {"kind": "clientid", "value": dev, "reason": "stolen"})
+    assert status == 200 and r["disconnected"] == []  # (none on n2 itself)
+    expect_disconnect(live, 0x98, timeout=1.0)
+    assert time.monotonic() - t0 < 1.0
+    assert RawClient(c.port("n1")).connect(dev).reason_code == 0x8A
+    assert RawClient(n2.port).connect(dev).reason_code == 0x8A
+    status, _ = as_admin(n2.dashboard + f"/api/v1/bans?kind=clientid&value={dev}", "DELETE")
+    assert status == 200
+    wait_for(lambda: RawClient(c.port("n1")).connect(dev).reason_code == 0, 2.0,
+             "the ban lifted on n1")

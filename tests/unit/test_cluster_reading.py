@@ -14,6 +14,7 @@ from broker.protocol import packets as P
 from broker.protocol import properties as PR
 from cluster import records as R
 from cluster.node import ClusterNode
+from cluster.trust import Trust
 from kafka_client.record import build_batch
 from kafka_client.recordscan import Scanned
 from settings import ClusterConfig
@@ -30,8 +31,16 @@ def body(topic: str, payload: bytes = b"x", qos: int = 1, props: dict | None = N
     return R.message_body(msg, "pub-1", None, 5, "n1", "n1-x", 1000.0)
 
 
-def fetched(bodies: list[bytes], base: int = 0) -> Scanned:
-    raw = bytearray(build_batch([(1_700_000_000_000, b) for b in bodies]))
+KEY = b"k" * 32  # the cluster's key (cluster/trust.py): the nodes sign every record with it
+TS = 1_700_000_000_000
+
+
+def fetched(bodies: list[bytes], base: int = 0, topic: str = "mqtt.cluster.messages",
+            key: bytes | None = KEY) -> Scanned:
+    """A fetch of these record bodies, signed by a node with `key` (None: not signed)."""
+    if key is not None:
+        bodies = [Trust(key).sign(topic, b, TS) for b in bodies]
+    raw = bytearray(build_batch([(TS, b) for b in bodies]))
     struct.pack_into(">q", raw, 0, base)  # the base offset, set by Kafka
     return Scanned(bytes(raw))
 
@@ -39,7 +48,8 @@ def fetched(bodies: list[bytes], base: int = 0) -> Scanned:
 @pytest.fixture
 def node():
     broker, _ = make()
-    n = ClusterNode(ClusterConfig(enabled=True, node_id="n2"), "127.0.0.1:1", wall=lambda: 1000.0)
+    n = ClusterNode(ClusterConfig(enabled=True, node_id="n2"), "127.0.0.1:1", wall=lambda: 1000.0,
+                    key=KEY)
     n.broker = broker
     n.routed_upto = {0: 0}
     return n
