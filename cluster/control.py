@@ -249,10 +249,14 @@ class ControlState:
                 if same_session and prev_alive:
                     c.prev = (prev.node, prev.inc, prev.epoch)
                     c.handed_over = False  # wait for its final state (rebuild from the freshest)
-            if prev.node == self.node and prev.inc == self.inc:
-                # [MQTT-3.1.4-3] this node's connection (or offline session) is taken over; the
-                # old connection's will goes out if its delay is 0, or if the session ends
-                # (Clean Start) [MQTT-3.1.2-8]; a resumed session with a delayed will: not sent
+            if prev.node == self.node and prev.inc == self.inc and \
+                    (c.node != self.node or c.inc != self.inc):
+                # [MQTT-3.1.4-3] this node's connection (or offline session) is taken over by
+                # another node; the old connection's will goes out if its delay is 0, or if the
+                # session ends (Clean Start) [MQTT-3.1.2-8]; a resumed session with a delayed
+                # will: not sent. (A claim of this node on its own client id is no rival: the
+                # broker core takes over its own connection and resumes or ends its session,
+                # as one broker does.)
                 out.append(Superseded(cid, prev.epoch, True, c.prev is not None,
                                       prev.connected and prev.will is not None and
                                       (c.clean or _will_delay(prev.will) == 0)))

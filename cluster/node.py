@@ -700,6 +700,11 @@ class ClusterNode(Hook):
             self.dirty.add(cid)
             if session.expiry_interval == 0:
                 self.ended.add(cid)  # a clean session ends with its connection
+            # written at the end of this turn, not of the next one (a dropped connection of a
+            # clean session writes nothing else: its end would wait for the next CONNECT)
+            flush = self.broker.schedule_flush
+            if flush is not None:
+                flush()
 
     # persistence events (persistent sessions only)
     def on_session_saved(self, session: Session) -> None:

@@ -1,0 +1,170 @@
+"""Who owns a client id in a cluster (the claims of cluster/control.py as acted on by
+cluster/node.py), on sans-I/O brokers sharing an in-memory log (tests/clusterfake.py): a client
+that reconnects to the node it was on is served exactly as by one broker; one that moves to
+another node keeps its session; a CONNECT that is refused takes nothing from anybody."""
+from __future__ import annotations
+
+import pytest
+
+from broker.protocol import packets as P
+from broker.protocol import properties as PR
+from tests.clusterfake import ClusterClient, FakeCluster
+from tests.sansio import lose, nothing, recv_publish, recv_type
+
+EXPIRY = {PR.SESSION_EXPIRY_INTERVAL: 300}
+TAKEN_OVER = 0x8E
+
+
+@pytest.fixture
+def cluster():
+    return FakeCluster()
+
+
+def disconnects(c: ClusterClient) -> list[int]:
+    """Reason codes of the DISCONNECTs the broker sent `c` (the other packets stay pending)."""
+    pkts = c.received()
+    c.pending = [p for p in pkts if p.type != P.DISCONNECT]
+    return [p.reason_code for p in pkts if p.type == P.DISCONNECT]
+
+
+def subscribe(c: ClusterClient, filt: str, qos: int = 1, cluster: FakeCluster | None = None) -> None:
+    """SUBSCRIBE; a persistent session's SUBACK waits for its record in the log (pump)."""
+    c.send(P.Subscribe(1, [(filt, P.SubscriptionOptions(qos))]))
+    assert cluster is not None
+    cluster.pump()
+    assert recv_type(c, P.SUBACK).reason_codes == [qos]
+
+
+def publish_from(cluster, node, topic: str, payload: bytes, qos: int = 1) -> None:
+    pub = ClusterClient(node)
+    pub.connect(f"pub-{payload.decode()}", cluster=cluster)
+    pub.send(P.Publish(topic, payload, qos, packet_id=1 if qos else None))
+    cluster.pump()
+    if qos:
+        assert [p.type for p in pub.received()] == [P.PUBACK if qos == 1 else P.PUBREC]
+    pub.send(P.Disconnect())
+    cluster.pump()
+
+
+@pytest.mark.parametrize("level", [4, 5])
+@pytest.mark.parametrize("how", ["disconnect", "dropped"])
+def test_a_persistent_session_resumes_on_the_node_it_was_on(cluster, level, how):
+    """[MQTT-3.1.2-5], [MQTT-3.2.2-2]: a client that reconnects with Clean Start 0 to the node its
+    session is on gets it back (session present), with the QoS 1 message queued meanwhile, and
+    keeps its connection: its own earlier claim is not a rival (no 0x8E)."""
+    n1, _ = cluster.node("n1")
+    c = ClusterClient(n1, level)
+    props = EXPIRY if level == 5 else None
+    assert not c.connect("dev", clean=False, props=props, cluster=cluster).session_present
+    subscribe(c, "t/#", cluster=cluster)
+    if how == "disconnect":
+        c.send(P.Disconnect())
+    lose(c)
+    cluster.pump()
+    publish_from(cluster, n1, "t/1", b"m1")
+
+    c2 = ClusterClient(n1, level)
+    ack = c2.connect("dev", clean=False, props=props, cluster=cluster)
+    assert ack.session_present and ack.reason_code == 0
+    msg = recv_publish(c2)
+    assert (msg.topic, msg.payload, msg.qos) == ("t/1", b"m1", 1)
+    cluster.pump()
+    assert disconnects(c2) == []
+    assert not c2.conn.close_requested
+    assert n1.broker.sessions["dev"].link is c2.conn
+    publish_from(cluster, n1, "t/2", b"m2")  # still subscribed, still delivered
+    assert recv_publish(c2).payload == b"m2"
+
+
+@pytest.mark.parametrize("how", ["disconnect", "dropped"])
+def test_a_clean_session_reconnects_to_the_same_node_and_stays_connected(cluster, how):
+    """[MQTT-3.1.2-4]: Clean Start 1 again on the same node: a new session, session present 0
+    [MQTT-3.2.2-2], and the connection is kept (the previous connection's end is not a rival
+    claim, even when its end is not yet in the log)."""
+    n1, _ = cluster.node("n1")
+    c = ClusterClient(n1)
+    c.connect("dev", cluster=cluster)
+    if how == "disconnect":
+        c.send(P.Disconnect())
+    lose(c)  # no pump: the reconnect comes in the same moment
+    c2 = ClusterClient(n1)
+    ack = c2.connect("dev", cluster=cluster)
+    assert ack.reason_code == 0 and not ack.session_present
+    cluster.pump()
+    assert disconnects(c2) == []
+    assert not c2.conn.close_requested
+    subscribe(c2, "t", cluster=cluster)
+    publish_from(cluster, n1, "t", b"x")
+    assert recv_publish(c2).payload == b"x"
+
+
+@pytest.mark.parametrize("clean", [True, False])
+def test_a_takeover_on_the_same_node_disconnects_only_the_old_connection(cluster, clean):
+    """[MQTT-3.1.4-3]: a second connection with a client id connected on the same node: the old
+    one gets DISCONNECT 0x8E Session taken over, the new one is served."""
+    n1, _ = cluster.node("n1")
+    old = ClusterClient(n1)
+    old.connect("dev", clean=False, props=EXPIRY, cluster=cluster)
+    subscribe(old, "t", cluster=cluster)
+    new = ClusterClient(n1)
+    ack = new.connect("dev", clean=clean, props=EXPIRY, cluster=cluster)
+    assert ack.reason_code == 0 and ack.session_present == (not clean)
+    cluster.pump()
+    assert disconnects(old) == [TAKEN_OVER]
+    assert disconnects(new) == []
+    assert not new.conn.close_requested
+    assert n1.broker.sessions["dev"].link is new.conn
+    if clean:
+        subscribe(new, "t", cluster=cluster)
+    publish_from(cluster, n1, "t", b"x")
+    assert recv_publish(new).payload == b"x"
+
+
+def test_a_persistent_session_moves_to_another_node_with_its_queued_messages(cluster):
+    """[MQTT-3.1.2-5]: Clean Start 0 on another node: the session is rebuilt there, session
+    present [MQTT-3.2.2-2], the QoS 1 messages queued while offline are delivered; the client
+    then moves back to the first node, which serves it again."""
+    n1, _ = cluster.node("n1")
+    n2, _ = cluster.node("n2")
+    c = ClusterClient(n1)
+    c.connect("dev", clean=False, props=EXPIRY, cluster=cluster)
+    subscribe(c, "t/#", cluster=cluster)
+    c.send(P.Disconnect())
+    lose(c)
+    cluster.pump()
+    publish_from(cluster, n1, "t/1", b"m1")
+
+    c2 = ClusterClient(n2)
+    ack = c2.connect("dev", clean=False, props=EXPIRY, cluster=cluster)
+    assert ack.session_present
+    msg = recv_publish(c2)
+    assert msg.payload == b"m1"
+    c2.send(P.Ack(P.PUBACK, msg.packet_id))
+    cluster.pump()
+    assert disconnects(c2) == [] and "dev" not in n1.broker.sessions
+    c2.send(P.Disconnect())
+    lose(c2)
+    cluster.pump()
+    publish_from(cluster, n2, "t/2", b"m2")
+
+    c3 = ClusterClient(n1)
+    assert c3.connect("dev", clean=False, props=EXPIRY, cluster=cluster).session_present
+    assert recv_publish(c3).payload == b"m2"
+    cluster.pump()
+    assert disconnects(c3) == [] and nothing(c3)
+
+
+def test_a_dropped_connection_of_a_clean_session_has_its_end_written_in_that_turn(cluster):
+    """The end of a clean session whose TCP connection dropped reaches the log at the end of
+    that event-loop turn (the server's flush), not with whatever the node writes next: other
+    nodes see the client gone at once."""
+    n1, _ = cluster.node("n1")
+    flushes: list[int] = []
+    n1.broker.schedule_flush = lambda: flushes.append(1)
+    c = ClusterClient(n1)
+    c.connect("dev", cluster=cluster)
+    flushes.clear()
+    lose(c)
+    assert flushes, "no turn end scheduled: the session's end waits for the next CONNECT"
+    cluster.pump()
+    assert "dev" not in n1.state.clients
