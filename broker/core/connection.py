@@ -30,7 +30,7 @@ from ..protocol.codec import Decoder, decode_one, encode, encode_ack, is_one_pac
 from ..protocol.errors import MalformedPacket, MQTTError, ProtocolError
 from ..protocol.properties import encode_vbi
 from .events import NO_EVENTS, AcksHeld, AdmitRequested, AuthRequested
-from .hooks import ALLOW_ALL, REPLAY_PREFIX
+from .hooks import ALLOW_ALL, REPLAY_PREFIX, AdmitRefused
 from .message import Message
 from .empties import NO_ENTRIES
 from .session import NEVER, ReplayBudget, Subscription
@@ -606,6 +606,8 @@ class Connection:
         if b.admit is not None and not admitted:
             # the hook that admits CONNECTs (the cluster's claim on the client id) may hold it
             token = b.admit(client_id, c.clean_start, expiry, c.will, c.username, self.level)
+            if type(token) is AdmitRefused:  # decided before any claim is made
+                return self.refuse(token.code, token.why)
             if token is not None:
                 if not token.done:
                     self.state = _AUTHENTICATING  # what follows waits, as for a password check

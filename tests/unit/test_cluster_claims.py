@@ -168,3 +168,38 @@ def test_a_dropped_connection_of_a_clean_session_has_its_end_written_in_that_tur
     assert flushes, "no turn end scheduled: the session's end waits for the next CONNECT"
     cluster.pump()
     assert "dev" not in n1.state.clients
+
+
+@pytest.mark.parametrize("connected", [True, False])
+def test_another_users_client_id_is_refused_on_another_node_without_touching_the_owner(cluster, connected):
+    """A CONNECT with a client id whose session (connected, or offline) another user made is
+    refused with 0x87 Not authorized on any node, as on the owner's node (mqtt.
+    session_owner_check), and decided before any claim: the owner keeps its connection (no
+    0x8E) and its session; a CONNECT of the owner elsewhere still moves it."""
+    n1, _ = cluster.node("n1")
+    n2, _ = cluster.node("n2")
+    owner = ClusterClient(n1)
+    owner.connect("dev", clean=False, props=EXPIRY, username="alice", cluster=cluster)
+    subscribe(owner, "t", cluster=cluster)
+    if not connected:
+        owner.send(P.Disconnect())
+        lose(owner)
+        cluster.pump()
+    claims_before = n1.counters["claims"] + n2.counters["claims"]
+    for level, code in ((5, 0x87), (4, 5)):
+        other = ClusterClient(n2, level)
+        ack = other.connect("dev", clean=False, props=EXPIRY if level == 5 else None,
+                            username="bob", cluster=cluster)
+        assert ack.reason_code == code
+        assert other.conn.close_requested
+    cluster.pump()
+    assert n1.counters["claims"] + n2.counters["claims"] == claims_before  # nothing claimed
+    assert n1.state.clients["dev"].node == "n1" and "dev" in n1.broker.sessions
+    if connected:
+        assert disconnects(owner) == [] and not owner.conn.close_requested
+        publish_from(cluster, n2, "t", b"x")
+        assert recv_publish(owner).payload == b"x"
+    else:
+        back = ClusterClient(n2)
+        assert back.connect("dev", clean=False, props=EXPIRY, username="alice",
+                            cluster=cluster).session_present
