@@ -203,3 +203,59 @@ def test_another_users_client_id_is_refused_on_another_node_without_touching_the
         back = ClusterClient(n2)
         assert back.connect("dev", clean=False, props=EXPIRY, username="alice",
                             cluster=cluster).session_present
+
+
+def wills_received(c: ClusterClient) -> list[bytes]:
+    pkts = c.received()
+    c.pending = [p for p in pkts if p.type != P.PUBLISH]
+    return [p.payload for p in pkts if p.type == P.PUBLISH and p.topic == "will"]
+
+
+@pytest.mark.parametrize("how", ["noticed", "half-open", "node-killed", "node-gone"])
+@pytest.mark.parametrize("clean", [False, True])
+def test_a_will_without_delay_is_published_once_when_its_client_comes_back_on_another_node(
+        cluster, how, clean):
+    """[MQTT-3.1.2-8], [MQTT-3.1.3-9]: a will with Will Delay 0 is published when its connection
+    ends abnormally, whether the client then reconnects elsewhere or not: when the first node
+    saw the connection drop, when it had not yet (the takeover ends it), and when the first node
+    died and the client reconnected to another node before the cluster declared it gone (the
+    will goes out once that is known), or after, before the will's timer ran. Exactly once:
+    the first node dying later sends no second copy."""
+    n1, clock = cluster.node("n1")
+    n2, clock2 = cluster.node("n2")
+    watcher = ClusterClient(n2)
+    watcher.connect("watcher", cluster=cluster)
+    subscribe(watcher, "will", cluster=cluster)
+    c = ClusterClient(n1)
+    c.connect("dev", clean=False, props=EXPIRY, will=P.Will("will", b"gone"), cluster=cluster)
+    cluster.pump()
+    if how == "noticed":
+        lose(c)
+        cluster.pump()
+    elif how == "node-killed":
+        cluster.kill(n1)
+    elif how == "node-gone":  # declared gone, the will due; the reconnect comes before the
+        cluster.kill(n1)      # executor's next heartbeat fires it
+        clock2.t += n2.cfg.node_timeout + 1
+        n2._beat()
+        cluster.pump()
+        assert not n2.state.members["n1"].alive and wills_received(watcher) == []
+    c2 = ClusterClient(n2)
+    c2.send(P.Connect("dev", 5, clean_start=clean, properties=EXPIRY))
+    cluster.pump()
+    for claim in n2.handoffs.values():  # a dead node's last word never comes: do not wait
+        claim.deadline = 0
+    n2.on_tick()
+    cluster.pump()
+    ack = c2.received()[0]
+    assert ack.type == P.CONNACK and ack.reason_code == 0
+    wills = wills_received(watcher)
+    if how in ("noticed", "half-open"):
+        assert wills == [b"gone"]  # published by n1 as the connection ended
+        cluster.kill(n1)
+    clock2.t += n2.cfg.node_timeout + 1
+    for _ in range(3):
+        n2._beat()  # declares n1 gone, then runs the timers that are n2's
+        cluster.pump()
+    assert not n2.state.members["n1"].alive
+    assert wills + wills_received(watcher) == [b"gone"]
