@@ -602,7 +602,8 @@ class ClusterNode(Hook):
             if sub.group is None:
                 subs.append((sub, since))
         for pid in ck.get("qos2", ()):
-            broker.restore_qos2(cid, pid)
+            # as of the checkpoint: the client may have released and reused them since
+            broker.restore_qos2(cid, pid, unsure=True)
         self.counters["rebuilt_sessions"] += 1
         start = {int(k): v for k, v in (ck.get("pos") or {}).items()}
         stop = dict(self.routed_upto)  # from here on the live stream delivers to it
@@ -830,7 +831,8 @@ class ClusterNode(Hook):
             subs.append([sub.filter, sub.qos, int(sub.no_local), int(sub.retain_as_published),
                          sub.retain_handling, sub.sub_id, since or None])
         return {"subs": subs, "pos": {str(p): o for p, o in pos.items()}, "inflight": inflight,
-                "next_pid": s.next_pid, "qos2": sorted(s.inflight_in), "expiry": s.expiry_interval,
+                "next_pid": s.next_pid, "qos2": sorted(s.inflight_in | s.qos2_unsure),
+                "expiry": s.expiry_interval,
                 "user": s.username}
 
     # ------------------------------------------------------------ timers

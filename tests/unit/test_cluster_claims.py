@@ -259,3 +259,72 @@ def test_a_will_without_delay_is_published_once_when_its_client_comes_back_on_an
         cluster.pump()
     assert not n2.state.members["n1"].alive
     assert wills + wills_received(watcher) == [b"gone"]
+
+
+def publish_qos2(c: ClusterClient, cluster: FakeCluster, pid: int, payload: bytes, dup: bool = False,
+                 release: bool = True) -> None:
+    c.send(P.Publish("q2", payload, 2, dup=dup, packet_id=pid))
+    cluster.pump()
+    rec = recv_type(c, P.PUBREC)
+    assert (rec.packet_id, rec.reason_code) == (pid, 0)
+    if release:
+        c.send(P.Ack(P.PUBREL, pid))
+        comp = recv_type(c, P.PUBCOMP)
+        assert (comp.packet_id, comp.reason_code) == (pid, 0)
+
+
+def test_qos2_ids_released_after_the_last_checkpoint_are_new_messages_on_the_next_node(cluster):
+    """[MQTT-4.3.3]: a QoS 2 publisher whose node died moves to another node, which knows its
+    awaiting-PUBREL packet ids only from the last checkpoint. Ids the client has released since
+    and reuses in new PUBLISHes (DUP 0) are new messages, delivered; an id awaited at the
+    checkpoint and resent with DUP 1 is not delivered again [MQTT-4.3.3-10], its PUBREL
+    completes; and such ids do not count against Receive Maximum
+    [MQTT-3.3.4-7]."""
+    n1, _ = cluster.node("n1")
+    n2, _ = cluster.node("n2", receive_maximum=3)
+    sub = ClusterClient(n2)
+    sub.connect("sub", cluster=cluster)
+    subscribe(sub, "q2", qos=2, cluster=cluster)
+    c = ClusterClient(n1)
+    c.connect("qp", clean=False, props=EXPIRY, cluster=cluster)
+    for pid in (1, 2, 3):
+        publish_qos2(c, cluster, pid, b"old%d" % pid, release=False)
+    n1.on_tick()  # the checkpoint: 1, 2, 3 await their PUBREL
+    cluster.pump()
+    for pid in (1, 2):
+        c.send(P.Ack(P.PUBREL, pid))
+        assert recv_type(c, P.PUBCOMP).reason_code == 0
+    cluster.kill(n1)  # before the next checkpoint
+
+    c2 = ClusterClient(n2)
+    c2.send(P.Connect("qp", 5, clean_start=False, properties=EXPIRY))
+    cluster.pump()
+    for claim in n2.handoffs.values():
+        claim.deadline = 0
+    n2.on_tick()
+    cluster.pump()
+    assert recv_type(c2, P.CONNACK).session_present
+    publish_qos2(c2, cluster, 3, b"old3", dup=True, release=False)  # a resend: not again
+    c2.send(P.Ack(P.PUBREL, 3))  # still awaited at the checkpoint: completed
+    comp = recv_type(c2, P.PUBCOMP)
+    assert (comp.packet_id, comp.reason_code) == (3, 0)
+    for pid in (4, 5, 6):  # Receive Maximum 3: the stale ids take none of it
+        publish_qos2(c2, cluster, pid, b"more%d" % pid, release=False)
+    assert not c2.conn.close_requested
+    for pid in (4, 5, 6):
+        c2.send(P.Ack(P.PUBREL, pid))
+        assert recv_type(c2, P.PUBCOMP).reason_code == 0
+    for pid in (1, 2):  # released after the checkpoint, reused: new messages
+        publish_qos2(c2, cluster, pid, b"new%d" % pid)
+    assert not c2.conn.close_requested
+    got = []
+    for p in sub.received():
+        if p.type == P.PUBLISH:
+            got.append(p.payload)
+            sub.send(P.Ack(P.PUBREC, p.packet_id))
+            sub.send(P.Ack(P.PUBCOMP, p.packet_id))
+    cluster.pump()
+    for p in sub.received():
+        if p.type == P.PUBLISH:
+            got.append(p.payload)
+    assert got == [b"old1", b"old2", b"old3", b"more4", b"more5", b"more6", b"new1", b"new2"]
