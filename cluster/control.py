@@ -72,6 +72,10 @@ class Client:
     session: dict | None = None      # the latest checkpoint of the session (written by cluster/node.py)
     prev: tuple | None = None        # (node, inc, epoch) of an owner whose last word is awaited
     handed_over: bool = True         # that last word arrived (or none is awaited)
+    # (node, inc, epoch, will, user): the will of a connection taken over from another node,
+    # which that node publishes when it ends the connection; published by the cluster if that
+    # node incarnation is declared gone before it said the connection ended
+    orphan_will: tuple | None = None
 
 
 # ------------------------------------------------------------------ effects
@@ -189,7 +193,7 @@ class ControlState:
         if key.startswith("c:"):
             cid = key[2:]
             if kind == "claim":
-                return self._apply_claim(offset, cid, rec)
+                return self._apply_claim(offset, cid, rec, at)
             if kind == "state":
                 return self._apply_state(cid, rec)
             if kind == "end":
@@ -228,6 +232,14 @@ class ControlState:
             if c.prev is not None and c.prev[:2] == (m.node, m.inc) and not c.handed_over:
                 c.handed_over = True  # its last word will never come: rebuild from what is known
                 out.append(HandedOver(c.cid))
+            o = c.orphan_will
+            if o is not None and o[:2] == (m.node, m.inc):
+                # the connection it took over ended with that node, its will unpublished
+                # [MQTT-3.1.2-8]: published by the client's current executor, once
+                c.orphan_will = None
+                by = self.executor(c)
+                if by is not None:
+                    out.append(WillDue(c.cid, o[3], o[4], by))
             if c.node != m.node or c.inc != m.inc or not c.connected:
                 continue
             c.connected = False
@@ -245,7 +257,7 @@ class ControlState:
             # published after its delay, or when the session ends if that is sooner
             c.will_at = at + min(_will_delay(c.will), c.expiry if c.expiry != NEVER else NEVER)
 
-    def _apply_claim(self, offset: int, cid: str, rec: Record) -> list:
+    def _apply_claim(self, offset: int, cid: str, rec: Record, at: float) -> list:
         if not self._writer_alive(rec):
             return []  # a fenced node's claim: it cannot own anything
         prev = self.clients.get(cid)
@@ -253,23 +265,38 @@ class ControlState:
                    int(rec.get("expiry") or 0), None, rec.get("will"), None, rec.get("user"))
         out: list = []
         if prev is not None:
+            c.orphan_will = prev.orphan_will
+            if not prev.connected and prev.will is not None and prev.will_at is not None and \
+                    prev.will_at <= at and not self._writer_alive({"node": prev.node, "inc": prev.inc}):
+                # the will of a session whose node is gone was due before this claim and its
+                # executor had not fired it yet [MQTT-3.1.2-8]: the claimant publishes it
+                out.append(WillDue(cid, prev.will, prev.user, c.node))
             # the session continues (Clean Start 0) if it exists: offline with an expiry, or
             # still connected [MQTT-3.1.2-5]
             same_session = not c.clean and (prev.expiry > 0 or prev.connected)
             if same_session:
                 c.session = prev.session  # resumed: the new owner rebuilds from it
+            publish_will = prev.connected and prev.will is not None and \
+                (c.clean or _will_delay(prev.will) == 0)
             if prev.node != c.node or prev.inc != c.inc:
                 prev_alive = self._writer_alive({"node": prev.node, "inc": prev.inc})
                 if same_session and prev_alive:
                     c.prev = (prev.node, prev.inc, prev.epoch)
                     c.handed_over = False  # wait for its final state (rebuild from the freshest)
-            if prev.node == self.node and prev.inc == self.inc:
-                # [MQTT-3.1.4-3] this node's connection (or offline session) is taken over; the
-                # old connection's will goes out if its delay is 0, or if the session ends
-                # (Clean Start) [MQTT-3.1.2-8]; a resumed session with a delayed will: not sent
-                out.append(Superseded(cid, prev.epoch, True, c.prev is not None,
-                                      prev.connected and prev.will is not None and
-                                      (c.clean or _will_delay(prev.will) == 0)))
+                if publish_will and prev_alive:
+                    # its node publishes it when it applies this claim, and says so (final); if
+                    # it is gone before (killed, not yet declared gone), the cluster does (_gone)
+                    c.orphan_will = (prev.node, prev.inc, prev.epoch, prev.will, prev.user)
+            if prev.node == self.node and prev.inc == self.inc and \
+                    (c.node != self.node or c.inc != self.inc):
+                # [MQTT-3.1.4-3] this node's connection (or offline session) is taken over by
+                # another node; the old connection's will goes out if its delay is 0, or if the
+                # session ends (Clean Start) [MQTT-3.1.2-8]; a resumed session with a delayed
+                # will: not sent. (A claim of this node on its own client id is no rival: the
+                # broker core takes over its own connection and resumes or ends its session,
+                # as one broker does.)
+                out.append(Superseded(cid, prev.epoch, True, c.prev is not None or publish_will,
+                                      publish_will))
         self.clients[cid] = c
         out.insert(0, Claimed(c, rec.get("req", ""), prev))
         return out
@@ -302,6 +329,7 @@ class ControlState:
                 # (`fired` holds only when c.will, saved in `will`, was not None)
                 return [WillDue(cid, will, user, rec.get("node"))]  # type: ignore[arg-type]
             return []
+        self._orphan_will_handled(c, rec)
         if c.prev is not None and epoch == c.prev[2] and rec.get("final"):
             if rec.get("session") is not None:
                 c.session = rec.get("session")
@@ -312,6 +340,15 @@ class ControlState:
         if c.node == self.node and c.inc == self.inc:
             return [Stale(cid)]
         return []
+
+    @staticmethod
+    def _orphan_will_handled(c: Client, rec: Record) -> None:
+        """A record of the node whose connection `c` took over, saying that connection ended
+        there (its will published by that node's own rules)."""
+        o = c.orphan_will
+        if o is not None and rec.get("epoch") == o[2] and (rec.get("node"), rec.get("inc")) == o[:2] \
+                and (rec.get("final") or rec.get("t") == "end" or not rec.get("connected")):
+            c.orphan_will = None
 
     def _may_write(self, c: Client, rec: Record) -> bool:
         """A live incarnation that owns the client, or fires the timers of an orphan."""
@@ -333,6 +370,8 @@ class ControlState:
 
     def _apply_end(self, cid: str, rec: Record) -> list:
         c = self.clients.get(cid)
+        if c is not None and rec.get("epoch") != c.epoch:
+            self._orphan_will_handled(c, rec)
         if c is None or rec.get("epoch") != c.epoch or not self._may_write(c, rec):
             return []
         del self.clients[cid]

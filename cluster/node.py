@@ -32,7 +32,7 @@ import uuid
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from broker.core.durability import Pending
-from broker.core.hooks import SESSION_EVENTS, STORED_EVENTS, Hook
+from broker.core.hooks import SESSION_EVENTS, STORED_EVENTS, AdmitRefused, Hook
 from broker.core.session import Session
 from kafka_client.fetch import Fetcher
 from kafka_client.recordbatch import CorruptBatchError
@@ -57,6 +57,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("cluster")
 
 NEVER = 0xFFFFFFFF
+NOT_AUTHORIZED = 0x87  # CONNACK reason code
 UNAVAILABLE = "the cluster's Kafka did not confirm this connection in time; try again"
 
 
@@ -649,11 +650,16 @@ class ClusterNode(Hook):
 
     # ------------------------------------------------------------ admission (CONNECT)
     def admit(self, client_id: str, clean_start: bool, expiry: int, will: Will | None, username: str | None,
-              level: int) -> Pending:
+              level: int) -> Pending | AdmitRefused:
         token = Pending()
         if not self.ready or self.fenced:
             token.resolve("this cluster node is not ready yet; try again")
             return token
+        if self.broker.cfg.session_owner_check and self._others_session(client_id, username):
+            # as the core refuses it for a session on this node (Connection.accept), before the
+            # claim: a claim would take the session from its owner, wherever it is
+            return AdmitRefused(NOT_AUTHORIZED, "this client id is in use by another user's "
+                                                "session")
         req = f"{self.inc}:{next(self.ids)}"
         self.claims[req] = _Claim(token, client_id, clean_start,
                                   time.monotonic() + self.cfg.connect_timeout)
@@ -661,6 +667,14 @@ class ClusterNode(Hook):
                              R.will_to_dict(will, self.wall()), username)
         self._write_control(f"c:{client_id}", rec)
         return token
+
+    def _others_session(self, client_id: str, username: str | None) -> bool:
+        """The client id has a session in the cluster (connected, or offline and not expired)
+        that another user made."""
+        c = self.state.clients.get(client_id)
+        if c is None or c.user == username:
+            return False
+        return c.connected or (c.expiry > 0 and (c.expires_at is None or c.expires_at > self.wall()))
 
     def _rebuild(self, claim: _Claim) -> None:
         """Bring a session that lived on another node here: its subscriptions from its last
@@ -690,7 +704,8 @@ class ClusterNode(Hook):
             if sub.group is None:
                 subs.append((sub, since))
         for pid in ck.get("qos2", ()):
-            broker.restore_qos2(cid, pid)
+            # as of the checkpoint: the client may have released and reused them since
+            broker.restore_qos2(cid, pid, unsure=True)
         self.counters["rebuilt_sessions"] += 1
         start = {int(k): v for k, v in (ck.get("pos") or {}).items()}
         stop = dict(self.routed_upto)  # from here on the live stream delivers to it
@@ -810,6 +825,11 @@ class ClusterNode(Hook):
             self.dirty.add(cid)
             if session.expiry_interval == 0:
                 self.ended.add(cid)  # a clean session ends with its connection
+            # written at the end of this turn, not of the next one (a dropped connection of a
+            # clean session writes nothing else: its end would wait for the next CONNECT)
+            flush = self.broker.schedule_flush
+            if flush is not None:
+                flush()
 
     # persistence events (persistent sessions only)
     def on_session_saved(self, session: Session) -> None:
@@ -921,7 +941,8 @@ class ClusterNode(Hook):
             subs.append([sub.filter, sub.qos, int(sub.no_local), int(sub.retain_as_published),
                          sub.retain_handling, sub.sub_id, since or None])
         return {"subs": subs, "pos": {str(p): o for p, o in pos.items()}, "inflight": inflight,
-                "next_pid": s.next_pid, "qos2": sorted(s.inflight_in), "expiry": s.expiry_interval,
+                "next_pid": s.next_pid, "qos2": sorted(s.inflight_in | s.qos2_unsure),
+                "expiry": s.expiry_interval,
                 "user": s.username}
 
     # ------------------------------------------------------------ timers

@@ -377,11 +377,15 @@ class Broker:
             s.requeue((msg, qos, retain, sub_ids, handle))
         return True
 
-    def restore_qos2(self, client_id: str, pid: int) -> None:
-        """An inbound QoS 2 packet id of a restored session, still awaiting its PUBREL."""
+    def restore_qos2(self, client_id: str, pid: int, unsure: bool = False) -> None:
+        """An inbound QoS 2 packet id of a restored session, still awaiting its PUBREL; or,
+        `unsure`, awaiting it in a state that may be older than the client's (Session.qos2_unsure)."""
         s = self.sessions.get(client_id)
         if s is not None:
-            s.qos2_received(pid)
+            if unsure:
+                s.qos2_restored_unsure(pid)
+            else:
+                s.qos2_received(pid)
 
     def restore_retained(self, msg: Message) -> bool:
         """A stored retained message; False (not kept) when it has expired."""

@@ -30,7 +30,7 @@ from ..protocol.codec import Decoder, decode_one, encode, encode_ack, is_one_pac
 from ..protocol.errors import MalformedPacket, MQTTError, ProtocolError
 from ..protocol.properties import encode_vbi
 from .events import NO_EVENTS, AcksHeld, AdmitRequested, AuthRequested
-from .hooks import ALLOW_ALL, REPLAY_PREFIX
+from .hooks import ALLOW_ALL, REPLAY_PREFIX, AdmitRefused
 from .message import Message
 from .empties import NO_ENTRIES
 from .session import NEVER, ReplayBudget, Subscription
@@ -606,6 +606,8 @@ class Connection:
         if b.admit is not None and not admitted:
             # the hook that admits CONNECTs (the cluster's claim on the client id) may hold it
             token = b.admit(client_id, c.clean_start, expiry, c.will, c.username, self.level)
+            if type(token) is AdmitRefused:  # decided before any claim is made
+                return self.refuse(token.code, token.why)
             if token is not None:
                 if not token.done:
                     self.state = _AUTHENTICATING  # what follows waits, as for a password check
@@ -725,6 +727,16 @@ class Connection:
                 # [MQTT-4.3.3-10]: a repeat before PUBREL is acknowledged, not delivered again
                 self.write(encode_ack(P.PUBREC, pid, 0, None, self.level))
                 return
+            unsure = session.qos2_unsure
+            if unsure and pid in unsure:  # (a session rebuilt from an older state: the cluster)
+                unsure.discard(pid)
+                if qos == 2 and p.dup:  # a resend [MQTT-3.3.1-1] of one that awaits its PUBREL
+                    session.qos2_received(pid)
+                    if session.store is not None:
+                        session.store.qos2_add(session.client_id, pid)
+                    self.write(encode_ack(P.PUBREC, pid, 0, None, self.level))
+                    return
+                # DUP 0: the client released the id since and reuses it: a new message
             if len(session.inflight_in) + self.pending_acks >= cfg.receive_maximum:
                 raise ProtocolError("more unacknowledged QoS 1/2 PUBLISHes than Receive Maximum",
                                     rc.RECEIVE_MAXIMUM_EXCEEDED)  # [MQTT-3.3.4-7]
@@ -869,8 +881,10 @@ class Connection:
     def on_pubrel(self, pkt: P.Ack) -> None:
         session = self.session
         ids = session.inflight_in
-        if pkt.packet_id in ids:  # (never in NO_IDS: a session's own set once any was awaited)
-            ids.remove(pkt.packet_id)  # [MQTT-4.3.3-12] the id is free again
+        unsure = session.qos2_unsure
+        if pkt.packet_id in ids or unsure and pkt.packet_id in unsure:
+            # (never in NO_IDS: a session's own set once any was awaited)
+            (ids if pkt.packet_id in ids else unsure).remove(pkt.packet_id)  # [MQTT-4.3.3-12] free again
             code = rc.SUCCESS
             if session.store is not None:
                 session.store.qos2_remove(session.client_id, pkt.packet_id)

@@ -37,7 +37,7 @@ Events (handler signatures are the Hook methods below):
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
     from .broker import Broker
@@ -61,6 +61,13 @@ REPLAY = ("replay",)
 REPLAY_PREFIX = "$replay/"
 EVENTS = (MESSAGE_EVENTS + CLIENT_EVENTS + SESSION_EVENTS + STORED_EVENTS + AUTH_CHECKS
           + DURABILITY + LIFECYCLE + ROUTING + REPLAY)
+
+
+class AdmitRefused(NamedTuple):
+    """What admit() returns to refuse a CONNECT at once, before anything is claimed: CONNACK
+    with `code` (e.g. 0x87 Not authorized) and `why` as its Reason String."""
+    code: int
+    why: str
 
 
 class Hook:
@@ -101,8 +108,10 @@ class Hook:
 
     def admit(self, client_id: str, clean_start: bool, expiry: int, will: Any, username: str | None,
               level: int) -> Any:
-        """A CONNECT passed its checks: None to go on at once, or a Pending the CONNACK waits
-        for (its failure refuses the CONNECT with 0x88 Server unavailable)."""
+        """A CONNECT passed its checks: None to go on at once, an AdmitRefused to refuse it
+        with that reason code (a check only the hook can make, e.g. the client id is another
+        user's session on another node), or a Pending the CONNACK waits for (its failure
+        refuses the CONNECT with 0x88 Server unavailable)."""
         return None
 
     # ---------------------------------------------------------------- replay

@@ -147,7 +147,8 @@ class Session:
     __slots__ = ("client_id", "subscriptions", "inflight_out", "queue", "inflight_in",
                  "expiry_interval", "expires_at", "will", "will_at", "link", "next_pid",
                  "max_queued", "queue_qos0", "stats", "username", "link_level", "sent",
-                 "store", "resend_pending", "replay", "queues", "queue_room", "acl_gen")
+                 "store", "resend_pending", "replay", "queues", "queue_room", "acl_gen",
+                 "qos2_unsure")
 
     def __init__(self, client_id: str, max_queued: int = 1000, queue_qos0: bool = False,
                  stats: dict[str, int] | None = None, sent: list[int] | None = None,
@@ -165,6 +166,12 @@ class Session:
         self.queue: deque[QueueEntry] = NOTHING
         # QoS 2 packet ids received, PUBREL not yet seen (NO_IDS until the first: qos2_received())
         self.inflight_in: set[int] = NO_IDS
+        # QoS 2 packet ids that were awaiting PUBREL in a state this session was rebuilt from,
+        # which may be older than the client's (the cluster's checkpoint of a node that died):
+        # the client may have released them since. A PUBLISH with DUP 0 and such an id is a new
+        # message, a PUBREL for one completes it, and they count against no Receive Maximum
+        # (NO_IDS until the first: qos2_restored_unsure())
+        self.qos2_unsure: set[int] = NO_IDS
         self.expiry_interval = 0
         self.expires_at: float | None = None
         self.will: Any = None  # the Will Message (packets.Will), None when none
@@ -208,6 +215,13 @@ class Session:
         ids = self.inflight_in
         if ids is NO_IDS:
             ids = self.inflight_in = set()
+        ids.add(pid)
+
+    def qos2_restored_unsure(self, pid: int) -> None:
+        """An inbound QoS 2 packet id that may still await its PUBREL (qos2_unsure)."""
+        ids = self.qos2_unsure
+        if ids is NO_IDS:
+            ids = self.qos2_unsure = set()
         ids.add(pid)
 
     # ------------------------------------------------------------ outbound

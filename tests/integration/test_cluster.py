@@ -372,6 +372,51 @@ def test_a_delayed_will_is_not_published_when_the_client_reconnects_elsewhere_fi
     assert watcher.nothing(6.0)
 
 
+def test_a_will_without_delay_is_published_when_its_client_reconnects_elsewhere_before_the_node_is_gone(
+        cluster):
+    """[MQTT-3.1.2-8], [MQTT-3.1.3-9]: Will Delay 0 elapsed when the connection dropped with its
+    killed node: reconnecting to another node before the cluster declared that node gone does
+    not cancel it; the will is published, once."""
+    c = cluster(2)
+    topic = uniq("will0")
+    me = f"w0-{uuid.uuid4().hex[:8]}"
+    w = RawClient(c.port("n1"))
+    w.connect(me, clean_start=False, properties={PR.SESSION_EXPIRY_INTERVAL: 600},
+              will=P.Will(topic, b"gone", 1, False))
+    watcher = connect(c.port("n2"))
+    watcher.subscribe(topic, qos=1)
+    time.sleep(0.3)
+    c.nodes["n1"].kill()
+    connect(c.port("n2"), me, clean_start=False, properties={PR.SESSION_EXPIRY_INTERVAL: 600})
+    (m,) = publishes(watcher, 1, timeout=NODE_TIMEOUT + 8)
+    assert m.payload == b"gone"
+    assert watcher.nothing(1.5)
+
+
+def test_a_connect_refused_for_another_users_client_id_leaves_the_owner_connected(cluster):
+    """A CONNECT on another node with a client id whose connection another user made is refused
+    (0x87 Not authorized, mqtt.session_owner_check) before anything is claimed: the owner keeps
+    its connection (no 0x8E) and its subscription, every time."""
+    c = cluster(2)
+    me = f"own-{uuid.uuid4().hex[:8]}"
+    topic = uniq("own")
+    owner = connect(c.port("n1"), me, username="alice", clean_start=False,
+                    properties={PR.SESSION_EXPIRY_INTERVAL: 600})
+    owner.subscribe(topic, qos=1)
+    time.sleep(0.3)
+    for _ in range(5):
+        other = RawClient(c.port("n2"))
+        ack = other.connect(me, username="bob", clean_start=False,
+                            properties={PR.SESSION_EXPIRY_INTERVAL: 600})
+        assert ack.reason_code == rc.NOT_AUTHORIZED
+        other.close()
+        assert owner.nothing(0.5), "the owner was sent something (0x8E?)"
+    pub = connect(c.port("n2"))
+    assert pub_qos1(pub, topic, b"still-here", 1) == 0
+    (m,) = publishes(owner, 1)
+    assert m.payload == b"still-here"
+
+
 def test_a_node_that_leaves_on_sigterm_tells_its_clients_to_move(cluster):
     c = cluster(2)
     cl = connect(c.port("n1"))

@@ -22,18 +22,24 @@ LEVELS = {5: mqtt.MQTTv5, 4: mqtt.MQTTv311, 3: mqtt.MQTTv31}
 
 
 class Paho:
-    """A paho-mqtt client running its network loop in a thread; received messages go to a queue."""
+    """A paho-mqtt client running its network loop in a thread; received messages go to a queue.
+    `clean_session` (3.1.x) is paho's constructor argument; v5 takes clean_start in connect_kw."""
 
-    def __init__(self, port: int, level: int = 5, client_id: str | None = None, **connect_kw):
+    def __init__(self, port: int, level: int = 5, client_id: str | None = None,
+                 clean_session: bool = True, **connect_kw):
         self.level = level
-        kw = {} if level == 5 else {"clean_session": True}
+        kw = {} if level == 5 else {"clean_session": clean_session}
         self.c = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=client_id or cid("paho"),
                              protocol=LEVELS[level], **kw)
         self.messages: queue.Queue = queue.Queue()
         self.subacks: queue.Queue = queue.Queue()
         self.connected = threading.Event()
         self.connect_rc = None
+        self.session_present = None
+        self.disconnects: list = []  # reason codes of the disconnections paho saw
         self.c.on_connect = self._on_connect
+        self.c.on_disconnect = lambda c, u, flags, reason_code, p: self.disconnects.append(
+            getattr(reason_code, "value", reason_code))
         self.c.on_message = lambda c, u, m: self.messages.put(m)
         self.c.on_subscribe = lambda c, u, mid, codes, p: self.subacks.put((mid, codes))
         self.c.connect("127.0.0.1", port, keepalive=30, **connect_kw)
@@ -43,6 +49,7 @@ class Paho:
 
     def _on_connect(self, c, u, flags, reason_code, properties):
         self.connect_rc = reason_code.value if hasattr(reason_code, "value") else reason_code
+        self.session_present = flags.session_present
         self.connected.set()
 
     def subscribe(self, topic: str, qos: int = 1, **kw):
@@ -71,6 +78,13 @@ class Paho:
     def close(self):
         self.c.disconnect()
         self.c.loop_stop()
+
+    def drop(self):
+        """The TCP connection ends without DISCONNECT (paho's loop stopped first)."""
+        self.c.loop_stop()
+        sock = self.c.socket()
+        if sock is not None:
+            sock.close()
 
 
 @pytest.fixture
@@ -292,3 +306,126 @@ def test_mosquitto_sub_receives_from_raw_v5_with_props(broker):
     assert s5.messages() == [(topic, "1", "0", "raw-to-mosq")]
     assert s3.messages() == [(topic, "1", "0", "raw-to-mosq")]
     bye(c)
+
+
+# ---------------------------------------------------------------- persistent sessions
+# on one broker, and on the nodes of a cluster (Kafka: Tansu): a client reconnecting to the node
+# it was on, or to another node, is served as by one broker
+
+@pytest.fixture(scope="module")
+def cluster_nodes(tmp_path_factory):
+    """Two cluster nodes on one embedded Kafka: {"n1": port, "n2": port}."""
+    from kafka_client.embedded import EmbeddedKafka
+
+    from .test_cluster import Cluster
+    tmp = tmp_path_factory.mktemp("interop-cluster")
+    kafka = EmbeddedKafka(log_file=str(tmp / "tansu.log")).start()
+    c = Cluster(kafka, tmp, 2)
+    yield {n: c.port(n) for n in ("n1", "n2")}
+    c.stop()
+    kafka.stop()
+
+
+# (where the session is made, where the client comes back): the same broker, the same node, the
+# other node
+PLACES = [pytest.param("broker", "n1", id="broker"),
+          pytest.param("cluster", "n1", id="cluster-same-node", marks=pytest.mark.kafka),
+          pytest.param("cluster", "n2", id="cluster-other-node", marks=pytest.mark.kafka)]
+
+
+@pytest.fixture
+def ports(request, broker):
+    """port of n1 and of the node a client comes back to; both the broker's on one broker."""
+    kind, back = request.param
+    if kind == "broker":
+        return broker.port, broker.port
+    nodes = request.getfixturevalue("cluster_nodes")
+    return nodes["n1"], nodes[back]
+
+
+def persistent_paho(paho_clients, port: int, level: int, client_id: str):
+    if level == 5:
+        props = Properties(PacketTypes.CONNECT)
+        props.SessionExpiryInterval = 300
+        return paho_clients(port, 5, client_id=client_id, clean_start=False, properties=props)
+    return paho_clients(port, level, client_id=client_id, clean_session=False)
+
+
+@pytest.mark.parametrize("ports", [p.values for p in PLACES], ids=[p.id for p in PLACES],
+                         indirect=True)
+@pytest.mark.parametrize("how", ["disconnect", "dropped"])
+@pytest.mark.parametrize("level", [5, 4])
+def test_paho_persistent_session_resumes_with_its_queued_messages(ports, paho_clients, level, how,
+                                                                  request):
+    """[MQTT-3.1.2-5], [MQTT-3.2.2-2], [MQTT-3.2.2-3]: paho (v5 Clean Start 0 with an expiry,
+    3.1.1 clean session 0) subscribes, goes away (DISCONNECT, or the connection drops), QoS 1
+    messages are published, and it comes back (a cluster: to the same node or the other one):
+    session present, the queued messages delivered, and its connection kept (no 0x8E)."""
+    first, back = ports
+    topic, client_id = uniq("persist"), cid("persist")
+    a = persistent_paho(paho_clients, first, level, client_id)
+    assert a.session_present is False
+    assert a.subscribe(topic, 1) == [1]
+    if how == "disconnect":
+        a.close()
+    else:
+        a.drop()
+    time.sleep(0.3)  # the broker has seen the connection end
+    pub = paho_clients(first, 5)
+    for payload in (b"q1", b"q2"):
+        pub.publish(topic, payload, 1)
+    b = persistent_paho(paho_clients, back, level, client_id)
+    assert b.session_present is True
+    got = [b.get(10) for _ in range(2)]
+    assert [(m.topic, m.payload, m.qos) for m in got] == [(topic, b"q1", 1), (topic, b"q2", 1)]
+    pub.publish(topic, b"live", 1)
+    assert b.get(10).payload == b"live"
+    time.sleep(0.5)
+    assert b.disconnects == [] and b.c.is_connected(), f"disconnected: {b.disconnects}"
+
+
+@pytest.mark.parametrize("ports", [p.values for p in PLACES], ids=[p.id for p in PLACES],
+                         indirect=True)
+def test_paho_takeover_keeps_the_new_connection(ports, paho_clients):
+    """[MQTT-3.1.4-3]: a second paho v5 connection with the client id of a connected one (a
+    cluster: on the same node or the other one): the old connection gets DISCONNECT 0x8E, the
+    new one resumes the session and keeps its connection."""
+    first, back = ports
+    topic, client_id = uniq("takeover"), cid("takeover")
+    a = persistent_paho(paho_clients, first, 5, client_id)
+    a.c.reconnect_delay_set(60, 60)  # paho would reconnect at once and take the session back
+    assert a.subscribe(topic, 1) == [1]
+    b = persistent_paho(paho_clients, back, 5, client_id)
+    assert b.session_present is True
+    deadline = time.monotonic() + 5
+    while not a.disconnects and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert a.disconnects == [0x8E]
+    pub = paho_clients(first, 5)
+    pub.publish(topic, b"to-new", 1)
+    assert b.get(10).payload == b"to-new"
+    time.sleep(0.5)
+    assert b.disconnects == [] and b.c.is_connected(), f"disconnected: {b.disconnects}"
+
+
+@pytest.mark.parametrize("ports", [p.values for p in PLACES], ids=[p.id for p in PLACES],
+                         indirect=True)
+@pytest.mark.parametrize("level", [5, 4])
+def test_mosquitto_sub_persistent_session_gets_what_was_queued(ports, level):
+    """mosquitto_sub -c (persistent) subscribes and exits (-E), messages are published, and a
+    second mosquitto_sub -c with that client id (a cluster: on the same or the other node) gets
+    them."""
+    need_mosquitto()
+    first, back = ports
+    topic, client_id = uniq("mosqpersist"), cid("mosqpersist")
+    base = [MOSQ["sub"], "-h", "127.0.0.1", "-t", topic, "-q", "1", "-V", MOSQ_V[level], "-c",
+            "-i", client_id, "-F", "MSG|%t|%q|%p"]
+    r = subprocess.run([*base, "-p", str(first), "-E"], capture_output=True, text=True, timeout=15)
+    assert r.returncode == 0, r.stdout + r.stderr
+    for i in range(2):
+        mosquitto_pub(first, topic, f"queued-{i}", 5, qos=1)
+    r = subprocess.run([*base, "-p", str(back), "-C", "2", "-W", "10"], capture_output=True,
+                       text=True, timeout=15)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert [x for x in r.stdout.splitlines() if x.startswith("MSG|")] == \
+        [f"MSG|{topic}|1|queued-{i}" for i in range(2)]
