@@ -22,8 +22,9 @@ from tests.sansio import Client, make
 
 
 class FakeProducer:
-    def __init__(self, cluster: FakeCluster) -> None:
+    def __init__(self, cluster: FakeCluster, sign: Any = None) -> None:
         self.cluster = cluster
+        self.sign = sign
         self.pending: list[tuple[str, int, bytes, Any]] = []
         self.backlog = 0
         self.acked_upto: dict[tuple[str, int], int] = {}
@@ -35,6 +36,8 @@ class FakeProducer:
                        else _tombstone(key), ts, tag)
 
     def send_body(self, topic: str, body: bytes, ts: int, tag: Any) -> None:
+        if self.sign is not None:  # as cluster/produce.py's Producer: the node's signature
+            body = self.sign(topic, body, ts)
         self.pending.append((topic, ts, body, tag))
         self.backlog += 1
 
@@ -76,15 +79,16 @@ class FakeCluster:
         self.down: set[str] = set()   # nodes that read and write nothing any more (killed)
         self.read: dict[tuple[str, str], int] = {}  # (node, topic) -> next offset to read
         self.calls: list = []  # what other threads asked the loop to run (call_soon_threadsafe)
+        self.key = b"k" * 32   # the cluster key every node shares (records signed with it)
 
     def node(self, node_id: str, **mqtt: Any) -> tuple[ClusterNode, Any]:
         """A node that joined the cluster: (ClusterNode, the sans-I/O broker's clock)."""
         broker, clock = make(**mqtt)
         n = ClusterNode(ClusterConfig(enabled=True, node_id=node_id, partitions=1), "fake:1",
-                        wall=clock)
+                        wall=clock, key=self.key)
         broker.add_hook(n)
         n.state = C.ControlState(node_id, n.inc, clock)
-        n.producer = FakeProducer(self)  # type: ignore[assignment]
+        n.producer = FakeProducer(self, n.trust.sign)  # type: ignore[assignment]
         n.fetcher = FakeFetcher()  # type: ignore[assignment]
         n.loop = _Loop(self)  # type: ignore[assignment]
         n._scan = lambda ranges, filters, n=n: self._scan(n, ranges, filters)  # type: ignore[method-assign]
