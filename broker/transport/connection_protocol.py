@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from time import perf_counter
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from settings import ListenerConfig
@@ -37,6 +38,15 @@ WRITE_HIGH_WATER = 1 << 20  # bytes buffered for a client before QoS 0 is droppe
 # add this many bytes its input is not read until the buffer drains (resume_writing), so a client
 # that sends without reading cannot make the broker buffer answers without bound.
 READ_PAUSE_GROWTH = WRITE_HIGH_WATER
+# Fairness between connections: libuv reads up to 32 x 64 KiB from one socket per wake-up and
+# the core handles each read whole, so a client sending back to back held the loop for all of
+# it (2 MiB of cheap PUBLISHes is about 8,000 of them) before anyone else's PINGREQ was read. Once
+# one connection's reads have taken this long (seconds, since its last pause), reading it waits
+# one loop iteration: the others are served in between. A stall is then this budget plus what
+# one read costs, which the limits bound (bench/stall.py; mqtt.max_wildcard_levels: a 64 KiB read
+# of PUBLISHes that walk the most wildcard levels one client may subscribe is about 60 ms).
+READ_TURN_BUDGET = 0.02
+READ_COUNTED = 0.0005  # reads shorter than this are not counted (32 of them: 16 ms)
 
 
 class AckGate:
@@ -71,7 +81,7 @@ class AckGate:
 
 class MQTTProtocol(asyncio.Protocol):
     __slots__ = ("server", "conn", "listener", "transport", "discard", "linger_timer",
-                 "reading_paused", "read_limit")
+                 "reading_paused", "read_limit", "busy")
 
     def __init__(self, server: Server, listener: ListenerConfig) -> None:
         self.server = server
@@ -84,6 +94,9 @@ class MQTTProtocol(asyncio.Protocol):
         self.linger_timer: asyncio.TimerHandle | None = None
         self.reading_paused = False
         self.read_limit = 0        # while output is paused: buffered bytes past which reading stops
+        # seconds its reads took since reading last gave way to the others (READ_TURN_BUDGET);
+        # -1.0 while it waits for the next loop iteration
+        self.busy = 0.0
 
     # ------------------------------------------------------------ transport events
     def connection_made(self, transport: Any) -> None:  # an asyncio.Transport, or a WSTransport
@@ -124,6 +137,7 @@ class MQTTProtocol(asyncio.Protocol):
                 self.transport.abort()
             return
         conn = self.conn
+        start = perf_counter()
         events = conn.data_received(data)
         if events:
             self.handle_events(events)
@@ -137,6 +151,32 @@ class MQTTProtocol(asyncio.Protocol):
             # up to 32 x 64 KiB per wake-up): write out now so output never piles up for a
             # whole turn, which bounds memory and latency under fan-out.
             self.server.flush()
+        spent = perf_counter() - start
+        if spent >= READ_COUNTED:  # (an idle connection's cheap reads store no float)
+            busy = self.busy + spent
+            if busy <= READ_TURN_BUDGET:
+                self.busy = busy
+            else:
+                self.give_way()
+
+    def give_way(self) -> None:
+        """This connection's reads took READ_TURN_BUDGET: reading waits one loop iteration
+        (unless already paused), so that every other connection is served first."""
+        self.busy = 0.0
+        t = self.transport
+        if t is None or t.is_closing() or self.reading_paused:
+            return
+        self.busy = -1.0
+        t.pause_reading()
+        self.server.loop.call_soon(self.take_turn)
+
+    def take_turn(self) -> None:
+        """The loop went round once since give_way(): read again (unless paused since, for
+        backpressure, which resume_writing() ends)."""
+        self.busy = 0.0
+        t = self.transport
+        if t is not None and not t.is_closing() and not self.reading_paused:
+            t.resume_reading()
 
     def eof_received(self) -> bool:
         return False  # the transport closes (after writing what it holds)
@@ -149,7 +189,7 @@ class MQTTProtocol(asyncio.Protocol):
         if self.reading_paused:
             self.reading_paused = False
             t = self.transport
-            if t is not None and not t.is_closing():
+            if t is not None and not t.is_closing() and self.busy >= 0:  # (else take_turn() will)
                 t.resume_reading()
         self.conn.resume_writing()
 
@@ -159,7 +199,8 @@ class MQTTProtocol(asyncio.Protocol):
         t = self.transport
         if t is not None and not t.is_closing() and t.get_write_buffer_size() > self.read_limit:
             self.reading_paused = True
-            t.pause_reading()
+            if self.busy >= 0:  # (else paused already, waiting for take_turn())
+                t.pause_reading()
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.linger_timer is not None:
