@@ -63,6 +63,20 @@ def matches(filt: str, topic: str) -> bool:
     return len(f) == len(t)
 
 
+def wildcard_shape(filt: str) -> tuple[str, int]:
+    """(shape, wildcard levels) of a topic filter with a '+' level: the shape is the filter with
+    every literal level alike ('a/+/b' -> '/+/'), the wildcard levels count its levels from the
+    first '+' on, a last '#' aside ('a/+/b/#' -> 2). TopicTrie.match() visits at most one node
+    per shape prefix (the topic fixes every literal level), so the trie nodes a topic can visit
+    below a '+' are at most the sum of the wildcard levels of the distinct shapes subscribed;
+    the literal levels above them at most one per topic level. ('', 0) without a '+'."""
+    if "+" not in filt:
+        return "", 0
+    levels = filt.split("/")
+    n = len(levels) - levels.index("+") - (levels[-1] == "#")
+    return "/".join([x if x == "+" or x == "#" else "" for x in levels]), n
+
+
 # A node's children or values while it has none: one shared, read-only empty mapping (an empty
 # dict is 64 bytes; a subscriber's own filter, as devices have, ends in a node without children
 # below a node without values: 128 bytes less per such filter)

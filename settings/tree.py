@@ -145,6 +145,16 @@ class MQTTConfig(Section):
     max_connect_packet_size: int = 131072  # bytes a packet may have before CONNECT is accepted (0x95)
     max_subscriptions_per_client: int = 1000  # filters a session may hold; more get SUBACK 0x97
     max_filters_per_subscribe: int = 1000  # more in one SUBSCRIBE / UNSUBSCRIBE: DISCONNECT 0x97
+    # bytes of topic filter a session holds, and all sessions together; a filter beyond: SUBACK
+    # 0x97 (also when read back from the store); 0: no bound
+    max_subscription_bytes: int = key(65536, COUNT)
+    max_subscription_bytes_total: int = key(67108864, COUNT)
+    # wildcard levels of a session's distinct filter shapes (levels from the first '+' on, a last
+    # '#' aside; literals alike: 1,000 filters 'site/<n>/+/cmd' count 2), and of all sessions'
+    # distinct shapes: they bound the subscription trie's nodes one PUBLISH visits (README
+    # "Subscription limits"); a filter beyond: SUBACK 0x97; 0: no bound
+    max_wildcard_levels: int = key(256, COUNT)
+    max_wildcard_levels_total: int = key(4096, COUNT)
     max_retained_replay: int = 100000    # retained messages waiting to be sent to one session
     match_cache_entries: int = 100000    # topics remembered by the subscription match cache
     match_cache_bytes: int = 16777216    # total topic length the match cache may hold

@@ -479,6 +479,10 @@ class CoreTarget:
         if s is not None:
             assert len(s.inflight_in) <= cfg.receive_maximum
             assert len(s.subscriptions) <= cfg.max_subscriptions_per_client
+            # what the subscriptions cost, as kept by the session, and within the bounds
+            assert s.filter_bytes == sum(map(len, s.subscriptions))
+            assert not cfg.max_subscription_bytes or s.filter_bytes <= cfg.max_subscription_bytes
+            assert not cfg.max_wildcard_levels or s.wildcard_levels <= cfg.max_wildcard_levels
             assert len(s.queue) <= cfg.max_queued_messages
             # (in-flight towards the client is not checked against its Receive Maximum: the
             # send quota of 4.9 counts acknowledgements of messages sent on earlier connections)

@@ -78,6 +78,8 @@ class Broker:
         self.router_hook: Callable[..., Any] | None = None
         self.admit: Callable[..., Any] | None = None
         self.install: Callable[..., Any] | None = None  # the routing hook's say on when a new subscription starts
+        # setting name -> subscriptions read back (restore_subscription) it did not let in
+        self.restore_refused: dict[str, int] = {}
         # the hook that takes SUBSCRIBEs to "$replay/..." filters (core/hooks.py REPLAY), or None
         self.replay_hook: Callable[..., Any] | None = None
         # some hook provides barrier(): PUBACK/PUBREC are held until it says the message is
@@ -231,7 +233,7 @@ class Broker:
         if session.subscriptions:
             for sub in session.subscriptions.values():
                 self.router.remove(sub)
-            session.subscriptions.clear()
+            session.drop_subscriptions()
         if session.queue:
             session.drop_queue()
         if session.store is not None:
@@ -356,6 +358,18 @@ class Broker:
         group, tf = shared if shared else (None, filt)
         if not valid_topic_filter(tf):
             raise ValueError(f"invalid topic filter {filt!r}")
+        if filt not in s.subscriptions:
+            # the bounds a SUBSCRIBE has now hold for what is read back too (they may have been
+            # lowered, or the subscriptions stored before there were any): beyond them it is
+            # dropped, from the store too, and restored() says how many
+            cap = self.cfg.max_subscriptions_per_client
+            over = ("max_subscriptions_per_client" if cap and len(s.subscriptions) >= cap
+                    else self.subscription_over(s, filt, tf))
+            if over is not None:
+                self.restore_refused[over] = self.restore_refused.get(over, 0) + 1
+                if s.store is not None:
+                    s.store.delete_subscription(client_id, filt)
+                return None
         sub = Subscription(filt, tf, group, qos, no_local, retain_as_published, retain_handling,
                            sub_id, s)
         sub.read_check = self.auth.needs_read_check(client_id, s.username, filt)
@@ -397,6 +411,11 @@ class Broker:
     def restored(self) -> None:
         """The store finished restoring: warn when what was read back fills mqtt.max_sessions or
         the retained store's bounds (nothing stored is dropped for them: new ones are refused)."""
+        if self.restore_refused:
+            log.warning("subscriptions read back beyond the limits were dropped (%s): their "
+                        "clients must subscribe again; raise the limits to keep such sets",
+                        ", ".join(f"{n} over mqtt.{name}" for name, n in self.restore_refused.items()))
+            self.restore_refused = {}
         limit = self.cfg.max_sessions
         if limit and len(self.sessions) >= limit:
             log.warning("restored %d sessions, mqtt.max_sessions is %d: CONNECTs with new client ids "
@@ -570,6 +589,24 @@ class Broker:
             self.router.add(sub)
         else:
             self.install(sub)
+
+    def subscription_over(self, session: Session, filt: str, topic_filter: str) -> str | None:
+        """The bound one more subscription of `session` (to filt: not one it holds) would pass,
+        or None when it fits (README "Subscription limits"): the filters' length held by the
+        session and by the broker, the wildcard levels of the session's filter shapes and of all
+        shapes subscribed (these bound the trie nodes one PUBLISH can visit: Router)."""
+        cfg, r = self.cfg, self.router
+        n = len(filt)
+        if cfg.max_subscription_bytes and session.filter_bytes + n > cfg.max_subscription_bytes:
+            return "max_subscription_bytes"
+        if (cfg.max_subscription_bytes_total
+                and r.filter_bytes + n > cfg.max_subscription_bytes_total):
+            return "max_subscription_bytes_total"
+        if not session.wildcard_room(topic_filter, cfg.max_wildcard_levels):
+            return "max_wildcard_levels"
+        if not r.wildcard_room(topic_filter, cfg.max_wildcard_levels_total):
+            return "max_wildcard_levels_total"
+        return None
 
     def remove_subscription(self, sub: Subscription) -> None:
         """A subscription ends (UNSUBSCRIBE, or replaced by a new SUBSCRIBE of its filter; a

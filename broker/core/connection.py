@@ -986,9 +986,17 @@ class Connection:
         qos = min(o.qos, cfg.maximum_qos)
         session = self.session
         existed = filt in session.subscriptions
-        if (not existed and cfg.max_subscriptions_per_client
-                and len(session.subscriptions) >= cfg.max_subscriptions_per_client):
-            return rc.QUOTA_EXCEEDED
+        if not existed:
+            if (cfg.max_subscriptions_per_client
+                    and len(session.subscriptions) >= cfg.max_subscriptions_per_client):
+                return rc.QUOTA_EXCEEDED
+            # the filters' bytes and wildcard levels, of this session and of all (Broker.
+            # subscription_over, README "Subscription limits")
+            over = b.subscription_over(session, filt, topic_filter)
+            if over is not None:
+                self.note(logging.INFO, "%s: SUBSCRIBE of %s refused (0x97): mqtt.%s reached",
+                          self.client_id, filt, over)
+                return rc.QUOTA_EXCEEDED
         v5 = self.level == P.MQTT_5
         sub = Subscription(filt, topic_filter, group, qos, o.no_local and v5,
                            o.retain_as_published and v5, o.retain_handling if v5 else 0,
@@ -1014,7 +1022,7 @@ class Connection:
         codes = []
         session = self.session
         for filt in u.topics:
-            sub = session.subscriptions.pop(filt, None)  # [MQTT-3.10.4-1] exact match
+            sub = session.drop_subscription(filt)  # [MQTT-3.10.4-1] exact match
             if sub is None:
                 # a filter no SUBSCRIBE could have made ("#/a", "a/b#", "$share/g"): 0x8F, as
                 # its SUBACK would have said, rather than "no subscription existed" (README

@@ -22,7 +22,8 @@ The surface, by what it is for:
                connection_closed()
     PUBLISH    accepting, offer(), router_hook, retain(), route(), retained_fits(),
                retained_refused(), durable (acks wait for the hooks' barrier)
-    SUBSCRIBE  add_subscription(), remove_subscription(), retained_matching(), replay_hook
+    SUBSCRIBE  add_subscription(), remove_subscription(), subscription_over(),
+               retained_matching(), replay_hook
 """
 from __future__ import annotations
 
@@ -113,6 +114,7 @@ class ConnectionHost(Protocol):
     def replay_hook(self) -> Callable[..., Any] | None: ...
     def add_subscription(self, sub: Subscription, replacing: bool = False) -> None: ...
     def remove_subscription(self, sub: Subscription) -> None: ...
+    def subscription_over(self, session: Session, filt: str, topic_filter: str) -> str | None: ...
     def retained_matching(self, topic_filter: str) -> Iterator[tuple[Any, Message]]: ...
 
 

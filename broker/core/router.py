@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from mqtt_topics import TopicTrie
+from mqtt_topics import TopicTrie, wildcard_shape
 
 if TYPE_CHECKING:
     from .session import Subscriber, Subscription
@@ -42,12 +42,24 @@ class Router:
         # emptied caches waiting to be freed (at most one: freeing 100,000 entries at once held
         # the event loop 10-17 ms, in the SUBSCRIBE or PUBLISH that emptied the cache)
         self.retired: list[dict[str, Match]] = []
+        # What the subscriptions here cost, for the broker-wide bounds a SUBSCRIBE is checked
+        # against (README "Subscription limits"): the filters' length (mqtt.
+        # max_subscription_bytes_total); the wildcard shapes (mqtt_topics.wildcard_shape) ->
+        # how many subscriptions have each, and the sum of their wildcard levels (mqtt.
+        # max_wildcard_levels_total), which bounds the trie nodes one PUBLISH can visit.
+        self.filter_bytes = 0
+        self.shapes: dict[str, int] = {}
+        self.wildcard_levels = 0
 
     def add(self, sub: Subscription) -> bool:
         """Add or replace a subscription [MQTT-3.8.4-3]; True when it is new."""
         key = sub.session.client_id if sub.group is None else (sub.group, sub.session.client_id)
         new = self.trie.add(sub.topic_filter, key, sub)
         self.count += new
+        if new:
+            self.filter_bytes += len(sub.filter)
+            if "+" in sub.topic_filter:
+                self.count_shape(sub.topic_filter, 1)
         if new and sub.group is not None:
             g = (sub.group, sub.topic_filter)
             self.shared_groups[g] = self.shared_groups.get(g, 0) + 1
@@ -55,6 +67,25 @@ class Router:
             self.shared_version += 1
         self.empty_cache()
         return new
+
+    def count_shape(self, topic_filter: str, delta: int) -> None:
+        shape, levels = wildcard_shape(topic_filter)
+        n = self.shapes.get(shape, 0) + delta
+        if n > 0:
+            self.shapes[shape] = n
+            if n == delta:  # new here
+                self.wildcard_levels += levels
+        else:
+            self.shapes.pop(shape, None)
+            self.wildcard_levels -= levels
+
+    def wildcard_room(self, topic_filter: str, limit: int) -> bool:
+        """Whether one more subscription to topic_filter keeps the wildcard levels of the
+        distinct shapes subscribed within limit (mqtt.max_wildcard_levels_total; 0: no bound)."""
+        if not limit or "+" not in topic_filter:
+            return True
+        shape, levels = wildcard_shape(topic_filter)
+        return shape in self.shapes or self.wildcard_levels + levels <= limit
 
     def has_plain(self) -> bool:
         """Whether any subscription here is not a $share one."""
@@ -64,6 +95,10 @@ class Router:
         key = sub.session.client_id if sub.group is None else (sub.group, sub.session.client_id)
         removed = self.trie.remove(sub.topic_filter, key)
         self.count -= removed
+        if removed:
+            self.filter_bytes -= len(sub.filter)
+            if "+" in sub.topic_filter:
+                self.count_shape(sub.topic_filter, -1)
         if removed and sub.group is not None:
             g = (sub.group, sub.topic_filter)
             n = self.shared_groups.get(g, 1) - 1

@@ -16,6 +16,8 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
+from mqtt_topics import wildcard_shape
+
 from ..protocol import packets as P
 from ..protocol.codec import encode_ack
 from .empties import NO_ENTRIES, NO_IDS, NOTHING
@@ -148,7 +150,7 @@ class Session:
                  "expiry_interval", "expires_at", "will", "will_at", "link", "next_pid",
                  "max_queued", "queue_qos0", "stats", "username", "link_level", "sent",
                  "store", "resend_pending", "replay", "queues", "queue_room", "acl_gen",
-                 "qos2_unsure")
+                 "qos2_unsure", "filter_bytes", "shapes", "wildcard_levels")
 
     def __init__(self, client_id: str, max_queued: int = 1000, queue_qos0: bool = False,
                  stats: dict[str, int] | None = None, sent: list[int] | None = None,
@@ -158,6 +160,14 @@ class Session:
         self.link_level = 5  # protocol level of the last connection (for the sink record)
         # filter -> Subscription (NO_ENTRIES until the first: add_subscription())
         self.subscriptions: dict[str, Subscription] = NO_ENTRIES
+        # what the subscriptions cost, kept by add_subscription() / drop_subscription() for the
+        # bounds a SUBSCRIBE is checked against (README "Subscription limits"): the filters'
+        # length (mqtt.max_subscription_bytes); the wildcard shapes (mqtt_topics.wildcard_shape)
+        # -> how many of its filters have each (NO_ENTRIES until a filter with a '+'), and the
+        # sum of their wildcard levels (mqtt.max_wildcard_levels)
+        self.filter_bytes = 0
+        self.shapes: dict[str, int] = NO_ENTRIES
+        self.wildcard_levels = 0
         # packet id -> Inflight; insertion order = send order. NO_ENTRIES until QoS 1/2 messages
         # may come (the first QoS 1/2 subscription, a restored message): _send() writes unchecked
         self.inflight_out: dict[int, Inflight] = NO_ENTRIES
@@ -200,9 +210,52 @@ class Session:
         subs = self.subscriptions
         if subs is NO_ENTRIES:
             subs = self.subscriptions = {}
+        new = sub.filter not in subs  # (a replacement has the same filter: the same costs)
         subs[sub.filter] = sub
+        if new:
+            self.filter_bytes += len(sub.filter)
+            if "+" in sub.topic_filter:
+                self._count_shape(sub.topic_filter, 1)
         if sub.qos:
             self.may_send_qos12()
+
+    def drop_subscription(self, filt: str) -> Subscription | None:
+        """Remove the subscription for filt (exactly that filter); it, or None when none."""
+        sub = self.subscriptions.pop(filt, None) if self.subscriptions else None
+        if sub is not None:
+            self.filter_bytes -= len(filt)
+            if "+" in sub.topic_filter:
+                self._count_shape(sub.topic_filter, -1)
+        return sub
+
+    def drop_subscriptions(self) -> None:
+        """Remove every subscription (the session ends)."""
+        if self.subscriptions:
+            self.subscriptions.clear()
+        self.filter_bytes = self.wildcard_levels = 0
+        self.shapes = NO_ENTRIES
+
+    def wildcard_room(self, topic_filter: str, limit: int) -> bool:
+        """Whether one more filter keeps the wildcard levels of this session's distinct shapes
+        within limit (mqtt.max_wildcard_levels; 0: no bound)."""
+        if not limit or "+" not in topic_filter:
+            return True
+        shape, levels = wildcard_shape(topic_filter)
+        return shape in self.shapes or self.wildcard_levels + levels <= limit
+
+    def _count_shape(self, topic_filter: str, delta: int) -> None:
+        shape, levels = wildcard_shape(topic_filter)
+        shapes = self.shapes
+        if shapes is NO_ENTRIES:
+            shapes = self.shapes = {}
+        n = shapes.get(shape, 0) + delta
+        if n > 0:
+            shapes[shape] = n
+            if n == delta:  # a shape new to this session
+                self.wildcard_levels += levels
+        else:
+            shapes.pop(shape, None)
+            self.wildcard_levels -= levels
 
     def may_send_qos12(self) -> None:
         """QoS 1/2 messages may be sent from now on: the in-flight table exists (every QoS 1/2

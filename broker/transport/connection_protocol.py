@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from time import perf_counter
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from settings import ListenerConfig
@@ -37,6 +38,18 @@ WRITE_HIGH_WATER = 1 << 20  # bytes buffered for a client before QoS 0 is droppe
 # add this many bytes its input is not read until the buffer drains (resume_writing), so a client
 # that sends without reading cannot make the broker buffer answers without bound.
 READ_PAUSE_GROWTH = WRITE_HIGH_WATER
+# Fairness between connections: libuv reads up to 32 x 64 KiB from one socket per wake-up and
+# the core handles each read whole, so a client sending back to back held the loop for all of
+# it (2 MiB of cheap PUBLISHes is about 8,000 of them) before anyone else's PINGREQ was read. Once
+# one connection's reads have taken this long (seconds, since its last pause), reading it waits
+# one loop iteration: the others are served in between; a large read is handled a slice at a
+# time, the rest of it waiting likewise. A stall is then this budget plus what one slice costs,
+# which the limits bound (bench/stall.py wildcard_branches: a 16 KiB slice of PUBLISHes that walk
+# the most wildcard levels one client may subscribe, mqtt.max_wildcard_levels, is about 15 ms).
+READ_TURN_BUDGET = 0.02
+READ_COUNTED = 0.0005  # reads shorter than this are not counted (32 of them: 16 ms)
+READ_SLICE = 16384     # a larger read is handled this much at a time, the budget checked between
+TAKING = bytes(1)      # MQTTProtocol.held while take_turn() handles what was held (compared by identity)
 
 
 class AckGate:
@@ -71,7 +84,7 @@ class AckGate:
 
 class MQTTProtocol(asyncio.Protocol):
     __slots__ = ("server", "conn", "listener", "transport", "discard", "linger_timer",
-                 "reading_paused", "read_limit")
+                 "reading_paused", "read_limit", "busy", "held")
 
     def __init__(self, server: Server, listener: ListenerConfig) -> None:
         self.server = server
@@ -84,6 +97,11 @@ class MQTTProtocol(asyncio.Protocol):
         self.linger_timer: asyncio.TimerHandle | None = None
         self.reading_paused = False
         self.read_limit = 0        # while output is paused: buffered bytes past which reading stops
+        # seconds its reads took since reading last gave way to the others (READ_TURN_BUDGET);
+        # while it waits for the next loop iteration (reading paused): `held`, what is left of
+        # its last read (b"": nothing), else None
+        self.busy = 0.0
+        self.held: bytes | None = None
 
     # ------------------------------------------------------------ transport events
     def connection_made(self, transport: Any) -> None:  # an asyncio.Transport, or a WSTransport
@@ -123,6 +141,19 @@ class MQTTProtocol(asyncio.Protocol):
             if self.discard < 0:
                 self.transport.abort()
             return
+        if len(data) > READ_SLICE:
+            return self.feed_slices(data)
+        start = perf_counter()
+        self.feed(data)
+        spent = perf_counter() - start
+        if spent >= READ_COUNTED:  # (an idle connection's cheap reads store no float)
+            busy = self.busy + spent
+            if busy <= READ_TURN_BUDGET:
+                self.busy = busy
+            else:
+                self.give_way(b"")
+
+    def feed(self, data: bytes) -> None:
         conn = self.conn
         events = conn.data_received(data)
         if events:
@@ -138,6 +169,56 @@ class MQTTProtocol(asyncio.Protocol):
             # whole turn, which bounds memory and latency under fan-out.
             self.server.flush()
 
+    def feed_slices(self, data: bytes) -> None:
+        """A large read (uvloop's are up to 256,000 bytes), READ_SLICE at a time: once this
+        connection's reads have taken READ_TURN_BUDGET, the rest of it waits for the next loop
+        iteration (give_way())."""
+        start = perf_counter()
+        n = len(data)
+        i = 0
+        while i < n:
+            self.feed(data[i:i + READ_SLICE])
+            i += READ_SLICE
+            if self.transport is None or self.conn.close_requested or self.discard >= 0:
+                return  # (what follows a close is dropped, as the core drops it within a read)
+            busy = self.busy + (perf_counter() - start)
+            if busy > READ_TURN_BUDGET:
+                return self.give_way(data[i:])
+        self.busy += perf_counter() - start
+
+    def give_way(self, rest: bytes) -> None:
+        """This connection's reads took READ_TURN_BUDGET: `rest` of the last one and reading
+        wait for the next loop iteration, so that every other connection is served first."""
+        self.busy = 0.0
+        t = self.transport
+        if t is None or t.is_closing():
+            return
+        if self.held is None and not self.reading_paused:
+            t.pause_reading()
+        self.held = rest
+        self.server.loop.call_soon(self.next_turn)
+
+    def next_turn(self) -> None:
+        # uvloop runs call_soon callbacks before it polls (asyncio after): one more round makes
+        # sure the loop polls the other connections before take_turn()
+        self.server.loop.call_soon(self.take_turn)
+
+    def take_turn(self) -> None:
+        """The loop went round once since give_way(): what was held is handled (it may give way
+        again), then reading goes on (unless paused since for backpressure: resume_writing())."""
+        rest = self.held
+        if rest is None or rest is TAKING:
+            return
+        self.held = TAKING  # (reading still paused while the rest is handled)
+        if rest and self.transport is not None:
+            self.feed_slices(rest)
+        if self.held is not TAKING:  # gave way again: the next iteration goes on
+            return
+        self.held = None
+        t = self.transport
+        if t is not None and not t.is_closing() and not self.reading_paused:
+            t.resume_reading()
+
     def eof_received(self) -> bool:
         return False  # the transport closes (after writing what it holds)
 
@@ -149,7 +230,7 @@ class MQTTProtocol(asyncio.Protocol):
         if self.reading_paused:
             self.reading_paused = False
             t = self.transport
-            if t is not None and not t.is_closing():
+            if t is not None and not t.is_closing() and self.held is None:  # (else take_turn() will)
                 t.resume_reading()
         self.conn.resume_writing()
 
@@ -159,7 +240,8 @@ class MQTTProtocol(asyncio.Protocol):
         t = self.transport
         if t is not None and not t.is_closing() and t.get_write_buffer_size() > self.read_limit:
             self.reading_paused = True
-            t.pause_reading()
+            if self.held is None:  # (else paused already, waiting for take_turn())
+                t.pause_reading()
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.linger_timer is not None:

@@ -177,7 +177,7 @@ class ReplayHook(Hook):
             return
         for feed in list(mine):
             if session.subscriptions.get(feed.filter) is feed.book:
-                del session.subscriptions[feed.filter]
+                session.drop_subscription(feed.filter)
             feed.end("the client disconnected")
 
     def on_tick(self) -> None:

@@ -200,6 +200,57 @@ async def test_inbound_backpressure_pauses_reading_of_a_client_that_does_not_rea
     assert t.reading and not proto.conn.paused
 
 
+async def test_a_client_whose_reads_take_long_gives_way_to_the_others(monkeypatch):
+    """Reads of one connection that took READ_TURN_BUDGET in all (a client sending back to back:
+    libuv hands over up to 2 MiB of its input per wake-up) pause its reading for one loop
+    iteration, so other connections' packets (a PINGREQ) are read in between; reads within the
+    budget are not paused. Backpressure's pause in the meantime is kept."""
+    from broker.transport import connection_protocol as cp
+    server, proto, t = serve()
+    clock = [0.0, 0.0]  # now, how much it moves per reading (two per read: its start and end)
+
+    def perf_counter():
+        clock[0] += clock[1]
+        return clock[0]
+    monkeypatch.setattr(cp, "perf_counter", perf_counter)
+
+    def read(seconds):  # a read that takes `seconds`
+        clock[1] = seconds
+        proto.data_received(b"\xc0\x00")
+
+    read(cp.READ_TURN_BUDGET / 3)
+    read(cp.READ_TURN_BUDGET / 3)
+    assert t.reading                       # within the budget
+    read(cp.READ_TURN_BUDGET / 2)
+    assert not t.reading                   # past it: other connections first
+    await settle()                         # the loop goes round (polling the others)
+    assert t.reading and proto.busy == 0
+    read(cp.READ_TURN_BUDGET * 2)          # one long read alone
+    assert not t.reading
+    proto.pause_writing()                  # backpressure while it waits its turn
+    t.buffered += READ_PAUSE_GROWTH + 1
+    proto.pause_reading_if_flooded()
+    await settle()
+    assert not t.reading                   # still paused: the client does not read
+    t.buffered = 0
+    proto.resume_writing()
+    assert t.reading
+
+    # a large read (uvloop's are up to 256,000 bytes) is handled a slice at a time: past the
+    # budget, the rest of it waits for the next iteration too; every packet once, in order
+    clock[1] = cp.READ_TURN_BUDGET * 3 / 4
+    n = 100_000
+    t.data.clear()
+    proto.data_received(b"\xc0\x00" * n)  # 200,000 bytes of PINGREQ
+    server.flush()
+    first = len(t.data) // 2
+    assert 0 < first < n and not t.reading
+    for _ in range(20):
+        await asyncio.sleep(0)
+        server.flush()
+    assert t.data == b"\xd0\x00" * n and t.reading and proto.held is None
+
+
 async def test_graceful_close_reads_again_to_discard_input():
     server, proto, t = serve()
     proto.pause_writing()

@@ -358,3 +358,124 @@ def test_stats_show_queued_and_retained_bytes():
     assert v["queued_bytes"] == 6 and v["retained_bytes"] == 6
     assert v["dropped_queues_total"] == 0 and v["dropped_retained_quota"] == 0
     drain(pub.conn)
+
+
+# ---------------------------------------------------------------- subscriptions: bytes and wildcard levels
+def branching_filters(n: int = 1000, depth: int = 128) -> list[str]:
+    """n filters of `depth` levels: their first 10 levels 'a' or '+' (each filter its own
+    combination), '+' below, a last level no topic has: a PUBLISH on 'a/a/.../a/...' walks
+    down every one of the n branches and matches none."""
+    bits = max(1, (n - 1).bit_length())
+    return ["/".join(["+" if i >> k & 1 else "a" for k in range(bits)]
+                     + ["+"] * (depth - bits - 1) + ["end"]) for i in range(n)]
+
+
+def count_trie_visits(monkeypatch) -> list[int]:
+    """Counts the subscription trie's node visits (mqtt_topics' walk) into the list returned."""
+    import mqtt_topics
+    visits = [0]
+    step = mqtt_topics._step
+
+    def counted(*args):
+        visits[0] += 1
+        return step(*args)
+    monkeypatch.setattr(mqtt_topics, "_step", counted)
+    return visits
+
+
+def test_a_publish_visits_a_bounded_number_of_trie_nodes_whatever_one_client_subscribes(monkeypatch):
+    """A client's filters branching 1,000 ways into '+' levels (one SUBSCRIBE of 1,000 filters
+    of 128 levels): before, all were stored and each PUBLISH on a new 128-level topic visited
+    every branch (118,000 trie nodes, 40-90 ms: another client waited seconds for its PINGREQ).
+    Now the filters beyond mqtt.max_wildcard_levels of distinct shapes get 0x97, and a PUBLISH
+    visits at most max_wildcard_levels + max_topic_levels nodes."""
+    cfg = MQTTConfig()
+    b, _ = make(max_subscription_bytes=0)  # (the byte bound alone would refuse most of them)
+    c = Client(b)
+    c.connect("brancher")
+    filters = branching_filters()
+    codes = subscribe(c, *filters).reason_codes
+    granted = codes.count(0)
+    assert 0 < granted < 10 and codes == [0] * granted + [rc.QUOTA_EXCEEDED] * (1000 - granted)
+    assert b.sessions["brancher"].wildcard_levels <= cfg.max_wildcard_levels
+    visits = count_trie_visits(monkeypatch)
+    other = Client(b)
+    other.connect("other")
+    for n in range(5):
+        publish(c, "/".join(["a"] * 10 + [str(n)] + ["x"] * 117))
+        assert nothing(c)
+        other.send(P.PingReq())
+        assert [p.type for p in other.received()] == [P.PINGRESP]
+    assert 0 < visits[0] <= 5 * (cfg.max_wildcard_levels + cfg.max_topic_levels), visits[0]
+
+
+def test_filters_differing_in_literal_levels_count_their_shape_once():
+    """Wildcard levels count per distinct shape (literal levels alike): a gateway's 1,000 filters
+    'site/<n>/+/cmd' are 2 levels, all granted under max_wildcard_levels 2 (998 of them: room for
+    two more filters under max_subscriptions_per_client); another shape beyond
+    it is refused, and room comes back when the filters of a shape are all unsubscribed."""
+    b, _ = make(max_wildcard_levels=2)
+    c = Client(b)
+    c.connect("gw")
+    sites = [f"site/{n}/+/cmd" for n in range(998)]
+    assert subscribe(c, *sites).reason_codes == [0] * 998
+    s = b.sessions["gw"]
+    assert (s.wildcard_levels, s.shapes) == (2, {"//+/": 998})
+    codes = subscribe(c, "+/x", "a/+/#", "a/b/#", "plain/topic", pid=2).reason_codes
+    assert codes == [rc.QUOTA_EXCEEDED, rc.QUOTA_EXCEEDED, 0, 0]  # '#' alone adds no level
+    c.send(P.Unsubscribe(3, sites[:997] + ["a/b/#"]))
+    c.received()
+    assert subscribe(c, "+/x", pid=4).reason_codes == [rc.QUOTA_EXCEEDED]
+    c.send(P.Unsubscribe(5, sites[997:]))
+    c.received()
+    assert subscribe(c, "+/x", pid=6).reason_codes == [0] and s.wildcard_levels == 2
+
+
+def test_wildcard_levels_of_all_sessions_are_bounded_and_shared_shapes_count_once():
+    """mqtt.max_wildcard_levels_total bounds the distinct shapes of every session together: a
+    second client with other shapes is refused beyond it, one with a shape already subscribed
+    is not; the room comes back when a session ends."""
+    b, _ = make(max_wildcard_levels=4, max_wildcard_levels_total=4)
+    one, two = Client(b), Client(b)
+    one.connect("one")
+    two.connect("two")
+    assert subscribe(one, "+/+/+/+").reason_codes == [0]
+    assert b.router.wildcard_levels == 4
+    assert subscribe(two, "x/+", "a/b/c/d", "$share/g/+/+/+/+").reason_codes == \
+        [rc.QUOTA_EXCEEDED, 0, 0]
+    one.send(P.Disconnect(0))  # a clean session: it ends, with its subscriptions
+    assert b.router.wildcard_levels == 4  # two's $share subscription of the same shape
+    two.send(P.Unsubscribe(2, ["$share/g/+/+/+/+"]))
+    two.received()
+    assert b.router.wildcard_levels == 0 and b.router.shapes == {}
+    assert subscribe(two, "x/+", pid=3).reason_codes == [0]
+
+
+def test_subscription_bytes_are_bounded_per_session_and_in_total():
+    """mqtt.max_subscription_bytes: the filters a session holds, in bytes (before: only their
+    number was bounded: 1,000 filters of 60 KB each held 60 MB); a filter beyond gets 0x97
+    (0x80 for 3.1.1), replacing one it holds is not refused, unsubscribing makes room.
+    mqtt.max_subscription_bytes_total bounds all sessions' together."""
+    b, _ = make(max_subscription_bytes=100, max_subscription_bytes_total=150)
+    c = Client(b)
+    c.connect("c")
+    f40 = ["a" * 39 + str(i) for i in range(3)]
+    assert subscribe(c, *f40).reason_codes == [0, 0, rc.QUOTA_EXCEEDED]
+    assert b.sessions["c"].filter_bytes == 80
+    assert subscribe(c, f40[0], "b" * 20, "c", qos=1, pid=2).reason_codes == [1, 1, rc.QUOTA_EXCEEDED]
+    c.send(P.Unsubscribe(3, [f40[1]]))
+    c.received()
+    assert subscribe(c, f40[2], pid=4).reason_codes == [0]
+    assert (b.sessions["c"].filter_bytes, b.router.filter_bytes) == (100, 100)
+    v4 = Client(b, level=4)
+    v4.connect("v4")
+    assert subscribe(v4, "d" * 50, "e").reason_codes == [0, 0x80]  # 150 in total
+    c.send(P.Disconnect(0))
+    assert b.router.filter_bytes == 50
+    assert subscribe(v4, "e", pid=2).reason_codes == [0]
+
+
+def test_subscription_bound_defaults_are_finite():
+    c = MQTTConfig()
+    assert (c.max_subscription_bytes, c.max_subscription_bytes_total) == (64 << 10, 64 << 20)
+    assert (c.max_wildcard_levels, c.max_wildcard_levels_total) == (256, 4096)

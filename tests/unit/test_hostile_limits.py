@@ -395,3 +395,40 @@ def test_restoring_as_many_sessions_as_max_sessions_warns(tmp_path, caplog):
     assert len(warn) == 1 and "mqtt.max_sessions is 1" in warn[0], warn
     assert Client(b).connect("other").reason_code == rc.QUOTA_EXCEEDED
     assert Client(b).connect("s", clean=False).session_present
+
+
+# ---------------------------------------------------------------- subscriptions restored from the store
+def test_restored_subscriptions_respect_the_byte_and_wildcard_bounds(tmp_path, caplog):
+    """Subscriptions stored under larger bounds (an earlier config: three offline sessions of
+    1,000 60 KB filters took 390 MiB, all read back at restart) are restored only within the
+    current mqtt.max_subscription_bytes (per session and in total) and max_wildcard_levels:
+    the rest is dropped, from the store too, with one WARNING saying which bounds and how to
+    keep them."""
+    path, clock = tmp_path / "state.db", Clock()
+    store = Store(str(path), clock=clock, wall=clock)
+    b = Broker(MQTTConfig(), clock=clock, wall=clock, store=store)
+    for cid in ("s1", "s2"):
+        c = Client(b)
+        c.connect(cid, clean=False, props={PR.SESSION_EXPIRY_INTERVAL: 1000})
+        c.send(P.Subscribe(1, [(f"{cid}/{i}/" + "x" * 90, P.SubscriptionOptions(1))
+                               for i in range(10)] + [("+/+/+", P.SubscriptionOptions(0))]))
+        c.received()  # (the SUBACK waits for the store's commit)
+        assert len(b.sessions[cid].subscriptions) == 11
+        c.conn.connection_lost()
+    assert store.commit() >= 0
+    store.close()
+    with caplog.at_level(logging.WARNING):
+        b, store = _restart(path, clock, max_subscription_bytes=500,
+                            max_subscription_bytes_total=700, max_wildcard_levels=2)
+    held = {cid: b.sessions[cid].filter_bytes for cid in ("s1", "s2")}
+    assert all(n <= 500 for n in held.values()) and sum(held.values()) <= 700
+    assert b.router.filter_bytes == sum(held.values()) and b.router.count == \
+        sum(len(b.sessions[cid].subscriptions) for cid in held)
+    assert not any("+/+/+" in b.sessions[cid].subscriptions for cid in held)
+    warn = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("mqtt.max_subscription_bytes" in w and "mqtt.max_wildcard_levels" in w
+               for w in warn), warn
+    assert store.commit() >= 0
+    store.close()
+    with sqlite3.connect(path) as db:
+        assert db.execute("SELECT COUNT(*) FROM subscriptions").fetchone()[0] == b.router.count

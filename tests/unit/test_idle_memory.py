@@ -13,7 +13,9 @@ from broker.transport.connection_protocol import MQTTProtocol
 from settings import Config
 
 N = 1000
-BOUND = 880  # bytes (811 now; 1,239 before the containers were made at first use)
+# bytes (879 now: 843 before the Session's three slots for what its subscriptions cost and the
+# protocol's one for its read budget; 1,239 before the containers were made at first use)
+BOUND = 900
 
 
 class Transport:
@@ -28,6 +30,12 @@ class Transport:
 
     def is_closing(self):
         return False
+
+    def pause_reading(self):  # (a read that took long gives way to the others)
+        pass
+
+    def resume_reading(self):
+        pass
 
 
 def test_idle_connection_holds_little():
