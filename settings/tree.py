@@ -270,6 +270,8 @@ class ReplayConfig(Section):
     enabled: bool = True
     max_replays: int = key(4, Int(1, 1000))           # replays at once (a worker process each)
     max_per_client: int = key(2, Int(1, 1000))        # replays one client may run at once
+    max_per_user: int = key(2, Int(1, 1000))          # ...one user name (anonymous: all as one)
+    idle_seconds: float = key(120.0, Num(0, 86400))   # a client taking no replayed message: ended; 0 = never
     live_buffer_messages: int = key(10000, Int(1))    # live messages held per replay until the switch
     live_buffer_bytes: int = key(16 << 20, Int(1))    # ...and their payload + topic bytes
     kafka_buffer_bytes: int = key(64 << 20, Int(1 << 20))  # Kafka records a worker reads ahead

@@ -94,6 +94,7 @@ class HistoryFeed:
         # value, None)
         self.ready: deque = deque()
         self.requested = False
+        self.progress_at = broker.clock()     # since when the client took nothing waiting for it
         self.stash: deque | None = None       # the stream after the synced marker, while switching
         # the tap's held live messages (armed): (Message, qos, retain, message id)
         self.live: deque = deque()
@@ -150,6 +151,8 @@ class HistoryFeed:
         # (SWITCHING: the stash is set)
         out: deque = self.stash if self.state is SWITCHING else self.ready  # type: ignore[assignment]
         b = self.broker
+        if not self.ready:
+            self.progress_at = b.clock()  # nothing was waiting for the client until now
         wall, clock = b.wall(), b.clock()
         cid = self.session.client_id
         skip = self.skip
@@ -212,8 +215,11 @@ class HistoryFeed:
                 ready = self.ready  # (a switch replaces it)
                 continue
             if link.paused or (qos and (session.queue or len(inflight) >= limit)):
+                if steps < BURST_MESSAGES:
+                    self.progress_at = now
                 return False  # [MQTT-3.3.4-9]; resume_writing / an ack pumps again
             if steps <= 0 or budget <= 0:
+                self.progress_at = now
                 link.wake()  # the rest next turn
                 return False
             ready.popleft()
@@ -229,6 +235,8 @@ class HistoryFeed:
             session.deliver(msg, qos, retain, self.sub_ids, now)
             steps -= 1
             budget -= len(msg.payload) + len(msg.topic_bytes) + 16
+        if steps < BURST_MESSAGES:
+            self.progress_at = now
         if self.state is SWITCHING:
             self._live()
             return True
@@ -328,6 +336,13 @@ class HistoryFeed:
         self.live_bytes += size
 
     # ------------------------------------------------------------ the end
+    def idle_for(self, now: float) -> float:
+        """How long messages have waited for a client that takes none of them (0: none wait,
+        or it is live)."""
+        if self.state is LIVE or self.state is DONE or not self.ready:
+            return 0.0
+        return now - self.progress_at
+
     def live_until_passed(self, wall: float) -> bool:
         until = self.spec.until_ms
         return until is not None and self.state is LIVE and wall * 1000 >= until

@@ -8,6 +8,16 @@ not stored with a persistent session: a replay belongs to its connection and end
 a HistoryFeed (feed.py) that taps the live messages and feeds the session. The history itself
 is read by a child process (worker.py) that a WorkerControl starts and reads, frame by frame,
 only when the feed asks.
+
+What a client can make the broker hold, and its bounds: a replay reading history holds a worker
+process; there are at most ``max_replays`` of them in the broker (``Workers``: counted from the
+start asked for until the process is reaped, so a client that subscribes and unsubscribes in a
+loop cannot pile processes up), ``max_per_client`` per client and ``max_per_user`` per user (all
+anonymous clients together count as one user). A worker starts after the event-loop turn that
+asked for it (a SUBSCRIBE that repeats a filter replaces the earlier ones before any starts:
+[MQTT-3.8.4-3]) and is started and reaped by a thread, never by the event loop. A replay that
+has caught up (live) holds no worker and no slot. A replay whose client takes none of the
+messages waiting for it for ``idle_seconds`` ends (the client is disconnected, saying why).
 """
 from __future__ import annotations
 
@@ -16,14 +26,17 @@ import importlib.util
 import json
 import logging
 import os
+import subprocess
 import sys
-from typing import TYPE_CHECKING, Any, Callable
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from typing import IO, TYPE_CHECKING, Any, Callable
 
 from broker.core.hooks import Hook
 from broker.core.session import Subscription
 from broker.protocol import reason_codes as rc
 
-from .feed import HistoryFeed, Limits
+from .feed import LIVE, HistoryFeed, Limits
 from .records import FRAME_HEAD, iso_ms
 from .spec import BadReplay, parse
 
@@ -54,7 +67,9 @@ class ReplayHook(Hook):
         self.worker = worker
         self.limits = Limits(cfg.live_buffer_messages, cfg.live_buffer_bytes)
         self.control_factory = control_factory or WorkerControl
+        self.workers = Workers(cfg.max_replays)
         self.broker: Any = None  # the core's Broker, set by attach()
+        self._available: tuple[float, str | None] | None = None  # (checked at, unavailable())
         self.feeds: dict = {}                 # HistoryFeed -> None, while they run
         self.by_session: dict = {}            # Session -> [HistoryFeed]
         self.totals = {"started": 0, "failed": 0, "refused": 0, "messages_table": 0,
@@ -91,7 +106,29 @@ class ReplayHook(Hook):
                     "environment (pip install -r requirements-broker.txt)")
         return None
 
+    def _unavailable_now(self) -> str | None:
+        """unavailable(), asked at most once a second (a SUBSCRIBE of many replay filters does
+        not list the table's directory for each)."""
+        now = self.broker.clock()
+        cached = self._available
+        if cached is None or not 0 <= now - cached[0] < 1.0:
+            cached = self._available = (now, self.unavailable())
+        return cached[1]
+
     def replay(self, conn: Connection, filt: str, o: SubscriptionOptions, sub_id: int | None) -> tuple[int, str | None]:
+        """The SUBACK's code (and Reason String) for one "$replay/..." filter. Whatever goes
+        wrong in here refuses that filter (0x80, one rate-limited log line), never the
+        connection."""
+        try:
+            return self._replay(conn, filt, o, sub_id)
+        except Exception as exc:
+            conn.note(logging.WARNING, "%s: replay %s refused: %s: %s", conn.client_id, filt,
+                      type(exc).__name__, exc)
+            return self._refused(rc.UNSPECIFIED_ERROR, f"{filt}: the broker could not start "
+                                 "this replay (its log says why)")
+
+    def _replay(self, conn: Connection, filt: str, o: SubscriptionOptions,
+                sub_id: int | None) -> tuple[int, str | None]:
         b = self.broker
         mq = b.cfg
         session = conn.session
@@ -108,7 +145,7 @@ class ReplayHook(Hook):
             return self._refused(rc.SUBSCRIPTION_IDENTIFIERS_NOT_SUPPORTED, None)
         if not b.auth.allow_subscribe(conn.client_id, conn.username, tf):
             return self._refused(rc.NOT_AUTHORIZED, f"{filt}: not authorized to read {tf}")
-        problem = self.unavailable()
+        problem = self._unavailable_now()
         if problem:
             return self._refused(rc.IMPLEMENTATION_SPECIFIC_ERROR, f"{filt}: {problem}")
         mine = self.by_session.get(session, [])
@@ -116,13 +153,20 @@ class ReplayHook(Hook):
         if (filt not in session.subscriptions and mq.max_subscriptions_per_client
                 and len(session.subscriptions) >= mq.max_subscriptions_per_client):
             return self._refused(rc.QUOTA_EXCEEDED, None)
-        if len(self.feeds) - len(replaced) >= self.cfg.max_replays:
-            return self._refused(rc.QUOTA_EXCEEDED, f"{filt}: {len(self.feeds)} replays run "
+        # the slots: replays reading history (a worker each); one replaced frees its own
+        reading = [f for f in self.feeds if f.state is not LIVE and f not in replaced]
+        if len(reading) >= self.cfg.max_replays:
+            return self._refused(rc.QUOTA_EXCEEDED, f"{filt}: {len(reading)} replays run "
                                  f"already, the most at once ([replay] max_replays); try later")
         if len(mine) - len(replaced) >= self.cfg.max_per_client:
             return self._refused(rc.QUOTA_EXCEEDED, f"{filt}: this client runs "
                                  f"{self.cfg.max_per_client} replays already ([replay] "
                                  "max_per_client)")
+        user = session.username
+        if sum(1 for f in reading if f.session.username == user) >= self.cfg.max_per_user:
+            return self._refused(rc.QUOTA_EXCEEDED, f"{filt}: {'user ' + repr(user) if user else 'anonymous clients'} "
+                                 f"run {self.cfg.max_per_user} replays already ([replay] "
+                                 "max_per_user); try later")
         for old in replaced:
             old.end("replaced by a new SUBSCRIBE")
         qos = min(o.qos, mq.maximum_qos)
@@ -135,16 +179,25 @@ class ReplayHook(Hook):
         if old is not None:
             b.remove_subscription(old)
         session.add_subscription(book)
-        control = self.control_factory(self, dict(self.worker, filter=tf, since_ms=spec.since_ms,
-                                                  until_ms=spec.until_ms))
-        feed = HistoryFeed(b, session, book, spec, qos, no_local, rap, sub_id, control,
-                           self.limits, on_end=self._ended)
-        control.feed = feed
-        self.feeds[feed] = None
-        self.by_session.setdefault(session, []).append(feed)
-        session.add_replay(feed)
+        feed = None
+        try:
+            control = self.control_factory(self, dict(self.worker, filter=tf,
+                                                      since_ms=spec.since_ms,
+                                                      until_ms=spec.until_ms))
+            feed = HistoryFeed(b, session, book, spec, qos, no_local, rap, sub_id, control,
+                               self.limits, on_end=self._ended)
+            control.feed = feed
+            self.feeds[feed] = None
+            self.by_session.setdefault(session, []).append(feed)
+            session.add_replay(feed)
+            feed.start()
+        except Exception:  # nothing of it is left: refused (replay())
+            if feed is not None:
+                feed.end("it could not start")
+            if session.subscriptions.get(filt) is book:
+                del session.subscriptions[filt]
+            raise
         self.totals["started"] += 1
-        feed.start()
         conn.note(logging.INFO, "%s: replaying %s from %s%s", conn.client_id, tf,
                   iso_ms(spec.since_ms), f" to {iso_ms(spec.until_ms)}"
                   if spec.until_ms is not None else ", then live")
@@ -184,12 +237,16 @@ class ReplayHook(Hook):
         if not self.feeds:
             return
         forwarded = self.sink.forwarded_seq()
-        wall = self.broker.wall()
+        wall, now = self.broker.wall(), self.broker.clock()
+        idle = self.cfg.idle_seconds
         for feed in list(self.feeds):
             if feed.session.subscriptions.get(feed.filter) is not feed.book:
                 feed.end("unsubscribed")
             elif feed.live_until_passed(wall):
                 feed.end("its time range ended")
+            elif idle and feed.idle_for(now) >= idle:
+                feed.fail(f"the client took none of the replayed messages waiting for it for "
+                          f"{idle:g} s ([replay] idle_seconds)")
             else:
                 feed.poll_sync(forwarded)
 
@@ -201,16 +258,95 @@ class ReplayHook(Hook):
         return {"replay": {"active": len(self.feeds), **self.totals}}
 
 
+def spawn_worker() -> subprocess.Popen:
+    """A worker process (python -m sink.replay.worker), its settings still to come on stdin.
+    Called in a thread of Workers: fork and exec never hold the event loop."""
+    env = {**os.environ, "PYTHONPATH": ROOT + (os.pathsep + os.environ["PYTHONPATH"]
+                                               if os.environ.get("PYTHONPATH") else "")}
+    return subprocess.Popen([sys.executable, "-m", "sink.replay.worker"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, env=env, cwd=ROOT, bufsize=0)
+
+
+def end_worker(proc: subprocess.Popen) -> None:
+    """Killed (it holds nothing worth a goodbye) and reaped; in a thread of Workers."""
+    if proc.poll() is None:
+        try:
+            proc.kill()
+        except ProcessLookupError:
+            pass
+    proc.wait()
+
+
+class Workers:
+    """The broker's replay worker processes, at most ``limit`` at once: a process counts from
+    the start asked for until it is reaped. A start asked for waits for the end of the event-loop
+    turn (a control closed meanwhile - a filter repeated in one SUBSCRIBE replaced it - never
+    starts one) and for a free slot. Processes are started and reaped by a thread of their own
+    (``spawn``, ``end``: fork, exec and wait never run on the event loop)."""
+
+    def __init__(self, limit: int, spawn: Callable[[], Any] = spawn_worker,
+                 end: Callable[[Any], None] = end_worker) -> None:
+        self.limit = limit
+        self.spawn = spawn
+        self.end = end
+        self.alive = 0                        # processes asked for, started or being reaped
+        self.started = 0                      # processes started, in all
+        self.waiting: deque[WorkerControl] = deque()
+        self.scheduled = False
+        self.pool: ThreadPoolExecutor | None = None
+
+    def request(self, control: WorkerControl) -> None:
+        self.waiting.append(control)
+        self._schedule()
+
+    def forget(self, control: WorkerControl) -> None:
+        """A control closed before its process started: it waits no more."""
+        try:
+            self.waiting.remove(control)
+        except ValueError:
+            pass
+
+    def _schedule(self) -> None:
+        if not self.scheduled:
+            self.scheduled = True
+            asyncio.get_running_loop().call_soon(self._start_waiting)
+
+    def _start_waiting(self) -> None:
+        self.scheduled = False
+        loop = asyncio.get_running_loop()
+        while self.waiting and self.alive < self.limit:
+            control = self.waiting.popleft()
+            if control.closed:
+                continue
+            self.alive += 1
+            control.task = loop.create_task(self._life(control))
+
+    async def _life(self, control: WorkerControl) -> None:
+        try:
+            await control.run(self)
+        finally:
+            self.alive -= 1
+            if self.waiting:
+                self._schedule()
+
+    async def in_thread(self, fn: Callable[..., Any], *args: Any) -> Any:
+        if self.pool is None:
+            self.pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="replay-workers")
+        return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
+
+
 class WorkerControl:
-    """The broker's side of one worker process (worker.py): started at the first want(); one
-    frame read per want(); sync requests and the end on its stdin."""
+    """The broker's side of one worker process (worker.py): asked for (hook.workers) at the
+    first want(); one frame read per want(); sync requests and the end on its stdin."""
 
     def __init__(self, hook: ReplayHook, settings: dict):
         self.hook = hook
         self.settings = settings
         self.feed: HistoryFeed | None = None
-        self.proc: asyncio.subprocess.Process | None = None
+        self.proc: Any = None                 # the subprocess.Popen, once started
+        self.stdin: asyncio.WriteTransport | None = None
         self.task: asyncio.Task | None = None
+        self.requested = False
         self.wanted = asyncio.Event()
         self.lines: list = []                 # written once the process runs
         self.closed = False
@@ -222,60 +358,64 @@ class WorkerControl:
         if self.closed:
             return
         self.wanted.set()
-        if self.task is None:
-            self.task = asyncio.get_running_loop().create_task(self._run())
+        if not self.requested:
+            self.requested = True
+            self.hook.workers.request(self)
 
     def sync(self, generation: int) -> None:
         self._line({"sync": generation})
 
     def _line(self, obj: dict) -> None:
         data = json.dumps(obj).encode() + b"\n"
-        if self.proc is None:
+        if self.stdin is None:
             self.lines.append(data)
-        elif not self.closed:
-            try:
-                self.proc.stdin.write(data)  # type: ignore[union-attr]  # stdin=PIPE
-            except (ConnectionError, RuntimeError):
-                pass
+        elif not self.closed and not self.stdin.is_closing():
+            self.stdin.write(data)
 
     def close(self) -> None:
         if self.closed:
             return
         self.closed = True
         self.wanted.set()
+        self.hook.workers.forget(self)
         proc = self.proc
         if proc is not None and proc.returncode is None:
             try:
-                proc.kill()  # it holds nothing worth a goodbye; the task reaps it
+                proc.kill()  # (a signal: the task reaps it, in a thread)
             except ProcessLookupError:
                 pass
 
-    async def _run(self) -> None:
-        env = {**os.environ, "PYTHONPATH": ROOT + (os.pathsep + os.environ["PYTHONPATH"]
-                                                   if os.environ.get("PYTHONPATH") else "")}
+    async def run(self, workers: Workers) -> None:
         try:
-            proc = self.proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "sink.replay.worker", stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE, env=env, cwd=ROOT)
+            proc = self.proc = await workers.in_thread(workers.spawn)
         except OSError as exc:
             return self._failed(f"cannot start the replay worker: {exc}")
+        workers.started += 1
+        loop = asyncio.get_running_loop()
+        transports: list = []
         try:
             if self.closed:
-                proc.kill()
                 return
+            reader = asyncio.StreamReader()
+            rt, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader),
+                                                 proc.stdout)
+            transports.append(rt)
+            wt, _ = await loop.connect_write_pipe(asyncio.Protocol, proc.stdin)
+            transports.append(wt)
             # the settings (Kafka credentials among them) on stdin, never on the command line
-            proc.stdin.write(json.dumps(self.settings).encode() + b"\n")  # type: ignore[union-attr]  # PIPE
+            wt.write(json.dumps(self.settings).encode() + b"\n")
             for line in self.lines:
-                proc.stdin.write(line)  # type: ignore[union-attr]
+                wt.write(line)
             self.lines.clear()
+            self.stdin = wt
             import pickle
             while not self.closed:
                 await self.wanted.wait()
                 self.wanted.clear()
                 if self.closed:
                     break
-                head = await proc.stdout.readexactly(FRAME_HEAD.size)  # type: ignore[union-attr]  # PIPE
-                body = await proc.stdout.readexactly(FRAME_HEAD.unpack(head)[0])  # type: ignore[union-attr]
+                head = await reader.readexactly(FRAME_HEAD.size)
+                body = await reader.readexactly(FRAME_HEAD.unpack(head)[0])
                 if self.closed:
                     break
                 # (the feed is set before the first want())
@@ -289,13 +429,21 @@ class WorkerControl:
             log.exception("replay: reading the worker failed")
             self._failed(f"reading the replay worker failed: {exc}")
         finally:
-            if proc.returncode is None:
-                try:
-                    proc.kill()
-                except ProcessLookupError:
-                    pass
-            await proc.wait()
+            self.stdin = None
+            for t in transports:
+                t.close()
+            await workers.in_thread(workers.end, proc)
+            for f in (proc.stdin, proc.stdout):
+                _close(f)
 
     def _failed(self, why: str) -> None:
         if self.feed is not None and not self.closed:
             self.feed.fail(why)
+
+
+def _close(f: IO[bytes] | None) -> None:
+    if f is not None:
+        try:
+            f.close()
+        except OSError:
+            pass

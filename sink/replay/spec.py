@@ -27,6 +27,10 @@ UNITS_MS = {"s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 604_80
 _AGO = re.compile(r"-(\d+(?:\.\d+)?)([smhdw])")
 _EPOCH = re.compile(r"\d+(?:\.\d+)?")
 _DATE = re.compile(r"\d{4}-\d{2}-\d{2}(T.*)?")
+# the times a replay can name: up to the end of year 9999 (the last a date, and so the replay's
+# marker, can show; a later one is refused); one before 1970 means the epoch (nothing is older)
+MIN_MS = 0
+MAX_MS = 253_402_300_799_999  # 9999-12-31T23:59:59.999Z
 EXAMPLE = "$replay/2024-05-01T10:00:00Z/sensors/#, $replay/-1h/sensors/# or " \
           "$replay/-2h..-1h/sensors/+/temp"
 
@@ -43,24 +47,38 @@ class ReplaySpec:
 
 
 def parse_time(text: str, now_ms: int) -> int:
-    """One <from> or <to>: ms since the epoch. BadReplay when it is none of the forms."""
+    """One <from> or <to>: ms since the epoch. BadReplay when it is none of the forms, or a time
+    after 9999 (or a number too large to be one); one before 1970 is the epoch."""
+    try:
+        ms = _parse_time(text, now_ms)
+    except (ValueError, OverflowError):  # an inf or a date out of datetime's range
+        ms = None
+    if ms is None:
+        raise BadReplay(f"'{_short(text)}' is not a time: give an ISO 8601 time in UTC "
+                        "(2024-05-01T10:00:00Z or 2024-05-01), Unix seconds (1714557600) or a "
+                        "time ago (-90s, -30m, -2h, -7d, -1w)")
+    if ms > MAX_MS:
+        raise BadReplay(f"'{_short(text)}' is after 9999-12-31, the last time a replay can "
+                        "start or end at")
+    return max(ms, MIN_MS)
+
+
+def _parse_time(text: str, now_ms: int) -> int | None:
     m = _AGO.fullmatch(text)
     if m:
         return now_ms - round(float(m.group(1)) * UNITS_MS[m.group(2)])
     if _EPOCH.fullmatch(text):
         return round(float(text) * 1000)
     if _DATE.fullmatch(text):
-        try:
-            t = dt.datetime.fromisoformat(text)
-        except ValueError:
-            pass
-        else:
-            if t.tzinfo is None:
-                t = t.replace(tzinfo=dt.timezone.utc)
-            return round(t.timestamp() * 1000)
-    raise BadReplay(f"'{text}' is not a time: give an ISO 8601 time in UTC "
-                    "(2024-05-01T10:00:00Z or 2024-05-01), Unix seconds (1714557600) or a time "
-                    "ago (-90s, -30m, -2h, -7d, -1w)")
+        t = dt.datetime.fromisoformat(text)
+        if t.tzinfo is None:
+            t = t.replace(tzinfo=dt.timezone.utc)
+        return round(t.timestamp() * 1000)
+    return None
+
+
+def _short(text: str) -> str:
+    return text if len(text) <= 40 else f"{text[:40]}..."
 
 
 def parse(filt: str, now_ms: int) -> ReplaySpec:

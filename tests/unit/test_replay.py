@@ -477,3 +477,123 @@ def test_known_mask_finds_ids_of_the_kafka_boundary():
     f.keep(data, start, length)
     mask = known_mask(f.kept, [b"abc-2", b"abc-4", b"zz-10", b"other", b"zz-f"])
     assert mask.tolist() == [True, False, True, False, False]
+
+
+# ---------------------------------------------------------------- times out of range, failures
+
+@pytest.mark.parametrize("when", [
+    "253402300800",                    # 10000-01-01 in Unix seconds
+    "99999999999999",
+    "9" * 400,                         # a float of inf
+    "-1m..253402300800",
+    "9999-12-31T23:59:59-02:00",       # 10000-01-01T01:59:59Z
+    "-" + "9" * 400 + "h",
+])
+def test_a_time_out_of_range_is_refused_as_invalid_and_the_connection_stays(when, caplog):
+    """[MQTT-3.9.3-2]: a failure code for that filter (0x8F, saying which time), the others of
+    the SUBSCRIBE granted, the connection open; no traceback in the log."""
+    b, clock, ids, hook = setup()
+    c = Client(b, V5)
+    c.connect("c")
+    c.send(P.Subscribe(1, [(f"$replay/{when}/s/#", O(1)), ("a/b", O(1))]))
+    ack = take(c, P.SUBACK)
+    assert ack.reason_codes == [rc.TOPIC_FILTER_INVALID, 1]
+    assert "9999-12-31" in ack.properties[PR.REASON_STRING] or \
+        "is not a time" in ack.properties[PR.REASON_STRING]
+    c.send(P.PingReq())
+    assert take(c, P.PINGRESP)
+    assert not hook.feeds and not any(r.exc_info for r in caplog.records)
+
+
+def test_times_before_1970_mean_the_epoch():
+    assert parse_time("1900-01-01", NOW_MS) == 0
+    assert parse("$replay/-100000w/a", NOW_MS).since_ms == 0
+
+
+def test_a_failure_inside_the_replay_hook_refuses_that_filter_in_one_log_line(caplog):
+    """Whatever goes wrong while a replay starts refuses that filter (0x80, a Reason String),
+    with one log line per filter (rate-limited as every line about a client), no traceback."""
+    b, clock, ids, hook = setup()
+
+    def broken(hook_, settings):
+        raise OverflowError("date value out of range")
+    hook.control_factory = broken
+    c = Client(b, V5)
+    c.connect("c")
+    c.send(P.Subscribe(1, [("$replay/-1h/s/#", O(1)), ("a/b", O(1))]))
+    ack = take(c, P.SUBACK)
+    assert ack.reason_codes == [rc.UNSPECIFIED_ERROR, 1]
+    assert "could not start this replay" in ack.properties[PR.REASON_STRING]
+    lines = [r for r in caplog.records if "refused" in r.getMessage()]
+    assert len(lines) == 1 and lines[0].exc_info is None
+    assert "OverflowError: date value out of range" in lines[0].getMessage()
+    c.send(P.PingReq())
+    assert take(c, P.PINGRESP)
+    assert not hook.feeds and "$replay/-1h/s/#" not in b.sessions["c"].subscriptions
+
+
+# ---------------------------------------------------------------- the slots: per user, idle
+
+def test_one_user_gets_its_share_of_the_replay_slots_whatever_its_connections():
+    """[replay] max_per_user: two connections of one user cannot hold every slot."""
+    b, clock, ids, hook = setup(max_replays=4, max_per_client=2, max_per_user=2)
+    codes = []
+    for cid in ("u-1", "u-2"):
+        c = Client(b, V5)
+        c.connect(cid, username="u")
+        c.send(P.Subscribe(1, [("$replay/-1h/s/1", O(1)), ("$replay/-1h/s/2", O(1))]))
+        ack = take(c, P.SUBACK)
+        codes += ack.reason_codes
+    assert codes == [1, 1, rc.QUOTA_EXCEEDED, rc.QUOTA_EXCEEDED]
+    assert "max_per_user" in ack.properties[PR.REASON_STRING]
+    other = Client(b, V5)
+    other.connect("o", username="other")
+    other.send(P.Subscribe(1, [("$replay/-1h/s/1", O(1))]))
+    assert take(other, P.SUBACK).reason_codes == [1]           # the others' share is free
+
+
+def test_a_replay_that_caught_up_holds_no_slot():
+    b, clock, ids, hook = setup(max_replays=1)
+    c, _, feed = replaying(b, hook)
+    feed.poll_sync(ids.n)
+    feed.add([("table", 0), ("synced", 1)])
+    deliver(c)
+    assert feed.state == "live"
+    c2 = Client(b, V5)
+    c2.connect("c2")
+    c2.send(P.Subscribe(1, [("$replay/-1h/s/#", O(1))]))
+    assert take(c2, P.SUBACK).reason_codes == [1]
+
+
+def test_a_replay_whose_client_takes_nothing_ends_after_idle_seconds_freeing_its_slot():
+    """A client that never acknowledges (Receive Maximum reached) holds its slot only for
+    [replay] idle_seconds: then it is told (DISCONNECT 0x83, saying why) and the slot is free."""
+    b, clock, ids, hook = setup(max_replays=1, idle_seconds=60)
+    c, _, feed = replaying(b, hook, connect_props={PR.RECEIVE_MAXIMUM: 1})
+    feed.add([rec(i) for i in range(1, 5)])
+    assert len(turn(c) + turn(c)) == 1                          # then nothing: never acknowledged
+    clock.t += 59
+    hook.on_tick()
+    assert feed.state == "replaying"
+    clock.t += 2
+    hook.on_tick()
+    assert feed.state == "done" and feed.control.closed and not hook.feeds
+    pkts = c.received()
+    assert pkts[-1].type == P.DISCONNECT and pkts[-1].reason_code == 0x83
+    assert "idle_seconds" in pkts[-1].properties[PR.REASON_STRING]
+
+
+def test_a_slow_client_that_takes_messages_is_not_idle():
+    b, clock, ids, hook = setup(idle_seconds=60)
+    c, _, feed = replaying(b, hook, connect_props={PR.RECEIVE_MAXIMUM: 1})
+    feed.add([rec(i) for i in range(1, 5)])
+    for _ in range(3):
+        (m,) = turn(c) + turn(c)
+        clock.t += 50
+        hook.on_tick()
+        c.send(P.Ack(P.PUBACK, m.packet_id))
+    assert feed.state == "replaying"
+    clock.t += 500                                              # waiting for the worker: not idle
+    deliver(c)
+    hook.on_tick()
+    assert feed.state == "replaying"
