@@ -140,6 +140,42 @@ def test_admin_publish_goes_to_the_sink_hooks_is_retained_and_routed():
             admin.publish(kw.pop("topic"), kw.pop("payload"), **kw)
 
 
+@pytest.mark.parametrize("topic, payload, kw, says", [
+    ("a\x00b", b"x", {}, "[MQTT-4.7.3-2]"),
+    ("t/" + "x" * 70_000, b"x", {"retain": True}, "[MQTT-4.7.3-3]"),
+    ("a/\ud800", b"x", {}, "[MQTT-1.5.4-1]"),
+    ("", b"x", {}, "[MQTT-4.7.3-1]"),
+    ("a/+", b"x", {}, "[MQTT-3.3.2-2]"),
+    ("a", b"x", {"response_topic": "r\x00"}, "Response Topic"),
+    ("a", b"x", {"content_type": "\ud800"}, "Content Type"),
+    ("a", b"x", {"user_properties": [("k", "v\x00")]}, "User Property"),
+    ("a", bytes(2000), {}, "mqtt.maximum_packet_size"),
+])
+def test_admin_publish_refuses_what_a_publish_could_not_carry(topic, payload, kw, says):
+    """The operator's publish is held to a client PUBLISH's checks: topic name [MQTT-4.7.3-1..3],
+    [MQTT-3.3.2-2], strings [MQTT-1.5.4-1..2], the maximum packet size; nothing is retained or
+    routed, and the reason names the rule."""
+    b, _ = make(maximum_packet_size=1000)
+    sub = connected(b, "sub")
+    subscribe(sub, "#", qos=0)
+    admin = AdminService(Server(b))
+    with pytest.raises(AdminError) as err:
+        admin.publish(topic, payload, **kw)
+    assert says in str(err.value)
+    assert BrokerView(b).retained("#")[1] == 0 and sub.received() == []
+
+
+def test_admin_deletes_any_stored_retained_topic():
+    """What is stored can be deleted, even under a topic that should never have got in."""
+    b, _ = make()
+    bad = "t/" + "x" * 70_000
+    b.retained.set(bad, Message(bad, b"x", 0, True, None, None, "c", 1.0))
+    admin = AdminService(Server(b))
+    assert admin.delete_retained(bad) is True and BrokerView(b).retained("#")[1] == 0
+    with pytest.raises(AdminError):
+        admin.delete_retained("a/#")
+
+
 def test_kick_sends_administrative_action():
     b, _ = make()
     c = connected(b, "k")
