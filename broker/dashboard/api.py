@@ -277,9 +277,15 @@ class Dashboard:
             await asyncio.sleep(self.s.sample_seconds)
 
     def _revalidate_sessions(self) -> None:
+        """End the sessions of accounts removed, or whose password or role changed."""
         for token, s in list(self.sessions.by_token.items()):
-            if self.accounts.role(s.user) != s.role:
+            if self.accounts.stamp(s.user) != s.stamp:
                 self.sessions.close(token)
+
+    def _accounts_current(self) -> None:
+        """Re-read the accounts file when it changed (a stat) before a request is served."""
+        if self.accounts.reload():
+            self._revalidate_sessions()
 
     # ------------------------------------------------------------ middlewares
     @web.middleware
@@ -325,6 +331,7 @@ class Dashboard:
     async def _auth(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         if self._public(request):
             return await handler(request)
+        self._accounts_current()
         session, via_cookie = self.sessions.get(request.cookies.get(COOKIE)), True
         new_cookie = None
         if session is None:
@@ -336,9 +343,10 @@ class Dashboard:
             if isinstance(login, web.Response):
                 return login  # a refusal (401 / 429)
             session = new_cookie = login
-        if self.accounts.role(session.user) != session.role:   # removed, or its role changed
+        if self.accounts.stamp(session.user) != session.stamp:  # removed, new password or role
             self.sessions.close(session.token)
-            return _json_error(401, "your account was changed or removed: log in again")
+            return _json_error(401, "your account was changed (password or role) or removed: "
+                               "log in again")
         if request.method not in SAFE_METHODS:
             refused = self._csrf(request, session, via_cookie)
             if refused is not None:
@@ -380,14 +388,15 @@ class Dashboard:
         if wait > 0:
             return _json_error(429, f"too many wrong passwords from {address}: try again in "
                                f"{math.ceil(wait)} s", headers={"Retry-After": str(math.ceil(wait))})
-        role = await self.logins.check(address, user, password)
-        if role is None:
+        got = await self.logins.check(address, user, password)
+        if got is None:
             self.throttle.failed(address)
             log.info("dashboard: failed login as %s from %s", repr(user)[:100], address)
             return _json_error(401, "wrong user name or password. " + LOGIN_HINT)
+        role, stamp = got
         self.throttle.succeeded(address)
         log.info("dashboard: %s (%s) logged in from %s", repr(user)[:100], role, address)
-        return self.sessions.open(user, role, address, basic)
+        return self.sessions.open(user, role, address, basic, stamp)
 
     def _set_cookie(self, request: web.Request, response: web.StreamResponse, session: Session) -> None:
         response.set_cookie(COOKIE, session.token, max_age=int(self.s.session_seconds),

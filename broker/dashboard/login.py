@@ -9,10 +9,14 @@
   answered 429 with Retry-After and without hashing anything. A good login clears it.
 * A good login opens a server-side session (a random token in a cookie: HttpOnly,
   SameSite=Strict, Secure on https), so the page and scripts do not hash on every request.
-  Sessions end after ``session_seconds``, on logout, and when the account is removed or its
-  role changes; at most ``max_login_sessions`` are held (the oldest goes first).
+  Sessions end after ``session_seconds``, on logout, and at once when the account is removed or
+  its password or role changes (each session is tied to the account's role and password hash
+  at login; the accounts file is re-read when it changed before a request is served); at most
+  ``max_login_sessions`` are held (the oldest goes first).
 * HTTP Basic credentials (scripts, the CLI) are checked once; the same credentials then reuse
-  that session (remembered as an HMAC under a per-process key, never the password).
+  that session (remembered as an HMAC under a per-process key, never the password) while the
+  account is unchanged: after a password change the old credentials are checked again, and
+  fail.
 """
 from __future__ import annotations
 
@@ -38,12 +42,16 @@ class Busy(Exception):
 
 
 class Session:
-    __slots__ = ("token", "user", "role", "csrf", "expires", "address")
+    """`stamp`: the account's role and password hash at login (Accounts.stamp): when the file
+    says otherwise the session ends."""
+    __slots__ = ("token", "user", "role", "csrf", "expires", "address", "stamp")
 
-    def __init__(self, user: str, role: str, expires: float, address: str) -> None:
+    def __init__(self, user: str, role: str, expires: float, address: str,
+                 stamp: str | None = None) -> None:
         self.token = secrets.token_urlsafe(32)
         self.csrf = secrets.token_urlsafe(24)
         self.user, self.role, self.expires, self.address = user, role, expires, address
+        self.stamp = stamp
 
 
 class Sessions:
@@ -57,12 +65,13 @@ class Sessions:
         self._basic: dict[bytes, str] = {}   # HMAC(user, password) -> token
         self._key = secrets.token_bytes(32)
 
-    def open(self, user: str, role: str, address: str, basic: bytes | None = None) -> Session:
+    def open(self, user: str, role: str, address: str, basic: bytes | None = None,
+             stamp: str | None = None) -> Session:
         now = self.clock()
         self.expire(now)
         while len(self.by_token) >= self.max_sessions:
             self.close(next(iter(self.by_token)))
-        s = Session(user, role, now + self.lifetime, address)
+        s = Session(user, role, now + self.lifetime, address, stamp)
         self.by_token[s.token] = s
         if basic is not None:
             self._basic[basic] = s.token
@@ -159,14 +168,15 @@ class LoginChecks:
         self.accounts = accounts
         self.queue = CheckQueue(threads, max_pending)
 
-    async def check(self, address: str, user: str, password: bytes) -> str | None:
+    async def check(self, address: str, user: str, password: bytes) -> tuple[str, str] | None:
+        """(role, stamp) when the password is right (Accounts.login), else None."""
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
 
-        def done(result: str | None) -> None:
+        def done(result: tuple[str, str] | None) -> None:
             if not fut.done():
                 fut.set_result(result)
-        if not self.queue.submit(address, lambda: self.accounts.check(user, password),
+        if not self.queue.submit(address, lambda: self.accounts.login(user, password),
                                  lambda: not fut.cancelled(), done):
             raise Busy()
         return await fut

@@ -357,6 +357,27 @@ def test_login_opens_a_session_cookie_that_scripts_and_the_page_reuse(dash):
     assert status == 200 and "broker_session=" in headers.get("Set-Cookie", "")
 
 
+def test_a_password_change_or_removal_ends_the_accounts_sessions_at_once(dash, tmp_path):
+    """The old cookie and the old HTTP Basic password stop working on the next request after
+    the accounts file changes; the new password works; a removed account's sessions end."""
+    from broker.admin.accounts import delete_account, set_account
+    users = str(tmp_path / "operators")
+    live = dash.dashboard + "/api/live"
+    jar, me, _ = _login(dash.dashboard)
+    assert get(live, ADMIN, ADMIN_PW)[0] == 200          # a Basic session, reused below
+    assert request(live, headers={"Cookie": jar})[0] == 200
+    viewer_jar, _, _ = _login(dash.dashboard, VIEWER, VIEWER_PW)
+    set_account(users, ADMIN, "admin", "new-secret")     # python -m broker.admin users passwd
+    status, _, body = request(live, headers={"Cookie": jar})
+    assert status == 401 and "password" in json.loads(body)["error"]
+    assert get(live, ADMIN, ADMIN_PW)[0] == 401
+    assert get(live, ADMIN, "new-secret")[0] == 200
+    assert request(live, headers={"Cookie": viewer_jar})[0] == 200   # other accounts go on
+    delete_account(users, VIEWER)
+    assert request(live, headers={"Cookie": viewer_jar})[0] == 401
+    assert get(live, VIEWER, VIEWER_PW)[0] == 401
+
+
 def test_wrong_passwords_from_one_address_must_wait(dash):
     url = dash.dashboard + "/api/login"
     for _ in range(5):   # [dashboard] login_failures: checked, refused

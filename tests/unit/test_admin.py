@@ -309,7 +309,7 @@ async def test_login_checks_are_bounded_and_answer_busy_at_once():
     release = threading.Event()
 
     class Slow:
-        def check(self, user, password):
+        def login(self, user, password):
             release.wait(10)
             return "admin" if password == b"ok" else None
     checks = LoginChecks(Slow(), threads=1, max_pending=2)
