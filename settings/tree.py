@@ -348,6 +348,9 @@ class ListenerConfig(Section):
     cafile: str = ""                                # verify client certificates against this CA
     require_client_cert: bool = False
     use_identity_as_username: bool = False
+    # ws/wss: web pages (Origin) allowed besides the listener's own host:port, e.g.
+    # ["https://app.example.com"]; "*" = any. Requests without Origin (not browsers) are allowed
+    allowed_origins: tuple = key((), StrList())
 
 
 @dataclass(slots=True)

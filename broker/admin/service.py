@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 
 from mqtt_topics import valid_topic_filter
 
-from ..core.message import Message, check_new_message, topic_name_problem
+from ..core.message import Message, topic_name_problem
 from ..core.view import BrokerView
 from ..protocol import properties as PR
 from .bans import BanError, BanList
@@ -101,7 +101,7 @@ class AdminService:
                     from None
             props[PR.USER_PROPERTY] = pairs
         # the checks of a client's PUBLISH (topic, payload size, the properties' strings)
-        problem = check_new_message(topic, payload, props, self.broker.cfg)
+        problem = self.view.message_problem(topic, payload, props)
         if problem is not None:
             raise AdminError(problem)
         expires_at = None

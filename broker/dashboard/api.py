@@ -45,6 +45,7 @@ from settings.secrets import connect_token
 
 from ..admin.accounts import Accounts
 from ..admin.service import AdminError, AdminService, Refused, audit
+from ..auth.origin import origin_allowed
 from . import JOB_HINT, live
 from .history import BadRequest, HistoryClient, JobNotRunning, check_filter, make_query, parse_time
 from .login import COOKIE, Busy, LoginChecks, Session, Sessions, Throttle
@@ -205,9 +206,8 @@ def _basic(header: str) -> tuple[str | None, bytes | None]:
 def _foreign_origin(request: web.Request) -> web.Response | None:
     """403 for a request whose Origin is another site than the one it was sent to, else None."""
     origin = request.headers.get("Origin")
-    if origin is not None and origin.split("://", 1)[-1].split("/", 1)[0].lower() != \
-            request.headers.get("Host", "").strip().lower():  # host and port: one origin
-        return _json_error(403, f"cross-origin request from {origin[:100]!r} refused")
+    if not origin_allowed(origin, request.headers.get("Host", "")):  # host and port: one origin
+        return _json_error(403, f"cross-origin request from {str(origin)[:100]!r} refused")
     return None
 
 
