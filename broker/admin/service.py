@@ -39,14 +39,25 @@ class Refused(RuntimeError):
 
 def _show(value: object, limit: int = 200) -> str:
     """A client-supplied string for a log line: escaped (repr) and cut."""
-    text = repr(value)
+    text = escape(repr(value))
     return text if len(text) <= limit else text[:limit] + "...'"
 
 
+def escape(text: str, limit: int = 0) -> str:
+    """`text` on one line: every character that is not printable (line breaks, other control
+    characters, U+2028...) as a backslash escape; cut at `limit` characters when given."""
+    if not text.isprintable():
+        text = "".join(c if c.isprintable() else
+                       (f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}")
+                       for c in text)
+    return text if not limit or len(text) <= limit else text[:limit] + "..."
+
+
 def audit(who: str, address: str, action: str, outcome: str = "ok", **details: object) -> None:
-    extra = "".join(f" {k}={_show(v)}" for k, v in details.items())
+    """One log line per command, whatever the client put in it: every part escaped."""
+    extra = "".join(f" {escape(k, 50)}={_show(v)}" for k, v in details.items())
     audit_log.info("audit: user=%s from=%s action=%s%s -> %s", _show(who, 100),
-                   _show(address, 100), action, extra, outcome)
+                   _show(address, 100), escape(action, 300), extra, escape(outcome, 300))
 
 
 class AdminService:

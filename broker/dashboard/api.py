@@ -347,20 +347,42 @@ class Dashboard:
             self.sessions.close(session.token)
             return _json_error(401, "your account was changed (password or role) or removed: "
                                "log in again")
-        if request.method not in SAFE_METHODS:
+        changing = request.method not in SAFE_METHODS
+        if changing:
             refused = self._csrf(request, session, via_cookie)
+            if refused is None and session.role != "admin":
+                refused = _json_error(403, f"{session.user!r} is a {session.role}: changing the "
+                                      "broker needs an account with the admin role")
             if refused is not None:
+                self._audit_refusal(request, session, refused)
                 return refused
-            if session.role != "admin":
-                audit(session.user, _address(request), f"{request.method} {request.path}",
-                      "refused: not an administrator")
-                return _json_error(403, f"{session.user!r} is a {session.role}: changing the "
-                                   "broker needs an account with the admin role")
         request["session"] = session
-        response = await handler(request)
+        try:
+            response = await handler(request)
+        except Exception as exc:  # answered by _errors (400, 503, 500...): audited here
+            if changing and not request.get("audited"):
+                audit(session.user, _address(request), f"{request.method} {request.path}",
+                      f"refused: {type(exc).__name__}: {exc}")
+            raise
+        if changing and not request.get("audited"):
+            self._audit_refusal(request, session, response)
         if new_cookie is not None:
             self._set_cookie(request, response, new_cookie)
         return response
+
+    def _audit_refusal(self, request: web.Request, session: Session,
+                       response: web.StreamResponse) -> None:
+        """A change that was not done (or not audited by its handler): its status and reason."""
+        reason = ""
+        if isinstance(response, web.Response) and response.body is not None \
+                and response.content_type == "application/json":
+            try:
+                reason = json.loads(bytes(response.body)).get("error", "")  # type: ignore[arg-type]  # bytes body
+            except (ValueError, TypeError, AttributeError):
+                reason = ""
+        audit(session.user, _address(request), f"{request.method} {request.path}",
+              f"refused {response.status}" + (f": {reason}" if reason else "")
+              if response.status >= 400 else f"{response.status}")
 
     def _csrf(self, request: web.Request, session: Session, via_cookie: bool) -> web.Response | None:
         refused = _foreign_origin(request)
@@ -473,6 +495,7 @@ class Dashboard:
 
     # ------------------------------------------------------------ the admin API (/api/v1)
     def _audit(self, request: web.Request, action: str, outcome: str = "ok", **details: Any) -> None:
+        request["audited"] = True
         audit(request["session"].user, _address(request), action, outcome, **details)
 
     async def v1_stats(self, request: web.Request) -> web.StreamResponse:

@@ -322,3 +322,20 @@ async def test_login_checks_are_bounded_and_answer_busy_at_once():
     release.set()
     assert await first == "admin" and await second is None
     checks.close()
+
+
+def test_an_audit_line_stays_one_line_whatever_the_client_sent(caplog):
+    """Line breaks and other control characters in any part (the path a client chose, a topic, a
+    user name, an error message) are escaped: one command, one line."""
+    import logging
+
+    from broker.admin.service import audit
+    forged = "\naudit: user='root' from='127.0.0.1' action=ban -> ok"
+    with caplog.at_level(logging.INFO, logger="broker.audit"):
+        audit("viewer\r\n", "127.0.0.1", "DELETE /api/v1/retained" + forged,
+              "refused 400: " + forged, **{"topic": "a" + forged, "k\n": "v"})
+    (rec,) = caplog.records
+    line = rec.getMessage()
+    assert "\n" not in line and "\r" not in line and line.count("audit:") == 4
+    assert line.startswith("audit: user='viewer\\r\\n' from='127.0.0.1' action=DELETE ")
+    assert "\\x0aaudit: user='root'" in line
