@@ -48,7 +48,7 @@ from ..admin.service import AdminError, AdminService, Refused, audit
 from ..auth.origin import origin_allowed
 from . import JOB_HINT, live
 from .history import BadRequest, HistoryClient, JobNotRunning, check_filter, make_query, parse_time
-from .login import COOKIE, Busy, LoginChecks, Session, Sessions, Throttle
+from .login import COOKIE, MAX_HELD_LOGINS, Busy, LoginChecks, Session, Sessions, Throttle
 
 log = logging.getLogger("broker.dashboard")
 
@@ -229,6 +229,7 @@ class Dashboard:
         self.hosts = host_names(settings.host, settings.allowed_hosts)
         self.sessions = Sessions(settings.session_seconds, settings.max_login_sessions)
         self.throttle = Throttle(settings.login_failures, settings.login_lockout_seconds)
+        self.held_logins = 0   # attempts waiting for their turn (Throttle.turn)
         self.logins = LoginChecks(accounts, settings.login_threads, settings.max_pending_logins)
         self.counter = live.TopicCounter(settings.max_topics)
         server.broker.add_hook(self.counter)  # per-topic counts, fed by accepted messages
@@ -406,17 +407,26 @@ class Dashboard:
                            basic: bytes | None = None) -> Session | web.Response:
         """A Session, or the refusal to send (401, 429; Busy raised: 503)."""
         address = _address(request)
-        wait = self.throttle.retry_after(address)
-        if wait > 0:
-            return _json_error(429, f"too many wrong passwords from {address}: try again in "
-                               f"{math.ceil(wait)} s", headers={"Retry-After": str(math.ceil(wait))})
+        key = (user, address)
+        wait = self.throttle.turn(key)
+        if wait is None or (wait > 0 and self.held_logins >= MAX_HELD_LOGINS):
+            after = math.ceil(self.throttle.retry_after(key))
+            return _json_error(429, f"too many wrong passwords for {user[:100]!r} from "
+                               f"{address}: try again in {after} s",
+                               headers={"Retry-After": str(after)})
+        if wait > 0:   # its turn: the right password gets in after it, a wrong one is slowed
+            self.held_logins += 1
+            try:
+                await asyncio.sleep(wait)
+            finally:
+                self.held_logins -= 1
         got = await self.logins.check(address, user, password)
         if got is None:
-            self.throttle.failed(address)
+            self.throttle.failed(key)
             log.info("dashboard: failed login as %s from %s", repr(user)[:100], address)
             return _json_error(401, "wrong user name or password. " + LOGIN_HINT)
         role, stamp = got
-        self.throttle.succeeded(address)
+        self.throttle.succeeded(key)
         log.info("dashboard: %s (%s) logged in from %s", repr(user)[:100], role, address)
         return self.sessions.open(user, role, address, basic, stamp)
 

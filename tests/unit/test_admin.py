@@ -281,27 +281,31 @@ def test_sessions_are_bounded_and_expire():
 
 
 @pytest.mark.parametrize("start", [100.0, 1e6])   # the monotonic clock of a machine up for days
-def test_throttle_doubles_the_wait_after_the_free_failures(start):
+def test_throttle_spaces_an_account_and_address_checks_after_the_free_failures(start):
+    """After `free` wrong passwords for one account from one address, that pair's checks take
+    turns one second apart (each attempt waits for its turn, then is checked: a right password
+    gets in); turns further than max_wait away are refused; other pairs are not affected."""
     clock = Clock()
     clock.t = start
-    t = Throttle(free=3, max_delay=8, clock=clock, max_addresses=2)
-    for _ in range(2):
-        t.failed("a")
-        assert t.retry_after("a") == 0
-    waits = []
-    for _ in range(6):
-        t.failed("a")
-        waits.append(t.retry_after("a"))
-    assert waits == [1, 2, 4, 8, 8, 8]
-    t.succeeded("a")
-    assert t.retry_after("a") == 0
+    t = Throttle(free=3, max_wait=4, clock=clock, max_keys=2)
+    key = ("root", "a")
     for _ in range(3):
-        t.failed("a")
+        assert t.turn(key) == 0
+        t.failed(key)
+    waits = [t.turn(key) for _ in range(7)]   # attempts arriving together (a poller's burst)
+    assert waits == [0, 1, 2, 3, 4, None, None] and t.refused == 2
+    assert t.retry_after(key) >= 1
+    assert t.turn(("other", "a")) == 0 and t.turn(("root", "b")) == 0  # per account and address
+    clock.t += 10                              # the queue drained: a turn at once again
+    assert t.turn(key) == 0 and t.turn(key) == 1
+    t.succeeded(key)                           # the owner got in: the pair starts over
+    assert t.turn(key) == 0 and t.turn(key) == 0
+    for _ in range(3):
+        t.failed(key)
     clock.t += 3601       # an hour without a failure: counted from scratch
-    t.failed("a")
-    assert t.retry_after("a") == 0
+    assert t.turn(key) == 0 and t.turn(key) == 0
     for addr in ("b", "c", "d"):
-        t.failed(addr)
+        t.failed(("root", addr))
     assert len(t.state) == 2   # bounded
 
 
