@@ -42,7 +42,8 @@ def topic_name_problem(topic: object, what: str = "the topic", max_bytes: int = 
     if not topic:
         return f"{what} is empty: a topic name has at least one character [MQTT-4.7.3-1]"
     if "+" in topic or "#" in topic:
-        return f"{what} contains a wildcard (+ or #): only topic filters may [MQTT-3.3.2-2]"
+        return (f"{what} contains a wildcard (+ or #): a topic name must not, only topic "
+                "filters may [MQTT-3.3.2-2]")
     if "\x00" in topic:
         return f"{what} contains U+0000 (NUL), which topic names must not [MQTT-4.7.3-2]"
     try:

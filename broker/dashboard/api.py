@@ -351,12 +351,14 @@ class Dashboard:
         changing = request.method not in SAFE_METHODS
         if changing:
             refused = self._csrf(request, session, via_cookie)
-            if refused is None and session.role != "admin":
-                refused = _json_error(403, f"{session.user!r} is a {session.role}: changing the "
-                                      "broker needs an account with the admin role")
             if refused is not None:
                 self._audit_refusal(request, session, refused)
                 return refused
+            if session.role != "admin":
+                audit(session.user, _address(request), f"{request.method} {request.path}",
+                      "refused: not an administrator")
+                return _json_error(403, f"{session.user!r} is a {session.role}: changing the "
+                                   "broker needs an account with the admin role")
         request["session"] = session
         try:
             response = await handler(request)
