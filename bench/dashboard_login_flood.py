@@ -8,10 +8,10 @@ then prints: how the bad logins were answered (401 checked, 429 throttled, 503 b
 many per second, the broker's CPU seconds and RSS growth over the flood, and the MQTT CONNECT
 latency p50/p99 during the flood next to a quiet baseline.
 
-Two runs: as it comes (every bad login from 127.0.0.1: the per-address throttle answers 429
-after [dashboard] login_failures, nothing hashed), and with --no-throttle (login_failures set
-huge: what a flood from many addresses costs; the bounded check pool answers 503 past
-max_pending_logins).
+Two runs: as it comes (every bad login for one account from 127.0.0.1: after [dashboard]
+login_failures that pair's checks take turns one second apart, the attempts wait for them, 429
+beyond login_lockout_seconds of turns), and with --no-throttle (login_failures set huge: what a
+flood from many addresses costs; the bounded check pool answers 503 past max_pending_logins).
 
     PYTHONPATH=. .venv/bin/python bench/dashboard_login_flood.py --duration 10
     PYTHONPATH=. .venv/bin/python bench/dashboard_login_flood.py --duration 10 --no-throttle
@@ -79,7 +79,7 @@ def main() -> int:
     ap.add_argument("--duration", type=float, default=10.0)
     ap.add_argument("--concurrency", type=int, default=32)
     ap.add_argument("--no-throttle", action="store_true",
-                    help="turn the per-address throttle off (a flood from many addresses)")
+                    help="turn the throttle off (a flood from many addresses)")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="login-flood-"))
     pw = tmp / "passwd"

@@ -323,8 +323,10 @@ class DashboardConfig(Section):
     max_login_sessions: int = key(1000, Int(1, 1_000_000))  # sessions held; beyond: the oldest ends
     login_threads: int = key(1, Int(1, 16))         # password checks of logins run on these threads...
     max_pending_logins: int = key(8, Int(1, 10000))  # ...at most this many waiting or running (more: 503)
-    login_failures: int = key(5, Int(1, 1000))      # wrong passwords from one address before it must wait...
-    login_lockout_seconds: float = key(60.0, Num(1, 86400))  # ...1 s, doubling up to this (429)
+    # wrong passwords for one account from one address before that pair's checks take turns
+    # 1 s apart; an attempt waits for its turn at most login_lockout_seconds (else 429)
+    login_failures: int = key(5, Int(1, 1000))
+    login_lockout_seconds: float = key(60.0, Num(1, 86400))
     # the history worker process exits when idle this long
     history_worker_idle_seconds: float = key(120.0, Num(1, 86400))
 
@@ -360,6 +362,9 @@ class ListenerConfig(Section):
     cafile: str = ""                                # verify client certificates against this CA
     require_client_cert: bool = False
     use_identity_as_username: bool = False
+    # ws/wss: web pages (Origin) allowed besides the listener's own host:port, e.g.
+    # ["https://app.example.com"]; "*" = any. Requests without Origin (not browsers) are allowed
+    allowed_origins: tuple = key((), StrList())
 
 
 @dataclass(slots=True)

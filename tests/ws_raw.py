@@ -43,7 +43,7 @@ def mask_payload(payload: bytes, mask: bytes) -> bytes:
 
 class WSClient:
     def __init__(self, port: int, path: str = "/mqtt", level: int = P.MQTT_5,
-                 timeout: float = 10.0, rcvbuf: int | None = None):
+                 timeout: float = 10.0, rcvbuf: int | None = None, headers: dict | None = None):
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         if rcvbuf is not None:  # before connect, so the TCP window stays small
             self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
@@ -59,7 +59,9 @@ class WSClient:
         self.sock.sendall((f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
                            "Upgrade: websocket\r\nConnection: Upgrade\r\n"
                            f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n"
-                           "Sec-WebSocket-Protocol: mqtt\r\n\r\n").encode())
+                           "Sec-WebSocket-Protocol: mqtt\r\n"
+                           + "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
+                           + "\r\n").encode())
         while b"\r\n\r\n" not in self.buf:
             data = self.sock.recv(4096)
             if not data:

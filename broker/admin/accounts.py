@@ -170,6 +170,20 @@ class Accounts:
         a = self.accounts.get(name)
         return a.role if a is not None else None
 
+    def stamp(self, name: str) -> str | None:
+        """What a login session of `name` is tied to: its role and password hash as the file
+        says now (None: no such account). A session whose stamp changed (a new password, another
+        role, the account removed) ends."""
+        a = self.accounts.get(name)
+        return f"{a.role}:{a.hash}" if a is not None else None
+
+    def login(self, name: str, password: bytes) -> tuple[str, str] | None:
+        """(role, stamp) of the account when the password is right, else None; both of the
+        account the password was checked against. Slow (scrypt): call it in a worker thread."""
+        a = self.accounts.get(name)
+        ok = verify_password(a.hash if a is not None else _DUMMY, password)
+        return (a.role, f"{a.role}:{a.hash}") if ok and a is not None else None
+
     def check(self, name: str, password: bytes) -> str | None:
         """The account's role when the password is right, else None. Slow (scrypt): call it in
         a worker thread. An unknown name costs a dummy hash too."""

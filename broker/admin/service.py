@@ -12,9 +12,9 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any, Iterable
 
-from mqtt_topics import valid_topic_filter, valid_topic_name
+from mqtt_topics import valid_topic_filter
 
-from ..core.message import Message
+from ..core.message import Message, topic_name_problem
 from ..core.view import BrokerView
 from ..protocol import properties as PR
 from .bans import BanError, BanList
@@ -26,7 +26,6 @@ if TYPE_CHECKING:
 
 audit_log = logging.getLogger("broker.audit")
 
-MAX_PAYLOAD = 1 << 20     # bytes of a message published through the admin API
 ADMIN_CLIENT_ID = "$admin"
 
 
@@ -40,14 +39,25 @@ class Refused(RuntimeError):
 
 def _show(value: object, limit: int = 200) -> str:
     """A client-supplied string for a log line: escaped (repr) and cut."""
-    text = repr(value)
+    text = escape(repr(value))
     return text if len(text) <= limit else text[:limit] + "...'"
 
 
+def escape(text: str, limit: int = 0) -> str:
+    """`text` on one line: every character that is not printable (line breaks, other control
+    characters, U+2028...) as a backslash escape; cut at `limit` characters when given."""
+    if not text.isprintable():
+        text = "".join(c if c.isprintable() else
+                       (f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}")
+                       for c in text)
+    return text if not limit or len(text) <= limit else text[:limit] + "..."
+
+
 def audit(who: str, address: str, action: str, outcome: str = "ok", **details: object) -> None:
-    extra = "".join(f" {k}={_show(v)}" for k, v in details.items())
+    """One log line per command, whatever the client put in it: every part escaped."""
+    extra = "".join(f" {escape(k, 50)}={_show(v)}" for k, v in details.items())
     audit_log.info("audit: user=%s from=%s action=%s%s -> %s", _show(who, 100),
-                   _show(address, 100), action, extra, outcome)
+                   _show(address, 100), escape(action, 300), extra, escape(outcome, 300))
 
 
 class AdminService:
@@ -71,8 +81,9 @@ class AdminService:
                 utf8: bool | None = None, username: str | None = None) -> int:
         """Publish as an accepted PUBLISH is published (sink, retained, routed): how many
         sessions got it. Refused when the sink refuses it (spool full)."""
-        if not isinstance(topic, str) or not valid_topic_name(topic):
-            raise AdminError(f"'topic' must be a topic name without + or # (got {topic!r})")
+        problem = topic_name_problem(topic, "'topic'")
+        if problem is not None:
+            raise AdminError(problem)
         if topic.startswith("$"):
             raise AdminError("topics starting with '$' belong to the broker ($SYS)")
         if qos not in (0, 1, 2):
@@ -80,8 +91,6 @@ class AdminService:
         if qos > self.view.maximum_qos:
             raise AdminError(f"'qos' {qos} is above mqtt.maximum_qos "
                              f"({self.view.maximum_qos})")
-        if len(payload) > MAX_PAYLOAD:
-            raise AdminError(f"the payload is {len(payload)} bytes; at most {MAX_PAYLOAD} here")
         if retain and not self.view.retain_available:
             raise AdminError("retained messages are not available (mqtt.retain_available)")
         props: dict = {}
@@ -94,8 +103,6 @@ class AdminService:
                 raise AdminError("the payload is not UTF-8 but 'utf8' says it is") from None
             props[PR.PAYLOAD_FORMAT_INDICATOR] = 1
         if response_topic is not None:
-            if not valid_topic_name(response_topic):
-                raise AdminError("'response_topic' must be a topic name without + or #")
             props[PR.RESPONSE_TOPIC] = response_topic
         if user_properties:
             try:
@@ -104,6 +111,10 @@ class AdminService:
                 raise AdminError("'user_properties' must be a list of [name, value] pairs") \
                     from None
             props[PR.USER_PROPERTY] = pairs
+        # the checks of a client's PUBLISH (topic, payload size, the properties' strings)
+        problem = self.view.message_problem(topic, payload, props)
+        if problem is not None:
+            raise AdminError(problem)
         expires_at = None
         if message_expiry is not None:
             if not isinstance(message_expiry, int) or not 0 < message_expiry <= 0xFFFFFFFF:
@@ -117,9 +128,11 @@ class AdminService:
         return n
 
     def delete_retained(self, topic: str) -> bool:
-        if not isinstance(topic, str) or not valid_topic_name(topic):
-            raise AdminError(f"'topic' must be a topic name without + or # (got {topic!r})")
-        if not self.view.retained_topic(topic):
+        # whatever is stored can be deleted, even a topic that should never have got in
+        if not (isinstance(topic, str) and topic and self.view.retained_topic(topic)):
+            problem = topic_name_problem(topic, "'topic'")
+            if problem is not None:
+                raise AdminError(problem)
             return False
         # an empty retained payload deletes [MQTT-3.3.1-6]: through the core, so the store
         # forgets it too (on_retain); nothing is routed

@@ -10,6 +10,110 @@ from ..protocol.codec import encode_publish
 from ..protocol.properties import encode_properties
 
 
+MAX_STRING_BYTES = 65535            # an MQTT UTF-8 string: a two-byte length (1.5.4)
+MAX_PACKET_BYTES = 268435455 + 5    # the largest Remaining Length and its fixed header (2.1.4)
+
+
+def string_problem(value: object, what: str) -> str | None:
+    """Why `value` cannot be sent as an MQTT UTF-8 string, None when it can: well-formed UTF-8
+    without surrogates [MQTT-1.5.4-1], no U+0000 [MQTT-1.5.4-2], at most 65535 bytes."""
+    if not isinstance(value, str):
+        return f"{what} must be a string"
+    if "\x00" in value:
+        return f"{what} contains U+0000 (NUL), which MQTT strings must not [MQTT-1.5.4-2]"
+    try:
+        n = len(value.encode("utf-8"))
+    except UnicodeEncodeError:
+        return (f"{what} is not well-formed UTF-8: it has a lone surrogate (U+D800..U+DFFF) "
+                "[MQTT-1.5.4-1]")
+    if n > MAX_STRING_BYTES:
+        return f"{what} is {n} bytes in UTF-8; an MQTT string holds at most {MAX_STRING_BYTES}"
+    return None
+
+
+def topic_name_problem(topic: object, what: str = "the topic", max_bytes: int = 0,
+                       max_levels: int = 0) -> str | None:
+    """Why `topic` cannot be a PUBLISH's Topic Name, None when it can: not empty
+    [MQTT-4.7.3-1], no wildcard [MQTT-3.3.2-2], no U+0000 [MQTT-4.7.3-2], well-formed UTF-8
+    [MQTT-1.5.4-1], at most 65535 bytes [MQTT-4.7.3-3]; and within this broker's
+    mqtt.max_topic_length (`max_bytes`) and max_topic_levels (`max_levels`) when given."""
+    if not isinstance(topic, str):
+        return f"{what} must be a string"
+    if not topic:
+        return f"{what} is empty: a topic name has at least one character [MQTT-4.7.3-1]"
+    if "+" in topic or "#" in topic:
+        return (f"{what} contains a wildcard (+ or #): a topic name must not, only topic "
+                "filters may [MQTT-3.3.2-2]")
+    if "\x00" in topic:
+        return f"{what} contains U+0000 (NUL), which topic names must not [MQTT-4.7.3-2]"
+    try:
+        n = len(topic.encode("utf-8"))
+    except UnicodeEncodeError:
+        return (f"{what} is not well-formed UTF-8: it has a lone surrogate (U+D800..U+DFFF) "
+                "[MQTT-1.5.4-1]")
+    if n > MAX_STRING_BYTES:
+        return (f"{what} is {n} bytes in UTF-8; a topic name holds at most {MAX_STRING_BYTES} "
+                "[MQTT-4.7.3-3]")
+    if max_bytes and n > max_bytes:
+        return f"{what} is {n} bytes; this broker takes at most {max_bytes} (mqtt.max_topic_length)"
+    if max_levels and topic.count("/") >= max_levels:
+        return f"{what} has more than {max_levels} levels (mqtt.max_topic_levels)"
+    return None
+
+
+def properties_problem(props: dict[int, Any] | None) -> str | None:
+    """Why a PUBLISH's properties cannot be sent, None when they can: every string (Content Type,
+    Response Topic, User Properties) a well-formed MQTT string, the Response Topic a topic name
+    [MQTT-3.3.2-14]."""
+    if not props:
+        return None
+    for pid, what in ((PR.CONTENT_TYPE, "the Content Type"),
+                      (PR.RESPONSE_TOPIC, "the Response Topic")):
+        v = props.get(pid)
+        if v is not None:
+            problem = (topic_name_problem(v, what) if pid == PR.RESPONSE_TOPIC
+                       else string_problem(v, what))
+            if problem is not None:
+                return problem
+    for pair in props.get(PR.USER_PROPERTY) or ():
+        for v in pair:
+            problem = string_problem(v, "a User Property")
+            if problem is not None:
+                return problem
+    return None
+
+
+def publish_problem(topic: object, payload: object, props: dict[int, Any] | None = None,
+                    max_packet_size: int = MAX_PACKET_BYTES, max_topic_bytes: int = 0,
+                    max_levels: int = 0) -> str | None:
+    """Why a message cannot enter the broker as a PUBLISH, None when it can: the checks the
+    decoder and Connection.on_publish make on a client's PUBLISH, for every other way in (the
+    admin API, a replay, a restored store). A PUBLISH of this topic and payload must fit
+    `max_packet_size` (mqtt.maximum_packet_size for new messages)."""
+    problem = topic_name_problem(topic, "the topic", max_topic_bytes, max_levels)
+    if problem is not None:
+        return problem
+    if not isinstance(payload, (bytes, bytearray)):
+        return "the payload must be bytes"
+    problem = properties_problem(props)
+    if problem is not None:
+        return problem
+    # the smallest PUBLISH carrying them: fixed header (at most 5), topic, packet id
+    size = 1 + 4 + 2 + len(str(topic).encode("utf-8")) + 2 + len(payload)
+    if size > max_packet_size:
+        return (f"the payload is {len(payload)} bytes: with its topic it does not fit the maximum "
+                f"packet size of {max_packet_size} bytes (mqtt.maximum_packet_size)")
+    return None
+
+
+def check_new_message(topic: object, payload: object, props: dict[int, Any] | None,
+                      cfg: Any) -> str | None:
+    """publish_problem() under the broker's mqtt limits (an MQTTConfig): what a client's
+    PUBLISH would be held to."""
+    return publish_problem(topic, payload, props, cfg.maximum_packet_size, cfg.max_topic_length,
+                           cfg.max_topic_levels)
+
+
 class Message:
     """Immutable once routed. `props` holds the properties forwarded unaltered
     ([MQTT-3.3.2-4], [MQTT-3.3.2-15], [MQTT-3.3.2-16], [MQTT-3.3.2-17], [MQTT-3.3.2-18],

@@ -12,6 +12,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from .message import check_new_message
+
 if TYPE_CHECKING:
     from .broker import Broker
     from .connection import Connection
@@ -118,6 +120,11 @@ class BrokerView:
     def retain_available(self) -> bool:
         """mqtt.retain_available: whether retained messages are kept."""
         return self._b.cfg.retain_available
+
+    def message_problem(self, topic: str, payload: bytes, props: dict[int, Any] | None) -> str | None:
+        """Why a new message could not be published as a client's PUBLISH under this broker's
+        [mqtt] limits (message.check_new_message), None when it can."""
+        return check_new_message(topic, payload, props, self._b.cfg)
 
     def clock(self) -> float:
         """The broker's monotonic clock (what expiry times are measured in)."""

@@ -45,9 +45,10 @@ from settings.secrets import connect_token
 
 from ..admin.accounts import Accounts
 from ..admin.service import AdminError, AdminService, Refused, audit
+from ..auth.origin import origin_allowed
 from . import JOB_HINT, live
 from .history import BadRequest, HistoryClient, JobNotRunning, check_filter, make_query, parse_time
-from .login import COOKIE, Busy, LoginChecks, Session, Sessions, Throttle
+from .login import COOKIE, MAX_HELD_LOGINS, Busy, LoginChecks, Session, Sessions, Throttle
 
 log = logging.getLogger("broker.dashboard")
 
@@ -205,9 +206,8 @@ def _basic(header: str) -> tuple[str | None, bytes | None]:
 def _foreign_origin(request: web.Request) -> web.Response | None:
     """403 for a request whose Origin is another site than the one it was sent to, else None."""
     origin = request.headers.get("Origin")
-    if origin is not None and origin.split("://", 1)[-1].split("/", 1)[0].lower() != \
-            request.headers.get("Host", "").strip().lower():  # host and port: one origin
-        return _json_error(403, f"cross-origin request from {origin[:100]!r} refused")
+    if not origin_allowed(origin, request.headers.get("Host", "")):  # host and port: one origin
+        return _json_error(403, f"cross-origin request from {str(origin)[:100]!r} refused")
     return None
 
 
@@ -229,6 +229,7 @@ class Dashboard:
         self.hosts = host_names(settings.host, settings.allowed_hosts)
         self.sessions = Sessions(settings.session_seconds, settings.max_login_sessions)
         self.throttle = Throttle(settings.login_failures, settings.login_lockout_seconds)
+        self.held_logins = 0   # attempts waiting for their turn (Throttle.turn)
         self.logins = LoginChecks(accounts, settings.login_threads, settings.max_pending_logins)
         self.counter = live.TopicCounter(settings.max_topics)
         server.broker.add_hook(self.counter)  # per-topic counts, fed by accepted messages
@@ -277,9 +278,15 @@ class Dashboard:
             await asyncio.sleep(self.s.sample_seconds)
 
     def _revalidate_sessions(self) -> None:
+        """End the sessions of accounts removed, or whose password or role changed."""
         for token, s in list(self.sessions.by_token.items()):
-            if self.accounts.role(s.user) != s.role:
+            if self.accounts.stamp(s.user) != s.stamp:
                 self.sessions.close(token)
+
+    def _accounts_current(self) -> None:
+        """Re-read the accounts file when it changed (a stat) before a request is served."""
+        if self.accounts.reload():
+            self._revalidate_sessions()
 
     # ------------------------------------------------------------ middlewares
     @web.middleware
@@ -325,6 +332,7 @@ class Dashboard:
     async def _auth(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         if self._public(request):
             return await handler(request)
+        self._accounts_current()
         session, via_cookie = self.sessions.get(request.cookies.get(COOKIE)), True
         new_cookie = None
         if session is None:
@@ -336,12 +344,15 @@ class Dashboard:
             if isinstance(login, web.Response):
                 return login  # a refusal (401 / 429)
             session = new_cookie = login
-        if self.accounts.role(session.user) != session.role:   # removed, or its role changed
+        if self.accounts.stamp(session.user) != session.stamp:  # removed, new password or role
             self.sessions.close(session.token)
-            return _json_error(401, "your account was changed or removed: log in again")
-        if request.method not in SAFE_METHODS:
+            return _json_error(401, "your account was changed (password or role) or removed: "
+                               "log in again")
+        changing = request.method not in SAFE_METHODS
+        if changing:
             refused = self._csrf(request, session, via_cookie)
             if refused is not None:
+                self._audit_refusal(request, session, refused)
                 return refused
             if session.role != "admin":
                 audit(session.user, _address(request), f"{request.method} {request.path}",
@@ -349,10 +360,32 @@ class Dashboard:
                 return _json_error(403, f"{session.user!r} is a {session.role}: changing the "
                                    "broker needs an account with the admin role")
         request["session"] = session
-        response = await handler(request)
+        try:
+            response = await handler(request)
+        except Exception as exc:  # answered by _errors (400, 503, 500...): audited here
+            if changing and not request.get("audited"):
+                audit(session.user, _address(request), f"{request.method} {request.path}",
+                      f"refused: {type(exc).__name__}: {exc}")
+            raise
+        if changing and not request.get("audited"):
+            self._audit_refusal(request, session, response)
         if new_cookie is not None:
             self._set_cookie(request, response, new_cookie)
         return response
+
+    def _audit_refusal(self, request: web.Request, session: Session,
+                       response: web.StreamResponse) -> None:
+        """A change that was not done (or not audited by its handler): its status and reason."""
+        reason = ""
+        if isinstance(response, web.Response) and response.body is not None \
+                and response.content_type == "application/json":
+            try:
+                reason = json.loads(bytes(response.body)).get("error", "")  # type: ignore[arg-type]  # bytes body
+            except (ValueError, TypeError, AttributeError):
+                reason = ""
+        audit(session.user, _address(request), f"{request.method} {request.path}",
+              f"refused {response.status}" + (f": {reason}" if reason else "")
+              if response.status >= 400 else f"{response.status}")
 
     def _csrf(self, request: web.Request, session: Session, via_cookie: bool) -> web.Response | None:
         refused = _foreign_origin(request)
@@ -376,18 +409,28 @@ class Dashboard:
                            basic: bytes | None = None) -> Session | web.Response:
         """A Session, or the refusal to send (401, 429; Busy raised: 503)."""
         address = _address(request)
-        wait = self.throttle.retry_after(address)
-        if wait > 0:
-            return _json_error(429, f"too many wrong passwords from {address}: try again in "
-                               f"{math.ceil(wait)} s", headers={"Retry-After": str(math.ceil(wait))})
-        role = await self.logins.check(address, user, password)
-        if role is None:
-            self.throttle.failed(address)
+        key = (user, address)
+        wait = self.throttle.turn(key)
+        if wait is None or (wait > 0 and self.held_logins >= MAX_HELD_LOGINS):
+            after = math.ceil(self.throttle.retry_after(key))
+            return _json_error(429, f"too many wrong passwords for {user[:100]!r} from "
+                               f"{address}: try again in {after} s",
+                               headers={"Retry-After": str(after)})
+        if wait > 0:   # its turn: the right password gets in after it, a wrong one is slowed
+            self.held_logins += 1
+            try:
+                await asyncio.sleep(wait)
+            finally:
+                self.held_logins -= 1
+        got = await self.logins.check(address, user, password)
+        if got is None:
+            self.throttle.failed(key)
             log.info("dashboard: failed login as %s from %s", repr(user)[:100], address)
             return _json_error(401, "wrong user name or password. " + LOGIN_HINT)
-        self.throttle.succeeded(address)
+        role, stamp = got
+        self.throttle.succeeded(key)
         log.info("dashboard: %s (%s) logged in from %s", repr(user)[:100], role, address)
-        return self.sessions.open(user, role, address, basic)
+        return self.sessions.open(user, role, address, basic, stamp)
 
     def _set_cookie(self, request: web.Request, response: web.StreamResponse, session: Session) -> None:
         response.set_cookie(COOKIE, session.token, max_age=int(self.s.session_seconds),
@@ -464,6 +507,7 @@ class Dashboard:
 
     # ------------------------------------------------------------ the admin API (/api/v1)
     def _audit(self, request: web.Request, action: str, outcome: str = "ok", **details: Any) -> None:
+        request["audited"] = True
         audit(request["session"].user, _address(request), action, outcome, **details)
 
     async def v1_stats(self, request: web.Request) -> web.StreamResponse:

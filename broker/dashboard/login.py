@@ -4,15 +4,22 @@
   a bounded queue (broker/auth/checks.py's CheckQueue, ``[dashboard] login_threads`` and
   ``max_pending_logins``), apart from the MQTT password checks: a login flood costs at most
   ``login_threads`` cores, and beyond the bound a login is answered at once with 503 Busy.
-* Failures are throttled per address: after ``login_failures`` wrong passwords from one
-  address, each further attempt must wait (1 s, doubling up to ``login_lockout_seconds``),
-  answered 429 with Retry-After and without hashing anything. A good login clears it.
+* Failures are throttled per account and address: after ``login_failures`` wrong passwords for
+  one account from one address, that pair's password checks take turns one second apart: an
+  attempt waits for its turn and is then checked, so the owner's right password still gets in
+  after a short wait while someone guesses from the same address (at most one guess a second
+  per pair). An attempt whose turn would be more than ``login_lockout_seconds`` away is answered
+  429 with Retry-After at once, nothing hashed. A good login clears the pair.
 * A good login opens a server-side session (a random token in a cookie: HttpOnly,
   SameSite=Strict, Secure on https), so the page and scripts do not hash on every request.
-  Sessions end after ``session_seconds``, on logout, and when the account is removed or its
-  role changes; at most ``max_login_sessions`` are held (the oldest goes first).
+  Sessions end after ``session_seconds``, on logout, and at once when the account is removed or
+  its password or role changes (each session is tied to the account's role and password hash
+  at login; the accounts file is re-read when it changed before a request is served); at most
+  ``max_login_sessions`` are held (the oldest goes first).
 * HTTP Basic credentials (scripts, the CLI) are checked once; the same credentials then reuse
-  that session (remembered as an HMAC under a per-process key, never the password).
+  that session (remembered as an HMAC under a per-process key, never the password) while the
+  account is unchanged: after a password change the old credentials are checked again, and
+  fail.
 """
 from __future__ import annotations
 
@@ -30,7 +37,8 @@ if TYPE_CHECKING:
     from ..admin.accounts import Accounts
 
 COOKIE = "broker_session"
-MAX_THROTTLED_ADDRESSES = 10_000
+MAX_THROTTLED_ADDRESSES = 10_000   # (account, address) pairs remembered
+MAX_HELD_LOGINS = 1000            # attempts waiting for their turn at once (more: 429)
 
 
 class Busy(Exception):
@@ -38,12 +46,16 @@ class Busy(Exception):
 
 
 class Session:
-    __slots__ = ("token", "user", "role", "csrf", "expires", "address")
+    """`stamp`: the account's role and password hash at login (Accounts.stamp): when the file
+    says otherwise the session ends."""
+    __slots__ = ("token", "user", "role", "csrf", "expires", "address", "stamp")
 
-    def __init__(self, user: str, role: str, expires: float, address: str) -> None:
+    def __init__(self, user: str, role: str, expires: float, address: str,
+                 stamp: str | None = None) -> None:
         self.token = secrets.token_urlsafe(32)
         self.csrf = secrets.token_urlsafe(24)
         self.user, self.role, self.expires, self.address = user, role, expires, address
+        self.stamp = stamp
 
 
 class Sessions:
@@ -57,12 +69,13 @@ class Sessions:
         self._basic: dict[bytes, str] = {}   # HMAC(user, password) -> token
         self._key = secrets.token_bytes(32)
 
-    def open(self, user: str, role: str, address: str, basic: bytes | None = None) -> Session:
+    def open(self, user: str, role: str, address: str, basic: bytes | None = None,
+             stamp: str | None = None) -> Session:
         now = self.clock()
         self.expire(now)
         while len(self.by_token) >= self.max_sessions:
             self.close(next(iter(self.by_token)))
-        s = Session(user, role, now + self.lifetime, address)
+        s = Session(user, role, now + self.lifetime, address, stamp)
         self.by_token[s.token] = s
         if basic is not None:
             self._basic[basic] = s.token
@@ -112,44 +125,60 @@ class Sessions:
 
 
 class Throttle:
-    """Wrong passwords per address: after `free` failures each attempt waits, doubling."""
+    """Wrong passwords per (account, address). After `free` failures of a pair, its password
+    checks take turns `spacing` seconds apart: an attempt waits for its turn (then it is checked,
+    so the right password gets in), at most `max_wait` seconds; one whose turn would come later
+    is refused at once, nothing hashed. A right password clears the pair; an hour without a
+    failure starts it over. At most `max_keys` pairs are remembered (the oldest failure goes)."""
 
-    def __init__(self, free: int, max_delay: float, clock: Callable[[], float] = time.monotonic,
-                 max_addresses: int = MAX_THROTTLED_ADDRESSES) -> None:
+    def __init__(self, free: int, max_wait: float, clock: Callable[[], float] = time.monotonic,
+                 max_keys: int = MAX_THROTTLED_ADDRESSES, spacing: float = 1.0) -> None:
         self.free = free
-        self.max_delay = max_delay
+        self.max_wait = max_wait
+        self.spacing = spacing
         self.clock = clock
-        self.max_addresses = max_addresses
-        # address -> [failures, not before, last failure]
-        self.state: OrderedDict[str, list] = OrderedDict()
+        self.max_keys = max_keys
+        # (account, address) -> [failures, next free turn, last failure]
+        self.state: OrderedDict[tuple[str, str], list] = OrderedDict()
         self.refused = 0
 
-    def retry_after(self, address: str) -> float:
-        """Seconds this address must still wait (0: it may try now)."""
-        st = self.state.get(address)
+    def turn(self, key: tuple[str, str]) -> float | None:
+        """Seconds this attempt waits before its password is checked (0: now), its turn taken;
+        None: refused (every turn within max_wait is taken)."""
+        st = self.state.get(key)
+        if st is None or st[0] < self.free:
+            return 0.0
+        now = self.clock()
+        if now - st[2] > 3600:   # quiet for an hour: start over
+            del self.state[key]
+            return 0.0
+        slot = max(now, st[1])
+        if slot - now > self.max_wait:
+            self.refused += 1
+            return None
+        st[1] = slot + self.spacing
+        return slot - now
+
+    def retry_after(self, key: tuple[str, str]) -> float:
+        """Seconds until a refused attempt of this pair may get a turn."""
+        st = self.state.get(key)
         if st is None:
             return 0.0
-        wait = st[1] - self.clock()
-        if wait > 0:
-            self.refused += 1
-            return wait
-        return 0.0
+        return max(self.spacing, st[1] - self.clock() - self.max_wait)
 
-    def failed(self, address: str) -> None:
+    def failed(self, key: tuple[str, str]) -> None:
         now = self.clock()
-        st = self.state.pop(address, None)
+        st = self.state.pop(key, None)
         if st is None or now - st[2] > 3600:   # new, or quiet for an hour: start over
             st = [0, 0.0, now]
-            while len(self.state) >= self.max_addresses:
-                self.state.popitem(last=False)   # the address that failed longest ago
+            while len(self.state) >= self.max_keys:
+                self.state.popitem(last=False)   # the pair that failed longest ago
         st[0] += 1
         st[2] = now
-        if st[0] >= self.free:
-            st[1] = now + min(self.max_delay, 2.0 ** (st[0] - self.free))
-        self.state[address] = st
+        self.state[key] = st
 
-    def succeeded(self, address: str) -> None:
-        self.state.pop(address, None)
+    def succeeded(self, key: tuple[str, str]) -> None:
+        self.state.pop(key, None)
 
 
 class LoginChecks:
@@ -159,14 +188,15 @@ class LoginChecks:
         self.accounts = accounts
         self.queue = CheckQueue(threads, max_pending)
 
-    async def check(self, address: str, user: str, password: bytes) -> str | None:
+    async def check(self, address: str, user: str, password: bytes) -> tuple[str, str] | None:
+        """(role, stamp) when the password is right (Accounts.login), else None."""
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
 
-        def done(result: str | None) -> None:
+        def done(result: tuple[str, str] | None) -> None:
             if not fut.done():
                 fut.set_result(result)
-        if not self.queue.submit(address, lambda: self.accounts.check(user, password),
+        if not self.queue.submit(address, lambda: self.accounts.login(user, password),
                                  lambda: not fut.cancelled(), done):
             raise Busy()
         return await fut

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..core.durability import Pending
 from ..core.hooks import SESSION_EVENTS, STORED_EVENTS, Hook
-from ..core.message import Message
+from ..core.message import Message, publish_problem
 from ..core.session import Session, Subscription
 from ..protocol import packets as P
 from ..protocol.properties import decode_properties, encode_properties
@@ -226,6 +226,12 @@ class Store(Hook):
             if crc is not None and crc != _crc(topic, payload or b"", props):
                 raise ValueError("checksum mismatch: the row's content is damaged")
             pr = decode_properties(props, 0, "PUBLISH")[0] if props else None
+            # what a PUBLISH is held to: a row written by hand, by an older broker or damaged
+            # must not reach subscribers as a packet they cannot read (the protocol's limits,
+            # not this config's: a stored message is not lost to a lowered limit)
+            problem = publish_problem(topic, payload or b"", pr)
+            if problem is not None:
+                raise ValueError(f"not a message MQTT can carry: {problem}")
             exp = None if expires_at is None else now + (expires_at - wall)
             m = Message(topic, bytes(payload or b""), qos, bool(retain), pr, exp, None, accepted)
             m.store_id = mid

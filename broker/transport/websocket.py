@@ -7,6 +7,11 @@ stalled reader gets QoS 0 dropped and QoS 1/2 queued in its bounded session, as 
 and inbound size: a WebSocket message larger than `maximum_packet_size` (+ WS_FRAME_SLACK for
 small packets batched behind a maximal one) is refused from its frame header, before any of
 it is buffered (close code 1009, RFC 6455 section 7.4.1).
+
+A browser's handshake carries Origin: one that is not the listener's own host:port (the Host
+header) nor in the listener's ``allowed_origins`` is refused with HTTP 403 before the upgrade, so
+a page on another site cannot use a visitor's browser as an MQTT client (as the dashboard checks
+Origin: broker/auth/origin.py). Handshakes without Origin (devices, scripts) are not browsers'.
 """
 from __future__ import annotations
 
@@ -22,6 +27,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 from websockets.typing import Subprotocol
 
+from ..auth.origin import origin_allowed
 from .connection_protocol import MQTTProtocol
 
 if TYPE_CHECKING:
@@ -166,6 +172,20 @@ async def start_listener(server: Server, listener: ListenerConfig,
     def process_request(ws: ServerConnection, request: Request) -> Response | None:
         if request.path.split("?")[0] != path:
             return Response(404, "Not Found", Headers(), f"MQTT is served on {path}\n".encode())
+        origins = request.headers.get_all("Origin")
+        hosts = request.headers.get_all("Host")
+        if len(origins) > 1 or len(hosts) > 1 or not origin_allowed(
+                origins[0] if origins else None, hosts[0] if hosts else None,
+                listener.allowed_origins):
+            # a page on another site: the browser would connect with the user's network position
+            # (a loopback client is anonymous) and read or publish; refused before the upgrade
+            server.broker.client_log.line(log, logging.WARNING, None, "refusing WebSocket client "
+                                          "%s: Origin %r is not this listener's (Host %r) nor in "
+                                          "its allowed_origins", ws.remote_address,
+                                          ", ".join(origins)[:200], ", ".join(hosts)[:200])
+            return Response(403, "Forbidden", Headers(),
+                            b"this web page's Origin may not use this MQTT listener: list it in "
+                            b"the listener's allowed_origins\n")
         if cfg.max_connections and len(connections) >= cfg.max_connections:
             server.broker.client_log.line(log, logging.WARNING, None, "refusing WebSocket client "
                                           "%s: max_connections (%d) reached", ws.remote_address,

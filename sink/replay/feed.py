@@ -108,7 +108,7 @@ class HistoryFeed:
         self.sync_sent = False
         self.in_table = True                  # the stream is still in the table's part
         self.counts = {"table": 0, "kafka": 0, "live": 0, "dropped_live": 0, "expired": 0,
-                       "disarmed": 0}
+                       "disarmed": 0, "invalid": 0}
         self.why = ""
 
     # ------------------------------------------------------------ start
@@ -156,7 +156,7 @@ class HistoryFeed:
         wall, clock = b.wall(), b.clock()
         cid = self.session.client_id
         skip = self.skip
-        from broker.core.message import Message
+        from broker.core.message import Message, publish_problem
         for it in items:
             if it[0].__class__ is str:
                 if it[0] == "error":  # the stream cannot go on: said now, not after the rest
@@ -170,6 +170,15 @@ class HistoryFeed:
             if skip and rid in skip:
                 continue
             if self.no_local and sender == cid:  # [MQTT-3.8.3-3], for the history too
+                continue
+            # a record in Kafka or the table may come from elsewhere: held to a PUBLISH's checks
+            # (the protocol's limits), so the subscriber never gets a packet it cannot read
+            problem = publish_problem(topic, payload, props)
+            if problem is not None:
+                self.counts["invalid"] += 1
+                if self.counts["invalid"] <= 3:
+                    self.session_note(logging.WARNING, "%s: replay of %s: record %r skipped: %s",
+                                      cid, self.spec.filter, rid, problem)
                 continue
             expires_at = None
             if expiry is not None:

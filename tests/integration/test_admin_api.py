@@ -236,3 +236,45 @@ def test_viewer_gets_403_on_every_state_change(adm):
                                  headers={"X-CSRF-Token": "x"})
         assert status == 403, (method, path)
     assert "refused: not an administrator" in adm.logs()
+
+
+def test_publish_of_a_topic_mqtt_cannot_carry_is_a_400_and_subscribers_stay(adm):
+    """The admin API's publish is held to a PUBLISH's checks: U+0000 [MQTT-4.7.3-2] and a topic
+    over 65535 bytes [MQTT-4.7.3-3] are refused with 400 saying why; nothing is retained, and a
+    '#' subscriber (3.1.1 and 5) stays connected."""
+    subs = [RawClient(adm.port, level=level) for level in (4, 5)]
+    for i, c in enumerate(subs):
+        c.connect(f"all-{i}")
+        c.subscribe("#")
+    for topic, says in (("a\x00b", "[MQTT-4.7.3-2]"), ("t/" + "x" * 70_000, "[MQTT-4.7.3-3]")):
+        status, r = as_admin(adm.dashboard + "/api/v1/publish", "POST",
+                             {"topic": topic, "payload": "x", "retain": True})
+        assert status == 400 and says in r["error"], r
+    _, r = as_admin(adm.dashboard + "/api/v1/retained")
+    assert r["matched"] == 0
+    as_admin(adm.dashboard + "/api/v1/publish", "POST", {"topic": "ok", "payload": "fine"})
+    for c in subs:
+        got = c.recv_type(P.PUBLISH)
+        assert (got.topic, got.payload) == ("ok", b"fine")
+    late = RawClient(adm.port)
+    late.connect("late")
+    late.subscribe("#")
+    late.send(P.PingReq())
+    assert late.recv().type == P.PINGRESP   # no retained message before it
+
+
+def test_refused_changes_are_audited_one_line_each(adm):
+    """A change refused with 400 (bad input) or 403 (a viewer) is audited with its reason; a
+    line break in the path (%0A) cannot forge another audit line."""
+    from tests.integration.dashboard_http import VIEWER, VIEWER_PW
+    status, r = as_admin(adm.dashboard + "/api/v1/publish", "POST", {"topic": "a/#", "payload": "x"})
+    assert status == 400
+    status, _, _ = request(adm.dashboard + "/api/v1/retained%0Aaudit:%20user='root'%20action=ban%20-%3E%20ok",
+                           "DELETE", user=VIEWER, password=VIEWER_PW, headers={"X-CSRF-Token": "x"})
+    assert status == 403
+    lines = [x for x in adm.logs().splitlines() if "audit:" in x]
+    assert any("action=POST /api/v1/publish" in x and "refused" in x and "wildcard" in x
+               for x in lines), lines
+    forged = [x for x in lines if "retained" in x and "DELETE" in x]
+    assert len(forged) == 1 and "\\x0aaudit: user='root'" in forged[0], lines
+    assert not [x for x in lines if x.split("audit:", 1)[1].startswith(" user='root' action=ban")]

@@ -261,3 +261,34 @@ def test_half_truncated_store_recovers_what_it_can(tmp_path):
         print(f"recovered {len(got)} of 300 retained messages from a half file")
     finally:
         b2.stop()
+
+
+@pytest.mark.parametrize("level", [4, 5])
+def test_a_stored_retained_topic_mqtt_cannot_carry_is_dropped_at_restart(tmp_path, level):
+    """A retained row whose topic is longer than 65535 bytes [MQTT-4.7.3-3], written into the
+    store directly, is dropped (and logged) at start: a '#' subscriber (3.1.1 and 5) stays
+    connected and gets the good retained messages."""
+    import sqlite3
+    b = BrokerProcess(tmp_path).start()
+    publish_acked(b.port, 2, topic="keep", retain_every=2)
+    assert b.stop() == 0
+    db = sqlite3.connect(tmp_path / "state.db")
+    bad = "bad/" + "x" * 70_000
+    mid = db.execute("SELECT MAX(id) FROM messages").fetchone()[0] + 1
+    db.execute("INSERT INTO messages (id, topic, payload, qos, retain, accepted_at) "
+               "VALUES (?, ?, ?, 0, 1, 1.0)", (mid, bad, b"poison"))
+    db.execute("INSERT INTO retained VALUES (?, ?)", (bad, mid))
+    db.commit()
+    db.close()
+    b2 = BrokerProcess(tmp_path).start()
+    try:
+        c = RawClient(b2.port, level=level)
+        assert c.connect("all").reason_code == 0
+        c.subscribe("#")
+        got = sorted(c.recv_type(P.PUBLISH).topic for _ in range(2))
+        assert got == ["keep/0", "keep/1"]
+        c.send(P.PingReq())  # still connected: answered
+        assert c.recv_type(P.PINGRESP)
+        assert "[MQTT-4.7.3-3]" in b2.logs()
+    finally:
+        b2.stop()

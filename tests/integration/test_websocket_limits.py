@@ -22,7 +22,7 @@ from tests.ws_raw import HandshakeRefused, WSClient, frame_header
 MiB = 1 << 20
 
 
-def ws_broker(tmp_path, **settings):
+def ws_broker(tmp_path, listener: str = "", **settings):
     ws_port, metrics_port = free_port(), free_port()
     cfg = tmp_path / "broker.toml"
     cfg.write_text(f"""
@@ -36,6 +36,7 @@ sys_interval = 0
 type = "ws"
 port = {ws_port}
 path = "/mqtt"
+{listener}
 """)
     b = BrokerProcess(tmp_path, settings={"persistence.enabled": False, **settings},
                       args=["--config", str(cfg)]).start()
@@ -196,5 +197,27 @@ def test_websocket_reader_that_catches_up_gets_messages_again(tmp_path):
         t.join(10)
         pub.close()
         slow.close()
+    finally:
+        b.stop()
+
+
+def test_websocket_handshake_from_another_sites_page_is_refused(tmp_path):
+    """A browser's handshake whose Origin is not the listener's own host:port nor in
+    allowed_origins gets HTTP 403 before the upgrade (a page on another site cannot use the
+    visitor's browser as an anonymous loopback client); no Origin (not a browser), the same
+    origin and a listed one connect."""
+    b = ws_broker(tmp_path, listener='allowed_origins = ["https://app.example.com"]')
+    try:
+        for origin in ("http://evil.example", f"http://127.0.0.1:{b.ws_port + 1}",
+                       "http://127.0.0.1", "null", "https://app.example.com.evil.example"):
+            with pytest.raises(HandshakeRefused) as refused:
+                WSClient(b.ws_port, headers={"Origin": origin})
+            assert refused.value.status == 403, origin
+        for i, headers in enumerate(({}, {"Origin": f"http://127.0.0.1:{b.ws_port}"},
+                                     {"Origin": "https://app.example.com"})):
+            ws = WSClient(b.ws_port, headers=headers)
+            assert ws.connect(f"ok{i}").reason_code == 0
+            ws.close()
+        assert "allowed_origins" in b.logs()
     finally:
         b.stop()

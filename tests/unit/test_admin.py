@@ -140,6 +140,42 @@ def test_admin_publish_goes_to_the_sink_hooks_is_retained_and_routed():
             admin.publish(kw.pop("topic"), kw.pop("payload"), **kw)
 
 
+@pytest.mark.parametrize("topic, payload, kw, says", [
+    ("a\x00b", b"x", {}, "[MQTT-4.7.3-2]"),
+    ("t/" + "x" * 70_000, b"x", {"retain": True}, "[MQTT-4.7.3-3]"),
+    ("a/\ud800", b"x", {}, "[MQTT-1.5.4-1]"),
+    ("", b"x", {}, "[MQTT-4.7.3-1]"),
+    ("a/+", b"x", {}, "[MQTT-3.3.2-2]"),
+    ("a", b"x", {"response_topic": "r\x00"}, "Response Topic"),
+    ("a", b"x", {"content_type": "\ud800"}, "Content Type"),
+    ("a", b"x", {"user_properties": [("k", "v\x00")]}, "User Property"),
+    ("a", bytes(2000), {}, "mqtt.maximum_packet_size"),
+])
+def test_admin_publish_refuses_what_a_publish_could_not_carry(topic, payload, kw, says):
+    """The operator's publish is held to a client PUBLISH's checks: topic name [MQTT-4.7.3-1..3],
+    [MQTT-3.3.2-2], strings [MQTT-1.5.4-1..2], the maximum packet size; nothing is retained or
+    routed, and the reason names the rule."""
+    b, _ = make(maximum_packet_size=1000)
+    sub = connected(b, "sub")
+    subscribe(sub, "#", qos=0)
+    admin = AdminService(Server(b))
+    with pytest.raises(AdminError) as err:
+        admin.publish(topic, payload, **kw)
+    assert says in str(err.value)
+    assert BrokerView(b).retained("#")[1] == 0 and sub.received() == []
+
+
+def test_admin_deletes_any_stored_retained_topic():
+    """What is stored can be deleted, even under a topic that should never have got in."""
+    b, _ = make()
+    bad = "t/" + "x" * 70_000
+    b.retained.set(bad, Message(bad, b"x", 0, True, None, None, "c", 1.0))
+    admin = AdminService(Server(b))
+    assert admin.delete_retained(bad) is True and BrokerView(b).retained("#")[1] == 0
+    with pytest.raises(AdminError):
+        admin.delete_retained("a/#")
+
+
 def test_kick_sends_administrative_action():
     b, _ = make()
     c = connected(b, "k")
@@ -245,27 +281,31 @@ def test_sessions_are_bounded_and_expire():
 
 
 @pytest.mark.parametrize("start", [100.0, 1e6])   # the monotonic clock of a machine up for days
-def test_throttle_doubles_the_wait_after_the_free_failures(start):
+def test_throttle_spaces_an_account_and_address_checks_after_the_free_failures(start):
+    """After `free` wrong passwords for one account from one address, that pair's checks take
+    turns one second apart (each attempt waits for its turn, then is checked: a right password
+    gets in); turns further than max_wait away are refused; other pairs are not affected."""
     clock = Clock()
     clock.t = start
-    t = Throttle(free=3, max_delay=8, clock=clock, max_addresses=2)
-    for _ in range(2):
-        t.failed("a")
-        assert t.retry_after("a") == 0
-    waits = []
-    for _ in range(6):
-        t.failed("a")
-        waits.append(t.retry_after("a"))
-    assert waits == [1, 2, 4, 8, 8, 8]
-    t.succeeded("a")
-    assert t.retry_after("a") == 0
+    t = Throttle(free=3, max_wait=4, clock=clock, max_keys=2)
+    key = ("root", "a")
     for _ in range(3):
-        t.failed("a")
+        assert t.turn(key) == 0
+        t.failed(key)
+    waits = [t.turn(key) for _ in range(7)]   # attempts arriving together (a poller's burst)
+    assert waits == [0, 1, 2, 3, 4, None, None] and t.refused == 2
+    assert t.retry_after(key) >= 1
+    assert t.turn(("other", "a")) == 0 and t.turn(("root", "b")) == 0  # per account and address
+    clock.t += 10                              # the queue drained: a turn at once again
+    assert t.turn(key) == 0 and t.turn(key) == 1
+    t.succeeded(key)                           # the owner got in: the pair starts over
+    assert t.turn(key) == 0 and t.turn(key) == 0
+    for _ in range(3):
+        t.failed(key)
     clock.t += 3601       # an hour without a failure: counted from scratch
-    t.failed("a")
-    assert t.retry_after("a") == 0
+    assert t.turn(key) == 0 and t.turn(key) == 0
     for addr in ("b", "c", "d"):
-        t.failed(addr)
+        t.failed(("root", addr))
     assert len(t.state) == 2   # bounded
 
 
@@ -273,7 +313,7 @@ async def test_login_checks_are_bounded_and_answer_busy_at_once():
     release = threading.Event()
 
     class Slow:
-        def check(self, user, password):
+        def login(self, user, password):
             release.wait(10)
             return "admin" if password == b"ok" else None
     checks = LoginChecks(Slow(), threads=1, max_pending=2)
@@ -299,3 +339,20 @@ def test_cli_lists_are_aligned_columns_under_a_header_and_none_when_empty():
         "clientid  dev-1       -",
         "ip        10.0.0.0/8  a long reason"]
     assert table([], ("kind",)) == "(none)"
+
+
+def test_an_audit_line_stays_one_line_whatever_the_client_sent(caplog):
+    """Line breaks and other control characters in any part (the path a client chose, a topic, a
+    user name, an error message) are escaped: one command, one line."""
+    import logging
+
+    from broker.admin.service import audit
+    forged = "\naudit: user='root' from='127.0.0.1' action=ban -> ok"
+    with caplog.at_level(logging.INFO, logger="broker.audit"):
+        audit("viewer\r\n", "127.0.0.1", "DELETE /api/v1/retained" + forged,
+              "refused 400: " + forged, **{"topic": "a" + forged, "k\n": "v"})
+    (rec,) = caplog.records
+    line = rec.getMessage()
+    assert "\n" not in line and "\r" not in line and line.count("audit:") == 4
+    assert line.startswith("audit: user='viewer\\r\\n' from='127.0.0.1' action=DELETE ")
+    assert "\\x0aaudit: user='root'" in line

@@ -210,3 +210,21 @@ def test_history_without_a_spark_client_says_so(monkeypatch):
     monkeypatch.setitem(sys.modules, "pyspark.sql", None)  # import raises ImportError
     r = Worker("sc://127.0.0.1:1").answer(question(make_query("a/#", None, None, 31)))
     assert r["error"] == "no_spark_client" and "pyspark" in r["detail"]
+
+
+@pytest.mark.parametrize("origin, host, allowed, ok", [
+    (None, "127.0.0.1:9001", (), True),                         # not a browser
+    ("http://127.0.0.1:9001", "127.0.0.1:9001", (), True),      # the same host and port
+    ("HTTP://Broker.Example:9001/", "broker.example:9001", (), True),
+    ("http://127.0.0.1:9002", "127.0.0.1:9001", (), False),     # another port: another site
+    ("http://evil.example", "127.0.0.1:9001", (), False),
+    ("null", "127.0.0.1:9001", (), False),                      # a sandboxed page or a file
+    ("http://evil.example", None, (), False),
+    ("https://app.example.com", "127.0.0.1:9001", ("https://app.example.com/",), True),
+    ("https://app.example.com.evil.example", "h:1", ("https://app.example.com",), False),
+    ("http://evil.example", "h:1", ("*",), True),
+])
+def test_origin_is_allowed_when_absent_the_same_host_and_port_or_listed(origin, host, allowed, ok):
+    """One Origin check for the dashboard and the WebSocket listeners (broker/auth/origin.py)."""
+    from broker.auth.origin import origin_allowed
+    assert origin_allowed(origin, host, allowed) is ok

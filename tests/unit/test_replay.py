@@ -597,3 +597,16 @@ def test_a_slow_client_that_takes_messages_is_not_idle():
     deliver(c)
     hook.on_tick()
     assert feed.state == "replaying"
+
+
+def test_replayed_records_mqtt_cannot_carry_are_skipped_and_counted():
+    """A record from Kafka or the table is held to a PUBLISH's checks: a topic with U+0000
+    [MQTT-4.7.3-2], longer than 65535 bytes [MQTT-4.7.3-3] or with a wildcard [MQTT-3.3.2-2] is
+    skipped (counted), the subscriber stays connected and gets the good ones."""
+    b, clock, ids, hook = setup()
+    c, _, feed = replaying(b, hook)
+    feed.add([rec(1), rec(2, topic="s/a\x00b"), rec(3, topic="s/" + "x" * 70_000),
+              rec(4, topic="s/+"), rec(5)])
+    got = deliver(c)
+    assert [m.payload for m in got] == [b"h1", b"h5"]
+    assert feed.counts["invalid"] == 3 and not c.conn.close_requested

@@ -164,3 +164,29 @@ def test_any_truncation_loads_without_error_and_only_genuine_rows(tmp_path, big_
     # whatever was recovered was written to the fresh file: a restart has it all
     b2 = Broker()
     assert Store(str(path)).load(b2)["retained"] == len(b.retained.all())
+
+
+def test_a_stored_message_mqtt_cannot_carry_is_dropped_at_restore(tmp_path, caplog):
+    """A retained or queued row whose topic is longer than 65535 bytes [MQTT-4.7.3-3] (a
+    PUBLISH's two-byte length cannot say it) is dropped and logged; the good ones load."""
+    path = tmp_path / "state.db"
+    build(path, n_retained=3)
+    db = sqlite3.connect(path)
+    long_topic = "t/" + "x" * 70_000
+    mid = db.execute("SELECT MAX(id) FROM messages").fetchone()[0] + 1
+    for i, topic in enumerate((long_topic, long_topic + "/q")):
+        db.execute("INSERT INTO messages VALUES (?, ?, ?, 1, ?, NULL, NULL, 1.0, NULL)",
+                   (mid + i, topic, b"bad", 1 - i))
+    db.execute("INSERT INTO retained VALUES (?, ?)", (long_topic, mid))
+    db.execute("INSERT INTO outbound (client_id, msg_id, qos, retain) VALUES ('keeper', ?, 1, 0)", (mid + 1,))
+    db.commit()
+    db.close()
+    b = Broker()
+    with caplog.at_level(logging.WARNING, logger="broker.store"):
+        summary = Store(str(path)).load(b)
+    assert sorted(m.topic for m in b.retained.all()) == [f"r/{LONG}/{i}" for i in range(3)]
+    assert summary["dropped"]["messages"] == 2
+    queued = [e[0].topic for e in b.sessions["keeper"].queue]
+    assert queued == ["a/b"]
+    assert any("[MQTT-4.7.3-3]" in r.getMessage() for r in caplog.records
+               if r.levelno == logging.WARNING)
