@@ -729,13 +729,13 @@ def check_connect_port(job: Job) -> None:
                 "([history] connect = false)") from None
 
 
-def set_connect_token(jvm: Any, token: str) -> None:
-    """Give the Spark Connect server its token in the running JVM's SparkConf (read from there
-    when the server starts: Connect.getAuthenticateToken), never as a launch setting: PySpark
-    launches the JVM with every setting of the builder as ``--conf KEY=VALUE`` in its command
-    line, which every local user reads in ``ps`` or /proc/PID/cmdline. Set after the SQL
-    session exists, so no SQL session's settings (``SET``) copy it either."""
-    jvm.org.apache.spark.SparkEnv.get().conf().set(CONNECT_TOKEN_CONF, token)
+def set_connect_token(spark: Spark, token: str) -> None:
+    """Give the Spark Connect server its token in the running SparkContext's own SparkConf (the
+    SparkEnv's: read from there when the server starts, Connect.getAuthenticateToken), never as
+    a launch setting: PySpark launches the JVM with every setting of the builder as ``--conf
+    KEY=VALUE`` on its command line, which every local user reads (``ps``, /proc/PID/cmdline).
+    Set after the SQL session exists, so no SQL session's settings (``SET``) copy it either."""
+    spark.sparkContext._jsc.sc().conf().set(CONNECT_TOKEN_CONF, token)
 
 
 def serve_connect(spark: Spark, job: Job) -> None:
@@ -751,7 +751,7 @@ def serve_connect(spark: Spark, job: Job) -> None:
     if job.data_dir:   # clients need the token (settings/secrets.py)
         token = secrets.connect_token(job.data_dir, create=True)
         assert token is not None   # made when missing (create=True)
-        set_connect_token(jvm, token)
+        set_connect_token(spark, token)
     jvm.org.apache.spark.sql.connect.service.SparkConnectService.start(spark.sparkContext._jsc.sc())
     token = ("$" + secrets.TOKEN_ENV if environment.SPARK_CONNECT_TOKEN.is_set() else
              secrets.secret_path(job.data_dir, secrets.TOKEN_FILE) if job.data_dir else None)

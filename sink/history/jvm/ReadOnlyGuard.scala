@@ -66,6 +66,11 @@ object ReadOnlyGuard {
       case c: Command => refuse(s"the command ${c.getClass.getSimpleName}")
       case r: LogicalRelation if r.catalogTable.isDefined =>
       case _: HiveTableRelation | _: LocalRelation | _: OneRowRelation | _: Range =>
+      case _: CommandResult =>   // the rows of a command run before (checked when it ran)
+      // rows to and from JVM objects (Spark's own, e.g. Dataset.rdd: the Thrift server's
+      // results) are allowed; typed operations running client code (map, filter,
+      // mapPartitions, groupByKey...) are not
+      case _: DeserializeToObject | _: SerializeFromObject =>
       case _: ObjectConsumer | _: ObjectProducer => refuse("Dataset code")
       case s if s.getClass.getSimpleName.contains("ScriptTransformation") =>
         refuse("TRANSFORM (a program run by the server)")
