@@ -238,7 +238,7 @@ class HistoryConfig(Section):
     jdbc: bool = False
     jdbc_host: str = "127.0.0.1"
     jdbc_port: int = key(10000, Int(1, 65535))
-    jdbc_password_file: str = ""                    # "" = [auth] password_file
+    jdbc_password_file: str = ""                    # operators' own (required with jdbc; never [auth] password_file)
 
     @property
     def connect_url(self) -> str:

@@ -105,8 +105,9 @@ class Job:
         if any(t.startswith("re:") for t in self.topics) and len(self.topics) > 1:
             raise UsageError("a topic pattern (re:<regex>) cannot be combined with other topics")
         if self.history.jdbc and not self.history.jdbc_password_file:
-            raise UsageError("[history] jdbc = true needs users: set [history] jdbc_password_file "
-                             "or [auth] password_file (python -m broker.auth add FILE USER)")
+            raise UsageError("[history] jdbc = true needs operators' accounts: set [history] "
+                             "jdbc_password_file to a password file of their own (python -m "
+                             "broker.auth add FILE USER), not the devices' [auth] password_file")
         return self
 
 
@@ -138,10 +139,24 @@ def load_job(path: str | None, flags: Iterable[Flag] = (),
             topics.append(rule.topic)
     # [history] kafka_topics (() means: the topics [sink] forwards to), or --kafka-topic
     topics = list(hist.kafka_topics) or topics
-    hist.jdbc_password_file = hist.jdbc_password_file or cfg.auth.password_file
+    if hist.jdbc and same_file(hist.jdbc_password_file, cfg.auth.password_file):
+        raise UsageError(f"[history] jdbc_password_file is the devices' password file ([auth] "
+                         f"password_file {cfg.auth.password_file}): an MQTT login must not open "
+                         "the whole history over JDBC. Give the operators a file of their own "
+                         "(python -m broker.auth add FILE USER)")
     job = Job(hist, bootstrap, topics, data_dir=cfg.data_dir, available_now=available_now,
               embedded_kafka=embedded)
     return job.validate(), notes
+
+
+def same_file(a: str, b: str) -> bool:
+    """Both name one file (by path, or as hard/symbolic links of one file)."""
+    if not a or not b:
+        return False
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return os.path.realpath(a) == os.path.realpath(b)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -674,6 +689,9 @@ def _short_error(exc: object) -> str:
 
 # ---- Spark Connect: the job's session answers queries while it runs ------------------------
 
+CONNECT_TOKEN_CONF = "spark.connect.authenticate.token"
+
+
 def connect_enabled(job: Job) -> bool:
     # an --available-now run ends when Kafka is drained: nothing to serve
     return job.history.connect and not job.available_now
@@ -711,6 +729,15 @@ def check_connect_port(job: Job) -> None:
                 "([history] connect = false)") from None
 
 
+def set_connect_token(spark: Spark, token: str) -> None:
+    """Give the Spark Connect server its token in the running SparkContext's own SparkConf (the
+    SparkEnv's: read from there when the server starts, Connect.getAuthenticateToken), never as
+    a launch setting: PySpark launches the JVM with every setting of the builder as ``--conf
+    KEY=VALUE`` on its command line, which every local user reads (``ps``, /proc/PID/cmdline).
+    Set after the SQL session exists, so no SQL session's settings (``SET``) copy it either."""
+    spark.sparkContext._jsc.sc().conf().set(CONNECT_TOKEN_CONF, token)
+
+
 def serve_connect(spark: Spark, job: Job) -> None:
     """Start the Spark Connect server in this session's SparkContext (the table ``messages`` is
     in its catalog already: sink/history/catalog.py) and say where to connect."""
@@ -720,8 +747,12 @@ def serve_connect(spark: Spark, job: Job) -> None:
     # derive from the first session it sees, which must be this one with `messages` in its
     # catalog, not one a client's early request would make the server create on its own.
     jvm = spark.sparkContext._jvm
-    jvm.org.apache.spark.sql.connect.service.SparkConnectService.start(spark.sparkContext._jsc.sc())
     from settings import environment, secrets
+    if job.data_dir:   # clients need the token (settings/secrets.py)
+        token = secrets.connect_token(job.data_dir, create=True)
+        assert token is not None   # made when missing (create=True)
+        set_connect_token(spark, token)
+    jvm.org.apache.spark.sql.connect.service.SparkConnectService.start(spark.sparkContext._jsc.sc())
     token = ("$" + secrets.TOKEN_ENV if environment.SPARK_CONNECT_TOKEN.is_set() else
              secrets.secret_path(job.data_dir, secrets.TOKEN_FILE) if job.data_dir else None)
     log.info("Spark Connect on %s%s: query the table as `messages`, e.g. python -m sink.query "
@@ -879,7 +910,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if stop.is_set():
             log.info("history job stopped before it started")
             return 0
-        from sink.history import catalog, thrift
+        from sink.history import catalog, guard, thrift
         from sink.history.spark import (
             JOB_LOCAL_CONF,
             JOB_LOCAL_ENV,
@@ -891,19 +922,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         for k, v in JOB_LOCAL_ENV.items():
             os.environ.setdefault(k, v)
         conf = connect_conf(job)
-        if conf and job.data_dir:   # clients need the token (settings/secrets.py)
-            from settings import secrets
-            token = secrets.connect_token(job.data_dir, create=True)
-            assert token is not None   # made when missing (create=True)
-            conf["spark.connect.authenticate.token"] = token
+        serving = connect_enabled(job) or jdbc_enabled(job)
         spark = get_spark("mqtt-history-job", conf={
             **({} if launched_by_spark_submit() else JOB_LOCAL_CONF),
             **conf, **catalog.session_conf(job.history),
-            **(thrift.thrift_conf(Path(PROJECT_ROOT) / "build") if jdbc_enabled(job) else {})})
+            **(guard.launch_conf(Path(PROJECT_ROOT) / "build") if serving else {})})
+        if serving:
+            guard.trust(spark)   # first: its clients' sessions are read-only, not the job's
         catalog.register_in_session(spark, job.history)  # `messages` for Spark Connect and JDBC
-        serve_connect(spark, job)
-        if jdbc_enabled(job):
-            thrift.serve_thrift(spark, job.history)
+        try:
+            if serving:
+                guard.check_active(spark)
+            serve_connect(spark, job)
+            if jdbc_enabled(job):
+                thrift.serve_thrift(spark, job.history)
+        except guard.GuardMissing as exc:   # the history is still written; nobody reads it here
+            log.error("%s", exc)
         # SparkContext installs its own SIGINT handler (cancel jobs + KeyboardInterrupt): ours
         # must win so that Ctrl-C stops the query cleanly.
         signal.signal(signal.SIGINT, on_signal)

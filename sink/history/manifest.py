@@ -37,6 +37,7 @@ after a crash between our commit and Spark's finds itself recorded and writes no
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import time
@@ -47,6 +48,8 @@ from typing import Callable, Iterable, overload
 
 from settings import environment
 from sink.progress import fsync_dir as _fsync_dir  # (a module name: benches stub it)
+
+log = logging.getLogger(__name__)
 
 MANIFEST_DIR = "_manifest"
 SPARK_LOG_DIR = "_spark_metadata"
@@ -62,6 +65,29 @@ _DATE = re.compile(r"date=(\d{4}-\d{2}-\d{2})")
 
 class Conflict(Exception):
     """The change no longer applies to the newest version (someone else changed those files)."""
+
+
+class OutsideTable(ValueError):
+    """A manifest names a file that is not inside the table directory (an absolute path, a
+    ``..`` step, or a symbolic link leading out): it is never read, listed or deleted."""
+
+
+def inside(root: Path, rel: str) -> Path:
+    """``root / rel`` when ``rel`` is a relative path that stays inside ``root`` (no ``..``,
+    not absolute, no directory on the way that is a symbolic link out of it); else
+    OutsideTable."""
+    parts = rel.split("/")
+    if (not rel or rel.startswith("/") or "\\" in rel or "\0" in rel
+            or any(part in ("", ".", "..") for part in parts)):
+        raise OutsideTable(f"the table's manifest names {rel!r}, which is not a file inside the "
+                           f"table {root}: refused (restore that manifest from a backup or "
+                           "delete the entry)")
+    path = root / rel
+    real_root = os.path.realpath(root)
+    if os.path.commonpath([real_root, os.path.realpath(path.parent)]) != real_root:
+        raise OutsideTable(f"the table's manifest names {rel!r}, whose directory leads out of "
+                           f"the table {root} (a symbolic link): refused")
+    return path
 
 
 def now_ms() -> int:
@@ -224,7 +250,8 @@ class Table:
         raise RuntimeError(f"cannot read the newest manifest of {self.root}")
 
     def abs(self, rel: str) -> Path:
-        return self.root / rel
+        """The file a manifest entry names (OutsideTable unless inside the table)."""
+        return inside(self.root, rel)
 
     # ---- committing ---------------------------------------------------------------------------
 
@@ -275,7 +302,10 @@ class Table:
         keep = []
         for r in removed:
             if now - r.at >= self.delete_delay_ms:
-                _unlink(self.abs(r.path))
+                try:
+                    _unlink(self.abs(r.path))
+                except OutsideTable as exc:   # never deleted; forgotten with the entry
+                    log.error("%s", exc)
             else:
                 keep.append(r)
         stream = ch.stream if ch.stream is not None else base.stream
@@ -400,10 +430,14 @@ class Table:
         limit = (self.clock() - min_age_ms) / 1000
         out = []
         for d in self.root.glob("date=*"):
-            if not d.is_dir():
-                continue
+            if not d.is_dir() or d.is_symlink():
+                continue   # (a link: its files are not the table's to delete)
             for p in d.rglob("*.parquet"):
                 rel = p.relative_to(self.root).as_posix()
+                try:
+                    inside(self.root, rel)
+                except OutsideTable:
+                    continue
                 if rel not in known and _mtime(p) < limit:
                     out.append(p)
         staging = self.root / STAGING_DIR

@@ -335,8 +335,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="the broker's data directory, where the Spark Connect token is "
                         "(default ./data, or data_dir of --config)")
     p.add_argument("--table", metavar="DIR", default=None,
-                   help=f"history table directory (default {DEFAULT_TABLE}; over Spark Connect: "
-                        "the job's table)")
+                   help=f"history table directory, read by a local Spark session (default "
+                        f"{DEFAULT_TABLE}; without --table the job's Spark Connect answers, "
+                        "with its table: its clients read only its catalog's tables)")
     p.add_argument("--format", choices=("table", "csv", "json"), default="table",
                    help="output: readable table (default), csv, or json (one object per line)")
     p.add_argument("--max-width", type=int, default=60, metavar="N",
@@ -400,7 +401,7 @@ def main(argv: list[str] | None = None) -> int:
     from settings import secrets
     started = time.monotonic()
     try:
-        spark, how = open_session(None if args.local else args.connect, say,
+        spark, how = open_session(None if args.local or args.table is not None else args.connect, say,
                                   token=secrets.connect_token(data_dir), job=job,
                                   wait=args.wait, tell=tell)
     except (PermissionError, JobNotUp) as exc:

@@ -3,67 +3,30 @@ own Spark session, beside Spark Connect. Off by default ([history] jdbc = false)
 
     beeline -u jdbc:hive2://127.0.0.1:10000/default -n alice -p secret -e "SELECT count(*) FROM messages"
 
-Authentication: HiveServer2's CUSTOM mode with ``mqtthistory.PasswordFileAuthenticator`` (the
-Scala source beside this file, compiled on first use with the Scala compiler inside pyspark, so
-a JRE is enough), which asks this process: user names and passwords are checked against a
-password file in the broker's format (``python -m broker.auth add FILE USER``: scrypt, which the
-JDK lacks). The alternatives Spark's Thrift server knows do not fit: NONE/NOSASL check nothing,
-LDAP and Kerberos need servers, PAM needs the JPam native library (not packaged).
+Authentication: HiveServer2's CUSTOM mode with ``mqtthistory.PasswordFileAuthenticator``
+(jvm/PasswordFileAuthenticator.scala, compiled with the guard: sink/history/guard.py), which asks
+this process: user names and passwords are checked against the operators' password file
+``[history] jdbc_password_file``, in the broker's format (``python -m broker.auth add FILE
+USER``: scrypt, which the JDK lacks). It is never the devices' file (``[auth] password_file``):
+an MQTT login is not a login to the history of every device. The alternatives Spark's Thrift
+server knows do not fit: NONE/NOSASL check nothing, LDAP and Kerberos need servers, PAM needs
+the JPam native library (not packaged).
 
 The queries run in sessions of the job's SparkContext, so they see the table ``messages`` (and
-its newest committed version at each query) exactly as Spark Connect clients do.
+its newest committed version at each query) exactly as Spark Connect clients do, and are
+read-only like theirs (sink/history/guard.py): queries of the catalog's tables, SHOW, DESCRIBE,
+USE; no writes, no DDL, no settings, no file paths, no user code.
 """
 from __future__ import annotations
 
-import hashlib
 import logging
-import subprocess
-from pathlib import Path
 from typing import Any
 
 from settings import HistoryConfig
 
 log = logging.getLogger("sink.thrift")
 
-SOURCE = Path(__file__).with_name("jvm") / "PasswordFileAuthenticator.scala"
 AUTH_CLASS = "mqtthistory.PasswordFileAuthenticator"
-
-
-def spark_jars() -> Path:
-    import pyspark
-    return Path(pyspark.__file__).parent / "jars"
-
-
-def auth_classes_dir(build_root: Path) -> Path:
-    """The compiled authenticator (built when missing or older than its source): a directory
-    to put on the driver's class path. Takes a few seconds the first time."""
-    digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:16]
-    out = build_root / f"hive-auth-{digest}"
-    if (out / "mqtthistory" / "PasswordFileAuthenticator.class").is_file():
-        return out
-    jars = spark_jars()
-
-    def jar(prefix: str) -> str:
-        found = sorted(jars.glob(f"{prefix}*.jar"))
-        if not found:
-            raise RuntimeError(f"no {prefix}*.jar in {jars}: pyspark is incomplete")
-        return str(found[-1])
-    tmp = build_root / f".hive-auth-{digest}.tmp"
-    tmp.mkdir(parents=True, exist_ok=True)
-    compiler_cp = ":".join(jar(p) for p in ("scala-compiler", "scala-library", "scala-reflect"))
-    cmd = ["java", "-cp", compiler_cp, "scala.tools.nsc.Main", "-usejavacp", "-nowarn",
-           "-cp", jar("spark-hive-thriftserver"), "-d", str(tmp), str(SOURCE)]
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    if res.returncode != 0:
-        raise RuntimeError(f"cannot compile {SOURCE.name}: {res.stderr.strip()[-1000:]}")
-    tmp.rename(out)
-    return out
-
-
-def thrift_conf(build_root: Path) -> dict[str, str]:
-    """Spark settings the JVM needs at launch for the endpoint (the authenticator's class
-    path)."""
-    return {"spark.driver.extraClassPath": str(auth_classes_dir(build_root))}
 
 
 class _Checker:

@@ -214,6 +214,32 @@ def test_job_embedded_port_zero(tmp_path):
     assert_one_line(e.value, "sink.embedded_port", ["--kafka-bootstrap"])
 
 
+def test_job_jdbc_users_are_never_the_devices_logins(tmp_path):
+    """The JDBC endpoint's users are operators with a password file of their own: with none
+    given it does not fall back to the devices' [auth] password_file, and that file (under any
+    name) is refused."""
+    from broker.auth.passwords import hash_password
+    from sink.history.job import UsageError, load_job
+    devices = tmp_path / "passwd"
+    devices.write_text("dev1:" + hash_password("d3v", n=1024) + "\n")
+    (tmp_path / "alias").symlink_to(devices)
+    f = tmp_path / "j.toml"
+    f.write_text(f'[auth]\npassword_file = "{devices}"\n[history]\njdbc = true\n')
+    with pytest.raises(UsageError, match="jdbc_password_file"):
+        load_job(str(f))
+    for same in (devices, tmp_path / "alias"):
+        f.write_text(f'[auth]\npassword_file = "{devices}"\n[history]\njdbc = true\n'
+                     f'jdbc_password_file = "{same}"\n')
+        with pytest.raises(UsageError, match="devices' password file"):
+            load_job(str(f))
+    operators = tmp_path / "operators"
+    operators.write_text("op:" + hash_password("0p", n=1024) + "\n")
+    f.write_text(f'[auth]\npassword_file = "{devices}"\n[history]\njdbc = true\n'
+                 f'jdbc_password_file = "{operators}"\n')
+    job, _ = load_job(str(f))
+    assert job.history.jdbc_password_file == str(operators)
+
+
 # ---- what is valid stays valid ------------------------------------------------------------
 def test_shipped_config_files_load():
     for name in ("config/broker.toml", "deploy/broker.toml"):

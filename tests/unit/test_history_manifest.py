@@ -18,6 +18,8 @@ from sink.history.manifest import (
     Change,
     Conflict,
     FileEntry,
+    OutsideTable,
+    Removed,
     Snapshot,
     Table,
     file_uri,
@@ -336,3 +338,44 @@ def test_every_row_is_in_exactly_one_live_file_through_any_history(tmp_path_fact
         assert len(rows) == len(set(rows))            # no row twice
     ids = t.spark_log_ids()
     assert ids == list(range(ids[0], ids[-1] + 1)) if ids else True  # contiguous
+
+
+@pytest.mark.parametrize("name", ["date=2024-05-01/../../victim.parquet", "../victim.parquet",
+                                  "/ABS/victim.parquet", "date=2024-05-01/./../../victim.parquet",
+                                  "link/victim.parquet"])
+def test_a_manifest_naming_a_file_outside_the_table_never_deletes_it(tmp_path, name):
+    """Every path a manifest names is resolved against the table and refused unless it stays
+    inside it: a crafted ``removed`` entry (``..`` steps, an absolute path, a directory that is
+    a symbolic link out) is forgotten by the next commit, the file it names is left alone."""
+    clock = Clock()
+    victim = tmp_path / "victim.parquet"
+    victim.write_bytes(b"not the table's")
+    t = Table(tmp_path / "h", delete_delay_ms=600_000, clock=clock)
+    (tmp_path / "h").mkdir()
+    os.symlink(tmp_path, tmp_path / "h" / "link")
+    name = name.replace("/ABS", str(tmp_path))
+    p = t.root / "date=2024-05-01" / "a.parquet"
+    p.parent.mkdir(parents=True)
+    p.write_bytes(b"x")
+    t.commit(Change("append", add=[entry("a.parquet")]))
+    crafted = t.snapshot()
+    crafted.id += 1
+    crafted.removed = [Removed(name, T0 - 3_600_000)]
+    (t.manifests / f"{crafted.id}.json").write_bytes(crafted.to_json())
+    clock.t += 1
+    assert t.expire_removed() is not None
+    assert victim.read_bytes() == b"not the table's"
+    assert t.snapshot().removed == [] and p.exists()
+    with pytest.raises(OutsideTable):
+        t.abs(name)
+
+
+def test_a_manifest_naming_a_live_file_outside_the_table_is_neither_read_nor_listed(tmp_path):
+    """A live entry leading out of the table is refused before Spark's log lists it (a query
+    would read it) and before compaction or retention could take it."""
+    t = Table(tmp_path / "h")
+    t.commit(Change("append", add=[]))
+    with pytest.raises(OutsideTable):
+        t.commit(Change("append", add=[FileEntry("date=2024-05-01/../../../etc/passwd",
+                                                 "2024-05-01", 0, 1, 1)]))
+    assert spark_view(t) == []
