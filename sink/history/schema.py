@@ -32,6 +32,7 @@ from pyspark.sql.types import (
     StructField,
     StructType,
     TimestampType,
+    VariantType,
 )
 
 # The header names are the record contract, defined once in kafka_client/headers.py.
@@ -96,6 +97,7 @@ HISTORY_SCHEMA = StructType([
     StructField("topic", StringType()),
     StructField("payload", BinaryType()),
     StructField("payload_text", StringType()),
+    StructField("payload_json", VariantType()),
     StructField("qos", IntegerType()),
     StructField("retain", BooleanType()),
     StructField("client_id", StringType()),
@@ -114,6 +116,16 @@ HISTORY_SCHEMA = StructType([
     StructField("user_properties", ArrayType(USER_PROPERTY)),
     StructField("date", DateType()),
 ])
+
+#: ``payload_json``: the payload parsed as JSON (any JSON value: object, array, string, number,
+#: true/false, null) when it is UTF-8 JSON, else NULL (non-JSON text, non-UTF-8 bytes, no
+#: payload). Written by the job; files written before the column existed read it as NULL, until
+#: compaction merges them (``PAYLOAD_JSON_FILL_SQL``).
+PAYLOAD_JSON_SQL = "try_parse_json(try_validate_utf8(CAST(value AS STRING)))"
+#: The column as compaction writes it: kept where the input has it, parsed from ``payload_text``
+#: where the input file predates the column (a JSON payload's value is never NULL, so only old
+#: rows and non-JSON payloads are parsed again).
+PAYLOAD_JSON_FILL_SQL = "coalesce(payload_json, try_parse_json(payload_text))"
 
 HISTORY_COLUMNS = [f.name for f in HISTORY_SCHEMA.fields]
 PARTITION_COLUMN = "date"
@@ -150,6 +162,7 @@ def history_select_exprs() -> list[str]:
         "CAST(key AS STRING) AS topic",
         "value AS payload",
         "try_validate_utf8(CAST(value AS STRING)) AS payload_text",
+        f"{PAYLOAD_JSON_SQL} AS payload_json",
         "try_cast(CAST(h_qos AS STRING) AS INT) AS qos",
         "(CAST(h_retain AS STRING) IN ('1', 'true')) AS retain",
         "CAST(h_client_id AS STRING) AS client_id",
