@@ -97,7 +97,6 @@ HISTORY_SCHEMA = StructType([
     StructField("topic", StringType()),
     StructField("payload", BinaryType()),
     StructField("payload_text", StringType()),
-    StructField("payload_json", VariantType()),
     StructField("qos", IntegerType()),
     StructField("retain", BooleanType()),
     StructField("client_id", StringType()),
@@ -114,6 +113,8 @@ HISTORY_SCHEMA = StructType([
     StructField("correlation_data", BinaryType()),
     StructField("message_expiry", LongType()),
     StructField("user_properties", ArrayType(USER_PROPERTY)),
+    # added after the others (DESIGN.md's "Plus"): `SELECT *` keeps the columns before it in place
+    StructField("payload_json", VariantType()),
     StructField("date", DateType()),
 ])
 
@@ -162,7 +163,6 @@ def history_select_exprs() -> list[str]:
         "CAST(key AS STRING) AS topic",
         "value AS payload",
         "try_validate_utf8(CAST(value AS STRING)) AS payload_text",
-        f"{PAYLOAD_JSON_SQL} AS payload_json",
         "try_cast(CAST(h_qos AS STRING) AS INT) AS qos",
         "(CAST(h_retain AS STRING) IN ('1', 'true')) AS retain",
         "CAST(h_client_id AS STRING) AS client_id",
@@ -180,6 +180,7 @@ def history_select_exprs() -> list[str]:
         "try_cast(CAST(h_message_expiry AS STRING) AS BIGINT) AS message_expiry",
         "transform(user_headers, h -> named_struct('key', h.key, 'value', CAST(h.value AS STRING)))"
         " AS user_properties",
+        f"{PAYLOAD_JSON_SQL} AS payload_json",
         "to_date(timestamp) AS date",  # session time zone is UTC (sink.history.spark)
     ]
 

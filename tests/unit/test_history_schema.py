@@ -17,7 +17,8 @@ from sink.history.query import write_rows
 
 def test_every_row_has_payload_json_a_variant_beside_the_payload():
     names = schema.HISTORY_COLUMNS
-    assert names[names.index("payload_text") + 1] == "payload_json"
+    # after the columns the table had before it (SELECT * keeps their positions), before `date`
+    assert names[-3:] == ["user_properties", "payload_json", "date"]
     assert isinstance(schema.HISTORY_SCHEMA["payload_json"].dataType, VariantType)
     assert "payload_json" in schema.FILE_SCHEMA.fieldNames()  # inside the data files
     assert "payload" in names  # the bytes stay
@@ -39,7 +40,8 @@ def test_payload_json_parses_only_valid_utf8_with_try_semantics():
 
 def test_the_catalog_table_declares_payload_json_as_variant():
     sql = create_table_sql("/data/history")
-    assert "`payload_text` string, `payload_json` variant, `qos` int" in sql
+    assert "`user_properties` array<struct<key:string,value:string>>, `payload_json` variant, " \
+        "`date` date)" in sql
 
 
 def test_sink_query_prints_a_variant_as_json():
