@@ -20,6 +20,16 @@ skipped (the disk is not what is measured). Then it prints:
   share of the two cores over the simulated day, and against the rate 25,000 msg/s needs.
 
 Times need quiet cores: on a shared machine say so next to the figures.
+
+``--json-rows N`` measures ``payload_json`` (the payload parsed as JSON, a VARIANT) instead:
+N rows of one day (19 in 20 on ``sensors/...`` with a JSON object payload, the rest on
+``cmd/...`` with plain text), made from Kafka-shaped rows by the job's own expressions
+(schema.to_history) and written as compaction writes a closed day (sorted by accepted_at, the
+job's Parquet options; Spark 4 shreds the variant: each field seen in the rows becomes a
+Parquet column). It prints the CPU (JVM) of writing the rows with and without the column, then
+through Spark Connect: ``count(*)``, a ``payload_json:temp::double > X`` count (and the same
+with ``variant_get(..., 'decimal(18,2)')``, the type the field is shredded as, and with
+``try_parse_json(payload_text)`` as before the column), and a one-hour average by topic.
 """
 from __future__ import annotations
 
@@ -119,8 +129,87 @@ def query_time(url: str, sql: str) -> tuple[float, str]:
     return (float(m.group(1)) if m else float("nan")), out.stdout.strip().splitlines()[-1:]
 
 
+def json_rows(spark, n: int, day: str):
+    """n history rows of one UTC day, through the job's expressions (schema.to_history)."""
+    from sink.history.schema import HEADER_COLUMNS, to_history
+    step = 86_400_000 // n
+    t0 = int(dt.datetime.fromisoformat(day).replace(tzinfo=UTC).timestamp() * 1000)
+    kafka = spark.range(n).selectExpr(
+        "CAST(CASE WHEN id % 20 = 0 THEN concat('cmd/dev', id % 1000, '/set') "
+        "ELSE concat('sensors/dev', id % 1000, '/env') END AS BINARY) AS key",
+        "CAST(CASE WHEN id % 20 = 0 THEN 'reboot' ELSE format_string("
+        "'{\"temp\":%.2f,\"hum\":%d,\"bat\":%d,\"fw\":\"1.%d\"}', "
+        "CAST((id * 7919 % 10000) / 100.0 - 20 AS DOUBLE), id % 100, id % 101, id % 9) END "
+        "AS BINARY) AS value",
+        "'mqtt.messages' AS topic", "CAST(id % 4 AS INT) AS partition", "id AS offset",
+        f"timestamp_millis({t0} + id * {step}) AS timestamp", "0 AS timestampType",
+        *[f"CAST(NULL AS BINARY) AS {col}" for _, col in HEADER_COLUMNS],
+        "CAST(array() AS ARRAY<STRUCT<key: STRING, value: BINARY>>) AS user_headers",
+        f"timestamp_millis({t0} + id * {step}) AS ingested_at")
+    return to_history(kafka)
+
+
+def json_bench(args: argparse.Namespace) -> int:
+    """--json-rows: the payload_json column's write cost and query times (module docstring)."""
+    from kafka_client.embedded import free_port
+    from sink.history.job import PARQUET_OPTIONS
+    from sink.history.spark import get_spark
+    base = Path(args.table or tempfile.mkdtemp(prefix="history-json-"))
+    port = free_port()
+    spark = get_spark("history-json", conf={"spark.connect.grpc.binding.address": "127.0.0.1",
+                                            "spark.connect.grpc.binding.port": str(port)})
+    day, n = "2024-05-01", args.json_rows
+
+    def write(df, out: Path) -> tuple[float, float]:
+        shutil.rmtree(out, ignore_errors=True)
+        c0, w0 = cpu_seconds([os.getpid()] + jvm_pids()), time.monotonic()
+        w = (df.repartitionByRange(2, "accepted_at")
+             .sortWithinPartitions("accepted_at", "kafka_partition", "kafka_offset").write)
+        for k, v in PARQUET_OPTIONS.items():
+            w = w.option(k, v)
+        w.partitionBy("date").parquet(str(out))
+        return time.monotonic() - w0, cpu_seconds([os.getpid()] + jvm_pids()) - c0
+    rows = json_rows(spark, n, day)
+    without_s, without_cpu = write(rows.drop("payload_json"), base / "without")
+    with_s, with_cpu = write(rows, base / "history")
+    print(f"write {n} rows: without payload_json {without_s:.0f} s ({without_cpu:.0f} CPU-s, "
+          f"{without_cpu / n * 1e6:.1f} us/row), with it {with_s:.0f} s ({with_cpu:.0f} CPU-s, "
+          f"{with_cpu / n * 1e6:.1f} us/row): the column costs "
+          f"{(with_cpu - without_cpu) / n * 1e6:.1f} CPU-us per row", flush=True)
+    mb = sum(f.stat().st_size for f in (base / "history").rglob("*.parquet")) / 1e6
+    mb0 = sum(f.stat().st_size for f in (base / "without").rglob("*.parquet")) / 1e6
+    print(f"table {mb:.0f} MB with the column, {mb0:.0f} MB without", flush=True)
+    spark.sparkContext._jvm.org.apache.spark.sql.connect.service.SparkConnectService.start(
+        spark.sparkContext._jsc.sc())
+    spark.sql(f"CREATE TABLE IF NOT EXISTS messages USING parquet LOCATION '{base / 'history'}'")
+    url = f"sc://127.0.0.1:{port}"
+    query_time(url, "SELECT 1")  # the first query of a session warms it
+    hour = f"accepted_at >= TIMESTAMP '{day} 13:00:00' AND accepted_at < TIMESTAMP '{day} 14:00:00'"
+    for label, sql in [
+            ("count(*)", "SELECT count(*) FROM messages"),
+            ("temp > 30", "SELECT count(*) FROM messages WHERE payload_json:temp::double > 30"),
+            ("temp > 30 (sensors/%)", "SELECT count(*) FROM messages WHERE topic LIKE "
+                                      "'sensors/%' AND payload_json:temp::double > 30"),
+            ("temp > 30 (variant_get as shredded)", "SELECT count(*) FROM messages WHERE "
+             "variant_get(payload_json, '$.temp', 'decimal(18,2)') > 30"),
+            ("temp > 30 (parsed at query time)", "SELECT count(*) FROM messages WHERE "
+             "try_parse_json(payload_text):temp::double > 30"),
+            ("one-hour average by topic", "SELECT topic, avg(payload_json:temp::double) AS t "
+             f"FROM messages WHERE {hour} GROUP BY topic ORDER BY topic"),
+            ("one-hour average by topic (date given)", "SELECT topic, avg(payload_json:temp::double)"
+             f" AS t FROM messages WHERE date = DATE '{day}' AND {hour} GROUP BY topic ORDER BY topic")]:
+        best, out = min(query_time(url, sql) for _ in range(args.repeat))
+        print(f"  {label}: {best:.2f} s (best of {args.repeat}, Spark Connect) -> {out}", flush=True)
+    print(f"rows {n}; table {base / 'history'}")
+    spark.stop()
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json-rows", type=int, default=0, metavar="N",
+                    help="measure the payload_json column over N rows instead (see above)")
+    ap.add_argument("--repeat", type=int, default=3, help="--json-rows: runs per query")
     ap.add_argument("--days", type=int, default=30)
     ap.add_argument("--batches-per-day", type=int, default=17_280)
     ap.add_argument("--rows-per-batch", type=int, default=60)
@@ -131,6 +220,8 @@ def main() -> int:
                          "the number of Spark jobs down: an open hour then holds up to an "
                          "hour of batch files)")
     args = ap.parse_args()
+    if args.json_rows:
+        return json_bench(args)
     import pyarrow.parquet as pq
 
     import sink.history.manifest as manifest

@@ -134,6 +134,23 @@ def register_in_session(spark: SparkSession, hist: HistoryConfig) -> None:
         Path(table_location(hist.table)).mkdir(parents=True, exist_ok=True)
     spark.sql(f"CREATE DATABASE IF NOT EXISTS {quote_ident(hist.database)}")
     spark.sql(create_table_sql(hist.table, hist.database))
+    add_missing_columns(spark, hist.database)
+
+
+def add_missing_columns(spark: SparkSession, database: str, name: str = TABLE_NAME) -> list[str]:
+    """Columns the table gained since its definition was made (``payload_json``): an external
+    metastore keeps the older definition (CREATE ... IF NOT EXISTS leaves it), so they are
+    added to it (at the end of its columns); returns their names."""
+    from sink.history.schema import HISTORY_SCHEMA
+    full = f"{quote_ident(database)}.{quote_ident(name)}"
+    have = {c.lower() for c in spark.table(full).columns}
+    missing = [f for f in HISTORY_SCHEMA.fields if f.name.lower() not in have]
+    if missing:
+        spark.sql(f"ALTER TABLE {full} ADD COLUMNS (" + ", ".join(
+            f"`{f.name}` {f.dataType.simpleString()}" for f in missing) + ")")
+        log.info("table %s: added the column(s) %s to its definition in the catalog", full,
+                 ", ".join(f.name for f in missing))
+    return [f.name for f in missing]
 
 
 def registered(hist: HistoryConfig) -> bool:

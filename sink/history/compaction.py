@@ -12,8 +12,9 @@ hour is in the manifest and the file name). Files are merged in three cases:
   are merged, so today's queries never read more than about that many small files.
 
 Rows that arrive late for a closed day (a replayed spool) add small files to it; the next pass
-merges them in. Merged files are sorted by ``accepted_at`` (then Kafka partition and offset), so
-a time filter skips most row groups by their statistics.
+merges them in. Files written before the table had ``payload_json`` get it as they are merged
+(parsed from ``payload_text``; schema.py). Merged files are sorted by ``accepted_at`` (then
+Kafka partition and offset), so a time filter skips most row groups by their statistics.
 
 A task writes its output to ``_staging``, moves it into the partition under new names, checks
 that it holds exactly the rows of its inputs (Parquet footers), then commits "remove the
@@ -164,12 +165,14 @@ def run_task(spark: SparkSession, table: Table, task: Task, policy: Policy = Pol
     commit was refused (another writer changed those files first)."""
     from pyspark.sql import functions as F
 
-    from sink.history.schema import FILE_SCHEMA
+    from sink.history.schema import FILE_SCHEMA, PAYLOAD_JSON_FILL_SQL
     started = time.monotonic()
     staging = table.staging(f"c{task.date}-{'d' if task.hour is None else task.hour}")
     placed: list[FileEntry] = []
     try:
         df = spark.read.schema(FILE_SCHEMA).parquet(*[str(table.abs(f.path)) for f in task.inputs])
+        # files written before `payload_json` existed read it as NULL: parsed here, once
+        df = df.withColumn("payload_json", F.expr(PAYLOAD_JSON_FILL_SQL))
         df = df.withColumn("date", F.lit(dt.date.fromisoformat(task.date)))
         n = output_files(task, policy)
         df = df.repartitionByRange(n, "accepted_at") if n > 1 else df.coalesce(1)

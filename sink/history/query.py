@@ -84,6 +84,8 @@ def _plain(value: Any) -> Any:
         return value.isoformat()
     if isinstance(value, Decimal):
         return str(value)
+    if hasattr(value, "toJson") and hasattr(value, "metadata"):  # VariantVal (payload_json)
+        return json.loads(value.toJson())
     if hasattr(value, "asDict"):
         return {k: _plain(v) for k, v in value.asDict().items()}
     if isinstance(value, (list, tuple)):

@@ -32,6 +32,7 @@ from pyspark.sql.types import (
     StructField,
     StructType,
     TimestampType,
+    VariantType,
 )
 
 # The header names are the record contract, defined once in kafka_client/headers.py.
@@ -112,8 +113,20 @@ HISTORY_SCHEMA = StructType([
     StructField("correlation_data", BinaryType()),
     StructField("message_expiry", LongType()),
     StructField("user_properties", ArrayType(USER_PROPERTY)),
+    # added after the others (DESIGN.md's "Plus"): `SELECT *` keeps the columns before it in place
+    StructField("payload_json", VariantType()),
     StructField("date", DateType()),
 ])
+
+#: ``payload_json``: the payload parsed as JSON (any JSON value: object, array, string, number,
+#: true/false, null) when it is UTF-8 JSON, else NULL (non-JSON text, non-UTF-8 bytes, no
+#: payload). Written by the job; files written before the column existed read it as NULL, until
+#: compaction merges them (``PAYLOAD_JSON_FILL_SQL``).
+PAYLOAD_JSON_SQL = "try_parse_json(try_validate_utf8(CAST(value AS STRING)))"
+#: The column as compaction writes it: kept where the input has it, parsed from ``payload_text``
+#: where the input file predates the column (a JSON payload's value is never NULL, so only old
+#: rows and non-JSON payloads are parsed again).
+PAYLOAD_JSON_FILL_SQL = "coalesce(payload_json, try_parse_json(payload_text))"
 
 HISTORY_COLUMNS = [f.name for f in HISTORY_SCHEMA.fields]
 PARTITION_COLUMN = "date"
@@ -167,6 +180,7 @@ def history_select_exprs() -> list[str]:
         "try_cast(CAST(h_message_expiry AS STRING) AS BIGINT) AS message_expiry",
         "transform(user_headers, h -> named_struct('key', h.key, 'value', CAST(h.value AS STRING)))"
         " AS user_properties",
+        f"{PAYLOAD_JSON_SQL} AS payload_json",
         "to_date(timestamp) AS date",  # session time zone is UTC (sink.history.spark)
     ]
 

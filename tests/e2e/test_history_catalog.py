@@ -35,12 +35,13 @@ def test_a_fresh_spark_sql_reads_messages_from_the_catalog(spark, kafka, tmp_pat
     env.pop("PYSPARK_GATEWAY_PORT", None)
     out = subprocess.run([str(BIN / "spark-sql"), "--master", "local[1]", "-S", "-e",
                           "SELECT count(*), count(DISTINCT message_id) FROM messages; "
-                          "SELECT count(*) FROM default.messages WHERE date = current_date()"],
+                          "SELECT count(*) FROM default.messages WHERE date = current_date(); "
+                          "SELECT count(*) FROM messages WHERE payload_json:n::int >= 70"],
                          cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=300,
                          stdin=subprocess.DEVNULL)
     assert out.returncode == 0, out.stderr[-3000:]
     lines = [ln.strip() for ln in out.stdout.splitlines() if ln.strip()]
-    assert lines[:2] == ["75\t75", "75"], out.stdout
+    assert lines[:3] == ["75\t75", "75", "5"], out.stdout  # payload_json: the JSON payloads
     assert catalog.registered(cfg.history)  # registered once: the next start runs no spark-sql
     assert catalog.start_registration(cfg.history) is None
 
@@ -94,10 +95,11 @@ def test_jdbc_endpoint_with_beeline_and_pyhive(kafka, tmp_path):
         beeline = [str(BIN / "beeline"), "-u", f"jdbc:hive2://127.0.0.1:{port}/default",
                    "--outputformat=csv2", "--silent=true"]
         ok = subprocess.run(beeline + ["-n", "alice", "-p", "s3cret", "-e",
-                                       "SELECT count(DISTINCT message_id) AS ids FROM messages"],
+                                       "SELECT count(DISTINCT message_id) AS ids, "
+                                       "count_if(payload_json:n::int >= 30) AS hot FROM messages"],
                             capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
         assert ok.returncode == 0, ok.stderr[-2000:]
-        assert ok.stdout.split()[-2:] == ["ids", "40"], ok.stdout  # (after beeline's prompt)
+        assert ok.stdout.split()[-2:] == ["ids,hot", "40,10"], ok.stdout  # (after beeline's prompt)
         bad = subprocess.run(beeline + ["-n", "mallory", "-p", "s3cret", "-e", "SELECT 1"],
                              capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
         assert "Error validating the login" in bad.stdout + bad.stderr

@@ -125,6 +125,18 @@ def test_forged_records_do_not_become_rows(job):
     assert "without a signature" in job.logs()
 
 
+def test_json_payloads_are_queryable_as_payload_json_through_spark_connect(job):
+    """The genuine payloads are JSON numbers: payload_json holds them, a query on it runs in the
+    job's Spark Connect server, and sink.query prints the variant as JSON."""
+    wait_for(lambda: rows(job.query("SELECT count(*) AS n FROM messages"))[0]["n"] >= GENUINE,
+             120, "the genuine records")
+    p = job.query("SELECT sum(payload_json::int) AS s, count(payload_json) AS j FROM messages")
+    assert "using the history job's Spark Connect server" in p.stderr
+    assert rows(p) == [{"s": GENUINE * (GENUINE - 1) // 2, "j": GENUINE}]
+    assert rows(job.query("SELECT payload_json FROM messages WHERE payload_text = '7'")) == \
+        [{"payload_json": 7}]
+
+
 def test_the_running_job_keeps_no_python_planning_daemons(job):
     """Once its query is planned and has reported progress, the job stops the Python daemons Spark
     keeps for planning a Python data source (46 MB each), and goes on ingesting."""

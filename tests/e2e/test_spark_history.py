@@ -110,8 +110,16 @@ def test_history_columns_and_dedup(spark, kafka, tmp_path):
     empty = {"message_id": "empty-1", "topic": "devices/d1/state", "payload": b"",
              "client_id": "dev-1", "username": "alice", "qos": 1, "retain": True, "protocol": 3,
              "payload_format": 1, "content_type": "text/plain", "accepted_ms": t1 + 5}
+    def json_message(mid: str, payload: bytes, ms: int) -> dict:
+        return {"message_id": mid, "topic": f"sensors/{mid}", "payload": payload,
+                "client_id": "dev-2", "username": "svc", "qos": 1, "retain": False,
+                "protocol": 5, "accepted_ms": ms}
+    obj = json_message("json-object", b'{"temp": 21.5, "unit": "C", "tags": ["a", "b"]}', t1 + 6)
+    arr = json_message("json-array", b'[1, 2.5, {"temp": 3}]', t1 + 7)
+    num = json_message("json-scalar", b" 42 ", t1 + 8)
+    bad = json_message("json-broken", b'{"temp": 21.5', t1 + 9)
     bulk = [simple_message(i, "bulk", t1 + 10 + i) for i in range(200)]
-    produce(kafka.bootstrap, [full, anon, empty] + bulk)
+    produce(kafka.bootstrap, [full, anon, empty, obj, arr, num, bad] + bulk)
     # The same message again (a producer retry / replayed spool): must be stored once.
     produce(kafka.bootstrap, [full, bulk[7]])
 
@@ -123,7 +131,7 @@ def test_history_columns_and_dedup(spark, kafka, tmp_path):
     assert any(Path(cfg.history.checkpoint_dir, "dedup").glob("ledger-*.pkl"))
 
     rows = run_sql(spark, cfg.history.table, "SELECT * FROM messages")
-    assert len(rows) == 203
+    assert len(rows) == 207
     # the writer's per-column settings (job.PARQUET_OPTIONS) reached the files
     import pyarrow.parquet as pq
     chunks = {}
@@ -132,7 +140,7 @@ def test_history_columns_and_dedup(spark, kafka, tmp_path):
         chunks.update({rg.column(i).path_in_schema: rg.column(i) for i in range(rg.num_columns)})
     assert not any("DICTIONARY" in e for e in chunks["message_id"].encodings)
     assert not chunks["payload"].is_stats_set and chunks["topic"].is_stats_set
-    assert len({r.message_id for r in rows}) == 203
+    assert len({r.message_id for r in rows}) == 207
     by_id = {r.message_id: r for r in rows}
 
     r = by_id["full-1"]
@@ -163,18 +171,111 @@ def test_history_columns_and_dedup(spark, kafka, tmp_path):
     assert bytes(e.payload) == b"" and e.payload_text == ""
     assert (e.protocol, e.payload_format, e.content_type) == (3, 1, "text/plain")
 
+    # payload_json: the payload parsed as JSON (any JSON value), NULL when it is not JSON
+    def parsed(mid: str):
+        v = by_id[mid].payload_json
+        return None if v is None else json.loads(v.toJson())
+    assert parsed("json-object") == {"temp": 21.5, "unit": "C", "tags": ["a", "b"]}
+    assert parsed("json-array") == [1, 2.5, {"temp": 3}]
+    assert parsed("json-scalar") == 42
+    assert parsed("bulk-000007") == {"n": 7}
+    assert bytes(by_id["json-object"].payload) == obj["payload"]  # the bytes stay
+    for not_json in ("full-1", "anon-1", "empty-1", "json-broken"):  # non-UTF-8, text, empty
+        assert by_id[not_json].payload_json is None, not_json
+    # a field of it in SQL, as sink.query runs it; rows without the field give NULL
+    temps = run_sql(spark, cfg.history.table,
+                    "SELECT message_id, payload_json:temp::double AS t FROM messages "
+                    "WHERE topic LIKE 'sensors/%' ORDER BY message_id")
+    assert [(r.message_id, r.t) for r in temps] == [
+        ("json-array", None), ("json-broken", None), ("json-object", 21.5), ("json-scalar", None)]
+    assert run_sql(spark, cfg.history.table, "SELECT count(*) AS n FROM messages "
+                   "WHERE payload_json:n::int >= 190")[0].n == 10
+    assert run_sql(spark, cfg.history.table, "SELECT payload_json[2]:temp::int AS t FROM messages "
+                   "WHERE message_id = 'json-array'")[0].t == 3
+
     # Kafka coordinates are unique and the table is partitioned by UTC date.
-    assert len({(r.kafka_partition, r.kafka_offset) for r in rows}) == 203
+    assert len({(r.kafka_partition, r.kafka_offset) for r in rows}) == 207
     dates = run_sql(spark, cfg.history.table,
                     "SELECT date, count(*) AS n FROM messages GROUP BY date ORDER BY date")
-    assert [(d.date, d.n) for d in dates] == [(dt.date(2024, 5, 1), 1), (dt.date(2024, 5, 2), 202)]
+    assert [(d.date, d.n) for d in dates] == [(dt.date(2024, 5, 1), 1), (dt.date(2024, 5, 2), 206)]
     assert sorted(p.name for p in Path(cfg.history.table).glob("date=*")) == \
         ["date=2024-05-01", "date=2024-05-02"]
 
     # Running again with nothing new adds nothing; a late duplicate is still dropped.
     produce(kafka.bootstrap, [anon])
     assert run(spark, cfg) == 0
-    assert ids_and_count(spark, cfg.history.table)[0] == 203
+    assert ids_and_count(spark, cfg.history.table)[0] == 207
+
+
+# ---- 1b: a table written before payload_json existed, read after the upgrade ------------------
+
+@e2e
+def test_a_table_written_before_payload_json_gets_the_column_after_the_upgrade(spark, kafka,
+                                                                              tmp_path, monkeypatch):
+    """Rows written before the column existed read it as NULL (through sink.query too), rows
+    written after have it, compaction parses it into the old rows, and a catalog table defined
+    before gains the column."""
+    import dataclasses
+
+    import pyarrow.parquet as pq
+
+    from sink.history import catalog, schema
+    from sink.history.compaction import compact
+    from sink.history.manifest import Table
+    t1 = int(dt.datetime(2024, 5, 2, 10, 0, tzinfo=UTC).timestamp() * 1000)
+
+    def sensor(mid: str, temp: float, ms: int) -> dict:
+        return {"message_id": mid, "topic": f"sensors/{mid}", "payload": json.dumps(
+            {"temp": temp}).encode(), "client_id": "dev-1", "username": None, "qos": 1,
+                "retain": False, "protocol": 5, "accepted_ms": ms}
+    cfg = history_job(kafka.bootstrap, tmp_path, available_now=True)
+    # the job as it was: no payload_json in its rows
+    new_exprs = schema.history_select_exprs
+    monkeypatch.setattr(schema, "history_select_exprs",
+                        lambda: [e for e in new_exprs() if not e.endswith(" AS payload_json")])
+    produce(kafka.bootstrap, [sensor("old-1", 20.5, t1), sensor("old-2", 30.5, t1 + 1)])
+    assert run(spark, cfg) == 0
+    monkeypatch.undo()
+    old_files = list(Path(cfg.history.table).rglob("*.parquet"))
+    assert old_files and all("payload_json" not in pq.read_schema(f).names for f in old_files)
+
+    produce(kafka.bootstrap, [sensor("new-1", 40.5, t1 + 2)])
+    assert run(spark, cfg) == 0   # the upgraded job, continuing from its checkpoint
+    sql = ("SELECT message_id, payload_json:temp::double AS t FROM messages "
+           "WHERE topic LIKE 'sensors/%' ORDER BY message_id")
+    rows = run_sql(spark, cfg.history.table, sql)
+    assert [(r.message_id, r.t) for r in rows] == [("new-1", 40.5), ("old-1", None), ("old-2", None)]
+
+    # the query CLI (a local session of its own) reads the mixed table the same way
+    out = subprocess.run([sys.executable, "-m", "sink.query", "--local", "--table",
+                          cfg.history.table, "--format", "json", sql], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert [json.loads(ln) for ln in out.stdout.splitlines()] == [
+        {"message_id": "new-1", "t": 40.5}, {"message_id": "old-1", "t": None},
+        {"message_id": "old-2", "t": None}]
+
+    # compaction merges the closed day's files: the old rows get the column, parsed
+    done = compact(spark, Table(cfg.history.table), now_ms=t1 + 3 * 86_400_000)
+    assert done["tasks"] == 1
+    rows = run_sql(spark, cfg.history.table, sql)
+    assert [(r.message_id, r.t) for r in rows] == [("new-1", 40.5), ("old-1", 20.5), ("old-2", 30.5)]
+
+    # a catalog table defined before the column (an external metastore keeps its definition)
+    hist = dataclasses.replace(cfg.history, database="before_json")
+    spark.sql("CREATE DATABASE IF NOT EXISTS before_json")
+    spark.sql("CREATE TABLE before_json.messages (message_id string, topic string, "
+              "payload binary, payload_text string, accepted_at timestamp, date date) "
+              f"USING parquet LOCATION '{catalog.table_location(cfg.history.table)}'")
+    try:
+        catalog.register_in_session(spark, hist)
+        got = spark.sql("SELECT message_id, payload_json:temp::double AS t FROM "
+                        "before_json.messages WHERE payload_json:temp::double > 25 "
+                        "ORDER BY message_id").collect()
+        assert [(r.message_id, r.t) for r in got] == [("new-1", 40.5), ("old-2", 30.5)]
+    finally:
+        spark.sql("DROP DATABASE before_json CASCADE")   # an external table: the data stays
 
 
 # ---- 2: SIGKILL mid-stream, restart from the checkpoint: no duplicates, no gaps ---------------
