@@ -616,38 +616,6 @@ class ClusterNode(Hook):
         self._write_control(f"n:{self.node}", C.node_record("join", self.node, self.inc,
                                                             at=self.wall()))
 
-    # ------------------------------------------------------------ bans
-    def share_bans(self, bans: BanList) -> None:
-        """The server's ban list is the cluster's: its changes go to the control topic, and the
-        changes read there (from any node) apply to it (_ban_changed)."""
-        self.bans = bans
-        bans.shared = self._share_ban
-
-    def _share_ban(self, op: str, ban: dict) -> None:
-        if self.producer is None or self.stopping:
-            log.warning("cluster: the ban change (%s %s %r) was made before this node joined "
-                        "the cluster or while it stops: it applies on this node only", op,
-                        ban["kind"], ban["value"][:100])
-            return
-        rec = C.ban_record(ban) if op == "ban" else C.unban_record(ban["kind"], ban["value"])
-        self._write_control(R.ban_key(ban["kind"], ban["value"]), rec)
-        self.producer.kick()
-
-    def _ban_changed(self, ev: C.BanChanged) -> None:
-        """A ban made through some node: kept here (CONNECTs refused) and its clients here
-        disconnected."""
-        bans = self.bans
-        if bans is None:
-            return
-        ban = bans.apply_shared(ev.ban, ev.removed)
-        if ban is None or self.broker is None:
-            return
-        from broker.core.view import BrokerView
-        broker = self.broker
-        for cid, user, peer in BrokerView(broker).client_ids():
-            if bans.matches(ban, cid, user, peer):
-                broker.kick(cid, "banned by the broker's administrator")
-
     # ------------------------------------------------------------ admission (CONNECT)
     def admit(self, client_id: str, clean_start: bool, expiry: int, will: Will | None, username: str | None,
               level: int) -> Pending | AdmitRefused:
@@ -1006,6 +974,37 @@ class ClusterNode(Hook):
             return
         broker.publish(msg, None)
 
+    # ------------------------------------------------------------ bans
+    def share_bans(self, bans: BanList) -> None:
+        """The server's ban list is the cluster's: its changes go to the control topic, and the
+        changes read there (from any node) apply to it (_ban_changed)."""
+        self.bans = bans
+        bans.shared = self._share_ban
+
+    def _share_ban(self, op: str, ban: dict) -> None:
+        if self.producer is None or self.stopping:
+            log.warning("cluster: the ban change (%s %s %r) was made before this node joined "
+                        "the cluster or while it stops: it applies on this node only", op,
+                        ban["kind"], ban["value"][:100])
+            return
+        rec = C.ban_record(ban) if op == "ban" else C.unban_record(ban["kind"], ban["value"])
+        self._write_control(R.ban_key(ban["kind"], ban["value"]), rec)
+        self.producer.kick()
+
+    def _ban_changed(self, ev: C.BanChanged) -> None:
+        """A ban made through some node: kept here (CONNECTs refused) and its clients here
+        disconnected."""
+        bans = self.bans
+        if bans is None:
+            return
+        ban = bans.apply_shared(ev.ban, ev.removed)
+        if ban is None or self.broker is None:
+            return
+        from broker.core.view import BrokerView
+        broker = self.broker
+        for cid, user, peer in BrokerView(broker).client_ids():
+            if bans.matches(ban, cid, user, peer):
+                broker.kick(cid, "banned by the broker's administrator")
 
 def _match(subs: Iterable[tuple[Subscription, dict[int, int] | None]], msg: Message, sender: str, cid: str, p: int,
            off: int) -> tuple[int, bool, tuple[int, ...] | None] | None:

@@ -19,7 +19,7 @@ from cluster.trust import Trust
 from kafka_client.record import encode_body
 from settings import ClusterConfig
 from tests.sansio import Client, expect_disconnect, make, nothing, recv_publish
-from tests.unit.test_cluster_reading import KEY, TS, body, client, fetched
+from tests.unit.test_cluster_reading import KEY, PROPS, TS, body, client, fetched
 
 OTHER_KEY = b"o" * 32
 CONTROL = "mqtt.cluster.control"
@@ -213,3 +213,17 @@ def test_a_message_of_a_will_in_a_control_record_keeps_its_fields():
     msg = R.will_message(got["will"], "x", 0.0, 0.0)
     assert isinstance(msg, Message) and msg.payload == b"\x00\xffbye" and msg.retain
     assert R.will_from_dict(got["will"]).properties[PR.WILL_DELAY_INTERVAL] == 5
+
+
+def test_a_record_read_by_another_client_checks_as_its_raw_bytes():
+    """Session rebuilds and $share streams read with kafka-python (decoded fields): the fields
+    re-encode to the bytes the node signed, tombstones included."""
+    from cluster.produce import _tombstone
+    from kafka_client.record import decode_body
+    t = Trust(KEY)
+    signed = t.sign(MESSAGES, body("a/b", b"x" * 300, 2, PROPS, 60), TS)
+    key, value, headers = decode_body(signed)
+    assert t.check_fields(MESSAGES, key, value, headers, TS) is None
+    assert t.check_fields(MESSAGES, key, value + b"!", headers, TS) == "forged"
+    tomb = t.sign(MESSAGES, _tombstone(b"r/t"), TS)
+    assert t.check_fields(MESSAGES, b"r/t", None, [("mqtt.sig", tomb[-20:])], TS) is None
