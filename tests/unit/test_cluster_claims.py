@@ -328,3 +328,32 @@ def test_qos2_ids_released_after_the_last_checkpoint_are_new_messages_on_the_nex
         if p.type == P.PUBLISH:
             got.append(p.payload)
     assert got == [b"old1", b"old2", b"old3", b"more4", b"more5", b"more6", b"new1", b"new2"]
+
+
+def test_a_reconnect_to_the_same_node_that_goes_away_before_its_claim_leaves_a_consistent_state(cluster):
+    """A CONNECT whose connection closes while its claim is on its way: the session stays on
+    its node, recorded under the new claim as not connected (no endless rewriting of a state
+    the log says is stale), and the client can come back to it."""
+    n1, _ = cluster.node("n1")
+    c = ClusterClient(n1)
+    c.connect("dev", clean=False, props=EXPIRY, cluster=cluster)
+    subscribe(c, "t", cluster=cluster)
+    c.send(P.Disconnect())
+    lose(c)
+    cluster.pump()
+    gone = ClusterClient(n1)
+    gone.send(P.Connect("dev", 5, clean_start=False, properties=EXPIRY))
+    lose(gone)  # before the claim is read back
+    cluster.pump(rounds=50)
+    n1.on_tick()
+    cluster.pump(rounds=50)
+    log = cluster.logs[n1.topics.control]
+    size = len(log)
+    cluster.pump(rounds=50)
+    assert len(log) == size, "records written again and again"
+    st = n1.state.clients["dev"]
+    assert (st.node, st.connected) == ("n1", False) and n1.bound["dev"] == st.epoch
+    back = ClusterClient(n1)
+    assert back.connect("dev", clean=False, props=EXPIRY, cluster=cluster).session_present
+    cluster.pump()
+    assert disconnects(back) == [] and n1.state.clients["dev"].connected
