@@ -357,3 +357,21 @@ def test_a_reconnect_to_the_same_node_that_goes_away_before_its_claim_leaves_a_c
     assert back.connect("dev", clean=False, props=EXPIRY, cluster=cluster).session_present
     cluster.pump()
     assert disconnects(back) == [] and n1.state.clients["dev"].connected
+
+
+@pytest.mark.parametrize("clean", [False, True])
+def test_a_takeover_on_the_same_node_publishes_the_old_connections_will_once(cluster, clean):
+    """[MQTT-3.1.4-3], [MQTT-3.1.2-8]: the old connection's will (Will Delay 0) is published
+    when a new connection on the same node takes over, once, as on one broker."""
+    n1, _ = cluster.node("n1")
+    n2, _ = cluster.node("n2")
+    watcher = ClusterClient(n2)
+    watcher.connect("watcher", cluster=cluster)
+    subscribe(watcher, "will", cluster=cluster)
+    old = ClusterClient(n1)
+    old.connect("dev", clean=False, props=EXPIRY, will=P.Will("will", b"gone"), cluster=cluster)
+    new = ClusterClient(n1)
+    assert new.connect("dev", clean=clean, props=EXPIRY, cluster=cluster).reason_code == 0
+    cluster.pump()
+    assert disconnects(old) == [TAKEN_OVER] and disconnects(new) == []
+    assert wills_received(watcher) == [b"gone"]
