@@ -375,3 +375,22 @@ def test_a_takeover_on_the_same_node_publishes_the_old_connections_will_once(clu
     cluster.pump()
     assert disconnects(old) == [TAKEN_OVER] and disconnects(new) == []
     assert wills_received(watcher) == [b"gone"]
+
+
+def test_a_claim_of_a_node_on_its_own_client_id_supersedes_nothing_there():
+    """The replicated state alone: a node's claim on a client id it owns (connected or not) is
+    no takeover for it (its broker core handles its own connections); another node's claim is."""
+    from cluster import control as C
+    st = C.ControlState("a", "a1", lambda: 0.0)
+    log = [("n:a", C.node_record("join", "a", "a1")), ("n:b", C.node_record("join", "b", "b1")),
+           ("c:dev", C.claim_record("a", "a1", "r1", False, 60, None, "u")),
+           ("c:dev", C.claim_record("a", "a1", "r2", False, 60, None, "u")),
+           ("c:dev", C.claim_record("a", "a1", "r3", True, 60, None, "u")),
+           ("c:dev", C.claim_record("b", "b1", "r4", False, 60, None, "u"))]
+    effects = []
+    for off, (key, rec) in enumerate(log):
+        effects.append(st.apply(off, key, rec, 0.0))
+    for e in effects[3:5]:
+        assert [type(x) for x in e] == [C.Claimed]
+    assert [type(x) for x in effects[5]] == [C.Claimed, C.Superseded]
+    assert effects[5][1].epoch == 4
