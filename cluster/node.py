@@ -560,6 +560,12 @@ class ClusterNode(Hook):
         c = ev.client
         if c.node != self.node or c.inc != self.inc:
             return
+        if c.cid in self.bound and c.cid in self.broker.sessions:
+            # this node's own session, claimed again here: it is the new epoch's from now on,
+            # whether or not the CONNECT that claimed it takes it (it may have gone meanwhile);
+            # its state, written again under this epoch, says whether it is connected
+            self.bound[c.cid] = c.epoch
+            self.dirty.add(c.cid)
         claim = self.claims.pop(ev.req, None)
         if claim is None:
             return

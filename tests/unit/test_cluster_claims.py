@@ -328,3 +328,69 @@ def test_qos2_ids_released_after_the_last_checkpoint_are_new_messages_on_the_nex
         if p.type == P.PUBLISH:
             got.append(p.payload)
     assert got == [b"old1", b"old2", b"old3", b"more4", b"more5", b"more6", b"new1", b"new2"]
+
+
+def test_a_reconnect_to_the_same_node_that_goes_away_before_its_claim_leaves_a_consistent_state(cluster):
+    """A CONNECT whose connection closes while its claim is on its way: the session stays on
+    its node, recorded under the new claim as not connected (no endless rewriting of a state
+    the log says is stale), and the client can come back to it."""
+    n1, _ = cluster.node("n1")
+    c = ClusterClient(n1)
+    c.connect("dev", clean=False, props=EXPIRY, cluster=cluster)
+    subscribe(c, "t", cluster=cluster)
+    c.send(P.Disconnect())
+    lose(c)
+    cluster.pump()
+    gone = ClusterClient(n1)
+    gone.send(P.Connect("dev", 5, clean_start=False, properties=EXPIRY))
+    lose(gone)  # before the claim is read back
+    cluster.pump(rounds=50)
+    n1.on_tick()
+    cluster.pump(rounds=50)
+    log = cluster.logs[n1.topics.control]
+    size = len(log)
+    cluster.pump(rounds=50)
+    assert len(log) == size, "records written again and again"
+    st = n1.state.clients["dev"]
+    assert (st.node, st.connected) == ("n1", False) and n1.bound["dev"] == st.epoch
+    back = ClusterClient(n1)
+    assert back.connect("dev", clean=False, props=EXPIRY, cluster=cluster).session_present
+    cluster.pump()
+    assert disconnects(back) == [] and n1.state.clients["dev"].connected
+
+
+@pytest.mark.parametrize("clean", [False, True])
+def test_a_takeover_on_the_same_node_publishes_the_old_connections_will_once(cluster, clean):
+    """[MQTT-3.1.4-3], [MQTT-3.1.2-8]: the old connection's will (Will Delay 0) is published
+    when a new connection on the same node takes over, once, as on one broker."""
+    n1, _ = cluster.node("n1")
+    n2, _ = cluster.node("n2")
+    watcher = ClusterClient(n2)
+    watcher.connect("watcher", cluster=cluster)
+    subscribe(watcher, "will", cluster=cluster)
+    old = ClusterClient(n1)
+    old.connect("dev", clean=False, props=EXPIRY, will=P.Will("will", b"gone"), cluster=cluster)
+    new = ClusterClient(n1)
+    assert new.connect("dev", clean=clean, props=EXPIRY, cluster=cluster).reason_code == 0
+    cluster.pump()
+    assert disconnects(old) == [TAKEN_OVER] and disconnects(new) == []
+    assert wills_received(watcher) == [b"gone"]
+
+
+def test_a_claim_of_a_node_on_its_own_client_id_supersedes_nothing_there():
+    """The replicated state alone: a node's claim on a client id it owns (connected or not) is
+    no takeover for it (its broker core handles its own connections); another node's claim is."""
+    from cluster import control as C
+    st = C.ControlState("a", "a1", lambda: 0.0)
+    log = [("n:a", C.node_record("join", "a", "a1")), ("n:b", C.node_record("join", "b", "b1")),
+           ("c:dev", C.claim_record("a", "a1", "r1", False, 60, None, "u")),
+           ("c:dev", C.claim_record("a", "a1", "r2", False, 60, None, "u")),
+           ("c:dev", C.claim_record("a", "a1", "r3", True, 60, None, "u")),
+           ("c:dev", C.claim_record("b", "b1", "r4", False, 60, None, "u"))]
+    effects = []
+    for off, (key, rec) in enumerate(log):
+        effects.append(st.apply(off, key, rec, 0.0))
+    for e in effects[3:5]:
+        assert [type(x) for x in e] == [C.Claimed]
+    assert [type(x) for x in effects[5]] == [C.Claimed, C.Superseded]
+    assert effects[5][1].epoch == 4
