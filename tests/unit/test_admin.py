@@ -152,9 +152,9 @@ def test_admin_publish_goes_to_the_sink_hooks_is_retained_and_routed():
     ("a", bytes(2000), {}, "mqtt.maximum_packet_size"),
 ])
 def test_admin_publish_refuses_what_a_publish_could_not_carry(topic, payload, kw, says):
-    """The operator's publish is held to a client PUBLISH's checks: topic name [MQTT-4.7.3-1..3],
-    [MQTT-3.3.2-2], strings [MQTT-1.5.4-1..2], the maximum packet size; nothing is retained or
-    routed, and the reason names the rule."""
+    """The operator's publish is held to a client PUBLISH's checks: topic name [MQTT-4.7.3-1],
+    [MQTT-4.7.3-2], [MQTT-3.3.2-2], strings [MQTT-1.5.4-1], [MQTT-1.5.4-2], the maximum packet
+    size; nothing is retained or routed, and the reason names the rule."""
     b, _ = make(maximum_packet_size=1000)
     sub = connected(b, "sub")
     subscribe(sub, "#", qos=0)
