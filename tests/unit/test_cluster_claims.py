@@ -274,10 +274,10 @@ def publish_qos2(c: ClusterClient, cluster: FakeCluster, pid: int, payload: byte
 
 
 def test_qos2_ids_released_after_the_last_checkpoint_are_new_messages_on_the_next_node(cluster):
-    """[MQTT-4.3.3-11], [MQTT-4.3.3-9]: a QoS 2 publisher whose node died moves to another node, which knows its
+    """[MQTT-4.3.3-11]: a QoS 2 publisher whose node died moves to another node, which knows its
     awaiting-PUBREL packet ids only from the last checkpoint. Ids the client has released since
     and reuses in new PUBLISHes (DUP 0) are new messages, delivered; an id awaited at the
-    checkpoint and resent with DUP 1 is not delivered again [MQTT-4.3.3-10], its PUBREL
+    checkpoint and resent with DUP 1 is not delivered again [MQTT-4.3.3-9], its PUBREL
     completes; and such ids do not count against Receive Maximum
     [MQTT-3.3.4-7]."""
     n1, _ = cluster.node("n1")
