@@ -408,6 +408,7 @@ class Dashboard:
     async def _check_login(self, request: web.Request, user: str, password: bytes,
                            basic: bytes | None = None) -> Session | web.Response:
         """A Session, or the refusal to send (401, 429; Busy raised: 503)."""
+        self._accounts_current()   # checked against the file as it is now
         address = _address(request)
         key = (user, address)
         wait = self.throttle.turn(key)
