@@ -48,7 +48,7 @@ from ..admin.service import AdminError, AdminService, Refused, audit
 from ..auth.origin import origin_allowed
 from . import JOB_HINT, live
 from .history import BadRequest, HistoryClient, JobNotRunning, check_filter, make_query, parse_time
-from .login import COOKIE, MAX_HELD_LOGINS, Busy, LoginChecks, Session, Sessions, Throttle
+from .login import COOKIE, Busy, LoginChecks, Session, Sessions, Throttle
 
 log = logging.getLogger("broker.dashboard")
 
@@ -412,7 +412,7 @@ class Dashboard:
         address = _address(request)
         key = (user, address)
         wait = self.throttle.turn(key)
-        if wait is None or (wait > 0 and self.held_logins >= MAX_HELD_LOGINS):
+        if wait is None or (wait > 0 and self.held_logins >= self.s.max_waiting_logins):
             after = math.ceil(self.throttle.retry_after(key))
             return _json_error(429, f"too many wrong passwords for {user[:100]!r} from "
                                f"{address}: try again in {after} s",
