@@ -19,9 +19,9 @@ from broker.auth.acl import AuthFileError
 from broker.core.hooks import Hook
 from broker.core.message import Message
 from broker.core.view import BrokerView
-from broker.protocol import packets as P
 from broker.dashboard.live import TopicCounter
 from broker.dashboard.login import Busy, LoginChecks, Sessions, Throttle
+from broker.protocol import packets as P
 from tests.sansio import Client, expect_disconnect, make, publish_ok, recv_publish, subscribe
 
 
