@@ -327,6 +327,7 @@ class DashboardConfig(Section):
     # 1 s apart; an attempt waits for its turn at most login_lockout_seconds (else 429)
     login_failures: int = key(5, Int(1, 1000))
     login_lockout_seconds: float = key(60.0, Num(1, 86400))
+    max_waiting_logins: int = key(1000, Int(1, 1_000_000))  # attempts waiting for their turn at once (more: 429)
     # the history worker process exits when idle this long
     history_worker_idle_seconds: float = key(120.0, Num(1, 86400))
 

@@ -31,12 +31,12 @@ def string_problem(value: object, what: str) -> str | None:
     return None
 
 
-def topic_name_problem(topic: object, what: str = "the topic", max_bytes: int = 0,
+def topic_name_problem(topic: object, what: str = "the topic", max_length: int = 0,
                        max_levels: int = 0) -> str | None:
     """Why `topic` cannot be a PUBLISH's Topic Name, None when it can: not empty
     [MQTT-4.7.3-1], no wildcard [MQTT-3.3.2-2], no U+0000 [MQTT-4.7.3-2], well-formed UTF-8
     [MQTT-1.5.4-1], at most 65535 bytes [MQTT-4.7.3-3]; and within this broker's
-    mqtt.max_topic_length (`max_bytes`) and max_topic_levels (`max_levels`) when given."""
+    mqtt.max_topic_length (`max_length`) and max_topic_levels (`max_levels`) when given."""
     if not isinstance(topic, str):
         return f"{what} must be a string"
     if not topic:
@@ -54,8 +54,9 @@ def topic_name_problem(topic: object, what: str = "the topic", max_bytes: int = 
     if n > MAX_STRING_BYTES:
         return (f"{what} is {n} bytes in UTF-8; a topic name holds at most {MAX_STRING_BYTES} "
                 "[MQTT-4.7.3-3]")
-    if max_bytes and n > max_bytes:
-        return f"{what} is {n} bytes; this broker takes at most {max_bytes} (mqtt.max_topic_length)"
+    if max_length and len(topic) > max_length:   # as Connection.on_publish counts it
+        return (f"{what} is {len(topic)} characters long; this broker takes at most {max_length} "
+                "(mqtt.max_topic_length)")
     if max_levels and topic.count("/") >= max_levels:
         return f"{what} has more than {max_levels} levels (mqtt.max_topic_levels)"
     return None
@@ -84,13 +85,13 @@ def properties_problem(props: dict[int, Any] | None) -> str | None:
 
 
 def publish_problem(topic: object, payload: object, props: dict[int, Any] | None = None,
-                    max_packet_size: int = MAX_PACKET_BYTES, max_topic_bytes: int = 0,
+                    max_packet_size: int = MAX_PACKET_BYTES, max_topic_length: int = 0,
                     max_levels: int = 0) -> str | None:
     """Why a message cannot enter the broker as a PUBLISH, None when it can: the checks the
     decoder and Connection.on_publish make on a client's PUBLISH, for every other way in (the
     admin API, a replay, a restored store). A PUBLISH of this topic and payload must fit
     `max_packet_size` (mqtt.maximum_packet_size for new messages)."""
-    problem = topic_name_problem(topic, "the topic", max_topic_bytes, max_levels)
+    problem = topic_name_problem(topic, "the topic", max_topic_length, max_levels)
     if problem is not None:
         return problem
     if not isinstance(payload, (bytes, bytearray)):

@@ -48,7 +48,7 @@ from ..admin.service import AdminError, AdminService, Refused, audit
 from ..auth.origin import origin_allowed
 from . import JOB_HINT, live
 from .history import BadRequest, HistoryClient, JobNotRunning, check_filter, make_query, parse_time
-from .login import COOKIE, MAX_HELD_LOGINS, Busy, LoginChecks, Session, Sessions, Throttle
+from .login import COOKIE, Busy, LoginChecks, Session, Sessions, Throttle
 
 log = logging.getLogger("broker.dashboard")
 
@@ -408,10 +408,11 @@ class Dashboard:
     async def _check_login(self, request: web.Request, user: str, password: bytes,
                            basic: bytes | None = None) -> Session | web.Response:
         """A Session, or the refusal to send (401, 429; Busy raised: 503)."""
+        self._accounts_current()   # checked against the file as it is now
         address = _address(request)
         key = (user, address)
         wait = self.throttle.turn(key)
-        if wait is None or (wait > 0 and self.held_logins >= MAX_HELD_LOGINS):
+        if wait is None or (wait > 0 and self.held_logins >= self.s.max_waiting_logins):
             after = math.ceil(self.throttle.retry_after(key))
             return _json_error(429, f"too many wrong passwords for {user[:100]!r} from "
                                f"{address}: try again in {after} s",

@@ -8,8 +8,9 @@
   one account from one address, that pair's password checks take turns one second apart: an
   attempt waits for its turn and is then checked, so the owner's right password still gets in
   after a short wait while someone guesses from the same address (at most one guess a second
-  per pair). An attempt whose turn would be more than ``login_lockout_seconds`` away is answered
-  429 with Retry-After at once, nothing hashed. A good login clears the pair.
+  per pair). An attempt whose turn would be more than ``login_lockout_seconds`` away, or beyond
+  ``max_waiting_logins`` attempts waiting at once, is answered 429 with Retry-After at once,
+  nothing hashed. A good login clears the pair.
 * A good login opens a server-side session (a random token in a cookie: HttpOnly,
   SameSite=Strict, Secure on https), so the page and scripts do not hash on every request.
   Sessions end after ``session_seconds``, on logout, and at once when the account is removed or
@@ -38,7 +39,6 @@ if TYPE_CHECKING:
 
 COOKIE = "broker_session"
 MAX_THROTTLED_ADDRESSES = 10_000   # (account, address) pairs remembered
-MAX_HELD_LOGINS = 1000            # attempts waiting for their turn at once (more: 429)
 
 
 class Busy(Exception):

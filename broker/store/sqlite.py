@@ -239,8 +239,12 @@ class Store(Hook):
 
         def session(cid: str, interval: int, expires_at: float | None, username: str | None,
                     will: bytes | None, next_pid: int | None) -> None:
-            broker.restore_session(cid, interval, expires_at, username,
-                                   decode_will(will) if will else None, next_pid)  # type: ignore[arg-type]  # None: 1
+            w = decode_will(will) if will else None
+            problem = w is not None and publish_problem(w.topic, w.payload, w.properties)
+            if problem:  # a will MQTT could not carry is not published: the session stays
+                log.warning("state store: the will of session %r is dropped: %s", cid, problem)
+                w = None
+            broker.restore_session(cid, interval, expires_at, username, w, next_pid)  # type: ignore[arg-type]  # None: 1
 
         def subscription(cid: str, filt: str, qos: int, no_local: int | None, rap: int | None,
                          rh: int, sub_id: int | None) -> None:

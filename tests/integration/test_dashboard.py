@@ -371,7 +371,10 @@ def test_a_password_change_or_removal_ends_the_accounts_sessions_at_once(dash, t
     status, _, body = request(live, headers={"Cookie": jar})
     assert status == 401 and "password" in json.loads(body)["error"]
     assert get(live, ADMIN, ADMIN_PW)[0] == 401
-    assert get(live, ADMIN, "new-secret")[0] == 200
+    set_account(users, ADMIN, "admin", "newer-secret")  # changed again, no request since
+    assert request(dash.dashboard + "/api/login", "POST",
+                   {"user": ADMIN, "password": "new-secret"})[0] == 401
+    assert get(live, ADMIN, "newer-secret")[0] == 200
     assert request(live, headers={"Cookie": viewer_jar})[0] == 200   # other accounts go on
     delete_account(users, VIEWER)
     assert request(live, headers={"Cookie": viewer_jar})[0] == 401

@@ -21,6 +21,7 @@ from broker.core.message import Message
 from broker.core.view import BrokerView
 from broker.dashboard.live import TopicCounter
 from broker.dashboard.login import Busy, LoginChecks, Sessions, Throttle
+from broker.protocol import packets as P
 from tests.sansio import Client, expect_disconnect, make, publish_ok, recv_publish, subscribe
 
 
@@ -356,3 +357,20 @@ def test_an_audit_line_stays_one_line_whatever_the_client_sent(caplog):
     assert "\n" not in line and "\r" not in line and line.count("audit:") == 4
     assert line.startswith("audit: user='viewer\\r\\n' from='127.0.0.1' action=DELETE ")
     assert "\\x0aaudit: user='root'" in line
+
+
+@pytest.mark.parametrize("topic", ["a", "a/b/c", "a/+", "#", "a\x00b", "", "x" * 11, "a/b/c/d",
+                                   "\u00e9" * 5, "\u00e9" * 6, "$x/y", " "])
+def test_the_shared_message_check_agrees_with_a_client_publish(topic):
+    """publish_problem (what the admin API, a replay and a restore apply) refuses exactly the
+    topics a client's PUBLISH is refused for, under the same [mqtt] limits [MQTT-4.7.3-1],
+    [MQTT-4.7.3-2], [MQTT-3.3.2-2], mqtt.max_topic_length and max_topic_levels."""
+    from broker.core.message import check_new_message
+    b, _ = make(max_topic_length=10, max_topic_levels=3)
+    c = connected(b, "pub")
+    c.send_bytes(b"\x32" + bytes([2 + len(topic.encode()) + 2 + 1 + 1]) +
+                 len(topic.encode()).to_bytes(2, "big") + topic.encode() + b"\x00\x01\x00x")
+    pkts = c.received()
+    refused = bool(c.conn.close_requested) or any(
+        p.type == P.PUBACK and p.reason_code >= 0x80 for p in pkts)
+    assert refused == (check_new_message(topic, b"x", None, b.cfg) is not None), pkts

@@ -190,3 +190,23 @@ def test_a_stored_message_mqtt_cannot_carry_is_dropped_at_restore(tmp_path, capl
     assert queued == ["a/b"]
     assert any("[MQTT-4.7.3-3]" in r.getMessage() for r in caplog.records
                if r.levelno == logging.WARNING)
+
+
+def test_a_stored_will_with_a_wildcard_topic_is_dropped_and_its_session_kept(tmp_path, caplog):
+    """A will whose topic is not a topic name [MQTT-3.3.2-2] (written into the store directly:
+    the CONNECT check never saw it) is not published at restore; the session is restored."""
+    from broker.protocol import packets as P
+    from broker.store.sqlite import encode_will
+    path = tmp_path / "state.db"
+    build(path)
+    db = sqlite3.connect(path)
+    db.execute("UPDATE sessions SET will = ? WHERE client_id = 'keeper'",
+               (encode_will(P.Will("dev/+/gone", b"bye")),))
+    db.commit()
+    db.close()
+    b = Broker()
+    with caplog.at_level(logging.WARNING, logger="broker.store"):
+        Store(str(path)).load(b)
+    assert "keeper" in b.sessions and b.sessions["keeper"].will is None
+    assert any("will of session 'keeper' is dropped" in r.getMessage() and "[MQTT-3.3.2-2]"
+               in r.getMessage() for r in caplog.records)
