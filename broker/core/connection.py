@@ -919,6 +919,8 @@ class Connection:
                     code, why = self.subscribe_replay(filt, o, sub_id, why)
                 else:
                     code = self.subscribe_one(filt, o, sub_id, subscribed)
+                    if code == rc.QUOTA_EXCEEDED and why is None:
+                        why = self.quota_reason(filt)
                 # [MQTT-3.9.3-1] in filter order, [MQTT-3.9.3-2] a Subscribe Reason Code each
                 codes.append(code if v5 or code < 0x80 else 0x80)
         finally:
@@ -947,6 +949,17 @@ class Connection:
             # ACL's deny rules of this client checked per message (README "Access control")
             session.replay_retained(b.retained_matching(topic_filter), qos, sid,
                                     session.subscriptions[filt].read_check, budget, now)
+
+    def quota_reason(self, filt: str) -> str:
+        """The SUBACK's Reason String for a filter refused with 0x97 (the first one only)."""
+        shared = parse_shared(filt)  # (valid: refused for a quota)
+        cfg, session = self.broker.cfg, self.session
+        cap = cfg.max_subscriptions_per_client
+        over = ("max_subscriptions_per_client" if cap and len(session.subscriptions) >= cap
+                else self.broker.subscription_over(session, filt, shared[1] if shared else filt))
+        what = f"mqtt.{over}" if over else "a subscription limit"
+        return (f"{filt[:80]}: {what} reached (README \"Subscription limits\"); "
+                "unsubscribe some filters first")
 
     def subscribe_replay(self, filt: str, o: P.SubscriptionOptions, sub_id: int | None,
                          why: str | None) -> tuple[int, str | None]:

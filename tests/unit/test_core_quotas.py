@@ -460,7 +460,9 @@ def test_subscription_bytes_are_bounded_per_session_and_in_total():
     c = Client(b)
     c.connect("c")
     f40 = ["a" * 39 + str(i) for i in range(3)]
-    assert subscribe(c, *f40).reason_codes == [0, 0, rc.QUOTA_EXCEEDED]
+    ack = subscribe(c, *f40)
+    assert ack.reason_codes == [0, 0, rc.QUOTA_EXCEEDED]
+    assert "mqtt.max_subscription_bytes reached" in ack.properties[PR.REASON_STRING]
     assert b.sessions["c"].filter_bytes == 80
     assert subscribe(c, f40[0], "b" * 20, "c", qos=1, pid=2).reason_codes == [1, 1, rc.QUOTA_EXCEEDED]
     c.send(P.Unsubscribe(3, [f40[1]]))
