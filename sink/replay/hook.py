@@ -57,7 +57,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 class ReplayHook(Hook):
     """``sink``: anything with accepted_seq() and forwarded_seq() (sink.forward.service.Sink);
     ``worker``: the settings every worker gets (table, committed_file, data_dir, bootstrap,
-    kafka, topics, verify, nice, max_bytes); ``cfg``: settings.ReplayConfig."""
+    kafka, topics, verify, nice, max_bytes, table_buffer_bytes); ``cfg``: settings.ReplayConfig."""
     provides = frozenset({"replay", "on_client_disconnected", "on_tick", "on_stop", "stats"})
 
     def __init__(self, cfg: ReplayConfig, sink: Any, worker: dict,
@@ -85,6 +85,7 @@ class ReplayHook(Hook):
                       bootstrap=sink.bootstrap, kafka=dict(s.kafka), topics=topics,
                       verify=h.verify_records, nice=cfg.replay.nice,
                       max_bytes=cfg.replay.kafka_buffer_bytes,
+                      table_buffer_bytes=cfg.replay.table_buffer_bytes,
                       log_level=logging.getLogger("sink").getEffectiveLevel())
         return cls(cfg.replay, sink, worker)
 

@@ -140,7 +140,8 @@ class Worker:
         n = 0
         if snap is not None and snap.files:
             for batch in read_history(c["table"], c["filter"], c["since_ms"], c.get("until_ms"),
-                                      columns=TABLE_COLUMNS, snapshot=snap):
+                                      columns=TABLE_COLUMNS, snapshot=snap,
+                                      max_bytes=c.get("table_buffer_bytes", 64 << 20)):
                 items = from_rows(batch)
                 skip = known_mask(tail.known, [it[0] for it in items])
                 if skip.any():
