@@ -176,8 +176,9 @@ def main() -> int:
     logging.basicConfig(level=cfg.get("log_level", "INFO"), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("kafka").setLevel(logging.CRITICAL)
-    try:
-        os.nice(int(cfg.get("nice", 10)))
+    try:  # (the broker set it at the start already: this keeps it, whoever started this)
+        os.setpriority(os.PRIO_PROCESS, 0, max(int(cfg.get("nice", 10)),
+                                               os.getpriority(os.PRIO_PROCESS, 0)))
     except OSError:
         pass
     w = Worker(cfg, sys.stdout.buffer)
