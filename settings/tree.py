@@ -275,6 +275,7 @@ class ReplayConfig(Section):
     live_buffer_messages: int = key(10000, Int(1))    # live messages held per replay until the switch
     live_buffer_bytes: int = key(16 << 20, Int(1))    # ...and their payload + topic bytes
     kafka_buffer_bytes: int = key(64 << 20, Int(1 << 20))  # Kafka records a worker reads ahead
+    table_buffer_bytes: int = key(64 << 20, Int(1 << 20))  # the table's matching rows a worker holds at once
     nice: int = key(10, Int(0, 19))                   # the worker processes' niceness
 
 

@@ -913,9 +913,19 @@ class Connection:
         subscribed: dict[str, tuple[bool, bool, str, int, tuple[int] | None]] = {}
         session = self.session
         why = None  # a Reason String for the SUBACK (a refused history replay says why)
+        # a history replay filter repeated in this packet is one subscription [MQTT-3.8.4-3]:
+        # only its last occurrence (its options win) goes to the replay hook, which starts a
+        # replay per call; the earlier ones get its code
+        replays: dict[str, int] = {}
         try:
-            for filt, o in s.topics:
+            for i, (filt, o) in enumerate(s.topics):
                 if filt.startswith(REPLAY_PREFIX):  # a history replay: the replay hook's (hooks.py)
+                    if not replays:
+                        replays = {f: j for j, (f, _) in enumerate(s.topics)
+                                   if f.startswith(REPLAY_PREFIX)}  # (each filter's last index)
+                    if replays[filt] != i:
+                        codes.append(-1)  # (its last occurrence's code, below)
+                        continue
                     code, why = self.subscribe_replay(filt, o, sub_id, why)
                 else:
                     code = self.subscribe_one(filt, o, sub_id, subscribed)
@@ -927,6 +937,10 @@ class Connection:
             if session.store is not None:
                 for filt in subscribed:
                     session.store.save_subscription(session.client_id, session.subscriptions[filt])
+        if replays and len(replays) < len(codes):
+            for i, (filt, _) in enumerate(s.topics):
+                if codes[i] < 0:
+                    codes[i] = codes[replays[filt]]
         suback = encode(P.Suback(s.packet_id, codes), self.level)  # one code per filter [MQTT-3.8.4-6]
         if why and v5 and self.request_problem_info:  # [MQTT-3.1.2-29]
             with_why = encode(P.Suback(s.packet_id, codes, {PR.REASON_STRING: why}), self.level)

@@ -57,7 +57,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 class ReplayHook(Hook):
     """``sink``: anything with accepted_seq() and forwarded_seq() (sink.forward.service.Sink);
     ``worker``: the settings every worker gets (table, committed_file, data_dir, bootstrap,
-    kafka, topics, verify, nice, max_bytes); ``cfg``: settings.ReplayConfig."""
+    kafka, topics, verify, nice, max_bytes, table_buffer_bytes); ``cfg``: settings.ReplayConfig."""
     provides = frozenset({"replay", "on_client_disconnected", "on_tick", "on_stop", "stats"})
 
     def __init__(self, cfg: ReplayConfig, sink: Any, worker: dict,
@@ -67,7 +67,10 @@ class ReplayHook(Hook):
         self.worker = worker
         self.limits = Limits(cfg.live_buffer_messages, cfg.live_buffer_bytes)
         self.control_factory = control_factory or WorkerControl
-        self.workers = Workers(cfg.max_replays)
+        self.workers = Workers(cfg.max_replays, nice=cfg.nice)
+        # imported now, at the broker's start, rather than by the first replay's SUBSCRIBE (70 ms
+        # or more of the event loop: another client's PINGREQ waited that long)
+        import sink.history.manifest  # noqa: F401
         self.broker: Any = None  # the core's Broker, set by attach()
         self._available: tuple[float, str | None] | None = None  # (checked at, unavailable())
         self.feeds: dict = {}                 # HistoryFeed -> None, while they run
@@ -85,6 +88,7 @@ class ReplayHook(Hook):
                       bootstrap=sink.bootstrap, kafka=dict(s.kafka), topics=topics,
                       verify=h.verify_records, nice=cfg.replay.nice,
                       max_bytes=cfg.replay.kafka_buffer_bytes,
+                      table_buffer_bytes=cfg.replay.table_buffer_bytes,
                       log_level=logging.getLogger("sink").getEffectiveLevel())
         return cls(cfg.replay, sink, worker)
 
@@ -258,13 +262,19 @@ class ReplayHook(Hook):
         return {"replay": {"active": len(self.feeds), **self.totals}}
 
 
-def spawn_worker() -> subprocess.Popen:
-    """A worker process (python -m sink.replay.worker), its settings still to come on stdin.
-    Called in a thread of Workers: fork and exec never hold the event loop."""
+def spawn_worker(nice: int = 10) -> subprocess.Popen:
+    """A worker process (python -m sink.replay.worker), its settings still to come on stdin, at
+    niceness ``nice`` from its first instruction (its start - Python, numpy - is CPU the live
+    traffic should have first). Called in a thread of Workers: never on the event loop."""
     env = {**os.environ, "PYTHONPATH": ROOT + (os.pathsep + os.environ["PYTHONPATH"]
                                                if os.environ.get("PYTHONPATH") else "")}
-    return subprocess.Popen([sys.executable, "-m", "sink.replay.worker"], stdin=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-m", "sink.replay.worker"], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, env=env, cwd=ROOT, bufsize=0)
+    try:
+        os.setpriority(os.PRIO_PROCESS, proc.pid, max(nice, os.getpriority(os.PRIO_PROCESS, 0)))
+    except OSError:
+        pass
+    return proc
 
 
 def end_worker(proc: subprocess.Popen) -> None:
@@ -284,10 +294,11 @@ class Workers:
     starts one) and for a free slot. Processes are started and reaped by a thread of their own
     (``spawn``, ``end``: fork, exec and wait never run on the event loop)."""
 
-    def __init__(self, limit: int, spawn: Callable[[], Any] = spawn_worker,
-                 end: Callable[[Any], None] = end_worker) -> None:
+    def __init__(self, limit: int, spawn: Callable[..., Any] = spawn_worker,
+                 end: Callable[[Any], None] = end_worker, nice: int = 10) -> None:
         self.limit = limit
         self.spawn = spawn
+        self.nice = nice
         self.end = end
         self.alive = 0                        # processes asked for, started or being reaped
         self.started = 0                      # processes started, in all
@@ -387,7 +398,7 @@ class WorkerControl:
 
     async def run(self, workers: Workers) -> None:
         try:
-            proc = self.proc = await workers.in_thread(workers.spawn)
+            proc = self.proc = await workers.in_thread(workers.spawn, workers.nice)
         except OSError as exc:
             return self._failed(f"cannot start the replay worker: {exc}")
         workers.started += 1

@@ -140,7 +140,8 @@ class Worker:
         n = 0
         if snap is not None and snap.files:
             for batch in read_history(c["table"], c["filter"], c["since_ms"], c.get("until_ms"),
-                                      columns=TABLE_COLUMNS, snapshot=snap):
+                                      columns=TABLE_COLUMNS, snapshot=snap,
+                                      max_bytes=c.get("table_buffer_bytes", 64 << 20)):
                 items = from_rows(batch)
                 skip = known_mask(tail.known, [it[0] for it in items])
                 if skip.any():
@@ -175,8 +176,9 @@ def main() -> int:
     logging.basicConfig(level=cfg.get("log_level", "INFO"), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("kafka").setLevel(logging.CRITICAL)
-    try:
-        os.nice(int(cfg.get("nice", 10)))
+    try:  # (the broker set it at the start already: this keeps it, whoever started this)
+        os.setpriority(os.PRIO_PROCESS, 0, max(int(cfg.get("nice", 10)),
+                                               os.getpriority(os.PRIO_PROCESS, 0)))
     except OSError:
         pass
     w = Worker(cfg, sys.stdout.buffer)

@@ -610,3 +610,19 @@ def test_replayed_records_mqtt_cannot_carry_are_skipped_and_counted():
     got = deliver(c)
     assert [m.payload for m in got] == [b"h1", b"h5"]
     assert feed.counts["invalid"] == 3 and not c.conn.close_requested
+
+
+def test_a_replay_filter_repeated_in_one_subscribe_is_one_subscription_with_the_last_options():
+    """[MQTT-3.8.4-3]: the replay hook is asked once, for the last occurrence (its options win),
+    and every occurrence gets its code [MQTT-3.9.3-1]; a second filter keeps its own."""
+    b, clock, ids, hook = setup()
+    made = []
+    hook.control_factory = lambda h, s: made.append(FakeControl(h, s)) or made[-1]
+    c = Client(b, V5)
+    c.connect("c")
+    c.send(P.Subscribe(1, [("$replay/-1h/s/#", O(1))] * 500 + [("$replay/-1h/s/#", O(0)),
+                                                                ("$replay/-2h/t/#", O(1))]))
+    ack = take(c, P.SUBACK)
+    assert ack.reason_codes == [0] * 501 + [1]
+    assert len(made) == 2 and len(hook.feeds) == 2
+    assert b.sessions["c"].subscriptions["$replay/-1h/s/#"].qos == 0

@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime as dt
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from broker.protocol import properties as PR
@@ -69,3 +70,132 @@ def test_history_read_an_hour_at_a_time_in_time_order_with_every_property(tmp_pa
     only = [it[1] for b in read_history(str(tmp_path / "h"), "s/0", DAY, None,
                                         columns=TABLE_COLUMNS) for it in from_rows(b)]
     assert only == ["s/0"] * 25
+
+
+# ---------------------------------------------------------------- the filter pushed down, memory
+
+def hour_of(table: Table, n: int, payload: int, topic=lambda i: f"dev/{i % 100}/t",
+            rel="date=2024-05-01/b-h10.parquet", at=lambda i, n: DAY + 10 * H + i * H // n):
+    """An hour of n messages of `payload` random bytes each, one row group (as Spark writes)."""
+    import os
+    rnd = os.urandom(payload * n)
+    cols = {
+        "message_id": pa.array([f"m-{i:x}" for i in range(n)], pa.string()),
+        "topic": pa.array([topic(i) for i in range(n)], pa.string()),
+        "payload": pa.array([rnd[i * payload:(i + 1) * payload] for i in range(n)], pa.binary()),
+        "qos": pa.array([1] * n, pa.int32()),
+        "retain": pa.array([False] * n, pa.bool_()),
+        "client_id": pa.array(["dev"] * n, pa.string()),
+        "accepted_at": pa.array([at(i, n) * 1000 for i in range(n)], pa.timestamp("us")),
+        "kafka_partition": pa.array([0] * n, pa.int32()),
+        "kafka_offset": pa.array(range(n), pa.int64()),
+        "payload_format": pa.array([None] * n, pa.int32()),
+        "content_type": pa.array([None] * n, pa.string()),
+        "response_topic": pa.array([None] * n, pa.string()),
+        "correlation_data": pa.array([None] * n, pa.binary()),
+        "message_expiry": pa.array([None] * n, pa.int64()),
+        "user_properties": pa.array([[]] * n, UP),
+    }
+    path = table.abs(rel)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.table(cols), path, row_group_size=n)
+    table.commit(Change("append", add=[FileEntry(rel, "2024-05-01", 10, path.stat().st_size, n)]))
+
+
+PEAK = r"""
+import sys
+from sink.replay import worker
+from sink.history.reader import read_history
+from sink.replay.records import TABLE_COLUMNS, from_rows
+
+def hwm():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+import pyarrow.parquet, pyarrow.compute
+before = hwm()
+n = sum(len(from_rows(b)) for b in read_history(sys.argv[1], sys.argv[2], 0, None,
+                                                  columns=TABLE_COLUMNS))
+print(n, hwm() - before)
+"""
+
+
+def peak_growth(table: str, filt: str) -> tuple[int, int]:
+    """(messages, bytes the peak RSS grew by) of a fresh process reading the filter's history."""
+    import os
+    import subprocess
+    import sys
+    root = str(__import__("pathlib").Path(__file__).resolve().parents[2])
+    out = subprocess.run([sys.executable, "-c", PEAK, table, filt], capture_output=True,
+                         text=True, cwd=root, env={**os.environ, "PYTHONPATH": root}, check=True)
+    n, grew = out.stdout.split()
+    return int(n), int(grew)
+
+
+def test_a_wildcard_matching_nothing_costs_no_more_memory_for_a_large_hour(tmp_path):
+    """A replay's worker reading a wildcard filter that matches nothing holds a batch, not the
+    hour: 60 MB more of the hour to scan grow its peak memory by less than half of that (it
+    held the hour, decoded: 270 MiB more over a 60 MiB one)."""
+    small, large = Table(tmp_path / "small"), Table(tmp_path / "large")
+    hour_of(small, 4_000, 1000)           # 4 MB
+    hour_of(large, 64_000, 1000)          # 64 MB
+    for filt in ("+/nomatch", "nomatch/#"):
+        n_small, grew_small = peak_growth(str(tmp_path / "small"), filt)
+        n_large, grew_large = peak_growth(str(tmp_path / "large"), filt)
+        assert n_small == n_large == 0
+        assert grew_large < grew_small + 30_000_000, (filt, grew_small, grew_large)
+
+
+def test_an_hour_over_the_buffer_is_read_in_parts_with_the_same_rows_in_order(tmp_path):
+    t = Table(tmp_path / "h")
+    hour_of(t, 600, 10_000)               # 6 MB matching
+    whole = [it[0] for b in read_history(str(tmp_path / "h"), "dev/+/t", 0, None,
+                                         columns=TABLE_COLUMNS) for it in from_rows(b)]
+    parts = [it[0] for b in read_history(str(tmp_path / "h"), "dev/+/t", 0, None,
+                                         columns=TABLE_COLUMNS, max_bytes=1 << 20)
+             for it in from_rows(b)]
+    assert len(whole) == 600 and parts == whole
+
+
+def test_a_second_holding_more_than_the_buffer_fails_saying_which_and_the_setting(tmp_path):
+    import pytest
+
+    from sink.history.reader import HistoryTooLarge
+    t = Table(tmp_path / "h")
+    hour_of(t, 300, 10_000, at=lambda i, n: DAY + 10 * H + 500)   # 3 MB in one millisecond
+    with pytest.raises(HistoryTooLarge, match=r"table_buffer_bytes"):
+        list(read_history(str(tmp_path / "h"), "dev/#", 0, None, columns=TABLE_COLUMNS,
+                          max_bytes=1 << 20))
+
+
+def test_the_filter_pushed_down_matches_as_mqtt_does():
+    """The scan's regular expression and prefix select the topics mqtt_topics.matches does:
+    '+' one level, '#' its parent too, no '$' topic for a first-level wildcard [MQTT-4.7.2-1]."""
+    from mqtt_topics import matches
+    from sink.history.reader import topic_prefix, topic_regex
+    filters = ["#", "+", "a/#", "a/+", "+/b", "a/+/c", "a/b", "+/+", "$SYS/#", "/#", "+/#",
+               "a.b/#", "a b/+", "(a)/+", "a|b/#", "ä/+/x", "+/", "/+"]
+    topics = ["a", "a/b", "a/b/c", "$SYS/x", "$SYS", "/", "/b", "a/", "x/b", "a.b", "axb/c",
+              "a.b/c", "a b/x", "(a)/x", "a|b", "ä/1/x", "a/b\nc", "//", "a/c"]
+    arr = pa.array(topics)
+    for f in filters:
+        got = pc.match_substring_regex(arr, pattern=topic_regex(f)).to_pylist()
+        assert got == [matches(f, t) for t in topics], f
+        assert all(t.startswith(topic_prefix(f)) for t in topics if matches(f, t)), f
+
+
+def test_row_groups_of_other_topics_are_not_read(tmp_path, monkeypatch):
+    """A row group whose topics (statistics) cannot match the filter's prefix is skipped."""
+    t = Table(tmp_path / "h")
+    hour_of(t, 100, 10, topic=lambda i: f"other/{i}", rel="date=2024-05-01/a-h10.parquet")
+    hour_of(t, 100, 10, topic=lambda i: f"dev/{i}/t", rel="date=2024-05-01/b-h10.parquet")
+    read = []
+    real = pq.ParquetFile.iter_batches
+
+    def counted(self, *a, **kw):
+        read.append(kw.get("row_groups"))
+        return real(self, *a, **kw)
+    monkeypatch.setattr(pq.ParquetFile, "iter_batches", counted)
+    got = [it[1] for b in read_history(str(tmp_path / "h"), "dev/+/t", 0, None,
+                                       columns=TABLE_COLUMNS) for it in from_rows(b)]
+    assert len(got) == 100 and len(read) == 1
