@@ -28,6 +28,7 @@ import json
 import logging
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -923,10 +924,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             os.environ.setdefault(k, v)
         conf = connect_conf(job)
         serving = connect_enabled(job) or jdbc_enabled(job)
+        guard_conf: dict[str, str] = {}
+        if serving:
+            try:
+                guard_conf = guard.launch_conf(Path(PROJECT_ROOT) / "build")
+            except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
+                # the table is still written; check_active below then serves no endpoint
+                log.error("cannot build the read-only guard of Spark Connect and JDBC: %s", exc)
         spark = get_spark("mqtt-history-job", conf={
             **({} if launched_by_spark_submit() else JOB_LOCAL_CONF),
-            **conf, **catalog.session_conf(job.history),
-            **(guard.launch_conf(Path(PROJECT_ROOT) / "build") if serving else {})})
+            **conf, **catalog.session_conf(job.history), **guard_conf})
         if serving:
             guard.trust(spark)   # first: its clients' sessions are read-only, not the job's
         catalog.register_in_session(spark, job.history)  # `messages` for Spark Connect and JDBC
