@@ -128,6 +128,7 @@ class ClusterNode(Hook):
         self.batch: _Batch | None = None
         self.routed_upto: dict[int, int] = {}    # messages partition -> next offset to deliver
         self.ids = itertools.count(1)
+        self.seq = itertools.count(1)            # of the control records written (control.py)
         self.claims: dict[str, _Claim] = {}      # req -> a CONNECT waiting for its claim
         self.handoffs: dict[str, _Claim] = {}    # cid -> a claim waiting for the last owner
         self.bound: dict[str, int] = {}          # cid -> epoch of this node's session
@@ -281,7 +282,10 @@ class ClusterNode(Hook):
                 batch.token.resolve(batch.failure)
 
     def _write_control(self, key: str, rec: dict | None) -> None:
-        """A control record; acknowledgements asked for after it wait for it too (barrier)."""
+        """A control record; acknowledgements asked for after it wait for it too (barrier).
+        Numbered (`seq`, control.py): a copy of it written again is not applied again."""
+        if rec is not None:
+            rec["seq"] = next(self.seq)
         self._send(self.topics.control, key.encode(), None if rec is None else R.dumps(rec),
                    batch=self._batch())
 
@@ -966,7 +970,8 @@ class ClusterNode(Hook):
                         "the cluster or while it stops: it applies on this node only", op,
                         ban["kind"], ban["value"][:100])
             return
-        rec = C.ban_record(ban) if op == "ban" else C.unban_record(ban["kind"], ban["value"])
+        rec = C.ban_record(self.node, self.inc, ban) if op == "ban" else \
+            C.unban_record(self.node, self.inc, ban["kind"], ban["value"])
         self._write_control(R.ban_key(ban["kind"], ban["value"]), rec)
         self.producer.kick()
 

@@ -5,6 +5,7 @@ node could have written; anything else is ignored and counted, never applied, ne
 and never stops the node. Bans travel as control records and apply on every node."""
 from __future__ import annotations
 
+import itertools
 import json
 import time
 
@@ -37,8 +38,14 @@ def node():
     return n
 
 
+SEQ = itertools.count(1)
+
+
 def control(key: str, rec: object) -> bytes:
-    """A control record body (value: JSON of `rec`, or these bytes as they are)."""
+    """A control record body (value: JSON of `rec`, numbered as a node numbers its records, or
+    these bytes as they are)."""
+    if isinstance(rec, dict) and "seq" not in rec:
+        rec = {**rec, "seq": next(SEQ)}
     value = rec if isinstance(rec, bytes) else json.dumps(rec).encode()
     return encode_body(key.encode(), value, [])
 
@@ -128,6 +135,20 @@ def test_ignored_records_are_logged_at_most_every_ten_seconds(caplog):
     assert t.ignored["unsigned"] == 50
 
 
+def test_a_signed_record_written_again_is_not_applied_again(node):
+    """Anyone who reads Kafka can copy a node's signed records: an old incarnation's join written
+    again does not end the live one (its clients dropped), a claim written again does not take
+    the client id from its newer owner, and a producer's retried record applies once."""
+    old_join = join("n1", "first")
+    apply_control(node, [old_join, join("n1", "second")])
+    first_claim = claim("n1", "second", "dev")
+    apply_control(node, [first_claim, claim("n3", "x", "dev")], base=2)  # (n3 is not a member)
+    epoch = node.state.clients["dev"].epoch
+    apply_control(node, [old_join, first_claim, first_claim], base=4)
+    assert node.state.members["n1"].inc == "second" and node.state.members["n1"].alive
+    assert node.state.clients["dev"].epoch == epoch
+
+
 # ------------------------------------------------------------------ malformed records
 @pytest.mark.parametrize("value", [b"[]", b"null", b"7", b'"s"', b"{}", b"not json", b"\xff\xfe",
                                    b'{"t": "claim"}', b'{"t": "join", "node": 1, "inc": "x"}',
@@ -173,13 +194,13 @@ def test_a_ban_made_through_another_node_refuses_and_disconnects_the_client_here
     c.connect("dev-7")
     ban = {"kind": "clientid", "value": "dev-7", "reason": "stolen", "until": None, "at": 1.0,
            "by": "admin"}
-    apply_control(node, [control(R.ban_key("clientid", "dev-7"), C.ban_record(ban))])
+    apply_control(node, [control(R.ban_key("clientid", "dev-7"), C.ban_record("n1", "i1", ban))])
     expect_disconnect(c, 0x98)
     again = Client(node.broker)
     assert again.connect("dev-7").reason_code == 0x8A
     assert BanList(str(tmp_path / "bans.json")).check("dev-7", None, "127.0.0.1:1")  # kept
     apply_control(node, [control(R.ban_key("clientid", "dev-7"),
-                                 C.unban_record("clientid", "dev-7"))], base=1)
+                                 C.unban_record("n1", "i1", "clientid", "dev-7"))], base=1)
     assert Client(node.broker).connect("dev-7").reason_code == 0
 
 
@@ -187,7 +208,8 @@ def test_a_ban_made_here_is_written_to_the_control_topic(node, tmp_path):
     bans = BanList(str(tmp_path / "bans.json"))
     node.share_bans(bans)
     written = []
-    node._write_control = lambda key, rec: written.append((key, rec))  # type: ignore[method-assign]
+    node._send = lambda topic, key, value, **kw: written.append(  # type: ignore[method-assign]
+        R.decode_control(key, value))
 
     class Producer:
         def kick(self):
@@ -195,10 +217,9 @@ def test_a_ban_made_here_is_written_to_the_control_topic(node, tmp_path):
     node.producer = Producer()  # type: ignore[assignment]
     bans.add("username", "mallory", "spam", None, "admin")
     bans.remove("username", "mallory")
+    # (decode_control: what the other nodes will accept)
     assert [(k, r["t"]) for k, r in written] == [("b:username:mallory", "ban"),
                                                  ("b:username:mallory", "unban")]
-    for k, r in written:  # what the other nodes will accept
-        assert R.decode_control(k.encode(), R.dumps(r)) == (k, r)
 
 
 def test_a_message_of_a_will_in_a_control_record_keeps_its_fields():
@@ -208,7 +229,7 @@ def test_a_message_of_a_will_in_a_control_record_keeps_its_fields():
     will = P.Will("w/t", b"\x00\xffbye", 1, True, {PR.WILL_DELAY_INTERVAL: 5,
                                                     PR.USER_PROPERTY: [("k", "v")],
                                                     PR.CORRELATION_DATA: b"\x01"})
-    rec = C.claim_record("n1", "i", "r", False, 60, R.will_to_dict(will, 0.0), "u")
+    rec = {**C.claim_record("n1", "i", "r", False, 60, R.will_to_dict(will, 0.0), "u"), "seq": 1}
     k, got = R.decode_control(b"c:x", R.dumps(rec))
     msg = R.will_message(got["will"], "x", 0.0, 0.0)
     assert isinstance(msg, Message) and msg.payload == b"\x00\xffbye" and msg.retain
