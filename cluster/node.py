@@ -99,9 +99,11 @@ class ClusterNode(Hook):
                          + SESSION_EVENTS + STORED_EVENTS)
 
     def __init__(self, cfg: ClusterConfig, bootstrap: str, wall: Callable[[], float] = time.time,
-                 key: bytes | None = None) -> None:
+                 key: bytes | None = None, key_made: str | None = None) -> None:
         """`key`: the cluster's key (settings.secrets.cluster_key; None: a key of this node
-        alone, for a node that is its own cluster, as in tests)."""
+        alone, for a node that is its own cluster, as in tests); `key_made`: the file of a key
+        made by this start (a node that joins a cluster whose records are signed with another
+        key then stops, saying which file to replace)."""
         if not cfg.node_id:
             raise ValueError("cluster.node_id is empty: give each node an id of its own, "
                              "e.g. --set cluster.node_id=n1")
@@ -115,6 +117,7 @@ class ClusterNode(Hook):
         self.topics = Topics(cfg.topic_prefix)
         self.wall = wall
         self.trust = Trust(key if key is not None else os.urandom(32))
+        self.key_made = key_made
         self.bans: BanList | None = None  # the server's ban list (share_bans())
         # set by attach() / on_start(), before anything else here runs (on_stop() may run
         # without them: it checks); the core's Broker is left Any
@@ -181,6 +184,13 @@ class ClusterNode(Hook):
         self._read_until(lambda: all(f.positions[tp] >= max(end, f.high.get(tp, 0))
                                      for tp, end in ends.items()),
                          "the control and retained topics")
+        foreign = self.trust.ignored["other_key"]
+        if foreign and self.key_made:
+            raise RuntimeError(
+                f"cluster: {foreign} records in Kafka are signed with another cluster key, and "
+                f"this node has just made its own ({self.key_made}): it would ignore the other "
+                "nodes and they it. Give it the other nodes' key: replace that file with theirs, "
+                "or set cluster.key_file / $MQTT_CLUSTER_KEY (README \"Cluster\")")
         self._write_control(f"n:{self.node}", C.node_record("join", self.node, self.inc,
                                                             at=self.wall()))
         self.producer.kick()

@@ -968,3 +968,20 @@ def test_a_ban_made_through_one_node_disconnects_and_refuses_the_client_on_anoth
     assert status == 200
     wait_for(lambda: RawClient(c.port("n1")).connect(dev).reason_code == 0, 2.0,
              "the ban lifted on n1")
+
+
+def test_a_node_that_made_its_own_key_does_not_join_a_cluster_signed_with_another(cluster,
+                                                                                   tmp_path):
+    """A node started without the cluster's key (no cluster.key_file: it makes one in its data
+    directory) would ignore the other nodes and they it: it stops at start, naming the file to
+    replace, instead of serving as a cluster of its own."""
+    c = cluster(1)
+    d = tmp_path / "alone"
+    d.mkdir()
+    settings = {k: v for k, v in c.settings("n2").items() if k != "cluster.key_file"}
+    b = BrokerProcess(d, settings)
+    with pytest.raises(RuntimeError):
+        b.start()
+    assert b.proc.wait(30) == 1
+    log = b.log_path.read_text()
+    assert "signed with another cluster key" in log and str(d / "secrets" / "cluster.key") in log
