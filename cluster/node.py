@@ -367,7 +367,8 @@ class ClusterNode(Hook):
         clock_now, wall_now = broker.clock(), self.wall()
         for topic, _p, rec, start in batches:
             if topic == topics.control:
-                rec.since(start)
+                if not self._since(topic, rec, start):
+                    continue
                 for i in rec.indexes():
                     r = self._verified(topic, rec, i)
                     if r is None:
@@ -385,7 +386,8 @@ class ClusterNode(Hook):
                                       off)
                         self.trust.ignore(MALFORMED, f"{topic} offset {off}", "could not apply")
             elif topic == topics.retained:
-                rec.since(start)
+                if not self._since(topic, rec, start):
+                    continue
                 for i in rec.indexes():
                     r = self._verified(topic, rec, i)
                     if r is None:
@@ -409,15 +411,15 @@ class ClusterNode(Hook):
                 continue
             starting = self._starting(p)
             if starting:
-                n = self._route_starting(rec.since(start), p, starting, clock_now, wall_now)
+                n = self._route_starting(rec, p, starting, clock_now, wall_now) \
+                    if self._since(topic, rec, start) else 0
             elif not anyone:
                 n = 0  # nobody here to deliver to: not even the keys are read
             else:
                 deliver = broker.deliver
                 subscribers_of = broker.subscribers_of  # cached per topic
                 n = 0
-                rec.since(start)
-                for i in rec.indexes():
+                for i in rec.indexes() if self._since(topic, rec, start) else ():
                     topic_name = rec.topic(i)
                     if topic_name is None or not subscribers_of(topic_name):
                         continue  # no subscriber here: not decoded (shared groups: their streams)
@@ -433,6 +435,16 @@ class ClusterNode(Hook):
             self.counters["read"] += len(rec) if rec.scanned else rec.end - start
         if self.waiting_subs:
             self._start_waiting_subs()
+
+    def _since(self, topic: str, rec: Scanned, start: int) -> bool:
+        """rec.since(start); False, counted, when its batches are not what they say they are
+        (the fetch's records are skipped, the position moves past them)."""
+        try:
+            rec.since(start)
+        except CorruptBatchError as exc:
+            self.trust.ignore(MALFORMED, f"{topic} from offset {start}", str(exc))
+            return False
+        return True
 
     def _verified(self, topic: str, rec: Scanned, i: int) -> tuple | None:
         """(offset, key, value, headers, timestamp) of record i when a node of this cluster

@@ -248,3 +248,20 @@ def test_a_record_read_by_another_client_checks_as_its_raw_bytes():
     assert t.check_fields(MESSAGES, key, value + b"!", headers, TS) == "forged"
     tomb = t.sign(MESSAGES, _tombstone(b"r/t"), TS)
     assert t.check_fields(MESSAGES, b"r/t", None, [("mqtt.sig", tomb[-20:])], TS) is None
+
+
+def test_a_fetch_whose_batch_is_corrupt_is_skipped_and_counted(node):
+    """A record batch that holds fewer records than its header says (written by a raw client):
+    its records are skipped, counted, and the node reads on."""
+    import struct
+
+    from kafka_client.record import build_batch
+    from kafka_client.recordscan import Scanned
+    raw = bytearray(build_batch([(TS, Trust(KEY).sign(CONTROL, join("n1"), TS))]))
+    struct.pack_into(">i", raw, 57, 2)  # the batch's record count
+    for topic in (CONTROL, node.topics.retained, MESSAGES):
+        client(node, "sub", "#")
+        node._apply([(topic, 0, Scanned(bytes(raw)), 0)])
+    assert node.trust.ignored["malformed"] == 3
+    apply_control(node, [join("n1")])
+    assert node.state.members["n1"].alive
