@@ -35,6 +35,7 @@ from broker.core.durability import Pending
 from broker.core.hooks import SESSION_EVENTS, STORED_EVENTS, Hook
 from broker.core.session import Session
 from kafka_client.fetch import Fetcher
+from kafka_client.headers import H_MESSAGE_ID
 from kafka_client.recordbatch import CorruptBatchError
 from kafka_client.recordscan import Scanned
 from mqtt_topics import matches
@@ -44,7 +45,7 @@ from . import records as R
 from .link import FetchReader, Topics, ensure_topics, make_consumer
 from .produce import Producer
 from .shares import Shares
-from .trust import MALFORMED, Trust
+from .trust import MALFORMED, REPLAYED, Trust
 
 if TYPE_CHECKING:
     from broker.admin.bans import BanList
@@ -132,6 +133,7 @@ class ClusterNode(Hook):
         self.routed_upto: dict[int, int] = {}    # messages partition -> next offset to deliver
         self.ids = itertools.count(1)
         self.seq = itertools.count(1)            # of the control records written (control.py)
+        self.last_ids: dict[tuple, int] = {}     # (topic, partition, writer) -> last message id
         self.claims: dict[str, _Claim] = {}      # req -> a CONNECT waiting for its claim
         self.handoffs: dict[str, _Claim] = {}    # cid -> a claim waiting for the last owner
         self.bound: dict[str, int] = {}          # cid -> epoch of this node's session
@@ -334,7 +336,8 @@ class ClusterNode(Hook):
                 b.count += 1
                 self.producer.send_body(self.topics.retained, body, ts, b)
             else:
-                self._send(self.topics.retained, msg.topic_bytes, None, None, ts, b)
+                self._send(self.topics.retained, msg.topic_bytes, None, [(
+                    H_MESSAGE_ID, f"{self.node}-{self.inc}-{next(self.ids)}".encode())], ts, b)
             # here at once too (a client that publishes a retained message, then subscribes on
             # this node, gets it, as on one broker); every node, this one included, applies the
             # record again in the log's order, so concurrent updates end the same everywhere
@@ -393,6 +396,8 @@ class ClusterNode(Hook):
                     if r is None:
                         continue
                     off, key, value, headers, ts = r
+                    if not self._fresh(topic, _p, off, headers):
+                        continue
                     if value is None and key:
                         broker.set_retained(key.decode(errors="replace"), None)
                         continue
@@ -423,7 +428,7 @@ class ClusterNode(Hook):
                     topic_name = rec.topic(i)
                     if topic_name is None or not subscribers_of(topic_name):
                         continue  # no subscriber here: not decoded (shared groups: their streams)
-                    got = self._message(topic, rec, i, clock_now, wall_now)
+                    got = self._message(topic, p, rec, i, clock_now, wall_now)
                     if got is None:
                         continue
                     msg, sender = got
@@ -460,13 +465,34 @@ class ClusterNode(Hook):
             return None
         return r
 
-    def _message(self, topic: str, rec: Scanned, i: int, clock_now: float,
+    def _message(self, topic: str, p: int, rec: Scanned, i: int, clock_now: float,
                  wall_now: float) -> tuple[Message, str] | None:
         """_verified() then _decode() of record i."""
         r = self._verified(topic, rec, i)
-        if r is None:
+        if r is None or not self._fresh(topic, p, r[0], r[3]):
             return None
         return self._decode(topic, r[0], r[1], r[2], r[3], r[4], clock_now, wall_now)
+
+    def _fresh(self, topic: str, p: int, off: int, headers: list) -> bool:
+        """Whether a message or retained record is not a copy of one read before: each node
+        numbers the records it writes (mqtt.message_id `<node>-<incarnation>-<n>`, n increasing
+        in each partition's log), so a record whose n is not above the last one of its writer
+        was written again (a copied signed record, a retried write) and is ignored, counted."""
+        mid = None
+        for name, val in headers:
+            if name == H_MESSAGE_ID:
+                mid = val
+        writer, _, n = bytes(mid or b"").rpartition(b"-")
+        if not writer or not n.isdigit() or len(n) > 18:
+            self.trust.ignore(MALFORMED, f"{topic} offset {off}", "no message id")
+            return False
+        last_key = (topic, p, writer)
+        seq = int(n)
+        if seq <= self.last_ids.get(last_key, 0):
+            self.trust.ignore(REPLAYED, f"{topic} offset {off}")
+            return False
+        self.last_ids[last_key] = seq
+        return True
 
     def _decode(self, topic: str, off: int, key: bytes | None, value: bytes | None,
                 headers: list, ts: int, clock_now: float,
@@ -502,7 +528,7 @@ class ClusterNode(Hook):
                    if off >= first and matches(sub.topic_filter, topic)]
             if not new and not subscribers_of(topic):
                 continue
-            got = self._message(self.topics.messages, rec, i, clock_now, wall_now)
+            got = self._message(self.topics.messages, p, rec, i, clock_now, wall_now)
             if got is None:
                 continue
             msg, sender = got

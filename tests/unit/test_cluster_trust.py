@@ -20,7 +20,7 @@ from cluster.trust import Trust
 from kafka_client.record import encode_body
 from settings import ClusterConfig
 from tests.sansio import Client, expect_disconnect, make, nothing, recv_publish
-from tests.unit.test_cluster_reading import KEY, PROPS, TS, body, client, fetched
+from tests.unit.test_cluster_reading import IDS, KEY, PROPS, TS, body, client, fetched
 
 OTHER_KEY = b"o" * 32
 CONTROL = "mqtt.cluster.control"
@@ -53,6 +53,14 @@ def control(key: str, rec: object) -> bytes:
 def apply_control(node: ClusterNode, bodies: list[bytes], key: bytes | None = KEY,
                   base: int = 0) -> None:
     node._apply([(CONTROL, 0, fetched(bodies, base, CONTROL, key), base)])
+
+
+def raw(key: bytes, value: bytes | None) -> bytes:
+    """A messages or retained record body with these bytes as its key and value (numbered as a
+    node numbers them)."""
+    from cluster.produce import _tombstone
+    headers = [("mqtt.message_id", f"n1-i1-{next(IDS)}".encode())]
+    return _tombstone(key, headers) if value is None else encode_body(key, value, headers)
 
 
 def join(node_id: str, inc: str = "i1") -> bytes:
@@ -149,6 +157,25 @@ def test_a_signed_record_written_again_is_not_applied_again(node):
     assert node.state.clients["dev"].epoch == epoch
 
 
+def test_a_message_or_retained_record_written_again_is_not_applied_again(node):
+    """A copy of a node's signed message is not delivered a second time; a copy of an older
+    retained message (or of a deletion) does not replace the newer one."""
+    sub = client(node, "sub", "t/#")
+    m = body("t/1", b"once")
+    node._apply([(MESSAGES, 0, fetched([m, body("t/2", b"next")], 0), 0)])
+    node._apply([(MESSAGES, 0, fetched([m], 2), 2)])
+    assert [recv_publish(sub).payload for _ in range(2)] == [b"once", b"next"] and nothing(sub)
+    retained = node.topics.retained
+    old, new, r2 = body("r/1", b"old"), body("r/1", b"new"), body("r/2", b"x")
+    gone = raw(b"r/2", None)  # (numbered in the order written)
+    node._apply([(retained, 0, fetched([old, new, r2, gone], 0, retained), 0)])
+    node._apply([(retained, 0, fetched([old, body("r/3", b"y"), gone], 4, retained), 4)])
+    kept = {t: bytes(m.payload) for t, m in ((t, node.broker.retained.get(t)) for t in
+                                             ("r/1", "r/2", "r/3")) if m is not None}
+    assert kept == {"r/1": b"new", "r/3": b"y"}
+    assert node.trust.ignored["replayed"] == 3
+
+
 # ------------------------------------------------------------------ malformed records
 @pytest.mark.parametrize("value", [b"[]", b"null", b"7", b'"s"', b"{}", b"not json", b"\xff\xfe",
                                    b'{"t": "claim"}', b'{"t": "join", "node": 1, "inc": "x"}',
@@ -169,8 +196,8 @@ def test_a_message_whose_topic_a_publish_could_not_carry_is_not_delivered(node):
     with such a topic is dropped and counted, never delivered, even signed."""
     sub = client(node, "sub", "#")
     limit = node.broker.cfg.max_topic_length
-    bad = [encode_body(b"a\x00b", b"nul", []), body("a/+", b"wild"), body("x" * (limit + 1)),
-           encode_body(b"\xff", b"not utf-8", []), body("a/b")[:-1] + b"\x00"]
+    bad = [raw(b"a\x00b", b"nul"), body("a/+", b"wild"), body("x" * (limit + 1)),
+           raw(b"\xff", b"not utf-8"), raw(b"a/c", b"no headers at all")[:-1] + b"\x00"]
     node._apply([(MESSAGES, 0, fetched(bad + [body("a/ok", b"fine")]), 0)])
     assert recv_publish(sub).payload == b"fine"
     assert nothing(sub)
@@ -178,7 +205,7 @@ def test_a_message_whose_topic_a_publish_could_not_carry_is_not_delivered(node):
 
 
 def test_a_retained_record_with_a_bad_topic_is_not_kept(node):
-    node._apply([(node.topics.retained, 0, fetched([encode_body(b"r\x00", b"v", [])],
+    node._apply([(node.topics.retained, 0, fetched([raw(b"r\x00", b"v")],
                                                    topic=node.topics.retained), 0)])
     assert node.broker.retained_count() == 0 and node.trust.ignored["malformed"] == 1
 
