@@ -128,6 +128,13 @@ class Stale(NamedTuple):
     cid: str
 
 
+class Copy(NamedTuple):
+    """The record at `offset` is a copy of one applied before (its writer's `seq` is not
+    above the last one applied): ignored."""
+    offset: int
+    kind: str
+
+
 class BanChanged(NamedTuple):
     """A ban was added (`removed` False) or removed through some node: applied on every node."""
     ban: dict
@@ -192,7 +199,7 @@ class ControlState:
             writer = (rec.get("by"), rec.get("by_inc")) if kind == "evict" else \
                 (rec.get("node"), rec.get("inc"))
             if seq <= self.seqs.get(writer, 0):
-                return []  # written again: applied once already
+                return [Copy(offset, kind)]  # written again: applied once already
             self.seqs[writer] = seq
         if key.startswith("n:"):
             return self._apply_node(kind, rec, at)

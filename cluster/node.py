@@ -603,6 +603,8 @@ class ClusterNode(Hook):
                                 ev.node, ev.inc)
             elif kind is C.BanChanged:
                 self._ban_changed(ev)
+            elif kind is C.Copy:
+                self.trust.ignore(REPLAYED, f"{self.topics.control} offset {ev.offset}", ev.kind)
             elif kind is C.Stale:
                 if ev.cid in self.broker.sessions and self.bound.get(ev.cid) is not None:
                     self.dirty.add(ev.cid)  # write this node's state again: it is the current one

@@ -155,6 +155,7 @@ def test_a_signed_record_written_again_is_not_applied_again(node):
     apply_control(node, [old_join, first_claim, first_claim], base=4)
     assert node.state.members["n1"].inc == "second" and node.state.members["n1"].alive
     assert node.state.clients["dev"].epoch == epoch
+    assert node.trust.ignored["replayed"] == 3
 
 
 def test_a_message_or_retained_record_written_again_is_not_applied_again(node):
