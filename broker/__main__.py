@@ -166,17 +166,17 @@ def main(argv: list[str] | None = None) -> int:
         if cfg.cluster.enabled:
             from cluster.node import ClusterNode
             from settings import secrets
-            key = secrets.cluster_key(cfg.cluster.key_file or secrets.secret_path(
-                cfg.data_dir, secrets.CLUSTER_KEY_FILE))
+            key_path = cfg.cluster.key_file or secrets.secret_path(cfg.data_dir,
+                                                                   secrets.CLUSTER_KEY_FILE)
+            made = not environment.CLUSTER_KEY.is_set() and not os.path.exists(key_path)
+            key = secrets.cluster_key(key_path)
             cluster = ClusterNode(cfg.cluster, cfg.cluster.bootstrap_servers or cfg.sink.bootstrap_servers,
-                                  key=key)
+                                  key=key, key_made=key_path if made else None)
         p = cfg.persistence
         if cluster is not None and p.enabled:
             log.info("cluster: sessions and retained messages live in Kafka; the local state "
                      "store (persistence) is not used")
         elif p.enabled:
-            import os
-
             from .store.sqlite import Store
             store = Store(p.path or os.path.join(cfg.data_dir, "state.db"),
                           synchronous=p.synchronous, max_pending=p.max_pending_changes)

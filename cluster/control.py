@@ -27,7 +27,11 @@ Records (JSON objects; key `n:<node id>` or `c:<client id>`):
   disconnects the clients it covers. The last record per key wins, so a replay gives the list.
 
 Every record is checked whole (records.decode_control) and signed (cluster/trust.py) before it
-is applied here.
+is applied here. Each carries `seq`, a number its writer (`node`, `inc`; `by`, `by_inc` for an
+`evict`) increases with every record it writes: a record whose `seq` is not above the last one
+applied from its writer is a copy (a producer's retry, or a signed record written again by
+someone who read it from Kafka) and is ignored, so an old join cannot end a live incarnation nor
+an old claim take a client id again.
 
 Each client record holds the client's whole state, so a compacting Kafka that keeps only the
 last record per key keeps what matters; the owner re-asserts its state if a stale write ever
@@ -128,6 +132,13 @@ class Stale(NamedTuple):
     cid: str
 
 
+class Copy(NamedTuple):
+    """The record at `offset` is a copy of one applied before (its writer's `seq` is not
+    above the last one applied): ignored."""
+    offset: int
+    kind: str
+
+
 class BanChanged(NamedTuple):
     """A ban was added (`removed` False) or removed through some node: applied on every node."""
     ban: dict
@@ -157,6 +168,7 @@ class ControlState:
         self.members: dict[str, Member] = {}
         self.clients: dict[str, Client] = {}
         self.applied = -1            # offset of the last record applied
+        self.seqs: dict[tuple, int] = {}  # (node, inc) of each writer -> its last seq applied
 
     # ------------------------------------------------------------ queries
     def alive(self) -> list[str]:
@@ -186,6 +198,13 @@ class ControlState:
         if rec is None:  # a tombstone: cleanup for compaction after an `end`; nothing to do
             return []
         kind = rec.get("t")
+        seq = rec.get("seq")
+        if seq is not None:  # (records.decode_control requires it; tests may leave it out)
+            writer = (rec.get("by"), rec.get("by_inc")) if kind == "evict" else \
+                (rec.get("node"), rec.get("inc"))
+            if seq <= self.seqs.get(writer, 0):
+                return [Copy(offset, kind)]  # written again: applied once already
+            self.seqs[writer] = seq
         if key.startswith("n:"):
             return self._apply_node(kind, rec, at)
         if key.startswith("b:"):
@@ -430,15 +449,15 @@ def state_record(c: Client, node: str, inc: str, **changes: Any) -> dict:
     return rec
 
 
-def ban_record(ban: dict) -> dict:
+def ban_record(node: str, inc: str, ban: dict) -> dict:
     """A ban as broker/admin/bans.py BanList.add made it (kind, value, reason, until, at, by)."""
-    return {"t": "ban", "kind": ban["kind"], "value": ban["value"],
+    return {"t": "ban", "node": node, "inc": inc, "kind": ban["kind"], "value": ban["value"],
             "reason": str(ban.get("reason") or "")[:500], "until": ban.get("until"),
             "at": ban.get("at"), "by": str(ban.get("by") or "")}
 
 
-def unban_record(kind: str, value: str) -> dict:
-    return {"t": "unban", "kind": kind, "value": value}
+def unban_record(node: str, inc: str, kind: str, value: str) -> dict:
+    return {"t": "unban", "node": node, "inc": inc, "kind": kind, "value": value}
 
 
 def end_record(c: Client, node: str, inc: str, fired: bool = False) -> dict:

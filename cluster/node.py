@@ -35,6 +35,7 @@ from broker.core.durability import Pending
 from broker.core.hooks import SESSION_EVENTS, STORED_EVENTS, AdmitRefused, Hook
 from broker.core.session import Session
 from kafka_client.fetch import Fetcher
+from kafka_client.headers import H_MESSAGE_ID
 from kafka_client.recordbatch import CorruptBatchError
 from kafka_client.recordscan import Scanned
 from mqtt_topics import matches
@@ -44,7 +45,7 @@ from . import records as R
 from .link import FetchReader, Topics, ensure_topics, make_consumer
 from .produce import Producer
 from .shares import Shares
-from .trust import MALFORMED, Trust
+from .trust import MALFORMED, REPLAYED, Trust
 
 if TYPE_CHECKING:
     from broker.admin.bans import BanList
@@ -100,9 +101,11 @@ class ClusterNode(Hook):
                          + SESSION_EVENTS + STORED_EVENTS)
 
     def __init__(self, cfg: ClusterConfig, bootstrap: str, wall: Callable[[], float] = time.time,
-                 key: bytes | None = None) -> None:
+                 key: bytes | None = None, key_made: str | None = None) -> None:
         """`key`: the cluster's key (settings.secrets.cluster_key; None: a key of this node
-        alone, for a node that is its own cluster, as in tests)."""
+        alone, for a node that is its own cluster, as in tests); `key_made`: the file of a key
+        made by this start (a node that joins a cluster whose records are signed with another
+        key then stops, saying which file to replace)."""
         if not cfg.node_id:
             raise ValueError("cluster.node_id is empty: give each node an id of its own, "
                              "e.g. --set cluster.node_id=n1")
@@ -116,6 +119,7 @@ class ClusterNode(Hook):
         self.topics = Topics(cfg.topic_prefix)
         self.wall = wall
         self.trust = Trust(key if key is not None else os.urandom(32))
+        self.key_made = key_made
         self.bans: BanList | None = None  # the server's ban list (share_bans())
         # set by attach() / on_start(), before anything else here runs (on_stop() may run
         # without them: it checks); the core's Broker is left Any
@@ -129,6 +133,8 @@ class ClusterNode(Hook):
         self.batch: _Batch | None = None
         self.routed_upto: dict[int, int] = {}    # messages partition -> next offset to deliver
         self.ids = itertools.count(1)
+        self.seq = itertools.count(1)            # of the control records written (control.py)
+        self.last_ids: dict[tuple, int] = {}     # (topic, partition, writer) -> last message id
         self.claims: dict[str, _Claim] = {}      # req -> a CONNECT waiting for its claim
         self.handoffs: dict[str, _Claim] = {}    # cid -> a claim waiting for the last owner
         self.bound: dict[str, int] = {}          # cid -> epoch of this node's session
@@ -181,6 +187,13 @@ class ClusterNode(Hook):
         self._read_until(lambda: all(f.positions[tp] >= max(end, f.high.get(tp, 0))
                                      for tp, end in ends.items()),
                          "the control and retained topics")
+        foreign = self.trust.ignored["other_key"]
+        if foreign and self.key_made:
+            raise RuntimeError(
+                f"cluster: {foreign} records in Kafka are signed with another cluster key, and "
+                f"this node has just made its own ({self.key_made}): it would ignore the other "
+                "nodes and they it. Give it the other nodes' key: replace that file with theirs, "
+                "or set cluster.key_file / $MQTT_CLUSTER_KEY (README \"Cluster\")")
         self._write_control(f"n:{self.node}", C.node_record("join", self.node, self.inc,
                                                             at=self.wall()))
         self.producer.kick()
@@ -282,7 +295,10 @@ class ClusterNode(Hook):
                 batch.token.resolve(batch.failure)
 
     def _write_control(self, key: str, rec: dict | None) -> None:
-        """A control record; acknowledgements asked for after it wait for it too (barrier)."""
+        """A control record; acknowledgements asked for after it wait for it too (barrier).
+        Numbered (`seq`, control.py): a copy of it written again is not applied again."""
+        if rec is not None:
+            rec["seq"] = next(self.seq)
         self._send(self.topics.control, key.encode(), None if rec is None else R.dumps(rec),
                    batch=self._batch())
 
@@ -321,7 +337,8 @@ class ClusterNode(Hook):
                 b.count += 1
                 self.producer.send_body(self.topics.retained, body, ts, b)
             else:
-                self._send(self.topics.retained, msg.topic_bytes, None, None, ts, b)
+                self._send(self.topics.retained, msg.topic_bytes, None, [(
+                    H_MESSAGE_ID, f"{self.node}-{self.inc}-{next(self.ids)}".encode())], ts, b)
             # here at once too (a client that publishes a retained message, then subscribes on
             # this node, gets it, as on one broker); every node, this one included, applies the
             # record again in the log's order, so concurrent updates end the same everywhere
@@ -354,7 +371,8 @@ class ClusterNode(Hook):
         clock_now, wall_now = broker.clock(), self.wall()
         for topic, _p, rec, start in batches:
             if topic == topics.control:
-                rec.since(start)
+                if not self._since(topic, rec, start):
+                    continue
                 for i in rec.indexes():
                     r = self._verified(topic, rec, i)
                     if r is None:
@@ -372,12 +390,15 @@ class ClusterNode(Hook):
                                       off)
                         self.trust.ignore(MALFORMED, f"{topic} offset {off}", "could not apply")
             elif topic == topics.retained:
-                rec.since(start)
+                if not self._since(topic, rec, start):
+                    continue
                 for i in rec.indexes():
                     r = self._verified(topic, rec, i)
                     if r is None:
                         continue
                     off, key, value, headers, ts = r
+                    if not self._fresh(topic, _p, off, headers):
+                        continue
                     if value is None and key:
                         broker.set_retained(key.decode(errors="replace"), None)
                         continue
@@ -396,19 +417,19 @@ class ClusterNode(Hook):
                 continue
             starting = self._starting(p)
             if starting:
-                n = self._route_starting(rec.since(start), p, starting, clock_now, wall_now)
+                n = self._route_starting(rec, p, starting, clock_now, wall_now) \
+                    if self._since(topic, rec, start) else 0
             elif not anyone:
                 n = 0  # nobody here to deliver to: not even the keys are read
             else:
                 deliver = broker.deliver
                 subscribers_of = broker.subscribers_of  # cached per topic
                 n = 0
-                rec.since(start)
-                for i in rec.indexes():
+                for i in rec.indexes() if self._since(topic, rec, start) else ():
                     topic_name = rec.topic(i)
                     if topic_name is None or not subscribers_of(topic_name):
                         continue  # no subscriber here: not decoded (shared groups: their streams)
-                    got = self._message(topic, rec, i, clock_now, wall_now)
+                    got = self._message(topic, p, rec, i, clock_now, wall_now)
                     if got is None:
                         continue
                     msg, sender = got
@@ -420,6 +441,16 @@ class ClusterNode(Hook):
             self.counters["read"] += len(rec) if rec.scanned else rec.end - start
         if self.waiting_subs:
             self._start_waiting_subs()
+
+    def _since(self, topic: str, rec: Scanned, start: int) -> bool:
+        """rec.since(start); False, counted, when its batches are not what they say they are
+        (the fetch's records are skipped, the position moves past them)."""
+        try:
+            rec.since(start)
+        except CorruptBatchError as exc:
+            self.trust.ignore(MALFORMED, f"{topic} from offset {start}", str(exc))
+            return False
+        return True
 
     def _verified(self, topic: str, rec: Scanned, i: int) -> tuple | None:
         """(offset, key, value, headers, timestamp) of record i when a node of this cluster
@@ -435,13 +466,34 @@ class ClusterNode(Hook):
             return None
         return r
 
-    def _message(self, topic: str, rec: Scanned, i: int, clock_now: float,
+    def _message(self, topic: str, p: int, rec: Scanned, i: int, clock_now: float,
                  wall_now: float) -> tuple[Message, str] | None:
         """_verified() then _decode() of record i."""
         r = self._verified(topic, rec, i)
-        if r is None:
+        if r is None or not self._fresh(topic, p, r[0], r[3]):
             return None
         return self._decode(topic, r[0], r[1], r[2], r[3], r[4], clock_now, wall_now)
+
+    def _fresh(self, topic: str, p: int, off: int, headers: list) -> bool:
+        """Whether a message or retained record is not a copy of one read before: each node
+        numbers the records it writes (mqtt.message_id `<node>-<incarnation>-<n>`, n increasing
+        in each partition's log), so a record whose n is not above the last one of its writer
+        was written again (a copied signed record, a retried write) and is ignored, counted."""
+        mid = None
+        for name, val in headers:
+            if name == H_MESSAGE_ID:
+                mid = val
+        writer, _, n = bytes(mid or b"").rpartition(b"-")
+        if not writer or not n.isdigit() or len(n) > 18:
+            self.trust.ignore(MALFORMED, f"{topic} offset {off}", "no message id")
+            return False
+        last_key = (topic, p, writer)
+        seq = int(n)
+        if seq <= self.last_ids.get(last_key, 0):
+            self.trust.ignore(REPLAYED, f"{topic} offset {off}")
+            return False
+        self.last_ids[last_key] = seq
+        return True
 
     def _decode(self, topic: str, off: int, key: bytes | None, value: bytes | None,
                 headers: list, ts: int, clock_now: float,
@@ -477,7 +529,7 @@ class ClusterNode(Hook):
                    if off >= first and matches(sub.topic_filter, topic)]
             if not new and not subscribers_of(topic):
                 continue
-            got = self._message(self.topics.messages, rec, i, clock_now, wall_now)
+            got = self._message(self.topics.messages, p, rec, i, clock_now, wall_now)
             if got is None:
                 continue
             msg, sender = got
@@ -552,6 +604,8 @@ class ClusterNode(Hook):
                                 ev.node, ev.inc)
             elif kind is C.BanChanged:
                 self._ban_changed(ev)
+            elif kind is C.Copy:
+                self.trust.ignore(REPLAYED, f"{self.topics.control} offset {ev.offset}", ev.kind)
             elif kind is C.Stale:
                 if ev.cid in self.broker.sessions and self.bound.get(ev.cid) is not None:
                     self.dirty.add(ev.cid)  # write this node's state again: it is the current one
@@ -993,7 +1047,8 @@ class ClusterNode(Hook):
                         "the cluster or while it stops: it applies on this node only", op,
                         ban["kind"], ban["value"][:100])
             return
-        rec = C.ban_record(ban) if op == "ban" else C.unban_record(ban["kind"], ban["value"])
+        rec = C.ban_record(self.node, self.inc, ban) if op == "ban" else \
+            C.unban_record(self.node, self.inc, ban["kind"], ban["value"])
         self._write_control(R.ban_key(ban["kind"], ban["value"]), rec)
         self.producer.kick()
 

@@ -59,7 +59,7 @@ class Producer:
              tag: Any) -> None:
         """Queue one record (value None: a tombstone); `tag` comes back with its outcome."""
         self.send_body(topic, encode_body(key, value, headers or []) if value is not None
-                       else _tombstone(key), ts, tag)
+                       else _tombstone(key, headers or []), ts, tag)
 
     def send_body(self, topic: str, body: bytes, ts: int, tag: Any) -> None:
         """send() of a record body already encoded (kafka_client.record.encode_message_body)."""
@@ -196,7 +196,11 @@ def _chunks(work: list, limit: int) -> Iterator[list]:
     yield work[start:]
 
 
-def _tombstone(key: bytes) -> bytes:
-    """A record body with a null value (Kafka's tombstone): keyLength key -1 0 headers."""
+def _tombstone(key: bytes, headers: list[tuple[str, bytes]] = []) -> bytes:  # noqa: B006
+    """A record body with a null value (Kafka's tombstone): keyLength key -1 headers."""
     from kafka_client.record import vlen, zz_varint
-    return b"".join((vlen(len(key)), key, zz_varint(-1), vlen(0)))
+    parts = [vlen(len(key)), key, zz_varint(-1), vlen(len(headers))]
+    for name, val in headers:
+        nb = name.encode()
+        parts += (vlen(len(nb)), nb, vlen(len(val)), val)
+    return b"".join(parts)

@@ -302,7 +302,8 @@ def _checkpoint(v: Any) -> bool:
     return _fields(_CHECKPOINT, v)
 
 
-_WRITER = {"t": (_str(8), True), "node": (_str(_ID), True), "inc": (_str(_ID), True)}
+_WRITER = {"t": (_str(8), True), "node": (_str(_ID), True), "inc": (_str(_ID), True),
+           "seq": (_int(1, 1 << 62), True)}
 _BAN_KINDS = ("clientid", "username", "address")  # broker/admin/bans.py KINDS
 CONTROL = {  # kind: (key prefix, fields)
     "join": ("n:", {**_WRITER, "at": (_num, False)}),
@@ -319,11 +320,11 @@ CONTROL = {  # kind: (key prefix, fields)
                      "user": (_opt(_str(_ID)), True), "session": (_opt(_checkpoint), True),
                      "final": (_bool, False), "fired": (_bool, False)}),
     "end": ("c:", {**_WRITER, "epoch": (_OFFSET, True), "fired": (_bool, True)}),
-    "ban": ("b:", {"t": (_str(8), True), "kind": (lambda v: v in _BAN_KINDS, True),
+    "ban": ("b:", {**_WRITER, "kind": (lambda v: v in _BAN_KINDS, True),
                    "value": (lambda v: isinstance(v, str) and 0 < len(v) <= _ID, True),
                    "reason": (_str(500), True), "until": (_opt(_num), True),
                    "at": (_opt(_num), True), "by": (_str(_ID), True)}),
-    "unban": ("b:", {"t": (_str(8), True), "kind": (lambda v: v in _BAN_KINDS, True),
+    "unban": ("b:", {**_WRITER, "kind": (lambda v: v in _BAN_KINDS, True),
                      "value": (lambda v: isinstance(v, str) and 0 < len(v) <= _ID, True)}),
 }
 

@@ -21,12 +21,14 @@ from settings import secrets
 log = logging.getLogger("cluster")
 
 MALFORMED = "malformed"
-REASONS = (UNSIGNED, OTHER_KEY, FORGED, MALFORMED)
+REPLAYED = "replayed"
+REASONS = (UNSIGNED, OTHER_KEY, FORGED, MALFORMED, REPLAYED)
 _WHY = {UNSIGNED: "without a signature (written by another producer than a cluster node)",
         OTHER_KEY: "signed with another cluster key (every node needs the same "
                    "cluster.key_file or $MQTT_CLUSTER_KEY)",
         FORGED: "with a signature that does not match (altered or forged)",
-        MALFORMED: "malformed (not a record a cluster node writes)"}
+        MALFORMED: "malformed (not a record a cluster node writes)",
+        REPLAYED: "written again (a signed record copied, or a retried write)"}
 LOG_EVERY = 10.0  # seconds between two log lines about ignored records
 
 

@@ -5,6 +5,7 @@ scanned; $share groups take theirs from their own streams; a new subscription ta
 from its start position on while it starts."""
 from __future__ import annotations
 
+import itertools
 import struct
 
 import pytest
@@ -24,11 +25,14 @@ PROPS = {PR.PAYLOAD_FORMAT_INDICATOR: 1, PR.CONTENT_TYPE: "text/plain", PR.RESPO
          PR.CORRELATION_DATA: b"\x00c", PR.USER_PROPERTY: [("a", "1"), ("b", "2"), ("a", "3")]}
 
 
+IDS = itertools.count(1)  # a node numbers the messages it writes (mqtt.message_id)
+
+
 def body(topic: str, payload: bytes = b"x", qos: int = 1, props: dict | None = None,
          expiry: int | None = None) -> bytes:
     msg = Message(topic, payload, qos, False, props, None if expiry is None else 1000.0 + expiry,
                   "pub-1", 1000.0)
-    return R.message_body(msg, "pub-1", None, 5, "n1", "n1-x", 1000.0)
+    return R.message_body(msg, "pub-1", None, 5, "n1", f"n1-i1-{next(IDS)}", 1000.0)
 
 
 KEY = b"k" * 32  # the cluster's key (cluster/trust.py): the nodes sign every record with it

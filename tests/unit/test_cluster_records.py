@@ -74,16 +74,16 @@ WILL = {"topic": "w/t", "payload": "\xff", "qos": 1, "retain": False, "delay": 3
 CHECKPOINT = {"subs": [["a/#", 1, 0, 1, 0, 5, {"0": 3}]], "pos": {"0": 7}, "inflight": [[0, 7, 1, 0]],
               "next_pid": 2, "qos2": [3], "expiry": 60, "user": None}
 VALID = [  # one record of each kind as a node writes it (keys below)
-    {"t": "join", "node": "n1", "inc": "i2", "at": 5.0},
-    {"t": "evict", "node": "n1", "inc": "i1", "by": "n1", "by_inc": "i1", "at": 5.0},
-    {"t": "claim", "node": "n1", "inc": "i1", "req": "r", "clean": False, "expiry": 60,
+    {"t": "join", "node": "n1", "inc": "i2", "seq": 1, "at": 5.0},
+    {"t": "evict", "node": "n1", "inc": "i1", "by": "n1", "by_inc": "i1", "seq": 2, "at": 5.0},
+    {"t": "claim", "node": "n1", "inc": "i1", "seq": 3, "req": "r", "clean": False, "expiry": 60,
      "will": WILL, "user": "u"},
-    {"t": "state", "node": "n1", "inc": "i1", "epoch": 1, "connected": False, "expiry": 60,
+    {"t": "state", "node": "n1", "inc": "i1", "seq": 4, "epoch": 1, "connected": False, "expiry": 60,
      "expires_at": 70.0, "will": WILL, "will_at": 3.0, "user": None, "session": CHECKPOINT,
      "final": True},
-    {"t": "end", "node": "n1", "inc": "i1", "epoch": 1, "fired": True},
-    {"t": "ban", "kind": "clientid", "value": "x", "reason": "", "until": None, "at": 1.0,
-     "by": "a"},
+    {"t": "end", "node": "n1", "inc": "i1", "seq": 5, "epoch": 1, "fired": True},
+    {"t": "ban", "node": "n1", "inc": "i1", "seq": 6, "kind": "clientid", "value": "x",
+     "reason": "", "until": None, "at": 1.0, "by": "a"},
 ]
 
 

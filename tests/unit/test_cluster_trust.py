@@ -5,6 +5,7 @@ node could have written; anything else is ignored and counted, never applied, ne
 and never stops the node. Bans travel as control records and apply on every node."""
 from __future__ import annotations
 
+import itertools
 import json
 import time
 
@@ -19,7 +20,7 @@ from cluster.trust import Trust
 from kafka_client.record import encode_body
 from settings import ClusterConfig
 from tests.sansio import Client, expect_disconnect, make, nothing, recv_publish
-from tests.unit.test_cluster_reading import KEY, PROPS, TS, body, client, fetched
+from tests.unit.test_cluster_reading import IDS, KEY, PROPS, TS, body, client, fetched
 
 OTHER_KEY = b"o" * 32
 CONTROL = "mqtt.cluster.control"
@@ -37,8 +38,14 @@ def node():
     return n
 
 
+SEQ = itertools.count(1)
+
+
 def control(key: str, rec: object) -> bytes:
-    """A control record body (value: JSON of `rec`, or these bytes as they are)."""
+    """A control record body (value: JSON of `rec`, numbered as a node numbers its records, or
+    these bytes as they are)."""
+    if isinstance(rec, dict) and "seq" not in rec:
+        rec = {**rec, "seq": next(SEQ)}
     value = rec if isinstance(rec, bytes) else json.dumps(rec).encode()
     return encode_body(key.encode(), value, [])
 
@@ -46,6 +53,14 @@ def control(key: str, rec: object) -> bytes:
 def apply_control(node: ClusterNode, bodies: list[bytes], key: bytes | None = KEY,
                   base: int = 0) -> None:
     node._apply([(CONTROL, 0, fetched(bodies, base, CONTROL, key), base)])
+
+
+def raw(key: bytes, value: bytes | None) -> bytes:
+    """A messages or retained record body with these bytes as its key and value (numbered as a
+    node numbers them)."""
+    from cluster.produce import _tombstone
+    headers = [("mqtt.message_id", f"n1-i1-{next(IDS)}".encode())]
+    return _tombstone(key, headers) if value is None else encode_body(key, value, headers)
 
 
 def join(node_id: str, inc: str = "i1") -> bytes:
@@ -128,6 +143,40 @@ def test_ignored_records_are_logged_at_most_every_ten_seconds(caplog):
     assert t.ignored["unsigned"] == 50
 
 
+def test_a_signed_record_written_again_is_not_applied_again(node):
+    """Anyone who reads Kafka can copy a node's signed records: an old incarnation's join written
+    again does not end the live one (its clients dropped), a claim written again does not take
+    the client id from its newer owner, and a producer's retried record applies once."""
+    old_join = join("n1", "first")
+    apply_control(node, [old_join, join("n1", "second")])
+    first_claim = claim("n1", "second", "dev")
+    apply_control(node, [first_claim, claim("n3", "x", "dev")], base=2)  # (n3 is not a member)
+    epoch = node.state.clients["dev"].epoch
+    apply_control(node, [old_join, first_claim, first_claim], base=4)
+    assert node.state.members["n1"].inc == "second" and node.state.members["n1"].alive
+    assert node.state.clients["dev"].epoch == epoch
+    assert node.trust.ignored["replayed"] == 3
+
+
+def test_a_message_or_retained_record_written_again_is_not_applied_again(node):
+    """A copy of a node's signed message is not delivered a second time; a copy of an older
+    retained message (or of a deletion) does not replace the newer one."""
+    sub = client(node, "sub", "t/#")
+    m = body("t/1", b"once")
+    node._apply([(MESSAGES, 0, fetched([m, body("t/2", b"next")], 0), 0)])
+    node._apply([(MESSAGES, 0, fetched([m], 2), 2)])
+    assert [recv_publish(sub).payload for _ in range(2)] == [b"once", b"next"] and nothing(sub)
+    retained = node.topics.retained
+    old, new, r2 = body("r/1", b"old"), body("r/1", b"new"), body("r/2", b"x")
+    gone = raw(b"r/2", None)  # (numbered in the order written)
+    node._apply([(retained, 0, fetched([old, new, r2, gone], 0, retained), 0)])
+    node._apply([(retained, 0, fetched([old, body("r/3", b"y"), gone], 4, retained), 4)])
+    kept = {t: bytes(m.payload) for t, m in ((t, node.broker.retained.get(t)) for t in
+                                             ("r/1", "r/2", "r/3")) if m is not None}
+    assert kept == {"r/1": b"new", "r/3": b"y"}
+    assert node.trust.ignored["replayed"] == 3
+
+
 # ------------------------------------------------------------------ malformed records
 @pytest.mark.parametrize("value", [b"[]", b"null", b"7", b'"s"', b"{}", b"not json", b"\xff\xfe",
                                    b'{"t": "claim"}', b'{"t": "join", "node": 1, "inc": "x"}',
@@ -148,8 +197,8 @@ def test_a_message_whose_topic_a_publish_could_not_carry_is_not_delivered(node):
     with such a topic is dropped and counted, never delivered, even signed."""
     sub = client(node, "sub", "#")
     limit = node.broker.cfg.max_topic_length
-    bad = [encode_body(b"a\x00b", b"nul", []), body("a/+", b"wild"), body("x" * (limit + 1)),
-           encode_body(b"\xff", b"not utf-8", []), body("a/b")[:-1] + b"\x00"]
+    bad = [raw(b"a\x00b", b"nul"), body("a/+", b"wild"), body("x" * (limit + 1)),
+           raw(b"\xff", b"not utf-8"), raw(b"a/c", b"no headers at all")[:-1] + b"\x00"]
     node._apply([(MESSAGES, 0, fetched(bad + [body("a/ok", b"fine")]), 0)])
     assert recv_publish(sub).payload == b"fine"
     assert nothing(sub)
@@ -157,7 +206,7 @@ def test_a_message_whose_topic_a_publish_could_not_carry_is_not_delivered(node):
 
 
 def test_a_retained_record_with_a_bad_topic_is_not_kept(node):
-    node._apply([(node.topics.retained, 0, fetched([encode_body(b"r\x00", b"v", [])],
+    node._apply([(node.topics.retained, 0, fetched([raw(b"r\x00", b"v")],
                                                    topic=node.topics.retained), 0)])
     assert node.broker.retained_count() == 0 and node.trust.ignored["malformed"] == 1
 
@@ -173,13 +222,13 @@ def test_a_ban_made_through_another_node_refuses_and_disconnects_the_client_here
     c.connect("dev-7")
     ban = {"kind": "clientid", "value": "dev-7", "reason": "stolen", "until": None, "at": 1.0,
            "by": "admin"}
-    apply_control(node, [control(R.ban_key("clientid", "dev-7"), C.ban_record(ban))])
+    apply_control(node, [control(R.ban_key("clientid", "dev-7"), C.ban_record("n1", "i1", ban))])
     expect_disconnect(c, 0x98)
     again = Client(node.broker)
     assert again.connect("dev-7").reason_code == 0x8A
     assert BanList(str(tmp_path / "bans.json")).check("dev-7", None, "127.0.0.1:1")  # kept
     apply_control(node, [control(R.ban_key("clientid", "dev-7"),
-                                 C.unban_record("clientid", "dev-7"))], base=1)
+                                 C.unban_record("n1", "i1", "clientid", "dev-7"))], base=1)
     assert Client(node.broker).connect("dev-7").reason_code == 0
 
 
@@ -187,7 +236,8 @@ def test_a_ban_made_here_is_written_to_the_control_topic(node, tmp_path):
     bans = BanList(str(tmp_path / "bans.json"))
     node.share_bans(bans)
     written = []
-    node._write_control = lambda key, rec: written.append((key, rec))  # type: ignore[method-assign]
+    node._send = lambda topic, key, value, **kw: written.append(  # type: ignore[method-assign]
+        R.decode_control(key, value))
 
     class Producer:
         def kick(self):
@@ -195,10 +245,9 @@ def test_a_ban_made_here_is_written_to_the_control_topic(node, tmp_path):
     node.producer = Producer()  # type: ignore[assignment]
     bans.add("username", "mallory", "spam", None, "admin")
     bans.remove("username", "mallory")
+    # (decode_control: what the other nodes will accept)
     assert [(k, r["t"]) for k, r in written] == [("b:username:mallory", "ban"),
                                                  ("b:username:mallory", "unban")]
-    for k, r in written:  # what the other nodes will accept
-        assert R.decode_control(k.encode(), R.dumps(r)) == (k, r)
 
 
 def test_a_message_of_a_will_in_a_control_record_keeps_its_fields():
@@ -208,7 +257,7 @@ def test_a_message_of_a_will_in_a_control_record_keeps_its_fields():
     will = P.Will("w/t", b"\x00\xffbye", 1, True, {PR.WILL_DELAY_INTERVAL: 5,
                                                     PR.USER_PROPERTY: [("k", "v")],
                                                     PR.CORRELATION_DATA: b"\x01"})
-    rec = C.claim_record("n1", "i", "r", False, 60, R.will_to_dict(will, 0.0), "u")
+    rec = {**C.claim_record("n1", "i", "r", False, 60, R.will_to_dict(will, 0.0), "u"), "seq": 1}
     k, got = R.decode_control(b"c:x", R.dumps(rec))
     msg = R.will_message(got["will"], "x", 0.0, 0.0)
     assert isinstance(msg, Message) and msg.payload == b"\x00\xffbye" and msg.retain
@@ -227,3 +276,20 @@ def test_a_record_read_by_another_client_checks_as_its_raw_bytes():
     assert t.check_fields(MESSAGES, key, value + b"!", headers, TS) == "forged"
     tomb = t.sign(MESSAGES, _tombstone(b"r/t"), TS)
     assert t.check_fields(MESSAGES, b"r/t", None, [("mqtt.sig", tomb[-20:])], TS) is None
+
+
+def test_a_fetch_whose_batch_is_corrupt_is_skipped_and_counted(node):
+    """A record batch that holds fewer records than its header says (written by a raw client):
+    its records are skipped, counted, and the node reads on."""
+    import struct
+
+    from kafka_client.record import build_batch
+    from kafka_client.recordscan import Scanned
+    raw = bytearray(build_batch([(TS, Trust(KEY).sign(CONTROL, join("n1"), TS))]))
+    struct.pack_into(">i", raw, 57, 2)  # the batch's record count
+    for topic in (CONTROL, node.topics.retained, MESSAGES):
+        client(node, "sub", "#")
+        node._apply([(topic, 0, Scanned(bytes(raw)), 0)])
+    assert node.trust.ignored["malformed"] == 3
+    apply_control(node, [join("n1")])
+    assert node.state.members["n1"].alive

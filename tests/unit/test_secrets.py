@@ -75,3 +75,22 @@ def test_committed_file_signature(tmp_path):
     progress.write_committed(path, 3, topics)
     assert progress.read_committed(path, key)["signature"] == "unsigned"
     assert progress.read_committed(path)["signature"] == "unchecked"
+
+
+def test_the_cluster_key_is_made_once_private_or_taken_from_the_environment(tmp_path, monkeypatch):
+    """cluster.key_file: made when missing (0600), read back the same; $MQTT_CLUSTER_KEY wins; a
+    key that is not 32+ hex digits is refused with what to do."""
+    import pytest
+
+    from settings import environment
+    monkeypatch.delenv(environment.CLUSTER_KEY.name, raising=False)
+    path = str(tmp_path / "keys" / "cluster.key")
+    key = secrets.cluster_key(path)
+    assert len(key) == 32 and mode(path) == 0o600 and secrets.cluster_key(path) == key
+    with pytest.raises(ValueError, match="no cluster key"):
+        secrets.cluster_key(str(tmp_path / "missing"), create=False)
+    monkeypatch.setenv(environment.CLUSTER_KEY.name, "ab" * 32)
+    assert secrets.cluster_key(path) == b"\xab" * 32
+    monkeypatch.setenv(environment.CLUSTER_KEY.name, "short")
+    with pytest.raises(ValueError, match="at least 32 hex digits"):
+        secrets.cluster_key(path)
