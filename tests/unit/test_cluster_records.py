@@ -136,7 +136,7 @@ def _apply_everywhere(key: str, rec: dict | None) -> None:
         R.will_from_dict(rec["will"])
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(key=st.none() | keys, value=st.none() | st.binary(max_size=200))
 def test_any_bytes_decode_to_a_control_record_or_malformed(key, value):
     try:
@@ -146,7 +146,7 @@ def test_any_bytes_decode_to_a_control_record_or_malformed(key, value):
     _apply_everywhere(k, rec)
 
 
-@settings(max_examples=600, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(rec=records | json_values | mutated(), key=st.none() | keys)
 def test_any_json_decodes_to_a_control_record_or_malformed(rec, key):
     """Valid records with fields changed to any JSON, objects with the fields of every kind, any
@@ -165,7 +165,7 @@ HEADERS = [R.H_NODE, "mqtt.client_id", "mqtt.qos", "mqtt.retain", "mqtt.message_
            "mqtt.correlation_data", "mqtt.user.a", "mqtt.user.\x00"]
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(key=st.none() | st.binary(max_size=20) | text.map(str.encode),
        value=st.none() | st.binary(max_size=20),
        headers=st.lists(st.tuples(st.sampled_from(HEADERS) | text,
