@@ -154,7 +154,7 @@ class MQTTConfig(Section):
     # distinct shapes: they bound the subscription trie's nodes one PUBLISH visits (README
     # "Subscription limits"); a filter beyond: SUBACK 0x97; 0: no bound
     max_wildcard_levels: int = key(256, COUNT)
-    max_wildcard_levels_total: int = key(4096, COUNT)
+    max_wildcard_levels_total: int = key(2048, COUNT)
     max_retained_replay: int = 100000    # retained messages waiting to be sent to one session
     match_cache_entries: int = 100000    # topics remembered by the subscription match cache
     match_cache_bytes: int = 16777216    # total topic length the match cache may hold

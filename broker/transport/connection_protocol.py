@@ -38,9 +38,10 @@ WRITE_HIGH_WATER = 1 << 20  # bytes buffered for a client before QoS 0 is droppe
 # add this many bytes its input is not read until the buffer drains (resume_writing), so a client
 # that sends without reading cannot make the broker buffer answers without bound.
 READ_PAUSE_GROWTH = WRITE_HIGH_WATER
-# Fairness between connections: libuv reads up to 32 x 64 KiB from one socket per wake-up and
-# the core handles each read whole, so a client sending back to back held the loop for all of
-# it (2 MiB of cheap PUBLISHes is about 8,000 of them) before anyone else's PINGREQ was read. Once
+# Fairness between connections: uvloop reads up to 256,000 bytes at a time, up to 32 times from
+# one socket per wake-up, and the core handled each read whole, so a client sending back to back
+# held the loop for all of it before anyone else's PINGREQ was read (1,000 PUBLISHes each walking
+# many wildcard branches: tens of seconds). Once
 # one connection's reads have taken this long (seconds, since its last pause), reading it waits
 # one loop iteration: the others are served in between; a large read is handled a slice at a
 # time, the rest of it waiting likewise. A stall is then this budget plus what one slice costs,

@@ -249,3 +249,44 @@ def test_max_sessions_refuses_new_sessions_not_resume(tmp_path):
         assert_served(b.port)
     finally:
         b.stop()
+
+
+@pytest.mark.timeout(300)
+def test_publishes_walking_branching_wildcard_filters_do_not_stall_another_client(tmp_path):
+    """One SUBSCRIBE of 1,000 filters of 128 levels branching 1,000 ways into '+' levels, then
+    1,000 QoS 0 PUBLISHes on new 128-level topics that walk every branch granted: before, all
+    1,000 were stored and each PUBLISH took 40-90 ms, so another client's PINGREQ waited tens of
+    seconds. Now most of the filters get 0x97 (mqtt.max_wildcard_levels) and reads are handled
+    in slices that give way to the others: the other client's PINGREQs are answered within a
+    generous bound (2 s, on a busy machine) all the while."""
+    b = lean(tmp_path)
+    try:
+        pinger = RawClient(b.port, timeout=30)
+        assert pinger.connect(cid("pinger")).reason_code == 0
+        att = RawClient(b.port, timeout=60)
+        assert att.connect(cid("brancher")).reason_code == 0
+        filters = ["/".join(["+" if i >> k & 1 else "a" for k in range(10)] + ["+"] * 117 + ["end"])
+                   for i in range(1000)]
+        att.send(P.Subscribe(1, [(f, P.SubscriptionOptions(0)) for f in filters]))
+        codes = att.recv_type(P.SUBACK).reason_codes
+        assert 0 < codes.count(0) < 10 and codes.count(rc.QUOTA_EXCEEDED) == 1000 - codes.count(0)
+        burst = b"".join(encode(P.Publish("/".join(["a"] * 10 + [f"n{j}"] + ["x"] * 117), b"p"))
+                         for j in range(1000))
+        att.sock.sendall(burst)
+        att.send(P.PingReq())  # answered once the whole burst was handled
+        worst, done, pings = 0.0, False, 0
+        att.sock.settimeout(0.001)
+        while not done:
+            pings += 1
+            t0 = time.perf_counter()
+            pinger.send(P.PingReq())
+            assert pinger.recv_type(P.PINGRESP) is not None
+            worst = max(worst, time.perf_counter() - t0)
+            try:
+                done = att.sock.recv(2) == b"\xd0\x00"
+            except (TimeoutError, socket.timeout):
+                pass
+        assert pings > 1 and worst < 2.0, f"another client's PINGREQ took {worst:.2f} s ({pings})"
+        assert_served(b.port)
+    finally:
+        b.stop()

@@ -480,4 +480,4 @@ def test_subscription_bytes_are_bounded_per_session_and_in_total():
 def test_subscription_bound_defaults_are_finite():
     c = MQTTConfig()
     assert (c.max_subscription_bytes, c.max_subscription_bytes_total) == (64 << 10, 64 << 20)
-    assert (c.max_wildcard_levels, c.max_wildcard_levels_total) == (256, 4096)
+    assert (c.max_wildcard_levels, c.max_wildcard_levels_total) == (256, 2048)
