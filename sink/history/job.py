@@ -749,7 +749,7 @@ def serve_connect(spark: Spark, job: Job) -> None:
     # catalog, not one a client's early request would make the server create on its own.
     jvm = spark.sparkContext._jvm
     from settings import environment, secrets
-    if job.data_dir:   # clients need the token (settings/secrets.py)
+    if job.data_dir:   # clients need the token (settings/secrets.py): made before Spark starts
         token = secrets.connect_token(job.data_dir, create=True)
         assert token is not None   # made when missing (create=True)
         set_connect_token(spark, token)
@@ -923,6 +923,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         for k, v in JOB_LOCAL_ENV.items():
             os.environ.setdefault(k, v)
         conf = connect_conf(job)
+        if conf and job.data_dir:
+            # the token file first: a sink.query or dashboard started meanwhile reads it while
+            # it waits for the server (given to the JVM only once it runs: serve_connect)
+            from settings import secrets
+            secrets.connect_token(job.data_dir, create=True)
         serving = connect_enabled(job) or jdbc_enabled(job)
         guard_conf: dict[str, str] = {}
         if serving:

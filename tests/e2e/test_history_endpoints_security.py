@@ -256,3 +256,11 @@ def test_spark_connect_clients_are_read_only(stack):
                  "python udf"):
         assert REFUSED in out[name][1], (name, out[name])
     assert stack.count() == ROWS
+
+
+def test_without_the_guard_no_endpoint_is_served(spark):
+    """A Spark without the read-only extension (a spark-submit not given it): the job's check
+    fails, so it serves neither Spark Connect nor JDBC rather than serving them writable."""
+    from sink.history import guard
+    with pytest.raises(guard.GuardMissing, match="not served"):
+        guard.check_active(spark)
