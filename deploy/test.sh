@@ -270,7 +270,7 @@ out=$(compose exec broker python -m broker.auth passwd /etc/broker/auth/passwd a
       --password "$PW" 2>&1) || { echo "$out"; fail "could not add a user to the running broker"; }
 within 30 mosquitto_pub "${AUTH[@]}" -q 1 -t deploy/test/hello -m hi 2>/dev/null \
   || fail "the user added to the running broker cannot publish"
-ok "anonymous refused; a user added with python -m broker.auth in the running container gets in"
+ok "anonymous refused; a user added by broker.auth passwd in the running container gets in"
 
 # a persistent session (MQTT 5, session expiry 1 h) subscribed at QoS 1, then offline
 mosquitto_sub "${AUTH[@]}" -V mqttv5 -c -x 3600 -i deploy-test-sub -q 1 -t deploy/test/queued -E \

@@ -108,7 +108,8 @@ class Job:
         if self.history.jdbc and not self.history.jdbc_password_file:
             raise UsageError("[history] jdbc = true needs operators' accounts: set [history] "
                              "jdbc_password_file to a password file of their own (python -m "
-                             "broker.auth add FILE USER), not the devices' [auth] password_file")
+                             "broker.auth passwd FILE add USER), not the devices' [auth] "
+                             "password_file")
         return self
 
 
@@ -144,7 +145,7 @@ def load_job(path: str | None, flags: Iterable[Flag] = (),
         raise UsageError(f"[history] jdbc_password_file is the devices' password file ([auth] "
                          f"password_file {cfg.auth.password_file}): an MQTT login must not open "
                          "the whole history over JDBC. Give the operators a file of their own "
-                         "(python -m broker.auth add FILE USER)")
+                         "(python -m broker.auth passwd FILE add USER)")
     job = Job(hist, bootstrap, topics, data_dir=cfg.data_dir, available_now=available_now,
               embedded_kafka=embedded)
     return job.validate(), notes

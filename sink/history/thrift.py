@@ -6,8 +6,8 @@ own Spark session, beside Spark Connect. Off by default ([history] jdbc = false)
 Authentication: HiveServer2's CUSTOM mode with ``mqtthistory.PasswordFileAuthenticator``
 (jvm/PasswordFileAuthenticator.scala, compiled with the guard: sink/history/guard.py), which asks
 this process: user names and passwords are checked against the operators' password file
-``[history] jdbc_password_file``, in the broker's format (``python -m broker.auth add FILE
-USER``: scrypt, which the JDK lacks). It is never the devices' file (``[auth] password_file``):
+``[history] jdbc_password_file``, in the broker's format (``python -m broker.auth passwd FILE
+add USER``: scrypt, which the JDK lacks). It is never the devices' file (``[auth] password_file``):
 an MQTT login is not a login to the history of every device. The alternatives Spark's Thrift
 server knows do not fit: NONE/NOSASL check nothing, LDAP and Kerberos need servers, PAM needs
 the JPam native library (not packaged).
