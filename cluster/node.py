@@ -832,10 +832,8 @@ class ClusterNode(Hook):
             broker.stats["dropped_queue_full"] += len(queued) - room
             queued = queued[:room]
         entries = [(m, q, r, ids, self.on_message_stored(cid, m, q, r, ids)) for m, q, r, ids in queued]
-        if entries:
-            s.may_send_qos12()
-            q = s.queued()
-            q.extendleft(reversed(entries))  # older than what the live stream queued meanwhile
+        # older than what the live stream queued meanwhile: in front, each counted in the bounds
+        broker.restore_queued(cid, entries, front=True)
         self.counters["rebuilt_messages"] += len(entries) + len(s.inflight_out)
         claim.token.resolve()
 

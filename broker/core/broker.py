@@ -23,7 +23,7 @@ from .hooks import ALLOW_ALL, Hooks  # ALLOW_ALL: the checks without an auth hoo
 from .message import Message
 from .retain import RetainedStore
 from .router import Router
-from .session import NEVER, Inflight, Queues, Session, Subscriber, Subscription, entry_size
+from .session import NEVER, Inflight, QueueEntry, Queues, Session, Subscriber, Subscription, entry_size
 from .timeouts import ConnectionTable
 
 if TYPE_CHECKING:
@@ -389,6 +389,20 @@ class Broker:
             e.released = released
         else:
             s.requeue((msg, qos, retain, sub_ids, handle))
+        return True
+
+    def restore_queued(self, client_id: str, entries: list[QueueEntry], front: bool = False) -> bool:
+        """Queued messages of a restored session, oldest first: after what its queue holds, or
+        (`front`) before it, in the same order. Each counts towards mqtt.max_queued_bytes and
+        mqtt.max_queued_bytes_total as if queued now (Session.requeue), and is credited back
+        when sent: the caller bounds how many it restores."""
+        s = self.sessions.get(client_id)
+        if s is None:
+            return False
+        if entries:
+            s.may_send_qos12()
+        for e in reversed(entries) if front else entries:
+            s.requeue(e, front)
         return True
 
     def restore_qos2(self, client_id: str, pid: int, unsure: bool = False) -> None:
