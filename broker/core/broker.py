@@ -149,6 +149,10 @@ class Broker:
         self.hooks.remove(hook)
         self._hooks_changed()
 
+    def has_hook(self, hook: Any) -> bool:
+        """Whether `hook` is attached to this broker."""
+        return hook in self.hooks
+
     def _hooks_changed(self) -> None:
         h = self.hooks
         self.auth = h.auth
@@ -654,6 +658,25 @@ class Broker:
         """A retained message set (or deleted: None) elsewhere (the cluster's log): kept here
         for new subscriptions, no hook told."""
         self.retained.set(topic, msg)
+
+    def every_session(self) -> list[Session]:
+        """The sessions of this broker, connected or not (a copy: the caller may end some)."""
+        return list(self.sessions.values())
+
+    def client_ids(self) -> list[tuple[str, str | None, str]]:
+        """(client id, user name, address) of every connected client (BrokerView.client_ids)."""
+        from .view import BrokerView
+        return BrokerView(self).client_ids()
+
+    def count_dropped(self, reason: str, n: int = 1) -> None:
+        """`n` messages a hook dropped, counted as stats["dropped_" + reason] (BrokerView, $SYS,
+        metrics and the dashboard show them with the broker's own drops)."""
+        key = "dropped_" + reason
+        self.stats[key] = self.stats.get(key, 0) + n
+
+    def every_retained(self) -> list[Message]:
+        """Every retained message held here ($-topics included), e.g. to write them all."""
+        return self.retained.all()
 
     def release_session(self, client_id: str, publish_will: bool, why: str) -> Session | None:
         """The session moved to another node (the cluster): disconnect its client (DISCONNECT
