@@ -49,7 +49,7 @@ from .trust import MALFORMED, REPLAYED, Trust
 
 if TYPE_CHECKING:
     from broker.admin.bans import BanList
-    from broker.core.broker import Broker
+    from broker.core.hookhost import HookHost
     from broker.core.message import Message
     from broker.core.session import Subscription
     from broker.protocol.packets import Will
@@ -122,8 +122,8 @@ class ClusterNode(Hook):
         self.key_made = key_made
         self.bans: BanList | None = None  # the server's ban list (share_bans())
         # set by attach() / on_start(), before anything else here runs (on_stop() may run
-        # without them: it checks); the core's Broker is left Any
-        self.broker: Any = None
+        # without them: it checks); of the core's Broker, only what HookHost lists
+        self.broker: HookHost = None  # type: ignore[assignment]  # attach()
         self.loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]  # on_start()
         self.state: C.ControlState = None  # type: ignore[assignment]  # on_start()
         self.partitions = cfg.partitions
@@ -156,7 +156,7 @@ class ClusterNode(Hook):
                          "evictions": 0, "produce_errors": 0}
 
     # ------------------------------------------------------------ lifecycle
-    def attach(self, broker: Broker) -> None:
+    def attach(self, broker: HookHost) -> None:
         self.broker = broker
 
     def on_start(self) -> None:
@@ -315,8 +315,7 @@ class ClusterNode(Hook):
         if msg.qos == 0 and self.producer.backlog > self.cfg.max_backlog:
             # Kafka takes less than clients publish: QoS 0 is dropped (at most once) and counted,
             # QoS 1/2 wait (their acks hold their publishers' windows)
-            self.broker.stats["dropped_cluster_busy"] = \
-                self.broker.stats.get("dropped_cluster_busy", 0) + 1
+            self.broker.count_dropped("cluster_busy")
             return
         b = self._batch()
         client_id = sender.client_id if sender is not None else (msg.sender or "")
@@ -566,7 +565,7 @@ class ClusterNode(Hook):
         for w in self.waiting_subs:
             sub, since = w
             s = sub.session
-            if s.subscriptions.get(sub.filter) is not sub or broker.sessions.get(s.client_id) is not s:
+            if s.subscriptions.get(sub.filter) is not sub or broker.session_of(s.client_id) is not s:
                 continue  # unsubscribed, replaced or ended meanwhile
             if all(self.routed_upto[p] >= off for p, off in since.items()):
                 broker.route_from_now(sub)
@@ -607,14 +606,14 @@ class ClusterNode(Hook):
             elif kind is C.Copy:
                 self.trust.ignore(REPLAYED, f"{self.topics.control} offset {ev.offset}", ev.kind)
             elif kind is C.Stale:
-                if ev.cid in self.broker.sessions and self.bound.get(ev.cid) is not None:
+                if self.broker.session_of(ev.cid) is not None and self.bound.get(ev.cid) is not None:
                     self.dirty.add(ev.cid)  # write this node's state again: it is the current one
 
     def _claimed(self, ev: C.Claimed) -> None:
         c = ev.client
         if c.node != self.node or c.inc != self.inc:
             return
-        if c.cid in self.bound and c.cid in self.broker.sessions:
+        if c.cid in self.bound and self.broker.session_of(c.cid) is not None:
             # this node's own session, claimed again here: it is the new epoch's from now on,
             # whether or not the CONNECT that claimed it takes it (it may have gone meanwhile);
             # its state, written again under this epoch, says whether it is connected
@@ -627,7 +626,7 @@ class ClusterNode(Hook):
         self.counters["claims"] += 1
         if ev.prev is not None and (ev.prev.node != self.node or ev.prev.inc != self.inc):
             self.counters["takeovers"] += 1
-        local = self.broker.sessions.get(c.cid)
+        local = self.broker.session_of(c.cid)
         if not claim.clean and local is None and c.session is not None:
             if c.handed_over:
                 self._rebuild(claim)
@@ -640,7 +639,7 @@ class ClusterNode(Hook):
     def _superseded(self, ev: C.Superseded) -> None:
         """This node's session of `cid` is another node's now (or ended there)."""
         broker = self.broker
-        s = broker.sessions.get(ev.cid)
+        s = broker.session_of(ev.cid)
         epoch = self.bound.pop(ev.cid, None)
         self.dirty.discard(ev.cid)
         self.progress.discard(ev.cid)
@@ -661,7 +660,7 @@ class ClusterNode(Hook):
                   "cluster.node_timeout = %.1f s); dropping its clients and joining again",
                   self.node, self.cfg.node_timeout)
         broker = self.broker
-        for cid in list(broker.sessions):
+        for cid in [s.client_id for s in broker.every_session()]:
             self.bound.pop(cid, None)
             broker.release_session(cid, False, "this node rejoins the cluster: reconnect")
         self.handles.clear()
@@ -796,7 +795,7 @@ class ClusterNode(Hook):
             log.warning("cluster: could not rebuild the session of %r: %s", cid[:100], err)
             claim.token.resolve(UNAVAILABLE)
             return
-        if broker.sessions.get(cid) is not s:
+        if broker.session_of(cid) is not s:
             claim.token.resolve(UNAVAILABLE)  # taken over again meanwhile
             return
         clock_now, wall_now = broker.clock(), self.wall()
@@ -829,13 +828,11 @@ class ClusterNode(Hook):
                 queued.append((msg, qos, retain, sub_ids))
         room = max(0, s.max_queued - len(s.queue))
         if len(queued) > room:  # the oldest are kept, as the newest are dropped when full
-            broker.stats["dropped_queue_full"] += len(queued) - room
+            broker.count_dropped("queue_full", len(queued) - room)
             queued = queued[:room]
         entries = [(m, q, r, ids, self.on_message_stored(cid, m, q, r, ids)) for m, q, r, ids in queued]
-        if entries:
-            s.may_send_qos12()
-            q = s.queued()
-            q.extendleft(reversed(entries))  # older than what the live stream queued meanwhile
+        # older than what the live stream queued meanwhile: in front, each counted in the bounds
+        broker.restore_queued(cid, entries, front=True)
         self.counters["rebuilt_messages"] += len(entries) + len(s.inflight_out)
         claim.token.resolve()
 
@@ -912,7 +909,7 @@ class ClusterNode(Hook):
         broker = self.broker
         for cid in self.ended:
             epoch = self.bound.get(cid)
-            s = broker.sessions.get(cid)
+            s = broker.session_of(cid)
             if epoch is None or s is not None:
                 continue  # a new session took its place (Clean Start): its own state follows
             del self.bound[cid]
@@ -923,7 +920,7 @@ class ClusterNode(Hook):
                 self._write_control(f"c:{cid}", C.end_record(c, self.node, self.inc))
         self.ended.clear()
         for cid in self.dirty:
-            s = broker.sessions.get(cid)
+            s = broker.session_of(cid)
             epoch = self.bound.get(cid)
             if s is None or epoch is None:
                 continue
@@ -1061,9 +1058,8 @@ class ClusterNode(Hook):
         ban = bans.apply_shared(ev.ban, ev.removed)
         if ban is None or self.broker is None:
             return
-        from broker.core.view import BrokerView
         broker = self.broker
-        for cid, user, peer in BrokerView(broker).client_ids():
+        for cid, user, peer in broker.client_ids():
             if bans.matches(ban, cid, user, peer):
                 broker.kick(cid, "banned by the broker's administrator")
 

@@ -157,7 +157,7 @@ class ShareStream:
         broker = self.node.broker
         owed: dict = {}
         for (p, off), (msg, s) in list(self.outstanding.items()):
-            alive = broker.sessions.get(s.client_id) is s
+            alive = broker.session_of(s.client_id) is s
             if alive and _holds(s, msg):
                 owed.setdefault(p, off)
                 owed[p] = min(owed[p], off)

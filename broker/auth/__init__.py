@@ -44,7 +44,7 @@ from .acl import ACL, AuthFileError, covers, file_signature, overlaps
 from .passwords import PasswordFile, hash_password, verify_password
 
 if TYPE_CHECKING:
-    from ..core.broker import Broker
+    from ..core.hookhost import HookHost
 
 __all__ = ["AccessControl", "from_config", "ACL", "AuthFileError", "PasswordFile",
            "hash_password", "verify_password", "covers", "overlaps",
@@ -93,7 +93,7 @@ class AccessControl(Hook):
         self.client_id_pattern = client_id_pattern
         self.on_acl_reload: Callable[[], None] | None = None  # set by the broker: re-flag subscriptions after a reload
 
-    def attach(self, broker: Broker) -> None:
+    def attach(self, broker: HookHost) -> None:
         self.on_acl_reload = broker.flag_read_checks  # re-flag subscriptions after a reload
 
     # ---------------------------------------------------------------- reload

@@ -23,7 +23,7 @@ from .hooks import ALLOW_ALL, Hooks  # ALLOW_ALL: the checks without an auth hoo
 from .message import Message
 from .retain import RetainedStore
 from .router import Router
-from .session import NEVER, Inflight, Queues, Session, Subscriber, Subscription, entry_size
+from .session import NEVER, Inflight, QueueEntry, Queues, Session, Subscriber, Subscription, entry_size
 from .timeouts import ConnectionTable
 
 if TYPE_CHECKING:
@@ -148,6 +148,10 @@ class Broker:
     def remove_hook(self, hook: Any) -> None:
         self.hooks.remove(hook)
         self._hooks_changed()
+
+    def has_hook(self, hook: Any) -> bool:
+        """Whether `hook` is attached to this broker."""
+        return hook in self.hooks
 
     def _hooks_changed(self) -> None:
         h = self.hooks
@@ -389,6 +393,20 @@ class Broker:
             e.released = released
         else:
             s.requeue((msg, qos, retain, sub_ids, handle))
+        return True
+
+    def restore_queued(self, client_id: str, entries: list[QueueEntry], front: bool = False) -> bool:
+        """Queued messages of a restored session, oldest first: after what its queue holds, or
+        (`front`) before it, in the same order. Each counts towards mqtt.max_queued_bytes and
+        mqtt.max_queued_bytes_total as if queued now (Session.requeue), and is credited back
+        when sent: the caller bounds how many it restores."""
+        s = self.sessions.get(client_id)
+        if s is None:
+            return False
+        if entries:
+            s.may_send_qos12()
+        for e in reversed(entries) if front else entries:
+            s.requeue(e, front)
         return True
 
     def restore_qos2(self, client_id: str, pid: int, unsure: bool = False) -> None:
@@ -640,6 +658,25 @@ class Broker:
         """A retained message set (or deleted: None) elsewhere (the cluster's log): kept here
         for new subscriptions, no hook told."""
         self.retained.set(topic, msg)
+
+    def every_session(self) -> list[Session]:
+        """The sessions of this broker, connected or not (a copy: the caller may end some)."""
+        return list(self.sessions.values())
+
+    def client_ids(self) -> list[tuple[str, str | None, str]]:
+        """(client id, user name, address) of every connected client (BrokerView.client_ids)."""
+        from .view import BrokerView
+        return BrokerView(self).client_ids()
+
+    def count_dropped(self, reason: str, n: int = 1) -> None:
+        """`n` messages a hook dropped, counted as stats["dropped_" + reason] (BrokerView, $SYS,
+        metrics and the dashboard show them with the broker's own drops)."""
+        key = "dropped_" + reason
+        self.stats[key] = self.stats.get(key, 0) + n
+
+    def every_retained(self) -> list[Message]:
+        """Every retained message held here ($-topics included), e.g. to write them all."""
+        return self.retained.all()
 
     def release_session(self, client_id: str, publish_will: bool, why: str) -> Session | None:
         """The session moved to another node (the cluster): disconnect its client (DISCONNECT

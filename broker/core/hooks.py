@@ -40,7 +40,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
-    from .broker import Broker
+    from .hookhost import HookHost
 
 Handlers = tuple[Callable[..., Any], ...]  # the bound handlers of one event (Hooks)
 
@@ -76,8 +76,9 @@ class Hook:
 
     # (message, session, subscription, handle, Pending: Any below, so that hooks in other
     # packages may name what they take and return more precisely)
-    def attach(self, broker: Broker) -> None:
-        """Called when the hook is added to a broker (e.g. to call back into it)."""
+    def attach(self, broker: HookHost) -> None:
+        """Called when the hook is added to a broker (e.g. to call back into it): what it may
+        use of it is what HookHost (core/hookhost.py) lists."""
 
     # ---------------------------------------------------------------- messages
     def on_message_accepted(self, msg: Any, client_id: str, username: str | None,

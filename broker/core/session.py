@@ -322,10 +322,14 @@ class Session:
         self.queue_room -= size
         q.room -= size
 
-    def requeue(self, entry: QueueEntry) -> None:
-        """A queued entry read back from the store: counted like one queued now, never dropped
-        (it was accepted before the broker stopped)."""
-        self.queued().append(entry)
+    def requeue(self, entry: QueueEntry, front: bool = False) -> None:
+        """A queued entry read back from the store (or the cluster's log): counted like one
+        queued now, never dropped (it was accepted before the broker stopped). `front`: before
+        what is queued already (older than it)."""
+        if front:
+            self.queued().appendleft(entry)
+        else:
+            self.queued().append(entry)
         size = entry_size(entry[0])
         self.queue_room -= size
         self.queues.room -= size

@@ -43,7 +43,7 @@ from ..protocol import packets as P
 from ..protocol.properties import decode_properties, encode_properties
 
 if TYPE_CHECKING:
-    from ..core.broker import Broker
+    from ..core.hookhost import HookHost
 
 Row = tuple[Any, ...]   # (rowid, *columns) of a table
 
@@ -106,7 +106,7 @@ class Store(Hook):
         self.failing = 0      # consecutive failed commits (0: healthy)
         self.max_pending = max_pending  # changes kept while commits fail; beyond: rewrite later
         self.resync = False   # changes were dropped: the next commit rewrites the whole state
-        self.broker: Broker | None = None  # set when attached to a broker: the state a rewrite writes
+        self.broker: HookHost | None = None  # set when attached to a broker: the state a rewrite writes
         self.retry_at = 0.0   # clock() before which a failing store does not try again
         self.turn: Pending | None = None  # what acks of this turn's changes wait for (barrier)
         self.marked = 0       # len(ops) at the last barrier() or commit: later ones are new
@@ -185,13 +185,13 @@ class Store(Hook):
             last = rows[-1][0]
 
     # ------------------------------------------------------------ restore
-    def load(self, broker: Broker) -> dict[str, Any]:
+    def load(self, broker: HookHost) -> dict[str, Any]:
         """Rebuild sessions, subscriptions, queues, in-flight state and retained messages.
 
         Row by row for every table: a row that cannot be read or has wrong types is skipped
         and counted, and so is an unreadable part of a damaged file; the log says what."""
         t0 = time.perf_counter()
-        if self not in broker.hooks:
+        if not broker.has_hook(self):
             broker.add_hook(self)  # restored sessions report their changes to this store
         src = self.db
         if self.salvaged:
@@ -281,11 +281,12 @@ class Store(Hook):
             for m in messages.values():
                 m.store_id = None  # ids of the old file: the fresh one gets every message anew
             self.snapshot(broker)
-        summary = {"sessions": len(broker.sessions), "retained": nret, "messages": len(messages),
+        nsessions = len(broker.every_session())
+        summary = {"sessions": nsessions, "retained": nret, "messages": len(messages),
                    "seconds": round(time.perf_counter() - t0, 3), "dropped": dict(self.dropped),
                    "skipped": {t: len(v) for t, v in self.skipped.items()}}
         log.info("restored %d sessions, %d retained messages, %d stored messages in %.3fs%s",
-                 len(broker.sessions), nret, len(messages), summary["seconds"],
+                 nsessions, nret, len(messages), summary["seconds"],
                  f"; dropped unreadable rows: {self.dropped}" if self.dropped else "")
         broker.restored()
         return summary
@@ -312,21 +313,21 @@ class Store(Hook):
                 what.append(f"skipped {len(parts)} unreadable parts ({spans}; {parts[0][2]})")
             log.warning("state store: table %s: restored %d rows, %s", table, n, "; ".join(what))
 
-    def snapshot(self, broker: Broker, rewrite: bool = False) -> int:
+    def snapshot(self, broker: HookHost, rewrite: bool = False) -> int:
         """Write the whole in-memory state: after recovering from a damaged file, or (rewrite)
         replacing everything in the file after changes had to be dropped. Returns commit()'s."""
         self.ops.clear()
         self.exact.clear()  # every stored copy is written anew below
         if rewrite:
             self.ops.extend((f"DELETE FROM {t}", ()) for t in _TABLES)
-            for s in broker.sessions.values():
+            for s in broker.every_session():
                 for e in s.queue:
                     e[0].store_id = None  # every message is written anew
                 for f in s.inflight_out.values():
                     f.msg.store_id = None
-            for m in broker.retained.all():
+            for m in broker.every_retained():
                 m.store_id = None
-        for s in broker.sessions.values():
+        for s in broker.every_session():
             if s.store is None:
                 continue
             self.save_session(s)
@@ -340,7 +341,7 @@ class Store(Hook):
                     self.set_released(f.handle)
             for pid in s.inflight_in:
                 self.qos2_add(s.client_id, pid)
-        for m in broker.retained.all():
+        for m in broker.every_retained():
             self.retain_set(m.topic, m)
         return self._write(self.ops)
 
@@ -518,7 +519,7 @@ class Store(Hook):
         self.db.close()
 
     # ------------------------------------------------------------ the hook (core/hooks.py)
-    def attach(self, broker: Broker) -> None:
+    def attach(self, broker: HookHost) -> None:
         self.broker = broker
 
     def barrier(self) -> Pending | None:

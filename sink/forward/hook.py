@@ -14,7 +14,7 @@ from broker.core.hooks import Hook
 from kafka_client.record import sink_record
 
 if TYPE_CHECKING:
-    from broker.core.broker import Broker
+    from broker.core.hookhost import HookHost
     from broker.core.message import Message
 
 SPOOL_ERROR = "the message could not be stored (broker disk error)"
@@ -52,7 +52,7 @@ class SinkHook(Hook):
     def stats(self) -> dict:
         return {"sink": self.sink.stats()}
 
-    def attach(self, broker: Broker) -> None:
+    def attach(self, broker: HookHost) -> None:
         self.clock = broker.clock  # Message.expires_at is on the broker's clock
 
     def on_message_accepted(self, msg: Message, client_id: str, username: str | None, protocol: int) -> bool:

@@ -36,8 +36,8 @@ from typing import TYPE_CHECKING, Any, Callable
 from broker.core.session import Subscription
 
 if TYPE_CHECKING:
-    from broker.core.broker import Broker
     from broker.core.connection import Connection
+    from broker.core.hookhost import HookHost
     from broker.core.message import Message
     from broker.core.session import Session
 
@@ -65,8 +65,9 @@ class HistoryFeed:
     """See the module's docstring. ``control``: the source's side (hook.py WorkerControl, or a
     test's fake): want(), arm() -> sequence number, sync(generation), close()."""
 
-    def __init__(self, broker: Broker, session: Session, book: Subscription, spec: ReplaySpec, qos: int, no_local: bool,
-                 retain_as_published: bool, sub_id: int | None, control: WorkerControl, limits: Limits,
+    def __init__(self, broker: HookHost, session: Session, book: Subscription, spec: ReplaySpec, qos: int,
+                 no_local: bool, retain_as_published: bool, sub_id: int | None, control: WorkerControl,
+                 limits: Limits,
                  on_end: Callable[[HistoryFeed], None] | None = None) -> None:
         self.broker = broker
         self.session = session

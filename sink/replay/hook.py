@@ -41,8 +41,8 @@ from .records import FRAME_HEAD, iso_ms
 from .spec import BadReplay, parse
 
 if TYPE_CHECKING:
-    from broker.core.broker import Broker
     from broker.core.connection import Connection
+    from broker.core.hookhost import HookHost
     from broker.core.session import Session
     from broker.protocol.packets import SubscriptionOptions
     from settings import Config
@@ -71,7 +71,7 @@ class ReplayHook(Hook):
         # imported now, at the broker's start, rather than by the first replay's SUBSCRIBE (70 ms
         # or more of the event loop: another client's PINGREQ waited that long)
         import sink.history.manifest  # noqa: F401
-        self.broker: Any = None  # the core's Broker, set by attach()
+        self.broker: HookHost = None  # type: ignore[assignment]  # the core's Broker, set by attach()
         self._available: tuple[float, str | None] | None = None  # (checked at, unavailable())
         self.feeds: dict = {}                 # HistoryFeed -> None, while they run
         self.by_session: dict = {}            # Session -> [HistoryFeed]
@@ -92,7 +92,7 @@ class ReplayHook(Hook):
                       log_level=logging.getLogger("sink").getEffectiveLevel())
         return cls(cfg.replay, sink, worker)
 
-    def attach(self, broker: Broker) -> None:
+    def attach(self, broker: HookHost) -> None:
         self.broker = broker
 
     # ------------------------------------------------------------ SUBSCRIBE

@@ -394,3 +394,37 @@ def test_a_claim_of_a_node_on_its_own_client_id_supersedes_nothing_there():
         assert [type(x) for x in e] == [C.Claimed]
     assert [type(x) for x in effects[5]] == [C.Claimed, C.Superseded]
     assert effects[5][1].epoch == 4
+
+
+def test_a_session_moved_with_queued_messages_frees_exactly_the_queue_bytes_it_took(cluster):
+    """The messages a session queued while offline, rebuilt on the node it moves to, count
+    towards mqtt.max_queued_bytes and mqtt.max_queued_bytes_total while queued there; once they
+    are delivered and acknowledged, the session's queue room and the room of all queues are back
+    to their initial values exactly (not above them: the bounds would loosen at each move)."""
+    n1, _ = cluster.node("n1")
+    n2, _ = cluster.node("n2", max_queued_bytes=10_000, max_queued_bytes_total=100_000)
+    queues = n2.broker.queues
+    c = ClusterClient(n1)
+    c.connect("dev", clean=False, props=EXPIRY, cluster=cluster)
+    subscribe(c, "t/#", cluster=cluster)
+    c.send(P.Disconnect())
+    lose(c)
+    cluster.pump()
+    for i in range(3):
+        publish_from(cluster, n1, f"t/{i}", b"m%d" % i)
+
+    c2 = ClusterClient(n2)
+    assert c2.connect("dev", clean=False, props={**EXPIRY, PR.RECEIVE_MAXIMUM: 1},
+                      cluster=cluster).session_present
+    s = n2.broker.sessions["dev"]
+    got = []
+    for _ in range(3):
+        msg = recv_publish(c2)
+        got.append(msg.payload)
+        if len(got) == 1:  # two still queued behind the client's Receive Maximum of 1
+            assert queues.per_session - s.queue_room == queues.total - queues.room > 0
+        c2.send(P.Ack(P.PUBACK, msg.packet_id))
+        cluster.pump()
+    assert got == [b"m0", b"m1", b"m2"] and not s.queue
+    assert s.queue_room == queues.per_session
+    assert queues.room == queues.total

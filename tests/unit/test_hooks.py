@@ -355,6 +355,30 @@ def test_restore_subscription_outbound_qos2_and_retained():
     assert [m.topic for m in b.retained.match("r/#")] == ["r/y"]
 
 
+def test_restored_queued_messages_go_in_front_in_order_and_count_in_the_byte_bounds():
+    """Queued messages restored in front of a session's queue (older than what it queued
+    meanwhile) keep their order and are counted in mqtt.max_queued_bytes and
+    mqtt.max_queued_bytes_total; delivered, they give back exactly what they took."""
+    b, _ = make(max_queued_bytes=1000, max_queued_bytes_total=5000)
+    s = b.restore_session("s", 100, None)
+    b.restore_subscription("s", "t/#", 1, False, False, 0, None)
+    pub = Client(b)
+    pub.connect("p")
+    pub.send(P.Publish("t/live", b"live", 1, packet_id=1))  # queued while offline
+    old = [Message(f"t/{i}", b"old%d" % i, 1, False, None, None, "c", 1.0) for i in range(2)]
+    used = s.queues.per_session - s.queue_room
+    assert b.restore_queued("s", [(m, 1, False, None, None) for m in old], front=True)
+    assert not b.restore_queued("nobody", [(old[0], 1, False, None, None)], front=True)
+    added = sum(len(m.payload) + len(m.topic_bytes) for m in old)
+    assert s.queues.per_session - s.queue_room == used + added
+    assert s.queues.total - s.queues.room == used + added
+    c = Client(b)
+    assert c.connect("s", clean=False, props={PR.SESSION_EXPIRY_INTERVAL: 100}).session_present
+    got = c.received()
+    assert [p.payload for p in got] == [b"old0", b"old1", b"live"]
+    assert s.queue_room == s.queues.per_session and s.queues.room == s.queues.total
+
+
 def test_store_load_goes_through_the_broker_api(tmp_path):
     clock = Clock()
     store = Store(str(tmp_path / "s.db"), clock=clock, wall=clock)

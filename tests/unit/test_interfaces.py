@@ -4,6 +4,8 @@
   (broker/core/view.py) and changes state through a few named commands of the Broker, never its
   session table, router, retained store, counters or configuration;
 - a Connection uses of its Broker only what ConnectionHost (broker/core/host.py) lists;
+- a hook (the cluster, the sink's hooks, the state store, auth) uses of its Broker only what
+  HookHost (broker/core/hookhost.py) lists;
 - a Session changes its Connection only through the connection's methods (broker/core/session.py).
 
 Read from the source (ast), so a new reach-in fails here with the line that makes it.
@@ -78,22 +80,67 @@ def test_observers_read_the_broker_only_through_its_view():
     assert bad == [], "observers reaching into the core (use BrokerView):\n" + "\n".join(bad)
 
 
-HOOKS = ("cluster", "sink/replay", "sink/forward")
-# the broker's own stores: a hook routes and replays through the Broker's methods
-# (route_from_now, remove_subscription, subscribers_of, has_plain_subscribers, set_retained)
-BROKER_STORES = {"router", "retained"}
+# the hooks (broker/core/hooks.py) and what they hand their broker to; $SYS and metrics are
+# observers above (they attach no hook), the dashboard's TopicCounter takes nothing of its broker
+HOOKS = ("cluster", "sink/replay", "sink/forward", "broker/store", "broker/auth")
+# the broker's containers of other core objects and its counters: never a hook's to take
+BROKER_STORES = {"sessions", "router", "retained", "stats", "hooks", "queues", "connections",
+                 "delayed_wills", "dirty", "received_by_qos", "sent_by_qos"}
 
 
-def test_hooks_route_through_the_broker_not_its_router():
-    """The cluster and the sink's hooks take no broker's router or retained store: the Broker's
-    methods say what they may do with them."""
+def _protocol_members(rel: str, name: str) -> set[str]:
+    tree = _tree(ROOT / rel)
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == name)
+    return {n.name for n in cls.body if isinstance(n, ast.FunctionDef)}
+
+
+def hook_host_members() -> set[str]:
+    return _protocol_members("broker/core/hookhost.py", "HookHost")
+
+
+def _hook_files() -> list[Path]:
+    return [p for pkg in HOOKS for p in sorted((ROOT / pkg).glob("*.py"))]
+
+
+def test_hooks_use_of_their_broker_only_what_hook_host_lists():
+    """Every attribute the cluster, the sink's hooks, the state store and auth take from their
+    broker (x.broker.y, b = x.broker; b.y, or a parameter named broker) is a member of HookHost
+    (broker/core/hookhost.py); none of the broker's containers or counters is one of them."""
+    members = hook_host_members()
     bad = []
-    for pkg in HOOKS:
-        for path in sorted((ROOT / pkg).glob("*.py")):
-            rel = path.relative_to(ROOT)
-            bad += [f"{rel}:{line}: broker.{attr}" for line, attr in broker_uses(path)
-                    if attr in BROKER_STORES]
-    assert bad == [], "hooks reaching into the broker's stores:\n" + "\n".join(bad)
+    for path in _hook_files():
+        rel = path.relative_to(ROOT)
+        bad += [f"{rel}:{line}: broker.{attr}" for line, attr in broker_uses(path, names=("broker",))
+                if attr not in members]
+    assert bad == [], "not in HookHost (broker/core/hookhost.py):\n" + "\n".join(bad)
+    assert not members & BROKER_STORES
+
+
+def test_hooks_are_given_their_broker_as_a_hook_host():
+    """A hook's attach() takes a HookHost, and no hook's module names the Broker class or keeps
+    its broker as Any, so mypy refuses a use of the broker that HookHost does not list; mypy
+    checks that Broker provides all of HookHost."""
+    bad = []
+    for path in [ROOT / "broker/core/hooks.py", *_hook_files()]:
+        rel = path.relative_to(ROOT)
+        hooks = [c for c in ast.walk(_tree(path)) if isinstance(c, ast.ClassDef)
+                 and (c.name == "Hook" or "Hook" in [ast.unparse(base) for base in c.bases])]
+        for c in hooks:
+            for f in c.body:
+                if isinstance(f, ast.FunctionDef) and f.name == "attach":
+                    ann = f.args.args[1].annotation
+                    if ann is None or ast.unparse(ann) != "HookHost":
+                        bad.append(f"{rel}:{f.lineno}: {c.name}.attach(broker: "
+                                   f"{ast.unparse(ann) if ann else 'untyped'})")
+        for n in ast.walk(_tree(path)):
+            if isinstance(n, ast.ImportFrom) and (n.module or "").endswith("core.broker"):
+                bad.append(f"{rel}:{n.lineno}: imports the Broker")
+            if isinstance(n, ast.AnnAssign) and ast.unparse(n.target).endswith("broker") and \
+                    "HookHost" not in ast.unparse(n.annotation):
+                bad.append(f"{rel}:{n.lineno}: {ast.unparse(n.target)}: {ast.unparse(n.annotation)}")
+    assert bad == [], "hooks typing their broker as more than a HookHost:\n" + "\n".join(bad)
+    assert "def _broker_is_a_hook_host(b: Broker) -> HookHost:" in \
+        (ROOT / "broker/core/hookhost.py").read_text()
 
 
 def test_the_observers_check_sees_a_reach_in(tmp_path):
@@ -104,9 +151,7 @@ def test_the_observers_check_sees_a_reach_in(tmp_path):
 
 
 def host_members() -> set[str]:
-    tree = _tree(ROOT / "broker/core/host.py")
-    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "ConnectionHost")
-    return {n.name for n in cls.body if isinstance(n, ast.FunctionDef)}
+    return _protocol_members("broker/core/host.py", "ConnectionHost")
 
 
 def test_a_connection_uses_of_its_broker_only_what_connection_host_lists():
