@@ -57,6 +57,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 STATIC = Path(__file__).resolve().parent / "static"
 SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
 MAX_QUERY_TEXT = 256
+LOGIN_LOG_SECONDS = 3600.0  # an account's logins from one address: one INFO line this often
 LOGIN_HINT = ("log in with a dashboard account (POST /api/login, or HTTP Basic): operators' "
               "accounts are made with python -m broker.admin users add NAME; device "
               "credentials from the MQTT password file do not log in here")
@@ -230,6 +231,7 @@ class Dashboard:
         self.sessions = Sessions(settings.session_seconds, settings.max_login_sessions)
         self.throttle = Throttle(settings.login_failures, settings.login_lockout_seconds)
         self.held_logins = 0   # attempts waiting for their turn (Throttle.turn)
+        self.logged_in: dict[tuple[str, str], float] = {}  # (user, address) -> last INFO line
         self.logins = LoginChecks(accounts, settings.login_threads, settings.max_pending_logins)
         self.counter = live.TopicCounter(settings.max_topics)
         server.broker.add_hook(self.counter)  # per-topic counts, fed by accepted messages
@@ -430,7 +432,18 @@ class Dashboard:
             return _json_error(401, "wrong user name or password. " + LOGIN_HINT)
         role, stamp = got
         self.throttle.succeeded(key)
-        log.info("dashboard: %s (%s) logged in from %s", repr(user)[:100], role, address)
+        # one INFO line per account and address an hour (a script's or the admin CLI's every
+        # call logs in afresh: 14 lines in 2 s); the changes each makes are audited one by one
+        now = time.monotonic()
+        if now - self.logged_in.get(key, -LOGIN_LOG_SECONDS) >= LOGIN_LOG_SECONDS:
+            if len(self.logged_in) >= 10_000:
+                self.logged_in.clear()
+            self.logged_in[key] = now
+            log.info("dashboard: %s (%s) logged in from %s (further logins of this account "
+                     "from this address within the hour are logged at DEBUG)",
+                     repr(user)[:100], role, address)
+        else:
+            log.debug("dashboard: %s (%s) logged in from %s", repr(user)[:100], role, address)
         return self.sessions.open(user, role, address, basic, stamp)
 
     def _set_cookie(self, request: web.Request, response: web.StreamResponse, session: Session) -> None:

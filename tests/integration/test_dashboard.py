@@ -357,6 +357,17 @@ def test_login_opens_a_session_cookie_that_scripts_and_the_page_reuse(dash):
     assert status == 200 and "broker_session=" in headers.get("Set-Cookie", "")
 
 
+def test_a_script_logging_in_at_every_call_logs_one_line_not_one_per_call(dash):
+    """The admin CLI and scripts log in afresh at every call: one INFO "logged in" line per
+    account and address, not one per call (the changes they make are audited one by one)."""
+    for _ in range(5):
+        _login(dash.dashboard)
+    _login(dash.dashboard, VIEWER, VIEWER_PW)
+    lines = [ln for ln in dash.logs().splitlines() if " INFO " in ln and "logged in from" in ln]
+    assert len([ln for ln in lines if repr(ADMIN) in ln]) == 1, lines
+    assert len([ln for ln in lines if repr(VIEWER) in ln]) == 1, lines
+
+
 def test_a_password_change_or_removal_ends_the_accounts_sessions_at_once(dash, tmp_path):
     """The old cookie and the old HTTP Basic password stop working on the next request after
     the accounts file changes; the new password works; a removed account's sessions end."""
