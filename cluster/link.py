@@ -183,9 +183,12 @@ class FetchReader(_Feeder):
     after a quiet spell may wait up to that much."""
 
     def __init__(self, fetcher: Fetcher, loop: asyncio.AbstractEventLoop, apply: Callable[[list], None],
-                 name: str = "cluster-reader") -> None:
+                 name: str = "cluster-reader", lost: Callable[[str], None] | None = None) -> None:
+        """lost(why): called on this thread when Kafka lost data (the fetcher reads every
+        partition again from its new start), before the next records are handed over."""
         super().__init__(loop, apply, name)
         self.fetcher = fetcher
+        self.lost = lost
 
     def run(self) -> None:
         f = self.fetcher
@@ -200,6 +203,9 @@ class FetchReader(_Feeder):
                     log.warning("cluster: reading Kafka failed (%s); retrying", exc)
                     time.sleep(1)
                 continue
+            why = f.take_lost()
+            if why is not None and self.lost is not None and not self.stopping:
+                self.lost(why)
             if not batches or self.stopping:
                 continue
             if not self.hand_over(batches):

@@ -203,7 +203,7 @@ class ClusterNode(Hook):
                  time.monotonic() - t0, len(self.state.alive()), ", ".join(self.state.alive()),
                  len(self.state.clients), self.broker.retained_count())
         self.ready = True
-        self.reader = FetchReader(f, self.loop, self._apply)
+        self.reader = FetchReader(f, self.loop, self._apply, lost=self._kafka_lost)
         self.reader.start()
         self.beat_handle = self.loop.call_later(self.cfg.heartbeat_seconds, self._beat)
 
@@ -236,6 +236,69 @@ class ClusterNode(Hook):
             self.producer.close()
         if self.fetcher is not None:
             self.fetcher.close()
+
+    # ------------------------------------------------------------ Kafka lost its data
+    def _kafka_lost(self, why: str) -> None:
+        """On the reader's thread: Kafka lost the data this node had read (an in-memory Kafka
+        restarted empty, a Kafka replaced or its topics recreated; kafka_client/fetch.py saw it).
+        The topics are created again if missing, then the loop rebuilds the cluster's state in
+        the new log (_recover()) before the reader hands over anything read from it."""
+        log.error("cluster: the Kafka at %s lost its data (%s): node %s reads its new logs from "
+                  "their start, creates the cluster's topics again if missing and writes again "
+                  "its join, the state of the sessions it holds and the retained messages; "
+                  "messages acknowledged before the loss and not yet delivered are lost",
+                  self.bootstrap, why, self.node)
+        while not self.stopping:
+            try:
+                ensure_topics(self.bootstrap, self.topics, self.cfg.partitions,
+                              self.cfg.replication_factor, self.cfg.kafka)
+                break
+            except Exception as exc:  # kafka-python's errors are not OSError / RuntimeError
+                log.warning("cluster: could not create the topics again in Kafka at %s (%s); "
+                            "retrying", self.bootstrap, exc)
+                time.sleep(1)
+        try:
+            self.loop.call_soon_threadsafe(self._recover)
+        except RuntimeError:
+            pass  # the loop closed: the node is stopping
+
+    def _recover(self) -> None:
+        """On the loop, after Kafka lost its data: what this node knew of the old logs'
+        positions is dropped (the new logs are read from their start), and what the cluster's
+        state needs from this node is written to the new control and retained topics: its join,
+        the state of every session it holds (a node that reads the new log learns who holds
+        them from those records), and, written by one live node (the same on every node),
+        the retained messages. The control state read so far is kept: it is this node's
+        knowledge of the cluster, and the other nodes write theirs again too."""
+        if self.stopping or self.fenced or self.state is None:
+            return
+        self.routed_upto = {p: 0 for p in self.routed_upto}
+        self.producer.acked_upto.clear()
+        self.since = {k: {p: 0 for p in v} for k, v in self.since.items()}
+        self.waiting_subs = [(sub, {p: 0 for p in since}) for sub, since in self.waiting_subs]
+        for hs in self.handles.values():
+            for h in hs:
+                h.pos = None  # its old offset names another record in the new log
+        self._write_control(f"n:{self.node}", C.node_record("join", self.node, self.inc,
+                                                            at=self.wall()))
+        self.dirty.update(cid for cid in self.bound if cid in self.broker.sessions)
+        rewritten = 0
+        if C.rendezvous("retained", self.state.alive()) == self.node:
+            broker, now = self.broker, self.broker.clock()
+            b = self._batch()
+            for _, msg in list(broker.retained_matching("#")):
+                if msg.expires_at is not None and msg.expires_at <= now:
+                    continue
+                body = R.message_body(msg, msg.sender or "", None, 5, self.node,
+                                      f"{self.node}-{self.inc}-{next(self.ids)}", now)
+                b.count += 1
+                self.producer.send_body(self.topics.retained, body, int(msg.accepted_at * 1000), b)
+                rewritten += 1
+        self.on_turn_end()
+        self.producer.kick()
+        log.info("cluster: node %s wrote again its join, the state of %d sessions and %d "
+                 "retained messages after Kafka lost its data", self.node, len(self.bound),
+                 rewritten)
 
     def stats(self) -> dict:
         """For metrics (mqtt_cluster_*, clients{node=...}), $SYS/broker/cluster/... and the
