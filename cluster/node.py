@@ -174,6 +174,9 @@ class ClusterNode(Hook):
         self.state = C.ControlState(self.node, self.inc, time.monotonic)
         self.producer = Producer(self.loop, self.bootstrap, self.cfg.kafka, self._completed,
                                  sign=self.trust.sign)
+        # one ordered log each, read from partition 0 only: a Kafka that lost its data may
+        # create them again with more partitions (at the first write, before ensure_topics)
+        self.producer.sender.pinned = {self.topics.control: 0, self.topics.retained: 0}
         f = self.fetcher = Fetcher(self.bootstrap, self.cfg.kafka, self.cfg.fetch_wait_ms, Scanned)
         msgs = [(self.topics.messages, p) for p in range(self.partitions)]
         replay = [(self.topics.retained, p) for p in range(counts[self.topics.retained])] + \
@@ -248,21 +251,34 @@ class ClusterNode(Hook):
                   "its join, the state of the sessions it holds and the retained messages; "
                   "messages acknowledged before the loss and not yet delivered are lost",
                   self.bootstrap, why, self.node)
+        partitions = self.partitions
         while not self.stopping:
             try:
-                ensure_topics(self.bootstrap, self.topics, self.cfg.partitions,
-                              self.cfg.replication_factor, self.cfg.kafka)
+                partitions = ensure_topics(self.bootstrap, self.topics, self.cfg.partitions,
+                                           self.cfg.replication_factor,
+                                           self.cfg.kafka)[self.topics.messages]
                 break
             except Exception as exc:  # kafka-python's errors are not OSError / RuntimeError
                 log.warning("cluster: could not create the topics again in Kafka at %s (%s); "
                             "retrying", self.bootstrap, exc)
                 time.sleep(1)
+        if partitions != self.partitions:
+            # the messages topic was created again with another partition count (by a write
+            # before ensure_topics): every partition it has is read (per-topic order holds)
+            log.warning("cluster: the messages topic %s now has %d partitions (was %d)",
+                        self.topics.messages, partitions, self.partitions)
+            positions = self.fetcher.positions  # (this thread owns the fetcher)
+            for p in range(max(partitions, self.partitions)):
+                if p < partitions:
+                    positions.setdefault((self.topics.messages, p), 0)
+                else:
+                    positions.pop((self.topics.messages, p), None)
         try:
-            self.loop.call_soon_threadsafe(self._recover)
+            self.loop.call_soon_threadsafe(self._recover, partitions)
         except RuntimeError:
             pass  # the loop closed: the node is stopping
 
-    def _recover(self) -> None:
+    def _recover(self, partitions: int) -> None:
         """On the loop, after Kafka lost its data: what this node knew of the old logs'
         positions is dropped (the new logs are read from their start), and what the cluster's
         state needs from this node is written to the new control and retained topics: its join,
@@ -272,10 +288,12 @@ class ClusterNode(Hook):
         knowledge of the cluster, and the other nodes write theirs again too."""
         if self.stopping or self.fenced or self.state is None:
             return
-        self.routed_upto = {p: 0 for p in self.routed_upto}
+        self.partitions = partitions
+        self.routed_upto = {p: 0 for p in range(partitions)}
         self.producer.acked_upto.clear()
-        self.since = {k: {p: 0 for p in v} for k, v in self.since.items()}
-        self.waiting_subs = [(sub, {p: 0 for p in since}) for sub, since in self.waiting_subs]
+        self.since = {k: dict.fromkeys(range(partitions), 0) for k in self.since}
+        self.waiting_subs = [(sub, dict.fromkeys(range(partitions), 0))
+                             for sub, _ in self.waiting_subs]
         for hs in self.handles.values():
             for h in hs:
                 h.pos = None  # its old offset names another record in the new log

@@ -158,7 +158,11 @@ class Producer:
                 err = exc
             except Exception as exc:  # retriable Kafka errors and lost connections: again
                 err = exc
-                if not getattr(exc, "retriable", True) and not isinstance(exc, (OSError, TimeoutError)):
+                # also again: an unknown error (-1), which Tansu answers when two writers race
+                # for one offset (a just restarted Kafka): nothing was written. Had it been,
+                # the copy is dropped by every reader (message ids, control `seq`)
+                if not getattr(exc, "retriable", True) and not _unknown(exc) and \
+                        not isinstance(exc, (OSError, TimeoutError)):
                     failure = f"the cluster's Kafka refused the records: {exc}"
                     break
             if time.monotonic() > deadline:
@@ -177,6 +181,11 @@ class Producer:
             self.loop.call_soon_threadsafe(self.done, outcome)
         except RuntimeError:  # the loop closed
             pass
+
+
+def _unknown(exc: Exception) -> bool:
+    from kafka.errors import UnknownError
+    return isinstance(exc, UnknownError)
 
 
 # At most this many bytes of records per request (so per RecordBatch): Tansu answers a fetch

@@ -91,7 +91,7 @@ def test_a_new_cluster_id_means_another_kafka():
 @pytest.fixture
 def cluster(monkeypatch):
     made: list = []
-    monkeypatch.setattr(node_module, "ensure_topics", lambda *a: made.append(a[1]) or {})
+    monkeypatch.setattr(node_module, "ensure_topics", lambda *a: made.append(a[1]) or {a[1].messages: 1})
     c = FakeCluster()
     c.topics_made = made  # type: ignore[attr-defined]
     return c
@@ -148,3 +148,39 @@ def test_after_kafka_lost_its_data_connects_messages_and_the_cluster_state_work_
     assert n3.state.alive() == ["n1", "n2", "n3"]
     assert n3.owner_of("sub") == "n1" and n3.owner_of("pub") == "n2"
     assert n3.broker.retained_count() == 1
+
+
+def test_a_write_kafka_answers_with_an_unknown_error_is_sent_again_not_failed():
+    """Tansu answers -1 (unknown error) when two writers race for one offset, as two nodes do
+    when it has just restarted: nothing was written, so the records are sent again (a copy,
+    had one been written, is dropped by the readers) instead of failing the PUBLISHes."""
+    from kafka import errors as Errors
+
+    from cluster.produce import Producer
+
+    class Answer:
+        def __init__(self, exc: Exception | None) -> None:
+            self.exception, self.value, self.counts = exc, {("c", 0): 7}, {("c", 0): 1}
+
+        def poll(self) -> bool:
+            return True
+
+    class Sender:
+        def __init__(self) -> None:
+            self.answers = [Errors.UnknownError(""), None]
+
+        def send(self, groups: dict) -> Answer:
+            return Answer(self.answers.pop(0))
+
+        def request_update(self) -> None:
+            pass
+
+        def poll(self, timeout_ms: int = 0) -> None:
+            pass
+
+    outcomes: list = []
+    p = Producer.__new__(Producer)
+    p.sender, p.acked_upto, p.delivery_timeout = Sender(), {}, 30.0  # type: ignore[assignment]
+    p.loop = NS(call_soon_threadsafe=lambda fn, out: outcomes.extend(out))  # type: ignore[assignment]
+    p._send([("c", 1, b"body", "tag")])
+    assert outcomes == [("tag", None)] and p.acked_upto == {("c", 0): 8}
