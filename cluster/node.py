@@ -248,7 +248,7 @@ class ClusterNode(Hook):
         the new log (_recover()) before the reader hands over anything read from it."""
         log.error("cluster: the Kafka at %s lost its data (%s): node %s reads its new logs from "
                   "their start, creates the cluster's topics again if missing and writes again "
-                  "its join, the state of the sessions it holds and the retained messages; "
+                  "its join, the state of the sessions it holds, the retained messages and bans; "
                   "messages acknowledged before the loss and not yet delivered are lost",
                   self.bootstrap, why, self.node)
         partitions = self.partitions
@@ -284,7 +284,7 @@ class ClusterNode(Hook):
         state needs from this node is written to the new control and retained topics: its join,
         the state of every session it holds (a node that reads the new log learns who holds
         them from those records), and, written by one live node (the same on every node),
-        the retained messages. The control state read so far is kept: it is this node's
+        the retained messages and the bans. The control state read so far is kept: it is this node's
         knowledge of the cluster, and the other nodes write theirs again too."""
         if self.stopping or self.fenced or self.state is None:
             return
@@ -312,6 +312,9 @@ class ClusterNode(Hook):
                 b.count += 1
                 self.producer.send_body(self.topics.retained, body, int(msg.accepted_at * 1000), b)
                 rewritten += 1
+            for ban in self.bans.list() if self.bans is not None else ():
+                self._write_control(R.ban_key(ban["kind"], ban["value"]),
+                                    C.ban_record(self.node, self.inc, ban))
         self.on_turn_end()
         self.producer.kick()
         log.info("cluster: node %s wrote again its join, the state of %d sessions and %d "

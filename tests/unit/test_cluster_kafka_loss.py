@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 import cluster.node as node_module
+from broker.admin.bans import BanList
 from broker.protocol import packets as P
 from broker.protocol import properties as PR
 from kafka_client.fetch import Fetcher
@@ -115,9 +116,11 @@ def test_after_kafka_lost_its_data_connects_messages_and_the_cluster_state_work_
     """The topics are created again, one ERROR line per node says what happened and what it
     does; then a CONNECT is accepted, a QoS 1 message published on n2 reaches n1's subscriber,
     and a node that joins afterwards knows the members, who holds each session and the retained
-    messages (written again by the nodes into the new log)."""
-    n1, _ = cluster.node("n1")
-    n2, _ = cluster.node("n2")
+    messages and bans (written again by the nodes into the new log)."""
+    n1, clock = cluster.node("n1", bans=BanList(None, lambda: 1000.0))
+    n2, _ = cluster.node("n2", bans=BanList(None, lambda: 1000.0))
+    n1.bans.add("clientid", "bad", "abuse")  # type: ignore[union-attr]
+    cluster.pump()
     sub = ClusterClient(n1)
     sub.connect("sub", clean=False, props=EXPIRY, cluster=cluster)
     sub.send(P.Subscribe(1, [("t/#", P.SubscriptionOptions(1))]))
@@ -144,8 +147,9 @@ def test_after_kafka_lost_its_data_connects_messages_and_the_cluster_state_work_
     msg = recv_publish(sub)
     assert msg.payload == b"after"
 
-    n3, _ = cluster.node("n3")
+    n3, _ = cluster.node("n3", bans=BanList(None, lambda: 1000.0))
     assert n3.state.alive() == ["n1", "n2", "n3"]
+    assert [b["value"] for b in n3.bans.list()] == ["bad"]  # type: ignore[union-attr]
     assert n3.owner_of("sub") == "n1" and n3.owner_of("pub") == "n2"
     assert n3.broker.retained_count() == 1
 
