@@ -206,7 +206,8 @@ class ClusterNode(Hook):
                  time.monotonic() - t0, len(self.state.alive()), ", ".join(self.state.alive()),
                  len(self.state.clients), self.broker.retained_count())
         self.ready = True
-        self.reader = FetchReader(f, self.loop, self._apply, lost=self._kafka_lost)
+        self.reader = FetchReader(f, self.loop, self._apply, lost=self._kafka_lost,
+                                  lost_elsewhere=self.producer.take_went_back)
         self.reader.start()
         self.beat_handle = self.loop.call_later(self.cfg.heartbeat_seconds, self._beat)
 
@@ -291,6 +292,7 @@ class ClusterNode(Hook):
         self.partitions = partitions
         self.routed_upto = {p: 0 for p in range(partitions)}
         self.producer.acked_upto.clear()
+        self.producer.take_went_back()  # the same loss, seen by the producer meanwhile
         self.since = {k: dict.fromkeys(range(partitions), 0) for k in self.since}
         self.waiting_subs = [(sub, dict.fromkeys(range(partitions), 0))
                              for sub, _ in self.waiting_subs]

@@ -61,7 +61,7 @@ class Fetcher:
         why, self.lost = self.lost, None
         return why
 
-    def _lost(self, why: str) -> None:
+    def lost_data(self, why: str) -> None:
         """Kafka lost data (restarted empty, recreated, replaced): every followed partition is
         read again from the start of its new log (offset 0; a log that starts later answers out
         of range and is read from its start), and what was learnt of the old logs is dropped."""
@@ -123,7 +123,7 @@ class Fetcher:
             if self.cluster_id is None:
                 self.cluster_id = cid
             elif cid != self.cluster_id and self.restart_on_loss:
-                self._lost(f"its cluster id changed from {self.cluster_id} to {cid}")
+                self.lost_data(f"its cluster id changed from {self.cluster_id} to {cid}")
                 self.cluster_id = cid
                 return out
         by_leader = self._by_leader(list(self.positions))
@@ -157,7 +157,7 @@ class Fetcher:
                     if p.high_watermark is not None and p.high_watermark >= 0:
                         if p.high_watermark < self.positions[tp] and self.restart_on_loss:
                             # the log ends below what was read from it: not the same log
-                            self._lost(f"{tp[0]}-{tp[1]} ends at offset {p.high_watermark}, "
+                            self.lost_data(f"{tp[0]}-{tp[1]} ends at offset {p.high_watermark}, "
                                        f"below the {self.positions[tp]} already read from it")
                             return []
                         self.high[tp] = p.high_watermark
@@ -180,7 +180,7 @@ class Fetcher:
         late = self.offsets([tp], "latest")[tp]
         pos = self.positions[tp]
         if pos > late:
-            self._lost(f"{tp[0]}-{tp[1]} ends at offset {late}, below the {pos} already read "
+            self.lost_data(f"{tp[0]}-{tp[1]} ends at offset {late}, below the {pos} already read "
                        "from it")
             return True
         new = early if pos < early else pos

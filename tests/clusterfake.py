@@ -44,6 +44,9 @@ class FakeProducer:
     def kick(self) -> None:
         pass
 
+    def take_went_back(self) -> str | None:
+        return None
+
     def flush(self, timeout: float) -> bool:
         return True
 

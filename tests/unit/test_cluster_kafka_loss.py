@@ -188,3 +188,48 @@ def test_a_write_kafka_answers_with_an_unknown_error_is_sent_again_not_failed():
     p.loop = NS(call_soon_threadsafe=lambda fn, out: outcomes.extend(out))  # type: ignore[assignment]
     p._send([("c", 1, b"body", "tag")])
     assert outcomes == [("tag", None)] and p.acked_upto == {("c", 0): 8}
+
+
+def test_offsets_that_go_back_under_the_producers_records_are_seen_as_a_loss():
+    """A Kafka restarted empty may take more records than a node had read before the node's
+    next fetch (its high watermark then says nothing): the offsets its own records are given
+    going back say it, once, and the reader reads every partition again from the start."""
+    from cluster.link import FetchReader
+    from cluster.produce import Producer
+
+    class Answer:
+        def __init__(self, base: int) -> None:
+            self.exception, self.value, self.counts = None, {("c", 0): base}, {("c", 0): 1}
+
+        def poll(self) -> bool:
+            return True
+
+    bases = [40, 41, 2, 3]
+    p = Producer.__new__(Producer)
+    p.sender = NS(send=lambda groups: Answer(bases.pop(0)))  # type: ignore[assignment]
+    p.acked_upto, p.delivery_timeout, p.went_back = {}, 30.0, None
+    p.loop = NS(call_soon_threadsafe=lambda fn, out: None)  # type: ignore[assignment]
+    for _ in range(2):
+        p._send([("c", 1, b"body", None)])
+    assert p.take_went_back() is None
+    p._send([("c", 1, b"body", None)])
+    p._send([("c", 1, b"body", None)])
+    assert "offset 2, below the 42" in (p.take_went_back() or "")
+    assert p.take_went_back() is None and p.acked_upto == {("c", 0): 4}
+
+    f = fetcher({C: 5, M: 40}, [{C: (0, 9), M: (0, 45)}] * 3)
+    told: list = []
+    r = FetchReader(f, None, lambda b: None,  # type: ignore[arg-type]
+                    lost=told.append,
+                    lost_elsewhere=lambda: None if told else "c-0 took records at offset 2")
+    real_fetch = f.fetch
+    fetches: list = []
+
+    def counted() -> list:
+        fetches.append(dict(f.positions))
+        r.stopping = len(fetches) >= 2
+        return real_fetch()
+    f.fetch = counted  # type: ignore[method-assign]
+    r.run()
+    assert told == ["c-0 took records at offset 2"]  # once
+    assert fetches[0] == {C: 0, M: 0}  # the first fetch after it: from the new logs' start
