@@ -183,9 +183,16 @@ class FetchReader(_Feeder):
     after a quiet spell may wait up to that much."""
 
     def __init__(self, fetcher: Fetcher, loop: asyncio.AbstractEventLoop, apply: Callable[[list], None],
-                 name: str = "cluster-reader") -> None:
+                 name: str = "cluster-reader", lost: Callable[[str], None] | None = None,
+                 lost_elsewhere: Callable[[], str | None] | None = None) -> None:
+        """lost(why): called on this thread when Kafka lost data (the fetcher reads every
+        partition again from its new start), before the next records are handed over;
+        lost_elsewhere(): why Kafka lost data as seen by another client (the offsets the
+        producer's records were given went back), or None, asked before each fetch."""
         super().__init__(loop, apply, name)
         self.fetcher = fetcher
+        self.lost = lost
+        self.lost_elsewhere = lost_elsewhere
 
     def run(self) -> None:
         f = self.fetcher
@@ -193,6 +200,9 @@ class FetchReader(_Feeder):
         while not self.stopping:
             idle = time.monotonic() - self.last_records > self.IDLE_AFTER
             f.wait_ms = max(busy_wait, self.IDLE_WAIT_MS) if idle else busy_wait
+            why = self.lost_elsewhere() if self.lost_elsewhere is not None else None
+            if why is not None:
+                f.lost_data(why)
             try:
                 batches = f.fetch()
             except Exception as exc:  # Kafka unreachable or restarting: again shortly
@@ -200,6 +210,9 @@ class FetchReader(_Feeder):
                     log.warning("cluster: reading Kafka failed (%s); retrying", exc)
                     time.sleep(1)
                 continue
+            why = f.take_lost()
+            if why is not None and self.lost is not None and not self.stopping:
+                self.lost(why)
             if not batches or self.stopping:
                 continue
             if not self.hand_over(batches):

@@ -174,6 +174,9 @@ class ClusterNode(Hook):
         self.state = C.ControlState(self.node, self.inc, time.monotonic)
         self.producer = Producer(self.loop, self.bootstrap, self.cfg.kafka, self._completed,
                                  sign=self.trust.sign)
+        # one ordered log each, read from partition 0 only: a Kafka that lost its data may
+        # create them again with more partitions (at the first write, before ensure_topics)
+        self.producer.sender.pinned = {self.topics.control: 0, self.topics.retained: 0}
         f = self.fetcher = Fetcher(self.bootstrap, self.cfg.kafka, self.cfg.fetch_wait_ms, Scanned)
         msgs = [(self.topics.messages, p) for p in range(self.partitions)]
         replay = [(self.topics.retained, p) for p in range(counts[self.topics.retained])] + \
@@ -203,7 +206,8 @@ class ClusterNode(Hook):
                  time.monotonic() - t0, len(self.state.alive()), ", ".join(self.state.alive()),
                  len(self.state.clients), self.broker.retained_count())
         self.ready = True
-        self.reader = FetchReader(f, self.loop, self._apply)
+        self.reader = FetchReader(f, self.loop, self._apply, lost=self._kafka_lost,
+                                  lost_elsewhere=self.producer.take_went_back)
         self.reader.start()
         self.beat_handle = self.loop.call_later(self.cfg.heartbeat_seconds, self._beat)
 
@@ -236,6 +240,88 @@ class ClusterNode(Hook):
             self.producer.close()
         if self.fetcher is not None:
             self.fetcher.close()
+
+    # ------------------------------------------------------------ Kafka lost its data
+    def _kafka_lost(self, why: str) -> None:
+        """On the reader's thread: Kafka lost the data this node had read (an in-memory Kafka
+        restarted empty, a Kafka replaced or its topics recreated; kafka_client/fetch.py saw it).
+        The topics are created again if missing, then the loop rebuilds the cluster's state in
+        the new log (_recover()) before the reader hands over anything read from it."""
+        log.error("cluster: the Kafka at %s lost its data (%s): node %s reads its new logs from "
+                  "their start, creates the cluster's topics again if missing and writes again "
+                  "its join, the state of the sessions it holds, the retained messages and bans; "
+                  "messages acknowledged before the loss and not yet delivered are lost",
+                  self.bootstrap, why, self.node)
+        partitions = self.partitions
+        while not self.stopping:
+            try:
+                partitions = ensure_topics(self.bootstrap, self.topics, self.cfg.partitions,
+                                           self.cfg.replication_factor,
+                                           self.cfg.kafka)[self.topics.messages]
+                break
+            except Exception as exc:  # kafka-python's errors are not OSError / RuntimeError
+                log.warning("cluster: could not create the topics again in Kafka at %s (%s); "
+                            "retrying", self.bootstrap, exc)
+                time.sleep(1)
+        if partitions != self.partitions:
+            # the messages topic was created again with another partition count (by a write
+            # before ensure_topics): every partition it has is read (per-topic order holds)
+            log.warning("cluster: the messages topic %s now has %d partitions (was %d)",
+                        self.topics.messages, partitions, self.partitions)
+            positions = self.fetcher.positions  # (this thread owns the fetcher)
+            for p in range(max(partitions, self.partitions)):
+                if p < partitions:
+                    positions.setdefault((self.topics.messages, p), 0)
+                else:
+                    positions.pop((self.topics.messages, p), None)
+        try:
+            self.loop.call_soon_threadsafe(self._recover, partitions)
+        except RuntimeError:
+            pass  # the loop closed: the node is stopping
+
+    def _recover(self, partitions: int) -> None:
+        """On the loop, after Kafka lost its data: what this node knew of the old logs'
+        positions is dropped (the new logs are read from their start), and what the cluster's
+        state needs from this node is written to the new control and retained topics: its join,
+        the state of every session it holds (a node that reads the new log learns who holds
+        them from those records), and, written by one live node (the same on every node),
+        the retained messages and the bans. The control state read so far is kept: it is this node's
+        knowledge of the cluster, and the other nodes write theirs again too."""
+        if self.stopping or self.fenced or self.state is None:
+            return
+        self.partitions = partitions
+        self.routed_upto = {p: 0 for p in range(partitions)}
+        self.producer.acked_upto.clear()
+        self.producer.take_went_back()  # the same loss, seen by the producer meanwhile
+        self.since = {k: dict.fromkeys(range(partitions), 0) for k in self.since}
+        self.waiting_subs = [(sub, dict.fromkeys(range(partitions), 0))
+                             for sub, _ in self.waiting_subs]
+        for hs in self.handles.values():
+            for h in hs:
+                h.pos = None  # its old offset names another record in the new log
+        self._write_control(f"n:{self.node}", C.node_record("join", self.node, self.inc,
+                                                            at=self.wall()))
+        self.dirty.update(cid for cid in self.bound if cid in self.broker.sessions)
+        rewritten = 0
+        if C.rendezvous("retained", self.state.alive()) == self.node:
+            broker, now = self.broker, self.broker.clock()
+            b = self._batch()
+            for _, msg in list(broker.retained_matching("#")):
+                if msg.expires_at is not None and msg.expires_at <= now:
+                    continue
+                body = R.message_body(msg, msg.sender or "", None, 5, self.node,
+                                      f"{self.node}-{self.inc}-{next(self.ids)}", now)
+                b.count += 1
+                self.producer.send_body(self.topics.retained, body, int(msg.accepted_at * 1000), b)
+                rewritten += 1
+            for ban in self.bans.list() if self.bans is not None else ():
+                self._write_control(R.ban_key(ban["kind"], ban["value"]),
+                                    C.ban_record(self.node, self.inc, ban))
+        self.on_turn_end()
+        self.producer.kick()
+        log.info("cluster: node %s wrote again its join, the state of %d sessions and %d "
+                 "retained messages after Kafka lost its data", self.node, len(self.bound),
+                 rewritten)
 
     def stats(self) -> dict:
         """For metrics (mqtt_cluster_*, clients{node=...}), $SYS/broker/cluster/... and the

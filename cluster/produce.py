@@ -47,6 +47,9 @@ class Producer:
         self.pending: list = []          # on the loop: (topic, ts, body, tag) not yet handed over
         # (topic, partition) -> the offset after the last record Kafka acknowledged from here
         self.acked_upto: dict[tuple[str, int], int] = {}
+        # set by the thread when Kafka took records below offsets it had acknowledged before
+        # (it lost its data); taken by take_went_back()
+        self.went_back: str | None = None
         self.kicked = False
         self.cond = threading.Condition()
         self.queue: list = []            # handed to the thread
@@ -71,6 +74,11 @@ class Producer:
         if not self.kicked:
             self.kicked = True
             self.loop.call_soon(self.kick)
+
+    def take_went_back(self) -> str | None:
+        """Why Kafka lost data, seen by the offsets it gave this producer's records (once)."""
+        why, self.went_back = self.went_back, None
+        return why
 
     def done(self, outcome: list) -> None:
         """On the loop: the thread's answer for a run of records."""
@@ -149,8 +157,14 @@ class Producer:
                         raise TimeoutError("no answer from Kafka")
                 if fut.exception is None:
                     for tp, base in (fut.value or {}).items():
-                        end = base + fut.counts.get(tp, 0)
-                        if end > self.acked_upto.get(tp, 0):
+                        end, before = base + fut.counts.get(tp, 0), self.acked_upto.get(tp, 0)
+                        if base < before:
+                            # offsets went back: Kafka lost what it had acknowledged
+                            if self.went_back is None:
+                                self.went_back = f"{tp[0]}-{tp[1]} took records at offset " \
+                                                 f"{base}, below the {before} it had acknowledged"
+                            self.acked_upto[tp] = end
+                        elif end > before:
                             self.acked_upto[tp] = end
                     break
                 raise fut.exception
@@ -158,7 +172,11 @@ class Producer:
                 err = exc
             except Exception as exc:  # retriable Kafka errors and lost connections: again
                 err = exc
-                if not getattr(exc, "retriable", True) and not isinstance(exc, (OSError, TimeoutError)):
+                # also again: an unknown error (-1), which Tansu answers when two writers race
+                # for one offset (a just restarted Kafka): nothing was written. Had it been,
+                # the copy is dropped by every reader (message ids, control `seq`)
+                if not getattr(exc, "retriable", True) and not _unknown(exc) and \
+                        not isinstance(exc, (OSError, TimeoutError)):
                     failure = f"the cluster's Kafka refused the records: {exc}"
                     break
             if time.monotonic() > deadline:
@@ -177,6 +195,11 @@ class Producer:
             self.loop.call_soon_threadsafe(self.done, outcome)
         except RuntimeError:  # the loop closed
             pass
+
+
+def _unknown(exc: Exception) -> bool:
+    from kafka.errors import UnknownError
+    return isinstance(exc, UnknownError)
 
 
 # At most this many bytes of records per request (so per RecordBatch): Tansu answers a fetch

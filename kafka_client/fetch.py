@@ -26,6 +26,11 @@ RECEIVE_MAX = 256 << 20        # the largest response accepted (kafka-python's d
 
 
 class Fetcher:
+    # whether a log that ends below what was read from it (Kafka lost data) sets every position
+    # back to the start of the new logs (take_lost() says so); a reader that must not read a
+    # record twice (sink/replay) says False and keeps its positions
+    restart_on_loss = True
+
     def __init__(self, bootstrap: str, kafka: dict, wait_ms: int,
                  decoder: Callable[[bytes], Any] | None = None) -> None:
         """decoder(records bytes): kafka_client.recordbatch's columns by default, or a
@@ -45,6 +50,27 @@ class Fetcher:
         # the partitions whose high watermark the last fetch's answer gave (one whose fetch
         # failed keeps an older one in `high`, which says nothing about what Kafka holds now)
         self.told: set[tuple[str, int]] = set()
+        # why Kafka lost the data this reader had read (taken by take_lost()), and the cluster
+        # id Kafka gave first (a new one: another, or a recreated, Kafka)
+        self.lost: str | None = None
+        self.cluster_id: str | None = None
+
+    def take_lost(self) -> str | None:
+        """Why Kafka lost data since the last call (every position was set back to the start of
+        the new logs then), or None."""
+        why, self.lost = self.lost, None
+        return why
+
+    def lost_data(self, why: str) -> None:
+        """Kafka lost data (restarted empty, recreated, replaced): every followed partition is
+        read again from the start of its new log (offset 0; a log that starts later answers out
+        of range and is read from its start), and what was learnt of the old logs is dropped."""
+        for tp in self.positions:
+            self.positions[tp] = 0
+        self.high.clear()
+        self.told.clear()
+        if self.lost is None:
+            self.lost = why
 
     def close(self) -> None:
         try:
@@ -92,6 +118,14 @@ class Fetcher:
         out: list[tuple[str, int, Any, int]] = []
         decoder = self.decoder
         self.told.clear()
+        cid = getattr(self.cluster, "cluster_id", None)
+        if cid:
+            if self.cluster_id is None:
+                self.cluster_id = cid
+            elif cid != self.cluster_id and self.restart_on_loss:
+                self.lost_data(f"its cluster id changed from {self.cluster_id} to {cid}")
+                self.cluster_id = cid
+                return out
         by_leader = self._by_leader(list(self.positions))
         if not by_leader:
             self._refresh(0.2)
@@ -113,13 +147,19 @@ class Fetcher:
                     tp = (t.topic, p.partition_index)
                     err = Errors.for_code(p.error_code)
                     if err is Errors.OffsetOutOfRangeError:
-                        self._out_of_range(tp)
+                        if self._out_of_range(tp):
+                            return []
                         continue
                     if err is not Errors.NoError:
                         log.debug("cluster: fetch %s: %s", tp, err.__name__)
                         self._refresh(0)
                         continue
                     if p.high_watermark is not None and p.high_watermark >= 0:
+                        if p.high_watermark < self.positions[tp] and self.restart_on_loss:
+                            # the log ends below what was read from it: not the same log
+                            self.lost_data(f"{tp[0]}-{tp[1]} ends at offset {p.high_watermark}, "
+                                       f"below the {self.positions[tp]} already read from it")
+                            return []
                         self.high[tp] = p.high_watermark
                         self.told.add(tp)
                     if not p.records:
@@ -133,16 +173,21 @@ class Fetcher:
                             out.append((t.topic, p.partition_index, d, start))
         return out
 
-    def _out_of_range(self, tp: tuple[str, int]) -> None:
-        """The log starts later (records deleted) or ends earlier (a restarted in-memory Kafka):
-        from its start again."""
+    def _out_of_range(self, tp: tuple[str, int]) -> bool:
+        """The log starts later (records deleted): from its start again. True when it ends
+        earlier (Kafka lost data: every partition is read again from its start, _lost())."""
         early = self.offsets([tp], "earliest")[tp]
         late = self.offsets([tp], "latest")[tp]
         pos = self.positions[tp]
-        new = early if pos < early else early if pos > late else pos
+        if pos > late:
+            self.lost_data(f"{tp[0]}-{tp[1]} ends at offset {late}, below the {pos} already read "
+                       "from it")
+            return True
+        new = early if pos < early else pos
         log.warning("cluster: %s-%d: offset %d is outside the log [%d, %d): reading from %d",
                     tp[0], tp[1], pos, early, late, new)
         self.positions[tp] = new
+        return False
 
     # ------------------------------------------------------------ plumbing
     def _by_leader(self, tps: list) -> dict:

@@ -82,6 +82,9 @@ class BatchSender:
             raise NoBrokersAvailable("no Kafka broker answered")
         self.cluster = self.client.cluster
         self._parts: dict[str, tuple[int, list[int], dict]] = {}   # topic -> (n, partitions, key -> p)
+        # topic -> the one partition all its records go to, whatever its partition count (a
+        # topic read as one ordered log that a Kafka may have created with more partitions)
+        self.pinned: dict[str, int] = {}
         self._refresh_at = 0.0
 
     def poll(self, timeout_ms: int = 0) -> None:
@@ -130,6 +133,10 @@ class BatchSender:
         by_tp: dict[tuple[str, int], list] = {}
         for topic, recs in groups.items():
             n, parts, cache = self._partitions(topic)
+            pin = self.pinned.get(topic)
+            if pin is not None:
+                by_tp.setdefault((topic, pin), []).extend(recs)
+                continue
             for ts, body in recs:
                 key = body_key(body)
                 p = cache.get(key)

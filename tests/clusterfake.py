@@ -44,6 +44,9 @@ class FakeProducer:
     def kick(self) -> None:
         pass
 
+    def take_went_back(self) -> str | None:
+        return None
+
     def flush(self, timeout: float) -> bool:
         return True
 
@@ -81,8 +84,9 @@ class FakeCluster:
         self.calls: list = []  # what other threads asked the loop to run (call_soon_threadsafe)
         self.key = b"k" * 32   # the cluster key every node shares (records signed with it)
 
-    def node(self, node_id: str, **mqtt: Any) -> tuple[ClusterNode, Any]:
-        """A node that joined the cluster: (ClusterNode, the sans-I/O broker's clock)."""
+    def node(self, node_id: str, bans: Any = None, **mqtt: Any) -> tuple[ClusterNode, Any]:
+        """A node that joined the cluster: (ClusterNode, the sans-I/O broker's clock); `bans`:
+        the server's ban list (a BanList), shared through the cluster from the start."""
         broker, clock = make(**mqtt)
         n = ClusterNode(ClusterConfig(enabled=True, node_id=node_id, partitions=1), "fake:1",
                         wall=clock, key=self.key)
@@ -96,6 +100,8 @@ class FakeCluster:
         for topic in (n.topics.control, n.topics.retained):
             self.read[(node_id, topic)] = 0
         self.read[(node_id, n.topics.messages)] = n.routed_upto[0]
+        if bans is not None:
+            n.share_bans(bans)
         self.nodes.append(n)
         n._write_control(f"n:{node_id}", C.node_record("join", node_id, n.inc, at=clock()))
         self.pump()

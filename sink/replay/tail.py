@@ -56,13 +56,15 @@ _ID = H_MESSAGE_ID.encode()
 
 class ReplayFetcher(Fetcher):
     """A Fetcher that reports offsets out of range instead of moving past them."""
+    restart_on_loss = False
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.out_of_range: set[tuple[str, int]] = set()
 
-    def _out_of_range(self, tp: tuple[str, int]) -> None:
+    def _out_of_range(self, tp: tuple[str, int]) -> bool:
         self.out_of_range.add(tp)
+        return False
 
 
 def copy_ledger(ledger: Ledger) -> Ledger:
