@@ -301,13 +301,14 @@ class ClusterNode(Hook):
                 h.pos = None  # its old offset names another record in the new log
         self._write_control(f"n:{self.node}", C.node_record("join", self.node, self.inc,
                                                             at=self.wall()))
-        self.dirty.update(cid for cid in self.bound if cid in self.broker.sessions)
+        self.dirty.update(cid for cid in self.bound if self.broker.session_of(cid) is not None)
         rewritten = 0
         if C.rendezvous("retained", self.state.alive()) == self.node:
             broker, now = self.broker, self.broker.clock()
             b = self._batch()
-            for _, msg in list(broker.retained_matching("#")):
-                if msg.expires_at is not None and msg.expires_at <= now:
+            for msg in broker.every_retained():
+                if msg.topic.startswith("$") or (  # $SYS and the like are each node's own
+                        msg.expires_at is not None and msg.expires_at <= now):
                     continue
                 body = R.message_body(msg, msg.sender or "", None, 5, self.node,
                                       f"{self.node}-{self.inc}-{next(self.ids)}", now)
