@@ -63,7 +63,11 @@ function utcTicks(u, splits) {
 // plus a gap. uPlot puts ticks at least `space` CSS pixels apart, so the labels never overlap
 // however narrow the chart is (fewer labels on a narrow chart).
 const AXIS_FONT = '12px system-ui, -apple-system, "Segoe UI", Roboto, "Helvetica Neue", Arial, "Noto Sans", sans-serif';
-const LABEL_GAP = 16;
+const LABEL_GAP = 12;
+// tick steps (s): whole seconds only (the labels show seconds), with 2 s and 20 s between
+// uPlot's own steps so that a narrow chart keeps more than one label
+const X_INCRS = [1, 2, 5, 10, 15, 20, 30, 60, 120, 300, 600, 900, 1200, 1800, 3600, 7200, 10800,
+  21600, 43200, 86400, 2 * 86400, 7 * 86400, 14 * 86400, 30 * 86400, 91 * 86400, 365 * 86400];
 let labelRoom = 0;
 function xTickSpace() {
   if (!labelRoom) {
@@ -100,7 +104,7 @@ class Chart {
       width: Math.max(this.el.clientWidth, 300), height: 200, series,
       scales: {x: this.opts.x ? {time: true, range: () => this.opts.x} : {time: true},
                y: {range: this.opts.zero ? zeroRange : paddedRange}},
-      axes: [{values: utcTicks, font: AXIS_FONT, space: xTickSpace}, {size: 60, label: this.opts.y || ""}],
+      axes: [{values: utcTicks, font: AXIS_FONT, space: xTickSpace, incrs: X_INCRS}, {size: 60, label: this.opts.y || ""}],
       legend: {live: true},
     }, this.empty(), this.el);
   }
