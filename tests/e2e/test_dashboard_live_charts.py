@@ -78,6 +78,10 @@ def _overlaps(boxes: list) -> list:
     return [(a[2], b[2]) for a, b in zip(boxes, boxes[1:]) if b[0] < a[1]]
 
 
+def live_charts(d) -> list:
+    return d.execute_script("return Object.keys(live.charts)")
+
+
 def test_live_charts_draw_every_named_series_and_time_labels_do_not_overlap(make_broker, tmp_path,
                                                                             browser):
     b = start_dashboard(make_broker, tmp_path, {
@@ -129,5 +133,20 @@ def test_live_charts_draw_every_named_series_and_time_labels_do_not_overlap(make
         c.disconnect()
 
 
-def live_charts(d) -> list:
-    return d.execute_script("return Object.keys(live.charts)")
+def test_without_the_jobs_commits_the_lag_chart_says_why_it_has_no_history_line(make_broker, tmp_path,
+                                                                                browser):
+    """keep_until = "kafka": the sink does not follow the history job, history_lag_seconds is
+    null; the Kafka line is drawn and the note under the charts says what turns the other on."""
+    b = start_dashboard(make_broker, tmp_path, {
+        "dashboard.sample_seconds": 0.5, "sink.enabled": True, "sink.forwarder": "thread",
+        "sink.bootstrap_servers": f"127.0.0.1:{free_port()}", "sink.keep_until": "kafka"})
+    d = browser
+    log_in(d, b.dashboard + "/", VIEWER, VIEWER_PW)
+
+    def kafka_drawn():
+        s = d.execute_script(SERIES_DRAWN, "lag")
+        return s if s and s[0]["points"] >= 2 and s[0]["on_stroke"] else None
+    series = wait(kafka_drawn, "the Kafka line of the Lag chart")
+    assert series[1]["points"] == 0
+    note = d.find_element("id", "live-note").text
+    assert "no history lag to show" in note and 'keep_until = "history"' in note, note
