@@ -241,8 +241,7 @@ class Dashboard:
                                      token=lambda: connect_token(data_dir))
         self.job: dict[str, Any] = {"running": None, "url": settings.connect_url}
         self.sampler = live.Sampler(self.view, self._io_bytes, settings.sample_seconds,
-                                    settings.keep_points, self.counter, self._sink_stats,
-                                    self.history_status)
+                                    settings.keep_points, self.counter, self._sink_stats)
         self.runner: web.AppRunner | None = None
         self.port = 0
         self._tasks: list[asyncio.Task] = []

@@ -96,8 +96,7 @@ class Sampler:
 
     def __init__(self, view: BrokerView, io_bytes: Callable[[], tuple[int, int]], interval: float, keep: int,
                  topics: TopicCounter | None,
-                 sink_stats: Callable[[], dict[str, Any]] | None = None,
-                 history_status: Callable[[], dict[str, Any]] | None = None) -> None:
+                 sink_stats: Callable[[], dict[str, Any]] | None = None) -> None:
         """view: a BrokerView; io_bytes(): (bytes in, bytes out) of the server."""
         self.view = view
         self.io_bytes = io_bytes
@@ -105,7 +104,6 @@ class Sampler:
         self.points: deque = deque(maxlen=keep)
         self.topics = topics
         self.sink_stats = sink_stats or (lambda: {})
-        self.history_status = history_status or (lambda: {})
         self._last: tuple[float, dict] | None = None  # (t, counters) of the previous sample
 
     def counters(self) -> dict:
@@ -134,9 +132,9 @@ class Sampler:
         if sink:
             point["spool_messages"] = sink.get("spool_messages")
             point["kafka_lag_seconds"] = sink.get("lag_seconds")
-        hist = self.history_status()
-        if hist.get("lag_seconds") is not None:
-            point["history_lag_seconds"] = hist["lag_seconds"]
+            # seconds records have waited for the history table since the job's last commit
+            # (the sink follows the commits with keep_until = "history"; else None)
+            point["history_lag_seconds"] = sink.get("history_lag_seconds")
         self._last = (now, c)
         if self.topics is not None:
             self.topics.sample(now)

@@ -450,13 +450,18 @@ class Sink:
     def _commit_stats(self, st: dict) -> dict:
         """keep_until = "history": whether the job's commits release spooled records (metric
         mqtt_sink_history_commit_ok; the status and the problem in words for /health and the
-        dashboard)."""
+        dashboard), and history_lag_seconds: how long records have waited for the table since
+        the job's last commit that took any (0: the table has every record acknowledged by
+        Kafka), the dashboard's Lag chart. keep_until = "kafka": the job's commits are not
+        followed, history_lag_seconds is None."""
         if self.cfg.keep_until != "history":
-            return {}
+            return {"history_lag_seconds": None}   # the job's commits are not followed
         status = st.get("commit_status", "ok")
-        return dict(history_commit_ok=status == "ok", history_commit_status=status,
+        waiting = st.get("commit_waiting_seconds", 0.0)
+        return dict(history_lag_seconds=waiting,
+                    history_commit_ok=status == "ok", history_commit_status=status,
                     history_commit_problem=st.get("commit_problem", ""),
-                    history_commit_waiting_seconds=st.get("commit_waiting_seconds", 0.0))
+                    history_commit_waiting_seconds=waiting)
 
     def _background(self) -> None:
         interval = self.cfg.stats_interval

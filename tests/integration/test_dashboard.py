@@ -173,6 +173,35 @@ def test_live_series_have_rates_by_qos(dash):
         c.disconnect()
 
 
+@pytest.mark.parametrize("keep_until", ["history", "kafka"])
+def test_live_points_carry_the_history_jobs_lag_when_the_sink_runs(make_broker, tmp_path, keep_until):
+    """The Lag chart's "history job: since last commit" line: every live point has
+    history_lag_seconds, from the sink that follows the job's commits (keep_until = "history":
+    a number of seconds; "kafka": null, and the sink's figures say so)."""
+    b = start_dashboard(make_broker, tmp_path, {
+        "dashboard.sample_seconds": 0.5, "sink.enabled": True, "sink.forwarder": "thread",
+        "sink.bootstrap_servers": f"127.0.0.1:{free_port()}", "sink.keep_until": keep_until})
+    c = client(b, "lag")
+    try:
+        c.publish("lag/t", b"1", qos=1).wait_for_publish(5)
+
+        def points():
+            _, r = get_json(b.dashboard + "/api/live")
+            return r if len(r["points"]) >= 2 else None
+        r = wait_until(points)
+        assert r["sink"] is not None and "history_lag_seconds" in r["sink"]
+        for p in r["points"]:
+            assert "history_lag_seconds" in p and "kafka_lag_seconds" in p, p
+            if keep_until == "history":
+                assert isinstance(p["history_lag_seconds"], (int, float)) and p["history_lag_seconds"] >= 0
+            else:
+                assert p["history_lag_seconds"] is None
+    finally:
+        c.loop_stop()
+        c.disconnect()
+
+
+
 @pytest.mark.parametrize("query, status, words", [
     ("filter=a/%23/b", 400, "invalid topic filter"),
     ("filter=sport%2Btennis", 400, "invalid topic filter"),

@@ -228,3 +228,37 @@ def test_origin_is_allowed_when_absent_the_same_host_and_port_or_listed(origin, 
     """One Origin check for the dashboard and the WebSocket listeners (broker/auth/origin.py)."""
     from broker.auth.origin import origin_allowed
     assert origin_allowed(origin, host, allowed) is ok
+
+
+class _View:
+    """The two BrokerView calls the Sampler makes, with fixed figures."""
+
+    def counters(self) -> dict:
+        return {"received_by_qos": [0, 0, 0], "sent_by_qos": [0, 0, 0]}
+
+    def stats(self) -> dict:
+        return {"connections": 0, "sessions": 0, "subscriptions": 0, "retained": 0}
+
+
+@pytest.mark.parametrize("sink, want", [
+    ({"lag_seconds": 0.5, "spool_messages": 3, "history_lag_seconds": 12.5}, 12.5),  # keep_until = "history"
+    ({"lag_seconds": 0.5, "spool_messages": 3, "history_lag_seconds": None}, None),  # keep_until = "kafka"
+])
+def test_live_points_carry_the_sinks_history_lag(sink, want):
+    """The Lag chart's second line ("history job: since last commit") reads each point's
+    history_lag_seconds: the sink's figure, null when the sink does not follow the job."""
+    from broker.dashboard.live import Sampler
+    s = Sampler(_View(), lambda: (0, 0), 1.0, 10, None, lambda: dict(sink))  # type: ignore[arg-type]
+    s.sample()
+    p = s.sample()
+    assert p["kafka_lag_seconds"] == 0.5 and p["spool_messages"] == 3
+    assert "history_lag_seconds" in p and p["history_lag_seconds"] == want
+    assert [q["history_lag_seconds"] for q in s.series()] == [want]
+
+
+def test_live_points_without_a_sink_have_no_lag_figures():
+    from broker.dashboard.live import Sampler
+    s = Sampler(_View(), lambda: (0, 0), 1.0, 10, None, lambda: {})  # type: ignore[arg-type]
+    s.sample()
+    p = s.sample()
+    assert "kafka_lag_seconds" not in p and "history_lag_seconds" not in p

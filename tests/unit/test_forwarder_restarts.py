@@ -376,6 +376,29 @@ def test_a_job_that_stopped_committing_is_said_after_stale_seconds(clock, tmp_pa
     assert st["commit_waiting_seconds"] > 60
 
 
+def test_the_history_lag_is_how_long_records_waited_since_the_jobs_last_commit(clock, tmp_path):
+    """The sink's history_lag_seconds (the dashboard's "history job: since last commit" line):
+    the forwarder's commit wait with keep_until = "history", 0 once the table has everything;
+    None with keep_until = "kafka", where the job's commits are not followed."""
+    from types import SimpleNamespace
+
+    from sink.forward.service import Sink
+
+    def lag(keep_until: str, st: dict):
+        stub = SimpleNamespace(cfg=SimpleNamespace(keep_until=keep_until))
+        return Sink._commit_stats(stub, st)["history_lag_seconds"]  # type: ignore[arg-type]
+    rig = watched(clock, tmp_path)
+    rig.run(2.0)                                 # committed: nothing waits
+    assert lag("history", rig.f.status()) == 0.0
+    rig.add(5)
+    rig.run(30, job_every=1000)                  # acknowledged by Kafka, the job commits nothing
+    assert 25 <= lag("history", rig.f.status()) <= 32
+    rig.world.job_commits()
+    rig.run(2.0, job_every=1000)
+    assert lag("history", rig.f.status()) == 0.0 and rig.drained()
+    assert lag("kafka", rig.f.status()) is None
+
+
 def test_a_job_that_commits_without_covering_the_oldest_records_is_an_alarm(clock, tmp_path):
     """The job commits batch after batch, but of another Kafka topic: the spool position stays
     put, which is said once it lasted stale_after seconds."""

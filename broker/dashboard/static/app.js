@@ -59,6 +59,25 @@ function utcTicks(u, splits) {
   return splits.map((t) => new Date(t * 1000).toISOString().slice(11, 19));
 }
 
+// The x axis font (uPlot's default) and the room one label needs: the widest label ("00:00:00")
+// plus a gap. uPlot puts ticks at least `space` CSS pixels apart, so the labels never overlap
+// however narrow the chart is (fewer labels on a narrow chart).
+const AXIS_FONT = '12px system-ui, -apple-system, "Segoe UI", Roboto, "Helvetica Neue", Arial, "Noto Sans", sans-serif';
+const LABEL_GAP = 12;
+// tick steps (s): whole seconds only (the labels show seconds), with 2 s and 20 s between
+// uPlot's own steps so that a narrow chart keeps more than one label
+const X_INCRS = [1, 2, 5, 10, 15, 20, 30, 60, 120, 300, 600, 900, 1200, 1800, 3600, 7200, 10800,
+  21600, 43200, 86400, 2 * 86400, 7 * 86400, 14 * 86400, 30 * 86400, 91 * 86400, 365 * 86400];
+let labelRoom = 0;
+function xTickSpace() {
+  if (!labelRoom) {
+    const ctx = document.createElement("canvas").getContext("2d");
+    ctx.font = AXIS_FONT;
+    labelRoom = Math.ceil(ctx.measureText("00:00:00").width) + LABEL_GAP;
+  }
+  return labelRoom;
+}
+
 // counts and rates start at zero; measured values (temperatures...) get a range around the data
 const zeroRange = (u, min, max) => [Math.min(0, min ?? 0), Math.max(1, max ?? 1) * 1.1];
 function paddedRange(u, min, max) {
@@ -85,7 +104,7 @@ class Chart {
       width: Math.max(this.el.clientWidth, 300), height: 200, series,
       scales: {x: this.opts.x ? {time: true, range: () => this.opts.x} : {time: true},
                y: {range: this.opts.zero ? zeroRange : paddedRange}},
-      axes: [{values: utcTicks}, {size: 60, label: this.opts.y || ""}],
+      axes: [{values: utcTicks, font: AXIS_FONT, space: xTickSpace, incrs: X_INCRS}, {size: 60, label: this.opts.y || ""}],
       legend: {live: true},
     }, this.empty(), this.el);
   }
@@ -137,7 +156,10 @@ const live = {
     c.dropped.set([t].concat(DROP.map((k) => col((x) => x.dropped[k]))));
     c.spool.set([t, col((x) => x.spool_messages ?? null)]);
     c.lag.set([t, col((x) => x.kafka_lag_seconds ?? null), col((x) => x.history_lag_seconds ?? null)]);
-    $("#live-note").textContent = (r.sink ? "" : "The Kafka sink is off: no spool or lag to show. ") +
+    const note = !r.sink ? "The Kafka sink is off: no spool or lag to show. "
+      : r.sink.history_lag_seconds == null ? "The sink does not follow the history job's commits " +
+        "(only with [sink] keep_until = \"history\"): no history lag to show. " : "";
+    $("#live-note").textContent = note +
       `One point every ${r.sample_seconds} s; updated ${fmtTime(r.now).slice(11)} UTC.`;
   },
 };
