@@ -27,7 +27,16 @@ import secrets
 import threading
 
 from ..auth.acl import AuthFileError, file_signature
-from ..auth.passwords import _read_lines, _write_lines, hash_password, parse_hash_lines, valid_username, verify_password
+from ..auth.passwords import (
+    _read_lines,
+    _write_lines,
+    delete_line,
+    hash_password,
+    parse_hash_lines,
+    put_line,
+    valid_username,
+    verify_password,
+)
 
 log = logging.getLogger("broker.admin")
 
@@ -81,16 +90,7 @@ def set_account(path: str, name: str, role: str, password: str | bytes) -> bool:
         raise ValueError(problem)
     if role not in ROLES:
         raise ValueError(f"role must be one of {', '.join(ROLES)}, not {role!r}")
-    line = f"{name}:{role}:{hash_password(password)}"
-    lines = _read_lines(path)
-    for i, old in enumerate(lines):
-        if not old.strip().startswith("#") and old.strip().partition(":")[0] == name:
-            lines[i] = line
-            _write_lines(path, lines)
-            return False
-    lines.append(line)
-    _write_lines(path, lines)
-    return True
+    return put_line(path, name, f"{name}:{role}:{hash_password(password)}")
 
 
 def set_role(path: str, name: str, role: str) -> bool:
@@ -107,13 +107,7 @@ def set_role(path: str, name: str, role: str) -> bool:
 
 
 def delete_account(path: str, name: str) -> bool:
-    lines = _read_lines(path)
-    keep = [x for x in lines if x.strip().startswith("#") or not x.strip()
-            or x.strip().partition(":")[0] != name]
-    if len(keep) == len(lines):
-        return False
-    _write_lines(path, keep)
-    return True
+    return delete_line(path, name)
 
 
 class Accounts:

@@ -385,10 +385,18 @@ def set_user(path: str, username: str, password: str | bytes, **params: Any) -> 
     problem = valid_username(username)
     if problem:
         raise ValueError(problem)
-    line = f"{username}:{hash_password(password, **params)}"
+    return put_line(path, username, f"{username}:{hash_password(password, **params)}")
+
+
+def delete_user(path: str, username: str) -> bool:
+    return delete_line(path, username)
+
+
+def put_line(path: str, name: str, line: str) -> bool:
+    """`line` in place of NAME's line of a NAME:... file, or appended (True: NAME was new)."""
     lines = _read_lines(path)
     for i, old in enumerate(lines):
-        if old.strip().partition(":")[0] == username and not old.strip().startswith("#"):
+        if old.strip().partition(":")[0] == name and not old.strip().startswith("#"):
             lines[i] = line
             _write_lines(path, lines)
             return False
@@ -397,10 +405,11 @@ def set_user(path: str, username: str, password: str | bytes, **params: Any) -> 
     return True
 
 
-def delete_user(path: str, username: str) -> bool:
+def delete_line(path: str, name: str) -> bool:
+    """NAME's line of a NAME:... file removed (False: there was none)."""
     lines = _read_lines(path)
     keep = [x for x in lines
-            if x.strip().startswith("#") or x.strip().partition(":")[0] != username or not x.strip()]
+            if x.strip().startswith("#") or x.strip().partition(":")[0] != name or not x.strip()]
     if len(keep) == len(lines):
         return False
     _write_lines(path, keep)
