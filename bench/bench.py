@@ -22,7 +22,6 @@ import platform
 import resource
 import shlex
 import shutil
-import signal
 import socket
 import statistics
 import subprocess
@@ -31,11 +30,9 @@ import tempfile
 import threading
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
+from harness import HERE, PY, REPO, free_port, log_tail, pin, status_kib, terminate
+
 LOADGEN = os.path.join(HERE, "loadgen.py")
-VENV_PY = os.path.join(REPO, ".venv", "bin", "python")
-PY = VENV_PY if os.path.exists(VENV_PY) else sys.executable
 
 ALL_SCENARIOS = ["qos0_fanin", "qos0_fanout", "qos1_fanin", "qos2", "latency", "conns"]
 THROUGHPUT = {"qos0_fanin", "qos0_fanout", "qos1_fanin", "qos2"}
@@ -67,21 +64,8 @@ def log(msg):
 # ----------------------------------------------------------------- helpers
 
 
-def free_port(host):
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
 def rss_kib(pid):
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1])
-    except OSError:
-        return None
-    return None
+    return status_kib(pid, "VmRSS")
 
 
 def mqtt_probe(host, port, timeout=0.5):
@@ -97,12 +81,6 @@ def mqtt_probe(host, port, timeout=0.5):
             return ok
     except OSError:
         return False
-
-
-def pin_prefix(cpu):
-    if cpu is None or not shutil.which("taskset"):
-        return []
-    return ["taskset", "-c", str(cpu)]
 
 
 def median(xs):
@@ -133,7 +111,7 @@ class Broker:
         self._stop_mon = None
 
     def start(self, host, port, cpu, tmpdir, rss_limit_kib):
-        argv = pin_prefix(cpu) + self.argv_fn(host, port, tmpdir)
+        argv = pin(cpu) + self.argv_fn(host, port, tmpdir)
         self.logpath = os.path.join(tmpdir, f"{self.name}-{port}.log")
         self.logf = open(self.logpath, "wb")
         self.proc = subprocess.Popen(argv, cwd=self.workdir, stdout=self.logf, stderr=subprocess.STDOUT,
@@ -170,23 +148,13 @@ class Broker:
         return self.proc.pid
 
     def log_tail(self, n=800):
-        try:
-            self.logf.flush()
-            with open(self.logpath, "rb") as f:
-                return f.read()[-n:].decode(errors="replace").strip()
-        except OSError:
-            return ""
+        self.logf.flush()
+        return log_tail(self.logpath, n)
 
     def stop(self):
         if self._stop_mon is not None:
             self._stop_mon.set()
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        terminate(self.proc, 5)
         if self.proc is not None:
             self.logf.close()
         self.proc = None
@@ -269,7 +237,7 @@ def run_one(a, broker, scenario, tmpdir):
         time.sleep(0.3)
         rss_before = rss_kib(pid)
         res["rss_start_kib"] = rss_before
-        argv = pin_prefix(a.loadgen_cpu) + [PY, LOADGEN] + loadgen_args(a, scenario, port, pid)
+        argv = pin(a.loadgen_cpu) + [PY, LOADGEN] + loadgen_args(a, scenario, port, pid)
         t0 = time.time()
         lg = subprocess.Popen(argv, cwd=HERE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               stdin=subprocess.PIPE, text=True)

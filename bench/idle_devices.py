@@ -29,9 +29,7 @@ import errno
 import json
 import os
 import platform
-import resource
 import select
-import shlex
 import shutil
 import socket
 import statistics
@@ -39,32 +37,23 @@ import sys
 import tempfile
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-from storm import (  # noqa: E402 (after sys.path names bench/)
-    IP_BIND_ADDRESS_NO_PORT,
-    PY,
-    REPO,
-    BrokerProc,
-    connect_packet,
+from harness import (
+    add_broker_args,
+    broker_names,
+    broker_proc,
     free_port,
-    pin,
+    print_command,
+    raise_file_limit,
+    run_dir,
+    run_repeats,
     schedstat_s,
+    show_json,
     status_kib,
 )
+from storm import IP_BIND_ADDRESS_NO_PORT, connect_packet
 
 BROKER_FILES = 64
 SOURCES = 250  # source addresses 127.0.4.1 .. : ports chosen per address at connect
-
-
-def broker_argv(name: str, a, port: int, datadir: str) -> list[str]:
-    if name == "ours":
-        return shlex.split(a.broker_cmd.format(python=PY, host=a.host, port=port, datadir=datadir))
-    conf = os.path.join(datadir, "mosquitto.conf")
-    with open(conf, "w") as f:
-        f.write(f"listener {port} {a.host}\nallow_anonymous true\npersistence false\n"
-                "# stock otherwise (max_connections -1, set_tcp_nodelay false)\n")
-    return [a.mosquitto_bin, "-c", conf]
 
 
 class Devices:
@@ -195,13 +184,10 @@ class Devices:
 
 
 def run_one(a, name: str, tmp: str, rep: int) -> dict:
-    datadir = os.path.join(tmp, f"{name}-{rep}")
-    os.makedirs(datadir)
-    os.chmod(tmp, 0o755)
-    os.chmod(datadir, 0o777)
+    datadir = run_dir(tmp, name, rep)
     a.port = port = free_port(a.host)
-    b = BrokerProc(name, pin(a.broker_cpu) + broker_argv(name, a, port, datadir), REPO,
-                   os.path.join(datadir, "broker.log"))
+    b = broker_proc(a, name, port, datadir, "persistence false\n"
+                    "# stock otherwise (max_connections -1, set_tcp_nodelay false)\n")
     pid = b.start()
     d = None
     try:
@@ -237,23 +223,10 @@ def main() -> int:
     p.add_argument("--keep-alive", type=int, default=60)
     p.add_argument("--window", type=float, default=60.0, help="seconds of keep-alive traffic measured")
     p.add_argument("--rate", type=float, default=5000.0, help="connects per second while connecting")
-    p.add_argument("--repeats", type=int, default=1)
-    p.add_argument("--only", choices=["ours", "mosquitto"])
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--broker-cpu", type=int, default=0)
-    p.add_argument("--loadgen-cpu", type=int, default=1)
-    p.add_argument("--broker-cmd", default="{python} -m broker --host {host} --port {port} "
-                                           "--data-dir {datadir}")
-    p.add_argument("--mosquitto-bin", default=shutil.which("mosquitto") or "/usr/sbin/mosquitto")
-    p.add_argument("--json", metavar="FILE")
+    add_broker_args(p, repeats=1)
     a = p.parse_args()
-    print("command: " + " ".join(shlex.quote(x) for x in [sys.executable] + sys.argv), flush=True)
-    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    try:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    except (ValueError, OSError):
-        pass
-    nofile = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    print_command()
+    nofile, hard = raise_file_limit()
     asked = a.devices
     if a.devices > nofile - BROKER_FILES:
         a.devices = nofile - BROKER_FILES
@@ -263,25 +236,13 @@ def main() -> int:
               "for a real run)", flush=True)
     if a.loadgen_cpu is not None and shutil.which("taskset"):
         os.sched_setaffinity(0, {a.loadgen_cpu})
-    names = [n for n in ("ours", "mosquitto") if a.only in (None, n)]
-    if "mosquitto" in names and not os.path.exists(a.mosquitto_bin):
-        names.remove("mosquitto")
+    names = broker_names(a)
     print(f"brokers: {', '.join(names)}; {a.devices:,} idle devices, keep alive {a.keep_alive} s, "
           f"a PINGREQ per device per period; {a.window:.0f} s measured; broker on core "
           f"{a.broker_cpu}, devices on core {a.loadgen_cpu}; load average "
           f"{os.getloadavg()[0]:.2f}", flush=True)
-    runs = []
     with tempfile.TemporaryDirectory(prefix="idle-") as tmp:
-        for rep in range(a.repeats):
-            for name in names:
-                print(f"[{datetime.datetime.now():%H:%M:%S}] {name} #{rep + 1} ...", file=sys.stderr,
-                      flush=True)
-                try:
-                    r = run_one(a, name, tmp, rep)
-                except Exception as exc:
-                    r = {"broker": name, "error": f"{type(exc).__name__}: {exc}"}
-                runs.append(r)
-                print(f"    {json.dumps(r)}", file=sys.stderr, flush=True)
+        runs = run_repeats(a, names, tmp, run_one, show_json)
 
     def med(name, key):
         v = [r[key] for r in runs if r["broker"] == name and key in r]

@@ -45,11 +45,8 @@ import errno
 import json
 import os
 import platform
-import resource
 import select
-import shlex
 import shutil
-import signal
 import socket
 import statistics
 import struct
@@ -58,10 +55,22 @@ import sys
 import tempfile
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
-VENV_PY = os.path.join(REPO, ".venv", "bin", "python")
-PY = VENV_PY if os.path.exists(VENV_PY) else sys.executable
+from harness import (
+    PY,
+    REPO,
+    add_broker_args,
+    broker_names,
+    broker_proc,
+    free_port,
+    pin,
+    print_command,
+    raise_file_limit,
+    run_dir,
+    run_repeats,
+    schedstat_s,
+    status_kib,
+)
+
 BROKER_FILES = 64  # files a broker holds besides its clients' sockets (listener, epoll, db, logs)
 GROUPS = 100
 IP_BIND_ADDRESS_NO_PORT = getattr(socket, "IP_BIND_ADDRESS_NO_PORT", 24)  # Linux
@@ -472,98 +481,6 @@ async def worker_main(a) -> None:
 
 # ----------------------------------------------------------------- orchestrator
 
-def schedstat_s(pid: int) -> float | None:
-    """CPU seconds of a process, all its threads (schedstat, ns)."""
-    total = 0
-    try:
-        for task in os.listdir(f"/proc/{pid}/task"):
-            try:
-                with open(f"/proc/{pid}/task/{task}/schedstat") as f:
-                    total += int(f.read().split()[0])
-            except FileNotFoundError:
-                pass
-    except OSError:
-        return None
-    return total / 1e9
-
-
-def status_kib(pid: int, key: str) -> int | None:
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith(key + ":"):
-                    return int(line.split()[1])
-    except OSError:
-        return None
-    return None
-
-
-def port_open(host: str, port: int) -> bool:
-    try:
-        with socket.create_connection((host, port), timeout=0.2):
-            return True
-    except OSError:
-        return False
-
-
-def pin(cpu) -> list[str]:
-    return ["taskset", "-c", str(cpu)] if cpu is not None and shutil.which("taskset") else []
-
-
-class BrokerProc:
-    def __init__(self, name: str, argv: list[str], cwd: str, log: str):
-        self.name, self.argv, self.cwd, self.logpath = name, argv, cwd, log
-        self.proc = None
-
-    def start(self):
-        self.logf = open(self.logpath, "ab")
-        self.proc = subprocess.Popen(self.argv, cwd=self.cwd, stdout=self.logf,
-                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     start_new_session=True)
-        return self.proc.pid
-
-    def wait_port(self, host: str, port: int, timeout: float = 120.0) -> bool:
-        end = time.time() + timeout
-        while time.time() < end:
-            if self.proc.poll() is not None:
-                return False
-            if port_open(host, port):
-                return True
-            time.sleep(0.005)
-        return False
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-        if self.proc is not None:
-            self.logf.close()
-        self.proc = None
-
-    def tail(self, n: int = 600) -> str:
-        try:
-            with open(self.logpath, "rb") as f:
-                return f.read()[-n:].decode(errors="replace").strip()
-        except OSError:
-            return ""
-
-
-def broker_argv(name: str, a, port: int, datadir: str) -> list[str]:
-    if name == "ours":
-        return shlex.split(a.broker_cmd.format(python=PY, host=a.host, port=port, datadir=datadir))
-    conf = os.path.join(datadir, "mosquitto.conf")
-    with open(conf, "w") as f:
-        f.write(f"listener {port} {a.host}\nallow_anonymous true\n"
-                f"persistence true\npersistence_location {datadir}/\n"
-                "# stock otherwise: max_queued_messages 1000, max_inflight_messages 20,\n"
-                "# autosave_interval 1800 (and at shutdown), set_tcp_nodelay false\n")
-    return [a.mosquitto_bin, "-c", conf]
-
-
 def spawn_worker(a, role: str, port: int, lo: int, hi: int, source: str,
                  fifo: bool = False) -> subprocess.Popen:
     argv = pin(a.loadgen_cpu)
@@ -594,14 +511,12 @@ def pct(xs: list, q: float):
 
 
 def run_one(a, name: str, tmp: str, rep: int) -> dict:
-    datadir = os.path.join(tmp, f"{name}-{rep}")
-    os.makedirs(datadir)
-    # Mosquitto started as root runs as the user `mosquitto`: it must be able to write here
-    os.chmod(tmp, 0o755)
-    os.chmod(datadir, 0o777)
+    datadir = run_dir(tmp, name, rep)
     port = free_port(a.host)
-    argv = pin(a.broker_cpu) + broker_argv(name, a, port, datadir)
-    b = BrokerProc(name, argv, REPO, os.path.join(datadir, "broker.log"))
+    b = broker_proc(a, name, port, datadir,
+                    f"persistence true\npersistence_location {datadir}/\n"
+                    "# stock otherwise: max_queued_messages 1000, max_inflight_messages 20,\n"
+                    "# autosave_interval 1800 (and at shutdown), set_tcp_nodelay false\n")
     res: dict = {"broker": name}
     workers: list = []
     pinger = None
@@ -708,14 +623,17 @@ def run_one(a, name: str, tmp: str, rep: int) -> dict:
     return res
 
 
-def free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
 def fmt(x, d=2):
     return "-" if x is None else f"{x:,.{d}f}"
+
+
+def show_run(r: dict) -> str:
+    if "error" in r:
+        return f"error: {r['error'][:400]}"
+    return (f"CONNACKs {r['connacks']:,}/{r['devices']:,} in {fmt(r['connack_all_s'], 3)} s, "
+            f"queued {r['queued_got']:,}/{r['queued_expected']:,} in "
+            f"{fmt(r['delivered_all_s'], 3)} s after the restart; ping max "
+            f"{r['ping_ms']['max']:.1f} ms; broker CPU {fmt(r['broker_cpu_storm_s'], 2)} s")
 
 
 def report(runs: list[dict], names: list[str], a) -> None:
@@ -797,17 +715,7 @@ def main() -> int:
     p.add_argument("--ping-interval", type=float, default=0.01)
     p.add_argument("--workers", type=int, default=2, help="load generator processes for the devices")
     p.add_argument("--timeout", type=float, default=120.0)
-    p.add_argument("--repeats", type=int, default=2)
-    p.add_argument("--only", choices=["ours", "mosquitto"])
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--broker-cpu", type=int, default=0)
-    p.add_argument("--loadgen-cpu", type=int, default=1)
-    p.add_argument("--broker-cmd", default="{python} -m broker --host {host} --port {port} "
-                                           "--data-dir {datadir}",
-                   help="our broker ({python} {host} {port} {datadir} substituted); its "
-                        "persistence is on by default")
-    p.add_argument("--mosquitto-bin", default=shutil.which("mosquitto") or "/usr/sbin/mosquitto")
-    p.add_argument("--json", metavar="FILE")
+    add_broker_args(p, repeats=2, broker_cmd_note="; its persistence is on by default")
     p.add_argument("--py-spy", metavar="FILE",
                    help="record our restarted broker with py-spy (raw stacks to FILE; its figures "
                         "are then not comparable)")
@@ -819,11 +727,7 @@ def main() -> int:
     p.add_argument("--source", default="127.0.0.1", help=argparse.SUPPRESS)
     a = p.parse_args()
 
-    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    try:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    except (ValueError, OSError):
-        pass
+    nofile, hard = raise_file_limit()
     if a.role:
         sys.path.insert(0, REPO)
         from broker.transport.eventloop import install_uvloop
@@ -831,8 +735,7 @@ def main() -> int:
         asyncio.run(worker_main(a))
         return 0
 
-    print("command: " + " ".join(shlex.quote(x) for x in [sys.executable] + sys.argv), flush=True)
-    nofile = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    print_command()
     fit = nofile - a.pingers - BROKER_FILES
     if a.devices > fit:
         print(f"NOTE: the file limit is {nofile} (hard {hard}): a broker holds one socket per "
@@ -842,10 +745,7 @@ def main() -> int:
     per_worker = a.devices / a.workers + 16
     if per_worker > nofile:
         a.workers = -(-a.devices // (nofile - 16))
-    names = [n for n in ("ours", "mosquitto") if a.only in (None, n)]
-    if "mosquitto" in names and not os.path.exists(a.mosquitto_bin):
-        print("NOTE: mosquitto not found: skipped")
-        names.remove("mosquitto")
+    names = broker_names(a)
     ver = ""
     if "mosquitto" in names:
         r = subprocess.run([a.mosquitto_bin, "-h"], capture_output=True, text=True, check=False)
@@ -855,26 +755,8 @@ def main() -> int:
           f"reconnects spread over {a.spread} s; broker on core {a.broker_cpu}, "
           f"{a.workers} load generator processes and the pinger on core {a.loadgen_cpu}; "
           f"load average {os.getloadavg()[0]:.2f}", flush=True)
-    runs = []
     with tempfile.TemporaryDirectory(prefix="storm-") as tmp:
-        for rep in range(a.repeats):
-            for name in names:
-                print(f"[{datetime.datetime.now():%H:%M:%S}] {name} #{rep + 1} ...", file=sys.stderr,
-                      flush=True)
-                try:
-                    r = run_one(a, name, tmp, rep)
-                except Exception as exc:
-                    r = {"broker": name, "error": f"{type(exc).__name__}: {exc}"}
-                r["repeat"] = rep
-                runs.append(r)
-                if "error" not in r:
-                    print(f"    CONNACKs {r['connacks']:,}/{r['devices']:,} in {fmt(r['connack_all_s'], 3)} s, "
-                          f"queued {r['queued_got']:,}/{r['queued_expected']:,} in "
-                          f"{fmt(r['delivered_all_s'], 3)} s after the restart; ping max "
-                          f"{r['ping_ms']['max']:.1f} ms; broker CPU {fmt(r['broker_cpu_storm_s'], 2)} s",
-                          file=sys.stderr, flush=True)
-                else:
-                    print(f"    error: {r['error'][:400]}", file=sys.stderr, flush=True)
+        runs = run_repeats(a, names, tmp, run_one, show_run)
     report(runs, names, a)
     if a.json:
         for r in runs:

@@ -395,19 +395,6 @@ def will_message(d: JsonObject, client_id: str, clock_now: float, wall_now: floa
                    expires_at, client_id, wall_now)
 
 
-def will_from_dict(d: JsonObject | None) -> Will | None:
-    """The Will back as a protocol packets.Will (for a session restored on another node)."""
-    if d is None:
-        return None
-    from broker.protocol import packets as P
-    props = _props_from_json(d.get("props")) if d.get("props") else {}
-    if d.get("delay"):
-        props[PR.WILL_DELAY_INTERVAL] = d["delay"]
-    if d.get("expiry") is not None:
-        props[PR.MESSAGE_EXPIRY_INTERVAL] = d["expiry"]
-    return P.Will(d["topic"], d["payload"].encode("latin-1"), d["qos"], d["retain"], props or None)
-
-
 def _props_to_json(props: dict) -> dict:
     out: dict[str, Any] = {}
     for k, v in props.items():

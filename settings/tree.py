@@ -417,16 +417,6 @@ class Config(Section):
     cluster: ClusterConfig = section(ClusterConfig)
     listeners: list = field(default_factory=list, metadata={"section": ListenerConfig})
 
-    def to_tables(self) -> dict[str, Any]:
-        """The config file (as a dict) that loads back into this tree."""
-        out: dict[str, Any] = {"broker": self.to_table()}
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if isinstance(value, Section):
-                out[f.name] = value.to_table()
-        out["listeners"] = [x.to_table() for x in self.listeners]
-        return out
-
 
 SECTIONS = {f.name: f.metadata["section"] for f in dataclasses.fields(Config)
             if "section" in f.metadata and f.name != "listeners"}

@@ -27,7 +27,16 @@ import secrets
 import threading
 
 from ..auth.acl import AuthFileError, file_signature
-from ..auth.passwords import _read_lines, _write_lines, hash_password, valid_username, verify_password
+from ..auth.passwords import (
+    _read_lines,
+    _write_lines,
+    delete_line,
+    hash_password,
+    parse_hash_lines,
+    put_line,
+    valid_username,
+    verify_password,
+)
 
 log = logging.getLogger("broker.admin")
 
@@ -46,45 +55,21 @@ class Account:
 
 
 def parse_accounts(text: str, path: str = "<accounts>") -> dict[str, Account]:
-    """{name: Account}; AuthFileError listing every bad line as FILE:LINE: problem."""
-    out: dict[str, Account] = {}
-    errors: list[str] = []
-    for no, raw in enumerate(text.splitlines(), 1):
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        where = f"{path}:{no}"
-        name, _, rest = line.partition(":")
-        role, sep, encoded = rest.partition(":")
-        if not sep:
-            errors.append(f"{where}: expected NAME:ROLE:$scrypt$... "
-                          "(add accounts with: python -m broker.admin users add NAME)")
-            continue
-        problem = valid_username(name)
-        if problem:
-            errors.append(f"{where}: {problem}")
-        elif role not in ROLES:
-            errors.append(f"{where}: role {role!r} of {name!r} is not one of {', '.join(ROLES)}")
-        elif name in out:
-            errors.append(f"{where}: account {name!r} appears twice")
-        elif not encoded.startswith("$"):
-            errors.append(f"{where}: the password of {name!r} is not a hash")
-        else:
-            try:
-                _check_hash(encoded)
-            except ValueError as exc:
-                errors.append(f"{where}: account {name!r}: {exc}")
-                continue
-            out[name] = Account(name, role, encoded)
-    if errors:
-        raise AuthFileError(errors)
-    return out
+    """{name: Account}; AuthFileError listing every bad line as FILE:LINE: problem (the lines
+    are the MQTT password file's, broker/auth/passwords.py, with a ROLE after the name)."""
+    entries = parse_hash_lines(text, path, fields=1, noun="account", check=_check_role,
+                               expected="NAME:ROLE:$scrypt$... "
+                                        "(add accounts with: python -m broker.admin users add NAME)")
+    return {name: Account(name, role, h.text) for name, ([role], h) in entries.items()}
 
 
-def _check_hash(encoded: str) -> None:
-    """ValueError when the hash string cannot be parsed (no password is hashed)."""
-    from ..auth.passwords import Hash
-    Hash(encoded)
+def _check_role(name: str, between: list[str], encoded: str) -> str | None:
+    role = between[0]
+    if role not in ROLES:
+        return f"role {role!r} of {name!r} is not one of {', '.join(ROLES)}"
+    if not encoded.startswith("$"):
+        return f"the password of {name!r} is not a hash"
+    return None
 
 
 def read_accounts(path: str) -> dict[str, Account]:
@@ -105,16 +90,7 @@ def set_account(path: str, name: str, role: str, password: str | bytes) -> bool:
         raise ValueError(problem)
     if role not in ROLES:
         raise ValueError(f"role must be one of {', '.join(ROLES)}, not {role!r}")
-    line = f"{name}:{role}:{hash_password(password)}"
-    lines = _read_lines(path)
-    for i, old in enumerate(lines):
-        if not old.strip().startswith("#") and old.strip().partition(":")[0] == name:
-            lines[i] = line
-            _write_lines(path, lines)
-            return False
-    lines.append(line)
-    _write_lines(path, lines)
-    return True
+    return put_line(path, name, f"{name}:{role}:{hash_password(password)}")
 
 
 def set_role(path: str, name: str, role: str) -> bool:
@@ -131,13 +107,7 @@ def set_role(path: str, name: str, role: str) -> bool:
 
 
 def delete_account(path: str, name: str) -> bool:
-    lines = _read_lines(path)
-    keep = [x for x in lines if x.strip().startswith("#") or not x.strip()
-            or x.strip().partition(":")[0] != name]
-    if len(keep) == len(lines):
-        return False
-    _write_lines(path, keep)
-    return True
+    return delete_line(path, name)
 
 
 class Accounts:

@@ -173,32 +173,46 @@ def valid_username(name: str) -> str | None:
     return None
 
 
-def parse_password_file(text: str, path: str = "<passwords>") -> dict[str, Hash]:
-    users: dict[str, Hash] = {}
+def parse_hash_lines(text: str, path: str, *, expected: str, noun: str, fields: int = 0,
+                     check: Callable[[str, list[str], str], str | None] | None = None,
+                     ) -> dict[str, tuple[list[str], Hash]]:
+    """The lines NAME[:FIELD...]:HASH of a password file (blank lines and # comments skipped) as
+    {NAME: ([the FIELDs], Hash)}: `fields` between NAME and HASH (none in this module's file, the
+    ROLE in the dashboard accounts, broker/admin/accounts.py). AuthFileError lists every bad line
+    as FILE:LINE: problem: too few ':' (`expected` says the format), a bad name, what
+    check(NAME, FIELDs, HASH text) finds wrong, a name twice, or a hash that does not parse
+    (`noun` names the entry: "user 'bob' appears twice")."""
+    entries: dict[str, tuple[list[str], Hash]] = {}
     errors: list[str] = []
     for no, raw in enumerate(text.splitlines(), 1):
         line = raw.strip()
         if not line or line.startswith("#"):
             continue
-        name, sep, encoded = line.partition(":")
         where = f"{path}:{no}"
-        if not sep:
-            errors.append(f"{where}: expected {FORMATS}")
+        parts = line.split(":", fields + 1)
+        if len(parts) < fields + 2:
+            errors.append(f"{where}: expected {expected}")
             continue
-        problem = valid_username(name)
+        name, *between, encoded = parts
+        problem = valid_username(name) or (check(name, between, encoded) if check else None)
         if problem:
             errors.append(f"{where}: {problem}")
             continue
-        if name in users:
-            errors.append(f"{where}: user {name!r} appears twice")
+        if name in entries:
+            errors.append(f"{where}: {noun} {name!r} appears twice")
             continue
         try:
-            users[name] = Hash(encoded.strip())
+            entries[name] = (between, Hash(encoded.strip()))
         except ValueError as exc:
-            errors.append(f"{where}: user {name!r}: {exc}")
+            errors.append(f"{where}: {noun} {name!r}: {exc}")
     if errors:
         raise AuthFileError(errors)
-    return users
+    return entries
+
+
+def parse_password_file(text: str, path: str = "<passwords>") -> dict[str, Hash]:
+    return {name: h for name, (_, h) in
+            parse_hash_lines(text, path, expected=FORMATS, noun="user").items()}
 
 
 def read_password_file(path: str) -> dict[str, Hash]:
@@ -371,10 +385,18 @@ def set_user(path: str, username: str, password: str | bytes, **params: Any) -> 
     problem = valid_username(username)
     if problem:
         raise ValueError(problem)
-    line = f"{username}:{hash_password(password, **params)}"
+    return put_line(path, username, f"{username}:{hash_password(password, **params)}")
+
+
+def delete_user(path: str, username: str) -> bool:
+    return delete_line(path, username)
+
+
+def put_line(path: str, name: str, line: str) -> bool:
+    """`line` in place of NAME's line of a NAME:... file, or appended (True: NAME was new)."""
     lines = _read_lines(path)
     for i, old in enumerate(lines):
-        if old.strip().partition(":")[0] == username and not old.strip().startswith("#"):
+        if old.strip().partition(":")[0] == name and not old.strip().startswith("#"):
             lines[i] = line
             _write_lines(path, lines)
             return False
@@ -383,10 +405,11 @@ def set_user(path: str, username: str, password: str | bytes, **params: Any) -> 
     return True
 
 
-def delete_user(path: str, username: str) -> bool:
+def delete_line(path: str, name: str) -> bool:
+    """NAME's line of a NAME:... file removed (False: there was none)."""
     lines = _read_lines(path)
     keep = [x for x in lines
-            if x.strip().startswith("#") or x.strip().partition(":")[0] != username or not x.strip()]
+            if x.strip().startswith("#") or x.strip().partition(":")[0] != name or not x.strip()]
     if len(keep) == len(lines):
         return False
     _write_lines(path, keep)

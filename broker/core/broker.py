@@ -457,13 +457,6 @@ class Broker:
                 log.debug("stats of a hook failed: %s", exc)
         return out
 
-    # ------------------------------------------------------------ read-only figures
-    def stats_view(self) -> dict[str, Any]:
-        """Figures read at call time: BrokerView(broker).stats() (core/view.py), which metrics,
-        $SYS, the dashboard and the admin API use."""
-        from .view import BrokerView
-        return BrokerView(self).stats()
-
     # ------------------------------------------------------------ commands (broker/admin)
     def kick(self, client_id: str, why: str = "administrative action") -> bool:
         """Disconnect a connected client: DISCONNECT 0x98 Administrative action (MQTT 5; 3.1.x:

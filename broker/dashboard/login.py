@@ -110,12 +110,6 @@ class Sessions:
             for k in [k for k, t in self._basic.items() if t == token]:
                 del self._basic[k]
 
-    def close_user(self, user: str) -> int:
-        gone = [t for t, s in self.by_token.items() if s.user == user]
-        for t in gone:
-            self.close(t)
-        return len(gone)
-
     def expire(self, now: float) -> None:
         for t in [t for t, s in self.by_token.items() if s.expires <= now]:
             self.close(t)

@@ -36,20 +36,7 @@ from pyspark.sql.types import (
 )
 
 # The header names are the record contract, defined once in kafka_client/headers.py.
-from kafka_client.headers import (  # noqa: F401
-    H_CLIENT_ID,
-    H_CONTENT_TYPE,
-    H_CORRELATION_DATA,
-    H_MESSAGE_EXPIRY,
-    H_MESSAGE_ID,
-    H_PAYLOAD_FORMAT,
-    H_PROTOCOL,
-    H_QOS,
-    H_RESPONSE_TOPIC,
-    H_RETAIN,
-    H_USER_PREFIX,
-    H_USERNAME,
-)
+from kafka_client import headers as hdr
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -70,12 +57,12 @@ KAFKA_SCHEMA = StructType([
 ])
 
 #: The contract headers as columns: (header name, column name); value = first occurrence.
-HEADER_COLUMNS = [(H_MESSAGE_ID, "h_message_id"), (H_CLIENT_ID, "h_client_id"),
-                  (H_USERNAME, "h_username"), (H_QOS, "h_qos"), (H_RETAIN, "h_retain"),
-                  (H_PROTOCOL, "h_protocol"), (H_PAYLOAD_FORMAT, "h_payload_format"),
-                  (H_CONTENT_TYPE, "h_content_type"), (H_RESPONSE_TOPIC, "h_response_topic"),
-                  (H_CORRELATION_DATA, "h_correlation_data"),
-                  (H_MESSAGE_EXPIRY, "h_message_expiry")]
+HEADER_COLUMNS = [(hdr.H_MESSAGE_ID, "h_message_id"), (hdr.H_CLIENT_ID, "h_client_id"),
+                  (hdr.H_USERNAME, "h_username"), (hdr.H_QOS, "h_qos"), (hdr.H_RETAIN, "h_retain"),
+                  (hdr.H_PROTOCOL, "h_protocol"), (hdr.H_PAYLOAD_FORMAT, "h_payload_format"),
+                  (hdr.H_CONTENT_TYPE, "h_content_type"), (hdr.H_RESPONSE_TOPIC, "h_response_topic"),
+                  (hdr.H_CORRELATION_DATA, "h_correlation_data"),
+                  (hdr.H_MESSAGE_EXPIRY, "h_message_expiry")]
 
 #: Kafka rows with the headers as columns: KAFKA_SCHEMA without ``headers``, then one binary
 #: column per HEADER_COLUMNS entry, then ``user_headers``: every ``mqtt.user.<name>`` header in
@@ -141,10 +128,10 @@ def _header_bytes(name: str) -> str:
 
 def header_columns_exprs() -> list[str]:
     """Spark SQL expressions: KAFKA_SCHEMA rows -> HEADER_COLUMNS_SCHEMA rows."""
-    n = len(H_USER_PREFIX)
+    n = len(hdr.H_USER_PREFIX)
     kafka = [f.name for f in KAFKA_SCHEMA.fields if f.name != "headers"]
     return kafka + [f"{_header_bytes(name)} AS {col}" for name, col in HEADER_COLUMNS] + [
-        f"transform(filter(headers, h -> startswith(h.key, '{H_USER_PREFIX}')), "
+        f"transform(filter(headers, h -> startswith(h.key, '{hdr.H_USER_PREFIX}')), "
         f"h -> named_struct('key', substring(h.key, {n + 1}), 'value', h.value)) AS user_headers",
         # The micro-batch's timestamp (kept in the offset log: a replayed batch gets the same).
         "current_timestamp() AS ingested_at"]

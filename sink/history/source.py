@@ -635,7 +635,7 @@ class _PartitionFetcher:
 
 def _message_ids(d: Decoded) -> tuple:
     from kafka_client import recordbatch as rb
-    from sink.history.schema import H_MESSAGE_ID
+    from kafka_client.headers import H_MESSAGE_ID
     return rb.first_header(d, H_MESSAGE_ID.encode())
 
 
@@ -646,7 +646,8 @@ def to_arrow(pa: ModuleType, schema: Any, d: Decoded, topic: str, partition: int
     import numpy as np
 
     from kafka_client import recordbatch as rb
-    from sink.history.schema import H_USER_PREFIX, HEADER_COLUMNS
+    from kafka_client.headers import H_USER_PREFIX
+    from sink.history.schema import HEADER_COLUMNS
 
     n = len(d)
     ts = d.timestamp

@@ -75,7 +75,6 @@ def test_sys_retained_messages_are_counted_apart():
     publish_ok(c, "a/b", b"v", qos=1, retain=True)
     s = BrokerView(b).stats()
     assert (s["retained"], s["retained_sys"]) == (1, 2)
-    assert b.stats_view() == s   # the core's figures are the view's
 
 
 def test_per_topic_counts_come_from_the_accepted_message_hook_not_the_router():
@@ -276,9 +275,6 @@ def test_sessions_are_bounded_and_expire():
     assert s.get(s9.token) is None and s.for_basic(key) is None
     s.expire(clock())   # the dashboard's sampler does this every few seconds
     assert len(s) == 0 and not s._basic
-    a = s.open("x", "admin", "a")
-    b = s.open("x", "admin", "b")
-    assert s.close_user("x") == 2 and s.get(a.token) is None and s.get(b.token) is None
 
 
 @pytest.mark.parametrize("start", [100.0, 1e6])   # the monotonic clock of a machine up for days

@@ -126,14 +126,13 @@ keys = st.sampled_from([b"n:n1", b"c:x", b"b:clientid:x", b"", b"\xff", b"n:"]) 
 
 
 def _apply_everywhere(key: str, rec: dict | None) -> None:
-    """What reads a decoded control record: ControlState.apply, and the will decoders."""
+    """What reads a decoded control record: ControlState.apply, and the will decoder."""
     from cluster import control as C
     state = C.ControlState("n1", "i1", lambda: 0.0)
     state.apply(0, "n:n1", C.node_record("join", "n1", "i1"), 0.0)
     state.apply(1, key, rec, 0.0)
     if rec and rec.get("will"):
         R.will_message(rec["will"], "x", 0.0, 0.0)
-        R.will_from_dict(rec["will"])
 
 
 @settings(max_examples=200, deadline=None)

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from broker.core.view import BrokerView
 from broker.protocol import packets as P
 from broker.protocol import properties as PR
 from broker.protocol import reason_codes as rc
@@ -354,7 +355,7 @@ def test_stats_show_queued_and_retained_bytes():
     pub = Client(b)
     pub.connect("p")
     publish_ok(pub, "q/1", b"abc", qos=1, retain=True)
-    v = b.stats_view()
+    v = BrokerView(b).stats()
     assert v["queued_bytes"] == 6 and v["retained_bytes"] == 6
     assert v["dropped_queues_total"] == 0 and v["dropped_retained_quota"] == 0
     drain(pub.conn)

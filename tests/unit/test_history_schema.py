@@ -57,3 +57,13 @@ def test_sink_query_prints_a_variant_as_json():
     write_rows(["payload_json"], [(v,)], "csv", out)
     assert json.loads(out.getvalue().splitlines()[1].strip().strip('"').replace('""', '"')) == \
         {"h": 3, "temp": 21.5}
+
+
+def test_the_schema_names_no_header_of_its_own_the_contract_module_defines_them():
+    """The header names are defined once, in kafka_client/headers.py; the schema reads them from
+    there and offers none itself, so a module that needs one imports it from where it is defined."""
+    from kafka_client import headers
+    defined = [n for n in vars(headers) if n.startswith("H_")]
+    assert "H_MESSAGE_ID" in defined and "H_USER_PREFIX" in defined
+    assert [n for n in defined if hasattr(schema, n)] == []
+    assert dict(schema.HEADER_COLUMNS)[headers.H_MESSAGE_ID] == "h_message_id"

@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 from kafka.record import MemoryRecords, MemoryRecordsBuilder
 
 from kafka_client import recordbatch as rb
-from sink.history.schema import H_USER_PREFIX, HEADER_COLUMNS, HEADER_COLUMNS_SCHEMA, KAFKA_SCHEMA
+from kafka_client.headers import H_USER_PREFIX
+from sink.history.schema import HEADER_COLUMNS, HEADER_COLUMNS_SCHEMA, KAFKA_SCHEMA
 
 
 def _ms(t: datetime) -> int:
