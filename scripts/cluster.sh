@@ -103,10 +103,21 @@ done
 echo "cluster.sh: checking the setup (scripts/setup.sh: quick once set up; the first run, or one after" \
      "a change to the core, compiles the native core, which can take minutes)"
 bash scripts/setup.sh
+# node I's command line, with the flags given for the nodes
+node_cmd() {
+  cmd=(.venv/bin/python -m broker --host 127.0.0.1 --port $((FIRST_PORT + $1 - 1))
+       --data-dir "$DATA/n$1" --kafka-bootstrap "127.0.0.1:$KAFKA_PORT"
+       --set cluster.enabled=true --set "cluster.node_id=n$1" --set "cluster.key_file=$DATA/cluster.key"
+       ${node_args[@]+"${node_args[@]}"})
+}
+# checked before anything starts: a bad setting is one line naming it, and exit 2
+node_cmd 1
+PYTHONPATH=$PWD "${cmd[@]}" --check-config >/dev/null \
+  || { echo "cluster.sh: the nodes' flags are wrong (above): nothing started" >&2; exit 2; }
 mkdir -p "$DATA"
 # one key for all the nodes: they sign their Kafka records with it and ignore records without
 # (README "Cluster", the cluster key)
-KEY="$DATA/cluster.key"
+KEY="$DATA/cluster.key"  # (node_cmd gives it to the nodes)
 if [ ! -s "$KEY" ]; then
   (umask 077; .venv/bin/python -c "import secrets; print(secrets.token_hex(32))" >"$KEY")
   echo "cluster.sh: made the cluster key $KEY"
@@ -119,11 +130,11 @@ tansu_pid=
 lb_pid=
 node_pids=()
 force=0
-# stop_all SECONDS PID...: SIGTERM, then SIGKILL whatever still runs after SECONDS (or at once on
-# a second Ctrl-C)
+# stop_all WHAT SECONDS PID...: SIGTERM, then SIGKILL whatever still runs after SECONDS (or at
+# once on a second Ctrl-C)
 stop_all() {
-  local secs=$1 p alive
-  shift
+  local what=$1 secs=$2 p alive
+  shift 2
   [ $# -gt 0 ] || return 0
   for p in "$@"; do kill -TERM "$p" 2>/dev/null || true; done
   for _ in $(seq $((secs * 20))); do
@@ -134,7 +145,7 @@ stop_all() {
   done
   for p in "$@"; do
     if kill -0 "$p" 2>/dev/null; then
-      echo "cluster.sh: pid $p did not stop in time: killed"
+      echo "cluster.sh: $what (pid $p) did not stop within $secs s: killed"
       kill -KILL "$p" 2>/dev/null || true
     fi
   done
@@ -145,11 +156,11 @@ stop() {
   trap - EXIT
   if [ ${#node_pids[@]} -gt 0 ]; then
     echo "cluster.sh: stopping the nodes (a second Ctrl-C kills what is left)"
-    stop_all 10 "${node_pids[@]}"
+    stop_all "a node" 10 "${node_pids[@]}"
   fi
-  [ -n "$lb_pid" ] && stop_all 5 "$lb_pid"
-  # Tansu takes 5 s to exit on SIGTERM and has nothing to save (memory storage)
-  [ -n "$tansu_pid" ] && stop_all 1 "$tansu_pid"
+  [ -n "$lb_pid" ] && stop_all HAProxy 5 "$lb_pid"
+  # Tansu, with no client left, exits at once on SIGTERM; it has nothing to save (memory storage)
+  [ -n "$tansu_pid" ] && stop_all "Kafka (Tansu)" 2 "$tansu_pid"
   echo "cluster.sh: stopped"
 }
 trap 'stop; exit 130' INT
@@ -173,10 +184,8 @@ echo "cluster.sh: Kafka (Tansu, in memory) on 127.0.0.1:$KAFKA_PORT (log $DATA/t
 servers=""
 for i in $(seq 1 "$N"); do
   port=$((FIRST_PORT + i - 1))
-  PYTHONPATH=$PWD setsid .venv/bin/python -m broker --host 127.0.0.1 --port "$port" \
-    --data-dir "$DATA/n$i" --kafka-bootstrap "127.0.0.1:$KAFKA_PORT" \
-    --set cluster.enabled=true --set "cluster.node_id=n$i" --set "cluster.key_file=$KEY" \
-    ${node_args[@]+"${node_args[@]}"} >"$DATA/n$i.log" 2>&1 </dev/null &
+  node_cmd "$i"
+  PYTHONPATH=$PWD setsid "${cmd[@]}" >"$DATA/n$i.log" 2>&1 </dev/null &
   node_pids+=($!)
   servers+="    server n$i 127.0.0.1:$port"$'\n'
   echo "cluster.sh: node n$i on 127.0.0.1:$port, pid $! (log $DATA/n$i.log)"

@@ -815,6 +815,32 @@ def test_the_cluster_script_help_lists_its_flags_and_starts_nothing(tmp_path):
     assert not any(_listens(p) for p in ours), "something listens on cluster.sh's default ports"
 
 
+def test_the_cluster_script_names_a_port_in_use_or_a_bad_node_flag_and_starts_nothing(tmp_path):
+    """A port something already listens on (here the load balancer's), or a setting the nodes
+    would refuse, is one line naming it and exit 2, before Kafka or any node starts."""
+    import socket
+
+    from tests.conftest import free_port
+    env = {**os.environ, "KAFKA_PORT": str(free_port()), "FIRST_PORT": str(_free_run(2)),
+           "DATA": str(tmp_path / "cl")}
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = taken.getsockname()[1]
+        r = subprocess.run(["bash", "scripts/cluster.sh", "2", "--lb-port", str(busy)], cwd=ROOT,
+                           env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert f"port {busy} on 127.0.0.1 is in use" in r.stderr and "--lb-port" in r.stderr
+    assert not (tmp_path / "cl").exists()
+    r = subprocess.run(["bash", "scripts/cluster.sh", "2", "--lb-port", str(free_port()),
+                        "--set", "mqtt.max_conections=10"], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "mqtt.max_conections" in r.stderr and "nothing started" in r.stderr
+    assert "Traceback" not in r.stderr
+    assert not (tmp_path / "cl").exists()
+
+
 @pytest.mark.skipif(shutil.which("haproxy") is None,
                     reason="haproxy is not installed (scripts/setup.sh installs it as root)")
 def test_the_one_host_cluster_script_serves_clients_through_haproxy_and_survives_a_node(tmp_path):
