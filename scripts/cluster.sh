@@ -4,6 +4,7 @@
 # Its default ports differ from scripts/run.sh's (MQTT 1883, Kafka 9092, dashboard 18083,
 # metrics 9100, Spark Connect 15002), so both can run at once: see usage() or --help.
 set -euo pipefail
+caller_dir=$PWD  # a --data (or $DATA) that is a relative path is relative to where it was run
 cd "$(dirname "$0")/.."
 
 DEFAULT_KAFKA_PORT=19092
@@ -23,7 +24,8 @@ Options (each defaults to the environment variable named, then to the value show
   --kafka-port PORT   Kafka (Tansu) on 127.0.0.1:PORT           (\$KAFKA_PORT, $DEFAULT_KAFKA_PORT)
   --lb-port PORT      HAProxy, where clients connect            (\$LB_PORT, $DEFAULT_LB_PORT)
   --first-port PORT   node n1's MQTT port; n2 on PORT+1, ...    (\$FIRST_PORT, $DEFAULT_FIRST_PORT)
-  --data DIR          logs, the nodes' data and the cluster key (\$DATA, $DEFAULT_DATA)
+  --data DIR          logs, the nodes' data and the cluster key (\$DATA, $DEFAULT_DATA
+                      in the project; a relative DIR is from the current directory)
   -h, --help          print this and exit (starts nothing)
 Any other flag goes to every node, e.g. --set mqtt.max_connections=1000 (see
 "python -m broker --help"); "--" ends the options: all that follows goes to the nodes.
@@ -47,7 +49,7 @@ N=
 KAFKA_PORT=${KAFKA_PORT:-$DEFAULT_KAFKA_PORT}
 LB_PORT=${LB_PORT:-$DEFAULT_LB_PORT}
 FIRST_PORT=${FIRST_PORT:-$DEFAULT_FIRST_PORT}
-DATA=${DATA:-$DEFAULT_DATA}
+DATA=${DATA:-}
 node_args=()
 while [ $# -gt 0 ]; do
   case $1 in
@@ -77,6 +79,11 @@ while [ $# -gt 0 ]; do
   esac
 done
 N=${N:-3}
+case $DATA in
+  "") DATA=$DEFAULT_DATA ;;  # in the project
+  /*) ;;
+  *) DATA=$caller_dir/$DATA ;;
+esac
 [[ $N =~ ^[0-9]+$ ]] && [ "$N" -ge 1 ] && [ "$N" -le 100 ] || die "the number of nodes must be 1 to 100, not '$N'"
 for v in KAFKA_PORT LB_PORT FIRST_PORT; do
   p=${!v}
