@@ -752,27 +752,104 @@ def test_a_leaving_node_with_a_server_reference_sends_use_another_server(kafka, 
 
 
 # ------------------------------------------------------------------ the README's one-host cluster
+CLUSTER_SCRIPT_ENV = ("KAFKA_PORT", "LB_PORT", "FIRST_PORT", "DATA")
+
+
+def _start_cluster_script(tmp_path, n: int) -> tuple[subprocess.Popen, dict, int]:
+    """scripts/cluster.sh with n nodes on free ports, in a process group of its own as a
+    terminal would start it: (its process, its environment, its nodes' first port)."""
+    from tests.conftest import free_port
+    first = _free_run(n)  # the nodes' ports
+    env = {**os.environ, "KAFKA_PORT": str(free_port()), "LB_PORT": str(free_port()),
+           "FIRST_PORT": str(first), "DATA": str(tmp_path / "cl")}
+    out = open(tmp_path / "cluster.out", "wb")
+    proc = subprocess.Popen(["bash", "scripts/cluster.sh", str(n)], cwd=ROOT, env=env,
+                            stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    out.close()
+    try:
+        wait_for(lambda: _answers(int(env["LB_PORT"])), 60, "the load balancer to reach a node")
+    except AssertionError:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(30)
+        raise AssertionError((tmp_path / "cluster.out").read_text()) from None
+    for port in range(first, first + n):
+        wait_for(lambda port=port: _answers(port), 60, f"node on {port}")
+    return proc, env, first
+
+
+def test_the_cluster_script_help_lists_its_flags_and_starts_nothing(tmp_path):
+    """`scripts/cluster.sh --help` prints its flags, each with its environment variable and
+    default, and exits 0 without running the setup or starting Kafka, a node or HAProxy; its
+    default ports are none of scripts/run.sh's (MQTT, embedded Kafka, dashboard, metrics, Spark
+    Connect, JDBC), so both can run at once."""
+    import re
+
+    from settings import load as load_settings
+    env = {k: v for k, v in os.environ.items() if k not in CLUSTER_SCRIPT_ENV}
+    env["DATA"] = str(tmp_path / "cl")
+    proc = subprocess.Popen(["bash", "scripts/cluster.sh", "--help"], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGTERM)
+        out, _ = proc.communicate(timeout=30)
+        raise AssertionError(f"--help did not exit: it started the cluster:\n{out}") from None
+    assert proc.returncode == 0, out
+    for flag in ("--kafka-port", "--lb-port", "--first-port", "--data", "--help"):
+        assert flag in out, f"{flag} not in --help:\n{out}"
+    ran = [line for line in out.splitlines()
+           if line.startswith(("setup:", "build_native:", "cluster.sh:"))]
+    assert not ran, f"--help ran something: {ran}"
+    assert not (tmp_path / "cl").exists()  # no log, no key, no data directory: nothing ran
+    defaults = {name: int(port) for name, port in
+                re.findall(r"\(\$(KAFKA_PORT|LB_PORT|FIRST_PORT), (\d+)\)", out)}
+    assert set(defaults) == {"KAFKA_PORT", "LB_PORT", "FIRST_PORT"}, out
+    ours = {defaults["KAFKA_PORT"], defaults["LB_PORT"]} | set(
+        range(defaults["FIRST_PORT"], defaults["FIRST_PORT"] + 3))
+    c = load_settings(str(ROOT / "config" / "broker.toml"))  # scripts/run.sh's configuration
+    run_sh = {c.port, c.sink.embedded_port, c.dashboard.port, c.metrics.port,
+              c.history.connect_port, c.history.jdbc_port}
+    assert not ours & run_sh, f"cluster.sh's default ports {sorted(ours & run_sh)} are run.sh's"
+    assert not any(_listens(p) for p in ours), "something listens on cluster.sh's default ports"
+
+
+def test_the_cluster_script_names_a_port_in_use_or_a_bad_node_flag_and_starts_nothing(tmp_path):
+    """A port something already listens on (here the load balancer's), or a setting the nodes
+    would refuse, is one line naming it and exit 2, before Kafka or any node starts."""
+    import socket
+
+    from tests.conftest import free_port
+    env = {**os.environ, "KAFKA_PORT": str(free_port()), "FIRST_PORT": str(_free_run(2)),
+           "DATA": str(tmp_path / "cl")}
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = taken.getsockname()[1]
+        r = subprocess.run(["bash", "scripts/cluster.sh", "2", "--lb-port", str(busy)], cwd=ROOT,
+                           env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert f"port {busy} on 127.0.0.1 is in use" in r.stderr and "--lb-port" in r.stderr
+    assert not (tmp_path / "cl").exists()
+    r = subprocess.run(["bash", "scripts/cluster.sh", "2", "--lb-port", str(free_port()),
+                        "--set", "mqtt.max_conections=10"], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "mqtt.max_conections" in r.stderr and "nothing started" in r.stderr
+    assert "Traceback" not in r.stderr
+    assert not (tmp_path / "cl").exists()
+
+
 @pytest.mark.skipif(shutil.which("haproxy") is None,
                     reason="haproxy is not installed (scripts/setup.sh installs it as root)")
 def test_the_one_host_cluster_script_serves_clients_through_haproxy_and_survives_a_node(tmp_path):
     """scripts/cluster.sh as the README shows it: one Tansu, three nodes, HAProxy in front; a
     subscriber and a publisher through the load balancer, then one node killed: both reconnect
     through the load balancer to the others and messages flow again."""
-    from tests.conftest import free_port
-    first = _free_run(3)  # the nodes' ports
-    env = {**os.environ, "KAFKA_PORT": str(free_port()), "LB_PORT": str(free_port()),
-           "FIRST_PORT": str(first), "DATA": str(tmp_path / "cl")}
+    proc, env, first = _start_cluster_script(tmp_path, 3)
     lb = int(env["LB_PORT"])
-    out = open(tmp_path / "cluster.out", "wb")
-    proc = subprocess.Popen(["bash", "scripts/cluster.sh", "3"], cwd=ROOT, env=env,
-                            stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        try:
-            wait_for(lambda: _answers(lb), 60, "the load balancer to reach a node")
-        except AssertionError:
-            raise AssertionError((tmp_path / "cluster.out").read_text()) from None
-        for port in range(first, first + 3):
-            wait_for(lambda port=port: _answers(port), 60, f"node on {port}")
         topic = uniq("lb")
         sub = connect(lb, f"lbsub-{uuid.uuid4().hex[:6]}", clean_start=False,
                       properties={PR.SESSION_EXPIRY_INTERVAL: 300})
@@ -794,7 +871,50 @@ def test_the_one_host_cluster_script_serves_clients_through_haproxy_and_survives
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(30)
-        out.close()
+
+
+@pytest.mark.skipif(shutil.which("haproxy") is None,
+                    reason="haproxy is not installed (scripts/setup.sh installs it as root)")
+def test_ctrl_c_stops_the_cluster_scripts_nodes_before_kafka_quickly_and_without_errors(tmp_path):
+    """A terminal's Ctrl-C (SIGINT to the script's process group) stops the nodes while Kafka
+    still serves them, then HAProxy, then Kafka: a client connected through HAProxy gets
+    DISCONNECT 0x8B (Server shutting down), the script is done well within a generous bound
+    (the nodes stopping against a Kafka already gone took over 10 s), nothing it started is
+    left, and no node logs an ERROR or a traceback."""
+    proc, env, first = _start_cluster_script(tmp_path, 2)
+    ports = [int(env["KAFKA_PORT"]), int(env["LB_PORT"]), first, first + 1]
+    try:
+        client = connect(int(env["LB_PORT"]), f"ctrlc-{uuid.uuid4().hex[:6]}")
+        t0 = time.monotonic()
+        os.killpg(proc.pid, signal.SIGINT)
+        expect_disconnect(client, rc.SERVER_SHUTTING_DOWN, timeout=10)
+        proc.wait(30)
+        took = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(30)
+    out = (tmp_path / "cluster.out").read_text()
+    print(f"cluster.sh (2 nodes) stopped {took:.2f} s after SIGINT")
+    assert took < 10.0, f"stopped {took:.1f} s after SIGINT:\n{out}"
+    left = subprocess.run(["pgrep", "-f", str(tmp_path / "cl")], capture_output=True,
+                          text=True).stdout.split()
+    assert not left, f"still running after the script ended: {left}"
+    assert not [p for p in ports if _listens(p)], out
+    for n in ("n1", "n2"):
+        log = (tmp_path / "cl" / f"{n}.log").read_text()
+        bad = [line for line in log.splitlines() if " ERROR " in line or "Traceback" in line]
+        assert not bad, f"{n}.log: {len(bad)} ERROR lines, e.g. {bad[:3]}"
+        assert "broker: stopped" in log, f"{n} did not stop cleanly:\n{log[-2000:]}"
+
+
+def _listens(port: int) -> bool:
+    import socket
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        return True
+    except OSError:
+        return False
 
 
 def _answers(port: int) -> bool:
