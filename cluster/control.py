@@ -124,6 +124,7 @@ class Evicted(NamedTuple):
     node: str
     inc: str
     me: bool
+    left: bool = False  # it said so itself (a clean stop), not declared dead by another
 
 
 class Stale(NamedTuple):
@@ -246,7 +247,7 @@ class ControlState:
         """A node incarnation is gone: its connected clients are disconnected as of `at`
         (an abnormal end: wills after their delay [MQTT-3.1.2-8], expiry from then)."""
         m.alive = False
-        out: list = [Evicted(m.node, m.inc, m.node == self.node and m.inc == self.inc)]
+        out: list = [Evicted(m.node, m.inc, m.node == self.node and m.inc == self.inc, m.left)]
         for c in list(self.clients.values()):
             if c.prev is not None and c.prev[:2] == (m.node, m.inc) and not c.handed_over:
                 c.handed_over = True  # its last word will never come: rebuild from what is known

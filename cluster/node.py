@@ -684,6 +684,9 @@ class ClusterNode(Hook):
                 if ev.me:
                     if not self.stopping:  # (its own `leave` at shutdown is not a fencing)
                         self._fenced()
+                elif ev.left:  # a clean stop: expected, not a warning
+                    log.info("cluster: node %s (incarnation %s) left; its clients' sessions "
+                             "and wills are taken over by the live nodes", ev.node, ev.inc)
                 else:
                     log.warning("cluster: node %s (incarnation %s) is gone; its clients' "
                                 "sessions and wills are taken over by the live nodes",

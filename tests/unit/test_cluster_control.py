@@ -111,6 +111,20 @@ def test_records_of_a_node_declared_gone_are_fenced():
     assert b.state.clients["dev"].inc == "a2"
 
 
+def test_a_node_that_leaves_is_told_apart_from_one_declared_gone():
+    """A clean stop ("leave") is an expected departure (logged at INFO by the others); an
+    eviction by another node is not (a WARNING)."""
+    log = Log()
+    for n in ("a", "b", "c"):
+        join(log, n, n + "1")
+    log.write("n:a", C.node_record("leave", "a", "a1"))
+    log.write("n:b", C.node_record("evict", "b", "b1", by="c", by_inc="c1"))
+    r = Replica(log, "c", "c1")
+    r.catch_up()
+    gone = {e.node: e.left for e in r.effects if isinstance(e, C.Evicted)}
+    assert gone == {"a": True, "b": False}
+
+
 def test_only_a_live_member_may_declare_another_gone():
     log = Log()
     join(log, "a", "a1")
