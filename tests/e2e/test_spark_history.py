@@ -190,8 +190,10 @@ def test_history_columns_and_dedup(spark, kafka, tmp_path):
         ("json-array", None), ("json-broken", None), ("json-object", 21.5), ("json-scalar", None)]
     assert run_sql(spark, cfg.history.table, "SELECT count(*) AS n FROM messages "
                    "WHERE payload_json:n::int >= 190")[0].n == 10
-    assert run_sql(spark, cfg.history.table, "SELECT payload_json[2]:temp::int AS t FROM messages "
-                   "WHERE message_id = 'json-array'")[0].t == 3
+    assert run_sql(spark, cfg.history.table, "SELECT payload_json:[2].temp::int AS t FROM "
+                   "messages WHERE message_id = 'json-array'")[0].t == 3
+    assert run_sql(spark, cfg.history.table, "SELECT payload_json:tags[1]::string AS t FROM "
+                   "messages WHERE message_id = 'json-object'")[0].t == "b"
 
     # Kafka coordinates are unique and the table is partitioned by UTC date.
     assert len({(r.kafka_partition, r.kafka_offset) for r in rows}) == 207
