@@ -51,10 +51,11 @@ DEFAULT_CONF = {
     # The job's table maintenance runs beside the stream in a pool of its own
     # (sink/history/maintenance.py), sharing the cores fairly instead of queueing behind it.
     "spark.scheduler.mode": "FAIR",
-    # payload_json (a VARIANT, sink/history/schema.py) is written shredded: each file stores the
-    # fields most of its rows have as typed Parquet columns, which a filter on a field reads
-    # instead of every payload (bench/history_month.py --json-rows). Spark 4.3's defaults, set
-    # here so that a session configured otherwise still writes the table this way.
+    # payload_json (a VARIANT, sink/history/schema.py) is written shredded by compaction: each
+    # file stores the fields most of its rows have as typed Parquet columns, which a filter on a
+    # field reads instead of every payload (bench/history_month.py --json-rows); micro-batches
+    # turn it off in the stream's session (writer.py). Spark 4.3's defaults, set here so that a
+    # session configured otherwise still writes the table this way.
     "spark.sql.variant.writeShredding.enabled": "true",
     "spark.sql.variant.inferShreddingSchema": "true",
     "spark.sql.variant.allowReadingShredded": "true",

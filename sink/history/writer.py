@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("sink.writer")
 
 HOUR_COLUMN = "_h"   # staging-only partition column: the UTC hour of accepted_at
+STREAM_SHREDDING = "spark.sql.variant.writeShredding.enabled"
 
 
 def checkpoint_stream_id(checkpoint: str) -> str | None:
@@ -61,6 +62,11 @@ class BatchWriter:
                      batch_id, snap.id)
             return
         staging = self.table.staging(f"b{batch_id}")
+        # payload_json unshredded in a micro-batch's small files (inferring and writing the
+        # shredded columns was the larger part of the column's cost per row): compaction,
+        # which merges them within the hour, writes it shredded. The stream's own session (a
+        # clone): the compaction beside it keeps the setting of the job's session.
+        df.sparkSession.conf.set(STREAM_SHREDDING, "false")
         try:
             out = df.withColumn(HOUR_COLUMN, F.hour("accepted_at"))
             if self.retention_ms:

@@ -128,8 +128,8 @@ def test_forged_records_do_not_become_rows(job):
 def test_json_payloads_are_queryable_as_payload_json_through_spark_connect(job):
     """The genuine payloads are JSON numbers: payload_json holds them, a query on it runs in the
     job's Spark Connect server, and sink.query prints the variant as JSON."""
-    wait_for(lambda: rows(job.query("SELECT count(*) AS n FROM messages"))[0]["n"] >= GENUINE,
-             120, "the genuine records")
+    wait_for(lambda: rows(job.query("SELECT count(*) AS n FROM messages", "--wait", "400")
+                          )[0]["n"] >= GENUINE, 500, "the genuine records")
     p = job.query("SELECT sum(payload_json::int) AS s, count(payload_json) AS j FROM messages")
     assert "using the history job's Spark Connect server" in p.stderr
     assert rows(p) == [{"s": GENUINE * (GENUINE - 1) // 2, "j": GENUINE}]

@@ -190,8 +190,10 @@ def test_history_columns_and_dedup(spark, kafka, tmp_path):
         ("json-array", None), ("json-broken", None), ("json-object", 21.5), ("json-scalar", None)]
     assert run_sql(spark, cfg.history.table, "SELECT count(*) AS n FROM messages "
                    "WHERE payload_json:n::int >= 190")[0].n == 10
-    assert run_sql(spark, cfg.history.table, "SELECT payload_json[2]:temp::int AS t FROM messages "
-                   "WHERE message_id = 'json-array'")[0].t == 3
+    assert run_sql(spark, cfg.history.table, "SELECT payload_json:[2].temp::int AS t FROM "
+                   "messages WHERE message_id = 'json-array'")[0].t == 3
+    assert run_sql(spark, cfg.history.table, "SELECT payload_json:tags[1]::string AS t FROM "
+                   "messages WHERE message_id = 'json-object'")[0].t == "b"
 
     # Kafka coordinates are unique and the table is partitioned by UTC date.
     assert len({(r.kafka_partition, r.kafka_offset) for r in rows}) == 207
@@ -241,6 +243,12 @@ def test_a_table_written_before_payload_json_gets_the_column_after_the_upgrade(s
 
     produce(kafka.bootstrap, [sensor("new-1", 40.5, t1 + 2)])
     assert run(spark, cfg) == 0   # the upgraded job, continuing from its checkpoint
+
+    def shredded(f: Path) -> bool:  # payload_json's fields stored as typed Parquet columns
+        return "typed_value" in str(pq.read_schema(f).field("payload_json").type)
+    new_files = set(Path(cfg.history.table).rglob("*.parquet")) - set(old_files)
+    # a micro-batch writes the column unshredded (cheaper per row); compaction shreds it
+    assert new_files and not any(shredded(f) for f in new_files)
     sql = ("SELECT message_id, payload_json:temp::double AS t FROM messages "
            "WHERE topic LIKE 'sensors/%' ORDER BY message_id")
     rows = run_sql(spark, cfg.history.table, sql)
@@ -259,6 +267,8 @@ def test_a_table_written_before_payload_json_gets_the_column_after_the_upgrade(s
     # compaction merges the closed day's files: the old rows get the column, parsed
     done = compact(spark, Table(cfg.history.table), now_ms=t1 + 3 * 86_400_000)
     assert done["tasks"] == 1
+    live = Table(cfg.history.table).snapshot().files
+    assert len(live) == 1 and shredded(Table(cfg.history.table).abs(live[0].path))
     rows = run_sql(spark, cfg.history.table, sql)
     assert [(r.message_id, r.t) for r in rows] == [("new-1", 40.5), ("old-1", 20.5), ("old-2", 30.5)]
 
