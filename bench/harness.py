@@ -3,7 +3,7 @@ bench/idle_devices.py): the checkout's Python, a free port, a broker process sta
 for and stopped, the figures /proc gives of a process, and the orchestrator's command line,
 file limit and loop over repeats and brokers.
 
-The scripts run as ``.venv/bin/python bench/X.py``: Python puts bench/ first on sys.path, so
+The scripts run as ``.venv/bin/python bench/SCRIPT.py``: Python puts bench/ first on sys.path, so
 they ``import harness`` (this file) as it is.
 """
 from __future__ import annotations
