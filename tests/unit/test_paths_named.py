@@ -56,7 +56,7 @@ def missing() -> list[str]:
     for f, line, text in texts():
         for name in PATH.findall(text):
             # a path relative to the repository, or to the naming file's folder (deploy's docs)
-            if re.search(r"/[A-Z_]+\.[a-z]+$", name):
+            if re.search(r"/(?!README)[A-Z_]+\.[a-z]+$", name):
                 continue  # a placeholder ("bench/SCRIPT.py"), not a file
             if not (ROOT / name).exists() and not (f.parent / name).exists():
                 out.append((f"{f.relative_to(ROOT)}:{line}", name))
