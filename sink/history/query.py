@@ -280,7 +280,8 @@ def wait_for_server(url: str, job: dict | None, wait: float,
 
 def open_session(url: str | None, say: Callable[[str], object] = lambda msg: None, token: str | None = None,
                  job: dict | None = None, wait: float = 0.0,
-                 tell: Callable[[str], object] = lambda msg: None) -> tuple[SparkSession, str]:
+                 tell: Callable[[str], object] = lambda msg: None,
+                 why_local: str = "--local") -> tuple[SparkSession, str]:
     """(spark, "connect" | "local"): the job's Spark Connect server when it answers at url
     (waiting for a job that is starting), else a new local session, said on stderr."""
     serves_at = job.get("serves_connect_at") if job is not None else None
@@ -314,7 +315,7 @@ def open_session(url: str | None, say: Callable[[str], object] = lambda msg: Non
             tell(f"the history job is not running (no Spark Connect server at {url}): reading "
                  "the table with a local Spark session (10+ s; --local to ask for it)")
     else:
-        say("starting a local Spark session (--local)")
+        say(f"starting a local Spark session ({why_local})")
     from sink.history.spark import get_spark
     return get_spark("mqtt-history-query", log_level="ERROR"), "local"
 
@@ -405,7 +406,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         spark, how = open_session(None if args.local or args.table is not None else args.connect, say,
                                   token=secrets.connect_token(data_dir), job=job,
-                                  wait=args.wait, tell=tell)
+                                  wait=args.wait, tell=tell,
+                                  why_local="--local" if args.local else
+                                  "--table: a table named by its path is read here; the job's "
+                                  "Spark Connect reads only its catalog tables")
     except (PermissionError, JobNotUp) as exc:
         tell(f"error: {exc}")
         return 2
