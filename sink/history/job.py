@@ -30,6 +30,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -881,6 +882,20 @@ def stop_on_signals(stop: threading.Event) -> Callable[[int, FrameType | None], 
     return on_signal
 
 
+def guard_build_root(data_dir: str | None) -> Path:
+    """Where the guard's classes are compiled: the checkout's build/, or, where that cannot be
+    written (an image installed read-only, as deploy/Dockerfile's), the data directory's."""
+    from sink.history.spark import PROJECT_ROOT
+    root = Path(PROJECT_ROOT) / "build"
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        if os.access(root, os.W_OK):
+            return root
+    except OSError:
+        pass
+    return Path(data_dir or tempfile.gettempdir()) / "build"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from settings import ConfigError
     from settings import report as report_config_error
@@ -916,7 +931,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         from sink.history.spark import (
             JOB_LOCAL_CONF,
             JOB_LOCAL_ENV,
-            PROJECT_ROOT,
             get_spark,
             launched_by_spark_submit,
         )
@@ -933,7 +947,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         guard_conf: dict[str, str] = {}
         if serving:
             try:
-                guard_conf = guard.launch_conf(Path(PROJECT_ROOT) / "build")
+                guard_conf = guard.launch_conf(guard_build_root(job.data_dir))
             except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
                 # the table is still written; check_active below then serves no endpoint
                 log.error("cannot build the read-only guard of Spark Connect and JDBC: %s", exc)

@@ -119,3 +119,17 @@ def test_a_signal_during_the_exit_after_a_clean_stop_is_ignored(monkeypatch):
     finally:
         for s, handler in saved.items():
             signal.signal(s, handler)
+
+
+def test_the_guard_is_compiled_in_the_data_directory_where_the_checkout_cannot_be_written(
+        tmp_path, monkeypatch):
+    """An image installed read-only (deploy/Dockerfile: the job runs as another user than the
+    files' owner) still gets its read-only guard: compiled under the data directory."""
+    import sink.history.spark as spark_mod
+    from sink.history.job import guard_build_root
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    monkeypatch.setattr(spark_mod, "PROJECT_ROOT", str(blocked))  # build/ cannot be made in it
+    assert guard_build_root(str(tmp_path / "data")) == tmp_path / "data" / "build"
+    monkeypatch.setattr(spark_mod, "PROJECT_ROOT", str(tmp_path))
+    assert guard_build_root(str(tmp_path / "data")) == tmp_path / "build"
