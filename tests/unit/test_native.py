@@ -180,7 +180,8 @@ print(native.running(), len(inputs), h.hexdigest())
 def test_compiled_and_pure_codec_agree_on_every_input():
     built = native.state(G)
     if built != "compiled":  # (whichever codec this process runs: MQTT_PURE_PYTHON=1 or not)
-        pytest.skip("the codec is not compiled here (no gcc or Python headers): nothing to compare")
+        pytest.skip(f"the codec is not compiled here (build state: {built}; setup.sh compiles "
+                    "it where gcc and the Python headers exist): nothing to compare")
     runs = {}
     for pure in ("0", "1"):
         out = subprocess.run([sys.executable, "-c", _DIFFERENTIAL], cwd=ROOT, capture_output=True,
