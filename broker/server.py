@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from .dashboard.api import Dashboard
     from .observability.sys_topics import SysPublisher
 
-log = logging.getLogger("broker.server")
+log = logging.getLogger(__name__)
 
 
 class Server:

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
     from kafka_client.fetch import Fetcher
 
-log = logging.getLogger("cluster")
+log = logging.getLogger(__name__)
 
 class Topics:
     def __init__(self, prefix: str) -> None:

@@ -55,7 +55,7 @@ if TYPE_CHECKING:
     from broker.protocol.packets import Will
     from settings import ClusterConfig
 
-log = logging.getLogger("cluster")
+log = logging.getLogger(__name__)
 
 NEVER = 0xFFFFFFFF
 NOT_AUTHORIZED = 0x87  # CONNACK reason code

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 from kafka_client.produce import BatchSender, NotReady
 from kafka_client.record import encode_body
 
-log = logging.getLogger("cluster")
+log = logging.getLogger(__name__)
 
 
 class Producer:

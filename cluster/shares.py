@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
     from .node import ClusterNode
 
-log = logging.getLogger("cluster")
+log = logging.getLogger(__name__)
 
 
 def group_id(prefix: str, group: str, topic_filter: str) -> str:

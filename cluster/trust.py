@@ -18,7 +18,7 @@ from kafka_client.headers import signature_mac
 from kafka_client.record import FORGED, OTHER_KEY, UNSIGNED, sign_body, signature_verdict, vlen
 from settings import secrets
 
-log = logging.getLogger("cluster")
+log = logging.getLogger(__name__)
 
 MALFORMED = "malformed"
 REPLAYED = "replayed"

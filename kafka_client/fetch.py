@@ -19,7 +19,7 @@ from typing import Any, Callable
 from .recordbatch import Decoded, decode
 from .recordscan import Scanned
 
-log = logging.getLogger("cluster")
+log = logging.getLogger(__name__)
 
 MAX_BYTES = 4 << 20            # per partition and per response (Tansu may return whole batches)
 RECEIVE_MAX = 256 << 20        # the largest response accepted (kafka-python's default: 100 MB)

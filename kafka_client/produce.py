@@ -12,7 +12,7 @@ from typing import Any
 
 from .record import body_key, build_batch
 
-log = logging.getLogger("sink.forwarder")
+log = logging.getLogger(__name__)
 
 # KafkaProducer settings that mean nothing to the network client (accepted and ignored)
 _PRODUCER_ONLY = ("acks", "enable_idempotence", "linger_ms", "batch_size", "max_block_ms",

@@ -40,7 +40,7 @@ from collections.abc import Callable
 
 from . import environment
 
-log = logging.getLogger("settings.secrets")
+log = logging.getLogger(__name__)
 
 DIR_NAME = "secrets"
 TOKEN_FILE = "spark_connect.token"

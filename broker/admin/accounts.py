@@ -38,7 +38,7 @@ from ..auth.passwords import (
     verify_password,
 )
 
-log = logging.getLogger("broker.admin")
+log = logging.getLogger(__name__)
 
 ROLES = ("admin", "viewer")
 USERS_FILE = "dashboard-users"

@@ -21,7 +21,7 @@ import os
 import time
 from typing import Callable
 
-log = logging.getLogger("broker.admin")
+log = logging.getLogger(__name__)
 
 KINDS = ("clientid", "username", "address")
 BANS_FILE = "bans.json"

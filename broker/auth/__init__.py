@@ -50,7 +50,7 @@ __all__ = ["AccessControl", "from_config", "ACL", "AuthFileError", "PasswordFile
            "hash_password", "verify_password", "covers", "overlaps",
            "BAD_USER_NAME_OR_PASSWORD", "NOT_AUTHORIZED"]
 
-log = logging.getLogger("broker.auth")
+log = logging.getLogger(__name__)
 
 BAD_USER_NAME_OR_PASSWORD = 0x86
 NOT_AUTHORIZED = 0x87

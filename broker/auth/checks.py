@@ -22,7 +22,7 @@ from typing import Any, Callable, Hashable
 
 from settings import AuthConfig
 
-log = logging.getLogger("broker.auth")
+log = logging.getLogger(__name__)
 
 DEFAULT_MAX_PENDING = AuthConfig().max_pending_checks  # [auth] max_pending_checks
 THREAD_NAME = "auth-check"

@@ -54,7 +54,7 @@ from typing import Any, Callable
 
 from .acl import AuthFileError, file_signature
 
-log = logging.getLogger("broker.auth")
+log = logging.getLogger(__name__)
 
 DEFAULT_N = 2 ** 14
 DEFAULT_R = 8

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from .hooks import Persistence
     from .router import GroupKey
 
-log = logging.getLogger("broker")
+log = logging.getLogger(__name__)
 
 
 def server_capabilities(cfg: MQTTConfig) -> dict[int, int]:

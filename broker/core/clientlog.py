@@ -28,7 +28,7 @@ PER_CONNECTION_INTERVAL = 6.0  # ...then one per this many seconds (10 a minute)
 BURST_SECONDS = 10.0         # all clients: bursts of up to this many seconds' worth of lines
 SUMMARY_INTERVAL = 10.0      # seconds between the WARNINGs counting suppressed lines
 
-log = logging.getLogger("broker.clients")
+log = logging.getLogger(__name__)
 
 
 def shown(value: object, limit: int = SHOWN_CHARS) -> str:

@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from .broker import Broker
     from .session import Session
 
-log = logging.getLogger("broker.connection")
+log = logging.getLogger(__name__)
 
 _NEW, _CONNECTED, _CLOSED, _AUTHENTICATING = 0, 1, 2, 3
 MAX_DEFERRED = 1000  # packets a client may send while its password is being checked

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from ..server import Server
     from .api import Dashboard
 
-log = logging.getLogger("broker.dashboard")
+log = logging.getLogger(__name__)
 
 JOB_HINT = "python -m sink.job --config <your broker.toml>, or scripts/run.sh"
 

@@ -50,7 +50,7 @@ from . import JOB_HINT, live
 from .history import BadRequest, HistoryClient, JobNotRunning, check_filter, make_query, parse_time
 from .login import COOKIE, Busy, LoginChecks, Session, Sessions, Throttle
 
-log = logging.getLogger("broker.dashboard")
+log = logging.getLogger(__name__)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 

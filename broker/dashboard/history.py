@@ -26,7 +26,7 @@ from typing import Callable
 from mqtt_topics import valid_topic_filter
 from settings.secrets import TOKEN_ENV
 
-log = logging.getLogger("broker.dashboard")
+log = logging.getLogger(__name__)
 
 BUCKETS = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600,
            43200, 86400, 172800, 604800)

@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 from .history import COUNTS_SQL, LATEST_SQL, VALUES_SQL, iso
 
-log = logging.getLogger("broker.dashboard.history_worker")
+log = logging.getLogger(__name__)
 
 
 class Worker:

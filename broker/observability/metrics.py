@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
     from ..server import Server
 
-log = logging.getLogger("broker.metrics")
+log = logging.getLogger(__name__)
 
 
 class BrokerCollector:

@@ -47,7 +47,7 @@ if TYPE_CHECKING:
 
 Row = tuple[Any, ...]   # (rowid, *columns) of a table
 
-log = logging.getLogger("broker.store")
+log = logging.getLogger(__name__)
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS messages (id INTEGER PRIMARY KEY, topic TEXT NOT NULL, payload BLOB,

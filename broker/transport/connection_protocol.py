@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from ..core.hooks import Hooks
     from ..server import Server
 
-log = logging.getLogger("broker.server")
+log = logging.getLogger(__name__)
 
 LARGE_READ = 16384         # a read this big is flushed at once instead of at the end of the turn
 WRITE_HIGH_WATER = 1 << 20  # bytes buffered for a client before QoS 0 is dropped / QoS 1-2 queued

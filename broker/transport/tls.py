@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from settings import ListenerConfig
-log = logging.getLogger("broker.tls")
+log = logging.getLogger(__name__)
 
 
 def make_context(listener: ListenerConfig) -> ssl.SSLContext:

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 
     from ..server import Server
 
-log = logging.getLogger("broker.websocket")
+log = logging.getLogger(__name__)
 
 WS_FRAME_SLACK = 65536   # bytes allowed in one WebSocket message beyond maximum_packet_size
 CLOSE_TIMEOUT = 10.0     # seconds a close waits for buffered output before the socket is aborted

@@ -79,7 +79,7 @@ from .spool import (
     write_checkpoint,
 )
 
-log = logging.getLogger("sink.forwarder")
+log = logging.getLogger(__name__)
 
 DEFAULT_PRODUCER = dict(
     acks="all",

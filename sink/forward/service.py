@@ -44,7 +44,7 @@ if TYPE_CHECKING:
 
     from .hook import SinkHook
 
-log = logging.getLogger("sink")
+log = logging.getLogger(__name__)
 
 _MISSING = object()
 _EXCLUDED = object()
@@ -179,7 +179,7 @@ class Sink:
                        committed_file=self.committed_file, sink_key=self.key, shard=shard,
                        shards=max(1, self.cfg.forwarders),
                        watch_pid=self.embedded.proc.pid if self.embedded and self.embedded.proc else None,
-                       log_level=logging.getLogger("sink").getEffectiveLevel())
+                       log_level=log.getEffectiveLevel())
 
     def _start_process(self, shard: int = 0) -> None:
         """One forwarder process; with `forwarders` > 1 each sends the topics whose crc32 falls

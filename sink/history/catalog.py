@@ -37,7 +37,7 @@ from settings import HistoryConfig
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-log = logging.getLogger("sink.catalog")
+log = logging.getLogger(__name__)
 
 TABLE_NAME = "messages"
 MARKER = "registered.json"

@@ -41,7 +41,7 @@ from sink.history.retention import DAY_MS, day_start_ms
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-log = logging.getLogger("sink.compaction")
+log = logging.getLogger(__name__)
 
 HOUR_MS = 3_600_000
 DEFAULT_TARGET_BYTES = 128 << 20

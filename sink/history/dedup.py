@@ -43,7 +43,7 @@ import numpy as np
 
 from sink.progress import atomic_write
 
-log = logging.getLogger("sink.dedup")
+log = logging.getLogger(__name__)
 
 DEFAULT_WINDOW_MS = 24 * 3600 * 1000
 DEFAULT_MAX_GROUPS = 100_000

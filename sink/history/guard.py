@@ -21,7 +21,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-log = logging.getLogger("sink.guard")
+log = logging.getLogger(__name__)
 
 JVM_DIR = Path(__file__).with_name("jvm")
 EXTENSION = "mqtthistory.ReadOnlyGuardExtension"

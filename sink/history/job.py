@@ -43,7 +43,7 @@ from settings import HistoryConfig, SinkConfig
 from sink.history.paths import is_local_path
 from sink.history.paths import local as _local
 
-log = logging.getLogger("sink.job")
+log = logging.getLogger(__name__)
 
 # pyspark's objects (pyspark is imported only where Spark runs)
 Spark = Any           # a SparkSession

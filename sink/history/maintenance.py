@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
     from sink.history.writer import BatchWriter
 
-log = logging.getLogger("sink.maintenance")
+log = logging.getLogger(__name__)
 
 POOL = "maintenance"
 JOB_GROUP = "history-maintenance"

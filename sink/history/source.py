@@ -62,7 +62,7 @@ if TYPE_CHECKING:
 
     SignatureCheck = tuple[bytes, bytes, Verdicts]   # (derived key, key id, Verdicts)
 
-log = logging.getLogger("sink.source")
+log = logging.getLogger(__name__)
 
 FORMAT_NAME = "mqtt_kafka"
 

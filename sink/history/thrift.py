@@ -24,7 +24,7 @@ from typing import Any
 
 from settings import HistoryConfig
 
-log = logging.getLogger("sink.thrift")
+log = logging.getLogger(__name__)
 
 AUTH_CLASS = "mqtthistory.PasswordFileAuthenticator"
 

@@ -20,7 +20,7 @@ import numpy as np
 from kafka_client.headers import H_SIG, SIG_LEN, signature_mac
 from kafka_client.recordbatch import Decoded, key_matches
 
-log = logging.getLogger("sink.source")
+log = logging.getLogger(__name__)
 
 _PREFIX = struct.Struct(">H")
 _TS = struct.Struct(">q")

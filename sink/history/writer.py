@@ -26,7 +26,7 @@ from sink.history.retention import first_kept_date
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-log = logging.getLogger("sink.writer")
+log = logging.getLogger(__name__)
 
 HOUR_COLUMN = "_h"   # staging-only partition column: the UTC hour of accepted_at
 STREAM_SHREDDING = "spark.sql.variant.writeShredding.enabled"

@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from .hook import WorkerControl
     from .spec import ReplaySpec
 
-log = logging.getLogger("sink.replay")
+log = logging.getLogger(__name__)
 
 REPLAYING, SWITCHING, LIVE, DONE = "replaying", "switching", "live", "done"
 BURST_MESSAGES = 1000     # messages sent per pump (an event-loop turn), as the retained replay

@@ -50,7 +50,7 @@ if TYPE_CHECKING:
 
     from ..forward.service import Sink
 
-log = logging.getLogger("sink.replay")
+log = logging.getLogger(__name__)
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -89,7 +89,7 @@ class ReplayHook(Hook):
                       verify=h.verify_records, nice=cfg.replay.nice,
                       max_bytes=cfg.replay.kafka_buffer_bytes,
                       table_buffer_bytes=cfg.replay.table_buffer_bytes,
-                      log_level=logging.getLogger("sink").getEffectiveLevel())
+                      log_level=log.getEffectiveLevel())
         return cls(cfg.replay, sink, worker)
 
     def attach(self, broker: HookHost) -> None:

@@ -46,7 +46,7 @@ from sink.history.dedup import Ledger, TaskFilter
 
 from .records import from_kafka_record, item_size
 
-log = logging.getLogger("sink.replay.worker")
+log = logging.getLogger(__name__)
 
 FETCH_WAIT_MS = 200
 METADATA_EVERY = 2.0          # seconds between checks for new partitions and topic ids

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
     from .tail import Tail
 
-log = logging.getLogger("sink.replay.worker")
+log = logging.getLogger(__name__)
 
 
 def known_mask(known: Ledger | None, ids: list) -> np.ndarray:

@@ -1202,7 +1202,7 @@ def test_the_cluster_recovers_when_its_kafka_restarts_empty(tmp_path):
         time.sleep(NODE_TIMEOUT * 1.5)  # the nodes hear each other again: none is declared gone
         for node in ("n1", "n2"):
             log = c.nodes[node].log_path.read_text(errors="replace")
-            errors = [line for line in log.splitlines() if " ERROR cluster: " in line]
+            errors = [line for line in log.splitlines() if " ERROR cluster." in line]
             assert len(errors) == 1 and "lost its data" in errors[0], (node, errors)
             assert "declaring it gone" not in log.partition(errors[0])[2], node
         late = connect(c.port("n1"), "late")

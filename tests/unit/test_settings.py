@@ -485,7 +485,7 @@ def test_job_in_the_default_autogroup_leaves_it_alone(tmp_path, monkeypatch, cap
     monkeypatch.setattr(job.os, "setpriority", lambda *a: None)
     writes = []
     monkeypatch.setattr(job, "set_autogroup_nice", lambda n, attempts=10: writes.append(n))
-    with caplog.at_level("WARNING", logger="sink.job"):
+    with caplog.at_level("WARNING", logger="sink.history.job"):
         job.lower_priority(9)
     assert writes == [] and not caplog.records
     target.write_text("/autogroup-7 nice 0\n")

@@ -1,0 +1,44 @@
+"""Every module logs under its own module name, so a log line says which file wrote it and an
+operator can raise or lower one part (`logging.getLogger("sink.forward")`) by its package path.
+
+The only hand-written logger names are channels an operator filters on by name, each listed
+here with where it is documented.
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("broker", "sink", "cluster", "kafka_client", "settings", "mqtt_topics")
+CHANNELS = {"broker.audit": "README: administrative changes are logged on the `broker.audit` logger"}
+# loggers of libraries whose level we set, not ours
+FOREIGN = {"kafka", "py4j", "SQLQueryContextLogger"}
+
+
+def _logger_names() -> list[tuple[str, int, str]]:
+    found = []
+    for pkg in PACKAGES:
+        for path in sorted((ROOT / pkg).rglob("*.py")):
+            tree = ast.parse(path.read_text(), str(path))
+            for node in ast.walk(tree):
+                if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                        and node.func.attr == "getLogger" and node.args):
+                    arg = node.args[0]
+                    name = "__name__" if isinstance(arg, ast.Name) and arg.id == "__name__" else (
+                        arg.value if isinstance(arg, ast.Constant) else ast.unparse(arg))
+                    found.append((str(path.relative_to(ROOT)), node.lineno, name))
+    return found
+
+
+def test_modules_log_under_their_own_name():
+    names = _logger_names()
+    assert len(names) > 30, "the scan found the modules' loggers"
+    wrong = [f"{p}:{line} getLogger({n!r})" for p, line, n in names
+             if n != "__name__" and n not in CHANNELS and n not in FOREIGN]
+    assert not wrong, "use logging.getLogger(__name__): " + ", ".join(wrong)
+
+
+def test_every_named_channel_is_in_use():
+    used = {n for _, _, n in _logger_names()}
+    assert set(CHANNELS) <= used
