@@ -1021,7 +1021,7 @@ class ClusterNode(Hook):
     def _state_record(self, s: Session, epoch: int, final: bool = False, connected: bool | None = None) -> dict:
         broker = self.broker
         now, wall = broker.clock(), self.wall()
-        connected = s.link is not None if connected is None else connected
+        connected = s.connection is not None if connected is None else connected
         expires_at = None if connected or s.expires_at is None else wall + (s.expires_at - now)
         will_at = None if s.will_at is None else wall + (s.will_at - now)
         rec = {"t": "state", "epoch": epoch, "node": self.node, "inc": self.inc,

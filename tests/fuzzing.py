@@ -465,7 +465,7 @@ class CoreTarget:
                 assert p.reason_code in DISCONNECT_CODES and p.reason_code >= 0x80, p
         if self.broker.client_log.errors.pop(conn, None):
             assert closed, "protocol error reported but the connection stays open"
-        if not closed and conn.session is not None and conn.session.link is conn \
+        if not closed and conn.session is not None and conn.session.connection is conn \
                 and conn.buffered() == 0:
             feed(conn, PINGREQ)  # still working: answers a PINGREQ
             reply = drain(conn)

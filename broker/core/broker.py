@@ -247,7 +247,7 @@ class Broker:
 
     def connection_closed(self, session: Session, publish_will: bool, now: float) -> None:
         """The network connection of a session went away."""
-        session.link = None
+        session.connection = None
         for f in self.hooks.on_client_disconnected:
             f(session, publish_will)
         if session.replay:
@@ -463,7 +463,7 @@ class Broker:
         the connection is closed); its will is published as on any server-side close. False
         when no client with that id is connected."""
         s = self.sessions.get(client_id)
-        conn = s.link if s is not None else None
+        conn = s.connection if s is not None else None
         if conn is None:
             return False
         conn.server_disconnect(0x98, why, publish_will=True)
@@ -680,7 +680,7 @@ class Broker:
             return None
         self.delayed_wills.pop(client_id, None)
         s.store = None  # its changes are no longer this node's to record
-        link, s.link = s.link, None  # (so closing the connection does not end the session)
+        link, s.connection = s.connection, None  # (so closing the connection does not end the session)
         for sub in s.subscriptions.values():
             self.router.remove(sub)
         if link is not None:
@@ -798,10 +798,10 @@ class Broker:
                 del self.delayed_wills[cid]
                 self.publish_will(s)
         for s in list(self.sessions.values()):
-            if s.link is None and s.expires_at is not None and s.expires_at <= now:
+            if s.connection is None and s.expires_at is not None and s.expires_at <= now:
                 self.client_log.line(log, logging.DEBUG, None, "session %s expired", s.client_id)
                 self.end_session(s)  # [MQTT-4.1.0-2]
-            elif s.queue and s.link is None:
+            elif s.queue and s.connection is None:
                 s.purge_expired(now)
 
     def shutdown(self, reference: str | None = None) -> None:

@@ -47,10 +47,11 @@ MAX_DEFERRED = 1000  # packets a client may send while its password is being che
 # memory per idle connection: nothing allocated until used (the aliases hold empties.NO_ENTRIES,
 # `out` None, until their first entry)
 NO_OUTPUT: tuple[()] = ()  # take_output() when there is none
-# close_requested: True when the broker ends the connection (the caller lingers: the client may
-# still be sending, and must read the DISCONNECT, not a reset); CLIENT_DONE after the client's
-# DISCONNECT, when the client sends nothing more [MQTT-3.14.4-1]: the socket is closed at once
-CLIENT_DONE = 2
+# close_requested, one of three (falsy only while open): KEEP_OPEN; BROKER_ENDS when the broker
+# ends the connection (the caller lingers: the client may still be sending, and must read the
+# DISCONNECT, not a reset); CLIENT_DONE after the client's DISCONNECT, when the client sends
+# nothing more [MQTT-3.14.4-1]: the socket is closed at once
+KEEP_OPEN, BROKER_ENDS, CLIENT_DONE = 0, 1, 2
 NO_PROPERTIES: MappingProxyType[int, Any] = MappingProxyType({})  # a packet without properties (3.1.1, or none sent)
 # Control characters (C0, DEL, C1) are refused in client ids and user names, as Mosquitto does:
 # [MQTT-1.5.4-2] lets a receiver treat them as malformed; they would forge or break log lines
@@ -92,7 +93,7 @@ class Connection:
         self.out_aliases: dict[str, int] = NO_ENTRIES  # a dict once the broker assigns one
         self.out: list[bytes | bytearray] | None = None  # a list while there is output for this turn
         self.is_dirty = False
-        self.close_requested: int = False  # (or CLIENT_DONE)
+        self.close_requested: int = KEEP_OPEN  # (or BROKER_ENDS, CLIENT_DONE)
         self.events: list[Any] | None = None  # events for the caller, created on the first one
         self.pending_acks = 0      # QoS>0 PUBLISHes accepted, ack waiting for durability
         self.connect_seen = False
@@ -150,7 +151,7 @@ class Connection:
         self.out = None
         self.is_dirty = False
         s = self.session
-        if s is not None and s.replay and not self.paused and s.link is self:
+        if s is not None and s.replay and not self.paused and s.connection is self:
             s.pump(self.broker.clock())  # a paced retained replay: its next burst, for the next turn
         return NO_OUTPUT if out is None else out
 
@@ -250,7 +251,7 @@ class Connection:
     def resume_writing(self) -> None:
         """The transport drained: send what waited in the session's queue."""
         self.paused = False
-        if self.session is not None and self.session.link is self:
+        if self.session is not None and self.session.connection is self:
             self.session.pump(self.broker.clock())
 
     def outbound_alias(self, topic: str) -> tuple[int, bool]:
@@ -619,8 +620,8 @@ class Connection:
                     return self.refuse(rc.SERVER_UNAVAILABLE, token.failure)
             old = b.session_of(client_id)  # the admission may have brought the session here
         # [MQTT-3.1.4-3]: a client already connected with this id is taken over
-        if old is not None and old.link is not None:
-            old.link.server_disconnect(rc.SESSION_TAKEN_OVER, "another connection used this client id",
+        if old is not None and old.connection is not None:
+            old.connection.server_disconnect(rc.SESSION_TAKEN_OVER, "another connection used this client id",
                                        publish_will=True)
         session, present = b.open_session(client_id, c.clean_start)  # [MQTT-3.1.4-4]
         session.expiry_interval = expiry
@@ -644,7 +645,7 @@ class Connection:
             self.write(b.connack(self.level, present and self.level != P.MQTT_31))
         else:
             self.write(encode(P.Connack(present, 0, ack_props), P.MQTT_5))
-        session.link = self
+        session.connection = self
         if session.store is not None:  # (connected: the store may commit it with a later turn)
             session.store.save_session(session)
         if log.isEnabledFor(logging.DEBUG):  # self.peer makes a string: only when logged
@@ -1119,7 +1120,7 @@ class Connection:
         """End the connection: the server closes the socket after writing `out`."""
         if self.state == _CLOSED:
             return
-        self.close_requested = True
+        self.close_requested = BROKER_ENDS
         self.finish(publish_will)
         if not self.is_dirty:
             self.is_dirty = True
@@ -1137,7 +1138,7 @@ class Connection:
         b = self.broker
         b.connections.remove(self)
         session = self.session
-        if was_connected and session is not None and session.link is self:
+        if was_connected and session is not None and session.connection is self:
             b.connection_closed(session, publish_will, b.clock())
 
     def next_check(self) -> float | None:

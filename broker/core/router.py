@@ -177,7 +177,7 @@ class Router:
         start = self.next_member.get(key, 0)
         for i in range(n):
             sub = members[(start + i) % n]
-            if sub.session.link is not None:
+            if sub.session.connection is not None:
                 self.next_member[key] = (start + i + 1) % n
                 return sub
         self.next_member[key] = (start + 1) % n

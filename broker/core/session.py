@@ -1,7 +1,7 @@
 """Session state (4.1): subscriptions, in-flight windows, the offline queue.
 
 Plain data plus the outbound delivery rules; no sockets. While a client is
-connected `link` is its Connection. What a session uses of it, all of it (the connection's
+connected `connection` is its Connection. What a session uses of it, all of it (the connection's
 internals are its own: a session changes them only through these methods):
 
     read:    level, receive_max, max_packet_size, alias_max, paused (the client's limits and
@@ -101,7 +101,7 @@ class Subscriber(Protocol):
     live tap (sink/replay/feed.py HistoryFeed), which stands in for its session."""
     client_id: str
     username: str | None
-    link: Connection | None  # (a tap: None; the router prefers connected $share group members)
+    connection: Connection | None  # (a tap: None; the router prefers connected $share group members)
 
     def deliver(self, msg: Message, qos: int, retain: bool, sub_ids: Any, now: float) -> None: ...
 
@@ -147,7 +147,7 @@ class Inflight:
 
 class Session:
     __slots__ = ("client_id", "subscriptions", "inflight_out", "queue", "inflight_in",
-                 "expiry_interval", "expires_at", "will", "will_at", "link", "next_pid",
+                 "expiry_interval", "expires_at", "will", "will_at", "connection", "next_pid",
                  "max_queued", "queue_qos0", "stats", "username", "link_level", "sent",
                  "store", "resend_pending", "replay", "queues", "queue_room", "acl_gen",
                  "qos2_unsure", "filter_bytes", "shapes", "wildcard_levels")
@@ -186,7 +186,7 @@ class Session:
         self.expires_at: float | None = None
         self.will: Any = None  # the Will Message (packets.Will), None when none
         self.will_at: float | None = None
-        self.link: Connection | None = None
+        self.connection: Connection | None = None
         self.next_pid = 1
         self.max_queued = max_queued
         self.queue_qos0 = queue_qos0
@@ -280,7 +280,7 @@ class Session:
     # ------------------------------------------------------------ outbound
     def deliver(self, msg: Message, qos: int, retain: bool, sub_ids: Any, now: float) -> None:
         """Hand a matching message to this session: send now, or queue it."""
-        link = self.link
+        link = self.connection
         if link is None:
             if qos or self.queue_qos0:
                 self._enqueue(msg, qos, retain, sub_ids)
@@ -350,7 +350,7 @@ class Session:
     def _send(self, msg: Message, qos: int, retain: bool, sub_ids: Any, now: float,
               seq: Any = None) -> bool:
         """Send one PUBLISH; `seq` is its row in the store when it came from the queue."""
-        link: Connection = self.link  # type: ignore[assignment]  # (callers: only while linked)
+        link: Connection = self.connection  # type: ignore[assignment]  # (callers: only while linked)
         expiry = None
         if msg.expires_at is not None:
             expiry = msg.remaining_expiry(now)
@@ -506,7 +506,7 @@ class Session:
     def pump(self, now: float) -> None:
         """Send pending retained replays, then queued messages, while the transport and
         the client's Receive Maximum allow."""
-        link = self.link
+        link = self.connection
         if link is None:
             return
         queues = self.queues
@@ -565,7 +565,7 @@ class Session:
         [MQTT-3.3.4-9]: at most the client's Receive Maximum at once; the rest are resent
         one by one as acknowledgements free the window.
         """
-        link: Connection = self.link  # type: ignore[assignment]  # (called once linked)
+        link: Connection = self.connection  # type: ignore[assignment]  # (called once linked)
         link.outbound_aliases_reset()
         self.resend_pending = NOTHING
         budget = link.receive_max
@@ -580,7 +580,7 @@ class Session:
 
     def _resend(self, pid: int, now: float) -> int:
         """Resend one in-flight message; returns 1 when something was sent."""
-        link: Connection = self.link  # type: ignore[assignment]  # (callers: only while linked)
+        link: Connection = self.connection  # type: ignore[assignment]  # (callers: only while linked)
         e = self.inflight_out[pid]
         if e.released:  # [MQTT-4.3.3-6] the PUBREL, never the PUBLISH again
             link.write(encode_ack(P.PUBREL, pid, 0, None, link.level))
@@ -603,7 +603,7 @@ class Session:
     def _freed(self, now: float) -> None:
         """A window slot was freed: resend a held message first, else send from the queue."""
         held = self.resend_pending
-        while held and self.link is not None:
+        while held and self.connection is not None:
             pid = held.popleft()
             if pid in self.inflight_out and self._resend(pid, now):
                 return

@@ -138,7 +138,7 @@ class BrokerView:
     def _connected(self) -> Iterator[tuple[Connection, Session]]:
         for conn in list(self._b.connections):
             s = conn.session
-            if s is not None and s.link is conn:  # past CONNECT, still its session's link
+            if s is not None and s.connection is conn:  # past CONNECT, still its session's link
                 yield conn, s
 
     def clients(self, query: str = "", limit: int = 500,
@@ -152,9 +152,9 @@ class BrokerView:
 
     def client(self, client_id: str, subscriptions: int = 1000) -> ClientRecord | None:
         s = self._b.sessions.get(client_id)
-        if s is None or s.link is None:
+        if s is None or s.connection is None:
             return None
-        return self._client(s.link, s, subscriptions)
+        return self._client(s.connection, s, subscriptions)
 
     def _client(self, conn: Connection, s: Session, n_subs: int) -> ClientRecord:
         b = self._b
@@ -172,10 +172,10 @@ class BrokerView:
         now = b.clock()
         found = sorted((s for s in b.sessions.values()
                         if (not q or q in s.client_id.lower())
-                        and (connected is None or (s.link is not None) == connected)),
+                        and (connected is None or (s.connection is not None) == connected)),
                        key=lambda s: s.client_id)
-        out = [SessionRecord(s.client_id, s.username, s.link is not None, s.expiry_interval,
-                             None if s.link is not None or s.expires_at is None
+        out = [SessionRecord(s.client_id, s.username, s.connection is not None, s.expiry_interval,
+                             None if s.connection is not None or s.expires_at is None
                              else round(max(0.0, s.expires_at - now), 3),
                              len(s.subscriptions), len(s.inflight_out), len(s.queue))
                for s in found[:limit]]

@@ -396,7 +396,7 @@ class Store(Hook):
         self.ops.append(("INSERT OR REPLACE INTO sessions VALUES (?,?,?,?,?,?)",
                          (s.client_id, s.expiry_interval, exp, s.username,
                           encode_will(s.will) if s.will else None, s.next_pid)))
-        if s.link is None:  # offline (a disconnect, a will gone): urgent; connected: lazy
+        if s.connection is None:  # offline (a disconnect, a will gone): urgent; connected: lazy
             self.urgent = True
 
     def delete_session(self, client_id: str) -> None:

@@ -85,7 +85,7 @@ class HistoryFeed:
         # client to the same filter is another entry
         self.client_id = f"{session.client_id}\x00{book.filter}"
         self.username = session.username      # (broker.core.session.Subscriber, with client_id)
-        self.link: Connection | None = None   # (a $share group member's: the tap is never one)
+        self.connection: Connection | None = None   # (a $share group member's: the tap is never one)
         self.tap = Subscription(book.filter, spec.filter, None, qos, no_local, retain_as_published,
                                 0, sub_id, self)  # (the feed stands in for
         # the session: the router hands the live tap's messages to its deliver())
@@ -192,7 +192,7 @@ class HistoryFeed:
             self.counts["table" if self.in_table else "kafka"] += 1
             out.append((msg, qos if qos < self.qos else self.qos,
                         retain and self.retain_as_published, rid))
-        link = self.session.link
+        link = self.session.connection
         if link is not None:
             link.wake()  # pumped at the end of this turn
 
@@ -381,7 +381,7 @@ class HistoryFeed:
     def fail(self, why: str) -> None:
         """The replay cannot go on: the client is told (DISCONNECT 0x83 with why; 3.1.x: the
         connection is closed), rather than left waiting for messages that will not come."""
-        link = self.session.link
+        link = self.session.connection
         self.session_note(logging.WARNING, "%s: replay of %s failed: %s", self.session.client_id,
                           self.spec.filter, why)
         self.end(f"failed: {why}")
@@ -391,7 +391,7 @@ class HistoryFeed:
                                    publish_will=True)
 
     def session_note(self, level: int, fmt: str, *args: object) -> None:
-        link = self.session.link
+        link = self.session.connection
         if link is not None:
             link.note(level, fmt, *args)
         else:

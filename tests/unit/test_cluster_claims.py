@@ -71,7 +71,7 @@ def test_a_persistent_session_resumes_on_the_node_it_was_on(cluster, level, how)
     cluster.pump()
     assert disconnects(c2) == []
     assert not c2.conn.close_requested
-    assert n1.broker.sessions["dev"].link is c2.conn
+    assert n1.broker.sessions["dev"].connection is c2.conn
     publish_from(cluster, n1, "t/2", b"m2")  # still subscribed, still delivered
     assert recv_publish(c2).payload == b"m2"
 
@@ -113,7 +113,7 @@ def test_a_takeover_on_the_same_node_disconnects_only_the_old_connection(cluster
     assert disconnects(old) == [TAKEN_OVER]
     assert disconnects(new) == []
     assert not new.conn.close_requested
-    assert n1.broker.sessions["dev"].link is new.conn
+    assert n1.broker.sessions["dev"].connection is new.conn
     if clean:
         subscribe(new, "t", cluster=cluster)
     publish_from(cluster, n1, "t", b"x")

@@ -100,7 +100,7 @@ def test_an_unsigned_claim_does_not_disconnect_the_client(node):
     owner = node.state.clients["victim"]
     apply_control(node, [join("evil"), claim("evil", "i1", "victim")], key=None, base=2)
     assert node.state.clients["victim"] is owner and "evil" not in node.state.members
-    assert nothing(c) and node.broker.sessions["victim"].link is not None
+    assert nothing(c) and node.broker.sessions["victim"].connection is not None
     assert node.trust.ignored["unsigned"] == 2
 
 

@@ -58,7 +58,7 @@ def test_takeover_is_not_done_for_a_connack_that_cannot_be_sent():
     first.connect("same")
     second = Client(b)
     assert exchange(second.conn, encode(P.Connect("same", V5, properties=limited(3)))) == b""
-    assert not first.conn.close_requested and b.sessions["same"].link is first.conn
+    assert not first.conn.close_requested and b.sessions["same"].connection is first.conn
 
 
 def test_refusal_connack_leaves_out_its_reason_string_MQTT_3_2_2_19():

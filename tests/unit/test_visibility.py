@@ -191,7 +191,7 @@ def test_session_owner_in_core():
     m = Client(b)
     assert m.connect("id", clean=False, props=hour, username="mallory").reason_code == 0x87
     assert m.conn.close_requested and not a.conn.close_requested
-    assert b.sessions["id"].link is a.conn and b.sessions["id"].username == "alice"
+    assert b.sessions["id"].connection is a.conn and b.sessions["id"].username == "alice"
     anon = Client(b)
     assert anon.connect("id", clean=True).reason_code == 0x87   # anonymous is not alice either
     again = Client(b)
