@@ -18,7 +18,6 @@ methods and the CONNECT's fields.
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Sequence
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
@@ -29,6 +28,7 @@ from ..protocol import reason_codes as rc
 from ..protocol.codec import Decoder, decode_one, encode, encode_ack, is_one_packet, puback_ids
 from ..protocol.errors import MalformedPacket, MQTTError, ProtocolError
 from ..protocol.properties import encode_vbi
+from .connect_checks import client_id_refusal, login_refusal, will_refusal
 from .events import NO_EVENTS, AcksHeld, AdmitRequested, AuthRequested
 from .hooks import ALLOW_ALL, REPLAY_PREFIX, AdmitRefused
 from .message import Message
@@ -42,7 +42,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-_NEW, _CONNECTED, _CLOSED, _AUTHENTICATING = 0, 1, 2, 3
+# _AUTHENTICATING: its password is being checked (AuthRequested); _ADMITTING: held for the
+# admission hook (AdmitRequested: the cluster's claim). Packets sent meanwhile wait (deferred).
+_NEW, _CONNECTED, _CLOSED, _AUTHENTICATING, _ADMITTING = 0, 1, 2, 3, 4
 MAX_DEFERRED = 1000  # packets a client may send while its password is being checked
 # memory per idle connection: nothing allocated until used (the aliases hold empties.NO_ENTRIES,
 # `out` None, until their first entry)
@@ -53,9 +55,6 @@ NO_OUTPUT: tuple[()] = ()  # take_output() when there is none
 # nothing more [MQTT-3.14.4-1]: the socket is closed at once
 KEEP_OPEN, BROKER_ENDS, CLIENT_DONE = 0, 1, 2
 NO_PROPERTIES: MappingProxyType[int, Any] = MappingProxyType({})  # a packet without properties (3.1.1, or none sent)
-# Control characters (C0, DEL, C1) are refused in client ids and user names, as Mosquitto does:
-# [MQTT-1.5.4-2] lets a receiver treat them as malformed; they would forge or break log lines
-CONTROL_CHARACTERS = re.compile("[\x00-\x1f\x7f-\x9f]")
 NO_CLIENT_LIMIT = 268435460  # a client that states no Maximum Packet Size (3.1.2.11.4)
 
 
@@ -336,7 +335,7 @@ class Connection:
         if error is not None and self.state != _CLOSED:
             # (the codec returns MalformedPacket or ProtocolError, typed Exception there)
             self.violation(error)  # type: ignore[arg-type]
-        if self.state == _AUTHENTICATING:
+        if self.state >= _AUTHENTICATING:  # (or _ADMITTING)
             self.deferred_bytes += len(data)
             if self.deferred_bytes > self.broker.max_deferred_bytes:
                 self.refuse_deferred(f"more than {self.broker.max_deferred_bytes} bytes")
@@ -368,7 +367,7 @@ class Connection:
     def handle(self, pkt: Any) -> None:
         t = pkt.type
         if self.state != _CONNECTED:
-            if self.state == _AUTHENTICATING:
+            if self.state >= _AUTHENTICATING:  # (or _ADMITTING)
                 return self.defer(pkt)
             if t != P.CONNECT:  # [MQTT-3.1.0-1]
                 raise ProtocolError("PUBLISH before CONNECT" if t == P.PUBLISH
@@ -413,38 +412,21 @@ class Connection:
         b = self.broker
         cfg = b.cfg
         self.level = c.protocol_level
-        v5 = self.level == P.MQTT_5
         props = c.properties or NO_PROPERTIES
         if props:  # [MQTT-3.1.2-24]: what the broker sends from now on, the CONNACK included
             self.max_packet_size = props.get(PR.MAXIMUM_PACKET_SIZE, NO_CLIENT_LIMIT)
-        client_id = c.client_id
+        client_id = self.client_id = c.client_id  # (for log lines until accepted)
+        refusal = client_id_refusal(client_id, self.level, c.clean_start, cfg.max_client_id_length)
+        if refusal is not None:
+            return self.refuse(*refusal)
         assigned = None
         if not client_id:
-            if not v5 and not c.clean_start:  # [MQTT-3.1.3-8] (3.1.1)
-                return self.refuse(rc.CLIENT_IDENTIFIER_NOT_VALID,
-                                   "an empty client id needs clean session")
-            if self.level == P.MQTT_31:
-                return self.refuse(rc.CLIENT_IDENTIFIER_NOT_VALID, "MQTT 3.1 needs a client id")
-            client_id = assigned = b.new_client_id()  # [MQTT-3.1.3-6]
-        self.client_id = client_id  # (for log lines until accepted)
-        if len(client_id) > cfg.max_client_id_length:  # [MQTT-3.1.3-8] refused: CONNACK 0x85, close
-            return self.refuse(rc.CLIENT_IDENTIFIER_NOT_VALID, "client id too long")
-        if CONTROL_CHARACTERS.search(client_id):  # [MQTT-1.5.4-2], [MQTT-3.1.3-8]: 0x85 / 2
-            return self.refuse(rc.CLIENT_IDENTIFIER_NOT_VALID, "the client id contains control "
-                               "characters (U+0000-U+001F, U+007F-U+009F)")
-        if (self.identity is None and c.username is not None
-                and CONTROL_CHARACTERS.search(c.username)):
-            # 0x86: "the data in the user name or password is malformed" (3.2.2.2); 3.1.x: 4
-            return self.refuse(rc.BAD_USER_NAME_OR_PASSWORD, "the user name contains control "
-                               "characters (U+0000-U+001F, U+007F-U+009F)")
-        if (c.username is None and self.identity is None and not b.anonymous_remote
-                and not self.local()):
-            return self.refuse(rc.NOT_AUTHORIZED, "anonymous clients may connect only from this "
-                               "machine: connect with a user name and password (the broker's "
-                               "operator may set auth.allow_anonymous = true)")
-        if PR.AUTHENTICATION_METHOD in props:  # [MQTT-4.12.0-1] CONNACK 0x8C, close
-            return self.refuse(rc.BAD_AUTHENTICATION_METHOD,
-                               "enhanced authentication is not configured on this broker")
+            client_id = assigned = self.client_id = b.new_client_id()  # [MQTT-3.1.3-6]
+        refusal = login_refusal(c.username, props, identity=self.identity, anonymous_allowed=(
+            c.username is not None or self.identity is not None or b.anonymous_remote
+            or self.local()))
+        if refusal is not None:
+            return self.refuse(*refusal)
         if b.bans is not None:  # broker/admin/bans.py: 0x8A Banned (3.1.x: 5), before any hash
             why = b.bans(client_id, c.username if self.identity is None else self.identity,
                          self.peer)
@@ -500,18 +482,18 @@ class Connection:
                   why: str | None = None) -> Sequence[Any]:
         """The AuthRequested check finished (code 0: accepted): refuse, or accept and run what
         waited. Returns the events of what waited, like data_received()."""
-        return self._resume(c, client_id, assigned, code, why, False)
+        return self._resume(_AUTHENTICATING, c, client_id, assigned, code, why)
 
     def admit_done(self, c: P.Connect, client_id: str, assigned: str | None,
                    failure: str | None) -> Sequence[Any]:
         """The AdmitRequested token resolved: refuse (0x88 Server unavailable) with its failure,
         or go on with the CONNECT and what waited. Returns events, like data_received()."""
-        return self._resume(c, client_id, assigned, rc.SERVER_UNAVAILABLE if failure else 0,
-                            failure, True)
+        return self._resume(_ADMITTING, c, client_id, assigned,
+                            rc.SERVER_UNAVAILABLE if failure else 0, failure)
 
-    def _resume(self, c: P.Connect, client_id: str, assigned: str | None, code: int,
-                why: str | None, admitted: bool) -> Sequence[Any]:
-        if self.state != _AUTHENTICATING:
+    def _resume(self, held: int, c: P.Connect, client_id: str, assigned: str | None, code: int,
+                why: str | None) -> Sequence[Any]:
+        if self.state != held:
             return NO_EVENTS  # the connection went away meanwhile
         self.state = _NEW
         waiting, self.deferred = self.deferred, None
@@ -520,8 +502,8 @@ class Connection:
                 self.refuse(code, why or ("not authorized" if code == rc.NOT_AUTHORIZED
                                           else "bad user name or password"))
                 return self.take_events()
-            self.accept(c, client_id, assigned, admitted)
-            if self.state == _AUTHENTICATING:  # admission holds it now: they wait on
+            self.accept(c, client_id, assigned, admitted=held == _ADMITTING)
+            if self.state == _ADMITTING:  # admission holds it now: they wait on
                 self.deferred = waiting
                 return self.take_events()
             for pkt in waiting:  # type: ignore[union-attr]  # (a list while authenticating)
@@ -547,10 +529,9 @@ class Connection:
             if rt is not None and (not rt or "+" in rt or "#" in rt):  # [MQTT-3.3.2-14]
                 raise ProtocolError("the will's Response Topic must be a topic name without "
                                     "wildcards")
-            if w.qos > cfg.maximum_qos:  # [MQTT-3.2.2-12]
-                return self.refuse(rc.QOS_NOT_SUPPORTED, "will QoS above the maximum QoS")
-            if w.retain and not cfg.retain_available:  # [MQTT-3.2.2-13]
-                return self.refuse(rc.RETAIN_NOT_SUPPORTED, "retained messages are not available")
+            refusal = will_refusal(w, cfg.maximum_qos, cfg.retain_available)
+            if refusal is not None:
+                return self.refuse(*refusal)
         if assigned is None and b.auth is not ALLOW_ALL:
             code = b.auth.check_client_id(client_id, c.username)  # [MQTT-3.1.3-8]
             if code:
@@ -611,7 +592,7 @@ class Connection:
                 return self.refuse(token.code, token.why)
             if token is not None:
                 if not token.done:
-                    self.state = _AUTHENTICATING  # what follows waits, as for a password check
+                    self.state = _ADMITTING  # what follows waits, as for a password check
                     self.deferred = []
                     self.deferred_bytes = 0
                     self.emit(AdmitRequested(token, c, client_id, assigned))
