@@ -68,6 +68,16 @@ def test_every_repository_path_named_in_comments_docstrings_and_docs_exists():
     assert missing() == []
 
 
+def test_the_documentation_site_is_scanned():
+    """docs/*.md, where the README's sections moved, is read like the README: every page, and
+    the paths it names are among those checked."""
+    pages = {f.relative_to(ROOT).as_posix() for f, _, _ in texts()}
+    docs = {f"docs/{p.name}" for p in (ROOT / "docs").glob("*.md")}
+    assert docs and docs <= pages
+    named = {name for f, _, text in texts() if f.parent == ROOT / "docs" for name in PATH.findall(text)}
+    assert {"deploy/SCALE.md", "sink/history/manifest.py", "settings/tree.py"} <= named
+
+
 def test_the_check_finds_a_stale_name(tmp_path):
     """The scan itself: a docstring naming a file that does not exist is reported."""
     mod = tmp_path / "m.py"
