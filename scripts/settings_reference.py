@@ -151,20 +151,20 @@ def type_name(f: dataclasses.Field) -> str:
 
 
 def cell(text: str) -> str:
-    """Text in a Markdown table cell: nothing in it is markup, HTML or a column break."""
+    """Plain text in Markdown: nothing in it is markup or HTML."""
     text = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
     return re.sub(r"([\\`*_\[\]|])", r"\\\1", text)
 
 
 def code(text: str) -> str:
-    """Text as inline code in a table cell (a '|' still ends the cell unless escaped)."""
+    """Text as inline code."""
     ticks = "``" if "`" in text else "`"
     pad = " " if "`" in text else ""
-    return f"{ticks}{pad}{text}{pad}{ticks}".replace("|", "\\|")
+    return f"{ticks}{pad}{text}{pad}{ticks}"
 
 
 def render(toml_text: str | None = None) -> str:
-    """The reference: one table per TOML table, one row per key of the tree."""
+    """The reference: a section per TOML table, an entry per key of the tree."""
     intro, docs = toml_docs(TOML.read_text() if toml_text is None else toml_text)
     specs = {name: cls.specs() for name, cls in tables()}
     out = [
@@ -183,18 +183,14 @@ def render(toml_text: str | None = None) -> str:
             out += [cell(" ".join(doc.split())), ""]
         if intro.get(name):
             out += [cell(intro[name]), ""]
-        out += ["| Key | Type | Default | Accepts | Description |", "|---|---|---|---|---|"]
         obj = cls()
         for f in keys(cls):
             dotted = f.name if name == "broker" else f"{name}.{f.name}"
-            default = getattr(obj, f.name)
-            out.append("| " + " | ".join([
-                f'<span id="{name}-{f.name}"></span>{code(dotted)}',
-                type_name(f),
-                code(toml_value(default)),
-                cell(specs[name][f.name].allowed or type_name(f)),
-                cell(docs.get((name, f.name), "")),
-            ]) + " |")
+            accepts = specs[name][f.name].allowed or type_name(f)
+            said = docs.get((name, f.name), "")
+            out.append(f'- <span id="{name}-{f.name}"></span>**{code(dotted)}** = '
+                       f'{code(toml_value(getattr(obj, f.name)))}  ')
+            out.append(f"  *{cell(type_name(f))}: {cell(accepts)}.*" + (f" {cell(said)}" if said else ""))
         out.append("")
     return "\n".join(out)
 

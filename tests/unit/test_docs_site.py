@@ -76,7 +76,7 @@ def test_the_configuration_reference_names_every_key(site):
     text = (site / "configuration/index.html").read_text()
     missing = [f"{t}.{k}" for t, k in every_key() if f'id="{t}-{k}"' not in text]
     assert missing == []
-    row = re.search(r'id="mqtt-receive_maximum".*?</tr>', text, re.S)
+    row = re.search(r'id="mqtt-receive_maximum".*?</li>', text, re.S)
     assert row and "1024" in row.group(0) and "from 1 to 65535" in html.unescape(row.group(0))
 
 
@@ -90,7 +90,7 @@ def test_the_generated_reference_follows_the_tree(monkeypatch):
         sys.path.remove(str(ROOT / "scripts"))
     page = ref.render()
     assert [f"{t}.{k}" for t, k in every_key() if f'<span id="{t}-{k}">' not in page] == []
-    assert "| `mqtt.max_sessions` | int | `100000` |" in re.sub(r"<span[^>]*></span>", "", page)
+    assert "**`mqtt.max_sessions`** = `100000`  \n  *int: a whole number" in page
 
     @dataclasses.dataclass(slots=True)
     class Extra(SECTIONS["metrics"]):      # type: ignore[misc,valid-type]
@@ -99,7 +99,9 @@ def test_the_generated_reference_follows_the_tree(monkeypatch):
     monkeypatch.setitem(SECTIONS, "metrics", Extra)
     toml = (ROOT / "config/broker.toml").read_text().replace(
         "[metrics]\n", "[metrics]\nscrape_timeout = 7.5   # seconds a scrape may take\n")
-    row = next(line for line in ref.render(toml).splitlines() if 'id="metrics-scrape_timeout"' in line)
+    lines = ref.render(toml).splitlines()
+    at = next(n for n, line in enumerate(lines) if 'id="metrics-scrape_timeout"' in line)
+    row = lines[at] + lines[at + 1]
     assert "`7.5`" in row and "a number &gt;= 0" in row and "seconds a scrape may take" in row
 
 
