@@ -124,3 +124,17 @@ def test_the_nav_lists_every_page():
     nav = (ROOT / "mkdocs.yml").read_text()
     assert sorted(p.name for p in (ROOT / "docs").glob("*.md")) == sorted(PAGES)
     assert [p for p in PAGES if f": {p}" not in nav] == []
+
+
+def test_every_list_item_is_rendered_as_one(site):
+    """A list that GitHub shows but Python-Markdown reads as text (an item right after a
+    paragraph, a nested list indented by two spaces) shows on the site as '- ...' lines:
+    none does."""
+    bad = []
+    for page in PAGES:
+        built = site / ("index.html" if page == "index.md" else page[:-3] + "/index.html")
+        text = built.read_text()
+        body = re.sub(r"<pre.*?</pre>", "", text[text.index("<article"):text.index("</article>")],
+                      flags=re.S)
+        bad += [f"{page}: {m.group(0).strip()[:60]}" for m in re.finditer(r"\n\s*(?:-|\d+\.) .*", body)]
+    assert bad == []
