@@ -27,7 +27,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     "MQTT_BROKER_* environment < command-line flags.",
         formatter_class=environment.HelpFormatter, epilog=environment.epilog(environment.BROKER))
     p.add_argument("--host", help="address to listen on (default 127.0.0.1: this machine only; "
-                                  "0.0.0.0 for every interface, then see [auth] in the README)")
+                                  "0.0.0.0 for every interface, then see [auth] in docs/security.md)")
     p.add_argument("--port", type=int, help="MQTT TCP port (default 1883)")
     p.add_argument("--config", metavar="FILE", help="TOML configuration file (see config/broker.toml)")
     p.add_argument("--data-dir", metavar="DIR", help="where state on disk goes (default ./data)")

@@ -41,5 +41,13 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   .venv/bin/python -m pip install -q -r requirements-dev.txt
   echo "$want" > "$stamp"
 fi
+# Spark's commands in .venv/bin that work without activating the venv (scripts/spark_command.sh
+# sets SPARK_HOME and finds Java); pip's own, which need the venv's python3 first on PATH, are
+# replaced every time pip has put them back.
+for name in beeline spark-sql spark-submit pyspark; do
+  if ! cmp -s scripts/spark_command.sh ".venv/bin/$name"; then
+    cp scripts/spark_command.sh ".venv/bin/$name.tmp" && mv -f ".venv/bin/$name.tmp" ".venv/bin/$name"
+  fi
+done
 # The codec and core compiled with mypyc (broker/native.py); rebuilt only when their sources changed.
 .venv/bin/python scripts/build_native.py

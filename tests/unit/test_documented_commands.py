@@ -1,6 +1,7 @@
 """Every `python -m broker.auth ...` and `python -m broker.admin ...` command that the README, the
-shipped configs, the deployment files or a message of the code prints is one its command line
-accepts: documentation and error messages cannot drift from the parsers again."""
+documentation (docs/*.md), the shipped configs, the deployment files or a message of the code
+prints is one its command line accepts: documentation and error messages cannot drift from the
+parsers again."""
 from __future__ import annotations
 
 import contextlib
@@ -82,6 +83,16 @@ def test_the_commands_are_found():
 def test_every_documented_command_is_accepted_by_its_parser(where, module, args):
     said = accepts(module, args)
     assert said is None, f"{where}: python -m {module} {args}: {said}"
+
+
+def test_the_documentation_site_is_scanned():
+    """The pages of docs/ (where the README's sections moved) are read like the README: their
+    commands are among those checked."""
+    pages = {where for where, _ in tracked_texts() if where.startswith("docs/")}
+    assert {"docs/security.md", "docs/operations.md", "docs/getting-started.md"} <= pages
+    found = {(where, m, a.split()[0]) for where, m, a in documented()}
+    assert ("docs/security.md", "broker.auth", "passwd") in found
+    assert ("docs/operations.md", "broker.admin", "users") in found
 
 
 def test_a_wrong_command_is_caught():

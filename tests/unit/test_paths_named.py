@@ -68,6 +68,16 @@ def test_every_repository_path_named_in_comments_docstrings_and_docs_exists():
     assert missing() == []
 
 
+def test_the_documentation_site_is_scanned():
+    """docs/*.md, where the README's sections moved, is read like the README: every page, and
+    the paths it names are among those checked."""
+    pages = {f.relative_to(ROOT).as_posix() for f, _, _ in texts()}
+    docs = {f"docs/{p.name}" for p in (ROOT / "docs").glob("*.md")}
+    assert docs and docs <= pages
+    named = {name for f, _, text in texts() if f.parent == ROOT / "docs" for name in PATH.findall(text)}
+    assert {"deploy/SCALE.md", "sink/history/manifest.py", "settings/tree.py"} <= named
+
+
 def test_the_check_finds_a_stale_name(tmp_path):
     """The scan itself: a docstring naming a file that does not exist is reported."""
     mod = tmp_path / "m.py"
@@ -75,3 +85,53 @@ def test_the_check_finds_a_stale_name(tmp_path):
     found = [n for _, _, text in ((mod, ln, t) for ln, t in comments_and_docstrings(mod))
              for n in PATH.findall(text) if not (ROOT / n).exists()]
     assert found == ["cluster/sessions.py", "sink/gone.py"]
+
+
+# a section named in a comment or a message: README "Cluster", README, "Access control",
+# docs/history.md, "Replay over MQTT" (README \"Cluster\" inside a string literal)
+SECTION = re.compile(r'(README|docs/[\w-]+\.md),? \\?"([^"\\]+)\\?"')
+
+
+def sections_of(page: Path) -> set[str]:
+    """A page's headings and the bold labels that start its paragraphs and list items."""
+    text = page.read_text()
+    out = {h.strip() for h in re.findall(r"^#+ (.+)$", text, re.MULTILINE)}
+    out |= {b.strip().rstrip(".:") for b in re.findall(r"^(?:- )?\s*\*\*([^*]+)\*\*", text, re.MULTILINE)}
+    return out
+
+
+def pointers():
+    """(file:line, where, section) of every section pointer in the tracked files."""
+    for f in tracked("*.py", "*.md", "*.toml", "*.yaml", "*.cfg", "*.sh", "*.service"):
+        if f.name == "test_paths_named.py":
+            continue
+        for line, text in enumerate(f.read_text().splitlines(), 1):
+            for where, name in SECTION.findall(text):
+                yield f"{f.relative_to(ROOT)}:{line}", where, name
+
+
+def stale_sections() -> list[str]:
+    everywhere = set().union(*(sections_of(p) for p in [ROOT / "README.md", *(ROOT / "docs").glob("*.md")]))
+    out = []
+    for at, where, name in pointers():
+        known = everywhere if where == "README" else \
+            sections_of(ROOT / where) if (ROOT / where).exists() else set()
+        if not any(s == name or s.startswith(name) for s in known):
+            out.append(f"{at} names {where} \"{name}\"")
+    return out
+
+
+def test_every_section_named_exists():
+    """A pointer to a section of the documentation (README "Cluster", docs/history.md, "Replay
+    over MQTT") names a heading, or a bold paragraph label, that the README or the pages have:
+    sections moved from the README into docs/ keep their names."""
+    assert stale_sections() == []
+
+
+def test_the_section_check_finds_a_stale_name():
+    assert ("cluster/node.py", "README", "Cluster") in {(a.split(":")[0], w, n) for a, w, n in pointers()}
+    assert SECTION.findall('see README "Clustre" and docs/history.md, "Replay over MQTT"') == [
+        ("README", "Clustre"), ("docs/history.md", "Replay over MQTT")]
+    assert "Replay over MQTT" in sections_of(ROOT / "docs/history.md")
+    assert "Subscription limits" in sections_of(ROOT / "docs/conformance.md")
+    assert "Clustre" not in set().union(*(sections_of(p) for p in (ROOT / "docs").glob("*.md")))
