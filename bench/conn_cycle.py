@@ -83,7 +83,7 @@ async def run(a) -> list[float]:
     server.broker.schedule_flush = lambda: None
     held = []
     for i in range(a.hold):
-        p = MQTTProtocol(server, spec)
+        p = MQTTProtocol(server.state, spec)
         p.connection_made(Transport())
         p.data_received(encode(P.Connect(f"held-{i}", a.level, keep_alive=60), a.level))
         server.flush()
@@ -94,7 +94,7 @@ async def run(a) -> list[float]:
                     for i in range(max(a.cycles, a.encode))][:a.cycles]
         t0 = time.process_time()
         for data in connects:
-            p = MQTTProtocol(server, spec)
+            p = MQTTProtocol(server.state, spec)
             t = Transport()
             p.connection_made(t)
             p.data_received(data)

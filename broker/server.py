@@ -4,20 +4,21 @@ events, held acks) is transport/connection_protocol.py."""
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import signal
-import socket
 from functools import partial
-from typing import TYPE_CHECKING, Any, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
-from settings import Config, ListenerConfig, environment, listener_specs
+from settings import Config, ListenerConfig, listener_specs
 
 from . import native
 from .core.broker import Broker
+from .process import notify_service_manager, release_free_memory, tune_gc
 from .transport import tls
 from .transport.connection_protocol import AckGate, MQTTProtocol
 from .transport.eventloop import TransportTable, transport_table
+from .transport.sockets import defer_accept, numeric_listen_socket
+from .transport.state import ServerState
 
 if TYPE_CHECKING:
     from websockets.asyncio.server import Server as WSServer
@@ -52,8 +53,6 @@ class Server:
         self.servers: list = []
         self.ports: dict[str, int] = {}
         self.tls_contexts: list = []
-        self.bytes_in = 0
-        self.bytes_out = 0
         self._flush_scheduled = False
         self.acks = AckGate(self.hooks, self._schedule_flush)  # acks waiting for durability, decided in one place
         self._ticker: asyncio.TimerHandle | None = None
@@ -64,6 +63,9 @@ class Server:
         from .admin.bans import BanList, bans_file
         self.bans = BanList(bans_file(config.data_dir))
         self.broker.bans = self.bans.check  # (typed None in the core)
+        # what the protocols, metrics, $SYS and the dashboard get: never the Server itself
+        self.state = ServerState(self.broker, config, self.acks, self.flush, self.bans,
+                                 self.auth_checks)
         for h in hooks:  # a cluster shares the list between its nodes (cluster/node.py)
             share = getattr(h, "share_bans", None)
             if share is not None:
@@ -90,14 +92,14 @@ class Server:
                 conn.take_output()
                 continue
             n += owner.write_output()
-        self.bytes_out += n
+        self.state.bytes_out += n
 
     # ------------------------------------------------------------ lifecycle
     def listener_specs(self) -> list[ListenerConfig]:
         return listener_specs(self.config)   # checked with the other settings (settings/load.py)
 
     async def start(self) -> None:
-        self.loop = asyncio.get_running_loop()
+        self.loop = self.state.loop = asyncio.get_running_loop()
         self.transports = transport_table(self.loop)
         for start in self.hooks.on_start:  # restore state before clients can connect
             start()
@@ -111,9 +113,9 @@ class Server:
             try:
                 if kind in ("ws", "wss"):
                     from .transport.websocket import start_listener
-                    srv = await start_listener(self, spec, ctx)
+                    srv = await start_listener(self.state, spec, ctx)
                 else:
-                    factory = partial(MQTTProtocol, self, spec)
+                    factory = partial(MQTTProtocol, self.state, spec)
                     sock = numeric_listen_socket(spec.host, spec.port)  # type: ignore[arg-type]  # (required: set)
                     if sock is not None:
                         srv = await self.loop.create_server(factory, sock=sock, backlog=4096,
@@ -135,18 +137,18 @@ class Server:
         if m.enabled:
             from .observability.metrics import start_http
             try:
-                srv = await start_http(self, m.host, m.port)
+                srv = await start_http(self.state, m.host, m.port)
             except OSError as exc:
                 raise ListenError(exc, "metrics ([metrics] port)", m.host, m.port) from None
             self.servers.append(srv)
             self.ports["metrics"] = srv.sockets[0].getsockname()[1]
         if m.sys_interval:
             from .observability.sys_topics import SysPublisher
-            self.sys = SysPublisher(self, m.sys_interval)
+            self.sys = SysPublisher(self.state, m.sys_interval)
         if self.config.dashboard.enabled:
             from .dashboard import start as start_dashboard
             try:
-                self.dashboard = await start_dashboard(self)
+                self.dashboard = await start_dashboard(self.state)
             except OSError as exc:
                 d = self.config.dashboard
                 raise ListenError(exc, "the dashboard ([dashboard] port)", d.host, d.port) from None
@@ -156,6 +158,14 @@ class Server:
     @property
     def port(self) -> int:
         return self.ports["mqtt"]
+
+    @property
+    def bytes_in(self) -> int:
+        return self.state.bytes_in
+
+    @property
+    def bytes_out(self) -> int:
+        return self.state.bytes_out
 
     def reload_tls(self) -> None:
         """SIGHUP: reload certificates (open connections keep theirs) and auth files."""
@@ -229,22 +239,6 @@ async def serve(config: Config, auth: Any = None, hooks: Sequence[Any] = ()) -> 
     await server.stop()
 
 
-def notify_service_manager(state: str) -> None:
-    """sd_notify(3) without libsystemd: one datagram to the socket in $NOTIFY_SOCKET (set by
-    systemd for Type=notify units; "@name" is an abstract socket). Nothing when it is unset."""
-    path = environment.NOTIFY_SOCKET.get()
-    if not path:
-        return
-    if path[0] == "@":
-        path = "\0" + path[1:]
-    try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
-            s.sendto(state.encode(), path)
-    except OSError as exc:
-        log.warning("cannot tell the service manager %s at NOTIFY_SOCKET=%s: %s", state,
-                    path, exc)
-
-
 LOCAL_HOSTS = ("127.0.0.1", "::1", "localhost")
 
 
@@ -278,92 +272,3 @@ def log_codec() -> None:
     else:
         log.info("codec and core: pure Python (slower; bash scripts/setup.sh compiles them when "
                  "gcc and the Python headers are installed)")
-
-
-# Young-generation threshold of the garbage collector (CPython's default is 700 allocations).
-# What a connection holds (protocol, Connection, Session, uvloop's transport) is freed by
-# reference counting when it closes (no cycles are left behind), so the collector's passes over
-# it are pure cost: every young pass walks each connection opened since the last one, and each
-# tenth pass walks them again. At 10,000 a burst of 5,000 connects costs 4% fewer instructions
-# (bench `conns` under callgrind: 108,900 -> 104,000 per connection; the collector's share
-# 12,900 -> 8,000). A young pass then walks at most 10,000 objects (under a millisecond), and
-# the cyclic garbage that waits for one (TLS and WebSocket connections make some) stays small.
-# The per-message paths make no cycles either (tests: test_matching_leaves_no_reference_cycles,
-# test_a_closed_connection_is_freed_without_the_garbage_collector): one that did would hold its
-# garbage for up to 10,000 allocations instead of 700.
-GC_YOUNG_THRESHOLD = 10_000
-
-
-def tune_gc() -> None:
-    """The garbage collector, for a server whose state is long-lived and cycle-free."""
-    # Everything made so far (modules, config, restored state) lives as long as the process: out
-    # of the collector's sight, so its full passes walk only what came after (bench.py `conns`:
-    # the collector's time per connection 8.4 -> 4.6 us)
-    gc.collect()
-    gc.freeze()
-    _, middle, old = gc.get_threshold()
-    gc.set_threshold(GC_YOUNG_THRESHOLD, middle, old)
-
-
-def numeric_listen_socket(host: str, port: int) -> socket.socket | None:
-    """The bound socket create_server(host, port, reuse_address=True) makes, for a numeric
-    address (None for a name, which the loop resolves). The event loop would resolve even a
-    numeric address with getaddrinfo on libuv's thread pool, which then keeps 4 threads for the
-    process's life (0.7 MiB) and loads the IDNA codec (0.4 MiB). Same options (SO_REUSEADDR;
-    IPv6 only on an IPv6 address) and the same error as the loop's."""
-    for family in (socket.AF_INET, socket.AF_INET6):
-        try:
-            packed = socket.inet_pton(family, host)
-        except (OSError, ValueError):
-            continue
-        break
-    else:
-        return None
-    addr: tuple = (socket.inet_ntop(family, packed), port)
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        if family == socket.AF_INET6:
-            addr += (0, 0)
-            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-        try:
-            sock.bind(addr)
-        except OSError as err:
-            raise OSError(err.errno, f"error while attempting to bind on address {addr!r}: "
-                          f"{(err.strerror or str(err)).lower()}") from None
-    except BaseException:
-        sock.close()
-        raise
-    return sock
-
-
-def release_free_memory() -> None:
-    """Give the C heap's free pages back to the system (glibc's malloc_trim; nothing elsewhere).
-    Importing and starting leave free holes in the heap (each module's compiled code is read
-    whole, then freed) that glibc keeps mapped: 1.8 MiB of the idle broker's RSS."""
-    import ctypes
-    try:
-        trim = ctypes.CDLL(None).malloc_trim
-    except (OSError, AttributeError):  # not glibc (musl, macOS)
-        return
-    trim(0)
-
-
-DEFER_ACCEPT_SECONDS = 1
-
-
-def defer_accept(sockets: Iterable[socket.socket]) -> None:
-    """TCP_DEFER_ACCEPT (Linux): the kernel hands a connection over once its first bytes have
-    arrived, so accepting it and reading its CONNECT take one wake-up instead of two (about
-    6 us less CPU per connection, bench/bench.py --scenarios conns). Every client of these
-    listeners speaks first (MQTT CONNECT, TLS ClientHello, HTTP upgrade); one that stays
-    silent is accepted after about DEFER_ACCEPT_SECONDS, then mqtt.connect_timeout applies."""
-    opt = getattr(socket, "TCP_DEFER_ACCEPT", None)
-    if opt is None:
-        return
-    for sock in sockets:
-        if sock.family in (socket.AF_INET, socket.AF_INET6):
-            try:
-                sock.setsockopt(socket.IPPROTO_TCP, opt, DEFER_ACCEPT_SECONDS)
-            except OSError as exc:  # not fatal: connections are accepted as without it
-                log.warning("TCP_DEFER_ACCEPT not set on %s: %s", sock.getsockname(), exc)

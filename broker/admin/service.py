@@ -21,7 +21,6 @@ from .bans import BanError, BanList
 
 if TYPE_CHECKING:
     from ..core.view import RetainedRecord
-    from ..server import Server
     from .accounts import Accounts
 
 audit_log = logging.getLogger("broker.audit")
@@ -61,10 +60,9 @@ def audit(who: str, address: str, action: str, outcome: str = "ok", **details: o
 
 
 class AdminService:
-    def __init__(self, server: Server, bans: BanList | None = None, accounts: Accounts | None = None) -> None:
-        self.server = server
-        self.broker = server.broker
-        self.view = BrokerView(server.broker)
+    def __init__(self, broker: Any, bans: BanList | None = None, accounts: Accounts | None = None) -> None:
+        self.broker = broker    # the Broker: its commands only (everything read: the view)
+        self.view = BrokerView(broker)
         self.bans = bans
         self.accounts = accounts
         if bans is not None:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from settings import DashboardConfig, HistoryConfig
 
 if TYPE_CHECKING:
-    from ..server import Server
+    from ..transport.state import ServerState
     from .api import Dashboard
 
 log = logging.getLogger(__name__)
@@ -28,8 +28,8 @@ def settings(dash: DashboardConfig | None = None,
     return dataclasses.replace(dash, connect_url=dash.connect_url or history.connect_url)
 
 
-async def start(server: Server) -> Dashboard:
-    """Start the dashboard of a running Server; returns the Dashboard (``.port``, ``.stop()``).
+async def start(server: ServerState) -> Dashboard:
+    """Start the dashboard of a running server (its shared state); returns the Dashboard (``.port``, ``.stop()``).
 
     Operators' accounts come from [dashboard] users_file; with none there, the first
     administrator is created (broker/admin/accounts.py) and the log says where its password is.
@@ -41,7 +41,7 @@ async def start(server: Server) -> Dashboard:
     s = settings(cfg.dashboard, cfg.history)
     accounts = Accounts(users_file(cfg.data_dir, s.users_file))
     where = accounts.ensure_first_admin(s.initial_admin, s.initial_admin_password, cfg.data_dir)
-    d = Dashboard(server, s, accounts, AdminService(server, server.bans, accounts))
+    d = Dashboard(server, s, accounts, AdminService(server.broker, server.bans, accounts))
     await d.start()
     url = f"http://{_url_host(s.host)}:{d.port}/"
     if where:

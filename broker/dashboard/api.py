@@ -36,7 +36,7 @@ import socket
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
@@ -49,6 +49,9 @@ from ..auth.origin import origin_allowed
 from . import JOB_HINT, live
 from .history import BadRequest, HistoryClient, JobNotRunning, check_filter, make_query, parse_time
 from .login import COOKIE, Busy, LoginChecks, Session, Sessions, Throttle
+
+if TYPE_CHECKING:
+    from ..transport.state import ServerState
 
 log = logging.getLogger(__name__)
 
@@ -218,7 +221,7 @@ def _address(request: web.Request) -> str:
 
 
 class Dashboard:
-    def __init__(self, server: Any, settings: DashboardConfig, accounts: Accounts,
+    def __init__(self, server: ServerState, settings: DashboardConfig, accounts: Accounts,
                  admin: AdminService) -> None:
         """settings: the DashboardConfig (connect_url resolved); accounts: broker.admin
         Accounts; admin: broker.admin AdminService."""

@@ -19,13 +19,13 @@ from ..core.view import BrokerView
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
 
-    from ..server import Server
+    from ..transport.state import ServerState
 
 log = logging.getLogger(__name__)
 
 
 class BrokerCollector:
-    def __init__(self, server: Server) -> None:
+    def __init__(self, server: ServerState) -> None:
         self.server = server
         self.view = BrokerView(server.broker)  # the core's read-only view (core/view.py)
 
@@ -94,7 +94,7 @@ def hook_metrics(sections: dict) -> Iterator[GaugeMetricFamily]:
                 yield g
 
 
-async def start_http(server: Server, host: str, port: int) -> asyncio.Server:
+async def start_http(server: ServerState, host: str, port: int) -> asyncio.Server:
     """Serve GET /metrics (Prometheus text format) and GET /health (JSON)."""
     registry = CollectorRegistry()
     registry.register(BrokerCollector(server))

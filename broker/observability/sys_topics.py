@@ -13,11 +13,11 @@ from ..core.message import Message
 from ..core.view import BrokerView
 
 if TYPE_CHECKING:
-    from ..server import Server
+    from ..transport.state import ServerState
 
 
 class SysPublisher:
-    def __init__(self, server: Server, interval: float = 10.0) -> None:
+    def __init__(self, server: ServerState, interval: float = 10.0) -> None:
         self.server = server
         self.view = BrokerView(server.broker)  # the core's read-only view (core/view.py)
         self.interval = interval

@@ -27,7 +27,7 @@ from . import tls
 
 if TYPE_CHECKING:
     from ..core.hooks import Hooks
-    from ..server import Server
+    from .state import ServerState
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +87,7 @@ class MQTTProtocol(asyncio.Protocol):
     __slots__ = ("server", "conn", "listener", "transport", "discard", "linger_timer",
                  "reading_paused", "read_limit", "busy", "held")
 
-    def __init__(self, server: Server, listener: ListenerConfig) -> None:
+    def __init__(self, server: ServerState, listener: ListenerConfig) -> None:
         self.server = server
         self.listener = listener
         # both set by connection_made(), which the loop calls first; the transport is None
@@ -282,7 +282,7 @@ class MQTTProtocol(asyncio.Protocol):
         t = self.transport
         peer = t.get_extra_info("peername") if t is not None else None
         # (auth_checks is set whenever the core defers password checks: Server.__init__)
-        if not server.auth_checks.submit(  # type: ignore[union-attr]
+        if not server.auth_checks.submit(
                 peer[0] if peer else self.conn.peer, check, self.conn.awaiting_auth, done):
             self.auth_done(ev, rc.SERVER_BUSY, "too many password checks waiting; try again later")
 

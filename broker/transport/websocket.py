@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 
     from settings import ListenerConfig
 
-    from ..server import Server
+    from .state import ServerState
 
 log = logging.getLogger(__name__)
 
@@ -161,7 +161,7 @@ async def discard_input(ws: ServerConnection, seconds: float, max_bytes: int) ->
         ws.transport.abort()
 
 
-async def start_listener(server: Server, listener: ListenerConfig,
+async def start_listener(server: ServerState, listener: ListenerConfig,
                          ssl_context: ssl.SSLContext | None = None) -> WSServer:
     """Start a ws:// (or wss:// with ssl_context) listener; returns the websockets Server."""
     path = listener.path

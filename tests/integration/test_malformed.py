@@ -136,7 +136,7 @@ def test_connect_timeout_closes_silent_socket(make_broker):
     """A socket that never sends CONNECT is closed after connect_timeout. The kernel hands it to
     the broker after about DEFER_ACCEPT_SECONDS (TCP_DEFER_ACCEPT: it waits for a first byte),
     then connect_timeout runs, checked on the broker's one-second tick."""
-    from broker.server import DEFER_ACCEPT_SECONDS
+    from broker.transport.sockets import DEFER_ACCEPT_SECONDS
     b = make_broker({"mqtt.connect_timeout": 1.0})
     s = socket.create_connection(("127.0.0.1", b.port), timeout=10)
     t0 = time.monotonic()

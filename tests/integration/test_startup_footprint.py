@@ -15,7 +15,7 @@ import sys
 import pytest
 import uvloop
 
-from broker.server import numeric_listen_socket
+from broker.transport.sockets import numeric_listen_socket
 from tests.conftest import ROOT, free_port
 
 # a child that starts the broker as `python -m broker` does, and reports once it listens

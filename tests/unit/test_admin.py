@@ -25,11 +25,6 @@ from broker.protocol import packets as P
 from tests.sansio import Client, expect_disconnect, make, publish_ok, recv_publish, subscribe
 
 
-class Server:  # what AdminService needs of the server
-    def __init__(self, broker):
-        self.broker = broker
-
-
 def connected(b, cid, level=5, **kw):
     c = Client(b, level)
     ack = c.connect(cid, **kw)
@@ -120,7 +115,7 @@ def test_admin_publish_goes_to_the_sink_hooks_is_retained_and_routed():
     b.add_hook(rec)
     sub = connected(b, "sub")
     subscribe(sub, "cmd/#", qos=1)
-    admin = AdminService(Server(b))
+    admin = AdminService(b)
     assert admin.publish("cmd/a", b"go", qos=1, retain=True, content_type="text/plain",
                          user_properties=[("k", "v")], username="root") == 1
     got = recv_publish(sub)
@@ -158,7 +153,7 @@ def test_admin_publish_refuses_what_a_publish_could_not_carry(topic, payload, kw
     b, _ = make(maximum_packet_size=1000)
     sub = connected(b, "sub")
     subscribe(sub, "#", qos=0)
-    admin = AdminService(Server(b))
+    admin = AdminService(b)
     with pytest.raises(AdminError) as err:
         admin.publish(topic, payload, **kw)
     assert says in str(err.value)
@@ -170,7 +165,7 @@ def test_admin_deletes_any_stored_retained_topic():
     b, _ = make()
     bad = "t/" + "x" * 70_000
     b.retained.set(bad, Message(bad, b"x", 0, True, None, None, "c", 1.0))
-    admin = AdminService(Server(b))
+    admin = AdminService(b)
     assert admin.delete_retained(bad) is True and BrokerView(b).retained("#")[1] == 0
     with pytest.raises(AdminError):
         admin.delete_retained("a/#")

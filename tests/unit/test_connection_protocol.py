@@ -11,8 +11,9 @@ from broker.core.hooks import Hook
 from broker.protocol import packets as P
 from broker.protocol import reason_codes as rc
 from broker.protocol.codec import Decoder, encode
-from broker.server import DEFER_ACCEPT_SECONDS, Server
+from broker.server import Server
 from broker.transport.connection_protocol import READ_PAUSE_GROWTH, MQTTProtocol
+from broker.transport.sockets import DEFER_ACCEPT_SECONDS
 from settings import AuthConfig, Config, ListenerConfig
 
 
@@ -106,8 +107,8 @@ class Store(Hook):
 
 def serve(sink=None, store=None, level=5, **mqtt):
     server = Server(Config(**mqtt), hooks=[h for h in (store, sink) if h is not None])
-    server.loop = asyncio.get_running_loop()
-    proto = MQTTProtocol(server, ListenerConfig())
+    server.loop = server.state.loop = asyncio.get_running_loop()
+    proto = MQTTProtocol(server.state, ListenerConfig())
     t = FakeTransport()
     proto.connection_made(t)
     proto.data_received(encode(P.Connect("c", level), level))
@@ -301,11 +302,11 @@ async def test_password_check_runs_on_the_check_queue_and_busy_refuses():
             return 0 if password == b"good" else rc.BAD_USER_NAME_OR_PASSWORD
 
     server = Server(Config(auth=AuthConfig(max_pending_checks=1)), auth=Auth())
-    server.loop = asyncio.get_running_loop()
+    server.loop = server.state.loop = asyncio.get_running_loop()
     assert isinstance(server.auth_checks, CheckQueue)
     conns = []
     for pw in (b"good", b"bad"):
-        proto = MQTTProtocol(server, ListenerConfig())
+        proto = MQTTProtocol(server.state, ListenerConfig())
         t = FakeTransport()
         proto.connection_made(t)
         proto.data_received(encode(P.Connect(f"c{pw.decode()}", 5, username="u", password=pw))
@@ -366,7 +367,7 @@ def _alive(*types) -> int:
 
 
 async def test_a_closed_connection_is_freed_without_the_garbage_collector():
-    """What server.tune_gc() relies on: whichever way a connection ends, its protocol, Connection
+    """What process.tune_gc() relies on: whichever way a connection ends, its protocol, Connection
     and Session are freed by reference counting (no cycle left for the collector), with and
     without a will, subscriptions, in-flight messages and a session kept after it."""
     import gc
@@ -409,7 +410,7 @@ async def test_a_closed_connection_is_freed_without_the_garbage_collector():
 def test_tune_gc_freezes_the_start_up_state_and_raises_the_young_threshold():
     import gc
 
-    from broker.server import GC_YOUNG_THRESHOLD, tune_gc
+    from broker.process import GC_YOUNG_THRESHOLD, tune_gc
     threshold, frozen = gc.get_threshold(), gc.get_freeze_count()
     try:
         tune_gc()

@@ -41,11 +41,11 @@ class Transport:
 def test_idle_connection_holds_little():
     async def run():
         server = Server(Config(host="127.0.0.1", port=0))
-        server.loop = asyncio.get_running_loop()
+        server.loop = server.state.loop = asyncio.get_running_loop()
         spec = server.listener_specs()[0]
         transports = [Transport() for _ in range(N)]
         connects = [encode(P.Connect(f"idle-{i:04d}", 5, keep_alive=60), 5) for i in range(N)]
-        protocols = [MQTTProtocol(server, spec) for _ in range(N)]
+        protocols = [MQTTProtocol(server.state, spec) for _ in range(N)]
         gc.collect()
         tracemalloc.start()
         try:

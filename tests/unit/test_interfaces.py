@@ -6,7 +6,9 @@
 - a Connection uses of its Broker only what ConnectionHost (broker/core/host.py) lists;
 - a hook (the cluster, the sink's hooks, the state store, auth) uses of its Broker only what
   HookHost (broker/core/hookhost.py) lists;
-- a Session changes its Connection only through the connection's methods (broker/core/session.py).
+- a Session changes its Connection only through the connection's methods (broker/core/session.py);
+- what the server starts (the MQTT protocols, metrics, $SYS, the dashboard) gets its shared state
+  (broker/transport/state.py ServerState), never the Server.
 
 Read from the source (ast), so a new reach-in fails here with the line that makes it.
 """
@@ -183,7 +185,7 @@ LINK_METHODS = {"write", "outbound_alias", "outbound_alias_unsent", "outbound_al
 
 def _is_link(node: ast.expr) -> bool:
     return (isinstance(node, ast.Name) and node.id == "link") or \
-        (isinstance(node, ast.Attribute) and node.attr == "link"
+        (isinstance(node, ast.Attribute) and node.attr == "connection"
          and isinstance(node.value, ast.Name) and node.value.id == "self")
 
 
@@ -273,3 +275,19 @@ def test_per_message_counters_are_plain_increments_the_view_reads():
     assert found == {}
     view = (ROOT / "broker/core/view.py").read_text()
     assert "b.received_by_qos" in view and "b.sent_by_qos" in view and "b.stats" in view
+
+
+STARTED_BY_THE_SERVER = ("broker/transport", "broker/observability", "broker/dashboard", "broker/admin")
+
+
+def test_what_the_server_starts_gets_its_state_not_the_server():
+    """The protocols, metrics, $SYS and the dashboard are given ServerState: none imports
+    broker/server.py (a service locator they could reach anything through)."""
+    bad = []
+    for pkg in STARTED_BY_THE_SERVER:
+        for path in sorted((ROOT / pkg).rglob("*.py")):
+            for n in ast.walk(_tree(path)):
+                if isinstance(n, ast.ImportFrom) and n.module is not None and (
+                        n.module == "server" and n.level >= 1 or n.module == "broker.server"):
+                    bad.append(f"{path.relative_to(ROOT)}:{n.lineno}")
+    assert bad == [], "imports the Server: " + ", ".join(bad)

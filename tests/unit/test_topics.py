@@ -109,7 +109,7 @@ def test_leaf_imports_nothing_from_broker_or_sink():
 def test_matching_leaves_no_reference_cycles():
     """A topic's match (the subscription trie for every PUBLISH, the retained store for every
     SUBSCRIBE) is freed by reference counting: no garbage waits for the collector, which runs
-    seldom in the broker (server.tune_gc). A recursive closure did: it kept each topic's levels,
+    seldom in the broker (process.tune_gc). A recursive closure did: it kept each topic's levels,
     60 KB for a 60 KB topic, until a collection."""
     import gc
 
