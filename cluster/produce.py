@@ -75,6 +75,18 @@ class Producer:
             self.kicked = True
             self.loop.call_soon(self.kick)
 
+    def send_first(self, topic: str, items: list[tuple[bytes, int, Any]]) -> None:
+        """send_body() of (body, ts, tag) records, in order, before every record appended this
+        turn (records written again after Kafka lost its data, cluster/keep.py)."""
+        sign = self.sign
+        self.pending[:0] = [(topic, ts, sign(topic, body, ts) if sign is not None else body, tag)
+                            for body, ts, tag in items]
+        self.backlog += len(items)
+        self.handed += len(items)
+        if items and not self.kicked:
+            self.kicked = True
+            self.loop.call_soon(self.kick)
+
     def take_went_back(self) -> str | None:
         """Why Kafka lost data, seen by the offsets it gave this producer's records (once)."""
         why, self.went_back = self.went_back, None

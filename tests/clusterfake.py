@@ -41,6 +41,12 @@ class FakeProducer:
         self.pending.append((topic, ts, body, tag))
         self.backlog += 1
 
+    def send_first(self, topic: str, items: list) -> None:
+        sign = self.sign
+        self.pending[:0] = [(topic, ts, sign(topic, body, ts) if sign is not None else body, tag)
+                            for body, ts, tag in items]
+        self.backlog += len(items)
+
     def kick(self) -> None:
         pass
 

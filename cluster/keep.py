@@ -1,0 +1,145 @@
+"""The messages a node wrote to Kafka and not every node has read yet, kept for a Kafka that
+loses them (an in-memory Kafka restarted empty, a Kafka replaced).
+
+Each QoS 1/2 message record this node writes is kept here, in the order written (its record
+body before signing, its timestamp). When Kafka acknowledges it, it gets a mark: the offsets
+this node's records had reached in each messages partition then (the record is below them).
+Each node's heartbeat says how far it has read every messages partition; a kept record is let go
+once every live node has read past its mark (it is then in the memory of every node that has a
+subscriber for it). When Kafka loses its data, the node writes every record still kept again, in
+order, before what it writes next, each with the header `mqtt.again` (ClusterNode._recover): a
+reader delivers such a copy only when it had not read the original (before the loss, or from the
+new log: ClusterNode._fresh), so what a node had delivered is not delivered twice.
+
+Bounds: `cluster.keep_bytes` (record bytes and bookkeeping together) and `cluster.keep_seconds`
+(age); beyond either, the oldest are dropped, counted (mqtt_cluster_kept_dropped), with a log
+line at most every LOG_EVERY seconds naming the setting. The copies live in this process's
+memory: a node that dies loses them (its records are then only in Kafka).
+"""
+from __future__ import annotations
+
+import logging
+from collections import deque
+from typing import Any, Callable
+
+from kafka_client.record import read_zz_varint, vlen
+
+log = logging.getLogger("cluster")
+
+H_AGAIN = "mqtt.again"      # on a record written again after Kafka lost its data
+_AGAIN = vlen(len(H_AGAIN)) + H_AGAIN.encode() + vlen(1) + b"1"
+OVERHEAD = 200              # bytes of bookkeeping per kept record (the entry, its deque slot)
+LOG_EVERY = 10.0
+
+
+class Entry:
+    """One kept record; `batch` is what its publisher's acknowledgement waits for (None for a
+    copy written again), `mark` the partition -> offset its acknowledgement came with."""
+    __slots__ = ("body", "ts", "at", "batch", "mark", "failed")
+
+    def __init__(self, body: bytes, ts: int, at: float, batch: Any) -> None:
+        self.body = body
+        self.ts = ts
+        self.at = at
+        self.batch = batch
+        self.mark: dict[int, int] | None = None
+        self.failed = False
+
+
+class Keep:
+    def __init__(self, max_bytes: int, max_seconds: float, clock: Callable[[], float]) -> None:
+        self.max_bytes = max_bytes
+        self.max_seconds = max_seconds
+        self.clock = clock
+        self.entries: deque[Entry] = deque()
+        self.bytes = 0
+        self.dropped = 0            # let go before every node had read them (a bound)
+        self._unlogged: dict[str, int] = {}
+        self._logged_at: float | None = None
+
+    def add(self, body: bytes, ts: int, batch: Any) -> Entry | None:
+        """Keep a record this node writes now; None when nothing is kept (keep_bytes = 0)."""
+        if self.max_bytes <= 0:
+            return None
+        e = Entry(body, ts, self.clock(), batch)
+        self.entries.append(e)
+        self.bytes += len(body) + OVERHEAD
+        if self.bytes > self.max_bytes:
+            n = 0
+            while self.bytes > self.max_bytes and len(self.entries) > 1:
+                self._pop()
+                n += 1
+            self._drop(n, "cluster.keep_bytes")
+        return e
+
+    @staticmethod
+    def answered(e: Entry, failure: str | None, mark: dict[int, int]) -> None:
+        """Kafka's answer for a kept record: acknowledged below `mark`, or refused (its
+        publisher was told so: it is not written again)."""
+        if failure is not None:
+            e.failed = True
+        else:
+            e.mark = mark
+
+    def trim(self, floor: dict[int, int] | None) -> int:
+        """Let go of the oldest records every live node has read: `floor` is, per messages
+        partition, the lowest read position among them (None: some node's is unknown). Then
+        drop those older than keep_seconds. Returns how many are kept."""
+        entries = self.entries
+        while entries:
+            e = entries[0]
+            if not e.failed:
+                m = e.mark
+                if floor is None or m is None or any(floor.get(p, 0) < o for p, o in m.items()):
+                    break
+            self._pop()
+        old = self.clock() - self.max_seconds
+        n = 0
+        while entries and entries[0].at < old:
+            self._pop()
+            n += 1
+        self._drop(n, "cluster.keep_seconds")
+        return len(entries)
+
+    def again(self) -> list[Entry]:
+        """Kafka lost its data: every record kept, in order, to write again (their marks are
+        of the old log: each gets a new one when its copy is acknowledged)."""
+        out = []
+        for e in self.entries:
+            e.batch = None
+            e.mark = None
+            if not e.failed:
+                out.append(e)
+        return out
+
+    def _pop(self) -> None:
+        e = self.entries.popleft()
+        self.bytes -= len(e.body) + OVERHEAD
+
+    def _drop(self, n: int, setting: str) -> None:
+        if not n:
+            return
+        self.dropped += n
+        self._unlogged[setting] = self._unlogged.get(setting, 0) + n
+        now = self.clock()
+        if self._logged_at is not None and now - self._logged_at < LOG_EVERY:
+            return
+        self._logged_at = now
+        for name, count in self._unlogged.items():
+            log.warning("cluster: dropped %d kept messages that not every node had read yet "
+                        "(%s = %g reached: a node reads slowly or is stalled); should Kafka "
+                        "lose its data now, they are lost; raise %s to keep more", count, name,
+                        self.max_bytes if name == "cluster.keep_bytes" else self.max_seconds,
+                        name)
+        self._unlogged.clear()
+
+
+def with_again(body: bytes) -> bytes:
+    """A record body (kafka_client.record.encode_body, unsigned) with one more header,
+    `mqtt.again: 1`, after its others."""
+    kl, o = read_zz_varint(body, 0)
+    o += max(kl, 0)
+    vl, o = read_zz_varint(body, o)
+    o += max(vl, 0)
+    nh, after = read_zz_varint(body, o)
+    return b"".join((body[:o], vlen(nh + 1), body[after:], _AGAIN))
