@@ -612,9 +612,11 @@ class ClusterNode(Hook):
         if again:
             # a copy its writer wrote again after Kafka lost its data (cluster/keep.py): new here
             # unless it was read before the loss or, in the new log, before its copies
-            seen = window.get(last_key) if window is not None else None
-            if seq <= self.lost_marks.get(last_key, 0) or \
-                    (seen is not None and seen[0] <= seq <= seen[1]):
+            if window is None:  # (no loss seen here: a copy read first where it is not lost)
+                before, seen = self.last_ids.get(last_key, 0), None
+            else:
+                before, seen = self.lost_marks.get(last_key, 0), window.get(last_key)
+            if seq <= before or (seen is not None and seen[0] <= seq <= seen[1]):
                 self.counters["resent_skipped"] += 1
                 return False
             if seq <= self.again_last.get(last_key, 0):
