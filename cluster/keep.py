@@ -32,18 +32,13 @@ OVERHEAD = 200              # bytes of bookkeeping per kept record (the entry, i
 LOG_EVERY = 10.0
 
 
-class Entry:
-    """One kept record; `batch` is what its publisher's acknowledgement waits for (None for a
-    copy written again), `mark` the partition -> offset its acknowledgement came with."""
-    __slots__ = ("body", "ts", "at", "batch", "mark", "failed")
-
-    def __init__(self, body: bytes, ts: int, at: float, batch: Any) -> None:
-        self.body = body
-        self.ts = ts
-        self.at = at
-        self.batch = batch
-        self.mark: dict[int, int] | None = None
-        self.failed = False
+# One kept record is a list (cheaper to make than an object, once per message):
+# [record body (unsigned), timestamp ms, kept at (clock), what its publisher's acknowledgement
+# waits for (None for a copy written again), its mark (partition -> offset its acknowledgement
+# came with; None until then, FAILED when Kafka refused it)]
+Entry = list
+BODY, TS, AT, BATCH, MARK = range(5)
+FAILED: dict[int, int] = {}  # (its identity is what counts)
 
 
 class Keep:
@@ -51,17 +46,17 @@ class Keep:
         self.max_bytes = max_bytes
         self.max_seconds = max_seconds
         self.clock = clock
-        self.entries: deque[Entry] = deque()
+        self.entries: deque[list] = deque()
         self.bytes = 0
         self.dropped = 0            # let go before every node had read them (a bound)
         self._unlogged: dict[str, int] = {}
         self._logged_at: float | None = None
 
-    def add(self, body: bytes, ts: int, batch: Any) -> Entry | None:
+    def add(self, body: bytes, ts: int, batch: Any) -> list | None:
         """Keep a record this node writes now; None when nothing is kept (keep_bytes = 0)."""
         if self.max_bytes <= 0:
             return None
-        e = Entry(body, ts, self.clock(), batch)
+        e = [body, ts, self.clock(), batch, None]
         self.entries.append(e)
         self.bytes += len(body) + OVERHEAD
         if self.bytes > self.max_bytes:
@@ -73,48 +68,46 @@ class Keep:
         return e
 
     @staticmethod
-    def answered(e: Entry, failure: str | None, mark: dict[int, int]) -> None:
+    def answered(e: list, failure: str | None, mark: dict[int, int]) -> None:
         """Kafka's answer for a kept record: acknowledged below `mark`, or refused (its
         publisher was told so: it is not written again)."""
-        if failure is not None:
-            e.failed = True
-        else:
-            e.mark = mark
+        e[MARK] = mark if failure is None else FAILED
 
     def trim(self, floor: dict[int, int] | None) -> int:
         """Let go of the oldest records every live node has read: `floor` is, per messages
         partition, the lowest read position among them (None: some node's is unknown). Then
         drop those older than keep_seconds. Returns how many are kept."""
         entries = self.entries
+        passed: object = FAILED  # the last mark found read (records acknowledged together share one)
         while entries:
-            e = entries[0]
-            if not e.failed:
-                m = e.mark
+            m = entries[0][MARK]
+            if m is not passed:
                 if floor is None or m is None or any(floor.get(p, 0) < o for p, o in m.items()):
                     break
+                passed = m
             self._pop()
         old = self.clock() - self.max_seconds
         n = 0
-        while entries and entries[0].at < old:
+        while entries and entries[0][AT] < old:
             self._pop()
             n += 1
         self._drop(n, "cluster.keep_seconds")
         return len(entries)
 
-    def again(self) -> list[Entry]:
+    def again(self) -> list[list]:
         """Kafka lost its data: every record kept, in order, to write again (their marks are
         of the old log: each gets a new one when its copy is acknowledged)."""
         out = []
         for e in self.entries:
-            e.batch = None
-            e.mark = None
-            if not e.failed:
+            e[BATCH] = None
+            if e[MARK] is not FAILED:
+                e[MARK] = None
                 out.append(e)
         return out
 
     def _pop(self) -> None:
         e = self.entries.popleft()
-        self.bytes -= len(e.body) + OVERHEAD
+        self.bytes -= len(e[BODY]) + OVERHEAD
 
     def _drop(self, n: int, setting: str) -> None:
         if not n:

@@ -42,7 +42,7 @@ from mqtt_topics import matches
 
 from . import control as C
 from . import records as R
-from .keep import H_AGAIN, Entry, Keep, with_again
+from .keep import BATCH, BODY, H_AGAIN, TS, Entry, Keep, with_again
 from .link import FetchReader, Topics, ensure_topics, make_consumer
 from .produce import Producer
 from .shares import Shares
@@ -307,7 +307,7 @@ class ClusterNode(Hook):
         for m in self.state.members.values():
             m.read, m.read_ok = None, False  # its heartbeats name the old log's offsets until it joins again
         again = self.keep.again()
-        self.producer.send_first(messages, [(with_again(e.body), e.ts, e) for e in again])
+        self.producer.send_first(messages, [(with_again(e[BODY]), e[TS], e) for e in again])
         self.counters["resent"] += len(again)
         self.producer.acked_upto.clear()
         self.producer.take_went_back()  # the same loss, seen by the producer meanwhile
@@ -399,7 +399,7 @@ class ClusterNode(Hook):
                     acked, messages = self.producer.acked_upto, self.topics.messages
                     mark = {p: acked.get((messages, p), 0) for p in range(self.partitions)}
                 Keep.answered(tag, failure, mark)
-                batch = tag.batch
+                batch = tag[BATCH]
             else:
                 batch = tag
             if batch is None:

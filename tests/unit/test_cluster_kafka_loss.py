@@ -401,7 +401,7 @@ def test_past_keep_bytes_the_oldest_kept_messages_are_dropped_counted_and_logged
     n1, n2, sub, pub = sub_and_pub(cluster)
     cluster.down.add("n1")
     publish_acked(cluster, pub, [b"m0"], 1)
-    size = len(n2.keep.entries[0].body) + OVERHEAD
+    size = len(n2.keep.entries[0][0]) + OVERHEAD
     n2.keep.max_bytes = 3 * size
     with caplog.at_level(logging.WARNING, logger="cluster"):
         publish_acked(cluster, pub, [f"m{i}".encode() for i in range(1, 6)], 1, first_pid=2)
@@ -426,7 +426,7 @@ def test_kept_messages_older_than_keep_seconds_are_dropped_counted_and_logged(cl
     now[0] = 601.0
     with caplog.at_level(logging.WARNING, logger="cluster"):
         n2._beat()
-    assert [e.ts for e in n2.keep.entries] and len(n2.keep.entries) == 1
+    assert len(n2.keep.entries) == 1
     assert n2.keep.dropped == 1
     assert any("cluster.keep_seconds = 600" in r.getMessage() for r in caplog.records)
 
@@ -451,3 +451,21 @@ def test_a_record_written_again_carries_its_original_id_and_the_again_header():
     again = with_again(body)
     assert again == body_of(b"t/x", b"payload", [("mqtt.message_id", b"n2-abc-7"),
                                                  ("mqtt.qos", b"1"), (H_AGAIN, b"1")])
+
+
+def test_a_kept_record_is_let_go_only_once_acknowledged_and_read_by_every_node():
+    """Kept in order: a record Kafka has not acknowledged yet stays (and so does every later
+    one), whatever the nodes have read; one Kafka refused goes (never written again)."""
+    from cluster.keep import Keep
+    k = Keep(1 << 20, 600.0, lambda: 0.0)
+    a, b, c = (k.add(b"body", 0, None) for _ in range(3))
+    Keep.answered(a, None, {0: 5, 1: 2})  # type: ignore[arg-type]
+    assert k.trim({0: 10, 1: 1}) == 3  # partition 1 not read that far
+    assert k.trim(None) == 3           # some node's position unknown
+    assert k.trim({0: 5, 1: 2}) == 2
+    Keep.answered(c, None, {0: 6, 1: 2})  # type: ignore[arg-type]
+    assert k.trim({0: 10, 1: 10}) == 2  # b, not acknowledged yet, holds c
+    Keep.answered(b, "refused", {0: 6, 1: 2})  # type: ignore[arg-type]
+    assert k.again() == [c]
+    Keep.answered(c, None, {0: 1})  # type: ignore[arg-type]  # its copy, in the new log
+    assert k.trim({0: 1}) == 0 and k.bytes == 0
