@@ -42,7 +42,10 @@ FAILED: dict[int, int] = {}  # (its identity is what counts)
 
 
 class Keep:
-    def __init__(self, max_bytes: int, max_seconds: float, clock: Callable[[], float]) -> None:
+    def __init__(self, max_bytes: int, max_seconds: float, clock: Callable[[], float],
+                 floor: Callable[[], dict[int, int] | None] = lambda: None) -> None:
+        """floor(): how far every live node has read (trim()), asked when the bytes are full."""
+        self.floor = floor
         self.max_bytes = max_bytes
         self.max_seconds = max_seconds
         self.clock = clock
@@ -60,6 +63,7 @@ class Keep:
         self.entries.append(e)
         self.bytes += len(body) + OVERHEAD
         if self.bytes > self.max_bytes:
+            self.trim(self.floor())
             n = 0
             while self.bytes > self.max_bytes and len(self.entries) > 1:
                 self._pop()

@@ -42,7 +42,7 @@ from mqtt_topics import matches
 
 from . import control as C
 from . import records as R
-from .keep import BATCH, BODY, H_AGAIN, TS, Entry, Keep, with_again
+from .keep import BATCH, BODY, FAILED, H_AGAIN, MARK, TS, Entry, Keep, with_again
 from .link import FetchReader, Topics, ensure_topics, make_consumer
 from .produce import Producer
 from .shares import Shares
@@ -137,7 +137,7 @@ class ClusterNode(Hook):
         self.seq = itertools.count(1)            # of the control records written (control.py)
         self.last_ids: dict[tuple, int] = {}     # (topic, partition, writer) -> last message id
         # what this node wrote and not every node has read: written again if Kafka loses it
-        self.keep = Keep(cfg.keep_bytes, cfg.keep_seconds, time.monotonic)
+        self.keep = Keep(cfg.keep_bytes, cfg.keep_seconds, time.monotonic, self._read_floor)
         # since Kafka last lost its data (None: never), per (messages topic, partition, writer):
         # the last message id read before the loss, the (lowest, highest) read in the new log,
         # the last copy written again (mqtt.again) taken: which copies are new here (_fresh)
@@ -398,7 +398,7 @@ class ClusterNode(Hook):
                 if mark is None:
                     acked, messages = self.producer.acked_upto, self.topics.messages
                     mark = {p: acked.get((messages, p), 0) for p in range(self.partitions)}
-                Keep.answered(tag, failure, mark)
+                tag[MARK] = mark if failure is None else FAILED  # (Keep.answered)
                 batch = tag[BATCH]
             else:
                 batch = tag
@@ -1152,16 +1152,21 @@ class ClusterNode(Hook):
 
     def _trim_kept(self) -> None:
         """Let go of the kept messages every live node has read (their heartbeats say how far)."""
-        floor: dict[int, int] | None = dict(self.routed_upto)
-        for m in self.state.members.values():
+        self.keep.trim(self._read_floor())
+
+    def _read_floor(self) -> dict[int, int] | None:
+        """Per messages partition, the lowest position read by the live nodes (this one: where
+        it is; the others: their last heartbeat); None when one has not said."""
+        floor = dict(self.routed_upto)
+        for m in self.state.members.values() if self.state is not None else ():
             if not m.alive or (m.node == self.node and m.inc == self.inc):
                 continue
-            if m.read is None:
-                floor = None
-                break
-            for p, o in floor.items():  # type: ignore[union-attr]
-                floor[p] = min(o, m.read.get(p, 0))  # type: ignore[index]
-        self.keep.trim(floor)
+            read = m.read
+            if read is None:
+                return None
+            for p, o in floor.items():
+                floor[p] = min(o, read.get(p, 0))
+        return floor
 
     def _fire_timers(self) -> None:
         """Wills and expiry of sessions whose node is gone, this node being their executor."""

@@ -469,3 +469,18 @@ def test_a_kept_record_is_let_go_only_once_acknowledged_and_read_by_every_node()
     assert k.again() == [c]
     Keep.answered(c, None, {0: 1})  # type: ignore[arg-type]  # its copy, in the new log
     assert k.trim({0: 1}) == 0 and k.bytes == 0
+
+
+def test_a_full_keep_first_lets_go_what_every_node_has_read_then_drops_the_oldest():
+    from cluster.keep import OVERHEAD, Keep
+    read = {0: 0}
+    k = Keep(3 * (4 + OVERHEAD), 600.0, lambda: 0.0, floor=lambda: read)
+    first = [k.add(b"body", 0, None) for _ in range(3)]
+    for e in first:
+        Keep.answered(e, None, {0: 3})  # type: ignore[arg-type]
+    read[0] = 3  # every node has read them: let go, not dropped
+    k.add(b"body", 0, None)
+    assert len(k.entries) == 1 and k.dropped == 0
+    for _ in range(3):  # unacknowledged: the oldest dropped, counted
+        k.add(b"body", 0, None)
+    assert len(k.entries) == 3 and k.dropped == 1
