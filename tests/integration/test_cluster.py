@@ -1221,7 +1221,8 @@ def test_acknowledged_messages_a_stalled_node_had_not_read_survive_a_kafka_resta
     gets 60 QoS 1 and 60 QoS 2 messages acknowledged, so no node but n1 has them when the
     embedded Kafka is killed and started again empty. n1 kept them and writes them again: the
     subscriber, back on n2, gets every QoS 2 message exactly once and every QoS 1 message at
-    least once [MQTT-4.3.3-3]."""
+    least once [MQTT-4.3.3-3]; a subscriber on n1, which had them all before the loss, gets
+    none of them again."""
     k = EmbeddedKafka(log_file=str(tmp_path / "tansu.log")).start()
     c = None
     n2 = None
@@ -1234,6 +1235,8 @@ def test_acknowledged_messages_a_stalled_node_had_not_read_survive_a_kafka_resta
         sub.subscribe("kept/2", qos=2, pid=2)
         sub.send(P.Disconnect(0))
         sub.close()
+        near = connect(c.port("n1"), "kept-near")  # reads them as they come, before the loss
+        near.subscribe("kept/#", qos=2)
         pub = connect(c.port("n1"), "kept-pub")
         n2 = c.nodes["n2"].proc
         os.kill(n2.pid, signal.SIGSTOP)
@@ -1251,6 +1254,7 @@ def test_acknowledged_messages_a_stalled_node_had_not_read_survive_a_kafka_resta
         os.kill(n2.pid, signal.SIGCONT)
         want = {b"q1-%d" % i for i in range(count)} | {b"q2-%d" % i for i in range(count)}
         got: dict[bytes, int] = {}
+        near_got: dict[bytes, int] = {}
 
         def back() -> RawClient | None:
             try:
@@ -1264,9 +1268,9 @@ def test_acknowledged_messages_a_stalled_node_had_not_read_survive_a_kafka_resta
 
         s = wait_for(back, 30, "the subscriber's CONNECT accepted after Kafka's restart")
 
-        def receive(seconds: float, stop_when_all: bool) -> None:
-            """Count each PUBLISH received, acknowledging it (QoS 2: PUBREC, then PUBCOMP for
-            its PUBREL), for `seconds` or until every message came."""
+        def receive(s: RawClient, got: dict, seconds: float, stop_when_all: bool) -> None:
+            """Count each PUBLISH `s` receives, acknowledging it (QoS 2: PUBREC, then PUBCOMP
+            for its PUBREL), for `seconds` or until every message came."""
             until = time.monotonic() + seconds
             while not (stop_when_all and set(got) == want):
                 try:
@@ -1279,17 +1283,20 @@ def test_acknowledged_messages_a_stalled_node_had_not_read_survive_a_kafka_resta
                 elif p.type == P.PUBREL:
                     s.send(P.Ack(P.PUBCOMP, p.packet_id))
 
-        receive(30, stop_when_all=True)
+        receive(s, got, 30, stop_when_all=True)
         took = time.monotonic() - t0
-        receive(2, stop_when_all=False)  # anything more is a duplicate
+        receive(s, got, 2, stop_when_all=False)  # anything more is a duplicate
+        receive(near, near_got, 1, stop_when_all=False)
         q1 = sum(1 for p in got if p.startswith(b"q1-"))
         q2 = sum(1 for p in got if p.startswith(b"q2-"))
         print(f"\nacknowledged {count} QoS 1 + {count} QoS 2; delivered after Kafka restarted "
               f"empty: {q1} QoS 1 ({sum(got[p] for p in got if p.startswith(b'q1-'))} copies), "
               f"{q2} QoS 2 ({sum(got[p] for p in got if p.startswith(b'q2-'))} copies), "
-              f"the last {took:.1f} s after the restart")
+              f"the last {took:.1f} s after the restart; the subscriber on n1: "
+              f"{len(near_got)} messages, {sum(near_got.values())} copies")
         assert set(got) == want, sorted(want - set(got))[:10]
         assert all(got[b"q2-%d" % i] == 1 for i in range(count))
+        assert near_got == dict.fromkeys(want, 1)  # each once: before the loss, not again
         s.close()
         log = c.nodes["n1"].log_path.read_text(errors="replace")
         assert f"and the {2 * count} messages it wrote that not every node had read" in log
