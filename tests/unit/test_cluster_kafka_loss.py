@@ -484,3 +484,13 @@ def test_a_full_keep_first_lets_go_what_every_node_has_read_then_drops_the_oldes
     for _ in range(3):  # unacknowledged: the oldest dropped, counted
         k.add(b"body", 0, None)
     assert len(k.entries) == 3 and k.dropped == 1
+
+
+def test_a_heartbeat_says_how_far_its_node_has_read_and_a_malformed_one_is_refused():
+    from cluster import records as R
+    from cluster.control import node_record
+    ok = node_record("beat", "n1", "i1", seq=3, read={"0": 12, "1": 0})
+    assert R.decode_control(b"n:n1", R.dumps(ok))[1] == ok
+    for read in ({"x": 1}, {"0": -1}, {"0": "12"}, [12]):
+        with pytest.raises(R.Malformed):
+            R.decode_control(b"n:n1", R.dumps({**ok, "read": read}))
