@@ -98,16 +98,16 @@ class Keep:
         self._drop(n, "cluster.keep_seconds")
         return len(entries)
 
-    def again(self) -> list[list]:
-        """Kafka lost its data: every record kept, in order, to write again (their marks are
-        of the old log: each gets a new one when its copy is acknowledged)."""
-        out = []
-        for e in self.entries:
-            e[BATCH] = None
-            if e[MARK] is not FAILED:
-                e[MARK] = None
-                out.append(e)
-        return out
+    def again(self) -> list[tuple[list, list]]:
+        """Kafka lost its data: (kept record, its copy) of every record kept, in order, to
+        write again. The copies take the records' places here (each gets a mark when it is
+        acknowledged); a record still on its way keeps its acknowledgement's batch, which its
+        copy takes over when the record is taken back before it was sent (ClusterNode._recover)."""
+        pairs = [(e, [e[BODY], e[TS], e[AT], None, None]) for e in self.entries
+                 if e[MARK] is not FAILED]
+        self.entries = deque(new for _, new in pairs)
+        self.bytes = sum(len(e[BODY]) + OVERHEAD for e in self.entries)
+        return pairs
 
     def _pop(self) -> None:
         e = self.entries.popleft()

@@ -306,8 +306,13 @@ class ClusterNode(Hook):
         self.window, self.again_last = {}, {}  # ...and those read in the new log
         for m in self.state.members.values():
             m.read, m.read_ok = None, False  # its heartbeats name the old log's offsets until it joins again
+        # every message kept is written again, first; those still waiting to be sent are sent
+        # only as their copies (which their acknowledgements then wait for)
         again = self.keep.again()
-        self.producer.send_first(messages, [(with_again(e[BODY]), e[TS], e) for e in again])
+        copy_of = {id(e): copy for e, copy in again}
+        for e in self.producer.take_pending(messages, lambda tag: id(tag) in copy_of):
+            copy_of[id(e)][BATCH] = e[BATCH]
+        self.producer.send_first(messages, [(with_again(c[BODY]), c[TS], c) for _, c in again])
         self.counters["resent"] += len(again)
         self.producer.acked_upto.clear()
         self.producer.take_went_back()  # the same loss, seen by the producer meanwhile

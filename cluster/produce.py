@@ -87,6 +87,20 @@ class Producer:
             self.kicked = True
             self.loop.call_soon(self.kick)
 
+    def take_pending(self, topic: str, which: Callable[[Any], bool]) -> list:
+        """Take back the records of `topic` appended this turn (not handed to the thread yet)
+        whose tag `which` picks: their tags, in order."""
+        keep, taken = [], []
+        for rec in self.pending:
+            if rec[0] == topic and which(rec[3]):
+                taken.append(rec[3])
+            else:
+                keep.append(rec)
+        self.pending = keep
+        self.backlog -= len(taken)
+        self.handed -= len(taken)
+        return taken
+
     def take_went_back(self) -> str | None:
         """Why Kafka lost data, seen by the offsets it gave this producer's records (once)."""
         why, self.went_back = self.went_back, None

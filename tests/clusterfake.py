@@ -47,6 +47,12 @@ class FakeProducer:
                             for body, ts, tag in items]
         self.backlog += len(items)
 
+    def take_pending(self, topic: str, which: Any) -> list:
+        taken = [rec[3] for rec in self.pending if rec[0] == topic and which(rec[3])]
+        self.pending = [rec for rec in self.pending if not (rec[0] == topic and which(rec[3]))]
+        self.backlog -= len(taken)
+        return taken
+
     def kick(self) -> None:
         pass
 

@@ -466,8 +466,10 @@ def test_a_kept_record_is_let_go_only_once_acknowledged_and_read_by_every_node()
     Keep.answered(c, None, {0: 6, 1: 2})  # type: ignore[arg-type]
     assert k.trim({0: 10, 1: 10}) == 2  # b, not acknowledged yet, holds c
     Keep.answered(b, "refused", {0: 6, 1: 2})  # type: ignore[arg-type]
-    assert k.again() == [c]
-    Keep.answered(c, None, {0: 1})  # type: ignore[arg-type]  # its copy, in the new log
+    (kept, copy), = k.again()
+    assert kept is c and list(k.entries) == [copy] and copy[3] is None and copy[4] is None
+    assert k.trim({0: 10, 1: 10}) == 1  # the copy, not acknowledged yet
+    Keep.answered(copy, None, {0: 1})  # in the new log
     assert k.trim({0: 1}) == 0 and k.bytes == 0
 
 
@@ -494,3 +496,30 @@ def test_a_heartbeat_says_how_far_its_node_has_read_and_a_malformed_one_is_refus
     for read in ({"x": 1}, {"0": -1}, {"0": "12"}, [12]):
         with pytest.raises(R.Malformed):
             R.decode_control(b"n:n1", R.dumps({**ok, "read": read}))
+
+
+def test_a_publish_waiting_for_kafka_when_the_loss_is_seen_is_acknowledged_and_delivered_once(
+        cluster):
+    """[MQTT-4.3.3-2]: a QoS 2 PUBLISH whose record was still waiting to be sent when its node
+    saw the loss gets its PUBREC once its copy (written instead of it, first) is in Kafka, and
+    the subscriber gets the message once."""
+    n1, n2, sub, pub = sub_and_pub(cluster)
+    pub.send(P.Publish("t/x", b"late", 2, packet_id=7))  # handed over, not yet answered
+    lose_logs(cluster)
+    tell_lost(cluster, n1, n2)
+    rec = [p for p in pub.received() if p.type == P.PUBREC]
+    assert [(r.packet_id, r.reason_code) for r in rec] == [(7, 0)]
+    assert delivered(sub) == [b"late"]
+    assert len(cluster.logs[n2.topics.messages]) == 1 and n2.counters["resent"] == 1
+
+
+def test_the_producer_sends_copies_first_in_place_of_the_records_they_replace():
+    from cluster.produce import Producer
+    p = Producer.__new__(Producer)
+    a, b, x = object(), object(), object()
+    p.pending = [("m", 1, b"a", a), ("c", 2, b"ctl", None), ("m", 3, b"b", b)]
+    p.sign, p.backlog, p.handed, p.kicked = (lambda t, body, ts: body + b"!"), 3, 3, True
+    assert p.take_pending("m", lambda tag: tag is a) == [a]
+    p.send_first("m", [(b"x", 5, x)])
+    assert p.pending == [("m", 5, b"x!", x), ("c", 2, b"ctl", None), ("m", 3, b"b", b)]
+    assert p.backlog == 3 and p.handed == 3
