@@ -124,10 +124,10 @@ class Keep:
         self._logged_at = now
         for name, count in self._unlogged.items():
             log.warning("cluster: dropped %d kept messages that not every node had read yet "
-                        "(%s = %g reached: a node reads slowly or is stalled); should Kafka "
+                        "(%s = %s reached: a node reads slowly or is stalled); should Kafka "
                         "lose its data now, they are lost; raise %s to keep more", count, name,
-                        self.max_bytes if name == "cluster.keep_bytes" else self.max_seconds,
-                        name)
+                        self.max_bytes if name == "cluster.keep_bytes" else
+                        f"{self.max_seconds:g}", name)
         self._unlogged.clear()
 
 
