@@ -140,10 +140,12 @@ class ClusterNode(Hook):
         self.keep = Keep(cfg.keep_bytes, cfg.keep_seconds, time.monotonic, self._read_floor)
         # since Kafka last lost its data (None: never), per (messages topic, partition, writer):
         # the last message id read before the loss, the (lowest, highest) read in the new log,
-        # the last copy written again (mqtt.again) taken: which copies are new here (_fresh)
+        # the last copy written again (mqtt.again) taken, and the ids read of logs lost before
+        # that one, as (lowest, highest): which copies are new here (_fresh)
         self.lost_marks: dict[tuple, int] = {}
         self.window: dict[tuple, tuple[int, int]] | None = None
         self.again_last: dict[tuple, int] = {}
+        self.read_before: dict[tuple, list[tuple[int, int]]] = {}
         self.claims: dict[str, _Claim] = {}      # req -> a CONNECT waiting for its claim
         self.handoffs: dict[str, _Claim] = {}    # cid -> a claim waiting for the last owner
         self.bound: dict[str, int] = {}          # cid -> epoch of this node's session
@@ -301,8 +303,14 @@ class ClusterNode(Hook):
         self.partitions = partitions
         self.routed_upto = {p: 0 for p in range(partitions)}
         messages = self.topics.messages
-        # which copies written again are new here (_fresh): the ids read before the loss...
-        self.lost_marks = {k: n for k, n in self.last_ids.items() if k[0] == messages}
+        # which copies written again are new here (_fresh): the ids read of the lost log...
+        if self.window is None:  # the first loss: all up to the last one read
+            self.lost_marks = {k: n for k, n in self.last_ids.items() if k[0] == messages}
+        else:  # after another: those up to its last copy taken, and those of its new log
+            for k, n in self.again_last.items():
+                self.lost_marks[k] = max(self.lost_marks.get(k, 0), n)
+            for k, w in self.window.items():
+                self.read_before.setdefault(k, []).append(w)
         self.window, self.again_last = {}, {}  # ...and those read in the new log
         for m in self.state.members.values():
             m.read, m.read_ok = None, False  # its heartbeats name the old log's offsets until it joins again
@@ -621,7 +629,8 @@ class ClusterNode(Hook):
                 before, seen = self.last_ids.get(last_key, 0), None
             else:
                 before, seen = self.lost_marks.get(last_key, 0), window.get(last_key)
-            if seq <= before or (seen is not None and seen[0] <= seq <= seen[1]):
+            if seq <= before or (seen is not None and seen[0] <= seq <= seen[1]) or \
+                    any(lo <= seq <= hi for lo, hi in self.read_before.get(last_key, ())):
                 self.counters["resent_skipped"] += 1
                 return False
             if seq <= self.again_last.get(last_key, 0):

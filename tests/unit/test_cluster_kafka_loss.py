@@ -523,3 +523,26 @@ def test_the_producer_sends_copies_first_in_place_of_the_records_they_replace():
     p.send_first("m", [(b"x", 5, x)])
     assert p.pending == [("m", 5, b"x!", x), ("c", 2, b"ctl", None), ("m", 3, b"b", b)]
     assert p.backlog == 3 and p.handed == 3
+
+
+def test_a_loss_seen_twice_by_a_reader_does_not_make_it_skip_copies_it_never_had(cluster):
+    """[MQTT-4.3.3-2]: n1 hears of the same loss twice (its reader, then its producer's
+    offsets), after it read m8 in the new log and before n2's copies: m4..m7, which it never
+    had, still reach the subscriber, each once."""
+    n1, n2, sub, pub = sub_and_pub(cluster)
+    publish_acked(cluster, pub, [b"m0", b"m1", b"m2", b"m3"], 2)
+    assert delivered(sub) == [b"m0", b"m1", b"m2", b"m3"]
+    cluster.down.add("n1")
+    publish_acked(cluster, pub, [b"m4", b"m5", b"m6", b"m7"], 2, first_pid=5)
+    lose_logs(cluster)
+    cluster.down.discard("n1")
+    tell_lost(cluster, n1)
+    publish_acked(cluster, pub, [b"m8"], 2, first_pid=9)
+    assert delivered(sub) == [b"m8"]
+    for topic in (n1.topics.control, n1.topics.retained, n1.topics.messages):
+        cluster.read[("n1", topic)] = 0  # read again from the start, as its reader does
+    tell_lost(cluster, n1)
+    tell_lost(cluster, n2)
+    assert delivered(sub) == [b"m4", b"m5", b"m6", b"m7"]
+    cluster.pump()
+    assert delivered(sub) == []
