@@ -58,6 +58,10 @@ class Member:
     alive: bool = True
     seen: float = 0.0        # local clock when its last record was applied
     left: bool = False       # left cleanly (SIGTERM) rather than declared dead
+    # how far it has read each messages partition (its last heartbeat's `read`), None: unknown;
+    # read_ok False: its heartbeats may name offsets of a log Kafka lost, until it joins again
+    read: dict[int, int] | None = None
+    read_ok: bool = True
 
 
 @dataclass
@@ -234,6 +238,9 @@ class ControlState:
                 self.members[node] = Member(node, inc, True, self.clock())
             elif m.alive and m.inc == inc:
                 m.seen = self.clock()
+                read = rec.get("read")
+                if read is not None and m.read_ok:
+                    m.read = {int(p): o for p, o in read.items()}
             # else: a fenced incarnation still beating: ignored
         elif kind in ("leave", "evict") and m is not None and m.alive and m.inc == inc:
             if kind == "evict" and not self._writer_alive({"node": rec.get("by"),

@@ -42,6 +42,7 @@ from mqtt_topics import matches
 
 from . import control as C
 from . import records as R
+from .keep import BATCH, BODY, FAILED, H_AGAIN, MARK, TS, Entry, Keep, with_again
 from .link import FetchReader, Topics, ensure_topics, make_consumer
 from .produce import Producer
 from .shares import Shares
@@ -135,6 +136,16 @@ class ClusterNode(Hook):
         self.ids = itertools.count(1)
         self.seq = itertools.count(1)            # of the control records written (control.py)
         self.last_ids: dict[tuple, int] = {}     # (topic, partition, writer) -> last message id
+        # what this node wrote and not every node has read: written again if Kafka loses it
+        self.keep = Keep(cfg.keep_bytes, cfg.keep_seconds, time.monotonic, self._read_floor)
+        # since Kafka last lost its data (None: never), per (messages topic, partition, writer):
+        # the last message id read before the loss, the (lowest, highest) read in the new log,
+        # the last copy written again (mqtt.again) taken, and the ids read of logs lost before
+        # that one, as (lowest, highest): which copies are new here (_fresh)
+        self.lost_marks: dict[tuple, int] = {}
+        self.window: dict[tuple, tuple[int, int]] | None = None
+        self.again_last: dict[tuple, int] = {}
+        self.read_before: dict[tuple, list[tuple[int, int]]] = {}
         self.claims: dict[str, _Claim] = {}      # req -> a CONNECT waiting for its claim
         self.handoffs: dict[str, _Claim] = {}    # cid -> a claim waiting for the last owner
         self.bound: dict[str, int] = {}          # cid -> epoch of this node's session
@@ -153,7 +164,7 @@ class ClusterNode(Hook):
         self.last_checkpoint = 0.0
         self.counters = {"produced": 0, "read": 0, "delivered": 0, "claims": 0, "takeovers": 0,
                          "rebuilt_sessions": 0, "rebuilt_messages": 0, "wills_fired": 0,
-                         "evictions": 0, "produce_errors": 0}
+                         "evictions": 0, "produce_errors": 0, "resent": 0, "resent_skipped": 0}
 
     # ------------------------------------------------------------ lifecycle
     def attach(self, broker: HookHost) -> None:
@@ -249,9 +260,9 @@ class ClusterNode(Hook):
         the new log (_recover()) before the reader hands over anything read from it."""
         log.error("cluster: the Kafka at %s lost its data (%s): node %s reads its new logs from "
                   "their start, creates the cluster's topics again if missing and writes again "
-                  "its join, the state of the sessions it holds, the retained messages and bans; "
-                  "messages acknowledged before the loss and not yet delivered are lost",
-                  self.bootstrap, why, self.node)
+                  "its join, the state of the sessions it holds, the retained messages and bans, "
+                  "and the %d messages it wrote that not every node had read",
+                  self.bootstrap, why, self.node, len(self.keep.entries))
         partitions = self.partitions
         while not self.stopping:
             try:
@@ -291,6 +302,26 @@ class ClusterNode(Hook):
             return
         self.partitions = partitions
         self.routed_upto = {p: 0 for p in range(partitions)}
+        messages = self.topics.messages
+        # which copies written again are new here (_fresh): the ids read of the lost log...
+        if self.window is None:  # the first loss: all up to the last one read
+            self.lost_marks = {k: n for k, n in self.last_ids.items() if k[0] == messages}
+        else:  # after another: those up to its last copy taken, and those of its new log
+            for k, n in self.again_last.items():
+                self.lost_marks[k] = max(self.lost_marks.get(k, 0), n)
+            for k, w in self.window.items():
+                self.read_before.setdefault(k, []).append(w)
+        self.window, self.again_last = {}, {}  # ...and those read in the new log
+        for m in self.state.members.values():
+            m.read, m.read_ok = None, False  # its heartbeats name the old log's offsets until it joins again
+        # every message kept is written again, first; those still waiting to be sent are sent
+        # only as their copies (which their acknowledgements then wait for)
+        again = self.keep.again()
+        copy_of = {id(e): copy for e, copy in again}
+        for e in self.producer.take_pending(messages, lambda tag: id(tag) in copy_of):
+            copy_of[id(e)][BATCH] = e[BATCH]
+        self.producer.send_first(messages, [(with_again(c[BODY]), c[TS], c) for _, c in again])
+        self.counters["resent"] += len(again)
         self.producer.acked_upto.clear()
         self.producer.take_went_back()  # the same loss, seen by the producer meanwhile
         self.since = {k: dict.fromkeys(range(partitions), 0) for k in self.since}
@@ -320,9 +351,9 @@ class ClusterNode(Hook):
                                     C.ban_record(self.node, self.inc, ban))
         self.on_turn_end()
         self.producer.kick()
-        log.info("cluster: node %s wrote again its join, the state of %d sessions and %d "
-                 "retained messages after Kafka lost its data", self.node, len(self.bound),
-                 rewritten)
+        log.info("cluster: node %s wrote again its join, the state of %d sessions, %d "
+                 "retained messages and %d messages not every node had read after Kafka lost "
+                 "its data", self.node, len(self.bound), rewritten, len(again))
 
     def stats(self) -> dict:
         """For metrics (mqtt_cluster_*, clients{node=...}), $SYS/broker/cluster/... and the
@@ -336,6 +367,8 @@ class ClusterNode(Hook):
                    clients_known=len(st.clients) if st else 0,
                    clients_by_node={m["node"]: m["clients"] for m in members if m["alive"]},
                    share_groups=len(self.shares.streams),
+                   kept=len(self.keep.entries), kept_bytes=self.keep.bytes,
+                   kept_dropped=self.keep.dropped,
                    backlog=self.producer.backlog if self.producer is not None else 0)
         return {"cluster": out}
 
@@ -368,11 +401,20 @@ class ClusterNode(Hook):
         self.producer.send(topic, key, value, headers,
                            int(self.wall() * 1000) if ts is None else ts, batch)
 
-    def _completed(self, items: list[tuple[_Batch | None, str | None]]) -> None:
+    def _completed(self, items: list[tuple[_Batch | Entry | None, str | None]]) -> None:
         """Records Kafka acknowledged (failure None) or gave up on."""
-        for batch, failure in items:
+        mark = None
+        for tag, failure in items:
             if failure is not None:
                 self.counters["produce_errors"] += 1
+            if type(tag) is Entry:  # a kept message: below the offsets acknowledged so far
+                if mark is None:
+                    acked, messages = self.producer.acked_upto, self.topics.messages
+                    mark = {p: acked.get((messages, p), 0) for p in range(self.partitions)}
+                tag[MARK] = mark if failure is None else FAILED  # (Keep.answered)
+                batch = tag[BATCH]
+            else:
+                batch = tag
             if batch is None:
                 continue
             batch.count -= 1
@@ -413,7 +455,8 @@ class ClusterNode(Hook):
                               f"{self.node}-{self.inc}-{next(self.ids)}", broker.clock())
         ts = int(msg.accepted_at * 1000)
         b.count += 1
-        self.producer.send_body(self.topics.messages, body, ts, b)
+        kept = self.keep.add(body, ts, b) if msg.qos else None
+        self.producer.send_body(self.topics.messages, body, ts, b if kept is None else kept)
         self.counters["produced"] += 1
         if msg.retain and broker.cfg.retain_available and \
                 (not msg.payload or broker.retained_fits(msg)):
@@ -566,19 +609,42 @@ class ClusterNode(Hook):
         in each partition's log), so a record whose n is not above the last one of its writer
         was written again (a copied signed record, a retried write) and is ignored, counted."""
         mid = None
+        again = False
         for name, val in headers:
             if name == H_MESSAGE_ID:
                 mid = val
+            elif name == H_AGAIN:
+                again = True
         writer, _, n = bytes(mid or b"").rpartition(b"-")
         if not writer or not n.isdigit() or len(n) > 18:
             self.trust.ignore(MALFORMED, f"{topic} offset {off}", "no message id")
             return False
         last_key = (topic, p, writer)
         seq = int(n)
+        window = self.window
+        if again:
+            # a copy its writer wrote again after Kafka lost its data (cluster/keep.py): new here
+            # unless it was read before the loss or, in the new log, before its copies
+            if window is None:  # (no loss seen here: a copy read first where it is not lost)
+                before, seen = self.last_ids.get(last_key, 0), None
+            else:
+                before, seen = self.lost_marks.get(last_key, 0), window.get(last_key)
+            if seq <= before or (seen is not None and seen[0] <= seq <= seen[1]) or \
+                    any(lo <= seq <= hi for lo, hi in self.read_before.get(last_key, ())):
+                self.counters["resent_skipped"] += 1
+                return False
+            if seq <= self.again_last.get(last_key, 0):
+                self.trust.ignore(REPLAYED, f"{topic} offset {off}")
+                return False
+            self.again_last[last_key] = seq
+            return True
         if seq <= self.last_ids.get(last_key, 0):
             self.trust.ignore(REPLAYED, f"{topic} offset {off}")
             return False
         self.last_ids[last_key] = seq
+        if window is not None:
+            seen = window.get(last_key)
+            window[last_key] = (seq, seq) if seen is None else (seen[0], seq)
         return True
 
     def _decode(self, topic: str, off: int, key: bytes | None, value: bytes | None,
@@ -1083,7 +1149,9 @@ class ClusterNode(Hook):
     def _beat(self) -> None:
         try:
             st = self.state
-            self._write_control(f"n:{self.node}", C.node_record("beat", self.node, self.inc))
+            self._write_control(f"n:{self.node}", C.node_record(
+                "beat", self.node, self.inc, read={str(p): o for p, o in self.routed_upto.items()}))
+            self._trim_kept()
             if st.me_alive():
                 for m in st.silent(self.cfg.node_timeout):
                     log.warning("cluster: node %s not heard from for %.1f s: declaring it gone",
@@ -1095,6 +1163,24 @@ class ClusterNode(Hook):
         except Exception:
             log.exception("cluster: heartbeat failed")
         self.beat_handle = self.loop.call_later(self.cfg.heartbeat_seconds, self._beat)
+
+    def _trim_kept(self) -> None:
+        """Let go of the kept messages every live node has read (their heartbeats say how far)."""
+        self.keep.trim(self._read_floor())
+
+    def _read_floor(self) -> dict[int, int] | None:
+        """Per messages partition, the lowest position read by the live nodes (this one: where
+        it is; the others: their last heartbeat); None when one has not said."""
+        floor = dict(self.routed_upto)
+        for m in self.state.members.values() if self.state is not None else ():
+            if not m.alive or (m.node == self.node and m.inc == self.inc):
+                continue
+            read = m.read
+            if read is None:
+                return None
+            for p, o in floor.items():
+                floor[p] = min(o, read.get(p, 0))
+        return floor
 
     def _fire_timers(self) -> None:
         """Wills and expiry of sessions whose node is gone, this node being their executor."""

@@ -75,6 +75,32 @@ class Producer:
             self.kicked = True
             self.loop.call_soon(self.kick)
 
+    def send_first(self, topic: str, items: list[tuple[bytes, int, Any]]) -> None:
+        """send_body() of (body, ts, tag) records, in order, before every record appended this
+        turn (records written again after Kafka lost its data, cluster/keep.py)."""
+        sign = self.sign
+        self.pending[:0] = [(topic, ts, sign(topic, body, ts) if sign is not None else body, tag)
+                            for body, ts, tag in items]
+        self.backlog += len(items)
+        self.handed += len(items)
+        if items and not self.kicked:
+            self.kicked = True
+            self.loop.call_soon(self.kick)
+
+    def take_pending(self, topic: str, which: Callable[[Any], bool]) -> list:
+        """Take back the records of `topic` appended this turn (not handed to the thread yet)
+        whose tag `which` picks: their tags, in order."""
+        keep, taken = [], []
+        for rec in self.pending:
+            if rec[0] == topic and which(rec[3]):
+                taken.append(rec[3])
+            else:
+                keep.append(rec)
+        self.pending = keep
+        self.backlog -= len(taken)
+        self.handed -= len(taken)
+        return taken
+
     def take_went_back(self) -> str | None:
         """Why Kafka lost data, seen by the offsets it gave this producer's records (once)."""
         why, self.went_back = self.went_back, None

@@ -307,7 +307,7 @@ _WRITER = {"t": (_str(8), True), "node": (_str(_ID), True), "inc": (_str(_ID), T
 _BAN_KINDS = ("clientid", "username", "address")  # broker/admin/bans.py KINDS
 CONTROL = {  # kind: (key prefix, fields)
     "join": ("n:", {**_WRITER, "at": (_num, False)}),
-    "beat": ("n:", _WRITER),
+    "beat": ("n:", {**_WRITER, "read": (_positions, False)}),
     "leave": ("n:", _WRITER),
     "evict": ("n:", {**_WRITER, "by": (_str(_ID), True), "by_inc": (_str(_ID), True),
                      "at": (_num, False)}),

@@ -387,6 +387,11 @@ class ClusterConfig(Section):
     checkpoint_seconds: float = key(1.0, Num(0.05, 3600))  # persistent sessions' progress
     fetch_wait_ms: int = key(5, Int(1, 10000))      # Kafka fetch wait: latency vs idle CPU
     max_backlog: int = key(20000, Int(100))        # records not yet in Kafka; beyond, QoS 0 is dropped
+    # each node keeps the QoS 1/2 messages it wrote until every live node has read them, to
+    # write them again if Kafka loses its data (cluster/keep.py); beyond either bound the
+    # oldest are dropped (counted: mqtt_cluster_kept_dropped); 0 bytes: none kept
+    keep_bytes: int = key(64 << 20, Int(0))
+    keep_seconds: float = key(600.0, Num(1, 86400))
     server_reference: str = ""                      # sent with DISCONNECT 0x9C on SIGTERM
     # the key the nodes sign their records with: the same file on every node ("" =
     # <data_dir>/secrets/cluster.key; made when missing); $MQTT_CLUSTER_KEY overrides it

@@ -41,6 +41,18 @@ class FakeProducer:
         self.pending.append((topic, ts, body, tag))
         self.backlog += 1
 
+    def send_first(self, topic: str, items: list) -> None:
+        sign = self.sign
+        self.pending[:0] = [(topic, ts, sign(topic, body, ts) if sign is not None else body, tag)
+                            for body, ts, tag in items]
+        self.backlog += len(items)
+
+    def take_pending(self, topic: str, which: Any) -> list:
+        taken = [rec[3] for rec in self.pending if rec[0] == topic and which(rec[3])]
+        self.pending = [rec for rec in self.pending if not (rec[0] == topic and which(rec[3]))]
+        self.backlog -= len(taken)
+        return taken
+
     def kick(self) -> None:
         pass
 

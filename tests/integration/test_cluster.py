@@ -1212,3 +1212,97 @@ def test_the_cluster_recovers_when_its_kafka_restarts_empty(tmp_path):
         if c is not None:
             c.stop()
         k.stop()
+
+
+def test_acknowledged_messages_a_stalled_node_had_not_read_survive_a_kafka_restarted_empty(
+        tmp_path):
+    """[MQTT-4.3.2-2] / [MQTT-4.3.3-2]: what the broker acknowledged is its to deliver. A
+    persistent session sits (offline) on n2; n2 is stalled (SIGSTOP) while a publisher on n1
+    gets 60 QoS 1 and 60 QoS 2 messages acknowledged, so no node but n1 has them when the
+    embedded Kafka is killed and started again empty. n1 kept them and writes them again: the
+    subscriber, back on n2, gets every QoS 2 message exactly once and every QoS 1 message at
+    least once [MQTT-4.3.3-3]; a subscriber on n1, which had them all before the loss, gets
+    none of them again."""
+    k = EmbeddedKafka(log_file=str(tmp_path / "tansu.log")).start()
+    c = None
+    n2 = None
+    expiry = {PR.SESSION_EXPIRY_INTERVAL: 600}
+    count = 60
+    try:
+        c = Cluster(k, tmp_path, 2, {"cluster.node_timeout": 60.0})  # a stall is not a death
+        sub = connect(c.port("n2"), "kept-sub", clean_start=False, properties=expiry)
+        sub.subscribe("kept/1", qos=1)
+        sub.subscribe("kept/2", qos=2, pid=2)
+        sub.send(P.Disconnect(0))
+        sub.close()
+        near = connect(c.port("n1"), "kept-near")  # reads them as they come, before the loss
+        near.subscribe("kept/#", qos=2)
+        pub = connect(c.port("n1"), "kept-pub")
+        n2 = c.nodes["n2"].proc
+        os.kill(n2.pid, signal.SIGSTOP)
+        for i in range(count):
+            assert pub_qos1(pub, "kept/1", b"q1-%d" % i, 2 * i + 1) == 0
+            pub.publish("kept/2", b"q2-%d" % i, qos=2, pid=2 * i + 2)
+            rec = pub.recv_type(P.PUBREC)
+            assert rec.packet_id == 2 * i + 2 and rec.reason_code == 0
+            pub.send(P.Ack(P.PUBREL, 2 * i + 2))
+            assert pub.recv_type(P.PUBCOMP).packet_id == 2 * i + 2
+        pub.close()
+
+        k.restart(kill=True)
+        t0 = time.monotonic()
+        os.kill(n2.pid, signal.SIGCONT)
+        want = {b"q1-%d" % i for i in range(count)} | {b"q2-%d" % i for i in range(count)}
+        got: dict[bytes, int] = {}
+        near_got: dict[bytes, int] = {}
+
+        def back() -> RawClient | None:
+            try:
+                s = RawClient(c.port("n2"))
+                if s.connect("kept-sub", clean_start=False, properties=expiry).reason_code != 0:
+                    s.close()
+                    return None
+                return s
+            except (AssertionError, TimeoutError, OSError):
+                return None
+
+        s = wait_for(back, 30, "the subscriber's CONNECT accepted after Kafka's restart")
+
+        def receive(s: RawClient, got: dict, seconds: float, stop_when_all: bool) -> None:
+            """Count each PUBLISH `s` receives, acknowledging it (QoS 2: PUBREC, then PUBCOMP
+            for its PUBREL), for `seconds` or until every message came."""
+            until = time.monotonic() + seconds
+            while not (stop_when_all and set(got) == want):
+                try:
+                    p = s.recv(max(0.0, until - time.monotonic()))
+                except TimeoutError:
+                    return
+                if p.type == P.PUBLISH:
+                    got[p.payload] = got.get(p.payload, 0) + 1
+                    s.send(P.Ack(P.PUBACK if p.qos == 1 else P.PUBREC, p.packet_id))
+                elif p.type == P.PUBREL:
+                    s.send(P.Ack(P.PUBCOMP, p.packet_id))
+
+        receive(s, got, 30, stop_when_all=True)
+        took = time.monotonic() - t0
+        receive(s, got, 2, stop_when_all=False)  # anything more is a duplicate
+        receive(near, near_got, 1, stop_when_all=False)
+        q1 = sum(1 for p in got if p.startswith(b"q1-"))
+        q2 = sum(1 for p in got if p.startswith(b"q2-"))
+        print(f"\nacknowledged {count} QoS 1 + {count} QoS 2; delivered after Kafka restarted "
+              f"empty: {q1} QoS 1 ({sum(got[p] for p in got if p.startswith(b'q1-'))} copies), "
+              f"{q2} QoS 2 ({sum(got[p] for p in got if p.startswith(b'q2-'))} copies), "
+              f"the last {took:.1f} s after the restart; the subscriber on n1: "
+              f"{len(near_got)} messages, {sum(near_got.values())} copies")
+        assert set(got) == want, sorted(want - set(got))[:10]
+        assert all(got[b"q2-%d" % i] == 1 for i in range(count))
+        assert near_got == dict.fromkeys(want, 1)  # each once: before the loss, not again
+        s.close()
+        log = c.nodes["n1"].log_path.read_text(errors="replace")
+        assert f"and the {2 * count} messages it wrote that not every node had read" in log
+    finally:
+        if n2 is not None and n2.poll() is None:
+            os.kill(n2.pid, signal.SIGCONT)
+        if c is not None:
+            c.stop()
+        k.stop()

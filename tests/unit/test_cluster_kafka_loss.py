@@ -233,3 +233,316 @@ def test_offsets_that_go_back_under_the_producers_records_are_seen_as_a_loss():
     r.run()
     assert told == ["c-0 took records at offset 2"]  # once
     assert fetches[0] == {C: 0, M: 0}  # the first fetch after it: from the new logs' start
+
+
+# ------------------------------------------------------------------ acknowledged messages kept
+WHY = "mqtt.cluster.control-0 ends at offset 0, below the 12 already read"
+
+
+def sub_and_pub(cluster: FakeCluster, qos: int = 2) -> tuple[Any, Any, ClusterClient, ClusterClient]:
+    """n1 with a persistent subscriber of t/# (QoS `qos`), n2 with a publisher."""
+    n1, _ = cluster.node("n1")
+    n2, _ = cluster.node("n2")
+    sub = ClusterClient(n1)
+    sub.connect("sub", clean=False, props=EXPIRY, cluster=cluster)
+    sub.send(P.Subscribe(1, [("t/#", P.SubscriptionOptions(qos))]))
+    cluster.pump()
+    assert recv_type(sub, P.SUBACK).reason_codes == [qos]
+    pub = ClusterClient(n2)
+    pub.connect("pub", cluster=cluster)
+    return n1, n2, sub, pub
+
+
+def publish_acked(cluster: FakeCluster, pub: ClusterClient, payloads: list[bytes], qos: int,
+                  first_pid: int = 1) -> None:
+    """Each PUBLISH acknowledged to its publisher (PUBACK, or PUBREC: the message is the
+    broker's from then on [MQTT-4.3.3-2]) once Kafka took its record."""
+    for i, payload in enumerate(payloads):
+        pub.send(P.Publish("t/x", payload, qos, packet_id=first_pid + i))
+    cluster.pump()
+    acks = [p for p in pub.received() if p.type in (P.PUBACK, P.PUBREC)]
+    assert [a.packet_id for a in acks] == list(range(first_pid, first_pid + len(payloads)))
+    assert all(a.reason_code == 0 for a in acks)
+
+
+def delivered(sub: ClusterClient) -> list[bytes]:
+    """The payloads sent to `sub`, each PUBLISH acknowledged (QoS 2 through PUBCOMP)."""
+    out = []
+    while True:
+        pkts = sub.received()
+        pubs = [p for p in pkts if p.type == P.PUBLISH]
+        if not pubs:
+            return out
+        for p in pubs:
+            out.append(p.payload)
+            if p.qos == 1:
+                sub.send(P.Ack(P.PUBACK, p.packet_id))
+            elif p.qos == 2:
+                sub.send(P.Ack(P.PUBREC, p.packet_id))
+        for p in sub.received():
+            if p.type == P.PUBREL:
+                sub.send(P.Ack(P.PUBCOMP, p.packet_id))
+
+
+def lose_logs(cluster: FakeCluster) -> None:
+    """The in-memory Kafka restarted empty: every node's reader starts again at offset 0 (each
+    node is told of the loss by the test, at the moment it wants)."""
+    cluster.logs.clear()
+    for n in cluster.nodes:
+        for topic in (n.topics.control, n.topics.retained, n.topics.messages):
+            cluster.read[(n.node, topic)] = 0
+
+
+def tell_lost(cluster: FakeCluster, *nodes: Any) -> None:
+    """Each node's reader saw the loss: the node recovers (ClusterNode._recover, on its loop)
+    before its reader hands over anything of the new log, then everything written is read."""
+    for n in nodes:
+        n._kafka_lost(WHY)
+    calls, cluster.calls = cluster.calls, []
+    for fn, args in calls:
+        fn(*args)
+    cluster.pump()
+
+
+@pytest.mark.parametrize("qos", [1, 2])
+def test_acknowledged_messages_a_stalled_node_had_not_read_reach_its_subscriber_after_kafka_lost_them(
+        cluster, qos):
+    """[MQTT-4.3.2-2] / [MQTT-4.3.3-2]: a PUBLISH acknowledged by the broker is its to deliver.
+    n2 acknowledged 6 messages once Kafka had them; n1, whose persistent subscriber wants them,
+    had not read them when Kafka restarted empty. n2 kept them and writes them again into the
+    new log: the subscriber gets each one, once, in order."""
+    n1, n2, sub, pub = sub_and_pub(cluster, qos)
+    cluster.down.add("n1")  # stalled: reads nothing
+    payloads = [f"m{i}".encode() for i in range(6)]
+    publish_acked(cluster, pub, payloads, qos)
+    lose_logs(cluster)
+    cluster.down.discard("n1")
+    tell_lost(cluster, n1, n2)
+    assert delivered(sub) == payloads
+    assert n2.counters["resent"] == 6 and n1.counters["delivered"] == 6
+
+
+def test_a_copy_written_again_is_not_delivered_where_its_original_was(cluster):
+    """[MQTT-4.3.3-3] exactly once for QoS 2 across the loss: the subscriber had received m0..m3
+    before it; m4..m7 were acknowledged but unread by its node; m8 was written to the new log
+    before its node (n2) saw the loss, and read there as any message. n2 then writes m0..m8
+    again: only m4..m7 are new to n1, the other copies are skipped, counted."""
+    n1, n2, sub, pub = sub_and_pub(cluster)
+    publish_acked(cluster, pub, [b"m0", b"m1", b"m2", b"m3"], 2)
+    assert delivered(sub) == [b"m0", b"m1", b"m2", b"m3"]
+    cluster.down.add("n1")
+    publish_acked(cluster, pub, [b"m4", b"m5", b"m6", b"m7"], 2, first_pid=5)
+    lose_logs(cluster)
+    cluster.down.discard("n1")
+    tell_lost(cluster, n1)
+    publish_acked(cluster, pub, [b"m8"], 2, first_pid=9)  # n2 has not seen the loss yet
+    assert delivered(sub) == [b"m8"]
+    tell_lost(cluster, n2)
+    assert delivered(sub) == [b"m4", b"m5", b"m6", b"m7"]
+    assert n2.counters["resent"] == 9 and n1.counters["resent_skipped"] == 5
+    cluster.pump()
+    assert delivered(sub) == []
+
+
+def beat(cluster: FakeCluster, *nodes: Any) -> None:
+    """A heartbeat of each node (it says how far it has read), read by all."""
+    for n in nodes:
+        n._beat()
+    cluster.pump()
+
+
+def test_kept_messages_are_let_go_once_every_live_node_has_read_them(cluster):
+    """n2 keeps what it wrote while n1 has said nothing of how far it read, or that it has not
+    read that far, and lets it go once n1's heartbeat says it has."""
+    n1, n2, sub, pub = sub_and_pub(cluster)
+    publish_acked(cluster, pub, [b"a", b"b"], 1)
+    beat(cluster, n2)
+    assert len(n2.keep.entries) == 2  # n1 never said how far it read
+    beat(cluster, n1)  # n1 has read them: let go
+    beat(cluster, n2)
+    assert len(n2.keep.entries) == 0 and n2.stats()["cluster"]["kept_bytes"] == 0
+    cluster.down.add("n1")  # stalled, its last heartbeat before the next ones
+    publish_acked(cluster, pub, [b"c", b"d"], 1, first_pid=3)
+    beat(cluster, n2)
+    assert len(n2.keep.entries) == 2 and n2.state.members["n1"].read == {0: 2}
+    cluster.down.discard("n1")
+    cluster.pump()  # n1 reads them
+    beat(cluster, n1)
+    beat(cluster, n2)
+    assert len(n2.keep.entries) == 0 and n2.keep.bytes == 0 and n2.keep.dropped == 0
+    assert delivered(sub) == [b"a", b"b", b"c", b"d"]
+
+
+def test_after_the_loss_heartbeats_naming_the_old_logs_offsets_let_nothing_go(cluster):
+    """The read positions refer to the new log after the loss: a heartbeat n1 wrote into the
+    new log before n1 saw the loss names offsets of the old one, which n2 does not trust; once
+    n1 has joined again and read the copies, they are let go."""
+    n1, n2, sub, pub = sub_and_pub(cluster)
+    publish_acked(cluster, pub, [f"m{i}".encode() for i in range(30)], 1)
+    assert len(delivered(sub)) == 30
+    lose_logs(cluster)
+    tell_lost(cluster, n2)  # n2 wrote the 30 again; n1 read them as it has not seen the loss
+    n1._beat()  # positions of the old log, high enough to cover the copies
+    cluster.pump()
+    n2._beat()
+    assert len(n2.keep.entries) == 30 and n2.state.members["n1"].read is None
+    assert delivered(sub) == []  # n1 had delivered them all: not again
+    for topic in (n1.topics.control, n1.topics.retained, n1.topics.messages):
+        cluster.read[("n1", topic)] = 0  # n1's reader starts the new log again from its start
+    tell_lost(cluster, n1)
+    beat(cluster, n1)
+    beat(cluster, n2)
+    assert len(n2.keep.entries) == 0
+    assert delivered(sub) == []  # n1 had delivered them all: not again
+
+
+def test_past_keep_bytes_the_oldest_kept_messages_are_dropped_counted_and_logged(cluster, caplog):
+    from cluster.keep import OVERHEAD
+    n1, n2, sub, pub = sub_and_pub(cluster)
+    cluster.down.add("n1")
+    publish_acked(cluster, pub, [b"m0"], 1)
+    size = len(n2.keep.entries[0][0]) + OVERHEAD
+    n2.keep.max_bytes = 3 * size
+    with caplog.at_level(logging.WARNING, logger="cluster"):
+        publish_acked(cluster, pub, [f"m{i}".encode() for i in range(1, 6)], 1, first_pid=2)
+    assert len(n2.keep.entries) == 3 and n2.keep.bytes == 3 * size
+    assert n2.stats()["cluster"]["kept_dropped"] == 3
+    lines = [r.getMessage() for r in caplog.records if "kept messages" in r.getMessage()]
+    assert len(lines) == 1 and "cluster.keep_bytes" in lines[0] and str(3 * size) in lines[0]
+    lose_logs(cluster)
+    cluster.down.discard("n1")
+    tell_lost(cluster, n1, n2)
+    assert delivered(sub) == [b"m3", b"m4", b"m5"]  # the newest three were kept
+
+
+def test_kept_messages_older_than_keep_seconds_are_dropped_counted_and_logged(cluster, caplog):
+    n1, n2, sub, pub = sub_and_pub(cluster)
+    now = [0.0]
+    n2.keep.clock = lambda: now[0]
+    cluster.down.add("n1")
+    publish_acked(cluster, pub, [b"old"], 1)
+    now[0] = 300.0
+    publish_acked(cluster, pub, [b"new"], 1, first_pid=2)
+    now[0] = 601.0
+    with caplog.at_level(logging.WARNING, logger="cluster"):
+        n2._beat()
+    assert len(n2.keep.entries) == 1
+    assert n2.keep.dropped == 1
+    assert any("cluster.keep_seconds = 600" in r.getMessage() for r in caplog.records)
+
+
+def test_qos0_messages_and_refused_writes_are_not_kept(cluster):
+    """Only what a publisher was told is the broker's (QoS 1/2, acknowledged) is written again."""
+    n1, n2, sub, pub = sub_and_pub(cluster)
+    pub.send(P.Publish("t/x", b"zero", 0))
+    cluster.pump()
+    assert len(n2.keep.entries) == 0
+    pub.send(P.Publish("t/x", b"one", 1, packet_id=1))
+    e = n2.keep.entries[0]
+    n2._completed([(e, "the cluster's Kafka refused the records: test")])
+    assert n2.keep.again() == []
+
+
+def test_a_record_written_again_carries_its_original_id_and_the_again_header():
+    from cluster.keep import H_AGAIN, with_again
+    from cluster.trust import body_of
+    from kafka_client.record import encode_body
+    body = encode_body(b"t/x", b"payload", [("mqtt.message_id", b"n2-abc-7"), ("mqtt.qos", b"1")])
+    again = with_again(body)
+    assert again == body_of(b"t/x", b"payload", [("mqtt.message_id", b"n2-abc-7"),
+                                                 ("mqtt.qos", b"1"), (H_AGAIN, b"1")])
+
+
+def test_a_kept_record_is_let_go_only_once_acknowledged_and_read_by_every_node():
+    """Kept in order: a record Kafka has not acknowledged yet stays (and so does every later
+    one), whatever the nodes have read; one Kafka refused goes (never written again)."""
+    from cluster.keep import Keep
+    k = Keep(1 << 20, 600.0, lambda: 0.0)
+    a, b, c = (k.add(b"body", 0, None) for _ in range(3))
+    Keep.answered(a, None, {0: 5, 1: 2})  # type: ignore[arg-type]
+    assert k.trim({0: 10, 1: 1}) == 3  # partition 1 not read that far
+    assert k.trim(None) == 3           # some node's position unknown
+    assert k.trim({0: 5, 1: 2}) == 2
+    Keep.answered(c, None, {0: 6, 1: 2})  # type: ignore[arg-type]
+    assert k.trim({0: 10, 1: 10}) == 2  # b, not acknowledged yet, holds c
+    Keep.answered(b, "refused", {0: 6, 1: 2})  # type: ignore[arg-type]
+    (kept, copy), = k.again()
+    assert kept is c and list(k.entries) == [copy] and copy[3] is None and copy[4] is None
+    assert k.trim({0: 10, 1: 10}) == 1  # the copy, not acknowledged yet
+    Keep.answered(copy, None, {0: 1})  # in the new log
+    assert k.trim({0: 1}) == 0 and k.bytes == 0
+
+
+def test_a_full_keep_first_lets_go_what_every_node_has_read_then_drops_the_oldest():
+    from cluster.keep import OVERHEAD, Keep
+    read = {0: 0}
+    k = Keep(3 * (4 + OVERHEAD), 600.0, lambda: 0.0, floor=lambda: read)
+    first = [k.add(b"body", 0, None) for _ in range(3)]
+    for e in first:
+        Keep.answered(e, None, {0: 3})  # type: ignore[arg-type]
+    read[0] = 3  # every node has read them: let go, not dropped
+    k.add(b"body", 0, None)
+    assert len(k.entries) == 1 and k.dropped == 0
+    for _ in range(3):  # unacknowledged: the oldest dropped, counted
+        k.add(b"body", 0, None)
+    assert len(k.entries) == 3 and k.dropped == 1
+
+
+def test_a_heartbeat_says_how_far_its_node_has_read_and_a_malformed_one_is_refused():
+    from cluster import records as R
+    from cluster.control import node_record
+    ok = node_record("beat", "n1", "i1", seq=3, read={"0": 12, "1": 0})
+    assert R.decode_control(b"n:n1", R.dumps(ok))[1] == ok
+    for read in ({"x": 1}, {"0": -1}, {"0": "12"}, [12]):
+        with pytest.raises(R.Malformed):
+            R.decode_control(b"n:n1", R.dumps({**ok, "read": read}))
+
+
+def test_a_publish_waiting_for_kafka_when_the_loss_is_seen_is_acknowledged_and_delivered_once(
+        cluster):
+    """[MQTT-4.3.3-2]: a QoS 2 PUBLISH whose record was still waiting to be sent when its node
+    saw the loss gets its PUBREC once its copy (written instead of it, first) is in Kafka, and
+    the subscriber gets the message once."""
+    n1, n2, sub, pub = sub_and_pub(cluster)
+    pub.send(P.Publish("t/x", b"late", 2, packet_id=7))  # handed over, not yet answered
+    lose_logs(cluster)
+    tell_lost(cluster, n1, n2)
+    rec = [p for p in pub.received() if p.type == P.PUBREC]
+    assert [(r.packet_id, r.reason_code) for r in rec] == [(7, 0)]
+    assert delivered(sub) == [b"late"]
+    assert len(cluster.logs[n2.topics.messages]) == 1 and n2.counters["resent"] == 1
+
+
+def test_the_producer_sends_copies_first_in_place_of_the_records_they_replace():
+    from cluster.produce import Producer
+    p = Producer.__new__(Producer)
+    a, b, x = object(), object(), object()
+    p.pending = [("m", 1, b"a", a), ("c", 2, b"ctl", None), ("m", 3, b"b", b)]
+    p.sign, p.backlog, p.handed, p.kicked = (lambda t, body, ts: body + b"!"), 3, 3, True
+    assert p.take_pending("m", lambda tag: tag is a) == [a]
+    p.send_first("m", [(b"x", 5, x)])
+    assert p.pending == [("m", 5, b"x!", x), ("c", 2, b"ctl", None), ("m", 3, b"b", b)]
+    assert p.backlog == 3 and p.handed == 3
+
+
+def test_a_loss_seen_twice_by_a_reader_does_not_make_it_skip_copies_it_never_had(cluster):
+    """[MQTT-4.3.3-2]: n1 hears of the same loss twice (its reader, then its producer's
+    offsets), after it read m8 in the new log and before n2's copies: m4..m7, which it never
+    had, still reach the subscriber, each once."""
+    n1, n2, sub, pub = sub_and_pub(cluster)
+    publish_acked(cluster, pub, [b"m0", b"m1", b"m2", b"m3"], 2)
+    assert delivered(sub) == [b"m0", b"m1", b"m2", b"m3"]
+    cluster.down.add("n1")
+    publish_acked(cluster, pub, [b"m4", b"m5", b"m6", b"m7"], 2, first_pid=5)
+    lose_logs(cluster)
+    cluster.down.discard("n1")
+    tell_lost(cluster, n1)
+    publish_acked(cluster, pub, [b"m8"], 2, first_pid=9)
+    assert delivered(sub) == [b"m8"]
+    for topic in (n1.topics.control, n1.topics.retained, n1.topics.messages):
+        cluster.read[("n1", topic)] = 0  # read again from the start, as its reader does
+    tell_lost(cluster, n1)
+    tell_lost(cluster, n2)
+    assert delivered(sub) == [b"m4", b"m5", b"m6", b"m7"]
+    cluster.pump()
+    assert delivered(sub) == []
