@@ -1,8 +1,9 @@
 """The brokers a module's socket tests run against: one broker, a node of a two-node cluster, and
 the two nodes behind HAProxy (round robin, so a test's consecutive connections alternate nodes).
 
-A module gets them with `broker, two_nodes = cluster_targets.broker_fixtures()`: its tests that
-take `broker` run on each of the three; the cluster (one embedded Kafka, Tansu, and two nodes)
+A module gets them with `broker, two_nodes, make_target = cluster_targets.broker_fixtures()`: its
+tests that take `broker` run on each of the three, those that take `make_target` on each of the
+three started with the settings they give; the cluster (one embedded Kafka, Tansu, and two nodes)
 is started once per module and shared by the two cluster parameters. Where a test may see a
 difference the specification allows across nodes, it asks `on_cluster(broker)` and says the
 clause.
@@ -93,7 +94,7 @@ def on_cluster(broker) -> bool:
 
 
 def broker_fixtures():
-    """(broker, two_nodes): module-scoped fixtures for a test module's namespace."""
+    """(broker, two_nodes, make_target): fixtures for a test module's namespace."""
 
     @pytest.fixture(scope="module")
     def two_nodes(tmp_path_factory):
@@ -129,4 +130,27 @@ def broker_fixtures():
         finally:
             lb.stop()
 
-    return broker, two_nodes
+    @pytest.fixture(params=TARGETS)
+    def make_target(request, tmp_path):
+        """make_target(settings): a broker started with these settings, or two cluster nodes
+        with them (on the module's Kafka) as a node or behind HAProxy."""
+        made: list = []
+
+        def make(settings: dict):
+            if request.param == "broker":
+                return request.getfixturevalue("make_broker")(settings)
+            from .test_cluster import Cluster
+            c = Cluster(request.getfixturevalue("two_nodes").kafka, tmp_path, 2, settings)
+            made.append(c)
+            ports = {n: c.port(n) for n in ("n1", "n2")}
+            if request.param == "cluster-node":
+                return ClusterNode(ports)
+            lb = Balancer(ports, tmp_path)
+            made.append(lb)
+            return lb
+
+        yield make
+        for m in reversed(made):
+            m.stop()
+
+    return broker, two_nodes, make_target

@@ -88,7 +88,7 @@ class Paho:
             sock.close()
 
 
-broker, two_nodes = cluster_targets.broker_fixtures()
+broker, two_nodes, make_target = cluster_targets.broker_fixtures()
 
 
 @pytest.mark.kafka

@@ -38,7 +38,7 @@ pytestmark = pytest.mark.timeout(30)
 
 # each test taking `broker` runs on one broker, on a node of a two-node cluster and through
 # HAProxy over the two nodes (tests/integration/cluster_targets.py)
-broker, two_nodes = cluster_targets.broker_fixtures()
+broker, two_nodes, make_target = cluster_targets.broker_fixtures()
 
 
 def test_dup_set_on_redelivery_MQTT_3_3_1_1(broker):
@@ -75,9 +75,9 @@ def test_qos3_is_malformed_MQTT_3_3_1_4(broker):
     assert_served(broker.port)
 
 
-def test_qos_above_maximum_qos_disconnect_0x9B(make_broker):
+def test_qos_above_maximum_qos_disconnect_0x9B(make_target):
     """3.3.1.2: a PUBLISH above the Maximum QoS in CONNACK gets DISCONNECT 0x9B [MQTT-3.2.2-11]."""
-    b = make_broker({"mqtt.maximum_qos": 1})
+    b = make_target({"mqtt.maximum_qos": 1})
     c = connect(b.port)
     assert props(c.connack).get(PR.MAXIMUM_QOS) == 1
     publish_ok(c, uniq("mq"), b"ok", qos=1)
