@@ -341,8 +341,10 @@ def test_mosquitto_sub_receives_from_raw_v5_with_props(broker):
 
 @pytest.fixture(params=["same-node", "other-node"])
 def ports(request, broker):
-    """(the port a client first connects to, the one it comes back to): on a cluster, the node
-    it was on or the other one; one broker has one port for both."""
+    """(the port a client first connects to, the one it comes back to): on a cluster node, the
+    node it was on or the other one; one broker, and the balancer, have one port for both
+    (through the balancer the rotation decides: a client that comes back after one other
+    connection is on its first node, after none or two on the other)."""
     return broker.port, getattr(broker, "ports", {}).get(request.param, broker.port)
 
 
