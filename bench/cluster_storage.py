@@ -66,7 +66,12 @@ class Tansu:
              "--storage-engine", self.storage], stdout=open(self.log, "ab"),
             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             env={**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "warn")})
-        wait_port(self.port, 15, self.proc, f"Tansu ({self.log})")
+        try:
+            wait_port(self.port, 15, self.proc, f"Tansu ({self.log})")
+        except SystemExit as e:  # e.g. a storage engine this Tansu was built without
+            with open(self.log, errors="replace") as f:
+                last = [line for line in f.read().splitlines() if line.strip()][-1:]
+            raise SystemExit(f"{e}: {' '.join(last)}") from None
 
     def kill(self) -> None:
         assert self.proc is not None
@@ -75,6 +80,7 @@ class Tansu:
 
 
 def node(tmp: str, name: str, kafka: str, key: str, prefix: str) -> tuple[subprocess.Popen, int]:
+    """A broker node; it must listen within 180 s (it reads the cluster's topics first)."""
     port = free_port()
     d = os.path.join(tmp, name)
     os.makedirs(d, exist_ok=True)
@@ -86,7 +92,11 @@ def node(tmp: str, name: str, kafka: str, key: str, prefix: str) -> tuple[subpro
         cmd += ["--set", f"{k}={v}"]
     p = subprocess.Popen(cmd, cwd=ROOT, stdout=open(os.path.join(tmp, f"{name}.log"), "ab"),
                          stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": ROOT})
-    wait_port(port, 180, p, f"node {name}")
+    try:
+        wait_port(port, 180, p, f"node {name} ({os.path.join(tmp, name + '.log')})")
+    except SystemExit:
+        p.kill()
+        raise
     return p, port
 
 
@@ -185,8 +195,10 @@ def main() -> int:
     tansu = Tansu(a.storage, os.path.join(tmp, "tansu.log"))
     tansu.start()
     prefix = f"s{uuid.uuid4().hex[:8]}"
-    nodes = [node(tmp, n, f"127.0.0.1:{tansu.port}", key, prefix) for n in ("n1", "n2")]
-    try:
+    nodes: list[tuple[subprocess.Popen, int]] = []
+    try:  # whatever fails (a node that does not start), everything started is stopped
+        for n in ("n1", "n2"):
+            nodes.append(node(tmp, n, f"127.0.0.1:{tansu.port}", key, prefix))
         out = {"storage": a.storage.split("@")[-1], **throughput(nodes[0][1], nodes[1][1], a.bench, a.window),
                **restart(tansu, nodes[0][1], nodes[1][1], a.messages, a.wait), "logs": tmp}
     finally:
