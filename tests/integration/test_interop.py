@@ -88,7 +88,7 @@ class Paho:
             sock.close()
 
 
-broker, two_nodes, make_target = cluster_targets.broker_fixtures()
+broker, two_nodes, _ = cluster_targets.broker_fixtures()  # (make_target: not used here)
 
 
 @pytest.mark.kafka
