@@ -62,14 +62,16 @@ def build(native, group) -> None:
         with warnings.catch_warnings():  # setuptools' note on pyproject.toml's beta table
             warnings.simplefilter("ignore")
             setup(name="mqtt-broker-native",
-                  ext_modules=mypycify(sources, opt_level="3", group_name=group.library),
+                  ext_modules=mypycify(sources, opt_level="3", group_name=group.library,
+                                       target_dir=os.path.join(tmp, "c")),
                   script_args=["-q", "build_ext", "--inplace", "--build-temp", tmp,
                                "--build-lib", tmp])
     finally:
         os.chdir(cwd)
         shutil.rmtree(tmp, ignore_errors=True)
         shutil.rmtree(os.path.join(ROOT, ".mypy_cache"), ignore_errors=True)
-        shutil.rmtree(os.path.join(ROOT, "build"), ignore_errors=True)  # mypyc's C sources
+        # (mypyc's C sources went under tmp: build/ keeps what else is built there, the history
+        # job's compiled guard, sink/history/guard.py)
     with open(group.stamp(ROOT), "w", encoding="ascii") as f:
         f.write(digest + "\n")
 

@@ -51,3 +51,6 @@ for name in beeline spark-sql spark-submit pyspark; do
 done
 # The codec and core compiled with mypyc (broker/native.py); rebuilt only when their sources changed.
 .venv/bin/python scripts/build_native.py
+# The history job's read-only guard (Scala, sink/history/guard.py), compiled now rather than at
+# the job's first start (about 40 s of JVM work); rebuilt only when its sources changed.
+.venv/bin/python -c "from sink.history.guard import classes_dir; from sink.history.job import guard_build_root; print('history guard:', classes_dir(guard_build_root(None)))"
