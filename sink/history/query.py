@@ -253,6 +253,21 @@ def running_job(data_dir: str | None) -> dict | None:
     return job(os.path.join(data_dir, JOB_FILE)) if data_dir else None
 
 
+def job_committed(job: dict) -> bool:
+    """Whether the running job has committed a micro-batch (its commits file exists)."""
+    path = job.get("committed_file")
+    return not path or os.path.exists(path)
+
+
+def first_commit_note(job: dict, now: float | None = None) -> str:
+    """What a query before the job's first commit says: the answer holds no row of this run yet."""
+    ran = (now if now is not None else time.time()) - float(job.get("started_at") or 0)
+    since = f"started {ran:.0f} s ago" if job.get("started_at") else "starting"
+    return (f"note: the history job (pid {job.get('pid')}, {since}) has not committed its first "
+            "micro-batch yet: messages become queryable once it has (its log says each commit); "
+            "ask again in a few seconds")
+
+
 def wait_for_server(url: str, job: dict | None, wait: float,
                     progress: Callable[[str], object] = lambda msg: None) -> bool:
     """Whether the job's server answers at url, waiting up to `wait` seconds while a job that
@@ -422,6 +437,8 @@ def main(argv: list[str] | None = None) -> int:
         df = spark.sql(sql)
         rows = df.collect()
         write_rows(df.columns, rows, args.format, max_width=args.max_width)
+        if job is not None and not job_committed(job):
+            tell(first_commit_note(job))
         say(f"answered by {'Spark Connect' if how == 'connect' else 'a local Spark session'} "
             f"in {time.monotonic() - opened:.2f} s (+ {opened - started:.2f} s to open the "
             "session)")
