@@ -74,13 +74,14 @@ class _Batch:
 
 class _Handle:
     """A stored outbound message of a persistent session: where it is in the messages topic."""
-    __slots__ = ("cid", "pos", "pid", "released")
+    __slots__ = ("cid", "pos", "pid", "released", "qos")
 
-    def __init__(self, cid: str, pos: tuple[int, int] | None, pid: int | None) -> None:
+    def __init__(self, cid: str, pos: tuple[int, int] | None, pid: int | None, qos: int = 1) -> None:
         self.cid = cid
         self.pos = pos           # (partition, offset), or None (not from the log: a retained replay)
         self.pid = pid
         self.released = False
+        self.qos = qos
 
 
 class _Claim:
@@ -831,6 +832,8 @@ class ClusterNode(Hook):
             claim.token.resolve()
             return
         inflight = {(p, off): (pid, rel) for p, off, pid, rel in ck.get("inflight", ())}
+        # below these, what is not in flight was delivered and acknowledged (_checkpoint)
+        handed = {int(k): v for k, v in (ck.get("next") or {}).items()}
         filters = [sub.topic_filter for sub, _ in subs]
 
         def scan() -> None:
@@ -839,7 +842,8 @@ class ClusterNode(Hook):
                 err = None
             except Exception as exc:  # Kafka unreachable: the CONNECT fails, nothing half-done
                 found, err = [], exc
-            self.loop.call_soon_threadsafe(self._rebuilt, claim, s, subs, inflight, found, err)
+            self.loop.call_soon_threadsafe(self._rebuilt, claim, s, subs, inflight, handed,
+                                           found, err)
 
         threading.Thread(target=scan, name=f"cluster-rebuild-{cid}", daemon=True).start()
 
@@ -878,7 +882,7 @@ class ClusterNode(Hook):
             consumer.close()
 
     def _rebuilt(self, claim: _Claim, s: Session, subs: list[tuple[Subscription, dict[int, int]]], inflight: dict,
-                 found: list, err: Exception | None) -> None:
+                 handed: dict[int, int], found: list, err: Exception | None) -> None:
         broker = self.broker
         cid = claim.cid
         if err is not None:
@@ -914,6 +918,8 @@ class ClusterNode(Hook):
                 if released:
                     h.released = True
                 broker.restore_outbound(cid, msg, qos, retain, sub_ids, pid, bool(released), h)
+            elif off < handed.get(p, 0):
+                continue  # delivered and acknowledged before the checkpoint: not again as new
             elif qos or s.queue_qos0:
                 queued.append((msg, qos, retain, sub_ids))
         room = max(0, s.max_queued - len(s.queue))
@@ -970,19 +976,28 @@ class ClusterNode(Hook):
 
     def on_message_stored(self, client_id: str, msg: Message, qos: int, retain: bool,
                           sub_ids: tuple[int, ...] | None, pid: int | None = None) -> _Handle:
-        h = _Handle(client_id, msg.store_id if isinstance(msg.store_id, tuple) else None, pid)
+        h = _Handle(client_id, msg.store_id if isinstance(msg.store_id, tuple) else None, pid, qos)
         hs = self.handles.get(client_id)
         if hs is None:
             hs = self.handles[client_id] = set()
         hs.add(h)
+        if pid is not None and qos == 2:
+            self.dirty.add(client_id)  # sent: its packet id in the checkpoint of this turn
         return h
 
     def on_stored_sending(self, handle: _Handle, pid: int) -> None:
         handle.pid = pid
+        if handle.qos == 2:
+            # a QoS 2 PUBLISH leaves with this id: the checkpoint written at the end of this
+            # turn names it, so a node that rebuilds the session resends it with this id and
+            # DUP 1 [MQTT-4.4.0-1] instead of as a new message the client would deliver again
+            self.dirty.add(handle.cid)
 
     def on_stored_released(self, handle: _Handle) -> None:
+        # [MQTT-4.3.3-6] PUBREC came: the PUBREL waits for the checkpoint saying so (the ack
+        # gate, barrier()), so no node ever sends this message again as a PUBLISH
         handle.released = True
-        self.progress.add(handle.cid)
+        self.dirty.add(handle.cid)
 
     def on_stored_done(self, handle: _Handle) -> None:
         hs = self.handles.get(handle.cid)
@@ -1035,6 +1050,10 @@ class ClusterNode(Hook):
     def _checkpoint(self, s: Session) -> dict:
         cid = s.client_id
         pos = dict(self.routed_upto)
+        # per partition, the first record not handed to the client yet (its first queued
+        # message, else the end of what this node read): below it, a matching record is either
+        # in `inflight` or was delivered and acknowledged, and is never sent again as new
+        nxt = dict(self.routed_upto)
         inflight = []
         pid_of = {}
         for pid, e in s.inflight_out.items():
@@ -1049,6 +1068,8 @@ class ClusterNode(Hook):
             held = pid_of.get(id(h))
             if held is not None:
                 inflight.append([p, off, held[0], int(held[1])])
+            elif off < nxt.get(p, off + 1):
+                nxt[p] = off
         subs = []
         for sub in s.subscriptions.values():
             since = self.since.get((cid, sub.filter)) or {}
@@ -1056,6 +1077,7 @@ class ClusterNode(Hook):
             subs.append([sub.filter, sub.qos, int(sub.no_local), int(sub.retain_as_published),
                          sub.retain_handling, sub.sub_id, since or None])
         return {"subs": subs, "pos": {str(p): o for p, o in pos.items()}, "inflight": inflight,
+                "next": {str(p): o for p, o in nxt.items() if o > pos.get(p, 0)},
                 "next_pid": s.next_pid, "qos2": sorted(s.inflight_in | s.qos2_unsure),
                 "expiry": s.expiry_interval,
                 "user": s.username}

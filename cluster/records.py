@@ -289,7 +289,8 @@ _WILL = {"topic": (_topic, True), "payload": (_latin1, True), "qos": (_int(0, 2)
          "retain": (_bool, True), "delay": (_U32, True), "expiry": (_U32, False),
          "props": (_will_props, False)}
 _CHECKPOINT = {"subs": (_list_of(_sub_row), True), "pos": (_positions, True),
-               "inflight": (_list_of(_inflight_row), True), "next_pid": (_int(0, 0xFFFF), True),
+               "inflight": (_list_of(_inflight_row), True), "next": (_positions, False),
+               "next_pid": (_int(0, 0xFFFF), True),
                "qos2": (_list_of(_PID), True), "expiry": (_U32, True),
                "user": (_opt(_str(_ID)), True)}
 

@@ -214,7 +214,12 @@ class Connection:
         session = self.session
         unsendable = False
         for a in acks:
-            ptype, pid = a[0] >> 4, (a[2] << 8) | a[3]  # an encoded PUBACK/PUBREC (or SUBACK)
+            ptype, pid = a[0] >> 4, (a[2] << 8) | a[3]  # an encoded PUBACK/PUBREC (or SUBACK, PUBREL)
+            if ptype == P.PUBREL:
+                # the release is this session's state here whatever the store did: the flow
+                # goes on (only a move before the next checkpoint could send the PUBLISH again)
+                self.write(a)
+                continue
             if ptype == P.SUBACK:
                 # the subscriptions could not be made durable: each filter failed
                 # ([MQTT-3.9.3-1] one code per filter; 0x80 is a failure in 3.1.1 and 5)
@@ -238,7 +243,7 @@ class Connection:
                     self.write(data)
         if unsendable and self.state != _CLOSED:
             self.unsendable(P.PUBACK, 6)
-        if not v5 and self.state != _CLOSED and any(a[0] >> 4 != P.SUBACK for a in acks):
+        if not v5 and self.state != _CLOSED and any(a[0] >> 4 in (P.PUBACK, P.PUBREC) for a in acks):
             self.note(logging.WARNING, "closing %s (%s): %s; a 3.1.x client has no failure "
                       "acknowledgement", self.client_id, self.peer, why)
             self.close(publish_will=True)
@@ -388,7 +393,14 @@ class Connection:
                 data = encode_ack(P.PUBREL, pkt.packet_id, code, None, self.level)
                 if code and len(data) > self.max_packet_size:  # [MQTT-3.1.2-24]
                     return self.unsendable(P.PUBREL, len(data))
-                self.write(data)
+                if code == 0 and self.broker.durable and self.session.store is not None:
+                    # [MQTT-4.3.3-6] once PUBREL is sent the PUBLISH never is again: it waits
+                    # until the hooks providing barrier() hold the release (the cluster's
+                    # checkpoint: a node that takes the session over sends PUBREL, not PUBLISH)
+                    # (not counted against Receive Maximum, as a SUBACK)
+                    self.hold(data, suback=True)
+                else:
+                    self.write(data)
         elif t == P.PUBREL:
             self.on_pubrel(pkt)
         elif t == P.PINGREQ:
