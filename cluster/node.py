@@ -144,6 +144,7 @@ class ClusterNode(Hook):
         self.waiting_subs: list = []             # (sub, positions): new subscriptions not started
         self.dirty: set[str] = set()             # persistent sessions whose state to write
         self.progress: set[str] = set()          # ... whose positions moved
+        self.qos2_in: set[str] = set()           # ... with inbound QoS 2 ids new this read
         self.ended: set[str] = set()             # sessions ended here this turn
         self.firing: set[tuple] = set()          # timers whose records are on their way
         self.shares = Shares(self)
@@ -438,12 +439,33 @@ class ClusterNode(Hook):
             self.on_turn_end()
         b = self.batch
         if b is None:
-            return None
+            if not self.qos2_in:
+                return None
+            b = self._batch()
         self.batch = None
         b.token = Pending()
         if b.count == 0 or b.failure:
             b.token.resolve(b.failure)
-        return b.token
+        if not self.qos2_in:
+            return b.token
+        cids, self.qos2_in = self.qos2_in, set()
+        done = Pending()
+
+        def written(t: Pending) -> None:
+            # the messages are in the log: now the checkpoint naming their packet ids
+            if t.failure is not None:
+                done.resolve(t.failure)
+                return
+            self.dirty.update(cid for cid in cids if cid in self.bound)
+            then = self.barrier()
+            if then is None:
+                done.resolve()
+            else:
+                self.producer.kick()
+                then.add_done_callback(lambda t2: done.resolve(t2.failure))
+
+        b.token.add_done_callback(written)
+        return done
 
     # ------------------------------------------------------------ reading (on the loop)
     def _apply(self, batches: list) -> None:
@@ -757,6 +779,7 @@ class ClusterNode(Hook):
         self.handles.clear()
         self.dirty.clear()
         self.progress.clear()
+        self.qos2_in.clear()
         for claim in list(self.claims.values()) + list(self.handoffs.values()):
             claim.token.resolve(UNAVAILABLE)
         self.claims.clear()
@@ -970,9 +993,13 @@ class ClusterNode(Hook):
         self.dirty.add(client_id)
 
     def on_qos2_received(self, client_id: str, pid: int) -> None:
-        self.progress.add(client_id)
+        # its PUBREC waits for a checkpoint naming the id, written once the message is in the
+        # log (barrier()): a node that takes the session over then knows a DUP resend of it is
+        # not a new message [MQTT-4.3.3-9], and never knows an id whose message it lacks
+        self.qos2_in.add(client_id)
 
-    on_qos2_released = on_qos2_received
+    def on_qos2_released(self, client_id: str, pid: int) -> None:
+        self.progress.add(client_id)
 
     def on_message_stored(self, client_id: str, msg: Message, qos: int, retain: bool,
                           sub_ids: tuple[int, ...] | None, pid: int | None = None) -> _Handle:

@@ -1,6 +1,6 @@
 """QoS 2 deliveries to a persistent session whose node is killed (SIGKILL: it writes nothing
 more), continued on the node the client reconnects to, on sans-I/O brokers sharing an
-in-memory log (tests/clusterfake.py). Exactly once [MQTT-4.3.3]: a message whose PUBREL was
+in-memory log (tests/clusterfake.py). Exactly once (MQTT 5 section 4.3.3): a message whose PUBREL was
 sent is never sent again as a PUBLISH, one in flight is resent with its packet id and DUP 1
 [MQTT-4.4.0-1], and what the client acknowledged is not delivered again."""
 from __future__ import annotations
@@ -168,3 +168,35 @@ def test_an_unacknowledged_qos2_delivery_is_resent_with_its_packet_id_and_dup_af
         assert not again.dup
         got.append(again.payload)
     assert got == [b"m2", b"m3"]
+
+
+def test_a_qos2_publish_resent_with_dup_after_its_node_died_is_routed_once(cluster):
+    """[MQTT-4.3.3-9] [MQTT-3.3.1-1]: a persistent session's QoS 2 PUBLISH that its node
+    acknowledged (PUBREC) before it was killed, resent with DUP 1 to the next node (the PUBREC
+    was lost), is acknowledged there, not routed again; one whose record never reached the
+    log is routed by the next node, once."""
+    n1, _ = cluster.node("n1")
+    n2, _ = cluster.node("n2")
+    watcher = ClusterClient(n2)
+    watcher.connect("watcher", cluster=cluster)
+    watcher.send(P.Subscribe(1, [("q/#", P.SubscriptionOptions(2))]))
+    cluster.pump()
+    recv_type(watcher, P.SUBACK)
+    c = ClusterClient(n1)
+    c.connect("qp", clean=False, props=EXPIRY, cluster=cluster)
+    c.send(P.Publish("q/a", b"in-log", 2, packet_id=5))
+    cluster.pump()
+    assert (recv_type(c, P.PUBREC).packet_id) == 5
+    c.send(P.Publish("q/a", b"not-in-log", 2, packet_id=6))  # killed before its write
+    cluster.kill(n1)
+
+    c2 = move(cluster, n2, "qp")
+    for pid, payload in ((5, b"in-log"), (6, b"not-in-log")):
+        c2.send(P.Publish("q/a", payload, 2, dup=True, packet_id=pid))
+        cluster.pump()
+        assert (recv_type(c2, P.PUBREC).packet_id) == pid
+        c2.send(P.Ack(P.PUBREL, pid))
+        assert recv_type(c2, P.PUBCOMP).reason_code == 0
+    cluster.pump()
+    got = [p.payload for p in watcher.received() if p.type == P.PUBLISH]
+    assert got == [b"in-log", b"not-in-log"]
