@@ -8,6 +8,7 @@ import gc
 import logging
 import signal
 import socket
+from collections import deque
 from functools import partial
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
@@ -55,6 +56,9 @@ class Server:
         self.bytes_in = 0
         self.bytes_out = 0
         self._flush_scheduled = False
+        # output of a connection waiting for durability (MQTTProtocol.hold_output), oldest
+        # first: [data, ready]; later output of the connection queues behind it
+        self.held_out: dict[Any, deque[list]] = {}
         self.acks = AckGate(self.hooks, self._schedule_flush)  # acks waiting for durability, decided in one place
         self._ticker: asyncio.TimerHandle | None = None
         self.transports: TransportTable | None = None  # uvloop's TransportTable (transport/eventloop.py), if it has one
@@ -91,6 +95,8 @@ class Server:
                 continue
             n += owner.write_output()
         self.bytes_out += n
+        if self.broker.durable_out:
+            self.broker.durable_out.clear()
 
     # ------------------------------------------------------------ lifecycle
     def listener_specs(self) -> list[ListenerConfig]:

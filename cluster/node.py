@@ -132,6 +132,7 @@ class ClusterNode(Hook):
         self.fetcher: Fetcher = None  # type: ignore[assignment]  # on_start()
         self.reader: FetchReader | None = None
         self.batch: _Batch | None = None
+        self.last_token: Pending | None = None  # of the last batch barrier() handed out
         self.routed_upto: dict[int, int] = {}    # messages partition -> next offset to deliver
         self.ids = itertools.count(1)
         self.seq = itertools.count(1)            # of the control records written (control.py)
@@ -433,17 +434,19 @@ class ClusterNode(Hook):
             broker.set_retained(msg.topic, msg if msg.payload else None)
 
     def barrier(self) -> Pending | None:
-        """What the acks of this read wait for: every record written since the last barrier,
-        the session records this read changed (a persistent session's SUBSCRIBE) included."""
+        """What the acks of this read wait for: every record written so far, the session
+        records this read changed (a persistent session's SUBSCRIBE) included. (Kafka answers
+        this node's writes in order: the last batch's token stands for the earlier ones.)"""
         if self.dirty or self.ended:
             self.on_turn_end()
         b = self.batch
         if b is None:
             if not self.qos2_in:
-                return None
+                last = self.last_token
+                return last if last is not None and not last.done else None
             b = self._batch()
         self.batch = None
-        b.token = Pending()
+        b.token = self.last_token = Pending()
         if b.count == 0 or b.failure:
             b.token.resolve(b.failure)
         if not self.qos2_in:

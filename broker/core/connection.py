@@ -160,6 +160,11 @@ class Connection:
         else:
             self.events.append(event)
 
+    def write_durable(self) -> None:
+        """This turn's output holds a persistent session's new QoS 2 PUBLISH: the caller writes
+        it once the hooks providing barrier() hold its packet id (Broker.durable_out)."""
+        self.broker.durable_out.add(self)
+
     def wake(self) -> None:
         """Be flushed this turn even with nothing to write (take_output() pumps what waits)."""
         if not self.is_dirty:
