@@ -35,7 +35,7 @@ from broker.core.durability import Pending
 from broker.core.hooks import SESSION_EVENTS, STORED_EVENTS, AdmitRefused, Hook
 from broker.core.session import Session
 from kafka_client.fetch import Fetcher
-from kafka_client.headers import H_MESSAGE_ID
+from kafka_client.headers import H_CLIENT_ID, H_MESSAGE_ID
 from kafka_client.recordbatch import CorruptBatchError
 from kafka_client.recordscan import Scanned
 from mqtt_topics import matches
@@ -146,6 +146,8 @@ class ClusterNode(Hook):
         self.dirty: set[str] = set()             # persistent sessions whose state to write
         self.progress: set[str] = set()          # ... whose positions moved
         self.qos2_in: set[str] = set()           # ... with inbound QoS 2 ids new this read
+        self.qos2_pid: tuple[str, int] | None = None  # (client id, packet id) of the PUBLISH routed next
+        self.last_mid = 0                        # the number of the last message id written
         self.ended: set[str] = set()             # sessions ended here this turn
         self.firing: set[tuple] = set()          # timers whose records are on their way
         self.shares = Shares(self)
@@ -412,8 +414,15 @@ class ClusterNode(Hook):
         username = sender.username if sender is not None else None
         level = sender.link_level if sender is not None else 5
         broker = self.broker
+        qos2_id = None
+        held = self.qos2_pid
+        if held is not None:
+            self.qos2_pid = None
+            if held[0] == client_id and msg.qos == 2 and sender is not None:
+                qos2_id = held[1]
+        n = self.last_mid = next(self.ids)
         body = R.message_body(msg, client_id, username, level, self.node,
-                              f"{self.node}-{self.inc}-{next(self.ids)}", broker.clock())
+                              f"{self.node}-{self.inc}-{n}", broker.clock(), qos2_id)
         ts = int(msg.accepted_at * 1000)
         b.count += 1
         self.producer.send_body(self.topics.messages, body, ts, b)
@@ -854,7 +863,8 @@ class ClusterNode(Hook):
         start = {int(k): v for k, v in (ck.get("pos") or {}).items()}
         stop = dict(self.routed_upto)  # from here on the live stream delivers to it
         ranges = {p: (start.get(p, stop[p]), stop[p]) for p in stop if start.get(p, stop[p]) < stop[p]}
-        if not ranges or not subs:
+        wrote = ck.get("wrote")
+        if not ranges or not (subs or wrote):
             claim.token.resolve()
             return
         inflight = {(p, off): (pid, rel) for p, off, pid, rel in ck.get("inflight", ())}
@@ -864,18 +874,19 @@ class ClusterNode(Hook):
 
         def scan() -> None:
             try:
-                found = self._scan(ranges, filters)
+                found = self._scan(ranges, filters, cid if wrote else None)
                 err = None
             except Exception as exc:  # Kafka unreachable: the CONNECT fails, nothing half-done
                 found, err = [], exc
             self.loop.call_soon_threadsafe(self._rebuilt, claim, s, subs, inflight, handed,
-                                           found, err)
+                                           wrote, found, err)
 
         threading.Thread(target=scan, name=f"cluster-rebuild-{cid}", daemon=True).start()
 
-    def _scan(self, ranges: dict, filters: list) -> list:
+    def _scan(self, ranges: dict, filters: list, publisher: str | None = None) -> list:
         """(partition, offset, key, value, headers, timestamp) of the records in `ranges` whose
-        MQTT topic matches one of `filters` (another consumer, on this thread)."""
+        MQTT topic matches one of `filters`, or (`publisher`) that client id's QoS 2 PUBLISHes
+        of a persistent session (H_QOS2_ID) (another consumer, on this thread)."""
         from kafka import TopicPartition
         consumer = make_consumer(self.bootstrap, self.cfg.kafka, self.cfg.fetch_wait_ms)
         try:
@@ -896,7 +907,8 @@ class ClusterNode(Hook):
                         if r.offset >= hi:
                             break
                         topic = (r.key or b"").decode(errors="replace")
-                        if any(matches(f, topic) for f in filters):
+                        if any(matches(f, topic) for f in filters) or \
+                                publisher is not None and _qos2_of(r.headers, publisher):
                             out.append((tp.partition, r.offset, r.key, r.value, r.headers,
                                         r.timestamp))
                 for tp in list(left):
@@ -908,7 +920,7 @@ class ClusterNode(Hook):
             consumer.close()
 
     def _rebuilt(self, claim: _Claim, s: Session, subs: list[tuple[Subscription, dict[int, int]]], inflight: dict,
-                 handed: dict[int, int], found: list, err: Exception | None) -> None:
+                 handed: dict[int, int], wrote: str | None, found: list, err: Exception | None) -> None:
         broker = self.broker
         cid = claim.cid
         if err is not None:
@@ -926,6 +938,12 @@ class ClusterNode(Hook):
             if why is not None:
                 self.trust.ignore(why, f"{messages} offset {off}")
                 continue
+            if wrote is not None:
+                pid = _qos2_after(headers, cid, wrote)
+                if pid is not None:
+                    # written after the checkpoint, by the node that died: a DUP resend of it
+                    # is acknowledged, not routed again [MQTT-4.3.3-9]
+                    broker.restore_qos2(cid, pid, unsure=True)
             decoded = self._decode(messages, off, key, value, headers, ts, clock_now, wall_now)
             if decoded is None:
                 continue
@@ -996,13 +1014,16 @@ class ClusterNode(Hook):
         self.dirty.add(client_id)
 
     def on_qos2_received(self, client_id: str, pid: int) -> None:
-        # its PUBREC waits for a checkpoint naming the id, written once the message is in the
-        # log (barrier()): a node that takes the session over then knows a DUP resend of it is
-        # not a new message [MQTT-4.3.3-9], and never knows an id whose message it lacks
+        # (before route(): its record carries the id) its PUBREC waits for a checkpoint naming
+        # the id, written once the message is in the log (barrier()): a node that takes the
+        # session over then knows a DUP resend of it is not a new message [MQTT-4.3.3-9]
         self.qos2_in.add(client_id)
+        self.qos2_pid = (client_id, pid)
 
     def on_qos2_released(self, client_id: str, pid: int) -> None:
-        self.progress.add(client_id)
+        # the PUBCOMP waits for the checkpoint without the id (barrier()): the client reuses
+        # it only once no node can take a reuse for a resend of the message released
+        self.dirty.add(client_id)
 
     def on_message_stored(self, client_id: str, msg: Message, qos: int, retain: bool,
                           sub_ids: tuple[int, ...] | None, pid: int | None = None) -> _Handle:
@@ -1108,6 +1129,9 @@ class ClusterNode(Hook):
                          sub.retain_handling, sub.sub_id, since or None])
         return {"subs": subs, "pos": {str(p): o for p, o in pos.items()}, "inflight": inflight,
                 "next": {str(p): o for p, o in nxt.items() if o > pos.get(p, 0)},
+                # the last message id this node wrote: the QoS 2 PUBLISHes of the client written
+                # after it are not in "qos2" (_rebuilt finds them in the log)
+                "wrote": f"{self.node}-{self.inc}-{self.last_mid}",
                 "next_pid": s.next_pid, "qos2": sorted(s.inflight_in | s.qos2_unsure),
                 "expiry": s.expiry_interval,
                 "user": s.username}
@@ -1204,6 +1228,38 @@ class ClusterNode(Hook):
         for cid, user, peer in broker.client_ids():
             if bans.matches(ban, cid, user, peer):
                 broker.kick(cid, "banned by the broker's administrator")
+
+def _qos2_of(headers: Iterable[tuple[str, bytes]], client_id: str) -> bool:
+    """A record of a persistent session's QoS 2 PUBLISH from `client_id` (H_QOS2_ID)."""
+    cid = client_id.encode()
+    found = mine = False
+    for name, val in headers or ():
+        if name == R.H_QOS2_ID:
+            found = True
+        elif name == H_CLIENT_ID:
+            mine = bytes(val or b"") == cid
+    return found and mine
+
+
+def _qos2_after(headers: Iterable[tuple[str, bytes]], client_id: str, wrote: str) -> int | None:
+    """The packet id of `client_id`'s QoS 2 PUBLISH whose record its node wrote after the
+    message id `wrote` (node-incarnation-number), else None."""
+    if not _qos2_of(headers, client_id):
+        return None
+    writer, _, last = wrote.rpartition("-")
+    pid = mid = None
+    for name, val in headers:
+        if name == R.H_QOS2_ID:
+            pid = bytes(val or b"")
+        elif name == H_MESSAGE_ID:
+            mid = bytes(val or b"").decode(errors="replace")
+    if pid is None or mid is None or not pid.isdigit() or not last.isdigit():
+        return None
+    w, _, n = mid.rpartition("-")
+    if w != writer or not n.isdigit() or int(n) <= int(last) or not 0 < int(pid) <= 0xFFFF:
+        return None
+    return int(pid)
+
 
 def _match(subs: Iterable[tuple[Subscription, dict[int, int] | None]], msg: Message, sender: str, cid: str, p: int,
            off: int) -> tuple[int, bool, tuple[int, ...] | None] | None:

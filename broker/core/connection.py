@@ -219,8 +219,8 @@ class Connection:
         session = self.session
         unsendable = False
         for a in acks:
-            ptype, pid = a[0] >> 4, (a[2] << 8) | a[3]  # an encoded PUBACK/PUBREC (or SUBACK, PUBREL)
-            if ptype == P.PUBREL:
+            ptype, pid = a[0] >> 4, (a[2] << 8) | a[3]  # an encoded PUBACK/PUBREC (or SUBACK, PUBREL, PUBCOMP)
+            if ptype == P.PUBREL or ptype == P.PUBCOMP:
                 # the release is this session's state here whatever the store did: the flow
                 # goes on (only a move before the next checkpoint could send the PUBLISH again)
                 self.write(a)
@@ -807,6 +807,10 @@ class Connection:
             retain = False
         if b.accepting and not b.offer(msg, self.client_id, self.username, self.level):
             return self.ack(qos, pid, rc.QUOTA_EXCEEDED) if qos else None
+        if qos == 2:  # (before routing: a routing hook may record the id with the message)
+            session.qos2_received(pid)
+            if session.store is not None:
+                session.store.qos2_add(session.client_id, pid)
         # b.publish(msg, session), inline: this is the per-message path
         hook = b.router_hook
         if hook is None:
@@ -817,10 +821,6 @@ class Connection:
             hook(msg, session)  # the cluster: through its log, then Broker.deliver() on every node
             n = -1
         if qos:
-            if qos == 2:
-                session.qos2_received(pid)
-                if session.store is not None:
-                    session.store.qos2_add(session.client_id, pid)
             self.ack(qos, pid, rc.SUCCESS if n else rc.NO_MATCHING_SUBSCRIBERS)
 
     def ack(self, qos: int, pid: int, code: int) -> None:
@@ -910,7 +910,13 @@ class Connection:
         data = encode_ack(P.PUBCOMP, pkt.packet_id, code, None, self.level)  # [MQTT-4.3.3-11]
         if code and len(data) > self.max_packet_size:  # [MQTT-3.1.2-24]
             return self.unsendable(P.PUBCOMP, len(data))
-        self.write(data)
+        if code == 0 and self.broker.durable and session.store is not None:
+            # the client may reuse the id once PUBCOMP came: the hooks providing barrier() hold
+            # its release first, so a broker that takes the session over never takes a reuse of
+            # it for a resend of the message released [MQTT-4.3.3-9]
+            self.hold(data, suback=True)
+        else:
+            self.write(data)
 
     # ------------------------------------------------------------ SUBSCRIBE
     def on_subscribe(self, s: P.Subscribe) -> None:

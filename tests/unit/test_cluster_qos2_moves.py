@@ -196,7 +196,37 @@ def test_a_qos2_publish_resent_with_dup_after_its_node_died_is_routed_once(clust
         cluster.pump()
         assert (recv_type(c2, P.PUBREC).packet_id) == pid
         c2.send(P.Ack(P.PUBREL, pid))
+        cluster.pump()
         assert recv_type(c2, P.PUBCOMP).reason_code == 0
     cluster.pump()
     got = [p.payload for p in watcher.received() if p.type == P.PUBLISH]
     assert got == [b"in-log", b"not-in-log"]
+
+
+def test_a_qos2_publish_whose_record_is_in_the_log_but_not_its_checkpoint_is_routed_once(cluster):
+    """[MQTT-4.3.3-9]: the node wrote a QoS 2 PUBLISH's record, then died before the checkpoint
+    naming its packet id was written (no PUBREC sent): the next node finds the id in the
+    record (mqtt.qos2_id) and does not route the DUP resend again."""
+    n1, _ = cluster.node("n1")
+    n2, _ = cluster.node("n2")
+    watcher = ClusterClient(n2)
+    watcher.connect("watcher", cluster=cluster)
+    watcher.send(P.Subscribe(1, [("q/#", P.SubscriptionOptions(2))]))
+    cluster.pump()
+    recv_type(watcher, P.SUBACK)
+    c = ClusterClient(n1)
+    c.connect("qp", clean=False, props=EXPIRY, cluster=cluster)
+    c.send(P.Publish("q/a", b"once", 2, packet_id=7))
+    cluster.pump(rounds=1)  # the record is written; the checkpoint after it is not yet
+    assert nothing(c)
+    cluster.kill(n1)
+
+    c2 = move(cluster, n2, "qp")
+    c2.send(P.Publish("q/a", b"once", 2, dup=True, packet_id=7))
+    cluster.pump()
+    assert (recv_type(c2, P.PUBREC).packet_id) == 7
+    c2.send(P.Ack(P.PUBREL, 7))
+    cluster.pump()
+    assert recv_type(c2, P.PUBCOMP).reason_code == 0
+    got = [p.payload for p in watcher.received() if p.type == P.PUBLISH]
+    assert got == [b"once"]
