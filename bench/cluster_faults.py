@@ -35,6 +35,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from cluster_bench import Node  # noqa: E402  (bench/, the script's directory)
+
 from kafka_client.embedded import EmbeddedKafka  # noqa: E402
 from tests.faultload import Publisher, Subscriber, account, gap_after, p99  # noqa: E402
 

@@ -58,6 +58,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("cluster")
 
 NEVER = 0xFFFFFFFF
+PUBLISHER_SCAN = 5000  # records per partition a moved session without subscriptions reads back
 NOT_AUTHORIZED = 0x87  # CONNACK reason code
 UNAVAILABLE = "the cluster's Kafka did not confirm this connection in time; try again"
 
@@ -864,6 +865,12 @@ class ClusterNode(Hook):
         stop = dict(self.routed_upto)  # from here on the live stream delivers to it
         ranges = {p: (start.get(p, stop[p]), stop[p]) for p in stop if start.get(p, stop[p]) < stop[p]}
         wrote = ck.get("wrote")
+        if wrote and not subs:
+            # only its own QoS 2 PUBLISHes written after the checkpoint are looked for: the
+            # dead node wrote them in its last moments (each is followed by a checkpoint), so
+            # the newest records of each partition, not everything since an idle client's
+            # last checkpoint (a resend of an older one would be routed again)
+            ranges = {p: (max(lo, hi - PUBLISHER_SCAN), hi) for p, (lo, hi) in ranges.items()}
         if not ranges or not (subs or wrote):
             claim.token.resolve()
             return
