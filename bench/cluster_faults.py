@@ -120,14 +120,16 @@ def main() -> None:
         print(f"| {what} | {a[k]} |")
     if a["lost_ids"]:
         print(f"\nfirst lost (subscriber, publisher, number): {a['lost_ids']}")
-    print("\n| fault | failover, s | delivery p99 before, ms | p99 in the 5 s after, ms |")
+    print("\n| fault | failover, s | delivery p99 before, ms (QoS 1 / 2) | "
+          "p99 in the 5 s after, ms (QoS 1 / 2) |")
     print("|---|---|---|---|")
     prev = t_start
+
+    def ms(lo: float, hi: float, q: int) -> str:
+        return f"{p99([d for t0, d, qos in lat if lo <= t0 < hi and qos == q]) * 1000:.0f}"
     for name, at, moved in faults:
-        before = [d for t0, d in lat if prev <= t0 < at]
-        after = [d for t0, d in lat if at <= t0 < at + 5]
-        print(f"| {name} | {gap_after(moved, at):.2f} | {p99(before) * 1000:.0f} | "
-              f"{p99(after) * 1000:.0f} |")
+        print(f"| {name} | {gap_after(moved, at):.2f} | {ms(prev, at, 1)} / {ms(prev, at, 2)} | "
+              f"{ms(at, at + 5, 1)} / {ms(at, at + 5, 2)} |")
         prev = at + 5
     if errors:
         print(f"\nclients that failed: {errors}")

@@ -189,8 +189,8 @@ class Subscriber(Device):
 def account(pubs: list[Publisher], subs: list[Subscriber]) -> dict:
     """Per message, at every subscriber of the publisher's QoS: acknowledged and never
     delivered, QoS 2 delivered more than once, QoS 1 duplicates, order per publisher broken
-    (a first delivery numbered below an earlier one), and the delivery latencies (first
-    delivery - first send, s) by publish time."""
+    (a first delivery numbered below an earlier one), and the delivery latencies (first send,
+    first delivery - first send in s, QoS)."""
     out = {"acked": 0, "lost": 0, "qos2_twice": 0, "qos1_dups": 0, "out_of_order": 0,
            "dup_resends": sum(s.dup_resends for s in subs),
            "sessions_lost": sum(d.sessions_lost for d in pubs + subs), "lost_ids": [],
@@ -224,7 +224,7 @@ def account(pubs: list[Publisher], subs: list[Subscriber]) -> dict:
             for i, t0 in pub.sent_at.items():
                 t = first.get((pub.cid, i))
                 if t is not None:
-                    out["latencies"].append((t0, t - t0))
+                    out["latencies"].append((t0, t - t0, pub.qos))
     return out
 
 
