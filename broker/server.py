@@ -93,6 +93,8 @@ class Server:
                 continue
             n += owner.write_output()
         self.state.bytes_out += n
+        if self.broker.durable_out:
+            self.broker.durable_out.clear()
 
     # ------------------------------------------------------------ lifecycle
     def listener_specs(self) -> list[ListenerConfig]:

@@ -35,7 +35,7 @@ from broker.core.durability import Pending
 from broker.core.hooks import SESSION_EVENTS, STORED_EVENTS, AdmitRefused, Hook
 from broker.core.session import Session
 from kafka_client.fetch import Fetcher
-from kafka_client.headers import H_MESSAGE_ID
+from kafka_client.headers import H_CLIENT_ID, H_MESSAGE_ID
 from kafka_client.recordbatch import CorruptBatchError
 from kafka_client.recordscan import Scanned
 from mqtt_topics import matches
@@ -59,6 +59,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 NEVER = 0xFFFFFFFF
+PUBLISHER_SCAN = 5000  # records per partition a moved session without subscriptions reads back
 NOT_AUTHORIZED = 0x87  # CONNACK reason code
 UNAVAILABLE = "the cluster's Kafka did not confirm this connection in time; try again"
 
@@ -75,13 +76,14 @@ class _Batch:
 
 class _Handle:
     """A stored outbound message of a persistent session: where it is in the messages topic."""
-    __slots__ = ("cid", "pos", "pid", "released")
+    __slots__ = ("cid", "pos", "pid", "released", "qos")
 
-    def __init__(self, cid: str, pos: tuple[int, int] | None, pid: int | None) -> None:
+    def __init__(self, cid: str, pos: tuple[int, int] | None, pid: int | None, qos: int = 1) -> None:
         self.cid = cid
         self.pos = pos           # (partition, offset), or None (not from the log: a retained replay)
         self.pid = pid
         self.released = False
+        self.qos = qos
 
 
 class _Claim:
@@ -132,6 +134,7 @@ class ClusterNode(Hook):
         self.fetcher: Fetcher = None  # type: ignore[assignment]  # on_start()
         self.reader: FetchReader | None = None
         self.batch: _Batch | None = None
+        self.last_token: Pending | None = None  # of the last batch barrier() handed out
         self.routed_upto: dict[int, int] = {}    # messages partition -> next offset to deliver
         self.ids = itertools.count(1)
         self.seq = itertools.count(1)            # of the control records written (control.py)
@@ -154,6 +157,9 @@ class ClusterNode(Hook):
         self.waiting_subs: list = []             # (sub, positions): new subscriptions not started
         self.dirty: set[str] = set()             # persistent sessions whose state to write
         self.progress: set[str] = set()          # ... whose positions moved
+        self.qos2_in: set[str] = set()           # ... with inbound QoS 2 ids new this read
+        self.qos2_pid: tuple[str, int] | None = None  # (client id, packet id) of the PUBLISH routed next
+        self.last_mid = 0                        # the number of the last message id written
         self.ended: set[str] = set()             # sessions ended here this turn
         self.firing: set[tuple] = set()          # timers whose records are on their way
         self.shares = Shares(self)
@@ -451,8 +457,15 @@ class ClusterNode(Hook):
         username = sender.username if sender is not None else None
         level = sender.link_level if sender is not None else 5
         broker = self.broker
+        qos2_id = None
+        held = self.qos2_pid
+        if held is not None:
+            self.qos2_pid = None
+            if held[0] == client_id and msg.qos == 2 and sender is not None:
+                qos2_id = held[1]
+        n = self.last_mid = next(self.ids)
         body = R.message_body(msg, client_id, username, level, self.node,
-                              f"{self.node}-{self.inc}-{next(self.ids)}", broker.clock())
+                              f"{self.node}-{self.inc}-{n}", broker.clock(), qos2_id)
         ts = int(msg.accepted_at * 1000)
         b.count += 1
         kept = self.keep.add(body, ts, b) if msg.qos else None
@@ -474,18 +487,41 @@ class ClusterNode(Hook):
             broker.set_retained(msg.topic, msg if msg.payload else None)
 
     def barrier(self) -> Pending | None:
-        """What the acks of this read wait for: every record written since the last barrier,
-        the session records this read changed (a persistent session's SUBSCRIBE) included."""
+        """What the acks of this read wait for: every record written so far, the session
+        records this read changed (a persistent session's SUBSCRIBE) included. (Kafka answers
+        this node's writes in order: the last batch's token stands for the earlier ones.)"""
         if self.dirty or self.ended:
             self.on_turn_end()
         b = self.batch
         if b is None:
-            return None
+            if not self.qos2_in:
+                last = self.last_token
+                return last if last is not None and not last.done else None
+            b = self._batch()
         self.batch = None
-        b.token = Pending()
+        b.token = self.last_token = Pending()
         if b.count == 0 or b.failure:
             b.token.resolve(b.failure)
-        return b.token
+        if not self.qos2_in:
+            return b.token
+        cids, self.qos2_in = self.qos2_in, set()
+        done = Pending()
+
+        def written(t: Pending) -> None:
+            # the messages are in the log: now the checkpoint naming their packet ids
+            if t.failure is not None:
+                done.resolve(t.failure)
+                return
+            self.dirty.update(cid for cid in cids if cid in self.bound)
+            then = self.barrier()
+            if then is None:
+                done.resolve()
+            else:
+                self.producer.kick()
+                then.add_done_callback(lambda t2: done.resolve(t2.failure))
+
+        b.token.add_done_callback(written)
+        return done
 
     # ------------------------------------------------------------ reading (on the loop)
     def _apply(self, batches: list) -> None:
@@ -822,6 +858,7 @@ class ClusterNode(Hook):
         self.handles.clear()
         self.dirty.clear()
         self.progress.clear()
+        self.qos2_in.clear()
         for claim in list(self.claims.values()) + list(self.handoffs.values()):
             claim.token.resolve(UNAVAILABLE)
         self.claims.clear()
@@ -893,25 +930,36 @@ class ClusterNode(Hook):
         start = {int(k): v for k, v in (ck.get("pos") or {}).items()}
         stop = dict(self.routed_upto)  # from here on the live stream delivers to it
         ranges = {p: (start.get(p, stop[p]), stop[p]) for p in stop if start.get(p, stop[p]) < stop[p]}
-        if not ranges or not subs:
+        wrote = ck.get("wrote")
+        if wrote and not subs:
+            # only its own QoS 2 PUBLISHes written after the checkpoint are looked for: the
+            # dead node wrote them in its last moments (each is followed by a checkpoint), so
+            # the newest records of each partition, not everything since an idle client's
+            # last checkpoint (a resend of an older one would be routed again)
+            ranges = {p: (max(lo, hi - PUBLISHER_SCAN), hi) for p, (lo, hi) in ranges.items()}
+        if not ranges or not (subs or wrote):
             claim.token.resolve()
             return
         inflight = {(p, off): (pid, rel) for p, off, pid, rel in ck.get("inflight", ())}
+        # below these, what is not in flight was delivered and acknowledged (_checkpoint)
+        handed = {int(k): v for k, v in (ck.get("next") or {}).items()}
         filters = [sub.topic_filter for sub, _ in subs]
 
         def scan() -> None:
             try:
-                found = self._scan(ranges, filters)
+                found = self._scan(ranges, filters, cid if wrote else None)
                 err = None
             except Exception as exc:  # Kafka unreachable: the CONNECT fails, nothing half-done
                 found, err = [], exc
-            self.loop.call_soon_threadsafe(self._rebuilt, claim, s, subs, inflight, found, err)
+            self.loop.call_soon_threadsafe(self._rebuilt, claim, s, subs, inflight, handed,
+                                           wrote, found, err)
 
         threading.Thread(target=scan, name=f"cluster-rebuild-{cid}", daemon=True).start()
 
-    def _scan(self, ranges: dict, filters: list) -> list:
+    def _scan(self, ranges: dict, filters: list, publisher: str | None = None) -> list:
         """(partition, offset, key, value, headers, timestamp) of the records in `ranges` whose
-        MQTT topic matches one of `filters` (another consumer, on this thread)."""
+        MQTT topic matches one of `filters`, or (`publisher`) that client id's QoS 2 PUBLISHes
+        of a persistent session (H_QOS2_ID) (another consumer, on this thread)."""
         from kafka import TopicPartition
         consumer = make_consumer(self.bootstrap, self.cfg.kafka, self.cfg.fetch_wait_ms)
         try:
@@ -932,7 +980,8 @@ class ClusterNode(Hook):
                         if r.offset >= hi:
                             break
                         topic = (r.key or b"").decode(errors="replace")
-                        if any(matches(f, topic) for f in filters):
+                        if any(matches(f, topic) for f in filters) or \
+                                publisher is not None and _qos2_of(r.headers, publisher):
                             out.append((tp.partition, r.offset, r.key, r.value, r.headers,
                                         r.timestamp))
                 for tp in list(left):
@@ -944,7 +993,7 @@ class ClusterNode(Hook):
             consumer.close()
 
     def _rebuilt(self, claim: _Claim, s: Session, subs: list[tuple[Subscription, dict[int, int]]], inflight: dict,
-                 found: list, err: Exception | None) -> None:
+                 handed: dict[int, int], wrote: str | None, found: list, err: Exception | None) -> None:
         broker = self.broker
         cid = claim.cid
         if err is not None:
@@ -962,6 +1011,12 @@ class ClusterNode(Hook):
             if why is not None:
                 self.trust.ignore(why, f"{messages} offset {off}")
                 continue
+            if wrote is not None:
+                pid = _qos2_after(headers, cid, wrote)
+                if pid is not None:
+                    # written after the checkpoint, by the node that died: a DUP resend of it
+                    # is acknowledged, not routed again [MQTT-4.3.3-9]
+                    broker.restore_qos2(cid, pid, unsure=True)
             decoded = self._decode(messages, off, key, value, headers, ts, clock_now, wall_now)
             if decoded is None:
                 continue
@@ -980,6 +1035,8 @@ class ClusterNode(Hook):
                 if released:
                     h.released = True
                 broker.restore_outbound(cid, msg, qos, retain, sub_ids, pid, bool(released), h)
+            elif off < handed.get(p, 0):
+                continue  # delivered and acknowledged before the checkpoint: not again as new
             elif qos or s.queue_qos0:
                 queued.append((msg, qos, retain, sub_ids))
         room = max(0, s.max_queued - len(s.queue))
@@ -1030,25 +1087,41 @@ class ClusterNode(Hook):
         self.dirty.add(client_id)
 
     def on_qos2_received(self, client_id: str, pid: int) -> None:
-        self.progress.add(client_id)
+        # (before route(): its record carries the id) its PUBREC waits for a checkpoint naming
+        # the id, written once the message is in the log (barrier()): a node that takes the
+        # session over then knows a DUP resend of it is not a new message [MQTT-4.3.3-9]
+        self.qos2_in.add(client_id)
+        self.qos2_pid = (client_id, pid)
 
-    on_qos2_released = on_qos2_received
+    def on_qos2_released(self, client_id: str, pid: int) -> None:
+        # the PUBCOMP waits for the checkpoint without the id (barrier()): the client reuses
+        # it only once no node can take a reuse for a resend of the message released
+        self.dirty.add(client_id)
 
     def on_message_stored(self, client_id: str, msg: Message, qos: int, retain: bool,
                           sub_ids: tuple[int, ...] | None, pid: int | None = None) -> _Handle:
-        h = _Handle(client_id, msg.store_id if isinstance(msg.store_id, tuple) else None, pid)
+        h = _Handle(client_id, msg.store_id if isinstance(msg.store_id, tuple) else None, pid, qos)
         hs = self.handles.get(client_id)
         if hs is None:
             hs = self.handles[client_id] = set()
         hs.add(h)
+        if pid is not None and qos == 2:
+            self.dirty.add(client_id)  # sent: its packet id in the checkpoint of this turn
         return h
 
     def on_stored_sending(self, handle: _Handle, pid: int) -> None:
         handle.pid = pid
+        if handle.qos == 2:
+            # a QoS 2 PUBLISH leaves with this id: the checkpoint written at the end of this
+            # turn names it, so a node that rebuilds the session resends it with this id and
+            # DUP 1 [MQTT-4.4.0-1] instead of as a new message the client would deliver again
+            self.dirty.add(handle.cid)
 
     def on_stored_released(self, handle: _Handle) -> None:
+        # [MQTT-4.3.3-6] PUBREC came: the PUBREL waits for the checkpoint saying so (the ack
+        # gate, barrier()), so no node ever sends this message again as a PUBLISH
         handle.released = True
-        self.progress.add(handle.cid)
+        self.dirty.add(handle.cid)
 
     def on_stored_done(self, handle: _Handle) -> None:
         hs = self.handles.get(handle.cid)
@@ -1101,6 +1174,10 @@ class ClusterNode(Hook):
     def _checkpoint(self, s: Session) -> dict:
         cid = s.client_id
         pos = dict(self.routed_upto)
+        # per partition, the first record not handed to the client yet (its first queued
+        # message, else the end of what this node read): below it, a matching record is either
+        # in `inflight` or was delivered and acknowledged, and is never sent again as new
+        nxt = dict(self.routed_upto)
         inflight = []
         pid_of = {}
         for pid, e in s.inflight_out.items():
@@ -1115,6 +1192,8 @@ class ClusterNode(Hook):
             held = pid_of.get(id(h))
             if held is not None:
                 inflight.append([p, off, held[0], int(held[1])])
+            elif off < nxt.get(p, off + 1):
+                nxt[p] = off
         subs = []
         for sub in s.subscriptions.values():
             since = self.since.get((cid, sub.filter)) or {}
@@ -1122,6 +1201,10 @@ class ClusterNode(Hook):
             subs.append([sub.filter, sub.qos, int(sub.no_local), int(sub.retain_as_published),
                          sub.retain_handling, sub.sub_id, since or None])
         return {"subs": subs, "pos": {str(p): o for p, o in pos.items()}, "inflight": inflight,
+                "next": {str(p): o for p, o in nxt.items() if o > pos.get(p, 0)},
+                # the last message id this node wrote: the QoS 2 PUBLISHes of the client written
+                # after it are not in "qos2" (_rebuilt finds them in the log)
+                "wrote": f"{self.node}-{self.inc}-{self.last_mid}",
                 "next_pid": s.next_pid, "qos2": sorted(s.inflight_in | s.qos2_unsure),
                 "expiry": s.expiry_interval,
                 "user": s.username}
@@ -1238,6 +1321,38 @@ class ClusterNode(Hook):
         for cid, user, peer in broker.client_ids():
             if bans.matches(ban, cid, user, peer):
                 broker.kick(cid, "banned by the broker's administrator")
+
+def _qos2_of(headers: Iterable[tuple[str, bytes]], client_id: str) -> bool:
+    """A record of a persistent session's QoS 2 PUBLISH from `client_id` (H_QOS2_ID)."""
+    cid = client_id.encode()
+    found = mine = False
+    for name, val in headers or ():
+        if name == R.H_QOS2_ID:
+            found = True
+        elif name == H_CLIENT_ID:
+            mine = bytes(val or b"") == cid
+    return found and mine
+
+
+def _qos2_after(headers: Iterable[tuple[str, bytes]], client_id: str, wrote: str) -> int | None:
+    """The packet id of `client_id`'s QoS 2 PUBLISH whose record its node wrote after the
+    message id `wrote` (node-incarnation-number), else None."""
+    if not _qos2_of(headers, client_id):
+        return None
+    writer, _, last = wrote.rpartition("-")
+    pid = mid = None
+    for name, val in headers:
+        if name == R.H_QOS2_ID:
+            pid = bytes(val or b"")
+        elif name == H_MESSAGE_ID:
+            mid = bytes(val or b"").decode(errors="replace")
+    if pid is None or mid is None or not pid.isdigit() or not last.isdigit():
+        return None
+    w, _, n = mid.rpartition("-")
+    if w != writer or not n.isdigit() or int(n) <= int(last) or not 0 < int(pid) <= 0xFFFF:
+        return None
+    return int(pid)
+
 
 def _match(subs: Iterable[tuple[Subscription, dict[int, int] | None]], msg: Message, sender: str, cid: str, p: int,
            off: int) -> tuple[int, bool, tuple[int, ...] | None] | None:

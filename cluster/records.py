@@ -32,12 +32,16 @@ from kafka_client.headers import (
 from kafka_client.record import encode_message_body, sink_record, to_kafka
 
 H_NODE = "mqtt.node"
+# a persistent session's QoS 2 PUBLISH: its packet id (a node that takes the session over after
+# this one died knows a DUP resend of it is no new message, cluster/node.py _rebuilt)
+H_QOS2_ID = "mqtt.qos2_id"
 
 
 def message_body(msg: Message, client_id: str, username: str | None, protocol: int, node: str,
-                 message_id: str, now: float) -> bytes:
+                 message_id: str, now: float, qos2_id: int | None = None) -> bytes:
     """The Kafka record body (key, value, headers) of an accepted message; `now` is the broker's
-    clock (Message.expires_at is on it). The record's timestamp is msg.accepted_at."""
+    clock (Message.expires_at is on it). The record's timestamp is msg.accepted_at. `qos2_id`:
+    the packet id of a persistent session's QoS 2 PUBLISH (H_QOS2_ID)."""
     extra = None
     p = msg.props
     if p or msg.expires_at is not None:  # the contract's property headers, in its order
@@ -48,6 +52,8 @@ def message_body(msg: Message, client_id: str, username: str | None, protocol: i
         extra.append((H_NODE, node.encode()))
     else:
         extra = [(H_NODE, node.encode())]
+    if qos2_id is not None:
+        extra.append((H_QOS2_ID, b"%d" % qos2_id))
     return encode_message_body(msg.topic, msg.payload, msg.qos, msg.retain, client_id, username,
                                protocol, message_id, extra)
 
@@ -289,7 +295,9 @@ _WILL = {"topic": (_topic, True), "payload": (_latin1, True), "qos": (_int(0, 2)
          "retain": (_bool, True), "delay": (_U32, True), "expiry": (_U32, False),
          "props": (_will_props, False)}
 _CHECKPOINT = {"subs": (_list_of(_sub_row), True), "pos": (_positions, True),
-               "inflight": (_list_of(_inflight_row), True), "next_pid": (_int(0, 0xFFFF), True),
+               "inflight": (_list_of(_inflight_row), True), "next": (_positions, False),
+               "wrote": (_opt(_str(2 * _ID + 20)), False),
+               "next_pid": (_int(0, 0xFFFF), True),
                "qos2": (_list_of(_PID), True), "expiry": (_U32, True),
                "user": (_opt(_str(_ID)), True)}
 

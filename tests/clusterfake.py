@@ -107,7 +107,8 @@ class FakeCluster:
         n.producer = FakeProducer(self, n.trust.sign)  # type: ignore[assignment]
         n.fetcher = FakeFetcher()  # type: ignore[assignment]
         n.loop = _Loop(self)  # type: ignore[assignment]
-        n._scan = lambda ranges, filters, n=n: self._scan(n, ranges, filters)  # type: ignore[method-assign]
+        n._scan = lambda ranges, filters, publisher=None, n=n: self._scan(  # type: ignore[method-assign]
+            n, ranges, filters, publisher)
         n.routed_upto = {0: len(self.logs.get(n.topics.messages, ()))}
         for topic in (n.topics.control, n.topics.retained):
             self.read[(node_id, topic)] = 0
@@ -156,8 +157,9 @@ class FakeCluster:
             if not wrote and not calls:
                 return
 
-    def _scan(self, n: ClusterNode, ranges: dict, filters: list) -> list:
+    def _scan(self, n: ClusterNode, ranges: dict, filters: list, publisher: str | None = None) -> list:
         """ClusterNode._scan over the shared messages log."""
+        from cluster.node import _qos2_of
         from mqtt_topics import matches
         log = self.logs.get(n.topics.messages, [])
         lo, hi = ranges[0]
@@ -169,7 +171,8 @@ class FakeCluster:
         out = []
         for i in rec.indexes():
             off, key, value, headers, ts = rec.record(i)
-            if any(matches(f, (key or b"").decode()) for f in filters):
+            if any(matches(f, (key or b"").decode()) for f in filters) or \
+                    publisher is not None and _qos2_of(headers, publisher):
                 out.append((0, off, key, value, headers, ts))
         return out
 

@@ -105,6 +105,9 @@ class Broker:
         # looks only at those due (core/timeouts.py)
         self.connections = ConnectionTable()
         self.dirty: list[Connection] = []  # connections with bytes to write
+        # ... whose output this turn holds a persistent session's new QoS 2 PUBLISH: the caller
+        # writes it once the hooks providing barrier() hold its packet id (Session._send)
+        self.durable_out: set[Connection] = set()
         # set by the server: called when dirty becomes non-empty
         self.schedule_flush: Callable[[], Any] | None = None
         # set by the server when password checks are slow: a CONNECT with a user name then

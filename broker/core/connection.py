@@ -160,6 +160,11 @@ class Connection:
         else:
             self.events.append(event)
 
+    def write_durable(self) -> None:
+        """This turn's output holds a persistent session's new QoS 2 PUBLISH: the caller writes
+        it once the hooks providing barrier() hold its packet id (Broker.durable_out)."""
+        self.broker.durable_out.add(self)
+
     def wake(self) -> None:
         """Be flushed this turn even with nothing to write (take_output() pumps what waits)."""
         if not self.is_dirty:
@@ -214,7 +219,12 @@ class Connection:
         session = self.session
         unsendable = False
         for a in acks:
-            ptype, pid = a[0] >> 4, (a[2] << 8) | a[3]  # an encoded PUBACK/PUBREC (or SUBACK)
+            ptype, pid = a[0] >> 4, (a[2] << 8) | a[3]  # an encoded PUBACK/PUBREC (or SUBACK, PUBREL, PUBCOMP)
+            if ptype == P.PUBREL or ptype == P.PUBCOMP:
+                # the release is this session's state here whatever the store did: the flow
+                # goes on (only a move before the next checkpoint could send the PUBLISH again)
+                self.write(a)
+                continue
             if ptype == P.SUBACK:
                 # the subscriptions could not be made durable: each filter failed
                 # ([MQTT-3.9.3-1] one code per filter; 0x80 is a failure in 3.1.1 and 5)
@@ -238,7 +248,7 @@ class Connection:
                     self.write(data)
         if unsendable and self.state != _CLOSED:
             self.unsendable(P.PUBACK, 6)
-        if not v5 and self.state != _CLOSED and any(a[0] >> 4 != P.SUBACK for a in acks):
+        if not v5 and self.state != _CLOSED and any(a[0] >> 4 in (P.PUBACK, P.PUBREC) for a in acks):
             self.note(logging.WARNING, "closing %s (%s): %s; a 3.1.x client has no failure "
                       "acknowledgement", self.client_id, self.peer, why)
             self.close(publish_will=True)
@@ -388,7 +398,14 @@ class Connection:
                 data = encode_ack(P.PUBREL, pkt.packet_id, code, None, self.level)
                 if code and len(data) > self.max_packet_size:  # [MQTT-3.1.2-24]
                     return self.unsendable(P.PUBREL, len(data))
-                self.write(data)
+                if code == 0 and self.broker.durable and self.session.store is not None:
+                    # [MQTT-4.3.3-6] once PUBREL is sent the PUBLISH never is again: it waits
+                    # until the hooks providing barrier() hold the release (the cluster's
+                    # checkpoint: a node that takes the session over sends PUBREL, not PUBLISH)
+                    # (not counted against Receive Maximum, as a SUBACK)
+                    self.hold(data, suback=True)
+                else:
+                    self.write(data)
         elif t == P.PUBREL:
             self.on_pubrel(pkt)
         elif t == P.PINGREQ:
@@ -772,6 +789,10 @@ class Connection:
             retain = False
         if b.accepting and not b.offer(msg, self.client_id, self.username, self.level):
             return self.ack(qos, pid, rc.QUOTA_EXCEEDED) if qos else None
+        if qos == 2:  # (before routing: a routing hook may record the id with the message)
+            session.qos2_received(pid)
+            if session.store is not None:
+                session.store.qos2_add(session.client_id, pid)
         # b.publish(msg, session), inline: this is the per-message path
         hook = b.router_hook
         if hook is None:
@@ -782,10 +803,6 @@ class Connection:
             hook(msg, session)  # the cluster: through its log, then Broker.deliver() on every node
             n = -1
         if qos:
-            if qos == 2:
-                session.qos2_received(pid)
-                if session.store is not None:
-                    session.store.qos2_add(session.client_id, pid)
             self.ack(qos, pid, rc.SUCCESS if n else rc.NO_MATCHING_SUBSCRIBERS)
 
     def ack(self, qos: int, pid: int, code: int) -> None:
@@ -875,7 +892,13 @@ class Connection:
         data = encode_ack(P.PUBCOMP, pkt.packet_id, code, None, self.level)  # [MQTT-4.3.3-11]
         if code and len(data) > self.max_packet_size:  # [MQTT-3.1.2-24]
             return self.unsendable(P.PUBCOMP, len(data))
-        self.write(data)
+        if code == 0 and self.broker.durable and session.store is not None:
+            # the client may reuse the id once PUBCOMP came: the hooks providing barrier() hold
+            # its release first, so a broker that takes the session over never takes a reuse of
+            # it for a resend of the message released [MQTT-4.3.3-9]
+            self.hold(data, suback=True)
+        else:
+            self.write(data)
 
     # ------------------------------------------------------------ SUBSCRIBE
     def on_subscribe(self, s: P.Subscribe) -> None:

@@ -25,7 +25,8 @@ class AuthRequested(NamedTuple):
 
 class AcksHeld:
     """Acknowledgements that must wait until what they acknowledge is durable: PUBACK/PUBREC of
-    accepted QoS 1/2 PUBLISHes, and a persistent session's SUBACK (`acks`, encoded, in order).
+    accepted QoS 1/2 PUBLISHes, a persistent session's SUBACK, PUBREL and PUBCOMP (`acks`, encoded, in
+    order).
     One per read, however many messages it had: the caller asks the hooks providing barrier()
     for their tokens once (core/durability.py) and then calls conn.acks_done(acks, failure):
     failure None sends them as they are, a reason sends failures (v5 0x80, a SUBACK 0x80 per
@@ -34,7 +35,7 @@ class AcksHeld:
 
     def __init__(self, ack: bytes):
         self.acks = [ack]
-        self.subacks = 0  # SUBACKs among them (they are not counted against Receive Maximum)
+        self.subacks = 0  # SUBACKs, PUBRELs, PUBCOMPs among them (not counted against Receive Maximum)
 
     def __repr__(self) -> str:
         return f"AcksHeld({len(self.acks)} acks, {self.subacks} SUBACKs)"

@@ -15,7 +15,8 @@ The surface, by what it is for:
     time       clock(), wall()
     counters   stats (dropped_* by reason, connections_total), received_by_qos: plain integer
                increments, read by BrokerView (core/view.py) for $SYS, metrics and the dashboard
-    output     mark_dirty(conn), connections (the keep alive / connect timeout table:
+    output     mark_dirty(conn), durable_out (connections whose output waits for the
+               hooks' barrier), connections (the keep alive / connect timeout table:
                file(conn, at), remove(conn)), client_log (rate-limited lines), connack()
     CONNECT    auth, bans, admit, new_client_id(), granted_expiry(), session_limit_reached(),
                session_of(), open_session(), store (a persistent session's events),
@@ -78,6 +79,8 @@ class ConnectionHost(Protocol):
     @property
     def client_log(self) -> ClientLog: ...
     def mark_dirty(self, conn: Connection) -> None: ...
+    @property
+    def durable_out(self) -> set[Connection]: ...
     def connack(self, level: int, present: bool) -> bytes: ...
 
     # ------------------------------------------------------------ CONNECT

@@ -7,7 +7,7 @@ internals are its own: a session changes them only through these methods):
     read:    level, receive_max, max_packet_size, alias_max, paused (the client's limits and
              flow control, set by the connection)
     methods: write(data), outbound_alias(topic), outbound_alias_unsent(topic),
-             outbound_aliases_reset(), wake(), note(level, fmt, *args)
+             outbound_aliases_reset(), wake(), note(level, fmt, *args), write_durable()
 """
 from __future__ import annotations
 
@@ -382,6 +382,11 @@ class Session:
                     seq = store.enqueue(self.client_id, msg, qos, retain, sub_ids, pid)
                 else:
                     store.set_pid(seq, pid)
+                if qos == 2:
+                    # [MQTT-4.4.0-1] a broker that takes this session over (restart, another
+                    # cluster node) resends it with this id, never as a new message: it leaves
+                    # once the store holds the id
+                    link.write_durable()
             # [MQTT-4.3.2-3] [MQTT-4.3.3-3] unacknowledged until acked
             inflight[pid] = Inflight(msg, qos, retain, sub_ids, seq)
             b = bytearray(data)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from time import perf_counter
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
@@ -308,13 +309,59 @@ class MQTTProtocol(asyncio.Protocol):
         if out:
             data = out[0] if len(out) == 1 else b"".join(out)
             n = len(data)
-            t.write(data)
+            wait = conn in conn.broker.durable_out
+            if wait or self in self.server.held_out:
+                self.hold_output(data, wait)  # (counted when written)
+                n = 0
+            else:
+                t.write(data)
         if conn.close_requested:  # [MQTT-3.14.4-2] closed after the last output (a DISCONNECT)
+            held = self.server.held_out.get(self)
+            if held is not None:  # written first, without waiting any longer
+                for entry in held:
+                    entry[1] = True
+                self.write_held()
             if conn.close_requested == CLIENT_DONE:
                 t.close()  # the client's DISCONNECT: nothing more comes, no linger
             else:
                 self.close_gracefully()
         return n
+
+    def hold_output(self, data: bytes | bytearray, wait: bool) -> None:
+        """Output that leaves once the hooks providing barrier() say what it depends on is
+        durable (`wait`: a persistent session's new QoS 2 PUBLISH, whose packet id a broker
+        that takes the session over must know [MQTT-4.4.0-1]), or, not `wait`, once the output
+        held before it has left. A failed barrier lets it go too: the session here is right,
+        only a takeover before the store catches up could send the PUBLISH again."""
+        entry: list = [data, not wait]
+        held = self.server.held_out.get(self)
+        if held is None:
+            held = self.server.held_out[self] = deque()
+        held.append(entry)
+        if wait:
+            tokens = [tok for barrier in self.server.acks.hooks.barrier
+                      if (tok := barrier()) is not None]
+            if tokens:
+                def ready(_: Any, entry: list = entry) -> None:
+                    entry[1] = True
+                    self.write_held()
+                when_all(tokens, ready)
+                return
+            entry[1] = True
+        self.write_held()
+
+    def write_held(self) -> None:
+        """Write the held output that may leave, in order."""
+        held, t = self.server.held_out.get(self), self.transport
+        if held is None:
+            return
+        while held and held[0][1]:
+            data = held.popleft()[0]
+            if t is not None and not t.is_closing():
+                t.write(data)
+                self.server.bytes_out += len(data)
+        if not held:
+            del self.server.held_out[self]
 
     def close_gracefully(self) -> None:
         """Close after the last output (a server DISCONNECT) without resetting the connection

@@ -4,6 +4,7 @@ sees the Server (its listeners and lifecycle, broker/server.py), only this."""
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from typing import TYPE_CHECKING, Any, Callable
 
 if TYPE_CHECKING:
@@ -16,7 +17,7 @@ if TYPE_CHECKING:
 
 class ServerState:
     __slots__ = ("broker", "config", "loop", "acks", "auth_checks", "bans", "flush",
-                 "bytes_in", "bytes_out")
+                 "held_out", "bytes_in", "bytes_out")
 
     def __init__(self, broker: Broker, config: Config, acks: AckGate, flush: Callable[[], None],
                  bans: BanList, auth_checks: Any = None) -> None:
@@ -27,5 +28,8 @@ class ServerState:
         self.bans = bans
         self.auth_checks = auth_checks  # password checks off the loop (auth/checks.py), or None
         self.loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]  # set at start
+        # output of a connection waiting for durability (MQTTProtocol.hold_output), oldest
+        # first: [data, ready]; later output of the connection queues behind it
+        self.held_out: dict[Any, deque[list]] = {}
         self.bytes_in = 0               # traffic, for metrics, $SYS and the dashboard
         self.bytes_out = 0

@@ -269,6 +269,7 @@ def publish_qos2(c: ClusterClient, cluster: FakeCluster, pid: int, payload: byte
     assert (rec.packet_id, rec.reason_code) == (pid, 0)
     if release:
         c.send(P.Ack(P.PUBREL, pid))
+        cluster.pump()
         comp = recv_type(c, P.PUBCOMP)
         assert (comp.packet_id, comp.reason_code) == (pid, 0)
 
@@ -293,6 +294,7 @@ def test_qos2_ids_released_after_the_last_checkpoint_are_new_messages_on_the_nex
     cluster.pump()
     for pid in (1, 2):
         c.send(P.Ack(P.PUBREL, pid))
+        cluster.pump()  # (the PUBCOMP waits for the release in the log)
         assert recv_type(c, P.PUBCOMP).reason_code == 0
     cluster.kill(n1)  # before the next checkpoint
 
@@ -306,6 +308,7 @@ def test_qos2_ids_released_after_the_last_checkpoint_are_new_messages_on_the_nex
     assert recv_type(c2, P.CONNACK).session_present
     publish_qos2(c2, cluster, 3, b"old3", dup=True, release=False)  # a resend: not again
     c2.send(P.Ack(P.PUBREL, 3))  # still awaited at the checkpoint: completed
+    cluster.pump()
     comp = recv_type(c2, P.PUBCOMP)
     assert (comp.packet_id, comp.reason_code) == (3, 0)
     for pid in (4, 5, 6):  # Receive Maximum 3: the stale ids take none of it
@@ -313,6 +316,7 @@ def test_qos2_ids_released_after_the_last_checkpoint_are_new_messages_on_the_nex
     assert not c2.conn.close_requested
     for pid in (4, 5, 6):
         c2.send(P.Ack(P.PUBREL, pid))
+        cluster.pump()
         assert recv_type(c2, P.PUBCOMP).reason_code == 0
     for pid in (1, 2):  # released after the checkpoint, reused: new messages
         publish_qos2(c2, cluster, pid, b"new%d" % pid)

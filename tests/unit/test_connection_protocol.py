@@ -7,8 +7,9 @@ import socket
 import pytest
 
 from broker.core.durability import Pending
-from broker.core.hooks import Hook
+from broker.core.hooks import SESSION_EVENTS, STORED_EVENTS, Hook
 from broker.protocol import packets as P
+from broker.protocol import properties as PR
 from broker.protocol import reason_codes as rc
 from broker.protocol.codec import Decoder, encode
 from broker.server import Server
@@ -419,3 +420,57 @@ def test_tune_gc_freezes_the_start_up_state_and_raises_the_young_threshold():
     finally:
         gc.unfreeze()
         gc.set_threshold(*threshold)
+
+
+class SessionStore(Hook):
+    """Holds persistent sessions' state; each barrier() is a token the test resolves."""
+    provides = frozenset({"barrier", *SESSION_EVENTS, *STORED_EVENTS})
+
+    def __init__(self):
+        self.tokens = []
+
+    def barrier(self):
+        self.tokens.append(Pending())
+        return self.tokens[-1]
+
+    def on_message_stored(self, client_id, msg, qos, retain, sub_ids, pid=None):
+        return object()
+
+
+def connected(server, cid, props=None):
+    proto = MQTTProtocol(server, ListenerConfig())
+    t = FakeTransport()
+    proto.connection_made(t)
+    proto.data_received(encode(P.Connect(cid, 5, properties=props), 5))
+    server.flush()
+    assert t.received()[0].type == P.CONNACK
+    return proto, t
+
+
+async def test_a_persistent_sessions_new_qos2_publish_leaves_once_its_packet_id_is_durable():
+    """[MQTT-4.4.0-1]: a QoS 2 PUBLISH to a persistent session is written to the client once
+    the hooks providing barrier() hold its packet id (a broker that takes the session over
+    then resends it with that id, never as a new message); output after it keeps its order."""
+    store = SessionStore()
+    server = Server(Config(), hooks=[store])
+    server.loop = asyncio.get_running_loop()
+    sub, st = connected(server, "sub", {PR.SESSION_EXPIRY_INTERVAL: 300})
+    sub.data_received(encode(P.Subscribe(1, [("t", P.SubscriptionOptions(2))]), 5))
+    for tok in store.tokens:
+        tok.resolve()
+    await settle()
+    server.flush()
+    assert [p.type for p in st.received()] == [P.SUBACK]
+    pub, pt = connected(server, "pub")
+    pub.data_received(publish(2, 1))
+    server.flush()
+    assert st.received() == []
+    sub.data_received(b"\xc0\x00")  # PINGREQ: its answer waits behind the PUBLISH
+    server.flush()
+    assert st.received() == []
+    store.tokens[-1].resolve()      # the barrier of the flush that held the PUBLISH
+    await settle()
+    assert [p.type for p in st.received()] == [P.PUBLISH, P.PINGRESP]
+    sub.data_received(b"\xc0\x00")
+    server.flush()
+    assert [p.type for p in st.received()] == [P.PINGRESP]

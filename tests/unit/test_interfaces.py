@@ -180,7 +180,7 @@ def test_the_broker_is_checked_to_be_a_connection_host():
 # what a Session may use of its link (the docstring of broker/core/session.py lists the same)
 LINK_READS = {"level", "receive_max", "max_packet_size", "alias_max", "paused"}
 LINK_METHODS = {"write", "outbound_alias", "outbound_alias_unsent", "outbound_aliases_reset",
-                "wake", "note"}
+                "wake", "note", "write_durable"}
 
 
 def _is_link(node: ast.expr) -> bool:
