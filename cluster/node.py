@@ -3,9 +3,11 @@
 Attached like the state store and the sink (core/hooks.py), it provides:
 
 * route: every accepted message goes to the messages topic (key = MQTT topic: per-topic order)
-  and, when retained, to the retained topic; every node, this one included, reads the messages
-  topic and delivers each record to its own subscribers (Broker.deliver), so a message published
-  anywhere reaches every matching subscriber, in the log's order.
+  and, when retained, to the retained topic; it is delivered at once to this node's own
+  subscribers (in its publisher's order, across topics), and every other node reads the
+  messages topic and delivers each record to its own subscribers (Broker.deliver), so a message
+  published anywhere reaches every matching subscriber. This node skips its own records when it
+  reads them back (_Local); a session rebuilt here before that gets them from those held.
 * barrier: a QoS 1/2 PUBLISH is acknowledged once Kafka acknowledged its record (acks=all).
 * admit: a CONNECT writes a claim on its client id to the control topic and waits for it to be
   applied; the last claim in the log owns the client id (cluster/control.py). A session that
@@ -83,6 +85,28 @@ class _Handle:
         self.released = False
 
 
+class _Local:
+    """A message this node delivered to its own sessions as it accepted it, until its record is
+    read back from the messages topic (then skipped there: not delivered twice)."""
+    __slots__ = ("body", "msg", "sender", "writer", "n", "at", "handles")
+
+    def __init__(self, body: bytes, msg: Message, sender: str, writer: bytes, n: int,
+                 at: float) -> None:
+        self.body = body        # the record body as signed (what the log holds)
+        self.msg = msg
+        self.sender = sender    # the publisher's client id
+        self.writer = writer    # the message id's prefix (<node>-<incarnation>) and number
+        self.n = n
+        self.at = at            # time.monotonic() when accepted
+        self.handles: list[_Handle] = []  # stored copies: their place in the log once known
+
+
+# A held _Local whose record was never read back (its write failed, or Kafka lost it) is
+# forgotten after this many seconds
+LOCAL_KEEP = 300.0
+MAC_BYTES = 16  # the end of a signed record body: its HMAC (cluster/trust.py), unique per record
+
+
 class _Claim:
     __slots__ = ("token", "cid", "clean", "deadline", "client")
 
@@ -132,6 +156,8 @@ class ClusterNode(Hook):
         self.reader: FetchReader | None = None
         self.batch: _Batch | None = None
         self.routed_upto: dict[int, int] = {}    # messages partition -> next offset to deliver
+        self.local: dict[bytes, _Local] = {}     # the MAC of an own record -> delivered here
+        self.placing: _Local | None = None       # the _Local being delivered here (its handles)
         self.ids = itertools.count(1)
         self.seq = itertools.count(1)            # of the control records written (control.py)
         self.last_ids: dict[tuple, int] = {}     # (topic, partition, writer) -> last message id
@@ -397,8 +423,9 @@ class ClusterNode(Hook):
 
     # ------------------------------------------------------------ the hook: messages
     def route(self, msg: Message, sender: Session | None) -> None:
-        """An accepted message: to the messages topic (and the retained one); delivered here too
-        when this node reads it back, like on every node."""
+        """An accepted message: to the messages topic (and the retained one), and to this node's
+        subscribers at once (its acknowledgement still waits for Kafka: barrier()); the other
+        nodes deliver it when they read it."""
         if msg.qos == 0 and self.producer.backlog > self.cfg.max_backlog:
             # Kafka takes less than clients publish: QoS 0 is dropped (at most once) and counted,
             # QoS 1/2 wait (their acks hold their publishers' windows)
@@ -409,12 +436,15 @@ class ClusterNode(Hook):
         username = sender.username if sender is not None else None
         level = sender.link_level if sender is not None else 5
         broker = self.broker
+        n = next(self.ids)
         body = R.message_body(msg, client_id, username, level, self.node,
-                              f"{self.node}-{self.inc}-{next(self.ids)}", broker.clock())
+                              f"{self.node}-{self.inc}-{n}", broker.clock())
         ts = int(msg.accepted_at * 1000)
         b.count += 1
-        self.producer.send_body(self.topics.messages, body, ts, b)
+        signed = self.producer.send_body(self.topics.messages, body, ts, b)
         self.counters["produced"] += 1
+        if broker.has_plain_subscribers() or self.waiting_subs:
+            self._deliver_here(msg, client_id, signed, n)
         if msg.retain and broker.cfg.retain_available and \
                 (not msg.payload or broker.retained_fits(msg)):
             # [MQTT-3.3.1-5] kept cluster-wide; an empty payload deletes it [MQTT-3.3.1-6];
@@ -429,6 +459,66 @@ class ClusterNode(Hook):
             # this node, gets it, as on one broker); every node, this one included, applies the
             # record again in the log's order, so concurrent updates end the same everywhere
             broker.set_retained(msg.topic, msg if msg.payload else None)
+
+    def _deliver_here(self, msg: Message, sender: str, signed: bytes, n: int) -> None:
+        """A message accepted here, to this node's sessions now, as a single broker does
+        (MQTT 5 4.6: a publisher's messages reach a subscriber in order, whatever their topics),
+        and to the new subscriptions still starting (install()): they were made before it.
+        Held (self.local) until its record is read back, which is then skipped (_read_back):
+        the sessions here now have it, and a session that comes here before that takes it from
+        there (_held_for). $share groups get it through their own streams, as every message."""
+        e = _Local(signed, msg, sender, f"{self.node}-{self.inc}".encode(), n, time.monotonic())
+        self.local[signed[-MAC_BYTES:]] = e
+        broker = self.broker
+        starting = [sub for sub, _ in self.waiting_subs
+                    if matches(sub.topic_filter, msg.topic)] if self.waiting_subs else None
+        self.placing = e
+        try:
+            got = broker.deliver_with(msg, sender, starting) if starting else \
+                broker.deliver(msg, sender)
+            if got:
+                self.counters["delivered"] += 1
+        finally:
+            self.placing = None
+
+    def _own(self, rec: Scanned, p: int, i: int) -> bool:
+        """Whether record i is one this node delivered here as it accepted it (_deliver_here):
+        the same bytes as it wrote. Its stored copies learn their place in the log; the writer's
+        last message id moves past it (a copy of it read later is a replay: _fresh)."""
+        key = rec.tail(i, MAC_BYTES)
+        e = self.local.get(key)
+        if e is None or rec.body(i) != e.body:
+            return False
+        del self.local[key]
+        pos = (p, rec.offsets[i])
+        e.msg.store_id = pos
+        for h in e.handles:
+            if h.pos is None:
+                h.pos = pos
+        last_key = (self.topics.messages, p, e.writer)
+        if e.n > self.last_ids.get(last_key, 0):
+            self.last_ids[last_key] = e.n
+        return True
+
+    def _held_for(self, cid: str, subs: list) -> list:
+        """(message, qos, retain, sub_ids, _Local) of the messages accepted here whose records are
+        not read back yet, for a session rebuilt here now: it was elsewhere when they were
+        delivered here, and their records will be skipped (_own), past its rebuild's scan."""
+        out, now = [], self.broker.clock()
+        for e in self.local.values():
+            got = _match(subs, e.msg, e.sender, cid, -1, 0)
+            if got is not None and (e.msg.expires_at is None or e.msg.expires_at > now):
+                out.append((e.msg, *got, e))
+        return out
+
+    def _forget_local(self, now: float) -> None:
+        """Drop the held messages whose records never came back (LOCAL_KEEP)."""
+        local = self.local
+        while local:
+            key = next(iter(local))
+            if now - local[key].at < LOCAL_KEEP:
+                return
+            del local[key]
 
     def barrier(self) -> Pending | None:
         """What the acks of this read wait for: every record written since the last barrier,
@@ -505,13 +595,16 @@ class ClusterNode(Hook):
             if starting:
                 n = self._route_starting(rec, p, starting, clock_now, wall_now) \
                     if self._since(topic, rec, start) else 0
-            elif not anyone:
+            elif not anyone and not self.local:
                 n = 0  # nobody here to deliver to: not even the keys are read
             else:
                 deliver = broker.deliver
                 subscribers_of = broker.subscribers_of  # cached per topic
+                own = self._own if self.local else None
                 n = 0
                 for i in rec.indexes() if self._since(topic, rec, start) else ():
+                    if own is not None and own(rec, p, i):
+                        continue  # delivered here as it was accepted
                     topic_name = rec.topic(i)
                     if topic_name is None or not subscribers_of(topic_name):
                         continue  # no subscriber here: not decoded (shared groups: their streams)
@@ -607,6 +700,8 @@ class ClusterNode(Hook):
         a batch that crosses its start, whatever the other partitions have reached)."""
         broker, subscribers_of, n = self.broker, self.broker.subscribers_of, 0
         for i in rec.indexes():
+            if self.local and self._own(rec, p, i):
+                continue  # delivered here as it was accepted, to the starting ones too
             topic = rec.topic(i)
             if topic is None:
                 continue
@@ -827,10 +922,15 @@ class ClusterNode(Hook):
         start = {int(k): v for k, v in (ck.get("pos") or {}).items()}
         stop = dict(self.routed_upto)  # from here on the live stream delivers to it
         ranges = {p: (start.get(p, stop[p]), stop[p]) for p in stop if start.get(p, stop[p]) < stop[p]}
-        if not ranges or not subs:
+        # past `stop`: what this node accepted and delivered here before the session came
+        held = self._held_for(cid, subs) if self.local and subs else []
+        if not subs or not ranges and not held:
             claim.token.resolve()
             return
         inflight = {(p, off): (pid, rel) for p, off, pid, rel in ck.get("inflight", ())}
+        if not ranges:
+            self._rebuilt(claim, s, subs, inflight, [], None, held)
+            return
         filters = [sub.topic_filter for sub, _ in subs]
 
         def scan() -> None:
@@ -839,7 +939,8 @@ class ClusterNode(Hook):
                 err = None
             except Exception as exc:  # Kafka unreachable: the CONNECT fails, nothing half-done
                 found, err = [], exc
-            self.loop.call_soon_threadsafe(self._rebuilt, claim, s, subs, inflight, found, err)
+            self.loop.call_soon_threadsafe(self._rebuilt, claim, s, subs, inflight, found, err,
+                                           held)
 
         threading.Thread(target=scan, name=f"cluster-rebuild-{cid}", daemon=True).start()
 
@@ -878,7 +979,7 @@ class ClusterNode(Hook):
             consumer.close()
 
     def _rebuilt(self, claim: _Claim, s: Session, subs: list[tuple[Subscription, dict[int, int]]], inflight: dict,
-                 found: list, err: Exception | None) -> None:
+                 found: list, err: Exception | None, here: list | None = None) -> None:
         broker = self.broker
         cid = claim.cid
         if err is not None:
@@ -916,11 +1017,20 @@ class ClusterNode(Hook):
                 broker.restore_outbound(cid, msg, qos, retain, sub_ids, pid, bool(released), h)
             elif qos or s.queue_qos0:
                 queued.append((msg, qos, retain, sub_ids))
+        local = {}  # newer than the scan's: accepted here, their records not read back then
+        for m, q, r, ids, e in here or ():
+            if q or s.queue_qos0:
+                queued.append((m, q, r, ids))
+                local[id(m)] = e
         room = max(0, s.max_queued - len(s.queue))
         if len(queued) > room:  # the oldest are kept, as the newest are dropped when full
             broker.count_dropped("queue_full", len(queued) - room)
             queued = queued[:room]
         entries = [(m, q, r, ids, self.on_message_stored(cid, m, q, r, ids)) for m, q, r, ids in queued]
+        for m, *_, h in entries if local else ():
+            e = local.get(id(m))
+            if e is not None and h.pos is None:
+                e.handles.append(h)  # its place in the log once read back (_own)
         # older than what the live stream queued meanwhile: in front, each counted in the bounds
         broker.restore_queued(cid, entries, front=True)
         self.counters["rebuilt_messages"] += len(entries) + len(s.inflight_out)
@@ -971,6 +1081,9 @@ class ClusterNode(Hook):
     def on_message_stored(self, client_id: str, msg: Message, qos: int, retain: bool,
                           sub_ids: tuple[int, ...] | None, pid: int | None = None) -> _Handle:
         h = _Handle(client_id, msg.store_id if isinstance(msg.store_id, tuple) else None, pid)
+        placing = self.placing
+        if placing is not None and h.pos is None and msg is placing.msg:
+            placing.handles.append(h)  # its place in the log once read back (_own)
         hs = self.handles.get(client_id)
         if hs is None:
             hs = self.handles[client_id] = set()
@@ -1064,6 +1177,8 @@ class ClusterNode(Hook):
     def on_tick(self) -> None:
         self.shares.tick()
         now = time.monotonic()
+        if self.local:
+            self._forget_local(now)
         for req, claim in list(self.claims.items()):
             if now > claim.deadline:
                 del self.claims[req]

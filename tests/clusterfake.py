@@ -35,11 +35,12 @@ class FakeProducer:
         self.send_body(topic, encode_body(key, value, headers or []) if value is not None
                        else _tombstone(key), ts, tag)
 
-    def send_body(self, topic: str, body: bytes, ts: int, tag: Any) -> None:
+    def send_body(self, topic: str, body: bytes, ts: int, tag: Any) -> bytes:
         if self.sign is not None:  # as cluster/produce.py's Producer: the node's signature
             body = self.sign(topic, body, ts)
         self.pending.append((topic, ts, body, tag))
         self.backlog += 1
+        return body
 
     def kick(self) -> None:
         pass
