@@ -88,7 +88,7 @@ class _Handle:
 class _Local:
     """A message this node delivered to its own sessions as it accepted it, until its record is
     read back from the messages topic (then skipped there: not delivered twice)."""
-    __slots__ = ("body", "msg", "sender", "writer", "n", "at", "handles")
+    __slots__ = ("body", "msg", "sender", "writer", "n", "at", "handles", "deferred")
 
     def __init__(self, body: bytes, msg: Message, sender: str, writer: bytes, n: int,
                  at: float) -> None:
@@ -99,6 +99,7 @@ class _Local:
         self.n = n
         self.at = at            # time.monotonic() when accepted
         self.handles: list[_Handle] = []  # stored copies: their place in the log once known
+        self.deferred = False   # not delivered here yet (ClusterNode._here)
 
 
 # A held _Local whose record was never read back (its write failed, or Kafka lost it) is
@@ -158,6 +159,10 @@ class ClusterNode(Hook):
         self.routed_upto: dict[int, int] = {}    # messages partition -> next offset to deliver
         self.local: dict[bytes, _Local] = {}     # the MAC of an own record -> delivered here
         self.placing: _Local | None = None       # the _Local being delivered here (its handles)
+        # not delivering at once (_spilling): (records handed to the producer then, the offsets
+        # to read up to once all those were answered), until this node has read them all
+        self.spill: tuple[int, dict[int, int] | None] | None = None
+        self.deferred: list[_Local] | None = None  # held meanwhile, to deliver then, in order
         self.ids = itertools.count(1)
         self.seq = itertools.count(1)            # of the control records written (control.py)
         self.last_ids: dict[tuple, int] = {}     # (topic, partition, writer) -> last message id
@@ -318,6 +323,7 @@ class ClusterNode(Hook):
         self.partitions = partitions
         self.routed_upto = {p: 0 for p in range(partitions)}
         self.producer.acked_upto.clear()
+        self.spill = (self.producer.handed, None)  # (their offsets named the old log)
         self.producer.take_went_back()  # the same loss, seen by the producer meanwhile
         self.since = {k: dict.fromkeys(range(partitions), 0) for k in self.since}
         self.waiting_subs = [(sub, dict.fromkeys(range(partitions), 0))
@@ -406,6 +412,8 @@ class ClusterNode(Hook):
                 batch.failure = failure
             if batch.token is not None and (batch.count == 0 or batch.failure):
                 batch.token.resolve(batch.failure)
+        if self.deferred is not None:
+            self._spilling()
 
     def _write_control(self, key: str, rec: dict | None) -> None:
         """A control record; acknowledgements asked for after it wait for it too (barrier).
@@ -443,8 +451,7 @@ class ClusterNode(Hook):
         b.count += 1
         signed = self.producer.send_body(self.topics.messages, body, ts, b)
         self.counters["produced"] += 1
-        if broker.has_plain_subscribers() or self.waiting_subs:
-            self._deliver_here(msg, client_id, signed, n)
+        self._here(msg, client_id, signed, n)
         if msg.retain and broker.cfg.retain_available and \
                 (not msg.payload or broker.retained_fits(msg)):
             # [MQTT-3.3.1-5] kept cluster-wide; an empty payload deletes it [MQTT-3.3.1-6];
@@ -460,26 +467,72 @@ class ClusterNode(Hook):
             # record again in the log's order, so concurrent updates end the same everywhere
             broker.set_retained(msg.topic, msg if msg.payload else None)
 
-    def _deliver_here(self, msg: Message, sender: str, signed: bytes, n: int) -> None:
+    def _here(self, msg: Message, sender: str, signed: bytes, n: int) -> None:
         """A message accepted here, to this node's sessions now, as a single broker does
         (MQTT 5 4.6: a publisher's messages reach a subscriber in order, whatever their topics),
         and to the new subscriptions still starting (install()): they were made before it.
-        Held (self.local) until its record is read back, which is then skipped (_read_back):
-        the sessions here now have it, and a session that comes here before that takes it from
-        there (_held_for). $share groups get it through their own streams, as every message."""
+        Held (self.local) until its record is read back, which is then skipped (_own): the
+        sessions here have it, and a session that comes here before that takes it from there
+        (_held_for). $share groups get it through their own streams, as every message.
+
+        While nobody here can want it, or cluster.max_held messages are held, it is not held:
+        delivered here from its record, as on the other nodes ("spilled"). Until this node has
+        read every spilled record (_spilling), the next messages are held but delivered only
+        then, in order (a message delivered at once would pass one of its topic)."""
+        if self.spill is not None and self._spilling():
+            if self.deferred is not None or len(self.local) < self.cfg.max_held and \
+                    (self.broker.has_plain_subscribers() or self.waiting_subs):
+                e = self._hold(msg, sender, signed, n)
+                e.deferred = True
+                if self.deferred is None:
+                    self.deferred = []
+                self.deferred.append(e)
+                return
+        elif len(self.local) < self.cfg.max_held and \
+                (self.broker.has_plain_subscribers() or self.waiting_subs):
+            self._deliver_here(self._hold(msg, sender, signed, n))
+            return
+        self.spill = (self.producer.handed, None)  # delivered here when read back
+
+    def _hold(self, msg: Message, sender: str, signed: bytes, n: int) -> _Local:
         e = _Local(signed, msg, sender, f"{self.node}-{self.inc}".encode(), n, time.monotonic())
         self.local[signed[-MAC_BYTES:]] = e
-        broker = self.broker
+        return e
+
+    def _deliver_here(self, e: _Local) -> None:
+        msg, broker = e.msg, self.broker
         starting = [sub for sub, _ in self.waiting_subs
                     if matches(sub.topic_filter, msg.topic)] if self.waiting_subs else None
         self.placing = e
         try:
-            got = broker.deliver_with(msg, sender, starting) if starting else \
-                broker.deliver(msg, sender)
+            got = broker.deliver_with(msg, e.sender, starting) if starting else \
+                broker.deliver(msg, e.sender)
             if got:
                 self.counters["delivered"] += 1
         finally:
             self.placing = None
+
+    def _spilling(self) -> bool:
+        """Whether records of messages spilled (_here) may still be unread here: not all of
+        them were answered by Kafka, or this node has not read up to where Kafka acknowledged
+        them. Once they are all read, the messages held meanwhile are delivered, in order."""
+        mark, need = self.spill  # type: ignore[misc]
+        if need is None:
+            producer = self.producer
+            if producer.answered < mark:
+                return True
+            messages = self.topics.messages
+            need = {p: off for (t, p), off in list(producer.acked_upto.items()) if t == messages}
+            self.spill = (mark, need)
+        upto = self.routed_upto
+        if not all(upto.get(p, 0) >= off for p, off in need.items()):
+            return True
+        self.spill = None
+        deferred, self.deferred = self.deferred, None
+        for e in deferred or ():
+            e.deferred = False
+            self._deliver_here(e)
+        return False
 
     def _own(self, rec: Scanned, p: int, i: int) -> bool:
         """Whether record i is one this node delivered here as it accepted it (_deliver_here):
@@ -506,6 +559,8 @@ class ClusterNode(Hook):
         delivered here, and their records will be skipped (_own), past its rebuild's scan."""
         out, now = [], self.broker.clock()
         for e in self.local.values():
+            if e.deferred:
+                continue  # delivered here later, to this session too
             got = _match(subs, e.msg, e.sender, cid, -1, 0)
             if got is not None and (e.msg.expires_at is None or e.msg.expires_at > now):
                 out.append((e.msg, *got, e))
@@ -620,6 +675,8 @@ class ClusterNode(Hook):
             self.counters["read"] += len(rec) if rec.scanned else rec.end - start
         if self.waiting_subs:
             self._start_waiting_subs()
+        if self.deferred is not None:
+            self._spilling()  # delivers the held messages once the spilled ones are read
 
     def _since(self, topic: str, rec: Scanned, start: int) -> bool:
         """rec.since(start); False, counted, when its batches are not what they say they are

@@ -387,6 +387,7 @@ class ClusterConfig(Section):
     checkpoint_seconds: float = key(1.0, Num(0.05, 3600))  # persistent sessions' progress
     fetch_wait_ms: int = key(5, Int(1, 10000))      # Kafka fetch wait: latency vs idle CPU
     max_backlog: int = key(20000, Int(100))        # records not yet in Kafka; beyond, QoS 0 is dropped
+    max_held: int = key(50000, Int(0))              # delivered at once, not read back yet; beyond: when read
     server_reference: str = ""                      # sent with DISCONNECT 0x9C on SIGTERM
     # the key the nodes sign their records with: the same file on every node ("" =
     # <data_dir>/secrets/cluster.key; made when missing); $MQTT_CLUSTER_KEY overrides it

@@ -27,6 +27,8 @@ class FakeProducer:
         self.sign = sign
         self.pending: list[tuple[str, int, bytes, Any]] = []
         self.backlog = 0
+        self.handed = 0     # records sent, and answered (as cluster/produce.py's Producer)
+        self.answered = 0
         self.acked_upto: dict[tuple[str, int], int] = {}
 
     def send(self, topic: str, key: bytes, value: bytes | None, headers: Any, ts: int, tag: Any) -> None:
@@ -40,6 +42,7 @@ class FakeProducer:
             body = self.sign(topic, body, ts)
         self.pending.append((topic, ts, body, tag))
         self.backlog += 1
+        self.handed += 1
         return body
 
     def kick(self) -> None:
@@ -132,6 +135,7 @@ class FakeCluster:
                     p.acked_upto[(topic, 0)] = len(log)
                     wrote = True
                 p.backlog -= len(sent)
+                p.answered += len(sent)
                 n._completed([(tag, None) for *_, tag in sent])
             for n in self.nodes:
                 if n.node not in self.down:

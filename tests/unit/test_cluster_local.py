@@ -208,3 +208,42 @@ def test_a_message_kafka_never_acknowledged_is_failed_to_its_publisher(cluster):
     assert len(n1.local) == 1
     n1._forget_local(_time.monotonic() + N.LOCAL_KEEP + 1)
     assert n1.local == {}
+
+
+def test_a_subscriber_that_comes_while_a_message_is_on_its_way_gets_the_topic_in_order(cluster):
+    """[MQTT-4.6.0-5]: published while nobody on the node wanted it, a message goes through the
+    log; a subscriber made before its record was read gets it from there, and the next message
+    of that topic after it, not before (held until then, not delivered at once)."""
+    n1, _ = cluster.node("n1")
+    pub = client(cluster, n1, "pub")
+    sub = client(cluster, n1, "sub")
+    pub.send(P.Publish("t", b"m1", 1, packet_id=1))
+    sub.send(P.Subscribe(1, [("t", P.SubscriptionOptions(1))]))
+    pub.send(P.Publish("t", b"m2", 1, packet_id=2))
+    assert payloads(sub) == []
+    cluster.pump()
+    assert payloads(sub) == [b"m1", b"m2"]
+    pub.send(P.Publish("t", b"m3", 1, packet_id=3))
+    assert payloads(sub) == [b"m3"]  # all read: at once again
+    cluster.pump()
+    assert nothing(sub) and n1.local == {} and n1.spill is None
+
+
+@pytest.mark.parametrize("max_held", [0, 2])
+def test_beyond_max_held_messages_are_delivered_from_the_log_each_once_in_order(cluster, max_held):
+    """cluster.max_held bounds the messages delivered at once whose records are not read back
+    (each held until then); beyond, they are delivered as read, once each, in the order
+    published on each topic [MQTT-4.6.0-5]; 0: never at once."""
+    n1, _ = cluster.node("n1")
+    n1.cfg.max_held = max_held
+    sub = client(cluster, n1, "sub", "t/#")
+    pub = client(cluster, n1, "pub")
+    for i in range(6):
+        pub.send(P.Publish(f"t/{i % 2}", b"%d" % i, 1, packet_id=i + 1))
+    assert payloads(sub) == [b"0", b"1"][:max_held]
+    assert len(n1.local) == max_held
+    cluster.pump()
+    got = [b"0", b"1"][:max_held] + payloads(sub)
+    for t in (0, 1):
+        assert [g for g in got if int(g) % 2 == t] == [b"%d" % i for i in range(t, 6, 2)]
+    assert n1.local == {}
