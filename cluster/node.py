@@ -368,7 +368,8 @@ class ClusterNode(Hook):
                    clients_known=len(st.clients) if st else 0,
                    clients_by_node={m["node"]: m["clients"] for m in members if m["alive"]},
                    share_groups=len(self.shares.streams),
-                   backlog=self.producer.backlog if self.producer is not None else 0)
+                   backlog=self.producer.backlog if self.producer is not None else 0,
+                   held=len(self.local))
         return {"cluster": out}
 
     def locate(self, client_id: str) -> str | None:
