@@ -2,7 +2,8 @@
 
     .venv/bin/python bench/cluster_bench.py                      # everything
     .venv/bin/python bench/cluster_bench.py --only latency,failover
-    .venv/bin/python bench/cluster_bench.py --only samenode,fanin --duration 5
+    .venv/bin/python bench/cluster_bench.py --only samenode,fanin --duration 5 \
+        --set cluster.node_timeout=15
 
 Prints, side by side where it applies:
 * latency: a QoS 0 publisher on node 1 and a subscriber on node 2 at 1,000 and 5,000 msg/s:
@@ -338,12 +339,17 @@ def main() -> None:
     ap.add_argument("--fetch-wait", type=int, help="cluster.fetch_wait_ms of the nodes")
     ap.add_argument("--partitions", type=int, help="cluster.partitions (of the messages topic)")
     ap.add_argument("--json", help="write the figures here too")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a setting of every cluster node (e.g. cluster.node_timeout=15 on a loaded "
+                         "machine, where heartbeats come late)")
     a = ap.parse_args()
     only = set(a.only.split(","))
     if a.fetch_wait:
         Node.extra += ["--set", f"cluster.fetch_wait_ms={a.fetch_wait}"]
     if a.partitions:
         Node.extra += ["--set", f"cluster.partitions={a.partitions}"]
+    for item in a.set:
+        Node.extra += ["--set", item]
     tmp = tempfile.mkdtemp(prefix="cluster-bench-")
     kafka = EmbeddedKafka(log_file=os.path.join(tmp, "tansu.log")).start()
     out = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpus": os.cpu_count()}
