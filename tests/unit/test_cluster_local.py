@@ -247,3 +247,20 @@ def test_beyond_max_held_messages_are_delivered_from_the_log_each_once_in_order(
     for t in (0, 1):
         assert [g for g in got if int(g) % 2 == t] == [b"%d" % i for i in range(t, 6, 2)]
     assert n1.local == {}
+
+
+def test_a_subscription_still_starting_gets_a_message_accepted_after_its_subscribe_at_once(cluster):
+    """A subscription the node is still starting from its place in the log (install(): the
+    log's records before it are still being read) takes a message published here after its
+    SUBSCRIBE at once, as on one broker, and not again from the log."""
+    n1, _ = cluster.node("n1")
+    client(cluster, n1, "other", "elsewhere")
+    messages = n1.topics.messages
+    n1.fetcher.high[(messages, 0)] = len(cluster.logs.get(messages, ())) + 100  # not read yet
+    sub = client(cluster, n1, "sub", "t")
+    assert [w[0].filter for w in n1.waiting_subs] == ["t"]
+    pub = client(cluster, n1, "pub")
+    pub.send(P.Publish("t", b"m", 1, packet_id=1))
+    assert payloads(sub) == [b"m"]
+    cluster.pump()
+    assert nothing(sub) and n1.local == {}
