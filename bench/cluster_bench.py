@@ -2,11 +2,15 @@
 
     .venv/bin/python bench/cluster_bench.py                      # everything
     .venv/bin/python bench/cluster_bench.py --only latency,failover
+    .venv/bin/python bench/cluster_bench.py --only samenode,fanin --duration 5 \
+        --set cluster.node_timeout=15
 
 Prints, side by side where it applies:
 * latency: a QoS 0 publisher on node 1 and a subscriber on node 2 at 1,000 and 5,000 msg/s:
   p50 / p99 / p99.9, and the CPU per message of the sending node, the receiving node and Kafka
   (from /proc, over the measured seconds);
+* samenode: the same latency with publisher and subscriber on one node: the broker without the
+  cluster against a 1-node cluster (delivered as accepted, not through Kafka);
 * filter: what a node costs for the records it reads: idle (no traffic) in % of a core, and at
   each rate the CPU per message of a bystander node whose subscriber's filter matches none of
   the records (publisher and subscriber on node 1, a subscriber on `elsewhere/#` on node 2)
@@ -148,6 +152,30 @@ def bench_latency(kafka, tmp, rates, duration):
     for r in rows:
         print(f"| {r['rate']:,} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | {r['p99.9_ms']:.2f} | "
               f"{r['sending node us/msg']} | {r['receiving node us/msg']} | {r['Kafka us/msg']} |")
+    return rows
+
+
+def bench_samenode(kafka, tmp, rates, duration):
+    rows = []
+    for label, cluster in (("no cluster", False), ("cluster, 1 node", True)):
+        prefix = f"bench{uuid.uuid4().hex[:6]}"
+        n = Node("n1", kafka.bootstrap, tmp, prefix) if cluster else Node(None, None, tmp, prefix)
+        try:
+            for rate in rates:
+                res = loadgen("--scenario", "latency", "--port", n.port, "--sub-port", n.port,
+                              "--rate", rate, "--duration", duration, "--warmup", 1, "--mqtt", 5)
+                lat = res["lat_ms"]
+                rows.append({"setup": label, "rate": rate, "p50_ms": lat["p50"],
+                             "p99_ms": lat["p99"], "p99.9_ms": lat["p99.9"],
+                             "delivered": res["delivered_total"], "sent": res["sent_total"]})
+        finally:
+            n.stop()
+    print("\n## same-node latency (QoS 0, publisher and subscriber on one node)")
+    print("| setup | msg/s | p50 ms | p99 ms | p99.9 ms | delivered / sent |")
+    print("|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['setup']} | {r['rate']:,} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | "
+              f"{r['p99.9_ms']:.2f} | {r['delivered']} / {r['sent']} |")
     return rows
 
 
@@ -303,7 +331,7 @@ def bench_failover(kafka, tmp, node_timeout, rounds):
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--only", default="latency,filter,fanin,takeover,failover")
+    ap.add_argument("--only", default="latency,samenode,filter,fanin,takeover,failover")
     ap.add_argument("--rates", default="1000,5000")
     ap.add_argument("--duration", type=float, default=10.0)
     ap.add_argument("--rounds", type=int, default=30)
@@ -311,18 +339,26 @@ def main() -> None:
     ap.add_argument("--fetch-wait", type=int, help="cluster.fetch_wait_ms of the nodes")
     ap.add_argument("--partitions", type=int, help="cluster.partitions (of the messages topic)")
     ap.add_argument("--json", help="write the figures here too")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a setting of every cluster node (e.g. cluster.node_timeout=15 on a loaded "
+                         "machine, where heartbeats come late)")
     a = ap.parse_args()
     only = set(a.only.split(","))
     if a.fetch_wait:
         Node.extra += ["--set", f"cluster.fetch_wait_ms={a.fetch_wait}"]
     if a.partitions:
         Node.extra += ["--set", f"cluster.partitions={a.partitions}"]
+    for item in a.set:
+        Node.extra += ["--set", item]
     tmp = tempfile.mkdtemp(prefix="cluster-bench-")
     kafka = EmbeddedKafka(log_file=os.path.join(tmp, "tansu.log")).start()
     out = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpus": os.cpu_count()}
     try:
         if "latency" in only:
             out["latency"] = bench_latency(kafka, tmp, [int(r) for r in a.rates.split(",")], a.duration)
+        if "samenode" in only:
+            out["samenode"] = bench_samenode(kafka, tmp, [int(r) for r in a.rates.split(",")],
+                                             a.duration)
         if "filter" in only:
             out["filter"] = bench_filter(kafka, tmp, [int(r) for r in a.rates.split(",")], a.duration)
         if "fanin" in only:

@@ -3,9 +3,11 @@
 Attached like the state store and the sink (core/hooks.py), it provides:
 
 * route: every accepted message goes to the messages topic (key = MQTT topic: per-topic order)
-  and, when retained, to the retained topic; every node, this one included, reads the messages
-  topic and delivers each record to its own subscribers (Broker.deliver), so a message published
-  anywhere reaches every matching subscriber, in the log's order.
+  and, when retained, to the retained topic; it is delivered at once to this node's own
+  subscribers (in its publisher's order, across topics), and every other node reads the
+  messages topic and delivers each record to its own subscribers (Broker.deliver), so a message
+  published anywhere reaches every matching subscriber. This node skips its own records when it
+  reads them back (_Local); a session rebuilt here before that gets them from those held.
 * barrier: a QoS 1/2 PUBLISH is acknowledged once Kafka acknowledged its record (acks=all).
 * admit: a CONNECT writes a claim on its client id to the control topic and waits for it to be
   applied; the last claim in the log owns the client id (cluster/control.py). A session that
@@ -86,6 +88,29 @@ class _Handle:
         self.qos = qos
 
 
+class _Local:
+    """A message this node delivered to its own sessions as it accepted it, until its record is
+    read back from the messages topic (then skipped there: not delivered twice)."""
+    __slots__ = ("body", "msg", "sender", "writer", "n", "at", "handles", "deferred")
+
+    def __init__(self, body: bytes, msg: Message, sender: str, writer: bytes, n: int,
+                 at: float) -> None:
+        self.body = body        # the record body as signed (what the log holds)
+        self.msg = msg
+        self.sender = sender    # the publisher's client id
+        self.writer = writer    # the message id's prefix (<node>-<incarnation>) and number
+        self.n = n
+        self.at = at            # time.monotonic() when accepted
+        self.handles: list[_Handle] = []  # stored copies: their place in the log once known
+        self.deferred = False   # not delivered here yet (ClusterNode._here)
+
+
+# A held _Local whose record was never read back (its write failed, or Kafka lost it) is
+# forgotten after this many seconds
+LOCAL_KEEP = 300.0
+MAC_BYTES = 16  # the end of a signed record body: its HMAC (cluster/trust.py), unique per record
+
+
 class _Claim:
     __slots__ = ("token", "cid", "clean", "deadline", "client")
 
@@ -136,6 +161,12 @@ class ClusterNode(Hook):
         self.batch: _Batch | None = None
         self.last_token: Pending | None = None  # of the last batch barrier() handed out
         self.routed_upto: dict[int, int] = {}    # messages partition -> next offset to deliver
+        self.local: dict[bytes, _Local] = {}     # the MAC of an own record -> delivered here
+        self.placing: _Local | None = None       # the _Local being delivered here (its handles)
+        # not delivering at once (_spilling): (records handed to the producer then, the offsets
+        # to read up to once all those were answered), until this node has read them all
+        self.spill: tuple[int, dict[int, int] | None] | None = None
+        self.deferred: list[_Local] | None = None  # held meanwhile, to deliver then, in order
         self.ids = itertools.count(1)
         self.seq = itertools.count(1)            # of the control records written (control.py)
         self.last_ids: dict[tuple, int] = {}     # (topic, partition, writer) -> last message id
@@ -149,6 +180,9 @@ class ClusterNode(Hook):
         self.window: dict[tuple, tuple[int, int]] | None = None
         self.again_last: dict[tuple, int] = {}
         self.read_before: dict[tuple, list[tuple[int, int]]] = {}
+        # (writer, n) of the messages delivered here as they were accepted whose records were
+        # not read back when Kafka lost them: their copies are not new here (_fresh)
+        self.here_lost: set[tuple[bytes, int]] = set()
         self.claims: dict[str, _Claim] = {}      # req -> a CONNECT waiting for its claim
         self.handoffs: dict[str, _Claim] = {}    # cid -> a claim waiting for the last owner
         self.bound: dict[str, int] = {}          # cid -> epoch of this node's session
@@ -318,6 +352,12 @@ class ClusterNode(Hook):
             for k, w in self.window.items():
                 self.read_before.setdefault(k, []).append(w)
         self.window, self.again_last = {}, {}  # ...and those read in the new log
+        # ...and those delivered here as accepted, their records never read back (_own): the
+        # copies of those do not match the bytes held, so they are let go here
+        for key, e in list(self.local.items()):
+            if not e.deferred:
+                self.here_lost.add((e.writer, e.n))
+                del self.local[key]
         for m in self.state.members.values():
             m.read, m.read_ok = None, False  # its heartbeats name the old log's offsets until it joins again
         # every message kept is written again, first; those still waiting to be sent are sent
@@ -329,6 +369,7 @@ class ClusterNode(Hook):
         self.producer.send_first(messages, [(with_again(c[BODY]), c[TS], c) for _, c in again])
         self.counters["resent"] += len(again)
         self.producer.acked_upto.clear()
+        self.spill = (self.producer.handed, None)  # (their offsets named the old log)
         self.producer.take_went_back()  # the same loss, seen by the producer meanwhile
         self.since = {k: dict.fromkeys(range(partitions), 0) for k in self.since}
         self.waiting_subs = [(sub, dict.fromkeys(range(partitions), 0))
@@ -375,7 +416,8 @@ class ClusterNode(Hook):
                    share_groups=len(self.shares.streams),
                    kept=len(self.keep.entries), kept_bytes=self.keep.bytes,
                    kept_dropped=self.keep.dropped,
-                   backlog=self.producer.backlog if self.producer is not None else 0)
+                   backlog=self.producer.backlog if self.producer is not None else 0,
+                   held=len(self.local))
         return {"cluster": out}
 
     def locate(self, client_id: str) -> str | None:
@@ -428,6 +470,8 @@ class ClusterNode(Hook):
                 batch.failure = failure
             if batch.token is not None and (batch.count == 0 or batch.failure):
                 batch.token.resolve(batch.failure)
+        if self.deferred is not None:
+            self._spilling()
 
     def _write_control(self, key: str, rec: dict | None) -> None:
         """A control record; acknowledgements asked for after it wait for it too (barrier).
@@ -445,8 +489,9 @@ class ClusterNode(Hook):
 
     # ------------------------------------------------------------ the hook: messages
     def route(self, msg: Message, sender: Session | None) -> None:
-        """An accepted message: to the messages topic (and the retained one); delivered here too
-        when this node reads it back, like on every node."""
+        """An accepted message: to the messages topic (and the retained one), and to this node's
+        subscribers at once (its acknowledgement still waits for Kafka: barrier()); the other
+        nodes deliver it when they read it."""
         if msg.qos == 0 and self.producer.backlog > self.cfg.max_backlog:
             # Kafka takes less than clients publish: QoS 0 is dropped (at most once) and counted,
             # QoS 1/2 wait (their acks hold their publishers' windows)
@@ -469,8 +514,10 @@ class ClusterNode(Hook):
         ts = int(msg.accepted_at * 1000)
         b.count += 1
         kept = self.keep.add(body, ts, b) if msg.qos else None
-        self.producer.send_body(self.topics.messages, body, ts, b if kept is None else kept)
+        signed = self.producer.send_body(self.topics.messages, body, ts,
+                                         b if kept is None else kept)
         self.counters["produced"] += 1
+        self._here(msg, client_id, signed, n)
         if msg.retain and broker.cfg.retain_available and \
                 (not msg.payload or broker.retained_fits(msg)):
             # [MQTT-3.3.1-5] kept cluster-wide; an empty payload deletes it [MQTT-3.3.1-6];
@@ -485,6 +532,114 @@ class ClusterNode(Hook):
             # this node, gets it, as on one broker); every node, this one included, applies the
             # record again in the log's order, so concurrent updates end the same everywhere
             broker.set_retained(msg.topic, msg if msg.payload else None)
+
+    def _here(self, msg: Message, sender: str, signed: bytes, n: int) -> None:
+        """A message accepted here, to this node's sessions now, as a single broker does
+        (MQTT 5 4.6: a publisher's messages reach a subscriber in order, whatever their topics),
+        and to the new subscriptions still starting (install()): they were made before it.
+        Held (self.local) until its record is read back, which is then skipped (_own): the
+        sessions here have it, and a session that comes here before that takes it from there
+        (_held_for). $share groups get it through their own streams, as every message.
+
+        While nobody here can want it, or cluster.max_held messages are held, it is not held:
+        delivered here from its record, as on the other nodes ("spilled"). Until this node has
+        read every spilled record (_spilling), the next messages are held but delivered only
+        then, in order (a message delivered at once would pass one of its topic)."""
+        if self.spill is not None and self._spilling():
+            if self.deferred is not None or len(self.local) < self.cfg.max_held and \
+                    (self.broker.has_plain_subscribers() or self.waiting_subs):
+                e = self._hold(msg, sender, signed, n)
+                e.deferred = True
+                if self.deferred is None:
+                    self.deferred = []
+                self.deferred.append(e)
+                return
+        elif len(self.local) < self.cfg.max_held and \
+                (self.broker.has_plain_subscribers() or self.waiting_subs):
+            self._deliver_here(self._hold(msg, sender, signed, n))
+            return
+        self.spill = (self.producer.handed, None)  # delivered here when read back
+
+    def _hold(self, msg: Message, sender: str, signed: bytes, n: int) -> _Local:
+        e = _Local(signed, msg, sender, f"{self.node}-{self.inc}".encode(), n, time.monotonic())
+        self.local[signed[-MAC_BYTES:]] = e
+        return e
+
+    def _deliver_here(self, e: _Local) -> None:
+        msg, broker = e.msg, self.broker
+        starting = [sub for sub, _ in self.waiting_subs
+                    if matches(sub.topic_filter, msg.topic)] if self.waiting_subs else None
+        self.placing = e
+        try:
+            got = broker.deliver_with(msg, e.sender, starting) if starting else \
+                broker.deliver(msg, e.sender)
+            if got:
+                self.counters["delivered"] += 1
+        finally:
+            self.placing = None
+
+    def _spilling(self) -> bool:
+        """Whether records of messages spilled (_here) may still be unread here: not all of
+        them were answered by Kafka, or this node has not read up to where Kafka acknowledged
+        them. Once they are all read, the messages held meanwhile are delivered, in order."""
+        mark, need = self.spill  # type: ignore[misc]
+        if need is None:
+            producer = self.producer
+            if producer.answered < mark:
+                return True
+            messages = self.topics.messages
+            need = {p: off for (t, p), off in list(producer.acked_upto.items()) if t == messages}
+            self.spill = (mark, need)
+        upto = self.routed_upto
+        if not all(upto.get(p, 0) >= off for p, off in need.items()):
+            return True
+        self.spill = None
+        deferred, self.deferred = self.deferred, None
+        for e in deferred or ():
+            e.deferred = False
+            self._deliver_here(e)
+        return False
+
+    def _own(self, rec: Scanned, p: int, i: int) -> bool:
+        """Whether record i is one this node delivered here as it accepted it (_deliver_here):
+        the same bytes as it wrote. Its stored copies learn their place in the log; the writer's
+        last message id moves past it (a copy of it read later is a replay: _fresh)."""
+        key = rec.tail(i, MAC_BYTES)
+        e = self.local.get(key)
+        if e is None or rec.body(i) != e.body:
+            return False
+        del self.local[key]
+        pos = (p, rec.offsets[i])
+        e.msg.store_id = pos
+        for h in e.handles:
+            if h.pos is None:
+                h.pos = pos
+        last_key = (self.topics.messages, p, e.writer)
+        if e.n > self.last_ids.get(last_key, 0):
+            self.last_ids[last_key] = e.n
+        return True
+
+    def _held_for(self, cid: str, subs: list) -> list:
+        """(message, qos, retain, sub_ids, _Local) of the messages accepted here whose records are
+        not read back yet, for a session rebuilt here now: it was elsewhere when they were
+        delivered here, and their records will be skipped (_own), past its rebuild's scan."""
+        out, now = [], self.broker.clock()
+        for e in self.local.values():
+            if e.deferred:
+                continue  # delivered here later, to this session too
+            got = _match(subs, e.msg, e.sender, cid, -1, 0)
+            if got is not None and (e.msg.expires_at is None or e.msg.expires_at > now):
+                out.append((e.msg, *got, e))
+        return out
+
+    def _forget_local(self, now: float) -> None:
+        """Drop the held messages whose records never came back (LOCAL_KEEP)."""
+        local = self.local
+        while local:
+            key = next(iter(local))
+            if now - local[key].at < LOCAL_KEEP:
+                return
+            del local[key]
 
     def barrier(self) -> Pending | None:
         """What the acks of this read wait for: every record written so far, the session
@@ -584,13 +739,16 @@ class ClusterNode(Hook):
             if starting:
                 n = self._route_starting(rec, p, starting, clock_now, wall_now) \
                     if self._since(topic, rec, start) else 0
-            elif not anyone:
+            elif not anyone and not self.local:
                 n = 0  # nobody here to deliver to: not even the keys are read
             else:
                 deliver = broker.deliver
                 subscribers_of = broker.subscribers_of  # cached per topic
+                own = self._own if self.local else None
                 n = 0
                 for i in rec.indexes() if self._since(topic, rec, start) else ():
+                    if own is not None and own(rec, p, i):
+                        continue  # delivered here as it was accepted
                     topic_name = rec.topic(i)
                     if topic_name is None or not subscribers_of(topic_name):
                         continue  # no subscriber here: not decoded (shared groups: their streams)
@@ -606,6 +764,8 @@ class ClusterNode(Hook):
             self.counters["read"] += len(rec) if rec.scanned else rec.end - start
         if self.waiting_subs:
             self._start_waiting_subs()
+        if self.deferred is not None:
+            self._spilling()  # delivers the held messages once the spilled ones are read
 
     def _since(self, topic: str, rec: Scanned, start: int) -> bool:
         """rec.since(start); False, counted, when its batches are not what they say they are
@@ -660,7 +820,12 @@ class ClusterNode(Hook):
         window = self.window
         if again:
             # a copy its writer wrote again after Kafka lost its data (cluster/keep.py): new here
-            # unless it was read before the loss or, in the new log, before its copies
+            # unless it was read before the loss or, in the new log, before its copies, or it
+            # was delivered here as this node accepted it
+            if self.here_lost and (writer, int(n)) in self.here_lost:
+                self.here_lost.discard((writer, int(n)))
+                self.counters["resent_skipped"] += 1
+                return False
             if window is None:  # (no loss seen here: a copy read first where it is not lost)
                 before, seen = self.last_ids.get(last_key, 0), None
             else:
@@ -709,6 +874,8 @@ class ClusterNode(Hook):
         a batch that crosses its start, whatever the other partitions have reached)."""
         broker, subscribers_of, n = self.broker, self.broker.subscribers_of, 0
         for i in rec.indexes():
+            if self.local and self._own(rec, p, i):
+                continue  # delivered here as it was accepted, to the starting ones too
             topic = rec.topic(i)
             if topic is None:
                 continue
@@ -937,12 +1104,17 @@ class ClusterNode(Hook):
             # the newest records of each partition, not everything since an idle client's
             # last checkpoint (a resend of an older one would be routed again)
             ranges = {p: (max(lo, hi - PUBLISHER_SCAN), hi) for p, (lo, hi) in ranges.items()}
-        if not ranges or not (subs or wrote):
+        # past `stop`: what this node accepted and delivered here before the session came
+        held = self._held_for(cid, subs) if self.local and subs else []
+        if not (subs or wrote) or not ranges and not held:
             claim.token.resolve()
             return
         inflight = {(p, off): (pid, rel) for p, off, pid, rel in ck.get("inflight", ())}
         # below these, what is not in flight was delivered and acknowledged (_checkpoint)
         handed = {int(k): v for k, v in (ck.get("next") or {}).items()}
+        if not ranges:
+            self._rebuilt(claim, s, subs, inflight, handed, wrote, [], None, held)
+            return
         filters = [sub.topic_filter for sub, _ in subs]
 
         def scan() -> None:
@@ -952,7 +1124,7 @@ class ClusterNode(Hook):
             except Exception as exc:  # Kafka unreachable: the CONNECT fails, nothing half-done
                 found, err = [], exc
             self.loop.call_soon_threadsafe(self._rebuilt, claim, s, subs, inflight, handed,
-                                           wrote, found, err)
+                                           wrote, found, err, held)
 
         threading.Thread(target=scan, name=f"cluster-rebuild-{cid}", daemon=True).start()
 
@@ -993,7 +1165,8 @@ class ClusterNode(Hook):
             consumer.close()
 
     def _rebuilt(self, claim: _Claim, s: Session, subs: list[tuple[Subscription, dict[int, int]]], inflight: dict,
-                 handed: dict[int, int], wrote: str | None, found: list, err: Exception | None) -> None:
+                 handed: dict[int, int], wrote: str | None, found: list, err: Exception | None,
+                 here: list | None = None) -> None:
         broker = self.broker
         cid = claim.cid
         if err is not None:
@@ -1039,11 +1212,20 @@ class ClusterNode(Hook):
                 continue  # delivered and acknowledged before the checkpoint: not again as new
             elif qos or s.queue_qos0:
                 queued.append((msg, qos, retain, sub_ids))
+        local = {}  # newer than the scan's: accepted here, their records not read back then
+        for m, q, r, ids, e in here or ():
+            if q or s.queue_qos0:
+                queued.append((m, q, r, ids))
+                local[id(m)] = e
         room = max(0, s.max_queued - len(s.queue))
         if len(queued) > room:  # the oldest are kept, as the newest are dropped when full
             broker.count_dropped("queue_full", len(queued) - room)
             queued = queued[:room]
         entries = [(m, q, r, ids, self.on_message_stored(cid, m, q, r, ids)) for m, q, r, ids in queued]
+        for m, *_, h in entries if local else ():
+            e = local.get(id(m))
+            if e is not None and h.pos is None:
+                e.handles.append(h)  # its place in the log once read back (_own)
         # older than what the live stream queued meanwhile: in front, each counted in the bounds
         broker.restore_queued(cid, entries, front=True)
         self.counters["rebuilt_messages"] += len(entries) + len(s.inflight_out)
@@ -1101,6 +1283,9 @@ class ClusterNode(Hook):
     def on_message_stored(self, client_id: str, msg: Message, qos: int, retain: bool,
                           sub_ids: tuple[int, ...] | None, pid: int | None = None) -> _Handle:
         h = _Handle(client_id, msg.store_id if isinstance(msg.store_id, tuple) else None, pid, qos)
+        placing = self.placing
+        if placing is not None and h.pos is None and msg is placing.msg:
+            placing.handles.append(h)  # its place in the log once read back (_own)
         hs = self.handles.get(client_id)
         if hs is None:
             hs = self.handles[client_id] = set()
@@ -1213,6 +1398,8 @@ class ClusterNode(Hook):
     def on_tick(self) -> None:
         self.shares.tick()
         now = time.monotonic()
+        if self.local:
+            self._forget_local(now)
         for req, claim in list(self.claims.items()):
             if now > claim.deadline:
                 del self.claims[req]

@@ -64,8 +64,9 @@ class Producer:
         self.send_body(topic, encode_body(key, value, headers or []) if value is not None
                        else _tombstone(key, headers or []), ts, tag)
 
-    def send_body(self, topic: str, body: bytes, ts: int, tag: Any) -> None:
-        """send() of a record body already encoded (kafka_client.record.encode_message_body)."""
+    def send_body(self, topic: str, body: bytes, ts: int, tag: Any) -> bytes:
+        """send() of a record body already encoded (kafka_client.record.encode_message_body);
+        returns the body as written (signed: as the log will hold it)."""
         if self.sign is not None:
             body = self.sign(topic, body, ts)
         self.pending.append((topic, ts, body, tag))
@@ -74,6 +75,7 @@ class Producer:
         if not self.kicked:
             self.kicked = True
             self.loop.call_soon(self.kick)
+        return body
 
     def send_first(self, topic: str, items: list[tuple[bytes, int, Any]]) -> None:
         """send_body() of (body, ts, tag) records, in order, before every record appended this

@@ -174,6 +174,11 @@ class Scanned:
         start = self._ks[i] - (1 if -64 <= kl < 64 else len(zz_varint(kl)))
         return self._buf[start:self._limits[i]]
 
+    def tail(self, i: int, n: int) -> bytes:
+        """The last `n` bytes of record i (of a signed record: its signature's MAC)."""
+        end = self._limits[i]
+        return self._buf[max(end - n, self._ks[i]):end]
+
     def topic(self, i: int) -> str | None:
         """The key as text (an MQTT topic), None when null."""
         n = self._kl[i]

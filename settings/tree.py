@@ -392,6 +392,7 @@ class ClusterConfig(Section):
     # oldest are dropped (counted: mqtt_cluster_kept_dropped); 0 bytes: none kept
     keep_bytes: int = key(64 << 20, Int(0))
     keep_seconds: float = key(600.0, Num(1, 86400))
+    max_held: int = key(50000, Int(0))              # delivered at once, not read back yet; beyond: when read
     server_reference: str = ""                      # sent with DISCONNECT 0x9C on SIGTERM
     # the key the nodes sign their records with: the same file on every node ("" =
     # <data_dir>/secrets/cluster.key; made when missing); $MQTT_CLUSTER_KEY overrides it

@@ -27,6 +27,8 @@ class FakeProducer:
         self.sign = sign
         self.pending: list[tuple[str, int, bytes, Any]] = []
         self.backlog = 0
+        self.handed = 0     # records sent, and answered (as cluster/produce.py's Producer)
+        self.answered = 0
         self.acked_upto: dict[tuple[str, int], int] = {}
 
     def send(self, topic: str, key: bytes, value: bytes | None, headers: Any, ts: int, tag: Any) -> None:
@@ -35,11 +37,13 @@ class FakeProducer:
         self.send_body(topic, encode_body(key, value, headers or []) if value is not None
                        else _tombstone(key), ts, tag)
 
-    def send_body(self, topic: str, body: bytes, ts: int, tag: Any) -> None:
+    def send_body(self, topic: str, body: bytes, ts: int, tag: Any) -> bytes:
         if self.sign is not None:  # as cluster/produce.py's Producer: the node's signature
             body = self.sign(topic, body, ts)
         self.pending.append((topic, ts, body, tag))
         self.backlog += 1
+        self.handed += 1
+        return body
 
     def send_first(self, topic: str, items: list) -> None:
         sign = self.sign
@@ -144,6 +148,7 @@ class FakeCluster:
                     p.acked_upto[(topic, 0)] = len(log)
                     wrote = True
                 p.backlog -= len(sent)
+                p.answered += len(sent)
                 n._completed([(tag, None) for *_, tag in sent])
             for n in self.nodes:
                 if n.node not in self.down:

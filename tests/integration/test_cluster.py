@@ -173,6 +173,33 @@ def test_order_per_publisher_and_topic_across_nodes(cluster):
     assert [int(m.payload) for m in got] == list(range(1, 201))
 
 
+def test_a_subscriber_on_the_publishers_node_gets_its_messages_in_order_across_topics(cluster):
+    """MQTT 5 section 4.6: a subscriber on the publisher's node gets its messages in the order
+    published, whatever their topics (whose records are in different partitions of the log),
+    once each; a subscriber on another node gets each once, in order per topic; every PUBACK
+    comes, once Kafka acknowledged its record."""
+    c = cluster(2)
+    base = uniq("xorder")
+    here = connect(c.port("n1"))
+    here.subscribe(base + "/#", qos=1)
+    there = connect(c.port("n2"))
+    there.subscribe(base + "/#", qos=1)
+    time.sleep(0.3)
+    pub = connect(c.port("n1"))
+    topics = [f"{base}/{i % 5}" for i in range(60)]
+    for i, t in enumerate(topics):
+        pub.publish(t, b"%d" % i, qos=1, pid=i + 1)
+    acks = [pub.recv_type(P.PUBACK) for _ in topics]
+    assert sorted(a.packet_id for a in acks) == list(range(1, 61))
+    assert {a.reason_code for a in acks} == {0}
+    assert [int(m.payload) for m in publishes(here, 60)] == list(range(60))
+    got = publishes(there, 60)
+    for t in set(topics):
+        assert [int(m.payload) for m in got if m.topic == t] == \
+            [i for i, x in enumerate(topics) if x == t]
+    assert here.nothing(0.5) and there.nothing(0.1)
+
+
 def test_no_local_applies_to_the_publishers_client_id_on_every_node(cluster):
     """[MQTT-3.8.3-3]: not sent back to the client that published it, on whatever node its
     session is; other subscribers get it."""

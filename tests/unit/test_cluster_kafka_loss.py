@@ -546,3 +546,35 @@ def test_a_loss_seen_twice_by_a_reader_does_not_make_it_skip_copies_it_never_had
     assert delivered(sub) == [b"m4", b"m5", b"m6", b"m7"]
     cluster.pump()
     assert delivered(sub) == []
+
+
+@pytest.mark.parametrize("qos", [1, 2])
+def test_a_message_delivered_on_its_accepting_node_is_not_delivered_there_again_from_its_copy(
+        cluster, qos):
+    """[MQTT-4.3.3-3] exactly once for QoS 2 (and no duplicate at QoS 1) across the loss: a
+    subscriber on the publisher's node got the message as it was accepted, before its node read
+    the record back; Kafka then lost it, and the node writes it again: the copy is not delivered
+    again there (the other node, which never read it, gets it from the copy)."""
+    n1, _ = cluster.node("n1")
+    n2, _ = cluster.node("n2")
+    here = ClusterClient(n1)
+    here.connect("here", clean=False, props=EXPIRY, cluster=cluster)
+    there = ClusterClient(n2)
+    there.connect("there", clean=False, props=EXPIRY, cluster=cluster)
+    for c in (here, there):
+        c.send(P.Subscribe(1, [("t/#", P.SubscriptionOptions(qos))]))
+    cluster.pump()
+    pub = ClusterClient(n1)
+    pub.connect("pub", cluster=cluster)
+    read = cluster._read
+    cluster._read = lambda n: None   # written and acknowledged; no node reads it back yet
+    publish_acked(cluster, pub, [b"m0", b"m1"], qos)
+    assert delivered(here) == [b"m0", b"m1"]  # at once, on the accepting node
+    assert delivered(there) == []
+    lose_logs(cluster)
+    cluster._read = read
+    tell_lost(cluster, n1, n2)
+    cluster.pump()
+    assert delivered(here) == []
+    assert delivered(there) == [b"m0", b"m1"]
+    assert n1.counters["resent"] == 2
