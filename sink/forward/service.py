@@ -35,7 +35,6 @@ from .forwarder import (
     SpoolSource,
     ThreadControl,
     encode_setup,
-    forwarder_for,
 )
 from .spool import DirLock, SpoolWriter
 
@@ -243,7 +242,7 @@ class Sink:
         if self._fwd_lock:
             self._fwd_lock.acquire(timeout=15)
         rt = dataclasses.replace(self.runtime(), shards=1)   # one thread sends every topic
-        self._fwd = forwarder_for(c, rt, source, self._ctl, self._apply_status)
+        self._fwd = Forwarder(c, rt, source, self._ctl, self._apply_status)
         self._fwd_thread = threading.Thread(target=self._run_thread_fwd, name="sink-forwarder", daemon=True)
         self._fwd_thread.start()
 
