@@ -22,7 +22,8 @@ from hypothesis import strategies as st
 from kafka_client.produce import NotReady
 from kafka_client.record import decode_body, encode_message
 from sink import progress
-from sink.forward import commit_watch, forwarder as fw
+from sink.forward import commit_watch
+from sink.forward import forwarder as fw
 from sink.forward.forwarder import Checkpoint, MemorySource, Runtime
 from tests.unit.test_forwarder_states import Clock, KafkaTimeoutError, NoRealClock, make
 

@@ -5,7 +5,8 @@ import pytest
 
 from kafka_client.record import decode_body, encode_message
 from settings import SinkConfig
-from sink.forward import commit_watch, forwarder as fw
+from sink.forward import commit_watch
+from sink.forward import forwarder as fw
 from sink.forward.forwarder import Forwarder, MemorySource, Runtime, State, ThreadControl
 
 T0 = 1_800_000_000.0          # wall clock of the fake clock at monotonic 0
