@@ -28,14 +28,8 @@ from mqtt_topics import matches as topic_matches  # one topic-filter matcher for
 from settings import HistoryConfig, SinkConfig
 
 from .. import progress
-from .forwarder import (
-    Forwarder,
-    MemorySource,
-    Runtime,
-    SpoolSource,
-    ThreadControl,
-    encode_setup,
-)
+from .forwarder import Forwarder, Runtime, ThreadControl, encode_setup
+from .sources import MemorySource, SpoolSource
 from .spool import DirLock, SpoolWriter
 
 if TYPE_CHECKING:

@@ -22,9 +22,10 @@ from hypothesis import strategies as st
 from kafka_client.produce import NotReady
 from kafka_client.record import decode_body, encode_message
 from sink import progress
-from sink.forward import commit_watch
+from sink.forward import commit_watch, sources
 from sink.forward import forwarder as fw
-from sink.forward.forwarder import Checkpoint, MemorySource, Runtime
+from sink.forward.forwarder import Runtime
+from sink.forward.sources import Checkpoint, MemorySource
 from tests.unit.test_forwarder_states import Clock, KafkaTimeoutError, NoRealClock, make
 
 TOPIC = "mqtt.messages"
@@ -264,7 +265,7 @@ class Rig:
 @pytest.fixture
 def clock(monkeypatch):
     c = Clock()
-    for module in (fw, commit_watch):
+    for module in (fw, commit_watch, sources):
         monkeypatch.setattr(module, "time", NoRealClock())
     monkeypatch.setattr(fw, "BatchSender", Producer)
     return c

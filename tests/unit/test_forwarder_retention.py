@@ -6,7 +6,8 @@ from hypothesis import strategies as st
 from settings import SinkConfig
 from sink import progress
 from sink.forward.commit_watch import AckedChunk, CommitWatcher
-from sink.forward.forwarder import Forwarder, MemorySource, Runtime, ThreadControl
+from sink.forward.forwarder import Forwarder, Runtime, ThreadControl
+from sink.forward.sources import MemorySource
 
 
 def fwd(tmp_path):

@@ -5,9 +5,10 @@ import pytest
 
 from kafka_client.record import decode_body, encode_message
 from settings import SinkConfig
-from sink.forward import commit_watch
+from sink.forward import commit_watch, sources
 from sink.forward import forwarder as fw
-from sink.forward.forwarder import Forwarder, MemorySource, Runtime, State, ThreadControl
+from sink.forward.forwarder import Forwarder, Runtime, State, ThreadControl
+from sink.forward.sources import MemorySource
 
 T0 = 1_800_000_000.0          # wall clock of the fake clock at monotonic 0
 
@@ -123,7 +124,7 @@ class NoRealClock:
 @pytest.fixture
 def clock(monkeypatch):
     c = Clock()
-    for module in (fw, commit_watch):
+    for module in (fw, commit_watch, sources):
         monkeypatch.setattr(module, "time", NoRealClock())
     monkeypatch.setattr(fw, "BatchSender", FakeKafka)
     FakeKafka.attempts = FakeKafka.refuse_connect = 0
