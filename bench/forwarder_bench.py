@@ -65,7 +65,7 @@ def entries(n: int, payload: int, topics: int, start: int = 0):
 # produce.BatchSender replaced by a stub acknowledging each request at once; the RecordBatches are
 # still built (kafka_client.record.build_batch), as the real sender does.
 STUB = r"""
-import json, sys, time
+import inspect, json, sys, time
 from sink.forward import forwarder as fw
 from kafka_client.record import body_key, build_batch
 spool, n = sys.argv[1], int(sys.argv[2])
@@ -103,7 +103,13 @@ def publish(st):
     if st["forwarded"] >= n and "t1" not in t:
         t["t1"], t["w1"], t["n1"] = time.process_time(), time.monotonic(), st["forwarded"]
         ctl.command("stop")
-f = fw.Forwarder(fw.SpoolSource(spool, 1 << 30), ctl, publish, "stub:0", status_interval=0.02)
+source = fw.SpoolSource(spool, 1 << 30)
+if hasattr(fw, "Runtime") and "rt" in inspect.signature(fw.Forwarder).parameters:
+    from settings import SinkConfig   # the [sink] defaults, as the process gets them
+    f = fw.Forwarder(SinkConfig(), fw.Runtime(spool_dir=spool, data_dir="", bootstrap="stub:0"), source, ctl,
+                     publish, status_interval=0.02)
+else:                                 # a checkout from before the Forwarder took its [sink] section
+    f = fw.Forwarder(source, ctl, publish, "stub:0", status_interval=0.02)
 f.run()
 print(json.dumps({"us_per_msg": (t["t1"] - t["t0"]) / (t["n1"] - t["n0"]) * 1e6,
                   "rate": (t["n1"] - t["n0"]) / (t["w1"] - t["w0"])}))

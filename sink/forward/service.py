@@ -28,15 +28,8 @@ from mqtt_topics import matches as topic_matches  # one topic-filter matcher for
 from settings import HistoryConfig, SinkConfig
 
 from .. import progress
-from .forwarder import (
-    Forwarder,
-    MemorySource,
-    Runtime,
-    SpoolSource,
-    ThreadControl,
-    encode_setup,
-    forwarder_for,
-)
+from .forwarder import Forwarder, Runtime, ThreadControl, encode_setup
+from .sources import MemorySource, SpoolSource
 from .spool import DirLock, SpoolWriter
 
 if TYPE_CHECKING:
@@ -243,7 +236,7 @@ class Sink:
         if self._fwd_lock:
             self._fwd_lock.acquire(timeout=15)
         rt = dataclasses.replace(self.runtime(), shards=1)   # one thread sends every topic
-        self._fwd = forwarder_for(c, rt, source, self._ctl, self._apply_status)
+        self._fwd = Forwarder(c, rt, source, self._ctl, self._apply_status)
         self._fwd_thread = threading.Thread(target=self._run_thread_fwd, name="sink-forwarder", daemon=True)
         self._fwd_thread.start()
 

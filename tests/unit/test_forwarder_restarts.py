@@ -22,9 +22,11 @@ from hypothesis import strategies as st
 from kafka_client.produce import NotReady
 from kafka_client.record import decode_body, encode_message
 from sink import progress
+from sink.forward import commit_watch, sources
 from sink.forward import forwarder as fw
-from sink.forward.forwarder import Checkpoint, Forwarder, MemorySource, ThreadControl
-from tests.unit.test_forwarder_states import Clock, KafkaTimeoutError
+from sink.forward.forwarder import Runtime
+from sink.forward.sources import Checkpoint, MemorySource
+from tests.unit.test_forwarder_states import Clock, KafkaTimeoutError, NoRealClock, make
 
 TOPIC = "mqtt.messages"
 
@@ -165,8 +167,8 @@ class Producer:
 class Disk(MemorySource):
     """The spool and the forwarder's checkpoint.json: both survive a forwarder restart."""
 
-    def __init__(self):
-        super().__init__(1 << 30)
+    def __init__(self, clock: Clock):
+        super().__init__(1 << 30, clock=clock.time)
         self.saved = "{}"
 
     def load(self) -> Checkpoint:
@@ -193,16 +195,19 @@ class Rig:
         self.clock = clock
         tmp = tempfile.mkdtemp(dir=tmp_path)   # hypothesis runs many examples in one tmp_path
         self.world = Producer.world = World(clock, os.path.join(tmp, progress.FILE_NAME))
-        self.disk = Disk()
+        self.disk = Disk(clock)
         self.added = 0
         self.f = None
         self.start_forwarder()
 
-    def start_forwarder(self) -> None:
-        """A (re)started forwarder process: loads the checkpoint (run() until its first turn)."""
-        f = Forwarder(self.disk, ThreadControl(), lambda st: None, "127.0.0.1:1", keep_until="history",
-                      committed_file=self.world.committed, chunk_records=3, linger_ms=0,
-                      replay_window_seconds=0)
+    def start_forwarder(self, history_stale_seconds: float = 120.0, **rt) -> None:
+        """A (re)started forwarder process: loads the checkpoint (run() until its first turn).
+        rt: fields of its Runtime."""
+        rt.setdefault("data_dir", "")
+        f = make(self.clock, self.disk, Runtime(spool_dir="", bootstrap="127.0.0.1:1",
+                                                committed_file=self.world.committed, **rt),
+                 chunk=3, keep_until="history", replay_window_seconds=0,
+                 history_stale_seconds=history_stale_seconds)
         f.control.command("stop")
         f.run()
         self.f, self.last_ckpt, self.last_house = f, -1.0, -1.0
@@ -221,13 +226,10 @@ class Rig:
         f.step(now)
         if now - self.last_ckpt >= 0.5:
             self.last_ckpt = now
-            f._advance_committed()
-            f.source.commit(f.acked_pos, f.acked_seq, f.kafka_state(), f._resume_pos(),
-                            committed=f._committed_ckpt())
+            f.checkpoint()
         if now - self.last_house >= 1.0:
             self.last_house = now
-            f.source.housekeeping(f.acked_pos, f.acked_seq, f.window_s, f.window_n,
-                                  keep_from=f.retained().pos)
+            f.housekeeping()
 
     def run(self, seconds: float, job_every: float = 1.0) -> None:
         next_job = self.clock.monotonic() + job_every
@@ -240,8 +242,8 @@ class Rig:
 
     def drained(self) -> bool:
         f = self.f
-        return (not f.pending and not f.inflight and f.acked_seq == self.added
-                and f.committed_seq == self.added and f.retained().seq == self.added)
+        return (not f.commits.pending and not f.inflight and f.acked_seq == self.added
+                and f.commits.committed_seq == self.added and f.retained().seq == self.added)
 
     def settle(self, limit: float = 120.0) -> None:
         """Kafka up, nothing killed: within `limit` fake seconds the spool must drain."""
@@ -254,16 +256,17 @@ class Rig:
         f = self.f
         missing = set(range(self.added)) - self.world.table
         assert not missing, f"{len(missing)} records never reached the table: {sorted(missing)[:10]}"
-        assert self.drained(), (f"the spool does not drain: committed seq {f.committed_seq} of "
-                                f"{self.added}, pending {[(c.next_seq, c.topic_ids) for c in f.pending]}, "
-                                f"topic ids {f.topic_ids}, Kafka {self.world.tid()}, state {f.state}")
+        assert self.drained(), (f"the spool does not drain: committed seq {f.commits.committed_seq} of "
+                                f"{self.added}, pending {[(c.next_seq, c.topic_ids) for c in f.commits.pending]}, "
+                                f"topic ids {f.loss.topic_ids}, Kafka {self.world.tid()}, state {f.state}")
         assert not self.disk._items                 # housekeeping deleted every committed record
 
 
 @pytest.fixture
 def clock(monkeypatch):
     c = Clock()
-    monkeypatch.setattr(fw, "time", c)
+    for module in (fw, commit_watch, sources):
+        monkeypatch.setattr(module, "time", NoRealClock())
     monkeypatch.setattr(fw, "BatchSender", Producer)
     return c
 
@@ -339,13 +342,10 @@ def test_a_head_chunk_saved_without_topic_id_is_sent_again_not_kept_for_ever(clo
 
 # ---- saying what keeps records in the spool ----------------------------------------------------
 
-def watched(clock, tmp_path, **kw) -> Rig:
+def watched(clock, tmp_path, **rt) -> Rig:
+    """A rig whose forwarder has history_stale_seconds = 60; rt: fields of its Runtime."""
     rig = Rig(clock, tmp_path)
-    f = rig.f = Forwarder(rig.disk, ThreadControl(), lambda st: None, "127.0.0.1:1", keep_until="history",
-                          committed_file=rig.world.committed, chunk_records=3, linger_ms=0,
-                          stale_after=60, **kw)
-    f.control.command("stop")
-    f.run()
+    rig.start_forwarder(history_stale_seconds=60, **rt)
     rig.add(9)
     return rig
 
@@ -422,7 +422,7 @@ def test_an_unsigned_or_foreign_committed_file_releases_nothing(clock, tmp_path)
     rig.world.job_commits()                      # the fake job does not sign
     rig.run(2.0, job_every=1000)
     st = rig.f.status()
-    assert st["commit_status"] == "unsigned" and rig.f.committed_seq == 0
+    assert st["commit_status"] == "unsigned" and rig.f.commits.committed_seq == 0
     from settings import secrets
     for key, status in ((b"o" * 32, "bad_signature"), (b"k" * 32, "ok")):
         progress.write_committed(rig.world.committed, 99, {TOPIC: {"topic_id": rig.world.tid(),
@@ -431,7 +431,7 @@ def test_an_unsigned_or_foreign_committed_file_releases_nothing(clock, tmp_path)
         os.utime(rig.world.committed, ns=(len(status) * 10**9,) * 2)
         rig.run(1.0, job_every=1000)
         assert rig.f.status()["commit_status"] == status
-    assert rig.f.committed_seq == 9
+    assert rig.f.commits.committed_seq == 9
 
 
 def test_a_job_writing_another_table_is_named(clock, tmp_path):
@@ -440,7 +440,7 @@ def test_a_job_writing_another_table_is_named(clock, tmp_path):
     job_file = tmp_path / progress.JOB_FILE
     job_file.write_text(json.dumps({"pid": os.getpid(), "table": "/elsewhere/history",
                                     "committed_file": "/elsewhere/history_checkpoint/x.json"}))
-    rig = watched(clock, tmp_path, job_file=str(job_file))
+    rig = watched(clock, tmp_path, data_dir=str(tmp_path))
     rig.run(2.0, job_every=1000)
     st = rig.f.status()
     assert st["commit_status"] == "other_table"
@@ -452,7 +452,7 @@ def test_a_job_that_is_starting_is_given_time_to_commit(clock, tmp_path, caplog)
     """No committed file yet, but a job runs and will write it (it announced itself): a normal
     start, nothing to warn about until stale_after seconds pass without a commit."""
     job_file = tmp_path / progress.JOB_FILE
-    rig = watched(clock, tmp_path, job_file=str(job_file))
+    rig = watched(clock, tmp_path, data_dir=str(tmp_path))
     job_file.write_text(json.dumps({"pid": os.getpid(), "table": "/t",
                                     "committed_file": rig.world.committed}))
     rig.run(30, job_every=1000)

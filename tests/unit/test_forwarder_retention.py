@@ -3,20 +3,24 @@
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from settings import SinkConfig
 from sink import progress
-from sink.forward.forwarder import AckedChunk, Forwarder, MemorySource, ThreadControl
+from sink.forward.commit_watch import AckedChunk, CommitWatcher
+from sink.forward.forwarder import Forwarder, Runtime, ThreadControl
+from sink.forward.sources import MemorySource
 
 
 def fwd(tmp_path):
-    f = Forwarder(MemorySource(1 << 20), ThreadControl(), lambda st: None, "127.0.0.1:1",
-                  keep_until="history", committed_file=str(tmp_path / "c.json"))
+    f = Forwarder(SinkConfig(keep_until="history"),
+                  Runtime(spool_dir="", data_dir="", bootstrap="127.0.0.1:1", committed_file=str(tmp_path / "c.json")),
+                  MemorySource(1 << 20), ThreadControl(), lambda st: None)
     f.acked_pos, f.acked_seq = 300, 30
     f.source.end_pos = 300
     f.source._read_seq = 0
     # three acknowledged chunks: spool end position, next seq, {(topic, partition): next offset}, ids
-    f.pending.extend([AckedChunk(100, 10, {("m", 0): 10}, {"m": "A"}),
-                      AckedChunk(200, 20, {("m", 0): 15, ("m", 1): 5}, {"m": "A"}),
-                      AckedChunk(300, 30, {("m", 1): 15}, {"m": "A"})])
+    f.commits.pending.extend([AckedChunk(100, 10, {("m", 0): 10}, {"m": "A"}),
+                              AckedChunk(200, 20, {("m", 0): 15, ("m", 1): 5}, {"m": "A"}),
+                              AckedChunk(300, 30, {("m", 1): 15}, {"m": "A"})])
     return f
 
 
@@ -27,16 +31,16 @@ def commit(tmp_path, offsets, tid="A"):
 def test_committed_position_follows_the_table(tmp_path):
     f = fwd(tmp_path)
     f._advance_committed()
-    assert (f.committed_pos, f.committed_seq) == (0, 0)        # no file yet: nothing committed
+    assert (f.commits.committed_pos, f.commits.committed_seq) == (0, 0)        # no file yet: nothing committed
     commit(tmp_path, {0: 15, 1: 4})
     f._advance_committed()
-    assert (f.committed_pos, f.committed_seq) == (100, 10)     # chunk 2 needs partition 1 up to 5
+    assert (f.commits.committed_pos, f.commits.committed_seq) == (100, 10)     # chunk 2 needs partition 1 up to 5
     commit(tmp_path, {0: 15, 1: 5}, tid="B")                   # another topic incarnation: not ours
     f._advance_committed()
-    assert f.committed_pos == 100
+    assert f.commits.committed_pos == 100
     commit(tmp_path, {0: 15, 1: 15})
     f._advance_committed()
-    assert (f.committed_pos, f.committed_seq) == (300, 30) and not f.pending
+    assert (f.commits.committed_pos, f.commits.committed_seq) == (300, 30) and not f.commits.pending
     assert f.retained() == (300, 30)
 
 
@@ -47,11 +51,11 @@ def test_committed_position_follows_the_table(tmp_path):
 def test_merging_the_pending_list_is_conservative(chunks, limit):
     """However the list is shortened (checkpoint size), a merged entry is committed only when
     every chunk in it is."""
-    f = Forwarder(MemorySource(1 << 20), ThreadControl(), lambda st: None, "127.0.0.1:1", keep_until="history")
+    f = CommitWatcher(None)
     for i, d in enumerate(chunks):
-        f.pending.append(AckedChunk((i + 1) * 10, i + 1, dict(d), {"a": "X", "b": "X"}))
+        f.acked(AckedChunk((i + 1) * 10, i + 1, dict(d), {"a": "X", "b": "X"}))
     orig = list(f.pending)
-    f._merge_pending(limit)
+    f.merge_pending(limit)
     assert len(f.pending) <= max(limit, 1)
     assert (f.pending[-1].end, f.pending[-1].next_seq) == (orig[-1].end, orig[-1].next_seq)
     # each merged entry covers the chunks up to its end, with offsets at least theirs

@@ -4,8 +4,11 @@ Kafka that is not there yet."""
 import pytest
 
 from kafka_client.record import decode_body, encode_message
+from settings import SinkConfig
+from sink.forward import commit_watch, sources
 from sink.forward import forwarder as fw
-from sink.forward.forwarder import Forwarder, MemorySource, State, ThreadControl
+from sink.forward.forwarder import Forwarder, Runtime, State, ThreadControl
+from sink.forward.sources import MemorySource
 
 T0 = 1_800_000_000.0          # wall clock of the fake clock at monotonic 0
 
@@ -104,18 +107,41 @@ class FakeKafka:
         pass
 
 
+class NoRealClock:
+    """Stands in for the time module of the forwarder's modules: every time is read from the
+    clocks the Forwarder is given, never from the real one."""
+
+    def monotonic(self):
+        raise AssertionError("the forwarder read the real clock (time.monotonic)")
+
+    def time(self):
+        raise AssertionError("the forwarder read the real clock (time.time)")
+
+    def sleep(self, s):
+        pass
+
+
 @pytest.fixture
 def clock(monkeypatch):
     c = Clock()
-    monkeypatch.setattr(fw, "time", c)
+    for module in (fw, commit_watch, sources):
+        monkeypatch.setattr(module, "time", NoRealClock())
     monkeypatch.setattr(fw, "BatchSender", FakeKafka)
     FakeKafka.attempts = FakeKafka.refuse_connect = 0
     return c
 
 
-def forwarder(clock, n, chunk=4, **kw):
-    src = MemorySource(1 << 20)
-    f = Forwarder(src, ThreadControl(), lambda st: None, "127.0.0.1:1", chunk_records=chunk, linger_ms=0, **kw)
+def make(clock, source, rt=None, chunk=2000, **sink):
+    """A Forwarder on the fake clock: sink sets keys of its [sink] section (linger_ms 0 unless
+    given in kafka), rt its Runtime."""
+    sink.setdefault("kafka", {"linger_ms": 0})
+    return Forwarder(SinkConfig(**sink), rt or Runtime(spool_dir="", data_dir="", bootstrap="127.0.0.1:1"),
+                     source, ThreadControl(), lambda st: None, clock=clock.monotonic, wall_clock=clock.time,
+                     chunk_records=chunk)
+
+
+def forwarder(clock, n, chunk=4, **sink):
+    f = make(clock, MemorySource(1 << 20, clock=clock.time), chunk=chunk, **sink)
     add(f, clock, 0, n)
     return f
 
@@ -188,7 +214,7 @@ def test_kafka_losing_data_probes_metadata_then_replays_the_window(clock):
     k.ack(0)
     k.ack(1)
     steps(f, clock)
-    assert f.acked_seq == 6 and f.offsets == {"mqtt.messages/0": 5}
+    assert f.acked_seq == 6 and f.loss.offsets == {"mqtt.messages/0": 5}
     add(f, clock, 6, 4)
     steps(f, clock, 2)                      # 6-8 and 9 in flight
     k.ack(2, base=0)                        # the offset went back: Kafka restarted empty
@@ -204,7 +230,7 @@ def test_kafka_losing_data_probes_metadata_then_replays_the_window(clock):
     k.cluster._last_successful_refresh_ms = clock.monotonic() * 1000 + 10
     clock.advance(0.05)
     steps(f, clock)
-    assert f.state is State.FORWARDING and f.replays == 1 and f.offsets == {}
+    assert f.state is State.FORWARDING and f.replays == 1 and f.loss.offsets == {}
     steps(f, clock, 4)
     assert [fut.values() for fut in k.sent[4:]] == [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9]]
     assert f.replayed == 10 and f.acked_seq == 10
@@ -266,27 +292,24 @@ def test_history_mode_replays_from_the_committed_position_not_the_window(clock):
     k.ack(0)
     k.ack(1)
     steps(f, clock)
-    assert [(c.end, c.next_seq) for c in f.pending] == [(f.pending[0].end, 3), (f.acked_pos, 6)]
-    f.committed_pos, f.committed_seq = f.pending[0].end, 3      # the table has the first chunk
-    f.pending.popleft()
+    commits = f.commits
+    assert [(c.end, c.next_seq) for c in commits.pending] == [(commits.pending[0].end, 3), (f.acked_pos, 6)]
+    commits.committed_pos, commits.committed_seq = commits.pending[0].end, 3   # the table has the first chunk
+    commits.pending.popleft()
     f._lost("test")
     steps(f, clock)                         # -> PROBING
     k.cluster._last_successful_refresh_ms = clock.monotonic() * 1000 + 10
     steps(f, clock)
-    assert f.state is State.FORWARDING and not f.pending
+    assert f.state is State.FORWARDING and not commits.pending
     steps(f, clock, 2)
     assert k.sent[-1].values() == [3, 4, 5] and len(k.sent) == 3
     k.ack(2)
     steps(f, clock)
-    assert [(c.end, c.next_seq) for c in f.pending] == [(f.acked_pos, 6)]   # awaits the table again
+    assert [(c.end, c.next_seq) for c in commits.pending] == [(f.acked_pos, 6)]   # awaits the table again
 
 
 def test_linger_comes_from_sink_kafka_linger_ms(clock):
-    """[sink.kafka] linger_ms sets how long records gather into one request (default 20 ms);
-    an explicit linger_ms argument (tests) wins."""
+    """[sink.kafka] linger_ms sets how long records gather into one request (default 20 ms)."""
     src = MemorySource(1 << 20)
-    assert Forwarder(src, ThreadControl(), lambda st: None, "127.0.0.1:1").linger == 0.020
-    assert Forwarder(src, ThreadControl(), lambda st: None, "127.0.0.1:1",
-                     kafka_opts={"linger_ms": 50}).linger == 0.050
-    assert Forwarder(src, ThreadControl(), lambda st: None, "127.0.0.1:1",
-                     kafka_opts={"linger_ms": 50}, linger_ms=0).linger == 0
+    assert make(clock, src, kafka={}).linger == 0.020
+    assert make(clock, src, kafka={"linger_ms": 50}).linger == 0.050

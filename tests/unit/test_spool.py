@@ -7,7 +7,7 @@ import time
 import pytest
 
 from kafka_client.record import SinkRecord, decode_entry, encode_entry
-from sink.forward.forwarder import SpoolSource
+from sink.forward.sources import SpoolSource
 from sink.forward.spool import (
     SpoolReader,
     SpoolWriter,
