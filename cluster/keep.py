@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 from kafka_client.record import read_zz_varint, vlen
 
-log = logging.getLogger("cluster")
+log = logging.getLogger(__name__)
 
 H_AGAIN = "mqtt.again"      # on a record written again after Kafka lost its data
 _AGAIN = vlen(len(H_AGAIN)) + H_AGAIN.encode() + vlen(1) + b"1"

@@ -19,7 +19,7 @@ from typing import Any, Callable
 from .. import progress
 from .spool import SpoolPosition
 
-log = logging.getLogger("sink.forward.forwarder")   # the forwarder's log, as before the split
+log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)

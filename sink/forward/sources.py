@@ -24,7 +24,7 @@ from .spool import (
     write_checkpoint,
 )
 
-log = logging.getLogger("sink.forward.forwarder")   # the forwarder's log, as before the split
+log = logging.getLogger(__name__)
 
 
 class Checkpoint(NamedTuple):

@@ -255,7 +255,7 @@ def running_job(data_dir: str | None) -> dict | None:
 
 def job_committed(job: dict) -> bool:
     """Whether the running job has committed a micro-batch (its commits file exists)."""
-    path = job.get("committed_file")
+    path = job["committed_file"] if "committed_file" in job else None  # (a status record's field)
     return not path or os.path.exists(path)
 
 

@@ -351,7 +351,7 @@ def watched(clock, tmp_path, **rt) -> Rig:
 
 
 def test_a_missing_committed_file_is_said_at_once(clock, tmp_path, caplog):
-    caplog.set_level(logging.INFO, "sink.forward.forwarder")
+    caplog.set_level(logging.INFO, "sink.forward")
     rig = watched(clock, tmp_path)
     rig.run(2.0, job_every=1000)                 # acknowledged by Kafka; the job never wrote
     st = rig.f.status()
@@ -469,7 +469,7 @@ def test_an_embedded_kafka_restart_is_one_info_line_another_kafka_losing_data_a_
         clock, tmp_path, caplog, embedded):
     """The embedded Kafka keeps nothing across a restart by design: the re-sending is routine
     and said in one INFO line; a Kafka of one's own that loses a topic is a WARNING."""
-    caplog.set_level(logging.INFO, "sink.forward.forwarder")
+    caplog.set_level(logging.INFO, "sink.forward")
     rig = watched(clock, tmp_path, embedded=embedded)
     rig.run(2.0, job_every=1000)
     rig.world.restart_kafka()
