@@ -438,7 +438,7 @@ class SessionStore(Hook):
 
 
 def connected(server, cid, props=None):
-    proto = MQTTProtocol(server, ListenerConfig())
+    proto = MQTTProtocol(server.state, ListenerConfig())
     t = FakeTransport()
     proto.connection_made(t)
     proto.data_received(encode(P.Connect(cid, 5, properties=props), 5))
@@ -453,7 +453,7 @@ async def test_a_persistent_sessions_new_qos2_publish_leaves_once_its_packet_id_
     then resends it with that id, never as a new message); output after it keeps its order."""
     store = SessionStore()
     server = Server(Config(), hooks=[store])
-    server.loop = asyncio.get_running_loop()
+    server.loop = server.state.loop = asyncio.get_running_loop()
     sub, st = connected(server, "sub", {PR.SESSION_EXPIRY_INTERVAL: 300})
     sub.data_received(encode(P.Subscribe(1, [("t", P.SubscriptionOptions(2))]), 5))
     for tok in store.tokens:
