@@ -41,6 +41,7 @@ from kafka_client.recordscan import Scanned
 from mqtt_topics import matches
 
 from . import control as C
+from . import handover
 from . import records as R
 from .keep import BATCH, BODY, FAILED, H_AGAIN, MARK, TS, Entry, Keep, with_again
 from .link import FetchReader, Topics, ensure_topics, make_consumer
@@ -599,8 +600,8 @@ class ClusterNode(Hook):
                  wall_now: float) -> tuple[Message, str] | None:
         """_verified() then _decode() of record i."""
         r = self._verified(topic, rec, i)
-        if r is None or not self._fresh(topic, p, r[0], r[3]):
-            return None
+        if r is None or not self._fresh(topic, p, r[0], r[3]) or handover.to_one(r[3]):
+            return None  # (addressed to one session: only its rebuild takes it, cluster/handover.py)
         return self._decode(topic, r[0], r[1], r[2], r[3], r[4], clock_now, wall_now)
 
     def _fresh(self, topic: str, p: int, off: int, headers: list) -> bool:
@@ -801,7 +802,8 @@ class ClusterNode(Hook):
         self.progress.discard(ev.cid)
         if s is not None and ev.final and epoch == ev.epoch:
             rec = self._state_record(s, ev.epoch, final=True, connected=False)
-            self._write_control(f"c:{ev.cid}", rec)
+            if not handover.give(self, s, rec):  # (what the log no longer has goes with it)
+                self._write_control(f"c:{ev.cid}", rec)
         self.handles.pop(ev.cid, None)
         for k in [k for k in self.since if k[0] == ev.cid]:
             del self.since[k]
@@ -892,16 +894,18 @@ class ClusterNode(Hook):
         self.counters["rebuilt_sessions"] += 1
         start = {int(k): v for k, v in (ck.get("pos") or {}).items()}
         stop = dict(self.routed_upto)  # from here on the live stream delivers to it
-        ranges = {p: (start.get(p, stop[p]), stop[p]) for p in stop if start.get(p, stop[p]) < stop[p]}
-        if not ranges or not subs:
+        carried = handover.upto(ck)  # and the records its last node handed over, to their end
+        end = {p: max(o, carried.get(p, 0)) for p, o in stop.items()}
+        ranges = {p: (start.get(p, stop[p]), end[p]) for p in stop if start.get(p, stop[p]) < end[p]}
+        if not ranges or not (subs or carried):
             claim.token.resolve()
             return
         inflight = {(p, off): (pid, rel) for p, off, pid, rel in ck.get("inflight", ())}
-        filters = [sub.topic_filter for sub, _ in subs]
+        filters = [sub.topic_filter for sub, _ in subs] + (["#"] if carried else [])
 
         def scan() -> None:
             try:
-                found = self._scan(ranges, filters)
+                found = handover.arrange(self._scan(ranges, filters), cid, ck, stop)
                 err = None
             except Exception as exc:  # Kafka unreachable: the CONNECT fails, nothing half-done
                 found, err = [], exc
@@ -957,6 +961,7 @@ class ClusterNode(Hook):
         clock_now, wall_now = broker.clock(), self.wall()
         queued = []
         messages = self.topics.messages
+        hid = ((claim.client.session or {}).get("carried") or {}).get("h")
         for p, off, key, value, headers, ts in found:
             why = self.trust.check_fields(messages, key, value, headers, ts)
             if why is not None:
@@ -967,13 +972,17 @@ class ClusterNode(Hook):
                 continue
             msg, sender = decoded
             msg.store_id = (p, off)  # (partition, offset), as in _apply
-            got = _match(subs, msg, sender, cid, p, off)
+            to = handover.addressed(headers)  # (handed over by its last node: as it was carried)
+            if to is None:
+                got = _match(subs, msg, sender, cid, p, off)
+                held = inflight.get((p, off))
+            else:
+                got, held = handover.carried(to, hid, inflight.get((p, off)))
             if got is None:
                 continue
             qos, retain, sub_ids = got
             if msg.expires_at is not None and msg.expires_at <= clock_now:
                 continue  # [MQTT-3.3.2-5]
-            held = inflight.get((p, off))
             if held is not None and qos:
                 pid, released = held
                 h = self.on_message_stored(cid, msg, qos, retain, sub_ids, pid)

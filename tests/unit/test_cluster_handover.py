@@ -1,0 +1,104 @@
+"""A persistent session that moves to another node after the cluster's Kafka lost its data keeps
+what its old node owed it (cluster/handover.py): the messages queued for it and in flight to it
+before the loss, which the new log no longer holds, go to the new node with the session (on
+sans-I/O brokers sharing an in-memory log, tests/clusterfake.py)."""
+from __future__ import annotations
+
+import pytest
+
+import cluster.node as node_module
+from broker.protocol import packets as P
+from broker.protocol import properties as PR
+from tests.clusterfake import ClusterClient, FakeCluster
+from tests.sansio import bye, recv_type
+
+EXPIRY = {PR.SESSION_EXPIRY_INTERVAL: 300}
+WHY = "mqtt.cluster.control-0 ends at offset 0, below the 12 already read"
+
+
+@pytest.fixture
+def cluster(monkeypatch):
+    monkeypatch.setattr(node_module, "ensure_topics", lambda *a: {a[1].messages: 1})
+    return FakeCluster()
+
+
+def restart_kafka(cluster: FakeCluster) -> None:
+    """The in-memory Kafka restarted empty and every node saw it."""
+    cluster.logs.clear()
+    for n in cluster.nodes:
+        for topic in (n.topics.control, n.topics.retained, n.topics.messages):
+            cluster.read[(n.node, topic)] = 0
+        n._kafka_lost(WHY)
+    cluster.pump()
+
+
+def beat(cluster: FakeCluster, *nodes) -> None:
+    for n in nodes:
+        n._beat()
+    cluster.pump()
+
+
+def publish(cluster: FakeCluster, pub: ClusterClient, items: list[tuple[bytes, int]], pid: int) -> None:
+    """Each PUBLISH acknowledged to its publisher (PUBACK / PUBREC) once Kafka took it."""
+    for i, (payload, qos) in enumerate(items):
+        pub.send(P.Publish("t/x", payload, qos, packet_id=pid + i))
+    cluster.pump()
+    acks = [p for p in pub.received() if p.type in (P.PUBACK, P.PUBREC)]
+    assert [(a.packet_id, a.reason_code) for a in acks] == [(pid + i, 0) for i in range(len(items))]
+    for a in acks:
+        if a.type == P.PUBREC:
+            pub.send(P.Ack(P.PUBREL, a.packet_id))
+    cluster.pump()
+
+
+def test_messages_queued_and_in_flight_before_a_kafka_loss_follow_a_session_to_another_node(cluster):
+    """[MQTT-4.3.2-2] / [MQTT-4.3.3-2]: what the broker acknowledged it delivers; [MQTT-4.4.0-1]
+    in-flight messages are sent again on the session's next connection, with their packet ids.
+    A persistent subscriber on n1 has m0 in flight released (PUBREC sent, PUBCOMP not yet), m1
+    in flight unacknowledged, and m2..m9 (QoS 1 and 2) queued while offline, all read by n1
+    and let go by n2 (every node read them) when Kafka restarts empty. The client comes back
+    on n2: it gets the PUBREL of m0, m1 again (DUP, same id), then m2..m9 in order, each
+    QoS 2 message once."""
+    n1, _ = cluster.node("n1")
+    n2, _ = cluster.node("n2")
+    sub = ClusterClient(n1)
+    sub.connect("sub", clean=False, props=EXPIRY, cluster=cluster)
+    sub.send(P.Subscribe(1, [("t/#", P.SubscriptionOptions(2))]))
+    cluster.pump()
+    assert recv_type(sub, P.SUBACK).reason_codes == [2]
+    pub = ClusterClient(n2)
+    pub.connect("pub", cluster=cluster)
+
+    publish(cluster, pub, [(b"m0", 2), (b"m1", 2)], 1)
+    m0, m1 = [p for p in sub.received() if p.type == P.PUBLISH]
+    assert (m0.payload, m1.payload) == (b"m0", b"m1")
+    sub.send(P.Ack(P.PUBREC, m0.packet_id))
+    assert recv_type(sub, P.PUBREL).packet_id == m0.packet_id
+    cluster.pump()
+    bye(sub)
+    cluster.pump()
+    later = [(f"m{i}".encode(), 1 + i % 2) for i in range(2, 10)]
+    publish(cluster, pub, later, 3)
+    beat(cluster, n1, n2)
+    beat(cluster, n2)
+    assert len(n2.keep.entries) == 0  # every node had read them: nothing to write again
+
+    restart_kafka(cluster)
+    back = ClusterClient(n2)
+    assert back.connect("sub", clean=False, props=EXPIRY, cluster=cluster).session_present
+    cluster.pump()
+    got = []
+    pubrels = []
+    for _ in range(5):
+        for p in back.received():
+            if p.type == P.PUBREL:
+                pubrels.append(p.packet_id)
+                back.send(P.Ack(P.PUBCOMP, p.packet_id))
+            elif p.type == P.PUBLISH:
+                got.append((p.payload, p.dup, p.packet_id))
+                back.send(P.Ack(P.PUBACK if p.qos == 1 else P.PUBREC, p.packet_id))
+        cluster.pump()
+    assert pubrels.count(m0.packet_id) == 1
+    assert got[0] == (b"m1", True, m1.packet_id)
+    assert [g[0] for g in got] == [b"m1"] + [m for m, _ in later]
+    assert n2.broker.session_of("sub") is not None and not n2.broker.session_of("sub").queue
