@@ -169,7 +169,11 @@ def to_one(headers: Iterable[tuple[str, Any]]) -> bool:
     return False
 
 
-def carried(to: dict, hid: str | None, held: tuple[int, bool] | None) -> tuple[tuple[int, bool, tuple[int, ...] | None], tuple[int, bool] | None]:
+Held = tuple[int, bool] | None  # (packet id, released) of a message in flight
+
+
+def carried(to: dict, hid: str | None,
+            held: Held) -> tuple[tuple[int, bool, tuple[int, ...] | None], Held]:
     """((qos, retain, sub_ids), (packet id, released) or None) of an addressed record a
     rebuild takes: in flight as carried when it is of the checkpoint's handover (`hid`), else
     as the checkpoint says (`held`)."""
