@@ -121,10 +121,13 @@ def upto(ck: dict) -> dict[int, int]:
     return {int(p): o for p, o in carried["upto"].items()}
 
 
-def arrange(found: list, cid: str, ck: dict, stop: dict[int, int]) -> list:
+def arrange(found: list, cid: str, ck: dict, stop: dict[int, int],
+            inflight: dict[tuple[int, int], tuple[int, int]]) -> list:
     """The records a rebuild scanned (partition, offset, key, value, headers, timestamp), as
     it takes them: those the checkpoint's handover carried first, in order, then the others
-    below `stop` (past it, the live stream delivers them) not addressed to another session."""
+    below `stop` (past it, the live stream delivers them) not addressed to another session.
+    Those carried in flight are added to `inflight` ((partition, offset) -> (packet id,
+    released), the checkpoint's in-flight messages)."""
     hid = (ck.get("carried") or {}).get("h")
     first, rest = [], []
     for r in found:
@@ -135,6 +138,8 @@ def arrange(found: list, cid: str, ck: dict, stop: dict[int, int]) -> list:
         elif to["c"] == cid:
             if hid is not None and to["h"] == hid:
                 first.append(r)
+                if to["p"]:
+                    inflight[(r[0], r[1])] = (to["p"], to["l"])
             elif r[1] < stop.get(r[0], 0):
                 rest.append(r)
     if hid is not None and len(first) != ck["carried"]["n"]:
@@ -169,18 +174,9 @@ def to_one(headers: Iterable[tuple[str, Any]]) -> bool:
     return False
 
 
-Held = tuple[int, bool] | None  # (packet id, released) of a message in flight
-
-
-def carried(to: dict, hid: str | None,
-            held: Held) -> tuple[tuple[int, bool, tuple[int, ...] | None], Held]:
-    """((qos, retain, sub_ids), (packet id, released) or None) of an addressed record a
-    rebuild takes: in flight as carried when it is of the checkpoint's handover (`hid`), else
-    as the checkpoint says (`held`)."""
-    got = (to["q"], bool(to["r"]), tuple(to["i"]) or None)
-    if to["h"] == hid:
-        return got, (to["p"], bool(to["l"])) if to["p"] else None
-    return got, held
+def delivery(to: dict) -> tuple[int, bool, tuple[int, ...] | None]:
+    """(qos, retain, sub_ids) an addressed record was carried with."""
+    return to["q"], bool(to["r"]), tuple(to["i"]) or None
 
 
 def with_header(body: bytes, name: str, value: bytes) -> bytes:

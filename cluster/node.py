@@ -905,7 +905,7 @@ class ClusterNode(Hook):
 
         def scan() -> None:
             try:
-                found = handover.arrange(self._scan(ranges, filters), cid, ck, stop)
+                found = handover.arrange(self._scan(ranges, filters), cid, ck, stop, inflight)
                 err = None
             except Exception as exc:  # Kafka unreachable: the CONNECT fails, nothing half-done
                 found, err = [], exc
@@ -961,7 +961,6 @@ class ClusterNode(Hook):
         clock_now, wall_now = broker.clock(), self.wall()
         queued = []
         messages = self.topics.messages
-        hid = ((claim.client.session or {}).get("carried") or {}).get("h")
         for p, off, key, value, headers, ts in found:
             why = self.trust.check_fields(messages, key, value, headers, ts)
             if why is not None:
@@ -973,16 +972,13 @@ class ClusterNode(Hook):
             msg, sender = decoded
             msg.store_id = (p, off)  # (partition, offset), as in _apply
             to = handover.addressed(headers)  # (handed over by its last node: as it was carried)
-            if to is None:
-                got = _match(subs, msg, sender, cid, p, off)
-                held = inflight.get((p, off))
-            else:
-                got, held = handover.carried(to, hid, inflight.get((p, off)))
+            got = _match(subs, msg, sender, cid, p, off) if to is None else handover.delivery(to)
             if got is None:
                 continue
             qos, retain, sub_ids = got
             if msg.expires_at is not None and msg.expires_at <= clock_now:
                 continue  # [MQTT-3.3.2-5]
+            held = inflight.get((p, off))
             if held is not None and qos:
                 pid, released = held
                 h = self.on_message_stored(cid, msg, qos, retain, sub_ids, pid)

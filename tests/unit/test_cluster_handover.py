@@ -51,6 +51,22 @@ def publish(cluster: FakeCluster, pub: ClusterClient, items: list[tuple[bytes, i
     cluster.pump()
 
 
+def delivered(c: ClusterClient) -> list[bytes]:
+    """The payloads sent to `c`, each acknowledged (QoS 2 through PUBCOMP)."""
+    out = []
+    while True:
+        pkts = c.received()
+        if not pkts:
+            return out
+        for p in pkts:
+            if p.type == P.PUBLISH:
+                out.append(p.payload)
+                if p.qos:
+                    c.send(P.Ack(P.PUBACK if p.qos == 1 else P.PUBREC, p.packet_id))
+            elif p.type == P.PUBREL:
+                c.send(P.Ack(P.PUBCOMP, p.packet_id))
+
+
 def test_messages_queued_and_in_flight_before_a_kafka_loss_follow_a_session_to_another_node(cluster):
     """[MQTT-4.3.2-2] / [MQTT-4.3.3-2]: what the broker acknowledged it delivers; [MQTT-4.4.0-1]
     in-flight messages are sent again on the session's next connection, with their packet ids.
@@ -58,7 +74,8 @@ def test_messages_queued_and_in_flight_before_a_kafka_loss_follow_a_session_to_a
     in flight unacknowledged, and m2..m9 (QoS 1 and 2) queued while offline, all read by n1
     and let go by n2 (every node read them) when Kafka restarts empty. The client comes back
     on n2: it gets the PUBREL of m0, m1 again (DUP, same id), then m2..m9 in order, each
-    QoS 2 message once."""
+    QoS 2 message once. A subscriber of the same topics connected to n2 meanwhile gets none
+    of the handed-over messages (they are the session's alone)."""
     n1, _ = cluster.node("n1")
     n2, _ = cluster.node("n2")
     sub = ClusterClient(n1)
@@ -68,6 +85,11 @@ def test_messages_queued_and_in_flight_before_a_kafka_loss_follow_a_session_to_a
     assert recv_type(sub, P.SUBACK).reason_codes == [2]
     pub = ClusterClient(n2)
     pub.connect("pub", cluster=cluster)
+    other = ClusterClient(n2)
+    other.connect("other", cluster=cluster)
+    other.send(P.Subscribe(1, [("t/#", P.SubscriptionOptions(1))]))
+    cluster.pump()
+    assert recv_type(other, P.SUBACK).reason_codes == [1]
 
     publish(cluster, pub, [(b"m0", 2), (b"m1", 2)], 1)
     m0, m1 = [p for p in sub.received() if p.type == P.PUBLISH]
@@ -82,6 +104,7 @@ def test_messages_queued_and_in_flight_before_a_kafka_loss_follow_a_session_to_a
     beat(cluster, n1, n2)
     beat(cluster, n2)
     assert len(n2.keep.entries) == 0  # every node had read them: nothing to write again
+    assert len(delivered(other)) == 10
 
     restart_kafka(cluster)
     back = ClusterClient(n2)
@@ -102,3 +125,25 @@ def test_messages_queued_and_in_flight_before_a_kafka_loss_follow_a_session_to_a
     assert got[0] == (b"m1", True, m1.packet_id)
     assert [g[0] for g in got] == [b"m1"] + [m for m, _ in later]
     assert n2.broker.session_of("sub") is not None and not n2.broker.session_of("sub").queue
+    assert delivered(other) == []
+
+
+def test_a_session_moving_between_live_nodes_without_a_loss_is_rebuilt_from_the_log_alone(cluster):
+    """Without a Kafka loss every message a session is owed has its place in the log: a move
+    writes no message again (no record addressed to the session), and the session gets its
+    queue on the new node [MQTT-4.3.2-2]."""
+    n1, _ = cluster.node("n1")
+    n2, _ = cluster.node("n2")
+    sub = ClusterClient(n1)
+    sub.connect("sub", clean=False, props=EXPIRY, cluster=cluster)
+    sub.send(P.Subscribe(1, [("t/#", P.SubscriptionOptions(2))]))
+    cluster.pump()
+    bye(sub)
+    pub = ClusterClient(n2)
+    pub.connect("pub", cluster=cluster)
+    publish(cluster, pub, [(b"a", 1), (b"b", 2)], 1)
+    back = ClusterClient(n2)
+    assert back.connect("sub", clean=False, props=EXPIRY, cluster=cluster).session_present
+    cluster.pump()
+    assert delivered(back) == [b"a", b"b"]
+    assert not any(b"mqtt.to" in body for _, body in cluster.logs[n1.topics.messages])
