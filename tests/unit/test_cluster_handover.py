@@ -147,3 +147,27 @@ def test_a_session_moving_between_live_nodes_without_a_loss_is_rebuilt_from_the_
     cluster.pump()
     assert delivered(back) == [b"a", b"b"]
     assert not any(b"mqtt.to" in body for _, body in cluster.logs[n1.topics.messages])
+
+
+def test_a_retained_message_in_flight_follows_its_session_to_another_node(cluster):
+    """[MQTT-4.4.0-1]: a retained message sent on subscribing was never in the messages log;
+    in flight unacknowledged when the client reconnects on another node (taking the session
+    over from its live node), it is sent again there, DUP, with its packet id."""
+    n1, _ = cluster.node("n1")
+    n2, _ = cluster.node("n2")
+    pub = ClusterClient(n2)
+    pub.connect("pub", cluster=cluster)
+    pub.send(P.Publish("r/1", b"kept", 1, retain=True, packet_id=1))
+    cluster.pump()
+    assert recv_type(pub, P.PUBACK).reason_code == 0
+    sub = ClusterClient(n1)
+    sub.connect("sub", clean=False, props=EXPIRY, cluster=cluster)
+    sub.send(P.Subscribe(1, [("r/#", P.SubscriptionOptions(1))]))
+    cluster.pump()
+    first = [p for p in sub.received() if p.type == P.PUBLISH]
+    assert [(p.payload, p.retain) for p in first] == [(b"kept", True)]
+    back = ClusterClient(n2)
+    assert back.connect("sub", clean=False, props=EXPIRY, cluster=cluster).session_present
+    cluster.pump()
+    again = [p for p in back.received() if p.type == P.PUBLISH]
+    assert [(p.payload, p.dup, p.packet_id) for p in again] == [(b"kept", True, first[0].packet_id)]
