@@ -43,6 +43,7 @@ from kafka_client.recordscan import Scanned
 from mqtt_topics import matches
 
 from . import control as C
+from . import handover
 from . import records as R
 from .keep import BATCH, BODY, FAILED, H_AGAIN, MARK, TS, Entry, Keep, with_again
 from .link import FetchReader, Topics, ensure_topics, make_consumer
@@ -795,8 +796,8 @@ class ClusterNode(Hook):
                  wall_now: float) -> tuple[Message, str] | None:
         """_verified() then _decode() of record i."""
         r = self._verified(topic, rec, i)
-        if r is None or not self._fresh(topic, p, r[0], r[3]):
-            return None
+        if r is None or not self._fresh(topic, p, r[0], r[3]) or handover.to_one(r[3]):
+            return None  # (addressed to one session: only its rebuild takes it, cluster/handover.py)
         return self._decode(topic, r[0], r[1], r[2], r[3], r[4], clock_now, wall_now)
 
     def _fresh(self, topic: str, p: int, off: int, headers: list) -> bool:
@@ -1004,7 +1005,8 @@ class ClusterNode(Hook):
         self.progress.discard(ev.cid)
         if s is not None and ev.final and epoch == ev.epoch:
             rec = self._state_record(s, ev.epoch, final=True, connected=False)
-            self._write_control(f"c:{ev.cid}", rec)
+            if not handover.give(self, s, rec):  # (what the log no longer has goes with it)
+                self._write_control(f"c:{ev.cid}", rec)
         self.handles.pop(ev.cid, None)
         for k in [k for k in self.since if k[0] == ev.cid]:
             del self.since[k]
@@ -1096,9 +1098,11 @@ class ClusterNode(Hook):
         self.counters["rebuilt_sessions"] += 1
         start = {int(k): v for k, v in (ck.get("pos") or {}).items()}
         stop = dict(self.routed_upto)  # from here on the live stream delivers to it
-        ranges = {p: (start.get(p, stop[p]), stop[p]) for p in stop if start.get(p, stop[p]) < stop[p]}
+        carried = handover.upto(ck)  # and the records its last node handed over, to their end
+        end = {p: max(o, carried.get(p, 0)) for p, o in stop.items()}
+        ranges = {p: (start.get(p, stop[p]), end[p]) for p in stop if start.get(p, stop[p]) < end[p]}
         wrote = ck.get("wrote")
-        if wrote and not subs:
+        if wrote and not subs and not carried:
             # only its own QoS 2 PUBLISHes written after the checkpoint are looked for: the
             # dead node wrote them in its last moments (each is followed by a checkpoint), so
             # the newest records of each partition, not everything since an idle client's
@@ -1106,7 +1110,7 @@ class ClusterNode(Hook):
             ranges = {p: (max(lo, hi - PUBLISHER_SCAN), hi) for p, (lo, hi) in ranges.items()}
         # past `stop`: what this node accepted and delivered here before the session came
         held = self._held_for(cid, subs) if self.local and subs else []
-        if not (subs or wrote) or not ranges and not held:
+        if not (subs or wrote or carried) or not ranges and not held:
             claim.token.resolve()
             return
         inflight = {(p, off): (pid, rel) for p, off, pid, rel in ck.get("inflight", ())}
@@ -1115,11 +1119,12 @@ class ClusterNode(Hook):
         if not ranges:
             self._rebuilt(claim, s, subs, inflight, handed, wrote, [], None, held)
             return
-        filters = [sub.topic_filter for sub, _ in subs]
+        filters = [sub.topic_filter for sub, _ in subs] + (["#"] if carried else [])
 
         def scan() -> None:
             try:
-                found = self._scan(ranges, filters, cid if wrote else None)
+                found = handover.arrange(self._scan(ranges, filters, cid if wrote else None),
+                                         cid, ck, stop, inflight)
                 err = None
             except Exception as exc:  # Kafka unreachable: the CONNECT fails, nothing half-done
                 found, err = [], exc
@@ -1195,7 +1200,8 @@ class ClusterNode(Hook):
                 continue
             msg, sender = decoded
             msg.store_id = (p, off)  # (partition, offset), as in _apply
-            got = _match(subs, msg, sender, cid, p, off)
+            to = handover.addressed(headers)  # (handed over by its last node: as it was carried)
+            got = _match(subs, msg, sender, cid, p, off) if to is None else handover.delivery(to)
             if got is None:
                 continue
             qos, retain, sub_ids = got
@@ -1208,7 +1214,7 @@ class ClusterNode(Hook):
                 if released:
                     h.released = True
                 broker.restore_outbound(cid, msg, qos, retain, sub_ids, pid, bool(released), h)
-            elif off < handed.get(p, 0):
+            elif to is None and off < handed.get(p, 0):
                 continue  # delivered and acknowledged before the checkpoint: not again as new
             elif qos or s.queue_qos0:
                 queued.append((msg, qos, retain, sub_ids))

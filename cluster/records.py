@@ -291,6 +291,11 @@ def _fields(spec: dict, d: Any) -> bool:
     return True
 
 
+def _carried(v: Any) -> bool:  # the messages a session was handed over with (cluster/handover.py)
+    return _fields({"h": (_str(_ID), True), "n": (_int(0, 1 << 30), True),
+                    "upto": (_positions, True)}, v)
+
+
 _WILL = {"topic": (_topic, True), "payload": (_latin1, True), "qos": (_int(0, 2), True),
          "retain": (_bool, True), "delay": (_U32, True), "expiry": (_U32, False),
          "props": (_will_props, False)}
@@ -299,7 +304,7 @@ _CHECKPOINT = {"subs": (_list_of(_sub_row), True), "pos": (_positions, True),
                "wrote": (_opt(_str(2 * _ID + 20)), False),
                "next_pid": (_int(0, 0xFFFF), True),
                "qos2": (_list_of(_PID), True), "expiry": (_U32, True),
-               "user": (_opt(_str(_ID)), True)}
+               "user": (_opt(_str(_ID)), True), "carried": (_carried, False)}
 
 
 def _will(v: Any) -> bool:

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 
 from mqtt_topics import matches
 
+from . import handover
 from .link import Reader
 
 if TYPE_CHECKING:
@@ -135,7 +136,7 @@ class ShareStream:
             p = tp.partition
             for r in rs:
                 topic = (r.key or b"").decode(errors="replace")
-                if matches(self.filter, topic):
+                if matches(self.filter, topic) and not handover.to_one(r.headers):
                     why = node.trust.check_fields(tp.topic, r.key, r.value, r.headers, r.timestamp)
                     if why is not None:
                         node.trust.ignore(why, f"{tp.topic} offset {r.offset}")

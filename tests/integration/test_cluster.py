@@ -1333,3 +1333,76 @@ def test_acknowledged_messages_a_stalled_node_had_not_read_survive_a_kafka_resta
         if c is not None:
             c.stop()
         k.stop()
+
+
+def test_messages_queued_for_an_offline_session_follow_it_to_another_node_after_kafka_restarted_empty(
+        tmp_path):
+    """[MQTT-4.3.2-2] / [MQTT-4.3.3-2]: what the broker acknowledged is its to deliver. A
+    persistent session is offline on n1 while 40 QoS 1 and 40 QoS 2 messages are acknowledged
+    to a publisher; n1 queues them, and every node has read them (so none is kept to be written
+    again) when the embedded Kafka is killed and started again empty. The client comes back on
+    n2: n1 hands over what it had queued, and the client gets every message, in order per
+    topic, each QoS 2 message exactly once [MQTT-4.3.3-3]."""
+    k = EmbeddedKafka(log_file=str(tmp_path / "tansu.log")).start()
+    c = None
+    expiry = {PR.SESSION_EXPIRY_INTERVAL: 600}
+    count = 40
+    try:
+        c = Cluster(k, tmp_path, 2)
+        sub = connect(c.port("n1"), "moved-sub", clean_start=False, properties=expiry)
+        sub.subscribe("moved/1", qos=1)
+        sub.subscribe("moved/2", qos=2, pid=2)
+        sub.send(P.Disconnect(0))
+        sub.close()
+        pub = connect(c.port("n2"), "moved-pub")
+        for i in range(count):
+            assert pub_qos1(pub, "moved/1", b"q1-%d" % i, 2 * i + 1) == 0
+            pub.publish("moved/2", b"q2-%d" % i, qos=2, pid=2 * i + 2)
+            rec = pub.recv_type(P.PUBREC)
+            assert rec.packet_id == 2 * i + 2 and rec.reason_code == 0
+            pub.send(P.Ack(P.PUBREL, 2 * i + 2))
+            assert pub.recv_type(P.PUBCOMP).packet_id == 2 * i + 2
+        pub.close()
+        time.sleep(2.0)  # heartbeats (0.25 s) say every node read them: n2 lets its copies go
+
+        k.restart(kill=True)
+
+        present = []
+
+        def back() -> RawClient | None:
+            try:
+                s = RawClient(c.port("n2"))
+                ack = s.connect("moved-sub", clean_start=False, properties=expiry)
+                if ack.reason_code != 0:
+                    s.close()
+                    return None
+                present.append(ack.session_present)
+                return s
+            except (AssertionError, TimeoutError, OSError):
+                return None
+
+        s = wait_for(back, 30, "the subscriber's CONNECT accepted on n2 after Kafka's restart")
+        assert present == [True]
+        got: list[bytes] = []
+        until = time.monotonic() + 20
+        while time.monotonic() < until:
+            try:
+                p = s.recv(max(0.0, until - time.monotonic()))
+            except TimeoutError:
+                break
+            if len(got) == 2 * count - 1:
+                until = min(until, time.monotonic() + 2)  # anything more is a duplicate
+            if p.type == P.PUBLISH:
+                got.append(p.payload)
+                s.send(P.Ack(P.PUBACK if p.qos == 1 else P.PUBREC, p.packet_id))
+            elif p.type == P.PUBREL:
+                s.send(P.Ack(P.PUBCOMP, p.packet_id))
+        print(f"\n{2 * count} acknowledged to a session offline on n1; after Kafka restarted "
+              f"empty, on n2: {len(set(got))} delivered, {len(got)} PUBLISHes")
+        assert [p for p in got if p.startswith(b"q1-")] == [b"q1-%d" % i for i in range(count)]
+        assert [p for p in got if p.startswith(b"q2-")] == [b"q2-%d" % i for i in range(count)]
+        s.close()
+    finally:
+        if c is not None:
+            c.stop()
+        k.stop()
