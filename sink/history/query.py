@@ -246,11 +246,19 @@ def connect_session(url: str, token: str | None = None) -> SparkSession:
     return SparkSession.builder.remote(client_url(url, token)).getOrCreate()
 
 
-def running_job(data_dir: str | None) -> dict | None:
-    """The history job that announced itself in the data directory and still runs."""
-    from sink.progress import JOB_FILE
+def running_job(data_dir: str | None, table: str = DEFAULT_TABLE) -> dict | None:
+    """The history job of `table` that announced itself in the data directory and still runs
+    (one of another table: None, nothing to wait for)."""
+    from sink.progress import JOB_FILE, job_file
     from sink.progress import running_job as job
-    return job(os.path.join(data_dir, JOB_FILE)) if data_dir else None
+    if not data_dir:
+        return None
+    found = job(job_file(data_dir, table), others=False)
+    if found is None:   # a job of before wrote one file per data directory
+        found = job(os.path.join(data_dir, JOB_FILE), others=False)
+        if found is not None and found.get("table") not in (table, os.path.abspath(table)):
+            found = None
+    return found
 
 
 def wait_for_server(url: str, job: dict | None, wait: float,
@@ -384,7 +392,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:  # everything that can be checked without Spark, before Spark
         sql = check_sql(read_sql(args))
-        job = None if args.local else running_job(data_dir)
+        job = None if args.local else running_job(data_dir, default_table)
         reachable = not args.local and connect_reachable(args.connect)
         if args.local or (not reachable and job is None) or args.table is not None:
             table = args.table or default_table
