@@ -27,9 +27,10 @@ args=(--config "$CONFIG" --sink --set sink.keep_until=history "${dash[@]}" "$@")
 "$PY" -m broker "${args[@]}" --with-job --check-config
 "$PY" -m sink.job "${args[@]}" --with-broker --check-config
 
-# Each part in a session of its own: a terminal's Ctrl-C reaches this script only, which asks
-# every part to stop once (SIGTERM); Ctrl-C again passes it on (the job's third signal ends it
-# at once, its last commit reported).
+# Each part in a process group of its own: a terminal's Ctrl-C reaches this script only, which
+# asks every part to stop once (SIGTERM); Ctrl-C again passes it on (the job's third signal ends
+# it at once, its last commit reported). Same session: the job's niceness is its own only.
+own_group=(-c 'import os, sys; os.setpgid(0, 0); os.execv(sys.argv[1], sys.argv[1:])')
 pids=()
 stop() {
   trap 'kill -TERM "${pids[@]}" 2>/dev/null || true' INT TERM HUP
@@ -43,13 +44,13 @@ trap stop INT TERM HUP EXIT
 
 # The spool keeps every record until the job has it in the table (an embedded Kafka restart
 # loses nothing); the broker finds the job's committed file from the same [history].
-setsid "$PY" -m broker "${args[@]}" --with-job &
+"$PY" "${own_group[@]}" "$PY" -m broker "${args[@]}" --with-job &
 broker_pid=$!
 pids+=("$broker_pid")
 
 # The Spark job reads the Kafka the broker's sink forwards to (embedded on 127.0.0.1:9092 by default),
 # and serves Spark Connect (sc://127.0.0.1:15002 by default) for sink.query and the dashboard.
-setsid "$PY" -m sink.job "${args[@]}" --with-broker &
+"$PY" "${own_group[@]}" "$PY" -m sink.job "${args[@]}" --with-broker &
 job_pid=$!
 pids+=("$job_pid")
 if [ "$DASHBOARD" != 0 ]; then

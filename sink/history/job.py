@@ -912,6 +912,15 @@ def guard_build_root(data_dir: str | None) -> Path:
     return Path(data_dir or tempfile.gettempdir()) / "build"
 
 
+def quiet_py4j_retry(record: logging.LogRecord) -> bool:
+    """A log filter: py4j logs "Exception while sending command." with its traceback at INFO on
+    the root logger when a pooled connection to the JVM was closed while idle, then sends the
+    command again on a new one (nothing failed). A retry that fails too is logged at ERROR
+    (logging.exception), which passes."""
+    return not (record.name == "root" and record.levelno == logging.INFO
+                and record.module == "java_gateway")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from settings import ConfigError
     from settings import report as report_config_error
@@ -931,6 +940,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.getLogger("kafka").setLevel(logging.ERROR)
     logging.getLogger("py4j").setLevel(logging.WARNING)
     logging.getLogger("SQLQueryContextLogger").setLevel(logging.CRITICAL)
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(quiet_py4j_retry)
     for note in args.notes:
         log.warning("%s", note)
     announce(job)
@@ -969,7 +980,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
                 # the table is still written; check_active below then serves no endpoint
                 log.error("cannot build the read-only guard of Spark Connect and JDBC: %s", exc)
-        spark = get_spark("mqtt-history-job", conf={
+        spark = get_spark("mqtt-history-job", quiet_start=True, conf={
             **({} if launched_by_spark_submit() else JOB_LOCAL_CONF),
             **conf, **catalog.session_conf(job.history), **guard_conf})
         if serving:
