@@ -253,12 +253,9 @@ def running_job(data_dir: str | None, table: str = DEFAULT_TABLE) -> dict | None
     from sink.progress import running_job as job
     if not data_dir:
         return None
-    found = job(job_file(data_dir, table), others=False)
-    if found is None:   # a job of before wrote one file per data directory
-        found = job(os.path.join(data_dir, JOB_FILE), others=False)
-        if found is not None and found.get("table") not in (table, os.path.abspath(table)):
-            found = None
-    return found
+    # (a job of before wrote one file per data directory: still read)
+    return (job(job_file(data_dir, table), others=False)
+            or job(os.path.join(data_dir, JOB_FILE), others=False))
 
 
 def wait_for_server(url: str, job: dict | None, wait: float,
