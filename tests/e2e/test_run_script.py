@@ -43,6 +43,33 @@ def wait_for(what, timeout: float, proc: subprocess.Popen, log: Path, interval: 
         time.sleep(interval)
 
 
+def stop_everything(proc: subprocess.Popen, data: Path, table: str) -> None:
+    """After a failure: Ctrl-C, then SIGKILL for run.sh and the parts it started (each in a
+    process group of its own: the broker's pid is in its lock file, the job's in its status
+    file)."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            proc.wait(120)
+            return
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    import json
+    pids = []
+    for path, read in ((data / "broker.lock", lambda t: int(t.split()[0])),
+                       (Path(progress.job_file(str(data), table)), lambda t: json.loads(t)["pid"])):
+        try:
+            pids.append(read(path.read_text()))
+        except (OSError, ValueError, IndexError, KeyError):
+            pass
+    for pid in pids:
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
 def publish(port: int, n: int) -> None:
     c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="run-sh-test", protocol=mqtt.MQTTv5)
     c.connect("127.0.0.1", port)
@@ -103,9 +130,7 @@ def test_run_sh_gives_every_part_its_arguments_and_a_ctrl_c_run_prints_no_warnin
         os.killpg(proc.pid, signal.SIGINT)   # Ctrl-C: the terminal signals run.sh's group
         proc.wait(120)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        stop_everything(proc, data, table)
     text = log.read_text(errors="replace")
     assert "history job stopped" in text and "INFO broker: stopped" in text, text[-4000:]
     assert not re.search(r"SIG[A-Z]+ again", text), text[-4000:]   # one signal per part
