@@ -780,6 +780,20 @@ def serve_connect(spark: Spark, job: Job) -> None:
              "local process)")
 
 
+def stop_connect(spark: Spark, job: Job) -> None:
+    """Stop the Spark Connect server before its SparkContext: started by serve_connect (not as
+    a plugin of the context), it would otherwise answer clients (the dashboard's history charts)
+    from a stopped context until the JVM exits."""
+    if not connect_enabled(job):
+        return
+    try:
+        svc = spark.sparkContext._jvm.org.apache.spark.sql.connect.service.SparkConnectService
+        # (nothing when it was not started, or is stopped already)
+        svc.stop(getattr(svc, "stop$default$1")(), getattr(svc, "stop$default$2")())
+    except Exception as exc:  # stopping anyway: the JVM ends with the job
+        log.debug("cannot stop the Spark Connect server: %s", exc)
+
+
 def check_kafka(bootstrap: str, timeout: float = 10.0,
                 stop: threading.Event | None = None) -> None:
     """Wait until Kafka accepts connections; fail with a clear message after ``timeout`` s."""
@@ -1001,6 +1015,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             return run_restarting(spark, job, stop)
         finally:
+            stop_connect(spark, job)
             spark.stop()
     except UsageError as exc:
         log.error("%s", exc)
