@@ -131,9 +131,24 @@ def test_two_jobs_on_one_data_directory_keep_a_status_file_each(tmp_path):
     assert fa != fb and os.path.basename(fa).startswith("history_job.history-")
     assert progress.running_job(fa)["table"] == a
     assert progress.running_job(fb)["table"] == b
+    from sink.history.query import running_job  # sink.query: the one of its table
+    assert running_job(str(tmp_path), table=a)["table"] == a
+    assert running_job(str(tmp_path), table=b)["table"] == b
+
+
+def test_sink_query_waits_for_the_job_serving_its_address(tmp_path):
+    """Two jobs on one data directory, each serving Spark Connect on its own port: sink.query
+    waits for the one at the address it asks, whatever table its config names."""
     from sink.history.query import running_job
-    assert running_job(str(tmp_path), a)["table"] == a
-    assert running_job(str(tmp_path), b)["table"] == b
+    for name, port in (("a", 15101), ("b", 15102)):
+        path = announce(tmp_path, str(tmp_path / name / "history"))
+        info = json.loads(open(path).read())
+        info["serves_connect_at"] = f"sc://127.0.0.1:{port}"
+        with open(path, "w") as f:
+            json.dump(info, f)
+    for name, port in (("a", 15101), ("b", 15102)):
+        found = running_job(str(tmp_path), f"sc://127.0.0.1:{port}", "./elsewhere")
+        assert found["table"] == str(tmp_path / name / "history")
 
 
 def test_the_job_announces_itself_in_its_tables_status_file(tmp_path):
