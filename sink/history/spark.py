@@ -192,40 +192,36 @@ def _numpy_converters_only_when_loaded() -> None:
 
 #: What the JVM itself prints on stderr at every start, before any logging: Spark's launcher
 #: always adds --add-modules=jdk.incubator.vector (org.apache.spark.launcher.JavaModuleOptions),
-#: and Java says so; nothing uses the module here, nothing can turn the notice off.
+#: and Java says so; nothing here uses the module, no setting turns the notice off.
 JVM_START_NOTICES = (b"WARNING: Using incubator modules: jdk.incubator.vector",)
 
 
 def _launch_gateway_without_notices(app_name: str, master: str | None,
                                     settings: dict[str, str]) -> None:
     """Start the JVM as SparkSession.builder would (launch_gateway with the same settings), its
-    stderr passed on line by line by a thread but for JVM_START_NOTICES (PySpark's
-    popen_kwargs); the builder then uses this JVM. Nothing when a JVM runs already."""
+    stderr through ``grep -v`` of JVM_START_NOTICES (PySpark's popen_kwargs); the builder then
+    uses this JVM. The filter runs in a session of its own (no terminal's or supervisor's
+    signal ends it) and ends when the JVM and its Python workers have closed their stderr, so it
+    passes on what they say after this process. Nothing when a JVM runs already or without
+    grep (the notice is printed)."""
+    import shutil
     import subprocess
-    import threading
 
     from pyspark import SparkConf, SparkContext
     from pyspark.java_gateway import launch_gateway
-    if SparkContext._gateway is not None:
+    grep = shutil.which("grep")
+    if SparkContext._gateway is not None or grep is None:
         return
+    notices = [x for n in JVM_START_NOTICES for x in ("-e", n.decode())]
+    filt = subprocess.Popen([grep, "--line-buffered", "-v", "-x", "-F", *notices],
+                            stdin=subprocess.PIPE, start_new_session=True)
     conf = SparkConf(loadDefaults=False).setAppName(app_name).setAll(list(settings.items()))
     if master:
         conf.setMaster(master)
-    gateway = launch_gateway(conf, popen_kwargs={"stderr": subprocess.PIPE})
-    err = gateway.proc.stderr  # launch_gateway keeps its Popen there
-
-    def pass_on() -> None:
-        out = getattr(sys.stderr, "buffer", None)
-        for line in iter(err.readline, b""):
-            if line.rstrip(b"\r\n") in JVM_START_NOTICES or out is None:
-                continue
-            try:
-                out.write(line)
-                out.flush()
-            except (OSError, ValueError):   # our stderr is gone: drop the rest, never block the JVM
-                out = None
-
-    threading.Thread(target=pass_on, name="jvm-stderr", daemon=True).start()
+    try:
+        gateway = launch_gateway(conf, popen_kwargs={"stderr": filt.stdin})
+    finally:
+        filt.stdin.close()  # type: ignore[union-attr]  # (a pipe: given) the JVM holds it now
     SparkContext._ensure_initialized(gateway=gateway)
 
 
