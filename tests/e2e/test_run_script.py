@@ -101,7 +101,9 @@ def test_run_sh_gives_every_part_its_arguments_and_a_ctrl_c_run_prints_no_warnin
            "--set", f"history.connect_port={connect_port}",
            "--set", f"history.table={table}",
            "--set", "history.trigger_seconds=1",
-           "--set", "history.nice=0"]   # a machine shared with other work: the job's CPU too
+           # a machine shared with other work: the job's CPU counts too, and its Spark may take
+           # minutes to start, which the broker would rightly warn about after 120 s
+           "--set", "history.nice=0", "--set", "sink.history_stale_seconds=600"]
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
