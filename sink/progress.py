@@ -60,8 +60,12 @@ def running_jobs(data_dir: str) -> list[dict]:
                  if n.startswith("history_job.") and n.endswith(".json")]
     except OSError:
         return []
-    found = [running_job(os.path.join(data_dir, n), others=False) for n in names]
-    return sorted((j for j in found if j), key=lambda j: -float(j.get("started_at") or 0))
+    found = [j for j in (running_job(os.path.join(data_dir, n), others=False) for n in names) if j]
+
+    def started(info: dict) -> float:
+        value = info.get("started_at")
+        return float(value) if isinstance(value, (int, float)) else 0.0
+    return sorted(found, key=started, reverse=True)
 
 
 def committed_path(table: str, checkpoint: str | None = None) -> str:
