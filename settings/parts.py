@@ -98,6 +98,7 @@ def check_used(cfg: Config, given: Iterable[tuple[str, str, str]], commands: Ite
     """ConfigError for the first (section, key, source) given that no running part reads,
     naming the part that would. A part's `enabled` switch is never refused (turning off a part
     that does not run is harmless; turning one on starts it)."""
+    commands = list(commands)
     now = running(cfg, commands)
     for section, key, source in given:
         if key == "enabled" or section == "listeners":
@@ -107,7 +108,7 @@ def check_used(cfg: Config, given: Iterable[tuple[str, str, str]], commands: Ite
             continue
         who = sorted(parts, key=list(PARTS).index)
         value = getattr(cfg if section == "broker" else getattr(cfg, section), key)
-        off = [p for p in who if p != JOB and BROKER in commands or p == JOB and JOB in commands]
+        off = [p for p in who if (JOB if p == JOB else BROKER) in commands]
         if off:   # a part of this command, switched off
             problem = (f"not used: it is read by {PARTS[off[0]]}, which is off here; turn it "
                        "on or leave the setting out")
