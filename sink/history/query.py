@@ -254,7 +254,7 @@ def running_job(data_dir: str | None, url: str | None = None,
     from sink.progress import running_jobs
     jobs = running_jobs(data_dir) if data_dir else []
     here = [j for j in jobs if url and j.get("serves_connect_at") == url]
-    mine = [j for j in jobs if j.get("table") in (table, os.path.abspath(table))]
+    mine = [j for j in jobs if "table" in j and j["table"] in (table, os.path.abspath(table))]
     found = here or mine or jobs
     return found[0] if found else None
 
