@@ -11,7 +11,7 @@ import re
 import sys
 
 import settings
-from settings import environment, one_line
+from settings import environment, one_line, parts
 from settings import report as report_config_error
 
 from .server import serve
@@ -26,39 +26,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         description="MQTT 3.1/3.1.1/5.0 broker. Settings: defaults < --config FILE < "
                     "MQTT_BROKER_* environment < command-line flags.",
         formatter_class=environment.HelpFormatter, epilog=environment.epilog(environment.BROKER))
-    p.add_argument("--host", help="address to listen on (default 127.0.0.1: this machine only; "
-                                  "0.0.0.0 for every interface, then see [auth] in docs/security.md)")
-    p.add_argument("--port", type=int, help="MQTT TCP port (default 1883)")
-    p.add_argument("--config", metavar="FILE", help="TOML configuration file (see config/broker.toml)")
-    p.add_argument("--data-dir", metavar="DIR", help="where state on disk goes (default ./data)")
-    p.add_argument("--kafka-bootstrap", metavar="HOST:PORT",
-                   help="forward accepted messages to this Kafka (enables the sink)")
-    p.add_argument("--sink", action="store_true",
-                   help="enable the Kafka sink; with no bootstrap servers an embedded Kafka starts")
-    p.add_argument("--no-sink", action="store_true", help="disable the Kafka sink even if configured")
-    p.add_argument("--log-level", help="DEBUG, INFO, WARNING or ERROR (default INFO)")
-    p.add_argument("--log-format", choices=["text", "json"], help="log line format (default text)")
-    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                   help="override one setting, e.g. --set mqtt.receive_maximum=100 (repeatable)")
-    p.add_argument("--check-config", action="store_true",
-                   help="check the settings and exit: 0 when valid, else 2 with one line saying "
-                        "which key is wrong")
+    parts.add_arguments(p)
+    p.add_argument("--with-job", action="store_true",
+                   help="the history job runs beside this broker with the same arguments "
+                        "(scripts/run.sh): settings only the job reads are accepted here")
     return p.parse_args(argv)
 
 
 def build_config(args: argparse.Namespace) -> settings.Config:
-    """Every setting checked: ConfigError (one line, naming the key) for the first bad one."""
-    flags = [("broker", name, getattr(args, name), "--" + name.replace("_", "-"))
-             for name in ("host", "port", "data_dir", "log_level", "log_format")
-             if getattr(args, name) is not None]
-    if args.kafka_bootstrap:
-        flags += [("sink", "bootstrap_servers", args.kafka_bootstrap, "--kafka-bootstrap"),
-                  ("sink", "enabled", True, "--kafka-bootstrap")]
-    if args.sink:
-        flags.append(("sink", "enabled", True, "--sink"))
-    if args.no_sink:
-        flags.append(("sink", "enabled", False, "--no-sink"))
-    return settings.load(args.config, sets=args.set, flags=flags)
+    """Every setting checked: ConfigError (one line, naming the key) for the first bad one, or
+    for a --set or flag that nothing this broker (and, --with-job, the job) runs reads."""
+    flags = parts.flags_of(args)
+    cfg = settings.load(args.config, sets=args.set, flags=flags)
+    commands = [parts.BROKER] + ([parts.JOB] if getattr(args, "with_job", False) else [])
+    parts.check_used(cfg, parts.set_keys(args.set) + [f[:2] + (f[3],) for f in flags],
+                     commands, "this broker" + (" and the history job" if len(commands) > 1 else ""))
+    return cfg
 
 
 def check_tls_files(cfg: settings.Config) -> None:

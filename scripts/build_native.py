@@ -3,7 +3,8 @@
     .venv/bin/python scripts/build_native.py [--force] [--clean]
 
 Run by scripts/setup.sh. Does nothing when the compiled modules match their sources
-(broker/native.stamp holds the digest they were built from); otherwise builds them with the
+(broker/native.stamp holds the digest they were built from) or MQTT_PURE_PYTHON=1 asks for the
+pure-Python ones (without --force); otherwise builds them with the
 machine's C compiler (about 40 s) and writes the stamp.
 Without a compiler or the Python headers it says so and leaves the pure-Python sources in
 place: the broker runs the same, slower. `--clean` removes the compiled modules.
@@ -88,6 +89,8 @@ def main(argv=None) -> int:
         return 0
     if native.state(group, ROOT) == "compiled" and not args.force:
         return 0  # up to date (state(): every module built, from these sources)
+    if os.environ.get(native.PURE_ENV) == "1" and not args.force:
+        return 0  # the pure-Python core asked for (MQTT_PURE_PYTHON=1): nothing to compile for it
     print(f"build_native: compiling the {group.name} with mypyc (about {SECONDS} s)", flush=True)
     try:
         build(native, group)

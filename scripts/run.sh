@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Run the whole thing on defaults: embedded Kafka (Tansu), the MQTT broker with its sink,
-# and the Spark history job. Ctrl-C stops all three.
+# and the Spark history job (with the same arguments, e.g. --data-dir DIR, --set history.jdbc=true).
+# Ctrl-C stops all three.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -16,35 +17,46 @@ if [ "$DASHBOARD" != 0 ]; then
   dash=(--set dashboard.enabled=true --set "dashboard.port=$DASHBOARD_PORT")
 fi
 
-# A bad setting stops everything here, before anything starts: one line naming the key, exit 2.
-"$PY" -m broker --config "$CONFIG" --sink --set sink.keep_until=history "${dash[@]}" "$@" --check-config
+# Every part reads one tree (settings/parts.py), built from the same arguments and environment:
+# the broker (with its sink, forwarders, replay and dashboard) and the history job get the same
+# --config, --set, --data-dir and flags, so a setting reaches the part that reads it.
+args=(--config "$CONFIG" --sink --set sink.keep_until=history "${dash[@]}" "$@")
+
+# A bad setting stops everything here, before anything starts: one line naming the key, exit 2
+# (also a --set that no part reads, naming the part that would).
+"$PY" -m broker "${args[@]}" --with-job --check-config
+"$PY" -m sink.job "${args[@]}" --with-broker --check-config
+
+# Each part in a process group of its own: a terminal's Ctrl-C reaches this script only, which
+# asks every part to stop once (SIGTERM); Ctrl-C again passes it on (the job's third signal ends
+# it at once, its last commit reported). Same session: the job's niceness is its own only.
+own_group=(-c 'import os, sys; os.setpgid(0, 0); os.execv(sys.argv[1], sys.argv[1:])')
+pids=()
+stop() {
+  trap 'kill -TERM "${pids[@]}" 2>/dev/null || true' INT TERM HUP
+  trap - EXIT
+  kill -TERM "${pids[@]}" 2>/dev/null || true
+  for p in "${pids[@]}"; do
+    while kill -0 "$p" 2>/dev/null; do wait "$p" 2>/dev/null || true; done
+  done
+}
+trap stop INT TERM HUP EXIT
 
 # The spool keeps every record until the job has it in the table (an embedded Kafka restart
-# loses nothing); the broker finds the job's committed file from the same config's [history].
-"$PY" -m broker --config "$CONFIG" --sink --set sink.keep_until=history "${dash[@]}" "$@" &
+# loses nothing); the broker finds the job's committed file from the same [history].
+"$PY" "${own_group[@]}" "$PY" -m broker "${args[@]}" --with-job &
 broker_pid=$!
-job_pid=
-stop() {
-  trap - INT TERM EXIT
-  [ -n "$job_pid" ] && kill -TERM "$job_pid" 2>/dev/null || true
-  kill -TERM "$broker_pid" 2>/dev/null || true
-  wait 2>/dev/null || true
-}
-trap stop INT TERM EXIT
+pids+=("$broker_pid")
 
 # The Spark job reads the Kafka the broker's sink forwards to (embedded on 127.0.0.1:9092 by default),
 # and serves Spark Connect (sc://127.0.0.1:15002 by default) for sink.query and the dashboard.
-"$PY" -m sink.job --config "$CONFIG" &
+"$PY" "${own_group[@]}" "$PY" -m sink.job "${args[@]}" --with-broker &
 job_pid=$!
+pids+=("$job_pid")
 if [ "$DASHBOARD" != 0 ]; then
-  # where the broker keeps the first administrator's password: its data dir (config, env, --data-dir)
-  data_dir=$("$PY" -c 'import sys, settings; print(settings.load(sys.argv[1]).data_dir)' "$CONFIG")
-  prev=
-  for a in "$@"; do
-    [ "$prev" = --data-dir ] && data_dir=$a
-    case $a in --data-dir=*) data_dir=${a#--data-dir=} ;; esac
-    prev=$a
-  done
+  # where the broker keeps the first administrator's password: its data dir, from the same tree
+  data_dir=$("$PY" -c 'import sys; from broker.__main__ import build_config, parse_args
+print(build_config(parse_args(sys.argv[1:])).data_dir)' "${args[@]}" --with-job)
   for _ in $(seq 50); do [ -e "$data_dir/dashboard-users" ] && break; sleep 0.2; done
   echo "run.sh: dashboard on http://127.0.0.1:$DASHBOARD_PORT/ (history charts once the Spark job is up)"
   if [ -e "$data_dir/dashboard-admin-password" ]; then

@@ -7,7 +7,8 @@
 A leaf package (the standard library only), shared by the broker (broker/), the sink and the
 history job (sink/): neither imports the other for its configuration. Layout: checks.py (what a
 key accepts, ConfigError), tree.py (the sections and their defaults), load.py (file < env <
---set < flags).
+--set < flags), parts.py (the command line the broker and the job share; which part reads
+which key).
 """
 from .checks import ConfigError, Rule, connect_address, one_line, report
 from .load import listener_specs, load, read_toml

@@ -43,7 +43,7 @@ COMPOSE = "deploy/compose.yaml"   # read by docker compose / podman-compose, not
 SETTINGS_PREFIX = "MQTT_BROKER_"
 SETTINGS = EnvVar(SETTINGS_PREFIX + "*", "any setting: MQTT_BROKER_<KEY> for [broker] keys, "
                   "MQTT_BROKER_<SECTION>__<KEY> for the others (e.g. MQTT_BROKER_MQTT__MAXIMUM_QOS=1); "
-                  "above the config file, below --set and flags", (BROKER, ADMIN, QUERY))
+                  "above the config file, below --set and flags", (BROKER, JOB, ADMIN, QUERY))
 
 SPARK_CONNECT_TOKEN = EnvVar(
     "SPARK_CONNECT_AUTHENTICATE_TOKEN", "the history job's Spark Connect token, instead of "

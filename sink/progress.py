@@ -35,10 +35,37 @@ import time
 
 FILE_NAME = "history_committed.json"
 VERSION = 1
-#: in the broker's data directory: which table the running job writes and where it reports its
-#: commits ({"pid", "started_at", "table", "committed_file"}), so a broker reading another
-#: committed file can say so
+#: in the broker's data directory, one per table (job_file): which table the running job writes
+#: and where it reports its commits ({"pid", "started_at", "table", "committed_file"}), so a
+#: broker reading another committed file can say so. JOB_FILE is the name of before, one per data
+#: directory, which two jobs on one data directory overwrote: still read.
 JOB_FILE = "history_job.json"
+
+
+def job_file(data_dir: str, table: str) -> str:
+    """The status file of the job writing `table`, in the data directory:
+    history_job.<the table's directory name>-<8 hex digits of its absolute path>.json."""
+    import re
+    where = os.path.abspath(table) if "://" not in table else table
+    name = re.sub(r"[^A-Za-z0-9_.-]", "_", where.rstrip("/").rsplit("/", 1)[-1])[:40] or "table"
+    digest = hashlib.sha256(where.encode()).hexdigest()[:8]
+    return os.path.join(data_dir, f"history_job.{name}-{digest}.json")
+
+
+def running_jobs(data_dir: str) -> list[dict]:
+    """Every job that said in the data directory which table it writes and still runs (the
+    newest first)."""
+    try:
+        names = [n for n in os.listdir(data_dir)
+                 if n.startswith("history_job.") and n.endswith(".json")]
+    except OSError:
+        return []
+    found = [j for j in (running_job(os.path.join(data_dir, n), others=False) for n in names) if j]
+
+    def started(info: dict) -> float:
+        value = info.get("started_at")
+        return float(value) if isinstance(value, (int, float)) else 0.0
+    return sorted(found, key=started, reverse=True)
 
 
 def committed_path(table: str, checkpoint: str | None = None) -> str:
@@ -75,18 +102,25 @@ def _mac(key: bytes, data: dict) -> str:
                     hashlib.sha256).hexdigest()
 
 
-def running_job(job_file: str | None) -> dict | None:
-    """What the history job said about itself in JOB_FILE (pid, started_at, table,
-    committed_file as an absolute path), if that job still runs; else None."""
+def running_job(job_file: str | None, others: bool = True) -> dict | None:
+    """What the history job said about itself in job_file (pid, started_at, table,
+    committed_file as an absolute path), if that job still runs; else (others) a running job
+    of another table that said so in the same directory (a broker then says it reads another
+    table's commits), or None."""
     if not job_file:
         return None
     try:
         with open(job_file) as f:
             info = json.load(f)
         info["committed_file"] = os.path.abspath(info["committed_file"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    return info if job_alive(info) else None
+        if job_alive(info):
+            return info
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        pass
+    if others:
+        jobs = running_jobs(os.path.dirname(job_file) or ".")
+        return jobs[0] if jobs else None
+    return None
 
 
 def job_alive(info: dict) -> bool:

@@ -44,10 +44,10 @@ async def start(server: ServerState) -> Dashboard:
     d = Dashboard(server, s, accounts, AdminService(server.broker, server.bans, accounts))
     await d.start()
     url = f"http://{_url_host(s.host)}:{d.port}/"
-    if where:
-        log.warning("dashboard: created the first administrator %r; log in at %s with the "
-                    "password in %s (change it: python -m broker.admin users passwd %s)",
-                    s.initial_admin, url, where, s.initial_admin)
+    if where:   # the first start's routine (scripts/run.sh says it too): not a warning
+        log.info("dashboard: created the first administrator %r; log in at %s with the "
+                 "password in %s (change it: python -m broker.admin users passwd %s)",
+                 s.initial_admin, url, where, s.initial_admin)
     elif where == "":
         log.warning("dashboard: created the first administrator %r with [dashboard] "
                     "initial_admin_password; log in at %s", s.initial_admin, url)

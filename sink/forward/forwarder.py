@@ -65,7 +65,7 @@ from typing import Any, Callable
 from kafka_client.headers import signature_mac
 from kafka_client.produce import BatchSender, ChunkFuture, NotReady
 from kafka_client.record import entry_fields, entry_shard, entry_timestamp, sign_body
-from settings import SinkConfig, secrets
+from settings import HistoryConfig, SinkConfig, secrets
 
 from .. import progress
 from .commit_watch import AckedChunk, CommitWatcher
@@ -205,6 +205,7 @@ class Runtime:
     bootstrap: str                      # [sink] bootstrap_servers, or the embedded Kafka's address
     embedded: bool = False              # the broker's embedded Kafka (empty after a restart: routine)
     committed_file: str | None = None   # keep_until = "history": the job's committed file
+    table: str = HistoryConfig().table  # [history] table: the job writing it says so in job_file
     sink_key: bytes | None = None       # the broker's key (settings/secrets.py); None: unsigned
     shard: int = 0                      # this forwarder sends the topics with crc32 % shards == shard
     shards: int = 1
@@ -213,7 +214,7 @@ class Runtime:
 
     @property
     def job_file(self) -> str | None:
-        return os.path.join(self.data_dir, progress.JOB_FILE) if self.data_dir else None
+        return progress.job_file(self.data_dir, self.table) if self.data_dir else None
 
     def to_json(self) -> dict:
         out = {f: getattr(self, f) for f in self.__slots__}

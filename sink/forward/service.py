@@ -66,6 +66,7 @@ class Sink:
                  history: HistoryConfig | None = None) -> None:
         self.cfg = normalize_config(cfg, data_dir)
         self.committed_file = committed_file(self.cfg, history) if self.cfg.keep_until == "history" else None
+        self.table = (history or HistoryConfig()).table   # the job writing it says so (progress.job_file)
         self.data_dir = data_dir
         self.key: bytes | None = None   # settings/secrets.py: signs records, checks the committed file
         self.durable = self.cfg.durability == "spool"          # acks wait for the fsync
@@ -169,7 +170,8 @@ class Sink:
         """What a forwarder needs besides the [sink] section (self.cfg)."""
         return Runtime(spool_dir=self.cfg.spool_dir, data_dir=self.data_dir,
                        bootstrap=self.bootstrap, embedded=self.embedded is not None,
-                       committed_file=self.committed_file, sink_key=self.key, shard=shard,
+                       committed_file=self.committed_file, table=self.table,
+                       sink_key=self.key, shard=shard,
                        shards=max(1, self.cfg.forwarders),
                        watch_pid=self.embedded.proc.pid if self.embedded and self.embedded.proc else None,
                        log_level=log.getEffectiveLevel())

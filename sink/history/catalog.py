@@ -132,7 +132,10 @@ def register_in_session(spark: SparkSession, hist: HistoryConfig) -> None:
     """``messages`` in the job's own catalog (in-memory, or the external metastore)."""
     if "://" not in hist.table or hist.table.startswith("file://"):
         Path(table_location(hist.table)).mkdir(parents=True, exist_ok=True)
-    spark.sql(f"CREATE DATABASE IF NOT EXISTS {quote_ident(hist.database)}")
+    # `default` is made by Spark with the catalog: creating it again raced that (Spark warned
+    # that it "was created concurrently")
+    if hist.database != "default" and not spark.catalog.databaseExists(hist.database):
+        spark.sql(f"CREATE DATABASE IF NOT EXISTS {quote_ident(hist.database)}")
     spark.sql(create_table_sql(hist.table, hist.database))
     add_missing_columns(spark, hist.database)
 

@@ -1,8 +1,12 @@
 """The history job: Kafka (records written by the broker's forwarder) -> Parquet history table.
 
-    python -m sink.job [--kafka-bootstrap HOST:PORT] [--table DIR] [--checkpoint DIR]
-                       [--config FILE] [--kafka-topic T] [--trigger-seconds N]
+    python -m sink.job [--config FILE] [--set SECTION.KEY=VALUE] [--data-dir DIR]
+                       [--kafka-bootstrap HOST:PORT] [--table DIR] [--checkpoint DIR]
+                       [--kafka-topic T] [--trigger-seconds N]
                        [--source auto|kafka|python] [--available-now]
+
+Its settings are the broker's tree, built from the same arguments and environment
+(settings/parts.py): scripts/run.sh gives both commands the same ones.
 
 Exactly once, and no duplicate message ids:
 - The table's own commit log (sink/history/manifest.py, written by sink/history/writer.py in
@@ -77,6 +81,7 @@ class Job:
     data_dir: str | None = None
     available_now: bool = False   # --available-now: what Kafka holds now, then exit
     embedded_kafka: bool = False  # the broker's embedded Kafka (empty after each restart: routine)
+    log_level: str = "INFO"       # [broker] log_level (the job's own: --log-level, $SINK_LOG_LEVEL)
 
     @classmethod
     def of(cls, **values: Any) -> Job:
@@ -114,18 +119,26 @@ class Job:
         return self
 
 
-def load_job(path: str | None, flags: Iterable[Flag] = (),
-             available_now: bool = False) -> tuple[Job, list[str]]:
-    """The job from the broker's config file (no file: the tree's defaults) and flags
-    ((section, key, value, flag) tuples, checked as the keys they set), and notes to log: every
-    key is checked the way the broker checks it (settings.ConfigError: one line naming the key).
-    The environment (MQTT_BROKER_*) is the broker's, not the job's."""
-    from settings import ConfigError, load
+def load_job(path: str | None, flags: Iterable[Flag] = (), available_now: bool = False,
+             sets: Iterable[str] = (), shared: Iterable[Flag] = (),
+             with_broker: bool = False) -> tuple[Job, list[str]]:
+    """The job from the run's tree (settings/parts.py): the config file (none: the tree's
+    defaults), the MQTT_BROKER_* environment, --set items and the flags the broker shares
+    (`shared`), as the broker builds it from the same arguments, then the job's own flags
+    (--table, --trigger-seconds...: (section, key, value, flag) tuples); and notes to log.
+    Every key is checked the way the broker checks it (settings.ConfigError: one line naming
+    the key), and a --set or flag that nothing running reads is refused (with_broker: the
+    broker runs beside, scripts/run.sh)."""
+    from settings import ConfigError, load, parts
     from settings.load import apply_setting
-    cfg = load(path, env={})
-    file_history = dataclasses.replace(cfg.history)
+    sets, shared, flags = list(sets), list(shared), list(flags)
+    cfg = load(path, sets=sets, flags=shared)
+    file_history = dataclasses.replace(cfg.history)   # what a broker given the same arguments reads
     for section, key, value, flag in flags:
         apply_setting(cfg, section, key, value, flag)
+    commands = [parts.JOB] + ([parts.BROKER] if with_broker else [])
+    parts.check_used(cfg, parts.set_keys(sets) + [(f[0], f[1], f[3]) for f in shared + flags],
+                     commands, "the history job" + (" and the broker" if with_broker else ""))
     sink, hist = cfg.sink, cfg.history
     notes = table_notes(file_history, hist, sink.keep_until, path)
     # [sink] is the broker's section (config/broker.toml): read Kafka from where it forwards to
@@ -148,7 +161,7 @@ def load_job(path: str | None, flags: Iterable[Flag] = (),
                          "the whole history over JDBC. Give the operators a file of their own "
                          "(python -m broker.auth passwd FILE add USER)")
     job = Job(hist, bootstrap, topics, data_dir=cfg.data_dir, available_now=available_now,
-              embedded_kafka=embedded)
+              embedded_kafka=embedded, log_level=cfg.log_level)
     return job.validate(), notes
 
 
@@ -163,7 +176,7 @@ def same_file(a: str, b: str) -> bool:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from settings import environment
+    from settings import environment, parts
     p = argparse.ArgumentParser(
         prog="python -m sink.job",
         description="Copy MQTT messages from Kafka into the Parquet history table "
@@ -172,16 +185,15 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Flags override the config file, which overrides the defaults. "
                "Query the table with: python -m sink.query \"SELECT ... FROM messages\"\n\n"
                + environment.epilog(environment.JOB))
-    p.add_argument("--kafka-bootstrap", metavar="HOST:PORT",
-                   help=f"Kafka bootstrap servers (default 127.0.0.1:{_SINK.embedded_port}, or "
-                        "[sink] bootstrap_servers)")
+    parts.add_arguments(p, log_level_help="the job's log level: DEBUG, INFO, WARNING or ERROR "
+                                          f"(default ${environment.SINK_LOG_LEVEL.name}, else "
+                                          "log_level of the settings: INFO)")
+    p.add_argument("--with-broker", action="store_true",
+                   help="the broker runs beside this job with the same arguments "
+                        "(scripts/run.sh): settings only the broker reads are accepted here")
     p.add_argument("--table", metavar="DIR", help=f"history table directory (default {_HISTORY.table})")
     p.add_argument("--checkpoint", metavar="DIR",
                    help="checkpoint directory (default: <table>_checkpoint beside the table)")
-    p.add_argument("--data-dir", metavar="DIR",
-                   help="the broker's data directory, where the shared secrets are (default "
-                        "./data, or data_dir of --config)")
-    p.add_argument("--config", metavar="FILE", help="TOML config; reads [history] and [sink]")
     p.add_argument("--kafka-topic", metavar="T", action="append",
                    help=f"Kafka topic to read (repeat or comma-separate for several; "
                         f"re:<regex> for a pattern; default {_SINK.topic})")
@@ -203,20 +215,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--nice", metavar="N", type=int,
                    help=f"run at this niceness (0-19; default {_HISTORY.nice}, or [history] nice): "
                         "on a machine shared with the broker, the broker's CPU comes first")
-    p.add_argument("--log-level", default=environment.SINK_LOG_LEVEL.get("INFO"),
-                   help=f"log level of the job (default INFO, or ${environment.SINK_LOG_LEVEL.name})")
     return p
 
 
 #: flag (its argparse dest) -> the key it sets
-FLAG_KEYS = {"kafka_bootstrap": ("sink", "bootstrap_servers"), "table": ("history", "table"),
-             "checkpoint": ("history", "checkpoint"), "data_dir": ("broker", "data_dir"),
+FLAG_KEYS = {"table": ("history", "table"), "checkpoint": ("history", "checkpoint"),
              "trigger_seconds": ("history", "trigger_seconds"), "source": ("history", "source"),
              "connect_port": ("history", "connect_port"), "nice": ("history", "nice")}
 
 
 def flags_of(args: argparse.Namespace) -> list[Flag]:
-    """The keys the command line sets, as (section, key, value, flag) for the tree to check."""
+    """The keys the job's own flags set, as (section, key, value, flag) for the tree to check
+    (the flags it shares with the broker: settings.parts.flags_of)."""
     flags = [(*key, getattr(args, dest), "--" + dest.replace("_", "-"))
              for dest, key in FLAG_KEYS.items() if getattr(args, dest, None) is not None]
     if getattr(args, "kafka_topic", None):
@@ -229,10 +239,16 @@ def flags_of(args: argparse.Namespace) -> list[Flag]:
 
 
 def config_from_args(argv: Sequence[str] | None = None) -> tuple[Job, argparse.Namespace]:
+    from settings import environment, parts
     args = build_parser().parse_args(argv)
+    job, args.notes = load_job(args.config, flags_of(args), args.available_now, sets=args.set,
+                               shared=parts.flags_of(args), with_broker=args.with_broker)
+    # the job's own level: --log-level, else $SINK_LOG_LEVEL, else the tree's log_level
+    if args.log_level is None:
+        args.log_level = environment.SINK_LOG_LEVEL.get() or job.log_level
     if not isinstance(logging.getLevelName(args.log_level.upper()), int):
-        raise UsageError(f"--log-level must be DEBUG, INFO, WARNING or ERROR, not {args.log_level!r}")
-    job, args.notes = load_job(args.config, flags_of(args), args.available_now)
+        raise UsageError(f"${environment.SINK_LOG_LEVEL.name} must be DEBUG, INFO, WARNING or "
+                         f"ERROR, not {args.log_level!r}")
     return job, args
 
 
@@ -557,7 +573,7 @@ def announce(job: Job) -> None:
     that waits for the first commit knows a job is starting (sink/forward/forwarder.py)."""
     if not job.data_dir or not is_local_path(job.history.checkpoint_dir):
         return
-    from sink.progress import JOB_FILE, atomic_write, committed_path
+    from sink.progress import atomic_write, committed_path, job_file
     committed_file = committed_path(job.history.table, str(_local(job.history.checkpoint_dir)))
     table = job.history.table
     info = {"pid": os.getpid(), "started_at": time.time(),
@@ -567,9 +583,9 @@ def announce(job: Job) -> None:
             "serves_connect_at": job.history.connect_url if connect_enabled(job) else None}
     try:
         os.makedirs(job.data_dir, exist_ok=True)
-        atomic_write(os.path.join(job.data_dir, JOB_FILE), json.dumps(info).encode())
+        atomic_write(job_file(job.data_dir, table), json.dumps(info).encode())
     except OSError as exc:
-        log.warning("cannot write %s in %s: %s", JOB_FILE, job.data_dir, exc)
+        log.warning("cannot write %s: %s", job_file(job.data_dir, table), exc)
 
 
 def progress_since(query: StreamingQuery, after: int) -> list[dict[str, Any]]:
@@ -764,6 +780,20 @@ def serve_connect(spark: Spark, job: Job) -> None:
              "local process)")
 
 
+def stop_connect(spark: Spark, job: Job) -> None:
+    """Stop the Spark Connect server before its SparkContext: started by serve_connect (not as
+    a plugin of the context), it would otherwise answer clients (the dashboard's history charts)
+    from a stopped context until the JVM exits."""
+    if not connect_enabled(job):
+        return
+    try:
+        svc = spark.sparkContext._jvm.org.apache.spark.sql.connect.service.SparkConnectService
+        # (nothing when it was not started, or is stopped already)
+        svc.stop(getattr(svc, "stop$default$1")(), getattr(svc, "stop$default$2")())
+    except Exception as exc:  # stopping anyway: the JVM ends with the job
+        log.debug("cannot stop the Spark Connect server: %s", exc)
+
+
 def check_kafka(bootstrap: str, timeout: float = 10.0,
                 stop: threading.Event | None = None) -> None:
     """Wait until Kafka accepts connections; fail with a clear message after ``timeout`` s."""
@@ -896,6 +926,15 @@ def guard_build_root(data_dir: str | None) -> Path:
     return Path(data_dir or tempfile.gettempdir()) / "build"
 
 
+def quiet_py4j_retry(record: logging.LogRecord) -> bool:
+    """A log filter: py4j logs "Exception while sending command." with its traceback at INFO on
+    the root logger when a pooled connection to the JVM was closed while idle, then sends the
+    command again on a new one (nothing failed). A retry that fails too is logged at ERROR
+    (logging.exception), which passes."""
+    return not (record.name == "root" and record.levelno == logging.INFO
+                and record.module == "java_gateway")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from settings import ConfigError
     from settings import report as report_config_error
@@ -906,6 +945,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as exc:
         print(f"sink.job: error: {exc}", file=sys.stderr)
         return 2
+    if args.check_config:
+        return 0
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # the source says what it recovers from (a Kafka restart) in one line; the client's own
@@ -913,6 +954,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.getLogger("kafka").setLevel(logging.ERROR)
     logging.getLogger("py4j").setLevel(logging.WARNING)
     logging.getLogger("SQLQueryContextLogger").setLevel(logging.CRITICAL)
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(quiet_py4j_retry)
     for note in args.notes:
         log.warning("%s", note)
     announce(job)
@@ -951,7 +994,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
                 # the table is still written; check_active below then serves no endpoint
                 log.error("cannot build the read-only guard of Spark Connect and JDBC: %s", exc)
-        spark = get_spark("mqtt-history-job", conf={
+        spark = get_spark("mqtt-history-job", quiet_start=True, conf={
             **({} if launched_by_spark_submit() else JOB_LOCAL_CONF),
             **conf, **catalog.session_conf(job.history), **guard_conf})
         if serving:
@@ -972,6 +1015,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             return run_restarting(spark, job, stop)
         finally:
+            stop_connect(spark, job)
             spark.stop()
     except UsageError as exc:
         log.error("%s", exc)

@@ -178,8 +178,11 @@ class Maintainer(threading.Thread):
 
     def stop(self, timeout: float = 30.0) -> None:
         self._halt.set()
-        try:
-            self.spark.sparkContext.cancelJobGroup(JOB_GROUP)
+        try:  # a pass under way is cut short; none (the usual case): nothing to cancel
+            sc = self.spark.sparkContext
+            tracker = sc.statusTracker()
+            if set(tracker.getJobIdsForGroup(JOB_GROUP)) & set(tracker.getActiveJobsIds()):
+                sc.cancelJobGroup(JOB_GROUP)
         except Exception:  # the context may be stopping already
             pass
         self.join(timeout)

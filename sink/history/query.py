@@ -246,11 +246,17 @@ def connect_session(url: str, token: str | None = None) -> SparkSession:
     return SparkSession.builder.remote(client_url(url, token)).getOrCreate()
 
 
-def running_job(data_dir: str | None) -> dict | None:
-    """The history job that announced itself in the data directory and still runs."""
-    from sink.progress import JOB_FILE
-    from sink.progress import running_job as job
-    return job(os.path.join(data_dir, JOB_FILE)) if data_dir else None
+def running_job(data_dir: str | None, url: str | None = None,
+                table: str = DEFAULT_TABLE) -> dict | None:
+    """The running history job that announced itself in the data directory (its status file,
+    one per table: sink/progress.py) and serves Spark Connect at `url`; else the one writing
+    `table`; else any (open_session says where it serves)."""
+    from sink.progress import running_jobs
+    jobs = running_jobs(data_dir) if data_dir else []
+    here = [j for j in jobs if url and j.get("serves_connect_at") == url]
+    mine = [j for j in jobs if "table" in j and j["table"] in (table, os.path.abspath(table))]
+    found = here or mine or jobs
+    return found[0] if found else None
 
 
 def job_committed(job: dict) -> bool:
@@ -399,7 +405,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:  # everything that can be checked without Spark, before Spark
         sql = check_sql(read_sql(args))
-        job = None if args.local else running_job(data_dir)
+        job = None if args.local else running_job(data_dir, args.connect, default_table)
         reachable = not args.local and connect_reachable(args.connect)
         if args.local or (not reachable and job is None) or args.table is not None:
             table = args.table or default_table

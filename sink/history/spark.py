@@ -70,10 +70,14 @@ DEFAULT_CONF = {
 #: free heap back after a full collection, and Spark's periodic collection every 2 minutes
 #: (default 30) so that an idle job does have one; at most one idle Python worker kept per kind
 #: (Spark ends those idle for a minute).
+#: Its Spark log: sink/history/log4j2.properties (WARN, and the warnings every run gives, each
+#: harmless, turned off: a normal start, run and stop print none).
+JOB_LOG4J2 = os.path.join(PROJECT_ROOT, "sink", "history", "log4j2.properties")
 JOB_LOCAL_CONF = {
     "spark.driver.memory": "512m",
     "spark.driver.extraJavaOptions": "-Xms64m -XX:+UseSerialGC -XX:MinHeapFreeRatio=10 "
-                                     "-XX:MaxHeapFreeRatio=30 -XX:ReservedCodeCacheSize=96m",
+                                     "-XX:MaxHeapFreeRatio=30 -XX:ReservedCodeCacheSize=96m "
+                                     f"-Dlog4j2.configurationFile={JOB_LOG4J2}",
     "spark.cleaner.periodicGC.interval": "2min",
     "spark.python.factory.idleWorkerMaxPoolSize": "1",
 }
@@ -186,12 +190,49 @@ def _numpy_converters_only_when_loaded() -> None:
             protocol.INPUT_CONVERTER[i] = _NumpyOnlyWhenLoaded(conv)
 
 
+#: What the JVM itself prints on stderr at every start, before any logging: Spark's launcher
+#: always adds --add-modules=jdk.incubator.vector (org.apache.spark.launcher.JavaModuleOptions),
+#: and Java says so; nothing here uses the module, no setting turns the notice off.
+JVM_START_NOTICES = (b"WARNING: Using incubator modules: jdk.incubator.vector",)
+
+
+def _launch_gateway_without_notices(app_name: str, master: str | None,
+                                    settings: dict[str, str]) -> None:
+    """Start the JVM as SparkSession.builder would (launch_gateway with the same settings), its
+    stderr through ``grep -v`` of JVM_START_NOTICES (PySpark's popen_kwargs); the builder then
+    uses this JVM. The filter runs in a session of its own (no terminal's or supervisor's
+    signal ends it) and ends when the JVM and its Python workers have closed their stderr, so it
+    passes on what they say after this process. Nothing when a JVM runs already or without
+    grep (the notice is printed)."""
+    import shutil
+    import subprocess
+
+    from pyspark import SparkConf, SparkContext
+    from pyspark.java_gateway import launch_gateway
+    grep = shutil.which("grep")
+    if SparkContext._gateway is not None or grep is None:
+        return
+    notices = [x for n in JVM_START_NOTICES for x in ("-e", n.decode())]
+    filt = subprocess.Popen([grep, "--line-buffered", "-v", "-x", "-F", *notices],
+                            stdin=subprocess.PIPE, start_new_session=True)
+    conf = SparkConf(loadDefaults=False).setAppName(app_name).setAll(list(settings.items()))
+    if master:
+        conf.setMaster(master)
+    try:
+        gateway = launch_gateway(conf, popen_kwargs={"stderr": filt.stdin})
+    finally:
+        filt.stdin.close()  # type: ignore[union-attr]  # (a pipe: given) the JVM holds it now
+    SparkContext._ensure_initialized(gateway=gateway)
+
+
 def get_spark(app_name: str = "mqtt-history", master: str | None = None,
-              conf: dict[str, str] | None = None, log_level: str = "WARN") -> SparkSession:
+              conf: dict[str, str] | None = None, log_level: str = "WARN",
+              quiet_start: bool = False) -> SparkSession:
     """Return a SparkSession (the active one if it exists, else a new one).
 
     ``master`` defaults to $SPARK_MASTER or, when not launched by spark-submit, ``local[2]``.
     Under spark-submit the master and deploy settings come from the command line.
+    ``quiet_start``: a JVM started here leaves out JVM_START_NOTICES (the history job).
     """
     prepare_python_env()
     from pyspark.sql import SparkSession
@@ -210,6 +251,8 @@ def get_spark(app_name: str = "mqtt-history", master: str | None = None,
     settings.update(conf or {})
     for key, value in settings.items():
         builder = builder.config(key, value)
+    if quiet_start and not submitted:
+        _launch_gateway_without_notices(app_name, master, settings)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(log_level)
     # Runtime-settable confs: make sure they hold even if the session already existed.

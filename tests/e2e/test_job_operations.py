@@ -104,7 +104,7 @@ def rows(p: subprocess.CompletedProcess) -> list[dict]:
 def test_a_query_made_while_the_job_starts_waits_for_it(job):
     """Right after the job was started (its Spark needs 10-30 s): sink.query waits for its
     Spark Connect server with a progress line, and answers from it, not from a second Spark."""
-    announced = job.data / progress.JOB_FILE      # the job says so at once, before its Spark
+    announced = Path(progress.job_file(str(job.data), job.table))  # at once, before its Spark
     wait_for(lambda: announced.exists() and json.loads(announced.read_text())["pid"] == job.proc.pid,
              60, "the job to announce itself", 0.1)
     p = job.query("SELECT count(*) AS n FROM messages", "--wait", "400")
@@ -176,7 +176,7 @@ def test_the_committed_file_is_signed_and_names_the_table(job):
     key = secrets.derive(secrets.sink_key(str(job.data)), secrets.COMMITTED)
     st = wait_for(lambda: progress.read_committed(path, key), 60, "a committed file")
     assert st["signature"] == "ok" and st["table"] == os.path.abspath(job.table)
-    announced = json.loads((job.data / progress.JOB_FILE).read_text())
+    announced = json.loads(Path(progress.job_file(str(job.data), job.table)).read_text())
     assert announced["pid"] == job.proc.pid and announced["committed_file"] == os.path.abspath(path)
 
 

@@ -123,8 +123,8 @@ def test_variables_keep_their_meaning(monkeypatch, tmp_path):
     with pytest.raises(ValueError, match=r"\$MQTT_SINK_KEY"):
         secrets.sink_key(str(tmp_path))
     monkeypatch.setenv("SINK_LOG_LEVEL", "DEBUG")
-    from sink.history.job import build_parser
-    assert build_parser().parse_args([]).log_level == "DEBUG"
+    from sink.history.job import config_from_args
+    assert config_from_args([])[1].log_level == "DEBUG"
     monkeypatch.setenv("BROKER_ADMIN_PASSWORD", "pw")
     from broker.admin.__main__ import _password
     assert _password(None, None) == "pw"
