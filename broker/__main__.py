@@ -17,7 +17,7 @@ from settings import report as report_config_error
 from .server import serve
 from .transport.eventloop import install_uvloop
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("broker")  # (python -m broker: the package it starts)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

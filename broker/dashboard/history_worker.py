@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 from .history import COUNTS_SQL, LATEST_SQL, VALUES_SQL, iso
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(__spec__.name if __name__ == "__main__" else __name__)  # (python -m: its module path)
 
 
 class Worker:

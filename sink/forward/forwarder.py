@@ -73,7 +73,7 @@ from .loss import LossDetector
 from .sources import MemorySource, SpoolSource
 from .spool import DirLock, SpoolPosition
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(__spec__.name if __name__ == "__main__" else __name__)  # (python -m: its module path)
 
 DEFAULT_PRODUCER = dict(
     acks="all",

@@ -47,7 +47,7 @@ from settings import HistoryConfig, SinkConfig
 from sink.history.paths import is_local_path
 from sink.history.paths import local as _local
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(__spec__.name if __name__ == "__main__" else __name__)  # (python -m: its module path)
 
 # pyspark's objects (pyspark is imported only where Spark runs)
 Spark = Any           # a SparkSession

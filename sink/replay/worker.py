@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
     from .tail import Tail
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(__spec__.name if __name__ == "__main__" else __name__)  # (python -m: its module path)
 
 
 def known_mask(known: Ledger | None, ids: list) -> np.ndarray:

@@ -25,8 +25,14 @@ def _logger_names() -> list[tuple[str, int, str]]:
                 if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
                         and node.func.attr == "getLogger" and node.args):
                     arg = node.args[0]
-                    name = "__name__" if isinstance(arg, ast.Name) and arg.id == "__name__" else (
-                        arg.value if isinstance(arg, ast.Constant) else ast.unparse(arg))
+                    names = {n.id for n in ast.walk(arg) if isinstance(n, ast.Name)}
+                    if names & {"__name__", "__spec__"}:
+                        name = "__name__"  # (or, run with python -m, its module path: __spec__.name)
+                    elif isinstance(arg, ast.Constant) and path.name == "__main__.py" and \
+                            arg.value == path.parent.name:
+                        name = "__name__"  # python -m PACKAGE logs as the package it starts
+                    else:
+                        name = arg.value if isinstance(arg, ast.Constant) else ast.unparse(arg)
                     found.append((str(path.relative_to(ROOT)), node.lineno, name))
     return found
 
@@ -42,3 +48,18 @@ def test_modules_log_under_their_own_name():
 def test_every_named_channel_is_in_use():
     used = {n for _, _, n in _logger_names()}
     assert set(CHANNELS) <= used
+
+
+def test_a_module_run_with_python_m_logs_under_its_module_path_not_main():
+    """`python -m sink.history.job` runs the module as __main__: its log lines must still say
+    sink.history.job (logging.getLogger(__spec__.name) there), not "__main__"."""
+    bad = []
+    for pkg in PACKAGES:
+        for path in sorted((ROOT / pkg).rglob("*.py")):
+            src = path.read_text()
+            if path.name == "__main__.py" or 'if __name__ == "__main__":' not in src:
+                continue
+            for line in src.splitlines():
+                if line.startswith("log = logging.getLogger(") and "__spec__" not in line:
+                    bad.append(str(path.relative_to(ROOT)))
+    assert not bad, "run as __main__, these log as '__main__': " + ", ".join(bad)
