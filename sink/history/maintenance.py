@@ -65,9 +65,10 @@ def job_table(spark: Any, hist: HistoryConfig) -> Table:  # a SparkSession (keep
 
 def batch_writer(spark: SparkSession, hist: HistoryConfig, parquet_options: dict) -> BatchWriter:
     """The job's foreachBatch function (writer.BatchWriter) for hist.table."""
+    from sink.history.sparkplug.table import SparkplugWriter, table_path
     from sink.history.writer import BatchWriter
     return BatchWriter(job_table(spark, hist), hist.checkpoint_dir, parquet_options,
-                       settings_of(hist).retention_ms)
+                       settings_of(hist).retention_ms, SparkplugWriter(table_path(hist.table)))
 
 
 def start_maintainer(spark: SparkSession, hist: HistoryConfig, parquet_options: dict,

@@ -1,0 +1,167 @@
+"""The table ``sparkplug_metrics``: written by the history job beside ``messages``.
+
+Directory ``<table>_sparkplug`` (beside ``<table>_checkpoint``), with the same commit log as
+``messages`` (sink/history/manifest.py): ``spark.read.parquet(dir)`` and the catalog table read
+one committed version. Written in the job's micro-batch, from the rows the batch writes to
+``messages`` (its staged Parquet files, read back here without Spark: the Kafka records are not
+read twice), and committed *before* them: a batch run again after a crash between the two
+commits finds itself in this table, skips it and writes ``messages`` only, so each table holds
+each batch once and the two agree (no Sparkplug row whose message is not in ``messages``).
+
+Malformed payloads (on a Sparkplug B topic, not Sparkplug B) are counted: logged per batch, and
+the total kept in the table's log (``malformed_total`` of the newest version's detail,
+``malformed_total()``).
+"""
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from sink.history.manifest import Change, Snapshot, Table, staged_files
+from sink.history.sparkplug.aliases import Aliases
+from sink.history.sparkplug.batch import COLUMNS, decode_batch
+from sink.history.sparkplug.decode import BIRTHS, NAMESPACE, TYPE_NAMES
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+log = logging.getLogger("sink.sparkplug")
+
+TABLE_NAME = "sparkplug_metrics"
+STATE_VIEW = "sparkplug_state"
+SUFFIX = "_sparkplug"
+HOUR_COLUMN = "_h"
+_CODES = {name: code for code, name in TYPE_NAMES.items()}
+
+
+def table_path(history_table: str) -> str:
+    """Where the job writes sparkplug_metrics for the history table ``history_table``."""
+    return history_table.rstrip("/") + SUFFIX
+
+
+def schema() -> Any:
+    """The table's columns (Spark types; ``date``, the UTC day of accepted_at, partitions it)."""
+    from pyspark.sql.types import (
+        DateType,
+        LongType,
+        StringType,
+        StructField,
+        StructType,
+        TimestampType,
+        VariantType,
+    )
+    s, ts = StringType(), TimestampType()
+    return StructType([
+        StructField("group_id", s), StructField("message_type", s), StructField("edge_node_id", s),
+        StructField("device_id", s), StructField("metric", s), StructField("alias", LongType()),
+        StructField("datatype", s), StructField("value", VariantType()),
+        StructField("metric_timestamp", ts), StructField("seq", LongType()),
+        StructField("message_id", s), StructField("topic", s), StructField("accepted_at", ts),
+        StructField("date", DateType())])
+
+
+def _arrow_rows(rows: list[tuple]) -> Any:
+    """Decoded rows (batch.COLUMNS) as a pyarrow Table."""
+    import pyarrow as pa
+    ts = pa.timestamp("us", tz="UTC")
+    types = {"alias": pa.int64(), "seq": pa.int64(), "metric_timestamp": ts, "accepted_at": ts}
+    cols = list(zip(*rows)) if rows else [()] * len(COLUMNS)
+    return pa.table({name: pa.array(list(col), type=types.get(name, pa.string()))
+                     for name, col in zip(COLUMNS, cols)})
+
+
+def read_messages(staged: Path) -> list[tuple[str, str, bytes | None, dt.datetime]]:
+    """The Sparkplug B topic rows of a batch's staged ``messages`` files: (message_id, topic,
+    payload, accepted_at), in accepted order (then Kafka partition and offset)."""
+    import pyarrow.compute as pc
+    import pyarrow.dataset as ds
+    files = [str(p) for p, _, _ in staged_files(staged)]
+    if not files:
+        return []
+    data = ds.dataset(files, format="parquet")
+    t = data.to_table(columns=["message_id", "topic", "payload", "accepted_at", "kafka_partition",
+                               "kafka_offset"],
+                      filter=pc.starts_with(ds.field("topic"), NAMESPACE + "/"))
+    if t.num_rows == 0:
+        return []
+    t = t.sort_by([("accepted_at", "ascending"), ("kafka_partition", "ascending"),
+                   ("kafka_offset", "ascending")])
+    at = t.column("accepted_at").cast("timestamp[us]").to_pylist()
+    return [(m, tp, p, a.replace(tzinfo=dt.timezone.utc))
+            for m, tp, p, a in zip(t.column("message_id").to_pylist(), t.column("topic").to_pylist(),
+                                   t.column("payload").to_pylist(), at)]
+
+
+def load_aliases(table: Table, snap: Snapshot) -> Aliases:
+    """The alias maps after the table's version ``snap``: from its birth rows."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.dataset as ds
+    if not snap.files:
+        return Aliases()
+    data = ds.dataset([str(table.abs(f.path)) for f in snap.files], format="parquet")
+    t = data.to_table(columns=["group_id", "edge_node_id", "device_id", "message_id",
+                               "accepted_at", "metric", "alias", "datatype"],
+                      filter=pc.is_in(ds.field("message_type"), value_set=pa.array(BIRTHS)))
+    rows = t.to_pylist()
+    for r in rows:
+        r["datatype_code"] = _CODES.get(r.pop("datatype") or "")
+    return Aliases.from_births(rows)
+
+
+def malformed_total(table: Table) -> int:
+    """Malformed Sparkplug B payloads the job has met, in every batch it committed."""
+    return int(table.snapshot().detail.get("malformed_total", 0))
+
+
+class SparkplugWriter:
+    """Called by the job's BatchWriter with each micro-batch's staged ``messages`` files."""
+
+    def __init__(self, path: str) -> None:
+        self.table = Table(path)
+        self.aliases: Aliases | None = None
+
+    def __call__(self, spark: SparkSession, staged: Path, batch_id: int, stream_id: str) -> int:
+        """Decode and commit the batch's Sparkplug B rows (unless the table has the batch
+        already). Returns the rows written."""
+        snap = self.table.snapshot()
+        if snap.stream_batch(stream_id) >= batch_id:
+            return 0
+        if self.aliases is None:   # the job's first batch: the maps of what was committed
+            self.aliases = load_aliases(self.table, snap)
+            if len(self.aliases):
+                log.info("Sparkplug B aliases of %d edge nodes and devices read back from %s",
+                         len(self.aliases), self.table.root)
+        messages = read_messages(staged)
+        if not messages:
+            return 0
+        work = self.aliases.copy()
+        out = decode_batch(messages, work)
+        files = []
+        staging = self.table.staging(f"b{batch_id}")
+        try:
+            if out.rows:
+                df = spark.createDataFrame(_arrow_rows(out.rows)).selectExpr(
+                    *["parse_json(value_json) AS value" if c == "value_json" else c
+                      for c in COLUMNS],
+                    "to_date(accepted_at) AS date", f"hour(accepted_at) AS {HOUR_COLUMN}")
+                df.write.mode("overwrite").partitionBy("date", HOUR_COLUMN).parquet(str(staging / "out"))
+                files = self.table.place(staged_files(staging / "out"), f"b{batch_id:08d}",
+                                         batch_id, 0)
+            total = int(snap.detail.get("malformed_total", 0)) + len(out.malformed)
+            self.table.commit(Change(
+                op="append", add=files, stream={"id": stream_id, "batch": batch_id},
+                detail={"batch": batch_id, "rows": len(out.rows), "messages": out.messages,
+                        "malformed": len(out.malformed), "malformed_total": total}))
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        self.aliases = work
+        if out.malformed:
+            message_id, topic, why = out.malformed[0]
+            log.warning("batch %d: %d malformed Sparkplug B payload(s) kept in messages only "
+                        "(%d so far), e.g. message %s on %s: %s", batch_id, len(out.malformed),
+                        total, message_id, topic, why)
+        return len(out.rows)
