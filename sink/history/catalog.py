@@ -68,8 +68,16 @@ def create_table_sql(table: str, database: str = "default", name: str = TABLE_NA
             f"USING parquet LOCATION '{loc}'")
 
 
+def sparkplug_sql(table: str, database: str = "default") -> list[str]:
+    """``sparkplug_metrics`` and the view ``sparkplug_state`` beside ``messages``
+    (sink/history/sparkplug/table.py)."""
+    from sink.history.sparkplug.table import create_sql
+    return create_sql(table, database, quote_ident, table_location)
+
+
 def definition_digest(table: str, database: str) -> str:
-    return hashlib.sha256(create_table_sql(table, database).encode()).hexdigest()[:16]
+    text = ";".join([create_table_sql(table, database), *sparkplug_sql(table, database)])
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def external(hist: HistoryConfig) -> bool:
@@ -135,6 +143,11 @@ def register_in_session(spark: SparkSession, hist: HistoryConfig) -> None:
     spark.sql(f"CREATE DATABASE IF NOT EXISTS {quote_ident(hist.database)}")
     spark.sql(create_table_sql(hist.table, hist.database))
     add_missing_columns(spark, hist.database)
+    if "://" not in hist.table or hist.table.startswith("file://"):
+        from sink.history.sparkplug.table import table_path
+        Path(table_location(table_path(hist.table))).mkdir(parents=True, exist_ok=True)
+    for statement in sparkplug_sql(hist.table, hist.database):
+        spark.sql(statement)
 
 
 def add_missing_columns(spark: SparkSession, database: str, name: str = TABLE_NAME) -> list[str]:
@@ -175,8 +188,11 @@ def register_in_derby(hist: HistoryConfig, timeout: float = 600,
     import pyspark
     spark_sql = Path(pyspark.__file__).parent / "bin" / "spark-sql"
     db = quote_ident(hist.database)
+    from sink.history.sparkplug.table import TABLE_NAME as SPARKPLUG
     sql = (f"CREATE DATABASE IF NOT EXISTS {db}; DROP TABLE IF EXISTS {db}.{TABLE_NAME}; "
-           f"{create_table_sql(hist.table, hist.database)};")
+           f"{create_table_sql(hist.table, hist.database)}; "
+           f"DROP TABLE IF EXISTS {db}.{SPARKPLUG}; "
+           + "".join(f"{s};" for s in sparkplug_sql(hist.table, hist.database)))
     env = {**os.environ, "SPARK_CONF_DIR": str(conf)}
     env.pop("PYSPARK_GATEWAY_PORT", None)
     cmd = [str(spark_sql), "--master", "local[1]", "--driver-memory", "512m",

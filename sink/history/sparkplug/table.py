@@ -165,3 +165,63 @@ class SparkplugWriter:
                         "(%d so far), e.g. message %s on %s: %s", batch_id, len(out.malformed),
                         total, message_id, topic, why)
         return len(out.rows)
+
+
+# ---- views and catalog ----------------------------------------------------------------------
+
+def state_sql(messages: str = "messages", metrics: str = TABLE_NAME) -> str:
+    """``sparkplug_state``: per edge node and device, whether it is online (Sparkplug 3.0
+    sections 7.1-7.4: an edge node is online from its NBIRTH to its NDEATH; a device from its
+    DBIRTH to its DDEATH, and only while its edge node is, since the node's birth), its last
+    birth or death, when, and the edge node's bdSeq of that birth or death. DDEATHs carry no
+    metric, so the events are read from ``messages``; bdSeq from ``metrics``."""
+    return f"""
+WITH events AS (
+  SELECT p[1] AS group_id, p[2] AS message_type, p[3] AS edge_node_id,
+         try_element_at(p, 5) AS device_id, accepted_at, message_id
+  FROM (SELECT split(topic, '/') AS p, accepted_at, message_id FROM {messages}
+        WHERE startswith(topic, 'spBv1.0/'))
+  WHERE (p[2] IN ('NBIRTH', 'NDEATH') AND size(p) = 4) OR (p[2] IN ('DBIRTH', 'DDEATH') AND size(p) = 5)
+), last AS (
+  SELECT group_id, edge_node_id, device_id,
+         max_by(named_struct('type', message_type, 'at', accepted_at, 'id', message_id),
+                struct(accepted_at, message_id)) AS e
+  FROM events GROUP BY group_id, edge_node_id, device_id
+), bdseq AS (
+  SELECT message_id, max(try_variant_get(value, '$', 'bigint')) AS bdseq FROM {metrics}
+  WHERE metric = 'bdSeq' AND message_type IN ('NBIRTH', 'NDEATH') GROUP BY message_id
+)
+SELECT l.group_id, l.edge_node_id, l.device_id,
+       CASE WHEN l.device_id IS NULL THEN l.e.type = 'NBIRTH'
+            ELSE l.e.type = 'DBIRTH' AND coalesce(n.e.type = 'NBIRTH' AND n.e.at <= l.e.at, false)
+       END AS online,
+       l.e.type AS last_message_type, l.e.at AS since, b.bdseq, l.e.id AS message_id
+FROM last l
+LEFT JOIN last n ON l.device_id IS NOT NULL AND n.device_id IS NULL
+     AND n.group_id = l.group_id AND n.edge_node_id = l.edge_node_id
+LEFT JOIN bdseq b ON b.message_id = coalesce(n.e.id, l.e.id)
+"""
+
+
+def create_sql(history_table: str, database: str, quote: Any, location: Any) -> list[str]:
+    """Catalog statements: the table sparkplug_metrics (Parquet over its directory) and the
+    view sparkplug_state over it and ``messages``. ``quote``: an identifier quoter;
+    ``location``: the table's absolute location (catalog.py's)."""
+    db = quote(database)
+    cols = ", ".join(f"`{f.name}` {f.dataType.simpleString()}" for f in schema().fields)
+    loc = location(table_path(history_table)).replace("\\", "\\\\").replace("'", "\\'")
+    return [f"CREATE TABLE IF NOT EXISTS {db}.{quote(TABLE_NAME)} ({cols}) USING parquet "
+            f"LOCATION '{loc}'",
+            f"CREATE OR REPLACE VIEW {db}.{quote(STATE_VIEW)} AS "
+            + state_sql(f"{db}.`messages`", f"{db}.{quote(TABLE_NAME)}").strip()]
+
+
+def register_views(spark: SparkSession, history_table: str) -> bool:
+    """Temp views ``sparkplug_metrics`` and ``sparkplug_state`` of a history table read by
+    path (sink.query), beside ``messages``; False when the job has not made the table yet."""
+    path = table_path(history_table)
+    if "://" not in path and not (Path(path) / "_spark_metadata").is_dir():
+        return False
+    spark.read.schema(schema()).parquet(path).createOrReplaceTempView(TABLE_NAME)
+    spark.sql(f"CREATE OR REPLACE TEMP VIEW {STATE_VIEW} AS {state_sql()}")
+    return True
