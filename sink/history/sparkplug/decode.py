@@ -22,10 +22,10 @@ A payload that cannot be decoded raises ``Malformed`` (the caller counts it and 
 from __future__ import annotations
 
 import base64
-import json
 import math
 import struct
 from dataclasses import dataclass
+from json.encoder import encode_basestring as _json_str  # the C function
 from typing import Any, Mapping
 
 from google.protobuf.message import DecodeError
@@ -235,16 +235,22 @@ def to_json(value: Any) -> str | None:
 
 
 def _json(v: Any) -> str:
-    if isinstance(v, bool) or v is None or isinstance(v, (int, str)):
-        return json.dumps(v, ensure_ascii=False)
-    if isinstance(v, float):
+    t = type(v)
+    if t is bool:
+        return "true" if v else "false"
+    if t is int:
+        return str(v)
+    if t is str:
+        return _json_str(v)
+    if v is None:
+        return "null"
+    if t is float:
         if not math.isfinite(v):
             return "null"
         text = repr(v)
         return text if "e" in text else text + "e0"
     if isinstance(v, dict):
-        return "{" + ",".join(f"{json.dumps(str(k), ensure_ascii=False)}:{_json(x)}"
-                              for k, x in v.items()) + "}"
+        return "{" + ",".join(f"{_json_str(str(k))}:{_json(x)}" for k, x in v.items()) + "}"
     if isinstance(v, (list, tuple)):
-        return "[" + ",".join(_json(x) for x in v) + "]"
-    return json.dumps(str(v), ensure_ascii=False)
+        return "[" + ",".join([_json(x) for x in v]) + "]"
+    return _json_str(str(v))
