@@ -29,20 +29,39 @@ def message(name: str, i: int, payload: bytes | None = None) -> dict:
 
 
 def test_sparkplug_metrics_through_the_job_with_a_restart_between_birth_and_data(spark, kafka,
-                                                                                 tmp_path):
-    from sink.history import catalog
+                                                                                 tmp_path,
+                                                                                 monkeypatch):
+    """Also: the job stopped between the batch's sparkplug_metrics commit and its messages
+    commit runs the batch again and writes each table's rows once; compaction of the table
+    keeps its rows and its count of malformed payloads."""
+    from sink.history import catalog, writer
+    from sink.history.compaction import Policy
+    from sink.history.maintenance import Settings, maintain_once
     from sink.history.manifest import Table
-    from sink.history.sparkplug.table import malformed_total, table_path
+    from sink.history.sparkplug.table import file_layout, malformed_total, table_path
     job = history_job(kafka.bootstrap, tmp_path, available_now=True)
     produce(kafka.bootstrap, [message("nbirth", 0), message("dbirth", 1), message("ndata", 2),
                               message("garbage", 3, b"\xff\xff\xff\xff")])
-    assert run(spark, job) == 0
+
+    def crash(name: str) -> None:
+        if name == "append:after-sparkplug":
+            raise RuntimeError("stopped between the two commits")
+    monkeypatch.setattr(writer, "crash_point", crash)
+    assert run(spark, job) != 0
+    assert Table(table_path(job.history.table)).snapshot().rows > 0
+    assert not Table(job.history.table).exists()
+    monkeypatch.undo()
+    assert run(spark, job) == 0   # the same batch again: messages written, sparkplug skipped
     # a new run (the job restarted): the births are only in the table now
     produce(kafka.bootstrap, [message("ddata", 4), message("ddeath", 5), message("nbirth2", 6),
                               message("ndata2", 7), message("orphan", 8)])
     assert run(spark, job) == 0
 
     table = job.history.table
+    assert run_sql(spark, table, "SELECT count(*) AS n, count(DISTINCT message_id) AS ids "
+                   "FROM messages")[0].asDict() == {"n": 9, "ids": 9}
+    assert run_sql(spark, table, "SELECT count(*) AS n FROM sparkplug_metrics WHERE "
+                   "message_id = 'm00-nbirth'")[0].n == 20   # once, not twice
     rows = run_sql(spark, table, "SELECT message_id, message_type, device_id, metric, alias, "
                    "datatype, value::string AS v, schema_of_variant(value) AS vt, seq "
                    "FROM sparkplug_metrics WHERE message_type IN ('NDATA', 'DDATA') "
@@ -71,6 +90,17 @@ def test_sparkplug_metrics_through_the_job_with_a_restart_between_birth_and_data
                     "bdseq FROM sparkplug_state ORDER BY edge_node_id, device_id NULLS FIRST")
     assert [tuple(r) for r in state] == [("edge1", None, True, "NBIRTH", 8),
                                          ("edge1", "dev1", False, "DDEATH", 8)]
+    # compaction merges the day's files; rows, views and the count stay
+    sp = Table(table_path(table))
+    before = run_sql(spark, table, "SELECT * FROM sparkplug_metrics ORDER BY message_id, alias")
+    assert len(sp.snapshot().files) > 1
+    done = maintain_once(spark, sp, Settings(policy=Policy(grace_ms=0)), now_ms=T0 + 86_400_000 * 2,
+                         layout=file_layout())
+    assert done["compaction"]["tasks"] == 1 and len(sp.snapshot().files) == 1
+    after = run_sql(spark, table, "SELECT * FROM sparkplug_metrics ORDER BY message_id, alias")
+    assert [r.asDict() | {"value": r.value.toJson()} for r in after] == \
+        [r.asDict() | {"value": r.value.toJson()} for r in before]
+    assert malformed_total(sp) == 1
     # the catalog: the table and the view beside messages
     hist = dataclasses.replace(job.history, database="sparkplug_e2e")
     catalog.register_in_session(spark, hist)

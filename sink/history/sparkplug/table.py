@@ -9,8 +9,7 @@ commits finds itself in this table, skips it and writes ``messages`` only, so ea
 each batch once and the two agree (no Sparkplug row whose message is not in ``messages``).
 
 Malformed payloads (on a Sparkplug B topic, not Sparkplug B) are counted: logged per batch, and
-the total kept in the table's log (``malformed_total`` of the newest version's detail,
-``malformed_total()``).
+the total kept in the table's log (with the stream's last batch: ``malformed_total()``).
 """
 from __future__ import annotations
 
@@ -63,6 +62,15 @@ def schema() -> Any:
         StructField("date", DateType())])
 
 
+def file_layout() -> Any:
+    """The table's files for compaction (compaction.Layout): sorted by accepted_at."""
+    from pyspark.sql.types import StructType
+
+    from sink.history.compaction import Layout
+    return Layout(StructType([f for f in schema().fields if f.name != "date"]), (),
+                  ("accepted_at", "message_id"))
+
+
 def _arrow_rows(rows: list[tuple]) -> Any:
     """Decoded rows (batch.COLUMNS) as a pyarrow Table."""
     import pyarrow as pa
@@ -112,9 +120,11 @@ def load_aliases(table: Table, snap: Snapshot) -> Aliases:
     return Aliases.from_births(rows)
 
 
-def malformed_total(table: Table) -> int:
-    """Malformed Sparkplug B payloads the job has met, in every batch it committed."""
-    return int(table.snapshot().detail.get("malformed_total", 0))
+def malformed_total(table: Table | Snapshot) -> int:
+    """Malformed Sparkplug B payloads the job has met, in every batch it committed (kept with
+    the stream's last batch in the table's log, which compaction and retention carry over)."""
+    snap = table.snapshot() if isinstance(table, Table) else table
+    return int((snap.stream or {}).get("malformed_total", 0))
 
 
 class SparkplugWriter:
@@ -151,11 +161,12 @@ class SparkplugWriter:
                 df.write.mode("overwrite").partitionBy("date", HOUR_COLUMN).parquet(str(staging / "out"))
                 files = self.table.place(staged_files(staging / "out"), f"b{batch_id:08d}",
                                          batch_id, 0)
-            total = int(snap.detail.get("malformed_total", 0)) + len(out.malformed)
+            total = malformed_total(snap) + len(out.malformed)
             self.table.commit(Change(
-                op="append", add=files, stream={"id": stream_id, "batch": batch_id},
+                op="append", add=files,
+                stream={"id": stream_id, "batch": batch_id, "malformed_total": total},
                 detail={"batch": batch_id, "rows": len(out.rows), "messages": out.messages,
-                        "malformed": len(out.malformed), "malformed_total": total}))
+                        "malformed": len(out.malformed)}))
         finally:
             shutil.rmtree(staging, ignore_errors=True)
         self.aliases = work
