@@ -143,11 +143,17 @@ def register_in_session(spark: SparkSession, hist: HistoryConfig) -> None:
     spark.sql(f"CREATE DATABASE IF NOT EXISTS {quote_ident(hist.database)}")
     spark.sql(create_table_sql(hist.table, hist.database))
     add_missing_columns(spark, hist.database)
+    make_sparkplug_dir(hist)
+    for statement in sparkplug_sql(hist.table, hist.database):
+        spark.sql(statement)
+
+
+def make_sparkplug_dir(hist: HistoryConfig) -> None:
+    """The directory of sparkplug_metrics (a local table), made before the job writes it: its
+    catalog table needs it."""
     if "://" not in hist.table or hist.table.startswith("file://"):
         from sink.history.sparkplug.table import table_path
         Path(table_location(table_path(hist.table))).mkdir(parents=True, exist_ok=True)
-    for statement in sparkplug_sql(hist.table, hist.database):
-        spark.sql(statement)
 
 
 def add_missing_columns(spark: SparkSession, database: str, name: str = TABLE_NAME) -> list[str]:
@@ -189,6 +195,7 @@ def register_in_derby(hist: HistoryConfig, timeout: float = 600,
     spark_sql = Path(pyspark.__file__).parent / "bin" / "spark-sql"
     db = quote_ident(hist.database)
     from sink.history.sparkplug.table import TABLE_NAME as SPARKPLUG
+    make_sparkplug_dir(hist)
     sql = (f"CREATE DATABASE IF NOT EXISTS {db}; DROP TABLE IF EXISTS {db}.{TABLE_NAME}; "
            f"{create_table_sql(hist.table, hist.database)}; "
            f"DROP TABLE IF EXISTS {db}.{SPARKPLUG}; "
