@@ -231,7 +231,9 @@ def register_views(spark: SparkSession, history_table: str) -> bool:
     """Temp views ``sparkplug_metrics`` and ``sparkplug_state`` of a history table read by
     path (sink.query), beside ``messages``; False when the job has not made the table yet."""
     path = table_path(history_table)
-    if "://" not in path and not (Path(path) / "_spark_metadata").is_dir():
+    if "://" in path and not path.startswith("file://"):
+        return False   # the job writes sparkplug_metrics beside local tables only
+    if not (Path(path.removeprefix("file://")) / "_spark_metadata").is_dir():
         return False
     spark.read.schema(schema()).parquet(path).createOrReplaceTempView(TABLE_NAME)
     spark.sql(f"CREATE OR REPLACE TEMP VIEW {STATE_VIEW} AS {state_sql()}")
