@@ -183,3 +183,41 @@ def test_array_datatypes_are_json_arrays(datatype, raw, want):
 def test_an_array_whose_bytes_do_not_fit_its_type_is_malformed():
     with pytest.raises(Malformed):
         parse(_array_payload(24, b"\x00\x01\x02"))
+
+
+def test_a_batch_s_staged_files_give_its_sparkplug_messages_in_accepted_order(tmp_path):
+    """What the job's writer decodes: the Sparkplug B topic rows of the batch's staged messages
+    files (two hours, Kafka partitions out of accept order), oldest first; none when the batch
+    has none."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from sink.history.sparkplug.table import read_messages
+
+    def write(hour: int, rows: list[tuple[str, str, int, int]]) -> None:
+        d = tmp_path / "out" / "date=2026-01-01" / f"_h={hour}"
+        d.mkdir(parents=True)
+        pq.write_table(pa.table({
+            "message_id": [r[0] for r in rows], "topic": [r[1] for r in rows],
+            "payload": [r[0].encode() for r in rows],
+            "accepted_at": pa.array([T0 + dt.timedelta(seconds=r[2]) for r in rows],
+                                    pa.timestamp("us")),
+            "kafka_partition": pa.array([r[3] for r in rows], pa.int32()),
+            "kafka_offset": pa.array(range(len(rows)), pa.int64())}), d / "part-0.parquet")
+    assert read_messages(tmp_path / "out") == []
+    write(1, [("a", "sensors/1", 3600, 0), ("b", "spBv1.0/g/NDATA/e", 3601, 1)])
+    write(0, [("c", "spBv1.0/g/NBIRTH/e", 5, 2), ("d", "spBv1.0/g/NDATA/e", 5, 0),
+              ("e", "spBv1.0", 6, 0)])
+    got = read_messages(tmp_path / "out")
+    assert [(m, topic, payload) for m, topic, payload, _ in got] == [
+        ("d", "spBv1.0/g/NDATA/e", b"d"), ("c", "spBv1.0/g/NBIRTH/e", b"c"),
+        ("b", "spBv1.0/g/NDATA/e", b"b")]
+    assert got[0][3] == T0 + dt.timedelta(seconds=5)
+    (tmp_path / "none").mkdir()
+    write_none = tmp_path / "none" / "date=2026-01-01" / "_h=0"
+    write_none.mkdir(parents=True)
+    pq.write_table(pa.table({"message_id": ["x"], "topic": ["sensors/2"], "payload": [b""],
+                             "accepted_at": pa.array([T0], pa.timestamp("us")),
+                             "kafka_partition": pa.array([0], pa.int32()),
+                             "kafka_offset": pa.array([0], pa.int64())}), write_none / "p.parquet")
+    assert read_messages(tmp_path / "none") == []

@@ -90,11 +90,12 @@ def read_messages(staged: Path) -> list[tuple[str, str, bytes | None, dt.datetim
     if not files:
         return []
     data = ds.dataset(files, format="parquet")
-    t = data.to_table(columns=["message_id", "topic", "payload", "accepted_at", "kafka_partition",
-                               "kafka_offset"],
-                      filter=pc.starts_with(ds.field("topic"), NAMESPACE + "/"))
-    if t.num_rows == 0:
+    sparkplug = pc.starts_with(ds.field("topic"), NAMESPACE + "/")
+    # most batches have none: the topics alone tell (the payloads are read only when some are)
+    if data.count_rows(filter=sparkplug) == 0:
         return []
+    t = data.to_table(columns=["message_id", "topic", "payload", "accepted_at", "kafka_partition",
+                               "kafka_offset"], filter=sparkplug)
     t = t.sort_by([("accepted_at", "ascending"), ("kafka_partition", "ascending"),
                    ("kafka_offset", "ascending")])
     at = t.column("accepted_at").cast("timestamp[us]").to_pylist()
