@@ -67,8 +67,9 @@ def batch_writer(spark: SparkSession, hist: HistoryConfig, parquet_options: dict
     """The job's foreachBatch function (writer.BatchWriter) for hist.table."""
     from sink.history.sparkplug.table import SparkplugWriter, table_path
     from sink.history.writer import BatchWriter
+    sparkplug = SparkplugWriter(table_path(hist.table), hist.sparkplug_max_nodes)
     return BatchWriter(job_table(spark, hist), hist.checkpoint_dir, parquet_options,
-                       settings_of(hist).retention_ms, SparkplugWriter(table_path(hist.table)))
+                       settings_of(hist).retention_ms, sparkplug)
 
 
 def start_maintainer(spark: SparkSession, hist: HistoryConfig, parquet_options: dict,

@@ -221,3 +221,25 @@ def test_a_batch_s_staged_files_give_its_sparkplug_messages_in_accepted_order(tm
                              "kafka_partition": pa.array([0], pa.int32()),
                              "kafka_offset": pa.array([0], pa.int64())}), write_none / "p.parquet")
     assert read_messages(tmp_path / "none") == []
+
+
+def test_the_alias_maps_kept_are_bounded_and_the_least_recently_used_go_first():
+    """[history] sparkplug_max_nodes: a client publishing births for ever new edge nodes cannot
+    grow the job's memory without bound; a forgotten node's DATA keeps its alias, no name."""
+    aliases = Aliases(max_keys=2)
+    decode_batch([fixture("nbirth", 0), fixture("dbirth", 1)], aliases)
+    decode_batch([fixture("ndata", 2)], aliases)            # edge1 used after dev1's birth
+    other = ("m-x", "spBv1.0/plant1/NBIRTH/edge7", (FIXTURES / "nbirth2.bin").read_bytes(), T0)
+    decode_batch([other], aliases)                           # a third: dev1 is forgotten
+    assert aliases.forgotten == 1 and len(aliases) == 2
+    rows = [dict(zip(COLUMNS, r)) for r in decode_batch([fixture("ddata", 5), fixture("ndata", 6)],
+                                                        aliases).rows]
+    assert [(r["message_type"], r["metric"], r["alias"]) for r in rows] == [
+        ("DDATA", None, 30), ("DDATA", None, 31),
+        ("NDATA", "temp", 2), ("NDATA", "pressure", 3), ("NDATA", None, 99)]
+    # read back after a restart with the same bound: the two born last
+    births = [{"group_id": g, "edge_node_id": e, "device_id": d, "message_id": f"b{i}",
+               "accepted_at": T0 + dt.timedelta(seconds=i), "metric": "x", "alias": 1,
+               "datatype_code": 3} for i, (g, e, d) in enumerate(
+        [("g", "e1", None), ("g", "e2", None), ("g", "e3", None)])]
+    assert set(Aliases.from_births(births, max_keys=2).maps) == {("g", "e2", None), ("g", "e3", None)}

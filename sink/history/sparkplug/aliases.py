@@ -21,32 +21,47 @@ Entry = tuple[str | None, int | None]    # (metric name, datatype code)
 
 
 class Aliases:
-    """alias maps per edge node / device. ``copy`` is cheap (a birth replaces a map, never
+    """alias maps per edge node / device, at most ``max_keys`` of them (``[history]
+    sparkplug_max_nodes``: the least recently used is forgotten first; its next DATA keeps
+    ``metric`` NULL until its next birth). ``copy`` is cheap (a birth replaces a map, never
     changes one): a micro-batch works on a copy, kept only once the batch is committed."""
 
-    def __init__(self, maps: dict[Key, dict[int, Entry]] | None = None) -> None:
-        self.maps: dict[Key, dict[int, Entry]] = dict(maps or {})
+    def __init__(self, maps: dict[Key, dict[int, Entry]] | None = None,
+                 max_keys: int | None = None) -> None:
+        self.maps: dict[Key, dict[int, Entry]] = dict(maps or {})   # oldest use first
+        self.max_keys = max_keys
+        self.forgotten = 0
 
     def copy(self) -> Aliases:
-        return Aliases(self.maps)
+        return Aliases(self.maps, self.max_keys)
 
     def of(self, key: Key) -> dict[int, Entry]:
-        return self.maps.get(key) or {}
+        m = self.maps.pop(key, None)
+        if m is None:
+            return {}
+        self.maps[key] = m   # the most recently used now
+        return m
 
     def birth(self, key: Key, metrics: Iterable[tuple[str | None, int | None, int | None]]) -> None:
         """A birth of ``key`` with these (name, alias, datatype): its map from now on."""
+        self.maps.pop(key, None)
         self.maps[key] = {alias: (name, datatype) for name, alias, datatype in metrics
                           if alias is not None}
+        if self.max_keys is not None:
+            while len(self.maps) > self.max_keys:
+                del self.maps[next(iter(self.maps))]
+                self.forgotten += 1
 
     def __len__(self) -> int:
         return len(self.maps)
 
     @classmethod
-    def from_births(cls, rows: Iterable[dict[str, Any]]) -> Aliases:
+    def from_births(cls, rows: Iterable[dict[str, Any]], max_keys: int | None = None) -> Aliases:
         """The maps of the last birth of each key among ``rows`` (rows of sparkplug_metrics with
         message_type NBIRTH/DBIRTH: group_id, edge_node_id, device_id, message_id,
         accepted_at, metric, alias, datatype code as ``datatype_code``; order does not matter:
-        the last birth is the one accepted last, then the greatest message id)."""
+        the last birth is the one accepted last, then the greatest message id). With
+        ``max_keys``, the keys born most recently."""
         last: dict[Key, tuple[Any, str]] = {}
         metrics: dict[tuple[Key, str], list[tuple[str | None, int | None, int | None]]] = {}
         for r in rows:
@@ -56,7 +71,8 @@ class Aliases:
                 last[key] = order
             metrics.setdefault((key, r["message_id"]), []).append(
                 (r["metric"], r["alias"], r["datatype_code"]))
-        out = cls()
-        for key, (_, message_id) in last.items():
+        out = cls(max_keys=max_keys)
+        for key, (_, message_id) in sorted(last.items(), key=lambda kv: kv[1]):
             out.birth(key, metrics[(key, message_id)])
+        out.forgotten = 0
         return out

@@ -104,13 +104,14 @@ def read_messages(staged: Path) -> list[tuple[str, str, bytes | None, dt.datetim
                                    t.column("payload").to_pylist(), at)]
 
 
-def load_aliases(table: Table, snap: Snapshot) -> Aliases:
-    """The alias maps after the table's version ``snap``: from its birth rows."""
+def load_aliases(table: Table, snap: Snapshot, max_keys: int | None = None) -> Aliases:
+    """The alias maps after the table's version ``snap``: from its birth rows (at most
+    ``max_keys`` edge nodes and devices: the most recently born)."""
     import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.dataset as ds
     if not snap.files:
-        return Aliases()
+        return Aliases(max_keys=max_keys)
     data = ds.dataset([str(table.abs(f.path)) for f in snap.files], format="parquet")
     t = data.to_table(columns=["group_id", "edge_node_id", "device_id", "message_id",
                                "accepted_at", "metric", "alias", "datatype"],
@@ -118,7 +119,7 @@ def load_aliases(table: Table, snap: Snapshot) -> Aliases:
     rows = t.to_pylist()
     for r in rows:
         r["datatype_code"] = _CODES.get(r.pop("datatype") or "")
-    return Aliases.from_births(rows)
+    return Aliases.from_births(rows, max_keys)
 
 
 def malformed_total(table: Table | Snapshot) -> int:
@@ -131,8 +132,9 @@ def malformed_total(table: Table | Snapshot) -> int:
 class SparkplugWriter:
     """Called by the job's BatchWriter with each micro-batch's staged ``messages`` files."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, max_nodes: int | None = None) -> None:
         self.table = Table(path)
+        self.max_nodes = max_nodes   # [history] sparkplug_max_nodes
         self.aliases: Aliases | None = None
 
     def __call__(self, spark: SparkSession, staged: Path, batch_id: int, stream_id: str) -> int:
@@ -142,7 +144,7 @@ class SparkplugWriter:
         if snap.stream_batch(stream_id) >= batch_id:
             return 0
         if self.aliases is None:   # the job's first batch: the maps of what was committed
-            self.aliases = load_aliases(self.table, snap)
+            self.aliases = load_aliases(self.table, snap, self.max_nodes)
             if len(self.aliases):
                 log.info("Sparkplug B aliases of %d edge nodes and devices read back from %s",
                          len(self.aliases), self.table.root)
@@ -171,6 +173,11 @@ class SparkplugWriter:
         finally:
             shutil.rmtree(staging, ignore_errors=True)
         self.aliases = work
+        if work.forgotten:
+            log.warning("batch %d: the aliases of %d Sparkplug B edge node(s) or device(s) "
+                        "forgotten, the least recently used, to keep those of %d ([history] "
+                        "sparkplug_max_nodes): their DATA has metric NULL until their next birth",
+                        batch_id, work.forgotten, self.max_nodes)
         if out.malformed:
             message_id, topic, why = out.malformed[0]
             log.warning("batch %d: %d malformed Sparkplug B payload(s) kept in messages only "
