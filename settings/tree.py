@@ -215,6 +215,7 @@ class HistoryConfig(Section):
     dedup_window: str = key("24 hours", Pattern(r"\s*\d+\s+(second|minute|hour|day|week)s?\s*",
                                                 "a duration like '24 hours' or '30 minutes'"))
     dedup_max_prefixes: int = key(100_000, Int(1))  # id prefixes the de-duplication remembers
+    sparkplug_max_nodes: int = key(100_000, Int(1))  # Sparkplug B edge nodes + devices whose aliases are kept
     starting_offsets: str = key("earliest", Check(
         starting_offsets, "'earliest', 'latest' or a JSON offsets object", empty_ok=False))
     connect: bool = True

@@ -1,5 +1,6 @@
 """``python -m sink.maintain --table DIR [--as-of TIME]``: compact the history table's closed
-partitions and apply its retention now (the upkeep itself: sink/history/maintenance.py)."""
+partitions and apply its retention now, and the same to sparkplug_metrics beside it (the upkeep
+itself: sink/history/maintenance.py)."""
 from __future__ import annotations
 
 import logging
@@ -68,6 +69,12 @@ def main(argv: list[str] | None = None) -> int:
                            int(hist.delete_delay_seconds * 1000))
         result = maintain_once(spark, table, settings, as_of, PARQUET_OPTIONS)
         print(describe(result, settings.policy))
+        from sink.history.manifest import Table
+        from sink.history.sparkplug.table import file_layout, table_path
+        sparkplug = Table(table_path(hist.table), int(hist.delete_delay_seconds * 1000))
+        if sparkplug.exists():   # sparkplug_metrics beside it: the same upkeep
+            done = maintain_once(spark, sparkplug, settings, as_of, layout=file_layout())
+            print(f"{sparkplug.root.name}: {describe(done, settings.policy)}")
         return 0
     finally:
         spark.stop()

@@ -68,8 +68,16 @@ def create_table_sql(table: str, database: str = "default", name: str = TABLE_NA
             f"USING parquet LOCATION '{loc}'")
 
 
+def sparkplug_sql(table: str, database: str = "default") -> list[str]:
+    """``sparkplug_metrics`` and the view ``sparkplug_state`` beside ``messages``
+    (sink/history/sparkplug/table.py)."""
+    from sink.history.sparkplug.table import create_sql
+    return create_sql(table, database, quote_ident, table_location)
+
+
 def definition_digest(table: str, database: str) -> str:
-    return hashlib.sha256(create_table_sql(table, database).encode()).hexdigest()[:16]
+    text = ";".join([create_table_sql(table, database), *sparkplug_sql(table, database)])
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def external(hist: HistoryConfig) -> bool:
@@ -138,6 +146,21 @@ def register_in_session(spark: SparkSession, hist: HistoryConfig) -> None:
         spark.sql(f"CREATE DATABASE IF NOT EXISTS {quote_ident(hist.database)}")
     spark.sql(create_table_sql(hist.table, hist.database))
     add_missing_columns(spark, hist.database)
+    if local_table(hist):   # the job writes sparkplug_metrics beside local tables only
+        make_sparkplug_dir(hist)
+        for statement in sparkplug_sql(hist.table, hist.database):
+            spark.sql(statement)
+
+
+def local_table(hist: HistoryConfig) -> bool:
+    return "://" not in hist.table or hist.table.startswith("file://")
+
+
+def make_sparkplug_dir(hist: HistoryConfig) -> None:
+    """The directory of sparkplug_metrics (a local table), made before the job writes it: its
+    catalog table needs it."""
+    from sink.history.sparkplug.table import table_path
+    Path(table_location(table_path(hist.table))).mkdir(parents=True, exist_ok=True)
 
 
 def add_missing_columns(spark: SparkSession, database: str, name: str = TABLE_NAME) -> list[str]:
@@ -180,6 +203,11 @@ def register_in_derby(hist: HistoryConfig, timeout: float = 600,
     db = quote_ident(hist.database)
     sql = (f"CREATE DATABASE IF NOT EXISTS {db}; DROP TABLE IF EXISTS {db}.{TABLE_NAME}; "
            f"{create_table_sql(hist.table, hist.database)};")
+    if local_table(hist):   # sparkplug_metrics and sparkplug_state beside it
+        from sink.history.sparkplug.table import TABLE_NAME as SPARKPLUG
+        make_sparkplug_dir(hist)
+        sql += f" DROP TABLE IF EXISTS {db}.{SPARKPLUG}; " + " ".join(
+            f"{s};" for s in sparkplug_sql(hist.table, hist.database))
     env = {**os.environ, "SPARK_CONF_DIR": str(conf)}
     env.pop("PYSPARK_GATEWAY_PORT", None)
     cmd = [str(spark_sql), "--master", "local[1]", "--driver-memory", "512m",

@@ -33,7 +33,7 @@ import shutil
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from sink.history.manifest import Change, Conflict, FileEntry, Snapshot, Table, crash_point, staged_files
 from sink.history.retention import DAY_MS, day_start_ms
@@ -48,6 +48,22 @@ DEFAULT_TARGET_BYTES = 128 << 20
 DEFAULT_GRACE_MS = 300_000
 DEFAULT_OPEN_MAX_FILES = 120
 LEVEL_BATCH, LEVEL_HOUR, LEVEL_DAY = 0, 1, 2
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A table's files as compaction reads and sorts them (None: ``messages``'s, schema.py):
+    the columns inside a file, SQL giving columns older files lack, the sort columns."""
+    file_schema: Any = None
+    fills: tuple[tuple[str, str], ...] = ()
+    order: tuple[str, ...] = ()
+
+
+def history_layout() -> Layout:
+    from sink.history.schema import FILE_SCHEMA, PAYLOAD_JSON_FILL_SQL
+    # files written before `payload_json` existed read it as NULL: parsed here, once
+    return Layout(FILE_SCHEMA, (("payload_json", PAYLOAD_JSON_FILL_SQL),),
+                  ("accepted_at", "kafka_partition", "kafka_offset"))
 
 
 @dataclass(frozen=True)
@@ -160,23 +176,22 @@ def output_files(task: Task, policy: Policy) -> int:
 
 
 def run_task(spark: SparkSession, table: Table, task: Task, policy: Policy = Policy(),
-             parquet_options: dict | None = None) -> Snapshot | None:
+             parquet_options: dict | None = None, layout: Layout | None = None) -> Snapshot | None:
     """Merge the task's files (Spark), then commit. Returns the new version, or None when the
     commit was refused (another writer changed those files first)."""
     from pyspark.sql import functions as F
-
-    from sink.history.schema import FILE_SCHEMA, PAYLOAD_JSON_FILL_SQL
+    layout = layout or history_layout()
     started = time.monotonic()
     staging = table.staging(f"c{task.date}-{'d' if task.hour is None else task.hour}")
     placed: list[FileEntry] = []
     try:
-        df = spark.read.schema(FILE_SCHEMA).parquet(*[str(table.abs(f.path)) for f in task.inputs])
-        # files written before `payload_json` existed read it as NULL: parsed here, once
-        df = df.withColumn("payload_json", F.expr(PAYLOAD_JSON_FILL_SQL))
+        df = spark.read.schema(layout.file_schema).parquet(*[str(table.abs(f.path)) for f in task.inputs])
+        for column, sql in layout.fills:
+            df = df.withColumn(column, F.expr(sql))
         df = df.withColumn("date", F.lit(dt.date.fromisoformat(task.date)))
         n = output_files(task, policy)
-        df = df.repartitionByRange(n, "accepted_at") if n > 1 else df.coalesce(1)
-        df = df.sortWithinPartitions("accepted_at", "kafka_partition", "kafka_offset")
+        df = df.repartitionByRange(n, layout.order[0]) if n > 1 else df.coalesce(1)
+        df = df.sortWithinPartitions(*layout.order)
         parts = ["date"]
         if task.hour is not None:
             df = df.withColumn("_h", F.lit(task.hour))
@@ -216,7 +231,7 @@ def run_task(spark: SparkSession, table: Table, task: Task, policy: Policy = Pol
 
 def compact(spark: SparkSession, table: Table, now_ms: int, policy: Policy = Policy(),
             parquet_options: dict | None = None, should_stop: Callable[[], bool] = lambda: False,
-            max_tasks: int | None = None) -> dict:
+            max_tasks: int | None = None, layout: Layout | None = None) -> dict:
     """Run every task ``plan`` finds (up to ``max_tasks``); returns counts for the log."""
     done = {"tasks": 0, "files_in": 0, "files_out": 0, "bytes_in": 0, "bytes_out": 0,
             "seconds": 0.0, "skipped": 0}
@@ -224,7 +239,7 @@ def compact(spark: SparkSession, table: Table, now_ms: int, policy: Policy = Pol
     for task in plan(table.snapshot(), now_ms, policy)[:max_tasks]:
         if should_stop():
             break
-        new = run_task(spark, table, task, policy, parquet_options)
+        new = run_task(spark, table, task, policy, parquet_options, layout)
         if new is None:
             done["skipped"] += 1
             continue

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
 from settings import HistoryConfig
-from sink.history.compaction import Policy, compact, describe_left, survey
+from sink.history.compaction import Layout, Policy, compact, describe_left, survey
 from sink.history.manifest import Table
 from sink.history.retention import retention_change
 from sink.history.writer import adopt_file_sink
@@ -65,9 +65,11 @@ def job_table(spark: Any, hist: HistoryConfig) -> Table:  # a SparkSession (keep
 
 def batch_writer(spark: SparkSession, hist: HistoryConfig, parquet_options: dict) -> BatchWriter:
     """The job's foreachBatch function (writer.BatchWriter) for hist.table."""
+    from sink.history.sparkplug.table import SparkplugWriter, table_path
     from sink.history.writer import BatchWriter
+    sparkplug = SparkplugWriter(table_path(hist.table), hist.sparkplug_max_nodes)
     return BatchWriter(job_table(spark, hist), hist.checkpoint_dir, parquet_options,
-                       settings_of(hist).retention_ms)
+                       settings_of(hist).retention_ms, sparkplug)
 
 
 def start_maintainer(spark: SparkSession, hist: HistoryConfig, parquet_options: dict,
@@ -78,7 +80,10 @@ def start_maintainer(spark: SparkSession, hist: HistoryConfig, parquet_options: 
     settings = settings_of(hist)
     if not is_local_path(hist.table) or available_now:
         return None
-    m = Maintainer(spark, job_table(spark, hist), settings, parquet_options)
+    from sink.history.sparkplug.table import file_layout, table_path
+    sparkplug = Table(table_path(hist.table), int(hist.delete_delay_seconds * 1000))
+    m = Maintainer(spark, job_table(spark, hist), settings, parquet_options,
+                   others=[(sparkplug, file_layout())])
     m.start()
     return m
 
@@ -97,15 +102,17 @@ def open_table(spark: SparkSession, table_path: str, checkpoint: str | None,
 
 
 def maintain_once(spark: SparkSession, table: Table, settings: Settings, now_ms: int | None = None,
-                  parquet_options: dict | None = None, should_stop: Callable[[], bool] = lambda: False) -> dict:
-    """One maintenance pass as of ``now_ms`` (default: now). Returns what it did."""
+                  parquet_options: dict | None = None, should_stop: Callable[[], bool] = lambda: False,
+                  layout: Layout | None = None) -> dict:
+    """One maintenance pass as of ``now_ms`` (default: now). Returns what it did. ``layout``:
+    the table's files, for compaction (None: ``messages``; sparkplug_metrics gives its own)."""
     now = table.clock() if now_ms is None else now_ms
     out: dict = {}
     dropped = table.commit(retention_change(now, settings.retention_ms))
     out["expired_days"] = dropped.detail["dates"] if dropped else []
     if settings.compact:
         out["compaction"] = compact(spark, table, now, settings.policy, parquet_options,
-                                    should_stop=should_stop)
+                                    should_stop=should_stop, layout=layout)
     out["deleted_removed"] = bool(table.expire_removed())
     out["orphans"] = table.delete_orphans()
     snap = table.snapshot()
@@ -147,10 +154,13 @@ class Maintainer(threading.Thread):
     """The job's maintenance thread: a pass every ``settings.check_seconds``."""
 
     def __init__(self, spark: SparkSession, table: Table, settings: Settings,
-                 parquet_options: dict | None = None) -> None:
+                 parquet_options: dict | None = None,
+                 others: list[tuple[Table, Layout]] | None = None) -> None:
         super().__init__(name="history-maintenance", daemon=True)
         self.spark, self.table, self.settings = spark, table, settings
         self.parquet_options = parquet_options
+        # tables the job writes beside it (sparkplug_metrics): the same retention and compaction
+        self.others = list(others or [])
         self._halt = threading.Event()
         self.passes = 0
         self.last: dict | None = None
@@ -170,6 +180,16 @@ class Maintainer(threading.Thread):
                 if c.get("tasks") or self.last.get("expired_days") or self.last.get("orphans"):
                     log.info("maintenance (%.1f s): %s", time.monotonic() - started,
                              describe(self.last, self.settings.policy))
+                for table, layout in self.others:
+                    if self._halt.is_set() or not table.exists():
+                        continue
+                    started = time.monotonic()
+                    done = maintain_once(self.spark, table, self.settings, layout=layout,
+                                         should_stop=self._halt.is_set)
+                    c = done.get("compaction") or {}
+                    if c.get("tasks") or done.get("expired_days") or done.get("orphans"):
+                        log.info("maintenance of %s (%.1f s): %s", table.root.name,
+                                 time.monotonic() - started, describe(done, self.settings.policy))
             except Exception as exc:  # the stream goes on; the next pass tries again
                 if self._halt.is_set():
                     return

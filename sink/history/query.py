@@ -55,8 +55,13 @@ def load_table(spark: SparkSession, table: str = DEFAULT_TABLE) -> DataFrame:
 
 
 def register_view(spark: SparkSession, table: str = DEFAULT_TABLE, view: str = VIEW) -> DataFrame:
+    """The view ``messages`` of ``table`` and, once the job has written Sparkplug B rows
+    beside it, ``sparkplug_metrics`` and ``sparkplug_state`` (sink/history/sparkplug/)."""
     df = load_table(spark, table)
     df.createOrReplaceTempView(view)
+    if view == VIEW:
+        from sink.history.sparkplug.table import register_views
+        register_views(spark, table)
     return df
 
 

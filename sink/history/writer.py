@@ -18,7 +18,7 @@ import json
 import logging
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from sink.history.manifest import Change, FileEntry, Snapshot, Table, crash_point, date_of, staged_files
 from sink.history.retention import first_kept_date
@@ -44,12 +44,16 @@ class BatchWriter:
     """``foreachBatch`` function writing micro-batches into ``table`` exactly once."""
 
     def __init__(self, table: Table, checkpoint: str, parquet_options: dict | None = None,
-                 retention_ms: int | None = None) -> None:
+                 retention_ms: int | None = None,
+                 sparkplug: Callable[[SparkSession, Path, int, str], object] | None = None) -> None:
         self.table = table
         self.checkpoint = checkpoint
         self.parquet_options = dict(parquet_options or {})
         self.retention_ms = retention_ms
         self.stream_id: str | None = None
+        # sparkplug_metrics (sink/history/sparkplug/table.py): from the batch's staged files,
+        # committed before the batch's own commit (a re-run batch skips what it holds)
+        self.sparkplug = sparkplug
         self.last: Snapshot | None = None
 
     def __call__(self, df: DataFrame, batch_id: int) -> None:
@@ -77,6 +81,9 @@ class BatchWriter:
                 writer = writer.option(k, v)
             writer.partitionBy("date", HOUR_COLUMN).parquet(str(staging / "out"))
             crash_point("append:after-write")
+            if self.sparkplug is not None:
+                self.sparkplug(df.sparkSession, staging / "out", batch_id, self.stream_id)
+                crash_point("append:after-sparkplug")
             files = self.table.place(staged_files(staging / "out"), f"b{batch_id:08d}",
                                      batch_id, 0)
             crash_point("append:after-place")

@@ -36,12 +36,15 @@ def test_a_fresh_spark_sql_reads_messages_from_the_catalog(spark, kafka, tmp_pat
     out = subprocess.run([str(BIN / "spark-sql"), "--master", "local[1]", "-S", "-e",
                           "SELECT count(*), count(DISTINCT message_id) FROM messages; "
                           "SELECT count(*) FROM default.messages WHERE date = current_date(); "
-                          "SELECT count(*) FROM messages WHERE payload_json:n::int >= 70"],
+                          "SELECT count(*) FROM messages WHERE payload_json:n::int >= 70; "
+                          "SELECT count(*) FROM sparkplug_metrics; "
+                          "SELECT count(*) FROM sparkplug_state"],
                          cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=300,
                          stdin=subprocess.DEVNULL)
     assert out.returncode == 0, out.stderr[-3000:]
     lines = [ln.strip() for ln in out.stdout.splitlines() if ln.strip()]
     assert lines[:3] == ["75\t75", "75", "5"], out.stdout  # payload_json: the JSON payloads
+    assert lines[3:5] == ["0", "0"], out.stdout  # beside it: Sparkplug B's table and view (none here)
     assert catalog.registered(cfg.history)  # registered once: the next start runs no spark-sql
     assert catalog.start_registration(cfg.history) is None
 
