@@ -1,4 +1,4 @@
-"""Cluster figures (README "Cluster"): one Tansu, broker nodes in cluster mode, bench/loadgen.py.
+"""Cluster figures (docs/cluster.md "Cluster"): one Tansu, broker nodes in cluster mode, bench/loadgen.py.
 
     .venv/bin/python bench/cluster_bench.py                      # everything
     .venv/bin/python bench/cluster_bench.py --only latency,failover
@@ -65,7 +65,7 @@ def cpu_seconds(pid: int) -> float:
 
 
 def cluster_key(tmp: str) -> str:
-    """The nodes' shared key file (README "Cluster"), made once in `tmp`."""
+    """The nodes' shared key file (docs/cluster.md "Cluster"), made once in `tmp`."""
     path = os.path.join(tmp, "cluster.key")
     if not os.path.exists(path):
         with open(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:

@@ -1,4 +1,4 @@
-"""Faults injected into a running cluster, counted per message (README "Cluster").
+"""Faults injected into a running cluster, counted per message (docs/cluster.md "Cluster").
 
     .venv/bin/python bench/cluster_faults.py                       # about 2 minutes
     .venv/bin/python bench/cluster_faults.py --phase 10 --rate 100 --clients 2
@@ -14,7 +14,7 @@ phase, the load running throughout:
 2. SIGKILL of the publishers' node (n1): they move to n3;
 3. (--kafka-kill, off by default) SIGKILL of Kafka, started again on the same port. The
    embedded Tansu keeps its data in memory: it comes back empty, and the acknowledged messages
-   not yet delivered when it died are lost (README "Cluster", a Kafka that lost its data; a run
+   not yet delivered when it died are lost (docs/cluster.md "Cluster", a Kafka that lost its data; a run
    of 30 msg/s lost 10 of 1,259), which is work of its own: not part of the default run.
 
 Prints per message, over the whole run: acknowledged and never delivered, QoS 2 delivered twice,

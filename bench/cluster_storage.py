@@ -1,5 +1,5 @@
 """Does a cluster keep acknowledged messages across a Kafka (Tansu) SIGKILL and restart, and what
-does Tansu's storage engine cost? (README "Cluster", the cluster's Kafka.)
+does Tansu's storage engine cost? (docs/cluster.md "Cluster", the cluster's Kafka.)
 
     .venv/bin/python bench/cluster_storage.py                        # memory://tansu/ (the default)
     .venv/bin/python bench/cluster_storage.py --storage s3://tansu/  # AWS_ENDPOINT=... in the env

@@ -1,6 +1,6 @@
 """Kafka code the sink and the cluster share (a leaf: it imports nothing of the project).
 
-headers.py      the record contract's header names (README "Kafka record schema")
+headers.py      the record contract's header names (docs/history.md "Kafka record schema")
 record.py       the record contract (SinkRecord, to_kafka / from_kafka), Kafka v2 record bodies and
                 RecordBatches, the spool's entries of pre-encoded records
 recordbatch.py  fetched RecordBatches decoded as columns (numpy): the history job, the replay

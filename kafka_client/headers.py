@@ -1,4 +1,4 @@
-"""The Kafka record contract's header names (README "Kafka record schema" lists them with their
+"""The Kafka record contract's header names (docs/history.md "Kafka record schema" lists them with their
 values): encoded by kafka_client/record.py for the broker's forwarder (sink/forward/forwarder.py)
 and the cluster, read by the history job (sink/history/schema.py, source.py, verify.py). A leaf
 module."""

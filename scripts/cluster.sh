@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Try a broker cluster on one host (README "Cluster"): one embedded Kafka (Tansu, in memory),
+# Try a broker cluster on one host (docs/cluster.md "Cluster"): one embedded Kafka (Tansu, in memory),
 # N broker nodes and HAProxy in front of them. Ctrl-C stops everything, nodes first.
 # Its default ports differ from scripts/run.sh's (MQTT 1883, Kafka 9092, dashboard 18083,
 # metrics 9100, Spark Connect 15002), so both can run at once: see usage() or --help.
@@ -17,7 +17,7 @@ usage() {
 Usage: bash scripts/cluster.sh [N] [options] [node flags...]
 
 A broker cluster on this host: one embedded Kafka (Tansu, in memory: it keeps nothing when it
-stops), N broker nodes (default 3) and HAProxy in front of them (README "Cluster").
+stops), N broker nodes (default 3) and HAProxy in front of them (docs/cluster.md "Cluster").
 Ctrl-C stops the nodes first (their clients get DISCONNECT), then HAProxy, then Kafka.
 
 Options (each defaults to the environment variable named, then to the value shown):
@@ -123,7 +123,7 @@ PYTHONPATH=$PWD "${cmd[@]}" --check-config >/dev/null \
   || { echo "cluster.sh: the nodes' flags are wrong (above): nothing started" >&2; exit 2; }
 mkdir -p "$DATA"
 # one key for all the nodes: they sign their Kafka records with it and ignore records without
-# (README "Cluster", the cluster key)
+# (docs/cluster.md "Cluster", the cluster key)
 KEY="$DATA/cluster.key"  # (node_cmd gives it to the nodes)
 if [ ! -s "$KEY" ]; then
   (umask 077; .venv/bin/python -c "import secrets; print(secrets.token_hex(32))" >"$KEY")

@@ -606,7 +606,7 @@ class Broker:
 
     def subscription_over(self, session: Session, filt: str, topic_filter: str) -> str | None:
         """The bound one more subscription of `session` (to filt: not one it holds) would pass,
-        or None when it fits (README "Subscription limits"): the filters' length held by the
+        or None when it fits (docs/conformance.md "Subscription limits"): the filters' length held by the
         session and by the broker, the wildcard levels of the session's filter shapes and of all
         shapes subscribed (these bound the trie nodes one PUBLISH can visit: Router)."""
         cfg, r = self.cfg, self.router
@@ -719,7 +719,7 @@ class Broker:
                 if s.no_local and session is sender:  # [MQTT-3.8.3-3]
                     continue
                 if s.read_check and not may_read(session.client_id, session.username, msg.topic):
-                    continue  # a deny rule of the receiving client (README "Access control")
+                    continue  # a deny rule of the receiving client (docs/security.md "Access control")
                 qos = s.qos if s.qos < mqos else mqos  # [MQTT-3.8.4-8] downgrade
                 retain = msg.retain and s.retain_as_published  # [MQTT-3.3.1-12], [MQTT-3.3.1-13]
                 sub_ids = (s.sub_id,) if s.sub_id else None

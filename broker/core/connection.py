@@ -556,7 +556,7 @@ class Connection:
         old = b.session_of(client_id)
         if old is not None and cfg.session_owner_check and old.username != c.username:
             # A session belongs to the user that created it: another user may not resume it,
-            # discard it (Clean Start 1) nor take over its connection (README "Access control").
+            # discard it (Clean Start 1) nor take over its connection (docs/security.md "Access control").
             return self.refuse(rc.NOT_AUTHORIZED, "this client id is in use by another user's session")
         if old is None and cfg.max_sessions and b.session_limit_reached(client_id):  # (3.2.2.2: 0x97)
             return self.refuse(rc.QUOTA_EXCEEDED, "the broker holds as many sessions as it may; "
@@ -965,7 +965,7 @@ class Connection:
             if budget is None:
                 budget = ReplayBudget(cfg.max_retained_replay)
             # [MQTT-3.3.1-9]: sent with RETAIN=1, paced like other traffic (Session.pump); the
-            # ACL's deny rules of this client checked per message (README "Access control")
+            # ACL's deny rules of this client checked per message (docs/security.md "Access control")
             session.replay_retained(b.retained_matching(topic_filter), qos, sid,
                                     session.subscriptions[filt].read_check, budget, now)
 
@@ -977,12 +977,12 @@ class Connection:
         over = ("max_subscriptions_per_client" if cap and len(session.subscriptions) >= cap
                 else self.broker.subscription_over(session, filt, shared[1] if shared else filt))
         what = f"mqtt.{over}" if over else "a subscription limit"
-        return (f"{filt[:80]}: {what} reached (README \"Subscription limits\"); "
+        return (f"{filt[:80]}: {what} reached (docs/conformance.md \"Subscription limits\"); "
                 "unsubscribe some filters first")
 
     def subscribe_replay(self, filt: str, o: P.SubscriptionOptions, sub_id: int | None,
                          why: str | None) -> tuple[int, str | None]:
-        """A "$replay/..." filter (README "Replay over MQTT"): the replay hook checks and installs
+        """A "$replay/..." filter (docs/history.md "Replay over MQTT"): the replay hook checks and installs
         it; without one it is refused, saying why. (code, the SUBACK's Reason String so far)."""
         hook = self.broker.replay_hook
         if hook is None:
@@ -1023,7 +1023,7 @@ class Connection:
                     and len(session.subscriptions) >= cfg.max_subscriptions_per_client):
                 return rc.QUOTA_EXCEEDED
             # the filters' bytes and wildcard levels, of this session and of all (Broker.
-            # subscription_over, README "Subscription limits")
+            # subscription_over, docs/conformance.md "Subscription limits")
             over = b.subscription_over(session, filt, topic_filter)
             if over is not None:
                 self.note(logging.INFO, "%s: SUBSCRIBE of %s refused (0x97): mqtt.%s reached",

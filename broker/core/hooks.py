@@ -27,7 +27,7 @@ Events (handler signatures are the Hook methods below):
   client id is this node's (the cluster's claim), Broker.release_session() lets a session go.
 * replay (one hook at most): replay(conn, filt, options, sub_id) -> (reason code, reason
   string or None) for a SUBSCRIBE filter under REPLAY_PREFIX ("$replay/"): the history of a
-  topic filter, then its live messages (README "Replay over MQTT"). The hook checks and installs
+  topic filter, then its live messages (docs/history.md "Replay over MQTT"). The hook checks and installs
   the subscription itself; without such a hook the filter is refused (0x83).
 * lifecycle, called by the asyncio layer: on_start (listeners not yet open: restore state),
   on_turn_end (the end of an event-loop turn, before its output is written: commit), on_tick

@@ -43,7 +43,7 @@ class Router:
         # the event loop 10-17 ms, in the SUBSCRIBE or PUBLISH that emptied the cache)
         self.retired: list[dict[str, Match]] = []
         # What the subscriptions here cost, for the broker-wide bounds a SUBSCRIBE is checked
-        # against (README "Subscription limits"): the filters' length (mqtt.
+        # against (docs/conformance.md "Subscription limits"): the filters' length (mqtt.
         # max_subscription_bytes_total); the wildcard shapes (mqtt_topics.wildcard_shape) ->
         # how many subscriptions have each, and the sum of their wildcard levels (mqtt.
         # max_wildcard_levels_total), which bounds the trie nodes one PUBLISH can visit.

@@ -50,7 +50,7 @@ class Replay:
     """The retained messages one new subscription still has to be sent [MQTT-3.3.1-9]: a lazy
     walk of the retained store (RetainedStore.walk), so a SUBSCRIBE costs nothing up front
     however many messages match; `held` is one taken from the walk and waiting for the client's
-    Receive Maximum; `check`: the ACL read check applies to each (README "Access control")."""
+    Receive Maximum; `check`: the ACL read check applies to each (docs/security.md "Access control")."""
     __slots__ = ("walk", "qos", "sub_ids", "check", "budget", "held")
 
     def __init__(self, walk: Iterator[tuple[Any, Message]], qos: int, sub_ids: Any, check: bool,
@@ -161,7 +161,7 @@ class Session:
         # filter -> Subscription (NO_ENTRIES until the first: add_subscription())
         self.subscriptions: dict[str, Subscription] = NO_ENTRIES
         # what the subscriptions cost, kept by add_subscription() / drop_subscription() for the
-        # bounds a SUBSCRIBE is checked against (README "Subscription limits"): the filters'
+        # bounds a SUBSCRIBE is checked against (docs/conformance.md "Subscription limits"): the filters'
         # length (mqtt.max_subscription_bytes); the wildcard shapes (mqtt_topics.wildcard_shape)
         # -> how many of its filters have each (NO_ENTRIES until a filter with a '+'), and the
         # sum of their wildcard levels (mqtt.max_wildcard_levels)

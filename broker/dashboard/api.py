@@ -10,7 +10,7 @@ the admin API.
     GET  /api/topics?filter=#&limit=   topics with retained values and per-topic rates
     GET  /api/history?filter=&from=&to=   counts over time, numeric values, latest messages
                                 (answered by the history job, asked from a child process)
-    /api/v1/...                 the admin API (see ADMIN_ROUTES below and README "Dashboard")
+    /api/v1/...                 the admin API (see ADMIN_ROUTES below and docs/operations.md "Dashboard")
 
 Who may ask: every path but the page, its static files and /api/login needs a login with an
 operator's account (broker/admin/accounts.py; never the MQTT password file): a session cookie

@@ -1,4 +1,4 @@
-"""History replay over MQTT (README "Replay over MQTT"): SUBSCRIBE "$replay/<from>[..<to>]/<filter>".
+"""History replay over MQTT (docs/history.md "Replay over MQTT"): SUBSCRIBE "$replay/<from>[..<to>]/<filter>".
 
 spec.py     the syntax of the filter (sans-I/O)
 feed.py     the session's feed and the live tap: order, flow control, the switch to live (sans-I/O)

@@ -241,7 +241,7 @@ class HistoryFeed:
             elif rid in self.live_ids:
                 self.dups.add(rid)  # the stream carried a held live message: not sent twice
             if allow is not None and not allow(session.client_id, session.username, msg.topic):
-                continue  # the ACL's read rules, per message (README "Access control")
+                continue  # the ACL's read rules, per message (docs/security.md "Access control")
             session.deliver(msg, qos, retain, self.sub_ids, now)
             steps -= 1
             budget -= len(msg.payload) + len(msg.topic_bytes) + 16

@@ -1,4 +1,4 @@
-"""The replay hook: SUBSCRIBE "$replay/<from>[..<to>]/<filter>" (README "Replay over MQTT").
+"""The replay hook: SUBSCRIBE "$replay/<from>[..<to>]/<filter>" (docs/history.md "Replay over MQTT").
 
 The core hands such a filter to ``ReplayHook.replay`` (broker/core/hooks.py REPLAY). It checks
 the filter (spec.py), the ACL on the filter replayed, the limits, and that a history can be read

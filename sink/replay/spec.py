@@ -1,4 +1,4 @@
-"""The syntax of a history replay subscription (README "Replay over MQTT"). Sans-I/O.
+"""The syntax of a history replay subscription (docs/history.md "Replay over MQTT"). Sans-I/O.
 
     $replay/<from>[..<to>]/<topic filter>
 

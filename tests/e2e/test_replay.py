@@ -1,4 +1,4 @@
-"""Replay over MQTT through the whole product (README "Replay over MQTT"): a real broker with its
+"""Replay over MQTT through the whole product (docs/history.md "Replay over MQTT"): a real broker with its
 sink and an embedded Kafka (Tansu), the history job writing the table, and MQTT clients.
 
 Messages are published, the job commits them in two runs (the committed file is then put back

@@ -1,5 +1,5 @@
 """A cluster of broker processes on one real Kafka (Tansu): routing, retained messages, client-id
-takeover, sessions and wills across nodes, node death (README "Cluster")."""
+takeover, sessions and wills across nodes, node death (docs/cluster.md "Cluster")."""
 from __future__ import annotations
 
 import os
@@ -43,7 +43,7 @@ class Cluster:
         self.tmp = tmp_path
         self.extra = extra or {}
         self.prefix = f"t{uuid.uuid4().hex[:10]}"
-        self.key_file = tmp_path / "cluster.key"  # one key for the nodes (README "Cluster")
+        self.key_file = tmp_path / "cluster.key"  # one key for the nodes (docs/cluster.md "Cluster")
         if not self.key_file.exists():
             self.key_file.write_text(os.urandom(32).hex())
         self.nodes = {}
@@ -693,7 +693,7 @@ def run_script(ports: list[int], script, tag: str, marks: list | None = None) ->
                 if k and script[k - 1][1] == "pub":
                     # and the publication before has reached every node's log reader: a message
                     # published less than the log's latency before a SUBSCRIBE elsewhere may or
-                    # may not reach it (README "Cluster", what is guaranteed)
+                    # may not reach it (docs/cluster.md "Cluster", what is guaranteed)
                     time.sleep(0.3)
                 want = marks[len(seen)]
                 deadline = time.monotonic() + 10

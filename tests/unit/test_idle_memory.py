@@ -1,4 +1,4 @@
-"""Memory the broker's own objects hold per idle connection (README "Performance"): the protocol
+"""Memory the broker's own objects hold per idle connection (docs/performance.md "Performance"): the protocol
 object, Connection, decoder, Session and their entries in the broker's tables, for a clean v5
 client with no subscriptions. The transport is a stand-in here (uvloop's adds ~1.2 KiB, see
 bench/idle_memory.py for the whole figure)."""

@@ -1,4 +1,4 @@
-"""The core's objects reach each other through narrow, named interfaces (README "Architecture"):
+"""The core's objects reach each other through narrow, named interfaces (docs/architecture.md "Architecture"):
 
 - what only looks (broker/dashboard, broker/admin, broker/observability) reads through BrokerView
   (broker/core/view.py) and changes state through a few named commands of the Broker, never its

@@ -1,4 +1,4 @@
-"""The packages depend on each other in one direction (README "Layout"): a new import against it,
+"""The packages depend on each other in one direction (docs/architecture.md "Layout"): a new import against it,
 or a cycle between the modules of a package, fails here.
 
     mqtt_topics, settings,        leaves: the standard library (and, for kafka_client,

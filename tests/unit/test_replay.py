@@ -1,4 +1,4 @@
-"""History replay over MQTT (README "Replay over MQTT"), sans-I/O: the "$replay/..." syntax, the
+"""History replay over MQTT (docs/history.md "Replay over MQTT"), sans-I/O: the "$replay/..." syntax, the
 core's replay capability, and the session's feed with a fake worker (records pushed in as the
 worker would stream them): every message once and in order, the worker's records and then the
 live ones with neither gap nor duplicate, the client's Receive Maximum and a paused transport

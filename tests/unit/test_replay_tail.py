@@ -1,6 +1,6 @@
 """The replay worker's Kafka part (sink/replay/tail.py, worker.py) against a fake Kafka log, in
 the test's thread (no broker, no socket): the answer to a sync request (the ``synced`` marker,
-after which the session's feed switches to live delivery, README "Replay over MQTT") comes once
+after which the session's feed switches to live delivery, docs/history.md "Replay over MQTT") comes once
 the reading reaches what Kafka held when it was asked, however fast the topic keeps growing;
 ``head`` markers keep coming on a topic that is never idle (the feed arms its tap again at
 one); a request that reaches the worker before it reads Kafka is answered too."""
