@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Any, Iterable
+from typing import AbstractSet, Any, Iterable
 
 from broker.core.durability import Pending
 from kafka_client.record import read_zz_varint, vlen
@@ -49,22 +49,26 @@ class _Carry:
         self.failure: str | None = None
 
 
-def _unplaced(handle: Any) -> bool:
-    return getattr(handle, "pos", None) is None
+def _unplaced(handle: Any, coming: AbstractSet[int]) -> bool:
+    """No position in the log, and none coming: `coming` holds the ids of the handles of
+    messages this node delivered as it accepted them, whose records it has not read back yet
+    (ClusterNode.local): their records are in the log, above where the node has read, so the
+    next node reads them from there."""
+    return getattr(handle, "pos", None) is None and id(handle) not in coming
 
 
-def needed(s: Any) -> bool:
+def needed(s: Any, coming: AbstractSet[int] = frozenset()) -> bool:
     """Whether session `s` holds a message that has no position in the log."""
-    return any(_unplaced(e.handle) for e in s.inflight_out.values()) or \
-        any(_unplaced(e[4]) for e in s.queue)
+    return any(_unplaced(e.handle, coming) for e in s.inflight_out.values()) or \
+        any(_unplaced(e[4], coming) for e in s.queue)
 
 
-def owed(s: Any) -> list[tuple[Any, int, bool, Any, int, bool]]:
+def owed(s: Any, coming: AbstractSet[int] = frozenset()) -> list[tuple[Any, int, bool, Any, int, bool]]:
     """(message, qos, retain, sub_ids, packet id or 0, released) of what `s` has in flight, in
-    the order sent, then of its queue, in order."""
+    the order sent, then of its queue, in order; not those whose records are coming (above)."""
     out = [(e.msg, e.qos, e.retain, e.sub_ids, pid, e.released)
-           for pid, e in s.inflight_out.items()]
-    out += [(m, q, r, ids, 0, False) for m, q, r, ids, _ in s.queue]
+           for pid, e in s.inflight_out.items() if id(e.handle) not in coming]
+    out += [(m, q, r, ids, 0, False) for m, q, r, ids, h in s.queue if id(h) not in coming]
     return out
 
 
@@ -74,10 +78,11 @@ def give(node: Any, s: Any, rec: dict) -> bool:
     to it, then `rec` (carrying them) once Kafka has them. False when nothing needs carrying:
     the caller writes `rec` as it is."""
     ck = rec.get("session")
-    if ck is None or not needed(s):
+    coming = {id(h) for e in node.local.values() for h in e.handles}
+    if ck is None or not needed(s, coming):
         return False
     cid = s.client_id
-    items = owed(s)
+    items = owed(s, coming)
     hid = f"{node.node}-{node.inc}-{next(node.ids)}"
     now = node.broker.clock()
     ts = int(node.wall() * 1000)  # the remaining expiry is counted from now
