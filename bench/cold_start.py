@@ -28,6 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from job_footprint import show, tree  # noqa: E402  (beside this script)
+
 from sink import progress  # noqa: E402
 
 
