@@ -54,7 +54,10 @@ def extract(doc: object, steps: list[str | int]) -> float | None:
         doc = doc[step]  # type: ignore[index]  # checked above
     if isinstance(doc, bool) or not isinstance(doc, (int, float)):
         return None
-    x = float(doc)
+    try:
+        x = float(doc)
+    except OverflowError:  # an integer beyond a double's range
+        return None
     return x if math.isfinite(x) else None
 
 

@@ -59,6 +59,7 @@ def test_field_steps_and_extraction():
     assert extract(doc, field_steps("a.b[2][0]")) == 7.5
     for path in ("a.b[9]", "a.x", "t", "s", "n", "a", "a.b.c", "a[0]"):
         assert extract(doc, field_steps(path)) is None
+    assert extract({"big": 10 ** 400}, ["big"]) is None   # beyond a double: skipped, no error
 
 
 def test_live_field_chart_skips_and_counts_bad_json_without_failing():
