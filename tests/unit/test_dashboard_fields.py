@@ -45,7 +45,6 @@ def test_field_question_checks_the_field_before_anything_is_asked():
 
 
 def test_history_sql_uses_the_schema_column_names():
-    pytest.importorskip("pyspark")
     from sink.history.schema import HISTORY_COLUMNS
     for name in ("payload_json", "accepted_at", "topic", "date", "payload_text"):
         assert name in HISTORY_COLUMNS
