@@ -310,6 +310,8 @@ class DashboardConfig(Section):
     sample_seconds: float = key(2.0, Num(0.2, 3600))  # live charts: one point every N seconds...
     keep_points: int = key(900, Int(10, 100000))      # ...keeping this many (30 minutes at 2 s)
     max_topics: int = key(10000, Int(0, 10_000_000))  # topics with a per-topic rate counter
+    max_field_charts: int = key(8, Int(0, 1000))      # (topic filter, JSON field) pairs charted live...
+    field_payload_bytes: int = key(65536, Int(16, 16 << 20))  # ...parsing payloads up to this size
     max_topics_listed: int = key(2000, Int(1, 100000))
     max_clients_listed: int = key(500, Int(1, 100000))
     connect_url: str = key("", Check(connect_address, '"sc://HOST:PORT" ("" = the history job\'s)'))

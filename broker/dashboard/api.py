@@ -10,6 +10,8 @@ the admin API.
     GET  /api/topics?filter=#&limit=   topics with retained values and per-topic rates
     GET  /api/history?filter=&from=&to=   counts over time, numeric values, latest messages
                                 (answered by the history job, asked from a child process)
+    GET  /api/field?filter=&field=&since=  a JSON field's live series (avg/min/max per sample)
+    GET  /api/field/history?filter=&field=&from=&to=  the same field's series from the history
     /api/v1/...                 the admin API (see ADMIN_ROUTES below and docs/operations.md "Dashboard")
 
 Who may ask: every path but the page, its static files and /api/login needs a login with an
@@ -47,6 +49,7 @@ from ..admin.accounts import Accounts
 from ..admin.service import AdminError, AdminService, Refused, audit
 from ..auth.origin import origin_allowed
 from . import JOB_HINT, live
+from .fields import FieldCharts
 from .history import BadRequest, HistoryClient, JobNotRunning, check_filter, make_query, parse_time
 from .login import COOKIE, Busy, LoginChecks, Session, Sessions, Throttle
 
@@ -238,6 +241,9 @@ class Dashboard:
         self.logins = LoginChecks(accounts, settings.login_threads, settings.max_pending_logins)
         self.counter = live.TopicCounter(settings.max_topics)
         server.broker.add_hook(self.counter)  # per-topic counts, fed by accepted messages
+        self.fields = FieldCharts(settings.max_field_charts, settings.field_payload_bytes,
+                                  settings.keep_points)
+        server.broker.add_hook(self.fields)   # JSON fields charted live (none: no work)
         data_dir = server.config.data_dir
         self.history = HistoryClient(settings.connect_url, settings.history_timeout_seconds,
                                      JOB_HINT, settings.history_worker_idle_seconds,
@@ -274,6 +280,7 @@ class Dashboard:
         while True:
             try:
                 self.sampler.sample()
+                self.fields.sample(time.time())
                 self.sessions.expire(self.sessions.clock())
                 if self.accounts.reload():  # changed on disk: sessions of changed accounts end
                     self._revalidate_sessions()
@@ -521,6 +528,18 @@ class Dashboard:
                        self.s.history_max_days)
         return web.json_response(await self.history.ask(q))
 
+    async def api_field(self, request: web.Request) -> web.StreamResponse:
+        p = Params(request, "filter", "field", "since")
+        chart = self.fields.watch(p.text("filter", "", 65535), p.text("field"))
+        return web.json_response({**chart.answer(p.time("since") or 0.0),
+                                  "sample_seconds": self.s.sample_seconds})
+
+    async def api_field_history(self, request: web.Request) -> web.StreamResponse:
+        p = Params(request, "filter", "field", "from", "to")
+        q = make_query(p.text("filter", "", 65535), p.q.get("from"), p.q.get("to"),
+                       self.s.history_max_days, field=p.text("field"))
+        return web.json_response(await self.history.ask(q))
+
     # ------------------------------------------------------------ the admin API (/api/v1)
     def _audit(self, request: web.Request, action: str, outcome: str = "ok", **details: Any) -> None:
         request["audited"] = True
@@ -671,6 +690,8 @@ class Dashboard:
         r.add_get("/api/clients", self.api_clients)
         r.add_get("/api/topics", self.api_topics)
         r.add_get("/api/history", self.api_history)
+        r.add_get("/api/field", self.api_field)
+        r.add_get("/api/field/history", self.api_field_history)
         for method, path, handler in self.admin_routes():
             r.add_route(method, path, handler)
         r.add_static("/static/", STATIC, follow_symlinks=False)
@@ -712,6 +733,7 @@ class Dashboard:
             t.cancel()
         try:
             self.server.broker.remove_hook(self.counter)
+            self.server.broker.remove_hook(self.fields)
         except ValueError:
             pass
         self.logins.close()

@@ -17,6 +17,7 @@ import json
 import logging
 import math
 import os
+import re
 import sys
 import time
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import Callable
 
 from mqtt_topics import valid_topic_filter
+from settings import history_columns as col
 from settings.secrets import TOKEN_ENV
 
 log = logging.getLogger(__name__)
@@ -34,6 +36,9 @@ MAX_BUCKETS = 240        # points per series at most
 MAX_SERIES = 8           # numeric topics charted
 LATEST_ROWS = 50         # rows of the latest-messages table
 MAX_FILTER_BYTES = 65535
+MAX_FIELD_CHARS = 200
+# a JSON field: names of letters, digits and _, '.' between names, [n] for an array's element
+FIELD_PATH = re.compile(r"(?:[A-Za-z0-9_]+|\[[0-9]{1,6}\])(?:\.[A-Za-z0-9_]+|\[[0-9]{1,6}\])*")
 
 
 class BadRequest(ValueError):
@@ -84,6 +89,25 @@ def check_filter(filt: str | None) -> str:
     return filt
 
 
+def check_field(path: str | None) -> str:
+    """A JSON field path of the payloads: ``temp``, ``env.temp``, ``readings[0].value``."""
+    if path is None or path.strip() == "":
+        raise BadRequest("give a field of the JSON payloads, e.g. temp, env.temp or "
+                         "readings[0].value")
+    if len(path) > MAX_FIELD_CHARS:
+        raise BadRequest(f"the field path is longer than {MAX_FIELD_CHARS} characters")
+    if not FIELD_PATH.fullmatch(path):
+        raise BadRequest(f"invalid field path {path[:60]!r}: use names of letters, digits and _, "
+                         "'.' between nested names and [n] for an array's element, e.g. "
+                         "env.temp or readings[0].value")
+    return path
+
+
+def field_json_path(path: str) -> str:
+    """The JSON path Spark's try_variant_get reads for a checked field path."""
+    return "$" + ("" if path.startswith("[") else ".") + path
+
+
 def parse_time(value: str | None, name: str) -> float | None:
     """Seconds since the epoch from epoch seconds/milliseconds or ISO 8601 (UTC if no zone)."""
     if value is None or value.strip() == "":
@@ -114,18 +138,25 @@ class HistoryQuery:
     start: float     # seconds since the epoch, inclusive
     end: float       # exclusive
     bucket: int      # seconds per point
+    field: str | None = None  # a JSON field's series (check_field) instead of counts and values
 
     @property
     def params(self) -> dict:
         day = lambda t: dt.datetime.fromtimestamp(t, dt.timezone.utc).date().isoformat()  # noqa: E731
-        return {"re": filter_regex(self.filter), "t0": int(self.start * 1000),
-                "t1": int(self.end * 1000), "d0": day(self.start), "d1": day(self.end),
-                "b": self.bucket}
+        p: dict = {"re": filter_regex(self.filter), "t0": int(self.start * 1000),
+                   "t1": int(self.end * 1000), "d0": day(self.start), "d1": day(self.end),
+                   "b": self.bucket}
+        if self.field is not None:
+            p["path"] = field_json_path(self.field)
+        return p
 
 
 def make_query(filt: str | None, start: str | None, end: str | None, max_days: float,
-               now: float | None = None) -> HistoryQuery:
+               now: float | None = None, field: str | None = None) -> HistoryQuery:
+    """A checked question; with ``field``, about that JSON field of the payloads."""
     filt = check_filter(filt)
+    if field is not None:
+        field = check_field(field)
     now = time.time() if now is None else now
     t1 = parse_time(end, "to")
     t1 = now if t1 is None else t1
@@ -138,30 +169,41 @@ def make_query(filt: str | None, start: str | None, end: str | None, max_days: f
                          "([dashboard] history_max_days): pick a shorter one")
     span = t1 - t0
     bucket = next((b for b in BUCKETS if span / b <= MAX_BUCKETS), BUCKETS[-1])
-    return HistoryQuery(filt, t0, t1, bucket)
+    return HistoryQuery(filt, t0, t1, bucket, field)
 
 
 # ---- Spark -----------------------------------------------------------------------------------
 
-WHERE = ("date >= CAST(:d0 AS DATE) AND date <= CAST(:d1 AS DATE) "
-         "AND accepted_at >= timestamp_millis(:t0) AND accepted_at < timestamp_millis(:t1) "
-         "AND topic RLIKE :re")
-BUCKET = "CAST(floor(unix_seconds(accepted_at) / :b) * :b AS BIGINT)"
+# Column names from settings/history_columns.py; every user input is a parameter (:name).
+WHERE = (f"{col.DATE} >= CAST(:d0 AS DATE) AND {col.DATE} <= CAST(:d1 AS DATE) "
+         f"AND {col.ACCEPTED_AT} >= timestamp_millis(:t0) "
+         f"AND {col.ACCEPTED_AT} < timestamp_millis(:t1) AND {col.TOPIC} RLIKE :re")
+BUCKET = f"CAST(floor(unix_seconds({col.ACCEPTED_AT}) / :b) * :b AS BIGINT)"
+FINITE = "x IS NOT NULL AND NOT isnan(x) AND abs(x) != double('infinity')"
 
-COUNTS_SQL = f"""SELECT {BUCKET} AS bucket, count(*) AS n FROM messages WHERE {WHERE}
+COUNTS_SQL = f"""SELECT {BUCKET} AS bucket, count(*) AS n FROM {col.TABLE} WHERE {WHERE}
 GROUP BY 1 ORDER BY 1"""
 
-VALUES_SQL = f"""WITH v AS (SELECT topic, {BUCKET} AS bucket,
-    try_cast(trim(payload_text) AS DOUBLE) AS x FROM messages WHERE {WHERE}),
+VALUES_SQL = f"""WITH v AS (SELECT {col.TOPIC} AS topic, {BUCKET} AS bucket,
+    try_cast(trim({col.PAYLOAD_TEXT}) AS DOUBLE) AS x FROM {col.TABLE} WHERE {WHERE}),
 top AS (SELECT topic FROM v WHERE x IS NOT NULL GROUP BY topic
         ORDER BY count(*) DESC, topic LIMIT {MAX_SERIES})
 SELECT v.topic, v.bucket, avg(v.x) AS x, count(*) AS n FROM v JOIN top ON v.topic = top.topic
 WHERE v.x IS NOT NULL AND NOT isnan(v.x) AND abs(v.x) != double('infinity')
 GROUP BY v.topic, v.bucket ORDER BY v.topic, v.bucket"""
 
-LATEST_SQL = f"""SELECT unix_millis(accepted_at) AS at_ms, topic, client_id, qos, retain, payload_text,
-    base64(substring(payload, 1, 200)) AS payload_base64, length(payload) AS bytes
-FROM messages WHERE {WHERE} ORDER BY accepted_at DESC, kafka_offset DESC LIMIT {LATEST_ROWS}"""
+LATEST_SQL = f"""SELECT unix_millis({col.ACCEPTED_AT}) AS at_ms, {col.TOPIC} AS topic,
+    {col.CLIENT_ID} AS client_id, {col.QOS} AS qos, {col.RETAIN} AS retain,
+    {col.PAYLOAD_TEXT} AS payload_text, base64(substring({col.PAYLOAD}, 1, 200)) AS payload_base64,
+    length({col.PAYLOAD}) AS bytes
+FROM {col.TABLE} WHERE {WHERE} ORDER BY {col.ACCEPTED_AT} DESC, {col.KAFKA_OFFSET} DESC
+LIMIT {LATEST_ROWS}"""
+
+# a JSON field's series: the path (field_json_path of a checked field) is the parameter :path
+FIELD_SQL = f"""SELECT bucket, avg(x) AS avg, min(x) AS min, max(x) AS max, count(*) AS n
+FROM (SELECT {BUCKET} AS bucket, try_variant_get({col.PAYLOAD_JSON}, :path, 'double') AS x
+      FROM {col.TABLE} WHERE {WHERE})
+WHERE {FINITE} GROUP BY bucket ORDER BY bucket"""
 
 
 def iso(t: float | None) -> str | None:
@@ -174,8 +216,11 @@ def iso(t: float | None) -> str | None:
 
 def question(q: HistoryQuery) -> dict:
     """What the worker process gets for one question (JSON)."""
-    return {"filter": q.filter, "start": q.start, "end": q.end, "bucket": q.bucket,
-            "params": q.params}
+    out = {"filter": q.filter, "start": q.start, "end": q.end, "bucket": q.bucket,
+           "params": q.params}
+    if q.field is not None:
+        out["field"] = q.field
+    return out
 
 
 ROOT = str(Path(__file__).resolve().parents[2])   # the directory holding broker/
@@ -305,4 +350,4 @@ class HistoryClient:
 
 
 __all__ = ["HistoryClient", "HistoryQuery", "BadRequest", "JobNotRunning", "make_query",
-           "filter_regex", "check_filter", "parse_time", "question"]
+           "filter_regex", "check_filter", "check_field", "parse_time", "question"]

@@ -38,6 +38,9 @@ from pyspark.sql.types import (
 # The header names are the record contract, defined once in kafka_client/headers.py.
 from kafka_client import headers as hdr
 
+# The column names the broker's dashboard queries, spelled once (settings/history_columns.py).
+from settings import history_columns as col
+
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
@@ -81,18 +84,18 @@ USER_PROPERTY = StructType([StructField("key", StringType()), StructField("value
 #: The history table (``date`` is the partition column: the UTC day of accepted_at).
 HISTORY_SCHEMA = StructType([
     StructField("message_id", StringType()),
-    StructField("topic", StringType()),
-    StructField("payload", BinaryType()),
-    StructField("payload_text", StringType()),
-    StructField("qos", IntegerType()),
-    StructField("retain", BooleanType()),
-    StructField("client_id", StringType()),
+    StructField(col.TOPIC, StringType()),
+    StructField(col.PAYLOAD, BinaryType()),
+    StructField(col.PAYLOAD_TEXT, StringType()),
+    StructField(col.QOS, IntegerType()),
+    StructField(col.RETAIN, BooleanType()),
+    StructField(col.CLIENT_ID, StringType()),
     StructField("username", StringType()),
     StructField("protocol", IntegerType()),
-    StructField("accepted_at", TimestampType()),
+    StructField(col.ACCEPTED_AT, TimestampType()),
     StructField("kafka_topic", StringType()),
     StructField("kafka_partition", IntegerType()),
-    StructField("kafka_offset", LongType()),
+    StructField(col.KAFKA_OFFSET, LongType()),
     StructField("ingested_at", TimestampType()),
     StructField("content_type", StringType()),
     StructField("payload_format", IntegerType()),
@@ -101,8 +104,8 @@ HISTORY_SCHEMA = StructType([
     StructField("message_expiry", LongType()),
     StructField("user_properties", ArrayType(USER_PROPERTY)),
     # added after the others (DESIGN.md's "Plus"): `SELECT *` keeps the columns before it in place
-    StructField("payload_json", VariantType()),
-    StructField("date", DateType()),
+    StructField(col.PAYLOAD_JSON, VariantType()),
+    StructField(col.DATE, DateType()),
 ])
 
 #: ``payload_json``: the payload parsed as JSON (any JSON value: object, array, string, number,
@@ -116,7 +119,7 @@ PAYLOAD_JSON_SQL = "try_parse_json(try_validate_utf8(CAST(value AS STRING)))"
 PAYLOAD_JSON_FILL_SQL = "coalesce(payload_json, try_parse_json(payload_text))"
 
 HISTORY_COLUMNS = [f.name for f in HISTORY_SCHEMA.fields]
-PARTITION_COLUMN = "date"
+PARTITION_COLUMN = col.DATE
 #: The columns inside a data file (the partition column is in its directory name).
 FILE_SCHEMA = StructType([f for f in HISTORY_SCHEMA.fields if f.name != PARTITION_COLUMN])
 

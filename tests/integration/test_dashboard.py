@@ -561,3 +561,39 @@ def test_a_taken_dashboard_port_is_named_in_the_error(tmp_path):
     line = next(x for x in p.stderr.splitlines() if "cannot listen" in x)
     assert f"127.0.0.1:{port}" in line and "[dashboard] port" in line
     assert str(mqtt_port) not in line
+
+
+def test_json_field_live_series_over_http_and_its_bad_input(dash):
+    """/api/field: avg/min/max per sample of a JSON field of matching topics' payloads;
+    payloads that are not JSON are skipped and counted; a bad field path or filter is a 400
+    that says what to write; without the history job /api/field/history is a 503."""
+    url = dash.dashboard + "/api/field?filter=th/%2B&field=env.temp"
+    status, r = get_json(url)
+    assert status == 200 and r["points"] == [] and r["skipped_bad_json"] == 0, r
+    c = client(dash, "thermo")
+    try:
+        for n in (10, 30):
+            c.publish("th/a", json.dumps({"env": {"temp": n}}), qos=1).wait_for_publish(5)
+        c.publish("th/b", b"\xff not json", qos=1).wait_for_publish(5)
+        c.publish("other/a", json.dumps({"env": {"temp": 99}}), qos=1).wait_for_publish(5)
+
+        def seen():
+            _, r = get_json(url)
+            return r if sum(p[4] for p in r["points"]) >= 2 and r["skipped_bad_json"] else None
+        r = wait_until(seen)   # (the two values may fall in one sample or two)
+        pts = r["points"]
+        assert sum(p[4] for p in pts) == 2 and r["skipped_bad_json"] == 1, r
+        assert min(p[2] for p in pts) == 10.0 and max(p[3] for p in pts) == 30.0, r
+        assert all(ISO_UTC.match(p[0]) and p[2] <= p[1] <= p[3] for p in pts), r
+    finally:
+        c.loop_stop()
+        c.disconnect()
+    for query, words in (("filter=th/%2B&field=temp%27", "invalid field path"),
+                         ("filter=th/%2B&field=", "give a field"),
+                         ("filter=th/%23/x&field=temp", "invalid topic filter")):
+        status, r = get_json(dash.dashboard + "/api/field?" + query)
+        assert status == 400 and words in r["error"], (query, r)
+    status, r = get_json(dash.dashboard + "/api/field/history?filter=th/%2B&field=a.b%5B0%5D")
+    assert status == 503 and "not running" in r["error"], r
+    status, r = get_json(dash.dashboard + "/api/field/history?filter=th/%2B&field=a%20b")
+    assert status == 400 and "invalid field path" in r["error"], r

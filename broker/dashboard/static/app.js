@@ -436,6 +436,71 @@ const history = {
   },
 };
 
+// ---- a JSON field: live (api/field, every 2 s) and history (api/field/history, once) --------
+
+const field = {
+  chart: null, timer: null, q: null, live: [], hist: [], last: null, liveNote: "", histNote: "",
+  async start() {
+    clearInterval(field.timer);
+    field.q = new URLSearchParams({filter: $("#f-filter").value.trim(), field: $("#f-field").value.trim()});
+    field.live = []; field.hist = []; field.last = null; field.liveNote = ""; field.histNote = "Asking the history job…";
+    if (field.chart) field.chart.destroy();
+    field.chart = new Chart($("#chart-field"), ["live (avg)", "history (avg)", "history (min)", "history (max)"],
+      {points: true, spanGaps: true});
+    $("#field-caption").textContent = `${field.q.get("field")} on ${field.q.get("filter")}`;
+    $("#field").dataset.state = "loading";
+    if (!(await field.tick())) return;
+    field.timer = setInterval(field.tick, 2000);
+    field.history();
+  },
+  async tick() {
+    if ($("#tab-history").hidden) return true;   // another tab: the chart ends when idle
+    const msg = $("#field-message");
+    try {
+      const r = await api("api/field?" + field.q + (field.last ? "&since=" + encodeURIComponent(field.last) : ""));
+      field.live = field.live.concat(r.points).slice(-900);
+      if (r.points.length) field.last = r.points[r.points.length - 1][0];
+      field.liveNote = `Live: one point every ${r.sample_seconds} s; skipped: ${r.skipped_bad_json} not JSON, ` +
+        `${r.skipped_too_large} too large, ${r.missing_field} without the field as a number.`;
+      msg.className = "note";
+      msg.textContent = "";
+      $("#field").dataset.state = "done";
+      field.draw();
+      return true;
+    } catch (e) {
+      clearInterval(field.timer);
+      $("#field").dataset.state = "error";
+      msg.className = "error";
+      msg.textContent = e.message;
+      return false;
+    }
+  },
+  async history() {
+    const q = new URLSearchParams(field.q), from = $("#h-from").value, to = $("#h-to").value;
+    if (from) q.set("from", from.trim().replace(" ", "T") + "Z");
+    if (to) q.set("to", to.trim().replace(" ", "T") + "Z");
+    try {
+      const r = await api("api/field/history?" + q);
+      field.hist = r.points;
+      field.histNote = `History: ${r.total.toLocaleString()} values, one point per ${r.bucket_seconds} s, ` +
+        `${fmtTime(r.from)} – ${fmtTime(r.to)} UTC.`;
+    } catch (e) {
+      field.histNote = "History: " + e.message;
+    }
+    $("#chart-field").dataset.history = String(field.hist.length);
+    field.draw();
+  },
+  draw() {
+    const live = new Map(field.live.map((p) => [secs(p[0]), p[1]]));
+    const hist = new Map(field.hist.map((p) => [secs(p[0]), p]));
+    const t = [...new Set([...live.keys(), ...hist.keys()])].sort((a, b) => a - b);
+    const h = (i) => t.map((x) => hist.has(x) ? hist.get(x)[i] : null);
+    field.chart.set([t, t.map((x) => live.has(x) ? live.get(x) : null), h(1), h(2), h(3)]);
+    $("#chart-field").dataset.live = String(live.size);
+    $("#field-note").textContent = field.liveNote + " " + field.histNote;
+  },
+};
+
 function utcInput(d) {  // "YYYY-MM-DD HH:MM:SS", UTC, 24-hour
   return d.toISOString().slice(0, 19).replace("T", " ");
 }
@@ -471,12 +536,14 @@ let searchTimer = null;
 $("#client-search").addEventListener("input", () => { clearTimeout(searchTimer); searchTimer = setTimeout(clients.load, 250); });
 $("#topic-filter").addEventListener("change", topics.load);
 $("#history-form").addEventListener("submit", (e) => { e.preventDefault(); history.run(); });
+$("#field-form").addEventListener("submit", (e) => { e.preventDefault(); field.start(); });
 for (const b of document.querySelectorAll("[data-range]")) b.addEventListener("click", () => history.setRange(+b.dataset.range));
 window.addEventListener("hashchange", route);
 window.addEventListener("resize", () => {
   Object.values(live.charts).forEach((c) => c.resize());
   if (history.counts) history.counts.resize();
   if (history.values) history.values.resize();
+  if (field.chart) field.chart.resize();
 });
 
 $("#login-form").addEventListener("submit", async (e) => {
