@@ -27,7 +27,7 @@ from sink.history.sparkplug.decode import BIRTHS, NAMESPACE, TYPE_NAMES
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-log = logging.getLogger("sink.sparkplug")
+log = logging.getLogger(__name__)
 
 TABLE_NAME = "sparkplug_metrics"
 STATE_VIEW = "sparkplug_state"
