@@ -6,7 +6,8 @@ import logging
 import os
 from typing import Any
 
-from sink.history.job.config import _HISTORY, Job, UsageError
+from settings import HistoryConfig
+from sink.history.job.config import Job, UsageError
 from sink.history.paths import is_local_path
 from sink.history.paths import local as _local
 
@@ -20,6 +21,7 @@ StreamingQuery = Any
 QUERY_NAME = "mqtt_history"
 SOURCE_MARKER = "sink_source"  # file in the checkpoint: which Kafka reader it was made with
 DEDUP_MARKER = "sink_dedup"    # file in the checkpoint: "source" (sink.history.dedup) or "spark"
+_HISTORY = HistoryConfig()     # the defaults
 
 
 def _native_kafka_available(spark: Spark, job: Job) -> DataFrame | None:
