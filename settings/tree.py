@@ -203,7 +203,7 @@ class SinkConfig(Section):
 
 @dataclass(slots=True)
 class HistoryConfig(Section):
-    """[history]: the Spark history job (sink/history/job.py) and where its queries are served."""
+    """[history]: the Spark history job (sink/history/job/) and where its queries are served."""
     TABLE = "history"
     table: str = "./data/history"
     checkpoint: str = ""                            # "" = <table>_checkpoint

@@ -1,6 +1,6 @@
 """``python -m sink.job``: the history job (Kafka -> Parquet history table).
 
-The command's home; the job itself is sink/history/job.py (the Spark-side program of sink/).
+The command's home; the job itself is the package sink/history/job/ (the Spark-side program of sink/).
 Also a main file for spark-submit (deploy/spark-submit.md).
 """
 import sys

@@ -51,7 +51,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("py4j").setLevel(logging.WARNING)
-    from sink.history.job import PARQUET_OPTIONS, is_local_path
+    from sink.history.job import PARQUET_OPTIONS
+    from sink.history.paths import is_local_path
     if not is_local_path(hist.table):
         print(f"sink.maintain: error: {hist.table} is not a local directory; only tables the job "
               "writes through its own log (local paths) are maintained", file=sys.stderr)

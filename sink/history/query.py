@@ -7,7 +7,7 @@ From Python (what the tests use):
     from sink.history.query import run_sql
     rows = run_sql(spark, "data/history", "SELECT count(*) AS n FROM messages")
 
-While the history job runs, its Spark Connect server (sink/history/job.py, default
+While the history job runs, its Spark Connect server (sink/history/job/connect.py, default
 sc://127.0.0.1:15002) answers in well under a second, where a local session takes 10+ s to
 start: ``sink.query`` uses it when it is there and falls back to a local session when it is
 not (``-v`` says which). Any Spark Connect client sees the table as ``messages``:

@@ -62,7 +62,7 @@ DEFAULT_CONF = {
     "spark.sql.variant.pushVariantIntoScan": "true",
 }
 
-#: The history job's own session (sink/history/job.py main), local mode: its footprint
+#: The history job's own session (sink/history/job/command.py main), local mode: its footprint
 #: (bench/job_footprint.py). Idle it held 1.4 GB: the JVM 580-830 MB, its heap never below the
 #: JVM's initial size (1/64 of the machine's memory: 384 MB here) and growing to 1 GB; Python
 #: processes of 45-160 MB (a daemon per kind of worker, each keeping its idle workers). Now: a

@@ -91,7 +91,8 @@ def _help(command: str, capsys) -> str:
     from broker import __main__ as broker_main
     from broker.admin import __main__ as admin_main
     from sink import maintain
-    from sink.history import job, query
+    from sink.history import query
+    from sink.history.job import config as job
     run = {"broker": lambda: broker_main.parse_args(["--help"]),
            "broker.admin": lambda: admin_main.build_parser().parse_args(["--help"]),
            "sink.job": lambda: job.build_parser().parse_args(["--help"]),

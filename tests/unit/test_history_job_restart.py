@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 
-import sink.history.job as job
+from sink.history.job import command, process, runner
 
 
 class NoWait(threading.Event):
@@ -15,20 +15,20 @@ class NoWait(threading.Event):
 
 
 def test_a_transient_failure_restarts_the_query_a_bounded_number_of_times(monkeypatch):
-    answers = [job.RESTART, job.RESTART, 0]
+    answers = [runner.RESTART, runner.RESTART, 0]
     calls = []
-    monkeypatch.setattr(job, "run", lambda spark, cfg, stop: calls.append(1) or answers.pop(0))
-    assert job.run_restarting(None, None, NoWait()) == 0 and len(calls) == 3
+    monkeypatch.setattr(runner, "run", lambda spark, cfg, stop: calls.append(1) or answers.pop(0))
+    assert runner.run_restarting(None, None, NoWait()) == 0 and len(calls) == 3
     calls.clear()
-    monkeypatch.setattr(job, "run", lambda spark, cfg, stop: calls.append(1) or job.RESTART)
-    assert job.run_restarting(None, None, NoWait()) == 1 and len(calls) == job.RESTARTS
+    monkeypatch.setattr(runner, "run", lambda spark, cfg, stop: calls.append(1) or runner.RESTART)
+    assert runner.run_restarting(None, None, NoWait()) == 1 and len(calls) == runner.RESTARTS
     calls.clear()
-    monkeypatch.setattr(job, "run", lambda spark, cfg, stop: calls.append(1) or 1)
-    assert job.run_restarting(None, None, NoWait()) == 1 and len(calls) == 1  # a real failure
+    monkeypatch.setattr(runner, "run", lambda spark, cfg, stop: calls.append(1) or 1)
+    assert runner.run_restarting(None, None, NoWait()) == 1 and len(calls) == 1  # a real failure
     stop = NoWait()
     stop.set()
-    monkeypatch.setattr(job, "run", lambda spark, cfg, stop: job.RESTART)
-    assert job.run_restarting(None, None, stop) == 0   # stopping: no restart
+    monkeypatch.setattr(runner, "run", lambda spark, cfg, stop: runner.RESTART)
+    assert runner.run_restarting(None, None, stop) == 0   # stopping: no restart
 
 
 class FakeQuery:
@@ -81,12 +81,13 @@ def run_with(monkeypatch, query: FakeQuery, stop: threading.Event, available_now
     import sink.history.catalog as catalog
     import sink.history.maintenance as maintenance
     import sink.history.spark as spark
-    monkeypatch.setattr(job, "start_query", lambda s, j: (query, "python"))
+    monkeypatch.setattr(runner, "start_query", lambda s, j: (query, "python"))
+    monkeypatch.setattr(runner, "report_commits", lambda j: None)
     monkeypatch.setattr(maintenance, "start_maintainer", lambda *a: None)
     monkeypatch.setattr(catalog, "start_registration", lambda *a: None)
     monkeypatch.setattr(spark, "launched_by_spark_submit", lambda: True)
     cfg = SimpleNamespace(history=None, available_now=available_now)
-    return job.run(None, cfg, stop, poll_seconds=0)
+    return runner.run(None, cfg, stop, poll_seconds=0)
 
 
 def test_a_failed_wait_on_a_running_query_does_not_stop_it(monkeypatch):
@@ -101,7 +102,7 @@ def test_a_failed_wait_on_a_running_query_does_not_stop_it(monkeypatch):
 def test_a_streaming_query_that_ends_unasked_is_started_again(monkeypatch):
     """Nobody asked the streaming query to stop and it ended without an error: run() asks for
     a restart instead of reporting a clean stop (exit 0 with no history being written)."""
-    assert run_with(monkeypatch, FakeQuery(ends_alone_after=2), StopAfter(100)) == job.RESTART
+    assert run_with(monkeypatch, FakeQuery(ends_alone_after=2), StopAfter(100)) == runner.RESTART
     # an available-now run ends by itself when Kafka is drained: that is its clean end
     assert run_with(monkeypatch, FakeQuery(ends_alone_after=2), StopAfter(100), available_now=True) == 0
 
@@ -111,9 +112,9 @@ def test_a_signal_during_the_exit_after_a_clean_stop_is_ignored(monkeypatch):
     supervisor's SIGTERM (or a second Ctrl-C) must not turn the clean stop into exit -15."""
     import signal
     saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-    monkeypatch.setattr(job, "main", lambda argv=None: 0)
+    monkeypatch.setattr(command, "main", lambda argv=None: 0)
     try:
-        assert job.cli([]) == 0
+        assert command.cli([]) == 0
         assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
         assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
     finally:
@@ -133,3 +134,25 @@ def test_the_guard_is_compiled_in_the_data_directory_where_the_checkout_cannot_b
     assert guard_build_root(str(tmp_path / "data")) == tmp_path / "data" / "build"
     monkeypatch.setattr(spark_mod, "PROJECT_ROOT", str(tmp_path))
     assert guard_build_root(str(tmp_path / "data")) == tmp_path / "build"
+
+
+def test_a_restarted_query_replaces_its_hard_exit_hook_rather_than_adding_one(tmp_path, monkeypatch):
+    """A third signal reports the last commit before the job exits at once: each start of the
+    query registers that report, and a restart replaces the earlier run's rather than adding
+    one more (the job kept every run's, one more per restart, all run at the exit)."""
+    import sink.history.catalog as catalog
+    import sink.history.maintenance as maintenance
+    import sink.history.spark as spark
+    from sink.history.job import Job
+    monkeypatch.setattr(process, "hard_exit_hooks", {})
+    starts = []
+    monkeypatch.setattr(runner, "start_query",
+                        lambda s, j: starts.append(1) or (FakeQuery(ends_alone_after=1), "python"))
+    monkeypatch.setattr(maintenance, "start_maintainer", lambda *a: None)
+    monkeypatch.setattr(catalog, "start_registration", lambda *a: None)
+    monkeypatch.setattr(spark, "launched_by_spark_submit", lambda: True)
+    monkeypatch.setattr(runner, "RESTARTS", 3)
+    job = Job.of(table=str(tmp_path / "history"), checkpoint=str(tmp_path / "ck"))
+    assert runner.run_restarting(None, job, NoWait()) == 1   # ended unasked each time
+    assert len(starts) == 3, "the query was started, then restarted twice"
+    assert len(process.hard_exit_hooks) == 1

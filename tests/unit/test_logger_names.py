@@ -51,8 +51,8 @@ def test_every_named_channel_is_in_use():
 
 
 def test_a_module_run_with_python_m_logs_under_its_module_path_not_main():
-    """`python -m sink.history.job` runs the module as __main__: its log lines must still say
-    sink.history.job (logging.getLogger(__spec__.name) there), not "__main__"."""
+    """`python -m PACKAGE.MODULE` runs the module as __main__: its log lines must still say
+    PACKAGE.MODULE (logging.getLogger(__spec__.name) there), not "__main__"."""
     bad = []
     for pkg in PACKAGES:
         for path in sorted((ROOT / pkg).rglob("*.py")):

@@ -310,7 +310,8 @@ CONFIG_KEYS = sorted({key for specs in sections().values() for key in specs}
 READERS = ["broker/__main__.py", "broker/server.py", "broker/transport/tls.py",
            "broker/transport/websocket.py", "broker/auth/__init__.py",
            "broker/dashboard/__init__.py", "broker/dashboard/api.py", "sink/forward/service.py",
-           "sink/history/query.py"]
+           "sink/history/query.py", "sink/history/job/config.py", "sink/history/job/connect.py",
+           "sink/history/job/stream.py", "sink/history/job/report.py", "sink/history/job/command.py"]
 
 
 @pytest.mark.parametrize("path", READERS)
@@ -452,7 +453,7 @@ def test_autogroup_write_retries_the_kernels_rate_limit(tmp_path, monkeypatch):
     """Without CAP_SYS_ADMIN the kernel takes one autogroup niceness write per 100 ms on the
     whole machine and answers EAGAIN to others: set_autogroup_nice waits and retries, and gives
     up (returning False, logging why) only after its attempts."""
-    from sink.history import job
+    from sink.history.job import process as job
     target = tmp_path / "autogroup"
     target.write_text("")
     monkeypatch.setattr(job, "AUTOGROUP", str(target))
@@ -475,7 +476,7 @@ def test_autogroup_write_retries_the_kernels_rate_limit(tmp_path, monkeypatch):
 def test_job_in_the_default_autogroup_leaves_it_alone(tmp_path, monkeypatch, caplog):
     """In the kernel's default autogroup (init's session, as under some CI runners and
     supervisors) /proc/self/autogroup reads empty: lower_priority neither fails nor writes."""
-    from sink.history import job
+    from sink.history.job import process as job
     target = tmp_path / "autogroup"
     target.write_text("")
     monkeypatch.setattr(job, "AUTOGROUP", str(target))
@@ -483,7 +484,7 @@ def test_job_in_the_default_autogroup_leaves_it_alone(tmp_path, monkeypatch, cap
     monkeypatch.setattr(job.os, "setpriority", lambda *a: None)
     writes = []
     monkeypatch.setattr(job, "set_autogroup_nice", lambda n, attempts=10: writes.append(n))
-    with caplog.at_level("WARNING", logger="sink.history.job"):
+    with caplog.at_level("WARNING", logger="sink.history.job.process"):
         job.lower_priority(9)
     assert writes == [] and not caplog.records
     target.write_text("/autogroup-7 nice 0\n")
