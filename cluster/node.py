@@ -862,6 +862,19 @@ class ClusterNode(Hook):
             return None
         return msg, sender
 
+    # ------------------------------------------------------------ for the share streams (ShareHost)
+    def share_start(self) -> dict[int, int]:
+        return {p: self.routed_upto.get(p, 0) for p in range(self.partitions)}
+
+    def share_message(self, topic: str, offset: int, key: bytes | None, value: bytes | None,
+                      headers: list, ts: int) -> Message | None:
+        why = self.trust.check_fields(topic, key, value, headers, ts)
+        if why is not None:
+            self.trust.ignore(why, f"{topic} offset {offset}")
+            return None
+        got = self._decode(topic, offset, key, value, headers, ts, self.broker.clock(), self.wall())
+        return None if got is None else got[0]
+
     # ------------------------------------------------------------ new subscriptions
     def _starting(self, p: int) -> list:
         """(subscription, first offset) of the new subscriptions that take partition p's
