@@ -47,6 +47,7 @@ from . import handover
 from . import records as R
 from .keep import BATCH, BODY, FAILED, H_AGAIN, MARK, TS, Entry, Keep, with_again
 from .link import FetchReader, Topics, ensure_topics, make_consumer
+from .membership import Membership
 from .produce import Producer
 from .shares import Shares
 from .trust import MALFORMED, REPLAYED, Trust
@@ -171,8 +172,16 @@ class ClusterNode(Hook):
         self.ids = itertools.count(1)
         self.seq = itertools.count(1)            # of the control records written (control.py)
         self.last_ids: dict[tuple, int] = {}     # (topic, partition, writer) -> last message id
+        self.counters = {"produced": 0, "read": 0, "delivered": 0, "claims": 0, "takeovers": 0,
+                         "rebuilt_sessions": 0, "rebuilt_messages": 0, "wills_fired": 0,
+                         "evictions": 0, "produce_errors": 0, "resent": 0, "resent_skipped": 0}
+        # heartbeats, evictions, the timers of sessions whose node is gone
+        self.membership = Membership(cfg, wall, lambda: self.state, self._write_control,
+                                     lambda: self.routed_upto, lambda floor: self.keep.trim(floor),
+                                     self.counters)
         # what this node wrote and not every node has read: written again if Kafka loses it
-        self.keep = Keep(cfg.keep_bytes, cfg.keep_seconds, time.monotonic, self._read_floor)
+        self.keep = Keep(cfg.keep_bytes, cfg.keep_seconds, time.monotonic,
+                         self.membership.read_floor)
         # since Kafka last lost its data (None: never), per (messages topic, partition, writer):
         # the last message id read before the loss, the (lowest, highest) read in the new log,
         # the last copy written again (mqtt.again) taken, and the ids read of logs lost before
@@ -196,20 +205,16 @@ class ClusterNode(Hook):
         self.qos2_pid: tuple[str, int] | None = None  # (client id, packet id) of the PUBLISH routed next
         self.last_mid = 0                        # the number of the last message id written
         self.ended: set[str] = set()             # sessions ended here this turn
-        self.firing: set[tuple] = set()          # timers whose records are on their way
         self.shares = Shares(self)
         self.ready = False
         self.stopping = False
         self.fenced = False
         self.beat_handle: asyncio.TimerHandle | None = None
         self.last_checkpoint = 0.0
-        self.counters = {"produced": 0, "read": 0, "delivered": 0, "claims": 0, "takeovers": 0,
-                         "rebuilt_sessions": 0, "rebuilt_messages": 0, "wills_fired": 0,
-                         "evictions": 0, "produce_errors": 0, "resent": 0, "resent_skipped": 0}
 
     # ------------------------------------------------------------ lifecycle
     def attach(self, broker: HookHost) -> None:
-        self.broker = broker
+        self.broker = self.membership.broker = broker
 
     def on_start(self) -> None:
         """Before the listeners open: create the topics, read the control and retained topics to
@@ -249,8 +254,7 @@ class ClusterNode(Hook):
                 f"this node has just made its own ({self.key_made}): it would ignore the other "
                 "nodes and they it. Give it the other nodes' key: replace that file with theirs, "
                 "or set cluster.key_file / $MQTT_CLUSTER_KEY (README \"Cluster\")")
-        self._write_control(f"n:{self.node}", C.node_record("join", self.node, self.inc,
-                                                            at=self.wall()))
+        self.membership.join()
         self.producer.kick()
         self._read_until(self.state.me_alive, "this node's join")
         log.info("cluster: node %s joined (incarnation %s) in %.2f s: %d members alive (%s), "
@@ -282,7 +286,7 @@ class ClusterNode(Hook):
         self.on_turn_end()
         self.shares.stop()
         if self.producer is not None and self.ready and not self.fenced:
-            self._write_control(f"n:{self.node}", C.node_record("leave", self.node, self.inc))
+            self.membership.leave()
             if not self.producer.flush(5):
                 log.warning("cluster: could not write everything to Kafka at shutdown")
         if self.reader is not None:
@@ -359,8 +363,7 @@ class ClusterNode(Hook):
             if not e.deferred:
                 self.here_lost.add((e.writer, e.n))
                 del self.local[key]
-        for m in self.state.members.values():
-            m.read, m.read_ok = None, False  # its heartbeats name the old log's offsets until it joins again
+        self.membership.forget_read()
         # every message kept is written again, first; those still waiting to be sent are sent
         # only as their copies (which their acknowledgements then wait for)
         again = self.keep.again()
@@ -378,8 +381,7 @@ class ClusterNode(Hook):
         for hs in self.handles.values():
             for h in hs:
                 h.pos = None  # its old offset names another record in the new log
-        self._write_control(f"n:{self.node}", C.node_record("join", self.node, self.inc,
-                                                            at=self.wall()))
+        self.membership.join()
         self.dirty.update(cid for cid in self.bound if self.broker.session_of(cid) is not None)
         rewritten = 0
         if C.rendezvous("retained", self.state.alive()) == self.node:
@@ -956,24 +958,16 @@ class ClusterNode(Hook):
                 if claim is not None:
                     self._rebuild(claim)
             elif kind is C.WillDue:
-                self.firing.discard((ev.cid, "will"))
-                if ev.by == self.node:
-                    self._publish_will(ev)
+                self.membership.will_due(ev)
             elif kind is C.Ended:
-                self.firing.discard((ev.cid, "expire"))
-                self.firing.discard((ev.cid, "will"))
+                self.membership.ended(ev.cid)
             elif kind is C.Evicted:
                 self.counters["evictions"] += 1
                 if ev.me:
                     if not self.stopping:  # (its own `leave` at shutdown is not a fencing)
                         self._fenced()
-                elif ev.left:  # a clean stop: expected, not a warning
-                    log.info("cluster: node %s (incarnation %s) left; its clients' sessions "
-                             "and wills are taken over by the live nodes", ev.node, ev.inc)
                 else:
-                    log.warning("cluster: node %s (incarnation %s) is gone; its clients' "
-                                "sessions and wills are taken over by the live nodes",
-                                ev.node, ev.inc)
+                    self.membership.evicted(ev)
             elif kind is C.BanChanged:
                 self._ban_changed(ev)
             elif kind is C.Copy:
@@ -1047,8 +1041,7 @@ class ClusterNode(Hook):
         self.handoffs.clear()
         self.inc = uuid.uuid4().hex[:12]
         self.state.inc = self.inc
-        self._write_control(f"n:{self.node}", C.node_record("join", self.node, self.inc,
-                                                            at=self.wall()))
+        self.membership.join()
 
     # ------------------------------------------------------------ admission (CONNECT)
     def admit(self, client_id: str, clean_start: bool, expiry: int, will: Will | None, username: str | None,
@@ -1436,65 +1429,12 @@ class ClusterNode(Hook):
             self.on_turn_end()
 
     def _beat(self) -> None:
+        """The heartbeat timer (cluster/membership.py)."""
         try:
-            st = self.state
-            self._write_control(f"n:{self.node}", C.node_record(
-                "beat", self.node, self.inc, read={str(p): o for p, o in self.routed_upto.items()}))
-            self._trim_kept()
-            if st.me_alive():
-                for m in st.silent(self.cfg.node_timeout):
-                    log.warning("cluster: node %s not heard from for %.1f s: declaring it gone",
-                                m.node, self.cfg.node_timeout)
-                    self._write_control(f"n:{m.node}", C.node_record(
-                        "evict", m.node, m.inc, by=self.node, by_inc=self.inc, at=self.wall()))
-                    m.seen = time.monotonic()  # once per timeout, until the record is applied
-                self._fire_timers()
+            self.membership.beat()
         except Exception:
             log.exception("cluster: heartbeat failed")
         self.beat_handle = self.loop.call_later(self.cfg.heartbeat_seconds, self._beat)
-
-    def _trim_kept(self) -> None:
-        """Let go of the kept messages every live node has read (their heartbeats say how far)."""
-        self.keep.trim(self._read_floor())
-
-    def _read_floor(self) -> dict[int, int] | None:
-        """Per messages partition, the lowest position read by the live nodes (this one: where
-        it is; the others: their last heartbeat); None when one has not said."""
-        floor = dict(self.routed_upto)
-        for m in self.state.members.values() if self.state is not None else ():
-            if not m.alive or (m.node == self.node and m.inc == self.inc):
-                continue
-            read = m.read
-            if read is None:
-                return None
-            for p, o in floor.items():
-                floor[p] = min(o, read.get(p, 0))
-        return floor
-
-    def _fire_timers(self) -> None:
-        """Wills and expiry of sessions whose node is gone, this node being their executor."""
-        for kind, c in self.state.due(self.wall()):
-            if (c.cid, kind) in self.firing:
-                continue
-            self.firing.add((c.cid, kind))
-            if kind == "expire":
-                self._write_control(f"c:{c.cid}", C.end_record(c, self.node, self.inc,
-                                                               fired=c.will is not None))
-            else:
-                self._write_control(f"c:{c.cid}", C.state_record(
-                    c, self.node, self.inc, will=None, will_at=None, fired=True))
-
-    def _publish_will(self, ev: C.WillDue) -> None:
-        """A will of a client whose node is gone: published as that client's message."""
-        broker = self.broker
-        d = ev.will
-        msg = R.will_message(d, ev.cid, broker.clock(), self.wall())
-        if msg.topic.startswith("$SYS") or not broker.auth.allow_publish(ev.cid, ev.user, msg.topic):
-            return
-        self.counters["wills_fired"] += 1
-        if broker.accepting and not broker.offer(msg, ev.cid, ev.user, 5):
-            return
-        broker.publish(msg, None)
 
     # ------------------------------------------------------------ bans
     def share_bans(self, bans: BanList) -> None:
