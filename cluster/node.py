@@ -45,7 +45,8 @@ from mqtt_topics import matches
 from . import control as C
 from . import handover
 from . import records as R
-from .keep import BATCH, BODY, FAILED, H_AGAIN, MARK, TS, Entry, Keep, with_again
+from .copies import Copies
+from .keep import BATCH, BODY, FAILED, MARK, TS, Entry, Keep, with_again
 from .link import FetchReader, Topics, ensure_topics, make_consumer
 from .membership import Membership
 from .produce import Producer
@@ -171,7 +172,6 @@ class ClusterNode(Hook):
         self.deferred: list[_Local] | None = None  # held meanwhile, to deliver then, in order
         self.ids = itertools.count(1)
         self.seq = itertools.count(1)            # of the control records written (control.py)
-        self.last_ids: dict[tuple, int] = {}     # (topic, partition, writer) -> last message id
         self.counters = {"produced": 0, "read": 0, "delivered": 0, "claims": 0, "takeovers": 0,
                          "rebuilt_sessions": 0, "rebuilt_messages": 0, "wills_fired": 0,
                          "evictions": 0, "produce_errors": 0, "resent": 0, "resent_skipped": 0}
@@ -182,17 +182,9 @@ class ClusterNode(Hook):
         # what this node wrote and not every node has read: written again if Kafka loses it
         self.keep = Keep(cfg.keep_bytes, cfg.keep_seconds, time.monotonic,
                          self.membership.read_floor)
-        # since Kafka last lost its data (None: never), per (messages topic, partition, writer):
-        # the last message id read before the loss, the (lowest, highest) read in the new log,
-        # the last copy written again (mqtt.again) taken, and the ids read of logs lost before
-        # that one, as (lowest, highest): which copies are new here (_fresh)
-        self.lost_marks: dict[tuple, int] = {}
-        self.window: dict[tuple, tuple[int, int]] | None = None
-        self.again_last: dict[tuple, int] = {}
-        self.read_before: dict[tuple, list[tuple[int, int]]] = {}
-        # (writer, n) of the messages delivered here as they were accepted whose records were
-        # not read back when Kafka lost them: their copies are not new here (_fresh)
-        self.here_lost: set[tuple[bytes, int]] = set()
+        # the message ids read: which records are copies of one read before (replays, and
+        # the messages written again after Kafka lost its data)
+        self.copies = Copies(self.trust, self.counters)
         self.claims: dict[str, _Claim] = {}      # req -> a CONNECT waiting for its claim
         self.handoffs: dict[str, _Claim] = {}    # cid -> a claim waiting for the last owner
         self.bound: dict[str, int] = {}          # cid -> epoch of this node's session
@@ -348,20 +340,13 @@ class ClusterNode(Hook):
         self.partitions = partitions
         self.routed_upto = {p: 0 for p in range(partitions)}
         messages = self.topics.messages
-        # which copies written again are new here (_fresh): the ids read of the lost log...
-        if self.window is None:  # the first loss: all up to the last one read
-            self.lost_marks = {k: n for k, n in self.last_ids.items() if k[0] == messages}
-        else:  # after another: those up to its last copy taken, and those of its new log
-            for k, n in self.again_last.items():
-                self.lost_marks[k] = max(self.lost_marks.get(k, 0), n)
-            for k, w in self.window.items():
-                self.read_before.setdefault(k, []).append(w)
-        self.window, self.again_last = {}, {}  # ...and those read in the new log
-        # ...and those delivered here as accepted, their records never read back (_own): the
-        # copies of those do not match the bytes held, so they are let go here
+        # which copies written again are new here (cluster/copies.py): not those read of the
+        # lost log, nor those delivered here as accepted, their records never read back (_own):
+        # the copies of those do not match the bytes held, so they are let go here
+        self.copies.lost(messages)
         for key, e in list(self.local.items()):
             if not e.deferred:
-                self.here_lost.add((e.writer, e.n))
+                self.copies.lost_here(e.writer, e.n)
                 del self.local[key]
         self.membership.forget_read()
         # every message kept is written again, first; those still waiting to be sent are sent
@@ -606,7 +591,7 @@ class ClusterNode(Hook):
     def _own(self, rec: Scanned, p: int, i: int) -> bool:
         """Whether record i is one this node delivered here as it accepted it (_deliver_here):
         the same bytes as it wrote. Its stored copies learn their place in the log; the writer's
-        last message id moves past it (a copy of it read later is a replay: _fresh)."""
+        last message id moves past it (a copy of it read later is a replay: cluster/copies.py)."""
         key = rec.tail(i, MAC_BYTES)
         e = self.local.get(key)
         if e is None or rec.body(i) != e.body:
@@ -617,9 +602,7 @@ class ClusterNode(Hook):
         for h in e.handles:
             if h.pos is None:
                 h.pos = pos
-        last_key = (self.topics.messages, p, e.writer)
-        if e.n > self.last_ids.get(last_key, 0):
-            self.last_ids[last_key] = e.n
+        self.copies.read_own(self.topics.messages, p, e.writer, e.n)
         return True
 
     def _held_for(self, cid: str, subs: list) -> list:
@@ -720,7 +703,7 @@ class ClusterNode(Hook):
                     if r is None:
                         continue
                     off, key, value, headers, ts = r
-                    if not self._fresh(topic, _p, off, headers):
+                    if not self.copies.fresh(topic, _p, off, headers):
                         continue
                     if value is None and key:
                         broker.set_retained(key.decode(errors="replace"), None)
@@ -798,58 +781,9 @@ class ClusterNode(Hook):
                  wall_now: float) -> tuple[Message, str] | None:
         """_verified() then _decode() of record i."""
         r = self._verified(topic, rec, i)
-        if r is None or not self._fresh(topic, p, r[0], r[3]) or handover.to_one(r[3]):
+        if r is None or not self.copies.fresh(topic, p, r[0], r[3]) or handover.to_one(r[3]):
             return None  # (addressed to one session: only its rebuild takes it, cluster/handover.py)
         return self._decode(topic, r[0], r[1], r[2], r[3], r[4], clock_now, wall_now)
-
-    def _fresh(self, topic: str, p: int, off: int, headers: list) -> bool:
-        """Whether a message or retained record is not a copy of one read before: each node
-        numbers the records it writes (mqtt.message_id `<node>-<incarnation>-<n>`, n increasing
-        in each partition's log), so a record whose n is not above the last one of its writer
-        was written again (a copied signed record, a retried write) and is ignored, counted."""
-        mid = None
-        again = False
-        for name, val in headers:
-            if name == H_MESSAGE_ID:
-                mid = val
-            elif name == H_AGAIN:
-                again = True
-        writer, _, n = bytes(mid or b"").rpartition(b"-")
-        if not writer or not n.isdigit() or len(n) > 18:
-            self.trust.ignore(MALFORMED, f"{topic} offset {off}", "no message id")
-            return False
-        last_key = (topic, p, writer)
-        seq = int(n)
-        window = self.window
-        if again:
-            # a copy its writer wrote again after Kafka lost its data (cluster/keep.py): new here
-            # unless it was read before the loss or, in the new log, before its copies, or it
-            # was delivered here as this node accepted it
-            if self.here_lost and (writer, int(n)) in self.here_lost:
-                self.here_lost.discard((writer, int(n)))
-                self.counters["resent_skipped"] += 1
-                return False
-            if window is None:  # (no loss seen here: a copy read first where it is not lost)
-                before, seen = self.last_ids.get(last_key, 0), None
-            else:
-                before, seen = self.lost_marks.get(last_key, 0), window.get(last_key)
-            if seq <= before or (seen is not None and seen[0] <= seq <= seen[1]) or \
-                    any(lo <= seq <= hi for lo, hi in self.read_before.get(last_key, ())):
-                self.counters["resent_skipped"] += 1
-                return False
-            if seq <= self.again_last.get(last_key, 0):
-                self.trust.ignore(REPLAYED, f"{topic} offset {off}")
-                return False
-            self.again_last[last_key] = seq
-            return True
-        if seq <= self.last_ids.get(last_key, 0):
-            self.trust.ignore(REPLAYED, f"{topic} offset {off}")
-            return False
-        self.last_ids[last_key] = seq
-        if window is not None:
-            seen = window.get(last_key)
-            window[last_key] = (seq, seq) if seen is None else (seen[0], seq)
-        return True
 
     def _decode(self, topic: str, off: int, key: bytes | None, value: bytes | None,
                 headers: list, ts: int, clock_now: float,
