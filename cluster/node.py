@@ -45,6 +45,7 @@ from mqtt_topics import matches
 from . import control as C
 from . import handover
 from . import records as R
+from .checkpoints import Checkpoints, Handle
 from .copies import Copies
 from .keep import BATCH, BODY, FAILED, MARK, TS, Entry, Keep, with_again
 from .link import FetchReader, Topics, ensure_topics, make_consumer
@@ -79,18 +80,6 @@ class _Batch:
         self.failure: str | None = None
 
 
-class _Handle:
-    """A stored outbound message of a persistent session: where it is in the messages topic."""
-    __slots__ = ("cid", "pos", "pid", "released", "qos")
-
-    def __init__(self, cid: str, pos: tuple[int, int] | None, pid: int | None, qos: int = 1) -> None:
-        self.cid = cid
-        self.pos = pos           # (partition, offset), or None (not from the log: a retained replay)
-        self.pid = pid
-        self.released = False
-        self.qos = qos
-
-
 class _Local:
     """A message this node delivered to its own sessions as it accepted it, until its record is
     read back from the messages topic (then skipped there: not delivered twice)."""
@@ -104,7 +93,7 @@ class _Local:
         self.writer = writer    # the message id's prefix (<node>-<incarnation>) and number
         self.n = n
         self.at = at            # time.monotonic() when accepted
-        self.handles: list[_Handle] = []  # stored copies: their place in the log once known
+        self.handles: list[Handle] = []  # stored copies: their place in the log once known
         self.deferred = False   # not delivered here yet (ClusterNode._here)
 
 
@@ -187,26 +176,23 @@ class ClusterNode(Hook):
         self.copies = Copies(self.trust, self.counters)
         self.claims: dict[str, _Claim] = {}      # req -> a CONNECT waiting for its claim
         self.handoffs: dict[str, _Claim] = {}    # cid -> a claim waiting for the last owner
-        self.bound: dict[str, int] = {}          # cid -> epoch of this node's session
-        self.handles: dict[str, set] = {}        # cid -> live stored-message handles
-        self.since: dict[tuple, dict] = {}       # (cid, filter) -> positions when subscribed
         self.waiting_subs: list = []             # (sub, positions): new subscriptions not started
-        self.dirty: set[str] = set()             # persistent sessions whose state to write
-        self.progress: set[str] = set()          # ... whose positions moved
-        self.qos2_in: set[str] = set()           # ... with inbound QoS 2 ids new this read
+        # the persistent sessions held here: their state records, written at turn ends
+        self.checkpoints = Checkpoints(cfg, wall, lambda: self.state, self._write_control,
+                                       lambda: self.routed_upto,
+                                       lambda: f"{self.node}-{self.inc}-{self.last_mid}")
+        self.qos2_in: set[str] = set()           # sessions with inbound QoS 2 ids new this read
         self.qos2_pid: tuple[str, int] | None = None  # (client id, packet id) of the PUBLISH routed next
         self.last_mid = 0                        # the number of the last message id written
-        self.ended: set[str] = set()             # sessions ended here this turn
         self.shares = Shares(self)
         self.ready = False
         self.stopping = False
         self.fenced = False
         self.beat_handle: asyncio.TimerHandle | None = None
-        self.last_checkpoint = 0.0
 
     # ------------------------------------------------------------ lifecycle
     def attach(self, broker: HookHost) -> None:
-        self.broker = self.membership.broker = broker
+        self.broker = self.membership.broker = self.checkpoints.broker = broker
 
     def on_start(self) -> None:
         """Before the listeners open: create the topics, read the control and retained topics to
@@ -360,14 +346,10 @@ class ClusterNode(Hook):
         self.producer.acked_upto.clear()
         self.spill = (self.producer.handed, None)  # (their offsets named the old log)
         self.producer.take_went_back()  # the same loss, seen by the producer meanwhile
-        self.since = {k: dict.fromkeys(range(partitions), 0) for k in self.since}
         self.waiting_subs = [(sub, dict.fromkeys(range(partitions), 0))
                              for sub, _ in self.waiting_subs]
-        for hs in self.handles.values():
-            for h in hs:
-                h.pos = None  # its old offset names another record in the new log
+        self.checkpoints.lost(partitions)
         self.membership.join()
-        self.dirty.update(cid for cid in self.bound if self.broker.session_of(cid) is not None)
         rewritten = 0
         if C.rendezvous("retained", self.state.alive()) == self.node:
             broker, now = self.broker, self.broker.clock()
@@ -388,7 +370,7 @@ class ClusterNode(Hook):
         self.producer.kick()
         log.info("cluster: node %s wrote again its join, the state of %d sessions, %d "
                  "retained messages and %d messages not every node had read after Kafka lost "
-                 "its data", self.node, len(self.bound), rewritten, len(again))
+                 "its data", self.node, len(self.checkpoints.bound), rewritten, len(again))
 
     def stats(self) -> dict:
         """For metrics (mqtt_cluster_*, clients{node=...}), $SYS/broker/cluster/... and the
@@ -631,7 +613,7 @@ class ClusterNode(Hook):
         """What the acks of this read wait for: every record written so far, the session
         records this read changed (a persistent session's SUBSCRIBE) included. (Kafka answers
         this node's writes in order: the last batch's token stands for the earlier ones.)"""
-        if self.dirty or self.ended:
+        if self.checkpoints.owed():
             self.on_turn_end()
         b = self.batch
         if b is None:
@@ -653,7 +635,8 @@ class ClusterNode(Hook):
             if t.failure is not None:
                 done.resolve(t.failure)
                 return
-            self.dirty.update(cid for cid in cids if cid in self.bound)
+            ck = self.checkpoints
+            ck.dirty.update(cid for cid in cids if cid in ck.bound)
             then = self.barrier()
             if then is None:
                 done.resolve()
@@ -860,7 +843,7 @@ class ClusterNode(Hook):
                  for p, upto in self.routed_upto.items()}
         s = sub.session
         if isinstance(s, Session) and s.store is not None:  # a persistent session's checkpoint records it
-            self.since[(s.client_id, sub.filter)] = since
+            self.checkpoints.since[(s.client_id, sub.filter)] = since
         self.waiting_subs.append((sub, since))
         self._start_waiting_subs()
 
@@ -907,19 +890,16 @@ class ClusterNode(Hook):
             elif kind is C.Copy:
                 self.trust.ignore(REPLAYED, f"{self.topics.control} offset {ev.offset}", ev.kind)
             elif kind is C.Stale:
-                if self.broker.session_of(ev.cid) is not None and self.bound.get(ev.cid) is not None:
-                    self.dirty.add(ev.cid)  # write this node's state again: it is the current one
+                self.checkpoints.stale(ev.cid)  # this node's state is the current one
 
     def _claimed(self, ev: C.Claimed) -> None:
         c = ev.client
         if c.node != self.node or c.inc != self.inc:
             return
-        if c.cid in self.bound and self.broker.session_of(c.cid) is not None:
-            # this node's own session, claimed again here: it is the new epoch's from now on,
-            # whether or not the CONNECT that claimed it takes it (it may have gone meanwhile);
-            # its state, written again under this epoch, says whether it is connected
-            self.bound[c.cid] = c.epoch
-            self.dirty.add(c.cid)
+        # this node's own session, claimed again here: it is the new epoch's from now on,
+        # whether or not the CONNECT that claimed it takes it (it may have gone meanwhile);
+        # its state, written again under this epoch, says whether it is connected
+        self.checkpoints.rebind(c.cid, c.epoch)
         claim = self.claims.pop(ev.req, None)
         if claim is None:
             return
@@ -941,16 +921,12 @@ class ClusterNode(Hook):
         """This node's session of `cid` is another node's now (or ended there)."""
         broker = self.broker
         s = broker.session_of(ev.cid)
-        epoch = self.bound.pop(ev.cid, None)
-        self.dirty.discard(ev.cid)
-        self.progress.discard(ev.cid)
+        epoch = self.checkpoints.unbind(ev.cid)
         if s is not None and ev.final and epoch == ev.epoch:
-            rec = self._state_record(s, ev.epoch, final=True, connected=False)
+            rec = self.checkpoints.state_record(s, ev.epoch, final=True, connected=False)
             if not handover.give(self, s, rec):  # (what the log no longer has goes with it)
                 self._write_control(f"c:{ev.cid}", rec)
-        self.handles.pop(ev.cid, None)
-        for k in [k for k in self.since if k[0] == ev.cid]:
-            del self.since[k]
+        self.checkpoints.drop(ev.cid)
         if s is not None:
             broker.release_session(ev.cid, ev.publish_will,
                                    "session taken over by a connection on another node")
@@ -962,12 +938,10 @@ class ClusterNode(Hook):
                   "cluster.node_timeout = %.1f s); dropping its clients and joining again",
                   self.node, self.cfg.node_timeout)
         broker = self.broker
-        for cid in [s.client_id for s in broker.every_session()]:
-            self.bound.pop(cid, None)
+        cids = [s.client_id for s in broker.every_session()]
+        self.checkpoints.reset(cids)
+        for cid in cids:
             broker.release_session(cid, False, "this node rejoins the cluster: reconnect")
-        self.handles.clear()
-        self.dirty.clear()
-        self.progress.clear()
         self.qos2_in.clear()
         for claim in list(self.claims.values()) + list(self.handoffs.values()):
             claim.token.resolve(UNAVAILABLE)
@@ -1018,7 +992,7 @@ class ClusterNode(Hook):
         if s is None:  # expired under the current caps
             claim.token.resolve()
             return
-        self.bound[cid] = c.epoch
+        self.checkpoints.bound[cid] = c.epoch
         subs = []
         for row in ck.get("subs", ()):
             filt, qos, nl, rap, rh, sub_id = row[:6]
@@ -1029,7 +1003,7 @@ class ClusterNode(Hook):
             if sub is None:
                 continue
             since = {int(k): v for k, v in (row[6] if len(row) > 6 and row[6] else {}).items()}
-            self.since[(cid, filt)] = since
+            self.checkpoints.since[(cid, filt)] = since
             if sub.group is None:
                 subs.append((sub, since))
         for pid in ck.get("qos2", ()):
@@ -1054,7 +1028,7 @@ class ClusterNode(Hook):
             claim.token.resolve()
             return
         inflight = {(p, off): (pid, rel) for p, off, pid, rel in ck.get("inflight", ())}
-        # below these, what is not in flight was delivered and acknowledged (_checkpoint)
+        # below these, what is not in flight was delivered and acknowledged (cluster/checkpoints.py)
         handed = {int(k): v for k, v in (ck.get("next") or {}).items()}
         if not ranges:
             self._rebuilt(claim, s, subs, inflight, handed, wrote, [], None, held)
@@ -1179,40 +1153,23 @@ class ClusterNode(Hook):
 
     # ------------------------------------------------------------ the hook: clients
     def on_client_connected(self, session: Session, present: bool) -> None:
-        c = self.state.clients.get(session.client_id)
-        if c is None or c.node != self.node or c.inc != self.inc:
-            return
-        self.bound[session.client_id] = c.epoch
-        self.dirty.add(session.client_id)
+        self.checkpoints.connected(session)
 
     def on_client_disconnected(self, session: Session, publish_will: bool) -> None:
-        cid = session.client_id
-        if cid in self.bound:
-            self.dirty.add(cid)
-            if session.expiry_interval == 0:
-                self.ended.add(cid)  # a clean session ends with its connection
-            # written at the end of this turn, not of the next one (a dropped connection of a
-            # clean session writes nothing else: its end would wait for the next CONNECT)
-            flush = self.broker.schedule_flush
-            if flush is not None:
-                flush()
+        self.checkpoints.disconnected(session)
 
-    # persistence events (persistent sessions only)
+    # persistence events (persistent sessions only): their state records (cluster/checkpoints.py)
     def on_session_saved(self, session: Session) -> None:
-        self.dirty.add(session.client_id)
+        self.checkpoints.dirty.add(session.client_id)
 
     def on_session_deleted(self, client_id: str) -> None:
-        self.ended.add(client_id)
-        self.handles.pop(client_id, None)
+        self.checkpoints.deleted(client_id)
 
     def on_subscribed(self, client_id: str, sub: Subscription) -> None:
-        # (a new subscription's start was set by install(); a replaced one keeps its own)
-        self.since.setdefault((client_id, sub.filter), dict(self.routed_upto))
-        self.dirty.add(client_id)
+        self.checkpoints.subscribed(client_id, sub.filter)
 
     def on_unsubscribed(self, client_id: str, filt: str) -> None:
-        self.since.pop((client_id, filt), None)
-        self.dirty.add(client_id)
+        self.checkpoints.unsubscribed(client_id, filt)
 
     def on_qos2_received(self, client_id: str, pid: int) -> None:
         # (before route(): its record carries the id) its PUBREC waits for a checkpoint naming
@@ -1224,121 +1181,39 @@ class ClusterNode(Hook):
     def on_qos2_released(self, client_id: str, pid: int) -> None:
         # the PUBCOMP waits for the checkpoint without the id (barrier()): the client reuses
         # it only once no node can take a reuse for a resend of the message released
-        self.dirty.add(client_id)
+        self.checkpoints.dirty.add(client_id)
 
     def on_message_stored(self, client_id: str, msg: Message, qos: int, retain: bool,
-                          sub_ids: tuple[int, ...] | None, pid: int | None = None) -> _Handle:
-        h = _Handle(client_id, msg.store_id if isinstance(msg.store_id, tuple) else None, pid, qos)
+                          sub_ids: tuple[int, ...] | None, pid: int | None = None) -> Handle:
+        h = Handle(client_id, msg.store_id if isinstance(msg.store_id, tuple) else None, pid, qos)
         placing = self.placing
         if placing is not None and h.pos is None and msg is placing.msg:
             placing.handles.append(h)  # its place in the log once read back (_own)
-        hs = self.handles.get(client_id)
-        if hs is None:
-            hs = self.handles[client_id] = set()
-        hs.add(h)
-        if pid is not None and qos == 2:
-            self.dirty.add(client_id)  # sent: its packet id in the checkpoint of this turn
+        self.checkpoints.stored(h)
         return h
 
-    def on_stored_sending(self, handle: _Handle, pid: int) -> None:
+    def on_stored_sending(self, handle: Handle, pid: int) -> None:
         handle.pid = pid
         if handle.qos == 2:
             # a QoS 2 PUBLISH leaves with this id: the checkpoint written at the end of this
             # turn names it, so a node that rebuilds the session resends it with this id and
             # DUP 1 [MQTT-4.4.0-1] instead of as a new message the client would deliver again
-            self.dirty.add(handle.cid)
+            self.checkpoints.dirty.add(handle.cid)
 
-    def on_stored_released(self, handle: _Handle) -> None:
+    def on_stored_released(self, handle: Handle) -> None:
         # [MQTT-4.3.3-6] PUBREC came: the PUBREL waits for the checkpoint saying so (the ack
         # gate, barrier()), so no node ever sends this message again as a PUBLISH
         handle.released = True
-        self.dirty.add(handle.cid)
+        self.checkpoints.dirty.add(handle.cid)
 
-    def on_stored_done(self, handle: _Handle) -> None:
-        hs = self.handles.get(handle.cid)
-        if hs is not None:
-            hs.discard(handle)
-        self.progress.add(handle.cid)
+    def on_stored_done(self, handle: Handle) -> None:
+        self.checkpoints.done(handle)
 
     # ------------------------------------------------------------ writing session state
     def on_turn_end(self) -> None:
         if self.ready:
             self.shares.reconcile()  # a $share group gained its first member here, or lost its last
-        if not (self.dirty or self.ended):
-            return
-        broker = self.broker
-        for cid in self.ended:
-            epoch = self.bound.get(cid)
-            s = broker.session_of(cid)
-            if epoch is None or s is not None:
-                continue  # a new session took its place (Clean Start): its own state follows
-            del self.bound[cid]
-            self.dirty.discard(cid)
-            self.progress.discard(cid)
-            c = self.state.clients.get(cid)
-            if c is not None and c.epoch == epoch:
-                self._write_control(f"c:{cid}", C.end_record(c, self.node, self.inc))
-        self.ended.clear()
-        for cid in self.dirty:
-            s = broker.session_of(cid)
-            epoch = self.bound.get(cid)
-            if s is None or epoch is None:
-                continue
-            self._write_control(f"c:{cid}", self._state_record(s, epoch))
-            self.progress.discard(cid)
-        self.dirty.clear()
-
-    def _state_record(self, s: Session, epoch: int, final: bool = False, connected: bool | None = None) -> dict:
-        broker = self.broker
-        now, wall = broker.clock(), self.wall()
-        connected = s.connection is not None if connected is None else connected
-        expires_at = None if connected or s.expires_at is None else wall + (s.expires_at - now)
-        will_at = None if s.will_at is None else wall + (s.will_at - now)
-        rec = {"t": "state", "epoch": epoch, "node": self.node, "inc": self.inc,
-               "connected": connected, "expiry": s.expiry_interval, "expires_at": expires_at,
-               "will": R.will_to_dict(s.will, wall), "will_at": will_at, "user": s.username,
-               "session": self._checkpoint(s) if (s.expiry_interval or final) else None}
-        if final:
-            rec["final"] = True
-        return rec
-
-    def _checkpoint(self, s: Session) -> dict:
-        cid = s.client_id
-        pos = dict(self.routed_upto)
-        # per partition, the first record not handed to the client yet (its first queued
-        # message, else the end of what this node read): below it, a matching record is either
-        # in `inflight` or was delivered and acknowledged, and is never sent again as new
-        nxt = dict(self.routed_upto)
-        inflight = []
-        pid_of = {}
-        for pid, e in s.inflight_out.items():
-            if e.handle is not None:
-                pid_of[id(e.handle)] = (pid, e.released)
-        for h in self.handles.get(cid, ()):
-            if h.pos is None:
-                continue
-            p, off = h.pos
-            if off < pos.get(p, off + 1):
-                pos[p] = off
-            held = pid_of.get(id(h))
-            if held is not None:
-                inflight.append([p, off, held[0], int(held[1])])
-            elif off < nxt.get(p, off + 1):
-                nxt[p] = off
-        subs = []
-        for sub in s.subscriptions.values():
-            since = self.since.get((cid, sub.filter)) or {}
-            since = {str(p): o for p, o in since.items() if o > pos.get(p, 0)}
-            subs.append([sub.filter, sub.qos, int(sub.no_local), int(sub.retain_as_published),
-                         sub.retain_handling, sub.sub_id, since or None])
-        return {"subs": subs, "pos": {str(p): o for p, o in pos.items()}, "inflight": inflight,
-                "next": {str(p): o for p, o in nxt.items() if o > pos.get(p, 0)},
-                # the last message id this node wrote: the QoS 2 PUBLISHes of the client written
-                # after it are not in "qos2" (_rebuilt finds them in the log)
-                "wrote": f"{self.node}-{self.inc}-{self.last_mid}",
-                "next_pid": s.next_pid, "qos2": sorted(s.inflight_in | s.qos2_unsure),
-                "expiry": s.expiry_interval,
-                "user": s.username}
+        self.checkpoints.write_owed()
 
     # ------------------------------------------------------------ timers
     def on_tick(self) -> None:
@@ -1356,10 +1231,7 @@ class ClusterNode(Hook):
                 log.info("cluster: no final state for %r from its last node within %.1f s; "
                          "resuming it from its last checkpoint", cid[:100], self.cfg.handoff_timeout)
                 self._rebuild(claim)
-        if self.progress and now - self.last_checkpoint >= self.cfg.checkpoint_seconds:
-            self.last_checkpoint = now
-            self.dirty |= {cid for cid in self.progress if cid in self.bound}
-            self.progress.clear()
+        if self.checkpoints.due(now):
             self.on_turn_end()
 
     def _beat(self) -> None:

@@ -356,7 +356,7 @@ def test_a_reconnect_to_the_same_node_that_goes_away_before_its_claim_leaves_a_c
     cluster.pump(rounds=50)
     assert len(log) == size, "records written again and again"
     st = n1.state.clients["dev"]
-    assert (st.node, st.connected) == ("n1", False) and n1.bound["dev"] == st.epoch
+    assert (st.node, st.connected) == ("n1", False) and n1.checkpoints.bound["dev"] == st.epoch
     back = ClusterClient(n1)
     assert back.connect("dev", clean=False, props=EXPIRY, cluster=cluster).session_present
     cluster.pump()

@@ -176,10 +176,10 @@ def test_a_message_delivered_here_before_the_read_back_is_checkpointed_with_its_
     pub = client(cluster, n1, "pub")
     pub.send(P.Publish("t/1", b"m1", 1, packet_id=1))
     first = recv_publish(c)  # not acknowledged
-    assert n1._checkpoint(n1.broker.sessions["dev"])["inflight"] == []  # its place: not known
+    assert n1.checkpoints.checkpoint(n1.broker.sessions["dev"])["inflight"] == []  # its place: not known
     cluster.pump()
     off = len(cluster.logs[n1.topics.messages]) - 1
-    assert n1._checkpoint(n1.broker.sessions["dev"])["inflight"] == [[0, off, first.packet_id, 0]]
+    assert n1.checkpoints.checkpoint(n1.broker.sessions["dev"])["inflight"] == [[0, off, first.packet_id, 0]]
     n1.on_tick()
     cluster.pump()
     c2 = ClusterClient(n2)
