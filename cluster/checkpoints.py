@@ -4,7 +4,7 @@ A session's state record (`state`, cluster/control.py) says where it is (node, e
 connected, its expiry and will; for a persistent session it carries its checkpoint: its
 subscriptions (each with the log positions it was made at), the log positions below which every
 matching record was delivered and acknowledged, the records in flight with their packet ids, its
-inbound QoS 2 ids and the last message id this node wrote (cluster/node.py ClusterNode._rebuild
+inbound QoS 2 ids and the last message id this node wrote (cluster/rebuild.py Rebuild
 reads it back on the node the session moves to). What the core's persistence events change is
 marked here (dirty) and written at the end of the event-loop turn; positions that only moved
 (progress) are written at most every cluster.checkpoint_seconds.
@@ -238,7 +238,7 @@ class Checkpoints:
         return {"subs": subs, "pos": {str(p): o for p, o in pos.items()}, "inflight": inflight,
                 "next": {str(p): o for p, o in nxt.items() if o > pos.get(p, 0)},
                 # the last message id this node wrote: the QoS 2 PUBLISHes of the client written
-                # after it are not in "qos2" (ClusterNode._rebuilt finds them in the log)
+                # after it are not in "qos2" (cluster/rebuild.py finds them in the log)
                 "wrote": self.wrote(),
                 "next_pid": s.next_pid, "qos2": sorted(s.inflight_in | s.qos2_unsure),
                 "expiry": s.expiry_interval,

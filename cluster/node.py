@@ -28,16 +28,15 @@ import asyncio
 import itertools
 import logging
 import os
-import threading
 import time
 import uuid
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable
 
 from broker.core.durability import Pending
 from broker.core.hooks import SESSION_EVENTS, STORED_EVENTS, AdmitRefused, Hook
 from broker.core.session import Session
 from kafka_client.fetch import Fetcher
-from kafka_client.headers import H_CLIENT_ID, H_MESSAGE_ID
+from kafka_client.headers import H_MESSAGE_ID
 from kafka_client.recordbatch import CorruptBatchError
 from kafka_client.recordscan import Scanned
 from mqtt_topics import matches
@@ -46,11 +45,13 @@ from . import control as C
 from . import handover
 from . import records as R
 from .checkpoints import Checkpoints, Handle
+from .claims import UNAVAILABLE, Claim
 from .copies import Copies
 from .keep import BATCH, BODY, FAILED, MARK, TS, Entry, Keep, with_again
-from .link import FetchReader, Topics, ensure_topics, make_consumer
+from .link import FetchReader, Topics, ensure_topics
 from .membership import Membership
 from .produce import Producer
+from .rebuild import Rebuild, match
 from .shares import Shares
 from .trust import MALFORMED, REPLAYED, Trust
 
@@ -65,9 +66,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 NEVER = 0xFFFFFFFF
-PUBLISHER_SCAN = 5000  # records per partition a moved session without subscriptions reads back
 NOT_AUTHORIZED = 0x87  # CONNACK reason code
-UNAVAILABLE = "the cluster's Kafka did not confirm this connection in time; try again"
 
 
 class _Batch:
@@ -101,18 +100,6 @@ class _Local:
 # forgotten after this many seconds
 LOCAL_KEEP = 300.0
 MAC_BYTES = 16  # the end of a signed record body: its HMAC (cluster/trust.py), unique per record
-
-
-class _Claim:
-    __slots__ = ("token", "cid", "clean", "deadline", "client")
-
-    def __init__(self, token: Pending, cid: str, clean: bool, deadline: float) -> None:
-        self.token = token
-        self.cid = cid
-        self.clean = clean
-        self.deadline = deadline
-        # the claim as applied (ControlState): set before the claim is acted on (_rebuild())
-        self.client: C.Client = None  # type: ignore[assignment]
 
 
 class ClusterNode(Hook):
@@ -174,13 +161,18 @@ class ClusterNode(Hook):
         # the message ids read: which records are copies of one read before (replays, and
         # the messages written again after Kafka lost its data)
         self.copies = Copies(self.trust, self.counters)
-        self.claims: dict[str, _Claim] = {}      # req -> a CONNECT waiting for its claim
-        self.handoffs: dict[str, _Claim] = {}    # cid -> a claim waiting for the last owner
+        self.claims: dict[str, Claim] = {}      # req -> a CONNECT waiting for its claim
+        self.handoffs: dict[str, Claim] = {}    # cid -> a claim waiting for the last owner
         self.waiting_subs: list = []             # (sub, positions): new subscriptions not started
         # the persistent sessions held here: their state records, written at turn ends
         self.checkpoints = Checkpoints(cfg, wall, lambda: self.state, self._write_control,
                                        lambda: self.routed_upto,
                                        lambda: f"{self.node}-{self.inc}-{self.last_mid}")
+        # sessions that lived on another node, rebuilt here
+        self.rebuilds = Rebuild(cfg, bootstrap, self.topics.messages, wall, self.trust,
+                                self.checkpoints, self.counters, lambda: self.routed_upto,
+                                self._held_for, self.on_message_stored, self._decode,
+                                lambda: self.loop)
         self.qos2_in: set[str] = set()           # sessions with inbound QoS 2 ids new this read
         self.qos2_pid: tuple[str, int] | None = None  # (client id, packet id) of the PUBLISH routed next
         self.last_mid = 0                        # the number of the last message id written
@@ -192,7 +184,7 @@ class ClusterNode(Hook):
 
     # ------------------------------------------------------------ lifecycle
     def attach(self, broker: HookHost) -> None:
-        self.broker = self.membership.broker = self.checkpoints.broker = broker
+        self.broker = self.membership.broker = self.checkpoints.broker = self.rebuilds.broker = broker
 
     def on_start(self) -> None:
         """Before the listeners open: create the topics, read the control and retained topics to
@@ -595,7 +587,7 @@ class ClusterNode(Hook):
         for e in self.local.values():
             if e.deferred:
                 continue  # delivered here later, to this session too
-            got = _match(subs, e.msg, e.sender, cid, -1, 0)
+            got = match(subs, e.msg, e.sender, cid, -1, 0)
             if got is not None and (e.msg.expires_at is None or e.msg.expires_at > now):
                 out.append((e.msg, *got, e))
         return out
@@ -873,7 +865,7 @@ class ClusterNode(Hook):
             elif kind is C.HandedOver:
                 claim = self.handoffs.pop(ev.cid, None)
                 if claim is not None:
-                    self._rebuild(claim)
+                    self.rebuilds.rebuild(claim)
             elif kind is C.WillDue:
                 self.membership.will_due(ev)
             elif kind is C.Ended:
@@ -910,7 +902,7 @@ class ClusterNode(Hook):
         local = self.broker.session_of(c.cid)
         if not claim.clean and local is None and c.session is not None:
             if c.handed_over:
-                self._rebuild(claim)
+                self.rebuilds.rebuild(claim)
             else:
                 claim.deadline = time.monotonic() + self.cfg.handoff_timeout
                 self.handoffs[c.cid] = claim
@@ -964,7 +956,7 @@ class ClusterNode(Hook):
             return AdmitRefused(NOT_AUTHORIZED, "this client id is in use by another user's "
                                                 "session")
         req = f"{self.inc}:{next(self.ids)}"
-        self.claims[req] = _Claim(token, client_id, clean_start,
+        self.claims[req] = Claim(token, client_id, clean_start,
                                   time.monotonic() + self.cfg.connect_timeout)
         rec = C.claim_record(self.node, self.inc, req, clean_start, expiry,
                              R.will_to_dict(will, self.wall()), username)
@@ -978,178 +970,6 @@ class ClusterNode(Hook):
         if c is None or c.user == username:
             return False
         return c.connected or (c.expiry > 0 and (c.expires_at is None or c.expires_at > self.wall()))
-
-    def _rebuild(self, claim: _Claim) -> None:
-        """Bring a session that lived on another node here: its subscriptions from its last
-        checkpoint, then what the messages topic holds for it from the checkpoint's positions
-        on (queued, and in flight with their packet ids [MQTT-4.4.0-1])."""
-        c = claim.client
-        ck = c.session or {}
-        broker = self.broker
-        cid = c.cid
-        s = broker.restore_session(cid, int(ck.get("expiry") or c.expiry), None,
-                                   ck.get("user"), None, int(ck.get("next_pid") or 1))
-        if s is None:  # expired under the current caps
-            claim.token.resolve()
-            return
-        self.checkpoints.bound[cid] = c.epoch
-        subs = []
-        for row in ck.get("subs", ()):
-            filt, qos, nl, rap, rh, sub_id = row[:6]
-            try:
-                sub = broker.restore_subscription(cid, filt, qos, bool(nl), bool(rap), rh, sub_id)
-            except ValueError:
-                continue
-            if sub is None:
-                continue
-            since = {int(k): v for k, v in (row[6] if len(row) > 6 and row[6] else {}).items()}
-            self.checkpoints.since[(cid, filt)] = since
-            if sub.group is None:
-                subs.append((sub, since))
-        for pid in ck.get("qos2", ()):
-            # as of the checkpoint: the client may have released and reused them since
-            broker.restore_qos2(cid, pid, unsure=True)
-        self.counters["rebuilt_sessions"] += 1
-        start = {int(k): v for k, v in (ck.get("pos") or {}).items()}
-        stop = dict(self.routed_upto)  # from here on the live stream delivers to it
-        carried = handover.upto(ck)  # and the records its last node handed over, to their end
-        end = {p: max(o, carried.get(p, 0)) for p, o in stop.items()}
-        ranges = {p: (start.get(p, stop[p]), end[p]) for p in stop if start.get(p, stop[p]) < end[p]}
-        wrote = ck.get("wrote")
-        if wrote and not subs and not carried:
-            # only its own QoS 2 PUBLISHes written after the checkpoint are looked for: the
-            # dead node wrote them in its last moments (each is followed by a checkpoint), so
-            # the newest records of each partition, not everything since an idle client's
-            # last checkpoint (a resend of an older one would be routed again)
-            ranges = {p: (max(lo, hi - PUBLISHER_SCAN), hi) for p, (lo, hi) in ranges.items()}
-        # past `stop`: what this node accepted and delivered here before the session came
-        held = self._held_for(cid, subs) if self.local and subs else []
-        if not (subs or wrote or carried) or not ranges and not held:
-            claim.token.resolve()
-            return
-        inflight = {(p, off): (pid, rel) for p, off, pid, rel in ck.get("inflight", ())}
-        # below these, what is not in flight was delivered and acknowledged (cluster/checkpoints.py)
-        handed = {int(k): v for k, v in (ck.get("next") or {}).items()}
-        if not ranges:
-            self._rebuilt(claim, s, subs, inflight, handed, wrote, [], None, held)
-            return
-        filters = [sub.topic_filter for sub, _ in subs] + (["#"] if carried else [])
-
-        def scan() -> None:
-            try:
-                found = handover.arrange(self._scan(ranges, filters, cid if wrote else None),
-                                         cid, ck, stop, inflight)
-                err = None
-            except Exception as exc:  # Kafka unreachable: the CONNECT fails, nothing half-done
-                found, err = [], exc
-            self.loop.call_soon_threadsafe(self._rebuilt, claim, s, subs, inflight, handed,
-                                           wrote, found, err, held)
-
-        threading.Thread(target=scan, name=f"cluster-rebuild-{cid}", daemon=True).start()
-
-    def _scan(self, ranges: dict, filters: list, publisher: str | None = None) -> list:
-        """(partition, offset, key, value, headers, timestamp) of the records in `ranges` whose
-        MQTT topic matches one of `filters`, or (`publisher`) that client id's QoS 2 PUBLISHes
-        of a persistent session (H_QOS2_ID) (another consumer, on this thread)."""
-        from kafka import TopicPartition
-        consumer = make_consumer(self.bootstrap, self.cfg.kafka, self.cfg.fetch_wait_ms)
-        try:
-            tps = {TopicPartition(self.topics.messages, p): r for p, r in ranges.items()}
-            consumer.assign(list(tps))
-            for tp, (lo, _) in tps.items():
-                consumer.seek(tp, lo)
-            left = set(tps)
-            out = []
-            deadline = time.monotonic() + self.cfg.connect_timeout
-            while left:
-                if time.monotonic() > deadline:
-                    raise TimeoutError("reading the session's messages took too long")
-                recs = consumer.poll(timeout_ms=200)
-                for tp, rs in recs.items():
-                    hi = tps[tp][1]
-                    for r in rs:
-                        if r.offset >= hi:
-                            break
-                        topic = (r.key or b"").decode(errors="replace")
-                        if any(matches(f, topic) for f in filters) or \
-                                publisher is not None and _qos2_of(r.headers, publisher):
-                            out.append((tp.partition, r.offset, r.key, r.value, r.headers,
-                                        r.timestamp))
-                for tp in list(left):
-                    if consumer.position(tp) >= tps[tp][1]:
-                        left.discard(tp)
-                        consumer.pause(tp)
-            return out
-        finally:
-            consumer.close()
-
-    def _rebuilt(self, claim: _Claim, s: Session, subs: list[tuple[Subscription, dict[int, int]]], inflight: dict,
-                 handed: dict[int, int], wrote: str | None, found: list, err: Exception | None,
-                 here: list | None = None) -> None:
-        broker = self.broker
-        cid = claim.cid
-        if err is not None:
-            log.warning("cluster: could not rebuild the session of %r: %s", cid[:100], err)
-            claim.token.resolve(UNAVAILABLE)
-            return
-        if broker.session_of(cid) is not s:
-            claim.token.resolve(UNAVAILABLE)  # taken over again meanwhile
-            return
-        clock_now, wall_now = broker.clock(), self.wall()
-        queued = []
-        messages = self.topics.messages
-        for p, off, key, value, headers, ts in found:
-            why = self.trust.check_fields(messages, key, value, headers, ts)
-            if why is not None:
-                self.trust.ignore(why, f"{messages} offset {off}")
-                continue
-            if wrote is not None:
-                pid = _qos2_after(headers, cid, wrote)
-                if pid is not None:
-                    # written after the checkpoint, by the node that died: a DUP resend of it
-                    # is acknowledged, not routed again [MQTT-4.3.3-9]
-                    broker.restore_qos2(cid, pid, unsure=True)
-            decoded = self._decode(messages, off, key, value, headers, ts, clock_now, wall_now)
-            if decoded is None:
-                continue
-            msg, sender = decoded
-            msg.store_id = (p, off)  # (partition, offset), as in _apply
-            to = handover.addressed(headers)  # (handed over by its last node: as it was carried)
-            got = _match(subs, msg, sender, cid, p, off) if to is None else handover.delivery(to)
-            if got is None:
-                continue
-            qos, retain, sub_ids = got
-            if msg.expires_at is not None and msg.expires_at <= clock_now:
-                continue  # [MQTT-3.3.2-5]
-            held = inflight.get((p, off))
-            if held is not None and qos:
-                pid, released = held
-                h = self.on_message_stored(cid, msg, qos, retain, sub_ids, pid)
-                if released:
-                    h.released = True
-                broker.restore_outbound(cid, msg, qos, retain, sub_ids, pid, bool(released), h)
-            elif to is None and off < handed.get(p, 0):
-                continue  # delivered and acknowledged before the checkpoint: not again as new
-            elif qos or s.queue_qos0:
-                queued.append((msg, qos, retain, sub_ids))
-        local = {}  # newer than the scan's: accepted here, their records not read back then
-        for m, q, r, ids, e in here or ():
-            if q or s.queue_qos0:
-                queued.append((m, q, r, ids))
-                local[id(m)] = e
-        room = max(0, s.max_queued - len(s.queue))
-        if len(queued) > room:  # the oldest are kept, as the newest are dropped when full
-            broker.count_dropped("queue_full", len(queued) - room)
-            queued = queued[:room]
-        entries = [(m, q, r, ids, self.on_message_stored(cid, m, q, r, ids)) for m, q, r, ids in queued]
-        for m, *_, h in entries if local else ():
-            e = local.get(id(m))
-            if e is not None and h.pos is None:
-                e.handles.append(h)  # its place in the log once read back (_own)
-        # older than what the live stream queued meanwhile: in front, each counted in the bounds
-        broker.restore_queued(cid, entries, front=True)
-        self.counters["rebuilt_messages"] += len(entries) + len(s.inflight_out)
-        claim.token.resolve()
 
     # ------------------------------------------------------------ the hook: clients
     def on_client_connected(self, session: Session, present: bool) -> None:
@@ -1230,7 +1050,7 @@ class ClusterNode(Hook):
                 del self.handoffs[cid]
                 log.info("cluster: no final state for %r from its last node within %.1f s; "
                          "resuming it from its last checkpoint", cid[:100], self.cfg.handoff_timeout)
-                self._rebuild(claim)
+                self.rebuilds.rebuild(claim)
         if self.checkpoints.due(now):
             self.on_turn_end()
 
@@ -1273,57 +1093,3 @@ class ClusterNode(Hook):
         for cid, user, peer in broker.client_ids():
             if bans.matches(ban, cid, user, peer):
                 broker.kick(cid, "banned by the broker's administrator")
-
-def _qos2_of(headers: Iterable[tuple[str, bytes]], client_id: str) -> bool:
-    """A record of a persistent session's QoS 2 PUBLISH from `client_id` (H_QOS2_ID)."""
-    cid = client_id.encode()
-    found = mine = False
-    for name, val in headers or ():
-        if name == R.H_QOS2_ID:
-            found = True
-        elif name == H_CLIENT_ID:
-            mine = bytes(val or b"") == cid
-    return found and mine
-
-
-def _qos2_after(headers: Iterable[tuple[str, bytes]], client_id: str, wrote: str) -> int | None:
-    """The packet id of `client_id`'s QoS 2 PUBLISH whose record its node wrote after the
-    message id `wrote` (node-incarnation-number), else None."""
-    if not _qos2_of(headers, client_id):
-        return None
-    writer, _, last = wrote.rpartition("-")
-    pid = mid = None
-    for name, val in headers:
-        if name == R.H_QOS2_ID:
-            pid = bytes(val or b"")
-        elif name == H_MESSAGE_ID:
-            mid = bytes(val or b"").decode(errors="replace")
-    if pid is None or mid is None or not pid.isdigit() or not last.isdigit():
-        return None
-    w, _, n = mid.rpartition("-")
-    if w != writer or not n.isdigit() or int(n) <= int(last) or not 0 < int(pid) <= 0xFFFF:
-        return None
-    return int(pid)
-
-
-def _match(subs: Iterable[tuple[Subscription, dict[int, int] | None]], msg: Message, sender: str, cid: str, p: int,
-           off: int) -> tuple[int, bool, tuple[int, ...] | None] | None:
-    """(qos, retain, sub_ids) of a message for a session's subscriptions (as Broker.route), or
-    None. A subscription made after the message was in the log does not take it."""
-    qos, retain, ids = -1, False, []
-    for sub, since in subs:
-        if not matches(sub.topic_filter, msg.topic):
-            continue
-        if sub.no_local and sender == cid:  # [MQTT-3.8.3-3]
-            continue
-        if since and off < since.get(p, 0):
-            continue
-        if sub.qos > qos:
-            qos = sub.qos
-        retain = retain or (msg.retain and sub.retain_as_published)
-        if sub.sub_id:
-            ids.append(sub.sub_id)
-    if qos < 0:
-        return None
-    return min(qos, msg.qos), retain, tuple(ids) or None
-
