@@ -45,7 +45,7 @@ from . import control as C
 from . import handover
 from . import records as R
 from .checkpoints import Checkpoints, Handle
-from .claims import UNAVAILABLE, Claim
+from .claims import Claims
 from .copies import Copies
 from .keep import BATCH, BODY, FAILED, MARK, TS, Entry, Keep, with_again
 from .link import FetchReader, Topics, ensure_topics
@@ -66,7 +66,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 NEVER = 0xFFFFFFFF
-NOT_AUTHORIZED = 0x87  # CONNACK reason code
 
 
 class _Batch:
@@ -161,8 +160,6 @@ class ClusterNode(Hook):
         # the message ids read: which records are copies of one read before (replays, and
         # the messages written again after Kafka lost its data)
         self.copies = Copies(self.trust, self.counters)
-        self.claims: dict[str, Claim] = {}      # req -> a CONNECT waiting for its claim
-        self.handoffs: dict[str, Claim] = {}    # cid -> a claim waiting for the last owner
         self.waiting_subs: list = []             # (sub, positions): new subscriptions not started
         # the persistent sessions held here: their state records, written at turn ends
         self.checkpoints = Checkpoints(cfg, wall, lambda: self.state, self._write_control,
@@ -173,6 +170,9 @@ class ClusterNode(Hook):
                                 self.checkpoints, self.counters, lambda: self.routed_upto,
                                 self._held_for, self.on_message_stored, self._decode,
                                 lambda: self.loop)
+        # the CONNECTs waiting for their claims on their client ids
+        self.claims = Claims(cfg, wall, lambda: self.state, self._write_control,
+                             lambda: next(self.ids), self.rebuilds.rebuild, self.counters)
         self.qos2_in: set[str] = set()           # sessions with inbound QoS 2 ids new this read
         self.qos2_pid: tuple[str, int] | None = None  # (client id, packet id) of the PUBLISH routed next
         self.last_mid = 0                        # the number of the last message id written
@@ -184,7 +184,9 @@ class ClusterNode(Hook):
 
     # ------------------------------------------------------------ lifecycle
     def attach(self, broker: HookHost) -> None:
-        self.broker = self.membership.broker = self.checkpoints.broker = self.rebuilds.broker = broker
+        self.broker = broker
+        for part in (self.membership, self.checkpoints, self.rebuilds, self.claims):
+            part.broker = broker
 
     def on_start(self) -> None:
         """Before the listeners open: create the topics, read the control and retained topics to
@@ -863,9 +865,7 @@ class ClusterNode(Hook):
             elif kind is C.Superseded:
                 self._superseded(ev)
             elif kind is C.HandedOver:
-                claim = self.handoffs.pop(ev.cid, None)
-                if claim is not None:
-                    self.rebuilds.rebuild(claim)
+                self.claims.handed_over(ev.cid)
             elif kind is C.WillDue:
                 self.membership.will_due(ev)
             elif kind is C.Ended:
@@ -892,22 +892,7 @@ class ClusterNode(Hook):
         # whether or not the CONNECT that claimed it takes it (it may have gone meanwhile);
         # its state, written again under this epoch, says whether it is connected
         self.checkpoints.rebind(c.cid, c.epoch)
-        claim = self.claims.pop(ev.req, None)
-        if claim is None:
-            return
-        claim.client = c
-        self.counters["claims"] += 1
-        if ev.prev is not None and (ev.prev.node != self.node or ev.prev.inc != self.inc):
-            self.counters["takeovers"] += 1
-        local = self.broker.session_of(c.cid)
-        if not claim.clean and local is None and c.session is not None:
-            if c.handed_over:
-                self.rebuilds.rebuild(claim)
-            else:
-                claim.deadline = time.monotonic() + self.cfg.handoff_timeout
-                self.handoffs[c.cid] = claim
-            return
-        claim.token.resolve()
+        self.claims.claimed(ev)
 
     def _superseded(self, ev: C.Superseded) -> None:
         """This node's session of `cid` is another node's now (or ended there)."""
@@ -935,10 +920,7 @@ class ClusterNode(Hook):
         for cid in cids:
             broker.release_session(cid, False, "this node rejoins the cluster: reconnect")
         self.qos2_in.clear()
-        for claim in list(self.claims.values()) + list(self.handoffs.values()):
-            claim.token.resolve(UNAVAILABLE)
-        self.claims.clear()
-        self.handoffs.clear()
+        self.claims.fail_all()
         self.inc = uuid.uuid4().hex[:12]
         self.state.inc = self.inc
         self.membership.join()
@@ -950,26 +932,7 @@ class ClusterNode(Hook):
         if not self.ready or self.fenced:
             token.resolve("this cluster node is not ready yet; try again")
             return token
-        if self.broker.cfg.session_owner_check and self._others_session(client_id, username):
-            # as the core refuses it for a session on this node (Connection.accept), before the
-            # claim: a claim would take the session from its owner, wherever it is
-            return AdmitRefused(NOT_AUTHORIZED, "this client id is in use by another user's "
-                                                "session")
-        req = f"{self.inc}:{next(self.ids)}"
-        self.claims[req] = Claim(token, client_id, clean_start,
-                                  time.monotonic() + self.cfg.connect_timeout)
-        rec = C.claim_record(self.node, self.inc, req, clean_start, expiry,
-                             R.will_to_dict(will, self.wall()), username)
-        self._write_control(f"c:{client_id}", rec)
-        return token
-
-    def _others_session(self, client_id: str, username: str | None) -> bool:
-        """The client id has a session in the cluster (connected, or offline and not expired)
-        that another user made."""
-        c = self.state.clients.get(client_id)
-        if c is None or c.user == username:
-            return False
-        return c.connected or (c.expiry > 0 and (c.expires_at is None or c.expires_at > self.wall()))
+        return self.claims.admit(client_id, clean_start, expiry, will, username)
 
     # ------------------------------------------------------------ the hook: clients
     def on_client_connected(self, session: Session, present: bool) -> None:
@@ -1041,16 +1004,7 @@ class ClusterNode(Hook):
         now = time.monotonic()
         if self.local:
             self._forget_local(now)
-        for req, claim in list(self.claims.items()):
-            if now > claim.deadline:
-                del self.claims[req]
-                claim.token.resolve(UNAVAILABLE)
-        for cid, claim in list(self.handoffs.items()):
-            if now > claim.deadline:  # the last owner said nothing: from its last checkpoint
-                del self.handoffs[cid]
-                log.info("cluster: no final state for %r from its last node within %.1f s; "
-                         "resuming it from its last checkpoint", cid[:100], self.cfg.handoff_timeout)
-                self.rebuilds.rebuild(claim)
+        self.claims.expire(now)
         if self.checkpoints.due(now):
             self.on_turn_end()
 

@@ -243,7 +243,7 @@ def test_a_will_without_delay_is_published_once_when_its_client_comes_back_on_an
     c2 = ClusterClient(n2)
     c2.send(P.Connect("dev", 5, clean_start=clean, properties=EXPIRY))
     cluster.pump()
-    for claim in n2.handoffs.values():  # a dead node's last word never comes: do not wait
+    for claim in n2.claims.handoffs.values():  # a dead node's last word never comes: do not wait
         claim.deadline = 0
     n2.on_tick()
     cluster.pump()
@@ -301,7 +301,7 @@ def test_qos2_ids_released_after_the_last_checkpoint_are_new_messages_on_the_nex
     c2 = ClusterClient(n2)
     c2.send(P.Connect("qp", 5, clean_start=False, properties=EXPIRY))
     cluster.pump()
-    for claim in n2.handoffs.values():
+    for claim in n2.claims.handoffs.values():
         claim.deadline = 0
     n2.on_tick()
     cluster.pump()
