@@ -7,7 +7,7 @@ Attached like the state store and the sink (core/hooks.py), it provides:
   subscribers (in its publisher's order, across topics), and every other node reads the
   messages topic and delivers each record to its own subscribers (Broker.deliver), so a message
   published anywhere reaches every matching subscriber. This node skips its own records when it
-  reads them back (_Local); a session rebuilt here before that gets them from those held.
+  reads them back (cluster/held.py); a session rebuilt here before that gets them from those held.
 * barrier: a QoS 1/2 PUBLISH is acknowledged once Kafka acknowledged its record (acks=all).
 * admit: a CONNECT writes a claim on its client id to the control topic and waits for it to be
   applied; the last claim in the log owns the client id (cluster/control.py). A session that
@@ -47,11 +47,12 @@ from . import records as R
 from .checkpoints import Checkpoints, Handle
 from .claims import Claims
 from .copies import Copies
+from .held import Held
 from .keep import BATCH, BODY, FAILED, MARK, TS, Entry, Keep, with_again
 from .link import FetchReader, Topics, ensure_topics
 from .membership import Membership
 from .produce import Producer
-from .rebuild import Rebuild, match
+from .rebuild import Rebuild
 from .shares import Shares
 from .trust import MALFORMED, REPLAYED, Trust
 
@@ -76,29 +77,6 @@ class _Batch:
         self.count = 0
         self.token: Pending | None = None
         self.failure: str | None = None
-
-
-class _Local:
-    """A message this node delivered to its own sessions as it accepted it, until its record is
-    read back from the messages topic (then skipped there: not delivered twice)."""
-    __slots__ = ("body", "msg", "sender", "writer", "n", "at", "handles", "deferred")
-
-    def __init__(self, body: bytes, msg: Message, sender: str, writer: bytes, n: int,
-                 at: float) -> None:
-        self.body = body        # the record body as signed (what the log holds)
-        self.msg = msg
-        self.sender = sender    # the publisher's client id
-        self.writer = writer    # the message id's prefix (<node>-<incarnation>) and number
-        self.n = n
-        self.at = at            # time.monotonic() when accepted
-        self.handles: list[Handle] = []  # stored copies: their place in the log once known
-        self.deferred = False   # not delivered here yet (ClusterNode._here)
-
-
-# A held _Local whose record was never read back (its write failed, or Kafka lost it) is
-# forgotten after this many seconds
-LOCAL_KEEP = 300.0
-MAC_BYTES = 16  # the end of a signed record body: its HMAC (cluster/trust.py), unique per record
 
 
 class ClusterNode(Hook):
@@ -139,12 +117,6 @@ class ClusterNode(Hook):
         self.batch: _Batch | None = None
         self.last_token: Pending | None = None  # of the last batch barrier() handed out
         self.routed_upto: dict[int, int] = {}    # messages partition -> next offset to deliver
-        self.local: dict[bytes, _Local] = {}     # the MAC of an own record -> delivered here
-        self.placing: _Local | None = None       # the _Local being delivered here (its handles)
-        # not delivering at once (_spilling): (records handed to the producer then, the offsets
-        # to read up to once all those were answered), until this node has read them all
-        self.spill: tuple[int, dict[int, int] | None] | None = None
-        self.deferred: list[_Local] | None = None  # held meanwhile, to deliver then, in order
         self.ids = itertools.count(1)
         self.seq = itertools.count(1)            # of the control records written (control.py)
         self.counters = {"produced": 0, "read": 0, "delivered": 0, "claims": 0, "takeovers": 0,
@@ -165,10 +137,14 @@ class ClusterNode(Hook):
         self.checkpoints = Checkpoints(cfg, wall, lambda: self.state, self._write_control,
                                        lambda: self.routed_upto,
                                        lambda: f"{self.node}-{self.inc}-{self.last_mid}")
+        # the messages accepted here, delivered here at once, until read back
+        self.held = Held(cfg, self.topics.messages, lambda: self.producer, lambda: self.routed_upto,
+                         lambda: self.waiting_subs, lambda: f"{self.node}-{self.inc}".encode(),
+                         self.copies, self.counters)
         # sessions that lived on another node, rebuilt here
         self.rebuilds = Rebuild(cfg, bootstrap, self.topics.messages, wall, self.trust,
                                 self.checkpoints, self.counters, lambda: self.routed_upto,
-                                self._held_for, self.on_message_stored, self._decode,
+                                self.held.held_for, self.on_message_stored, self._decode,
                                 lambda: self.loop)
         # the CONNECTs waiting for their claims on their client ids
         self.claims = Claims(cfg, wall, lambda: self.state, self._write_control,
@@ -185,7 +161,7 @@ class ClusterNode(Hook):
     # ------------------------------------------------------------ lifecycle
     def attach(self, broker: HookHost) -> None:
         self.broker = broker
-        for part in (self.membership, self.checkpoints, self.rebuilds, self.claims):
+        for part in (self.membership, self.checkpoints, self.held, self.rebuilds, self.claims):
             part.broker = broker
 
     def on_start(self) -> None:
@@ -321,13 +297,10 @@ class ClusterNode(Hook):
         self.routed_upto = {p: 0 for p in range(partitions)}
         messages = self.topics.messages
         # which copies written again are new here (cluster/copies.py): not those read of the
-        # lost log, nor those delivered here as accepted, their records never read back (_own):
+        # lost log, nor those delivered here as accepted, their records never read back (cluster/held.py):
         # the copies of those do not match the bytes held, so they are let go here
         self.copies.lost(messages)
-        for key, e in list(self.local.items()):
-            if not e.deferred:
-                self.copies.lost_here(e.writer, e.n)
-                del self.local[key]
+        self.held.lost()
         self.membership.forget_read()
         # every message kept is written again, first; those still waiting to be sent are sent
         # only as their copies (which their acknowledgements then wait for)
@@ -338,7 +311,7 @@ class ClusterNode(Hook):
         self.producer.send_first(messages, [(with_again(c[BODY]), c[TS], c) for _, c in again])
         self.counters["resent"] += len(again)
         self.producer.acked_upto.clear()
-        self.spill = (self.producer.handed, None)  # (their offsets named the old log)
+        self.held.spill = (self.producer.handed, None)  # (their offsets named the old log)
         self.producer.take_went_back()  # the same loss, seen by the producer meanwhile
         self.waiting_subs = [(sub, dict.fromkeys(range(partitions), 0))
                              for sub, _ in self.waiting_subs]
@@ -381,7 +354,7 @@ class ClusterNode(Hook):
                    kept=len(self.keep.entries), kept_bytes=self.keep.bytes,
                    kept_dropped=self.keep.dropped,
                    backlog=self.producer.backlog if self.producer is not None else 0,
-                   held=len(self.local))
+                   held=len(self.held.local))
         return {"cluster": out}
 
     def locate(self, client_id: str) -> str | None:
@@ -434,8 +407,8 @@ class ClusterNode(Hook):
                 batch.failure = failure
             if batch.token is not None and (batch.count == 0 or batch.failure):
                 batch.token.resolve(batch.failure)
-        if self.deferred is not None:
-            self._spilling()
+        if self.held.deferred is not None:
+            self.held.spilling()
 
     def _write_control(self, key: str, rec: dict | None) -> None:
         """A control record; acknowledgements asked for after it wait for it too (barrier).
@@ -481,7 +454,7 @@ class ClusterNode(Hook):
         signed = self.producer.send_body(self.topics.messages, body, ts,
                                          b if kept is None else kept)
         self.counters["produced"] += 1
-        self._here(msg, client_id, signed, n)
+        self.held.here(msg, client_id, signed, n)
         if msg.retain and broker.cfg.retain_available and \
                 (not msg.payload or broker.retained_fits(msg)):
             # [MQTT-3.3.1-5] kept cluster-wide; an empty payload deletes it [MQTT-3.3.1-6];
@@ -496,112 +469,6 @@ class ClusterNode(Hook):
             # this node, gets it, as on one broker); every node, this one included, applies the
             # record again in the log's order, so concurrent updates end the same everywhere
             broker.set_retained(msg.topic, msg if msg.payload else None)
-
-    def _here(self, msg: Message, sender: str, signed: bytes, n: int) -> None:
-        """A message accepted here, to this node's sessions now, as a single broker does
-        (MQTT 5 4.6: a publisher's messages reach a subscriber in order, whatever their topics),
-        and to the new subscriptions still starting (install()): they were made before it.
-        Held (self.local) until its record is read back, which is then skipped (_own): the
-        sessions here have it, and a session that comes here before that takes it from there
-        (_held_for). $share groups get it through their own streams, as every message.
-
-        While nobody here can want it, or cluster.max_held messages are held, it is not held:
-        delivered here from its record, as on the other nodes ("spilled"). Until this node has
-        read every spilled record (_spilling), the next messages are held but delivered only
-        then, in order (a message delivered at once would pass one of its topic)."""
-        if self.spill is not None and self._spilling():
-            if self.deferred is not None or len(self.local) < self.cfg.max_held and \
-                    (self.broker.has_plain_subscribers() or self.waiting_subs):
-                e = self._hold(msg, sender, signed, n)
-                e.deferred = True
-                if self.deferred is None:
-                    self.deferred = []
-                self.deferred.append(e)
-                return
-        elif len(self.local) < self.cfg.max_held and \
-                (self.broker.has_plain_subscribers() or self.waiting_subs):
-            self._deliver_here(self._hold(msg, sender, signed, n))
-            return
-        self.spill = (self.producer.handed, None)  # delivered here when read back
-
-    def _hold(self, msg: Message, sender: str, signed: bytes, n: int) -> _Local:
-        e = _Local(signed, msg, sender, f"{self.node}-{self.inc}".encode(), n, time.monotonic())
-        self.local[signed[-MAC_BYTES:]] = e
-        return e
-
-    def _deliver_here(self, e: _Local) -> None:
-        msg, broker = e.msg, self.broker
-        starting = [sub for sub, _ in self.waiting_subs
-                    if matches(sub.topic_filter, msg.topic)] if self.waiting_subs else None
-        self.placing = e
-        try:
-            got = broker.deliver_with(msg, e.sender, starting) if starting else \
-                broker.deliver(msg, e.sender)
-            if got:
-                self.counters["delivered"] += 1
-        finally:
-            self.placing = None
-
-    def _spilling(self) -> bool:
-        """Whether records of messages spilled (_here) may still be unread here: not all of
-        them were answered by Kafka, or this node has not read up to where Kafka acknowledged
-        them. Once they are all read, the messages held meanwhile are delivered, in order."""
-        mark, need = self.spill  # type: ignore[misc]
-        if need is None:
-            producer = self.producer
-            if producer.answered < mark:
-                return True
-            messages = self.topics.messages
-            need = {p: off for (t, p), off in list(producer.acked_upto.items()) if t == messages}
-            self.spill = (mark, need)
-        upto = self.routed_upto
-        if not all(upto.get(p, 0) >= off for p, off in need.items()):
-            return True
-        self.spill = None
-        deferred, self.deferred = self.deferred, None
-        for e in deferred or ():
-            e.deferred = False
-            self._deliver_here(e)
-        return False
-
-    def _own(self, rec: Scanned, p: int, i: int) -> bool:
-        """Whether record i is one this node delivered here as it accepted it (_deliver_here):
-        the same bytes as it wrote. Its stored copies learn their place in the log; the writer's
-        last message id moves past it (a copy of it read later is a replay: cluster/copies.py)."""
-        key = rec.tail(i, MAC_BYTES)
-        e = self.local.get(key)
-        if e is None or rec.body(i) != e.body:
-            return False
-        del self.local[key]
-        pos = (p, rec.offsets[i])
-        e.msg.store_id = pos
-        for h in e.handles:
-            if h.pos is None:
-                h.pos = pos
-        self.copies.read_own(self.topics.messages, p, e.writer, e.n)
-        return True
-
-    def _held_for(self, cid: str, subs: list) -> list:
-        """(message, qos, retain, sub_ids, _Local) of the messages accepted here whose records are
-        not read back yet, for a session rebuilt here now: it was elsewhere when they were
-        delivered here, and their records will be skipped (_own), past its rebuild's scan."""
-        out, now = [], self.broker.clock()
-        for e in self.local.values():
-            if e.deferred:
-                continue  # delivered here later, to this session too
-            got = match(subs, e.msg, e.sender, cid, -1, 0)
-            if got is not None and (e.msg.expires_at is None or e.msg.expires_at > now):
-                out.append((e.msg, *got, e))
-        return out
-
-    def _forget_local(self, now: float) -> None:
-        """Drop the held messages whose records never came back (LOCAL_KEEP)."""
-        local = self.local
-        while local:
-            key = next(iter(local))
-            if now - local[key].at < LOCAL_KEEP:
-                return
-            del local[key]
 
     def barrier(self) -> Pending | None:
         """What the acks of this read wait for: every record written so far, the session
@@ -702,12 +569,12 @@ class ClusterNode(Hook):
             if starting:
                 n = self._route_starting(rec, p, starting, clock_now, wall_now) \
                     if self._since(topic, rec, start) else 0
-            elif not anyone and not self.local:
+            elif not anyone and not self.held.local:
                 n = 0  # nobody here to deliver to: not even the keys are read
             else:
                 deliver = broker.deliver
                 subscribers_of = broker.subscribers_of  # cached per topic
-                own = self._own if self.local else None
+                own = self.held.own if self.held.local else None
                 n = 0
                 for i in rec.indexes() if self._since(topic, rec, start) else ():
                     if own is not None and own(rec, p, i):
@@ -727,8 +594,8 @@ class ClusterNode(Hook):
             self.counters["read"] += len(rec) if rec.scanned else rec.end - start
         if self.waiting_subs:
             self._start_waiting_subs()
-        if self.deferred is not None:
-            self._spilling()  # delivers the held messages once the spilled ones are read
+        if self.held.deferred is not None:
+            self.held.spilling()  # delivers the held messages once the spilled ones are read
 
     def _since(self, topic: str, rec: Scanned, start: int) -> bool:
         """rec.since(start); False, counted, when its batches are not what they say they are
@@ -801,7 +668,7 @@ class ClusterNode(Hook):
         a batch that crosses its start, whatever the other partitions have reached)."""
         broker, subscribers_of, n = self.broker, self.broker.subscribers_of, 0
         for i in rec.indexes():
-            if self.local and self._own(rec, p, i):
+            if self.held.local and self.held.own(rec, p, i):
                 continue  # delivered here as it was accepted, to the starting ones too
             topic = rec.topic(i)
             if topic is None:
@@ -969,9 +836,9 @@ class ClusterNode(Hook):
     def on_message_stored(self, client_id: str, msg: Message, qos: int, retain: bool,
                           sub_ids: tuple[int, ...] | None, pid: int | None = None) -> Handle:
         h = Handle(client_id, msg.store_id if isinstance(msg.store_id, tuple) else None, pid, qos)
-        placing = self.placing
+        placing = self.held.placing
         if placing is not None and h.pos is None and msg is placing.msg:
-            placing.handles.append(h)  # its place in the log once read back (_own)
+            placing.handles.append(h)  # its place in the log once read back (Held.own)
         self.checkpoints.stored(h)
         return h
 
@@ -1002,8 +869,8 @@ class ClusterNode(Hook):
     def on_tick(self) -> None:
         self.shares.tick()
         now = time.monotonic()
-        if self.local:
-            self._forget_local(now)
+        if self.held.local:
+            self.held.forget(now)
         self.claims.expire(now)
         if self.checkpoints.due(now):
             self.on_turn_end()

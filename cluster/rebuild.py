@@ -231,7 +231,7 @@ class Rebuild:
         for m, *_, h in entries if local else ():
             e = local.get(id(m))
             if e is not None and h.pos is None:
-                e.handles.append(h)  # its place in the log once read back (_own)
+                e.handles.append(h)  # its place in the log once read back (cluster/held.py)
         # older than what the live stream queued meanwhile: in front, each counted in the bounds
         broker.restore_queued(cid, entries, front=True)
         self.counters["rebuilt_messages"] += len(entries) + len(s.inflight_out)
