@@ -17,7 +17,7 @@ handover's records up to the offsets named; what was carried goes first (in flig
 packet ids: a QoS 2 message is not delivered twice), then the messages of the log. A node that
 dies before it wrote its final state loses what it owed (it was in its memory only).
 
-Addressed records are never delivered by a node's reading of the log (ClusterNode._message,
+Addressed records are never delivered by a node's reading of the log (cluster/reading.py Reading.message,
 cluster/shares.py): only a rebuild takes them; a rebuild from a checkpoint whose positions
 are below one of them (the session moved on before it had everything) takes it as any record of
 its range, with the QoS it was carried with.

@@ -37,9 +37,7 @@ from broker.core.hooks import SESSION_EVENTS, STORED_EVENTS, AdmitRefused, Hook
 from broker.core.session import Session
 from kafka_client.fetch import Fetcher
 from kafka_client.headers import H_MESSAGE_ID
-from kafka_client.recordbatch import CorruptBatchError
 from kafka_client.recordscan import Scanned
-from mqtt_topics import matches
 
 from . import control as C
 from . import handover
@@ -52,9 +50,10 @@ from .keep import BATCH, BODY, FAILED, MARK, TS, Entry, Keep, with_again
 from .link import FetchReader, Topics, ensure_topics
 from .membership import Membership
 from .produce import Producer
+from .reading import Reading
 from .rebuild import Rebuild
 from .shares import Shares
-from .trust import MALFORMED, REPLAYED, Trust
+from .trust import REPLAYED, Trust
 
 if TYPE_CHECKING:
     from broker.admin.bans import BanList
@@ -132,19 +131,21 @@ class ClusterNode(Hook):
         # the message ids read: which records are copies of one read before (replays, and
         # the messages written again after Kafka lost its data)
         self.copies = Copies(self.trust, self.counters)
-        self.waiting_subs: list = []             # (sub, positions): new subscriptions not started
         # the persistent sessions held here: their state records, written at turn ends
         self.checkpoints = Checkpoints(cfg, wall, lambda: self.state, self._write_control,
                                        lambda: self.routed_upto,
                                        lambda: f"{self.node}-{self.inc}-{self.last_mid}")
         # the messages accepted here, delivered here at once, until read back
         self.held = Held(cfg, self.topics.messages, lambda: self.producer, lambda: self.routed_upto,
-                         lambda: self.waiting_subs, lambda: f"{self.node}-{self.inc}".encode(),
+                         lambda: self.reading.waiting_subs, lambda: f"{self.node}-{self.inc}".encode(),
                          self.copies, self.counters)
+        # what this node reads of its topics, and the new subscriptions starting
+        self.reading = Reading(self.topics, self.trust, self.copies, self.held, self.counters, wall,
+                               lambda: self.routed_upto, self._apply_control)
         # sessions that lived on another node, rebuilt here
         self.rebuilds = Rebuild(cfg, bootstrap, self.topics.messages, wall, self.trust,
                                 self.checkpoints, self.counters, lambda: self.routed_upto,
-                                self.held.held_for, self.on_message_stored, self._decode,
+                                self.held.held_for, self.on_message_stored, self.reading.decode,
                                 lambda: self.loop)
         # the CONNECTs waiting for their claims on their client ids
         self.claims = Claims(cfg, wall, lambda: self.state, self._write_control,
@@ -161,7 +162,8 @@ class ClusterNode(Hook):
     # ------------------------------------------------------------ lifecycle
     def attach(self, broker: HookHost) -> None:
         self.broker = broker
-        for part in (self.membership, self.checkpoints, self.held, self.rebuilds, self.claims):
+        for part in (self.membership, self.checkpoints, self.held, self.reading, self.rebuilds,
+                     self.claims):
             part.broker = broker
 
     def on_start(self) -> None:
@@ -313,8 +315,8 @@ class ClusterNode(Hook):
         self.producer.acked_upto.clear()
         self.held.spill = (self.producer.handed, None)  # (their offsets named the old log)
         self.producer.take_went_back()  # the same loss, seen by the producer meanwhile
-        self.waiting_subs = [(sub, dict.fromkeys(range(partitions), 0))
-                             for sub, _ in self.waiting_subs]
+        self.reading.waiting_subs = [(sub, dict.fromkeys(range(partitions), 0))
+                                     for sub, _ in self.reading.waiting_subs]
         self.checkpoints.lost(partitions)
         self.membership.join()
         rewritten = 0
@@ -510,137 +512,11 @@ class ClusterNode(Hook):
 
     # ------------------------------------------------------------ reading (on the loop)
     def _apply(self, batches: list) -> None:
-        """A fetch's records, on the loop: control records to the replicated state, retained
-        ones to the retained store, messages to this node's matching sessions. A message is
-        looked at by its key (the MQTT topic) first: its value and headers are read only when
-        someone here wants it, and a fetch is not even scanned when nobody here can want it
-        (no plain subscription on this node and none starting: $share groups read their own
-        streams)."""
-        topics = self.topics
-        broker = self.broker
-        clock_now, wall_now = broker.clock(), self.wall()
-        for topic, _p, rec, start in batches:
-            if topic == topics.control:
-                if not self._since(topic, rec, start):
-                    continue
-                for i in rec.indexes():
-                    r = self._verified(topic, rec, i)
-                    if r is None:
-                        continue
-                    off, key, value, _, ts = r
-                    try:
-                        name, body = R.decode_control(key, value)
-                    except R.Malformed as exc:
-                        self.trust.ignore(MALFORMED, f"{topic} offset {off}", str(exc))
-                        continue
-                    try:
-                        self._act(self.state.apply(off, name, body, ts / 1000.0))
-                    except Exception:  # a bug, not the record's shape: never stops the node
-                        log.exception("cluster: applying the control record at offset %d failed",
-                                      off)
-                        self.trust.ignore(MALFORMED, f"{topic} offset {off}", "could not apply")
-            elif topic == topics.retained:
-                if not self._since(topic, rec, start):
-                    continue
-                for i in rec.indexes():
-                    r = self._verified(topic, rec, i)
-                    if r is None:
-                        continue
-                    off, key, value, headers, ts = r
-                    if not self.copies.fresh(topic, _p, off, headers):
-                        continue
-                    if value is None and key:
-                        broker.set_retained(key.decode(errors="replace"), None)
-                        continue
-                    got = self._decode(topic, off, key, value, headers, ts, clock_now, wall_now)
-                    if got is None:
-                        continue
-                    msg, name = got[0], got[0].topic
-                    if msg.expires_at is not None and msg.expires_at <= clock_now:
-                        broker.set_retained(name, None)  # expired meanwhile
-                    else:
-                        msg.retain = True
-                        broker.set_retained(name, msg)
-        anyone = broker.has_plain_subscribers()
-        for topic, p, rec, start in batches:
-            if topic != topics.messages:
-                continue
-            starting = self._starting(p)
-            if starting:
-                n = self._route_starting(rec, p, starting, clock_now, wall_now) \
-                    if self._since(topic, rec, start) else 0
-            elif not anyone and not self.held.local:
-                n = 0  # nobody here to deliver to: not even the keys are read
-            else:
-                deliver = broker.deliver
-                subscribers_of = broker.subscribers_of  # cached per topic
-                own = self.held.own if self.held.local else None
-                n = 0
-                for i in rec.indexes() if self._since(topic, rec, start) else ():
-                    if own is not None and own(rec, p, i):
-                        continue  # delivered here as it was accepted
-                    topic_name = rec.topic(i)
-                    if topic_name is None or not subscribers_of(topic_name):
-                        continue  # no subscriber here: not decoded (shared groups: their streams)
-                    got = self._message(topic, p, rec, i, clock_now, wall_now)
-                    if got is None:
-                        continue
-                    msg, sender = got
-                    msg.store_id = (p, rec.offsets[i])  # its place in the log
-                    deliver(msg, sender)
-                    n += 1
-            self.routed_upto[p] = rec.end
-            self.counters["delivered"] += n
-            self.counters["read"] += len(rec) if rec.scanned else rec.end - start
-        if self.waiting_subs:
-            self._start_waiting_subs()
-        if self.held.deferred is not None:
-            self.held.spilling()  # delivers the held messages once the spilled ones are read
+        """A fetch's records, on the loop (cluster/reading.py)."""
+        self.reading.apply(batches)
 
-    def _since(self, topic: str, rec: Scanned, start: int) -> bool:
-        """rec.since(start); False, counted, when its batches are not what they say they are
-        (the fetch's records are skipped, the position moves past them)."""
-        try:
-            rec.since(start)
-        except CorruptBatchError as exc:
-            self.trust.ignore(MALFORMED, f"{topic} from offset {start}", str(exc))
-            return False
-        return True
-
-    def _verified(self, topic: str, rec: Scanned, i: int) -> tuple | None:
-        """(offset, key, value, headers, timestamp) of record i when a node of this cluster
-        wrote it (signed with the cluster's key); else None, counted."""
-        try:
-            r = rec.record(i)
-            why = self.trust.check(topic, rec.body(i), r[4])
-        except CorruptBatchError as exc:
-            self.trust.ignore(MALFORMED, f"{topic} offset {rec.offsets[i]}", str(exc))
-            return None
-        if why is not None:
-            self.trust.ignore(why, f"{topic} offset {r[0]}")
-            return None
-        return r
-
-    def _message(self, topic: str, p: int, rec: Scanned, i: int, clock_now: float,
-                 wall_now: float) -> tuple[Message, str] | None:
-        """_verified() then _decode() of record i."""
-        r = self._verified(topic, rec, i)
-        if r is None or not self.copies.fresh(topic, p, r[0], r[3]) or handover.to_one(r[3]):
-            return None  # (addressed to one session: only its rebuild takes it, cluster/handover.py)
-        return self._decode(topic, r[0], r[1], r[2], r[3], r[4], clock_now, wall_now)
-
-    def _decode(self, topic: str, off: int, key: bytes | None, value: bytes | None,
-                headers: list, ts: int, clock_now: float,
-                wall_now: float) -> tuple[Message, str] | None:
-        """(Message, publisher) of a messages or retained record, checked as a PUBLISH is
-        (records.decode_message with this broker's limits); None, counted, if it is not one."""
-        try:
-            msg, sender, _ = R.decode_message(key, value, headers, ts, clock_now, wall_now,
-                                              self.broker.cfg)
-        except R.Malformed as exc:
-            self.trust.ignore(MALFORMED, f"{topic} offset {off}", str(exc))
-            return None
-        return msg, sender
+    def _apply_control(self, off: int, name: str, body: dict | None, at: float) -> None:
+        self._act(self.state.apply(off, name, body, at))
 
     # ------------------------------------------------------------ for the share streams (ShareHost)
     def share_start(self) -> dict[int, int]:
@@ -652,44 +528,11 @@ class ClusterNode(Hook):
         if why is not None:
             self.trust.ignore(why, f"{topic} offset {offset}")
             return None
-        got = self._decode(topic, offset, key, value, headers, ts, self.broker.clock(), self.wall())
+        got = self.reading.decode(topic, offset, key, value, headers, ts, self.broker.clock(),
+                                  self.wall())
         return None if got is None else got[0]
 
     # ------------------------------------------------------------ new subscriptions
-    def _starting(self, p: int) -> list:
-        """(subscription, first offset) of the new subscriptions that take partition p's
-        records from a known position but are not routed yet."""
-        return [(sub, since[p]) for sub, since in self.waiting_subs if p in since]
-
-    def _route_starting(self, rec: Scanned, p: int, starting: list, clock_now: float,
-                        wall_now: float) -> int:
-        """The slow path while new subscriptions start: record by record, each also goes to the
-        new subscriptions it matches at or after their first offset (so none misses a record of
-        a batch that crosses its start, whatever the other partitions have reached)."""
-        broker, subscribers_of, n = self.broker, self.broker.subscribers_of, 0
-        for i in rec.indexes():
-            if self.held.local and self.held.own(rec, p, i):
-                continue  # delivered here as it was accepted, to the starting ones too
-            topic = rec.topic(i)
-            if topic is None:
-                continue
-            off = rec.offsets[i]
-            new = [sub for sub, first in starting
-                   if off >= first and matches(sub.topic_filter, topic)]
-            if not new and not subscribers_of(topic):
-                continue
-            got = self._message(self.topics.messages, p, rec, i, clock_now, wall_now)
-            if got is None:
-                continue
-            msg, sender = got
-            msg.store_id = (p, off)
-            if new:
-                broker.deliver_with(msg, sender, new)
-            else:
-                broker.deliver(msg, sender)
-            n += 1
-        return n
-
     def install(self, sub: Subscription) -> None:
         """A new subscription takes the log's messages from where this node knows it ends at
         the SUBSCRIBE: past what it has routed, what its last fetch saw and what Kafka has
@@ -705,23 +548,7 @@ class ClusterNode(Hook):
         s = sub.session
         if isinstance(s, Session) and s.store is not None:  # a persistent session's checkpoint records it
             self.checkpoints.since[(s.client_id, sub.filter)] = since
-        self.waiting_subs.append((sub, since))
-        self._start_waiting_subs()
-
-    def _start_waiting_subs(self) -> None:
-        """Route the new subscriptions the reader has caught up with in every partition (until
-        then _route_starting() gives them their records)."""
-        still, broker = [], self.broker
-        for w in self.waiting_subs:
-            sub, since = w
-            s = sub.session
-            if s.subscriptions.get(sub.filter) is not sub or broker.session_of(s.client_id) is not s:
-                continue  # unsubscribed, replaced or ended meanwhile
-            if all(self.routed_upto[p] >= off for p, off in since.items()):
-                broker.route_from_now(sub)
-            else:
-                still.append(w)
-        self.waiting_subs = still
+        self.reading.start(sub, since)
 
     # ------------------------------------------------------------ control effects
     def _act(self, effects: list) -> None:

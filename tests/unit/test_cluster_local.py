@@ -258,7 +258,7 @@ def test_a_subscription_still_starting_gets_a_message_accepted_after_its_subscri
     messages = n1.topics.messages
     n1.fetcher.high[(messages, 0)] = len(cluster.logs.get(messages, ())) + 100  # not read yet
     sub = client(cluster, n1, "sub", "t")
-    assert [w[0].filter for w in n1.waiting_subs] == ["t"]
+    assert [w[0].filter for w in n1.reading.waiting_subs] == ["t"]
     pub = client(cluster, n1, "pub")
     pub.send(P.Publish("t", b"m", 1, packet_id=1))
     assert payloads(sub) == [b"m"]
