@@ -40,13 +40,13 @@ from kafka_client.headers import H_MESSAGE_ID
 from kafka_client.recordscan import Scanned
 
 from . import control as C
-from . import handover
+from . import handover, recovery
 from . import records as R
 from .checkpoints import Checkpoints, Handle
 from .claims import Claims
 from .copies import Copies
 from .held import Held
-from .keep import BATCH, BODY, FAILED, MARK, TS, Entry, Keep, with_again
+from .keep import BATCH, FAILED, MARK, Entry, Keep
 from .link import FetchReader, Topics, ensure_topics
 from .membership import Membership
 from .produce import Producer
@@ -258,28 +258,9 @@ class ClusterNode(Hook):
                   "its join, the state of the sessions it holds, the retained messages and bans, "
                   "and the %d messages it wrote that not every node had read",
                   self.bootstrap, why, self.node, len(self.keep.entries))
-        partitions = self.partitions
-        while not self.stopping:
-            try:
-                partitions = ensure_topics(self.bootstrap, self.topics, self.cfg.partitions,
-                                           self.cfg.replication_factor,
-                                           self.cfg.kafka)[self.topics.messages]
-                break
-            except Exception as exc:  # kafka-python's errors are not OSError / RuntimeError
-                log.warning("cluster: could not create the topics again in Kafka at %s (%s); "
-                            "retrying", self.bootstrap, exc)
-                time.sleep(1)
-        if partitions != self.partitions:
-            # the messages topic was created again with another partition count (by a write
-            # before ensure_topics): every partition it has is read (per-topic order holds)
-            log.warning("cluster: the messages topic %s now has %d partitions (was %d)",
-                        self.topics.messages, partitions, self.partitions)
-            positions = self.fetcher.positions  # (this thread owns the fetcher)
-            for p in range(max(partitions, self.partitions)):
-                if p < partitions:
-                    positions.setdefault((self.topics.messages, p), 0)
-                else:
-                    positions.pop((self.topics.messages, p), None)
+        partitions = recovery.topics_again(self.bootstrap, self.topics, self.cfg, self.partitions,
+                                           lambda: self.fetcher.positions,  # (this thread's)
+                                           lambda: self.stopping)
         try:
             self.loop.call_soon_threadsafe(self._recover, partitions)
         except RuntimeError:
@@ -306,12 +287,8 @@ class ClusterNode(Hook):
         self.membership.forget_read()
         # every message kept is written again, first; those still waiting to be sent are sent
         # only as their copies (which their acknowledgements then wait for)
-        again = self.keep.again()
-        copy_of = {id(e): copy for e, copy in again}
-        for e in self.producer.take_pending(messages, lambda tag: id(tag) in copy_of):
-            copy_of[id(e)][BATCH] = e[BATCH]
-        self.producer.send_first(messages, [(with_again(c[BODY]), c[TS], c) for _, c in again])
-        self.counters["resent"] += len(again)
+        again = recovery.resend_kept(self.keep, self.producer, messages)
+        self.counters["resent"] += again
         self.producer.acked_upto.clear()
         self.held.spill = (self.producer.handed, None)  # (their offsets named the old log)
         self.producer.take_went_back()  # the same loss, seen by the producer meanwhile
@@ -321,17 +298,9 @@ class ClusterNode(Hook):
         self.membership.join()
         rewritten = 0
         if C.rendezvous("retained", self.state.alive()) == self.node:
-            broker, now = self.broker, self.broker.clock()
-            b = self._batch()
-            for msg in broker.every_retained():
-                if msg.topic.startswith("$") or (  # $SYS and the like are each node's own
-                        msg.expires_at is not None and msg.expires_at <= now):
-                    continue
-                body = R.message_body(msg, msg.sender or "", None, 5, self.node,
-                                      f"{self.node}-{self.inc}-{next(self.ids)}", now)
-                b.count += 1
-                self.producer.send_body(self.topics.retained, body, int(msg.accepted_at * 1000), b)
-                rewritten += 1
+            rewritten = recovery.rewrite_retained(self.broker, self.producer, self.topics.retained,
+                                                  self._batch(), self.node, self.inc,
+                                                  lambda: next(self.ids))
             for ban in self.bans.list() if self.bans is not None else ():
                 self._write_control(R.ban_key(ban["kind"], ban["value"]),
                                     C.ban_record(self.node, self.inc, ban))
@@ -339,7 +308,7 @@ class ClusterNode(Hook):
         self.producer.kick()
         log.info("cluster: node %s wrote again its join, the state of %d sessions, %d "
                  "retained messages and %d messages not every node had read after Kafka lost "
-                 "its data", self.node, len(self.checkpoints.bound), rewritten, len(again))
+                 "its data", self.node, len(self.checkpoints.bound), rewritten, again)
 
     def stats(self) -> dict:
         """For metrics (mqtt_cluster_*, clients{node=...}), $SYS/broker/cluster/... and the
