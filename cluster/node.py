@@ -10,17 +10,24 @@ Attached like the state store and the sink (core/hooks.py), it provides:
   reads them back (cluster/held.py); a session rebuilt here before that gets them from those held.
 * barrier: a QoS 1/2 PUBLISH is acknowledged once Kafka acknowledged its record (acks=all).
 * admit: a CONNECT writes a claim on its client id to the control topic and waits for it to be
-  applied; the last claim in the log owns the client id (cluster/control.py). A session that
-  lived on another node is rebuilt here from its last checkpoint and the messages topic.
+  applied; the last claim in the log owns the client id (cluster/control.py, cluster/claims.py).
+  A session that lived on another node is rebuilt here from its last checkpoint and the
+  messages topic (cluster/rebuild.py).
 * the persistence events: persistent sessions' checkpoints (subscriptions, the log positions
   below which everything was delivered and acknowledged, in-flight packet ids) go to the control
-  topic, so a session survives the node it was on, SIGKILL included.
-* timers of sessions whose node is gone (wills, expiry) are fired by one live node.
+  topic, so a session survives the node it was on, SIGKILL included (cluster/checkpoints.py).
+* timers of sessions whose node is gone (wills, expiry) are fired by one live node
+  (cluster/membership.py, with the heartbeats).
 * bans: a ban made through any node's admin API is a control record every node applies.
 
 Every record it writes is signed with the cluster's key and every record it reads must be
 (cluster/trust.py); a record that is not, or whose content is malformed (cluster/records.py),
-is ignored and counted (stats: ignored_*).
+is ignored and counted (stats: ignored_*). What it reads is applied by cluster/reading.py;
+which records are copies of one read, by cluster/copies.py; after Kafka lost its data, what is
+written again comes from cluster/keep.py and cluster/recovery.py (_recover tells each part).
+
+This class is the facade the broker sees: each part above has its own state and is given
+callables and values (never the node); the node wires them and forwards the hook's calls.
 """
 from __future__ import annotations
 
