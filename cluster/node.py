@@ -27,7 +27,8 @@ which records are copies of one read, by cluster/copies.py; after Kafka lost its
 written again comes from cluster/keep.py and cluster/recovery.py (_recover tells each part).
 
 This class is the facade the broker sees: each part above has its own state and is given
-callables and values (never the node); the node wires them and forwards the hook's calls.
+callables and values, not the node (handover.give still takes it; the share streams see it
+through the ShareHost protocol); the node wires them and forwards the hook's calls.
 """
 from __future__ import annotations
 
