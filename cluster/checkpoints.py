@@ -130,10 +130,8 @@ class Checkpoints:
         for k in [k for k in self.since if k[0] == cid]:
             del self.since[k]
 
-    def reset(self, cids: list[str]) -> None:
-        """This node was fenced: it holds no session any more."""
-        for cid in cids:
-            self.bound.pop(cid, None)
+    def reset(self) -> None:
+        """This node was fenced: it holds no session any more (each unbound as released)."""
         self.handles.clear()
         self.dirty.clear()
         self.progress.clear()

@@ -586,10 +586,10 @@ class ClusterNode(Hook):
                   "cluster.node_timeout = %.1f s); dropping its clients and joining again",
                   self.node, self.cfg.node_timeout)
         broker = self.broker
-        cids = [s.client_id for s in broker.every_session()]
-        self.checkpoints.reset(cids)
-        for cid in cids:
+        for cid in [s.client_id for s in broker.every_session()]:
+            self.checkpoints.unbind(cid)
             broker.release_session(cid, False, "this node rejoins the cluster: reconnect")
+        self.checkpoints.reset()
         self.qos2_in.clear()
         self.claims.fail_all()
         self.inc = uuid.uuid4().hex[:12]
