@@ -3,7 +3,7 @@ holds them (the cluster's Kafka lost its data).
 
 A moved session is rebuilt from the log: its last node's final state names the positions in the
 messages topic below which everything was delivered and acknowledged, and the new node reads the
-session's messages from there (ClusterNode._rebuild). A message its node read from a log Kafka
+session's messages from there (cluster/rebuild.py). A message its node read from a log Kafka
 has since lost (or a retained message replayed to the session, never in the log) has no such
 position. When the session a node gives up holds one, queued or in flight, the node writes what
 it owes the session (in flight first, with packet ids and PUBREC state, then the queue, in
@@ -17,7 +17,7 @@ handover's records up to the offsets named; what was carried goes first (in flig
 packet ids: a QoS 2 message is not delivered twice), then the messages of the log. A node that
 dies before it wrote its final state loses what it owed (it was in its memory only).
 
-Addressed records are never delivered by a node's reading of the log (ClusterNode._message,
+Addressed records are never delivered by a node's reading of the log (cluster/reading.py Reading.message,
 cluster/shares.py): only a rebuild takes them; a rebuild from a checkpoint whose positions
 are below one of them (the session moved on before it had everything) takes it as any record of
 its range, with the QoS it was carried with.

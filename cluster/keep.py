@@ -9,7 +9,7 @@ once every live node has read past its mark (it is then in the memory of every n
 subscriber for it). When Kafka loses its data, the node writes every record still kept again, in
 order, before what it writes next, each with the header `mqtt.again` (ClusterNode._recover): a
 reader delivers such a copy only when it had not read the original (before the loss, or from the
-new log: ClusterNode._fresh), so what a node had delivered is not delivered twice.
+new log: cluster/copies.py), so what a node had delivered is not delivered twice.
 
 Bounds: `cluster.keep_bytes` (record bytes and bookkeeping together) and `cluster.keep_seconds`
 (age); beyond either, the oldest are dropped, counted (mqtt_cluster_kept_dropped), with a log

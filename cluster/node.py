@@ -7,20 +7,28 @@ Attached like the state store and the sink (core/hooks.py), it provides:
   subscribers (in its publisher's order, across topics), and every other node reads the
   messages topic and delivers each record to its own subscribers (Broker.deliver), so a message
   published anywhere reaches every matching subscriber. This node skips its own records when it
-  reads them back (_Local); a session rebuilt here before that gets them from those held.
+  reads them back (cluster/held.py); a session rebuilt here before that gets them from those held.
 * barrier: a QoS 1/2 PUBLISH is acknowledged once Kafka acknowledged its record (acks=all).
 * admit: a CONNECT writes a claim on its client id to the control topic and waits for it to be
-  applied; the last claim in the log owns the client id (cluster/control.py). A session that
-  lived on another node is rebuilt here from its last checkpoint and the messages topic.
+  applied; the last claim in the log owns the client id (cluster/control.py, cluster/claims.py).
+  A session that lived on another node is rebuilt here from its last checkpoint and the
+  messages topic (cluster/rebuild.py).
 * the persistence events: persistent sessions' checkpoints (subscriptions, the log positions
   below which everything was delivered and acknowledged, in-flight packet ids) go to the control
-  topic, so a session survives the node it was on, SIGKILL included.
-* timers of sessions whose node is gone (wills, expiry) are fired by one live node.
+  topic, so a session survives the node it was on, SIGKILL included (cluster/checkpoints.py).
+* timers of sessions whose node is gone (wills, expiry) are fired by one live node
+  (cluster/membership.py, with the heartbeats).
 * bans: a ban made through any node's admin API is a control record every node applies.
 
 Every record it writes is signed with the cluster's key and every record it reads must be
 (cluster/trust.py); a record that is not, or whose content is malformed (cluster/records.py),
-is ignored and counted (stats: ignored_*).
+is ignored and counted (stats: ignored_*). What it reads is applied by cluster/reading.py;
+which records are copies of one read, by cluster/copies.py; after Kafka lost its data, what is
+written again comes from cluster/keep.py and cluster/recovery.py (_recover tells each part).
+
+This class is the facade the broker sees: each part above has its own state and is given
+callables and values, not the node (handover.give still takes it; the share streams see it
+through the ShareHost protocol); the node wires them and forwards the hook's calls.
 """
 from __future__ import annotations
 
@@ -28,28 +36,32 @@ import asyncio
 import itertools
 import logging
 import os
-import threading
 import time
 import uuid
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable
 
 from broker.core.durability import Pending
 from broker.core.hooks import SESSION_EVENTS, STORED_EVENTS, AdmitRefused, Hook
 from broker.core.session import Session
 from kafka_client.fetch import Fetcher
-from kafka_client.headers import H_CLIENT_ID, H_MESSAGE_ID
-from kafka_client.recordbatch import CorruptBatchError
+from kafka_client.headers import H_MESSAGE_ID
 from kafka_client.recordscan import Scanned
-from mqtt_topics import matches
 
 from . import control as C
-from . import handover
+from . import handover, recovery
 from . import records as R
-from .keep import BATCH, BODY, FAILED, H_AGAIN, MARK, TS, Entry, Keep, with_again
-from .link import FetchReader, Topics, ensure_topics, make_consumer
+from .checkpoints import Checkpoints, Handle
+from .claims import Claims
+from .copies import Copies
+from .held import Held
+from .keep import BATCH, FAILED, MARK, Entry, Keep
+from .link import FetchReader, Topics, ensure_topics
+from .membership import Membership
 from .produce import Producer
+from .reading import Reading
+from .rebuild import Rebuild
 from .shares import Shares
-from .trust import MALFORMED, REPLAYED, Trust
+from .trust import REPLAYED, Trust
 
 if TYPE_CHECKING:
     from broker.admin.bans import BanList
@@ -62,9 +74,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 NEVER = 0xFFFFFFFF
-PUBLISHER_SCAN = 5000  # records per partition a moved session without subscriptions reads back
-NOT_AUTHORIZED = 0x87  # CONNACK reason code
-UNAVAILABLE = "the cluster's Kafka did not confirm this connection in time; try again"
 
 
 class _Batch:
@@ -75,53 +84,6 @@ class _Batch:
         self.count = 0
         self.token: Pending | None = None
         self.failure: str | None = None
-
-
-class _Handle:
-    """A stored outbound message of a persistent session: where it is in the messages topic."""
-    __slots__ = ("cid", "pos", "pid", "released", "qos")
-
-    def __init__(self, cid: str, pos: tuple[int, int] | None, pid: int | None, qos: int = 1) -> None:
-        self.cid = cid
-        self.pos = pos           # (partition, offset), or None (not from the log: a retained replay)
-        self.pid = pid
-        self.released = False
-        self.qos = qos
-
-
-class _Local:
-    """A message this node delivered to its own sessions as it accepted it, until its record is
-    read back from the messages topic (then skipped there: not delivered twice)."""
-    __slots__ = ("body", "msg", "sender", "writer", "n", "at", "handles", "deferred")
-
-    def __init__(self, body: bytes, msg: Message, sender: str, writer: bytes, n: int,
-                 at: float) -> None:
-        self.body = body        # the record body as signed (what the log holds)
-        self.msg = msg
-        self.sender = sender    # the publisher's client id
-        self.writer = writer    # the message id's prefix (<node>-<incarnation>) and number
-        self.n = n
-        self.at = at            # time.monotonic() when accepted
-        self.handles: list[_Handle] = []  # stored copies: their place in the log once known
-        self.deferred = False   # not delivered here yet (ClusterNode._here)
-
-
-# A held _Local whose record was never read back (its write failed, or Kafka lost it) is
-# forgotten after this many seconds
-LOCAL_KEEP = 300.0
-MAC_BYTES = 16  # the end of a signed record body: its HMAC (cluster/trust.py), unique per record
-
-
-class _Claim:
-    __slots__ = ("token", "cid", "clean", "deadline", "client")
-
-    def __init__(self, token: Pending, cid: str, clean: bool, deadline: float) -> None:
-        self.token = token
-        self.cid = cid
-        self.clean = clean
-        self.deadline = deadline
-        # the claim as applied (ControlState): set before the claim is acted on (_rebuild())
-        self.client: C.Client = None  # type: ignore[assignment]
 
 
 class ClusterNode(Hook):
@@ -162,54 +124,55 @@ class ClusterNode(Hook):
         self.batch: _Batch | None = None
         self.last_token: Pending | None = None  # of the last batch barrier() handed out
         self.routed_upto: dict[int, int] = {}    # messages partition -> next offset to deliver
-        self.local: dict[bytes, _Local] = {}     # the MAC of an own record -> delivered here
-        self.placing: _Local | None = None       # the _Local being delivered here (its handles)
-        # not delivering at once (_spilling): (records handed to the producer then, the offsets
-        # to read up to once all those were answered), until this node has read them all
-        self.spill: tuple[int, dict[int, int] | None] | None = None
-        self.deferred: list[_Local] | None = None  # held meanwhile, to deliver then, in order
         self.ids = itertools.count(1)
         self.seq = itertools.count(1)            # of the control records written (control.py)
-        self.last_ids: dict[tuple, int] = {}     # (topic, partition, writer) -> last message id
+        self.counters = {"produced": 0, "read": 0, "delivered": 0, "claims": 0, "takeovers": 0,
+                         "rebuilt_sessions": 0, "rebuilt_messages": 0, "wills_fired": 0,
+                         "evictions": 0, "produce_errors": 0, "resent": 0, "resent_skipped": 0}
+        # heartbeats, evictions, the timers of sessions whose node is gone
+        self.membership = Membership(cfg, wall, lambda: self.state, self._write_control,
+                                     lambda: self.routed_upto, lambda floor: self.keep.trim(floor),
+                                     self.counters)
         # what this node wrote and not every node has read: written again if Kafka loses it
-        self.keep = Keep(cfg.keep_bytes, cfg.keep_seconds, time.monotonic, self._read_floor)
-        # since Kafka last lost its data (None: never), per (messages topic, partition, writer):
-        # the last message id read before the loss, the (lowest, highest) read in the new log,
-        # the last copy written again (mqtt.again) taken, and the ids read of logs lost before
-        # that one, as (lowest, highest): which copies are new here (_fresh)
-        self.lost_marks: dict[tuple, int] = {}
-        self.window: dict[tuple, tuple[int, int]] | None = None
-        self.again_last: dict[tuple, int] = {}
-        self.read_before: dict[tuple, list[tuple[int, int]]] = {}
-        # (writer, n) of the messages delivered here as they were accepted whose records were
-        # not read back when Kafka lost them: their copies are not new here (_fresh)
-        self.here_lost: set[tuple[bytes, int]] = set()
-        self.claims: dict[str, _Claim] = {}      # req -> a CONNECT waiting for its claim
-        self.handoffs: dict[str, _Claim] = {}    # cid -> a claim waiting for the last owner
-        self.bound: dict[str, int] = {}          # cid -> epoch of this node's session
-        self.handles: dict[str, set] = {}        # cid -> live stored-message handles
-        self.since: dict[tuple, dict] = {}       # (cid, filter) -> positions when subscribed
-        self.waiting_subs: list = []             # (sub, positions): new subscriptions not started
-        self.dirty: set[str] = set()             # persistent sessions whose state to write
-        self.progress: set[str] = set()          # ... whose positions moved
-        self.qos2_in: set[str] = set()           # ... with inbound QoS 2 ids new this read
+        self.keep = Keep(cfg.keep_bytes, cfg.keep_seconds, time.monotonic,
+                         self.membership.read_floor)
+        # the message ids read: which records are copies of one read before (replays, and
+        # the messages written again after Kafka lost its data)
+        self.copies = Copies(self.trust, self.counters)
+        # the persistent sessions held here: their state records, written at turn ends
+        self.checkpoints = Checkpoints(cfg, wall, lambda: self.state, self._write_control,
+                                       lambda: self.routed_upto,
+                                       lambda: f"{self.node}-{self.inc}-{self.last_mid}")
+        # the messages accepted here, delivered here at once, until read back
+        self.held = Held(cfg, self.topics.messages, lambda: self.producer, lambda: self.routed_upto,
+                         lambda: self.reading.waiting_subs, lambda: f"{self.node}-{self.inc}".encode(),
+                         self.copies, self.counters)
+        # what this node reads of its topics, and the new subscriptions starting
+        self.reading = Reading(self.topics, self.trust, self.copies, self.held, self.counters, wall,
+                               lambda: self.routed_upto, self._apply_control)
+        # sessions that lived on another node, rebuilt here
+        self.rebuilds = Rebuild(cfg, bootstrap, self.topics.messages, wall, self.trust,
+                                self.checkpoints, self.counters, lambda: self.routed_upto,
+                                self.held.held_for, self.on_message_stored, self.reading.decode,
+                                lambda: self.loop)
+        # the CONNECTs waiting for their claims on their client ids
+        self.claims = Claims(cfg, wall, lambda: self.state, self._write_control,
+                             lambda: next(self.ids), self.rebuilds.rebuild, self.counters)
+        self.qos2_in: set[str] = set()           # sessions with inbound QoS 2 ids new this read
         self.qos2_pid: tuple[str, int] | None = None  # (client id, packet id) of the PUBLISH routed next
         self.last_mid = 0                        # the number of the last message id written
-        self.ended: set[str] = set()             # sessions ended here this turn
-        self.firing: set[tuple] = set()          # timers whose records are on their way
         self.shares = Shares(self)
         self.ready = False
         self.stopping = False
         self.fenced = False
         self.beat_handle: asyncio.TimerHandle | None = None
-        self.last_checkpoint = 0.0
-        self.counters = {"produced": 0, "read": 0, "delivered": 0, "claims": 0, "takeovers": 0,
-                         "rebuilt_sessions": 0, "rebuilt_messages": 0, "wills_fired": 0,
-                         "evictions": 0, "produce_errors": 0, "resent": 0, "resent_skipped": 0}
 
     # ------------------------------------------------------------ lifecycle
     def attach(self, broker: HookHost) -> None:
         self.broker = broker
+        for part in (self.membership, self.checkpoints, self.held, self.reading, self.rebuilds,
+                     self.claims):
+            part.broker = broker
 
     def on_start(self) -> None:
         """Before the listeners open: create the topics, read the control and retained topics to
@@ -249,8 +212,7 @@ class ClusterNode(Hook):
                 f"this node has just made its own ({self.key_made}): it would ignore the other "
                 "nodes and they it. Give it the other nodes' key: replace that file with theirs, "
                 "or set cluster.key_file / $MQTT_CLUSTER_KEY (README \"Cluster\")")
-        self._write_control(f"n:{self.node}", C.node_record("join", self.node, self.inc,
-                                                            at=self.wall()))
+        self.membership.join()
         self.producer.kick()
         self._read_until(self.state.me_alive, "this node's join")
         log.info("cluster: node %s joined (incarnation %s) in %.2f s: %d members alive (%s), "
@@ -282,7 +244,7 @@ class ClusterNode(Hook):
         self.on_turn_end()
         self.shares.stop()
         if self.producer is not None and self.ready and not self.fenced:
-            self._write_control(f"n:{self.node}", C.node_record("leave", self.node, self.inc))
+            self.membership.leave()
             if not self.producer.flush(5):
                 log.warning("cluster: could not write everything to Kafka at shutdown")
         if self.reader is not None:
@@ -304,28 +266,9 @@ class ClusterNode(Hook):
                   "its join, the state of the sessions it holds, the retained messages and bans, "
                   "and the %d messages it wrote that not every node had read",
                   self.bootstrap, why, self.node, len(self.keep.entries))
-        partitions = self.partitions
-        while not self.stopping:
-            try:
-                partitions = ensure_topics(self.bootstrap, self.topics, self.cfg.partitions,
-                                           self.cfg.replication_factor,
-                                           self.cfg.kafka)[self.topics.messages]
-                break
-            except Exception as exc:  # kafka-python's errors are not OSError / RuntimeError
-                log.warning("cluster: could not create the topics again in Kafka at %s (%s); "
-                            "retrying", self.bootstrap, exc)
-                time.sleep(1)
-        if partitions != self.partitions:
-            # the messages topic was created again with another partition count (by a write
-            # before ensure_topics): every partition it has is read (per-topic order holds)
-            log.warning("cluster: the messages topic %s now has %d partitions (was %d)",
-                        self.topics.messages, partitions, self.partitions)
-            positions = self.fetcher.positions  # (this thread owns the fetcher)
-            for p in range(max(partitions, self.partitions)):
-                if p < partitions:
-                    positions.setdefault((self.topics.messages, p), 0)
-                else:
-                    positions.pop((self.topics.messages, p), None)
+        partitions = recovery.topics_again(self.bootstrap, self.topics, self.cfg, self.partitions,
+                                           lambda: self.fetcher.positions,  # (this thread's)
+                                           lambda: self.stopping)
         try:
             self.loop.call_soon_threadsafe(self._recover, partitions)
         except RuntimeError:
@@ -344,56 +287,28 @@ class ClusterNode(Hook):
         self.partitions = partitions
         self.routed_upto = {p: 0 for p in range(partitions)}
         messages = self.topics.messages
-        # which copies written again are new here (_fresh): the ids read of the lost log...
-        if self.window is None:  # the first loss: all up to the last one read
-            self.lost_marks = {k: n for k, n in self.last_ids.items() if k[0] == messages}
-        else:  # after another: those up to its last copy taken, and those of its new log
-            for k, n in self.again_last.items():
-                self.lost_marks[k] = max(self.lost_marks.get(k, 0), n)
-            for k, w in self.window.items():
-                self.read_before.setdefault(k, []).append(w)
-        self.window, self.again_last = {}, {}  # ...and those read in the new log
-        # ...and those delivered here as accepted, their records never read back (_own): the
-        # copies of those do not match the bytes held, so they are let go here
-        for key, e in list(self.local.items()):
-            if not e.deferred:
-                self.here_lost.add((e.writer, e.n))
-                del self.local[key]
-        for m in self.state.members.values():
-            m.read, m.read_ok = None, False  # its heartbeats name the old log's offsets until it joins again
+        # which copies written again are new here (cluster/copies.py): not those read of the
+        # lost log, nor those delivered here as accepted, their records never read back (cluster/held.py):
+        # the copies of those do not match the bytes held, so they are let go here
+        self.copies.lost(messages)
+        self.held.lost()
+        self.membership.forget_read()
         # every message kept is written again, first; those still waiting to be sent are sent
         # only as their copies (which their acknowledgements then wait for)
-        again = self.keep.again()
-        copy_of = {id(e): copy for e, copy in again}
-        for e in self.producer.take_pending(messages, lambda tag: id(tag) in copy_of):
-            copy_of[id(e)][BATCH] = e[BATCH]
-        self.producer.send_first(messages, [(with_again(c[BODY]), c[TS], c) for _, c in again])
-        self.counters["resent"] += len(again)
+        again = recovery.resend_kept(self.keep, self.producer, messages)
+        self.counters["resent"] += again
         self.producer.acked_upto.clear()
-        self.spill = (self.producer.handed, None)  # (their offsets named the old log)
+        self.held.spill = (self.producer.handed, None)  # (their offsets named the old log)
         self.producer.take_went_back()  # the same loss, seen by the producer meanwhile
-        self.since = {k: dict.fromkeys(range(partitions), 0) for k in self.since}
-        self.waiting_subs = [(sub, dict.fromkeys(range(partitions), 0))
-                             for sub, _ in self.waiting_subs]
-        for hs in self.handles.values():
-            for h in hs:
-                h.pos = None  # its old offset names another record in the new log
-        self._write_control(f"n:{self.node}", C.node_record("join", self.node, self.inc,
-                                                            at=self.wall()))
-        self.dirty.update(cid for cid in self.bound if self.broker.session_of(cid) is not None)
+        self.reading.waiting_subs = [(sub, dict.fromkeys(range(partitions), 0))
+                                     for sub, _ in self.reading.waiting_subs]
+        self.checkpoints.lost(partitions)
+        self.membership.join()
         rewritten = 0
         if C.rendezvous("retained", self.state.alive()) == self.node:
-            broker, now = self.broker, self.broker.clock()
-            b = self._batch()
-            for msg in broker.every_retained():
-                if msg.topic.startswith("$") or (  # $SYS and the like are each node's own
-                        msg.expires_at is not None and msg.expires_at <= now):
-                    continue
-                body = R.message_body(msg, msg.sender or "", None, 5, self.node,
-                                      f"{self.node}-{self.inc}-{next(self.ids)}", now)
-                b.count += 1
-                self.producer.send_body(self.topics.retained, body, int(msg.accepted_at * 1000), b)
-                rewritten += 1
+            rewritten = recovery.rewrite_retained(self.broker, self.producer, self.topics.retained,
+                                                  self._batch(), self.node, self.inc,
+                                                  lambda: next(self.ids))
             for ban in self.bans.list() if self.bans is not None else ():
                 self._write_control(R.ban_key(ban["kind"], ban["value"]),
                                     C.ban_record(self.node, self.inc, ban))
@@ -401,7 +316,7 @@ class ClusterNode(Hook):
         self.producer.kick()
         log.info("cluster: node %s wrote again its join, the state of %d sessions, %d "
                  "retained messages and %d messages not every node had read after Kafka lost "
-                 "its data", self.node, len(self.bound), rewritten, len(again))
+                 "its data", self.node, len(self.checkpoints.bound), rewritten, again)
 
     def stats(self) -> dict:
         """For metrics (mqtt_cluster_*, clients{node=...}), $SYS/broker/cluster/... and the
@@ -418,7 +333,7 @@ class ClusterNode(Hook):
                    kept=len(self.keep.entries), kept_bytes=self.keep.bytes,
                    kept_dropped=self.keep.dropped,
                    backlog=self.producer.backlog if self.producer is not None else 0,
-                   held=len(self.local))
+                   held=len(self.held.local))
         return {"cluster": out}
 
     def locate(self, client_id: str) -> str | None:
@@ -471,8 +386,8 @@ class ClusterNode(Hook):
                 batch.failure = failure
             if batch.token is not None and (batch.count == 0 or batch.failure):
                 batch.token.resolve(batch.failure)
-        if self.deferred is not None:
-            self._spilling()
+        if self.held.deferred is not None:
+            self.held.spilling()
 
     def _write_control(self, key: str, rec: dict | None) -> None:
         """A control record; acknowledgements asked for after it wait for it too (barrier).
@@ -518,7 +433,7 @@ class ClusterNode(Hook):
         signed = self.producer.send_body(self.topics.messages, body, ts,
                                          b if kept is None else kept)
         self.counters["produced"] += 1
-        self._here(msg, client_id, signed, n)
+        self.held.here(msg, client_id, signed, n)
         if msg.retain and broker.cfg.retain_available and \
                 (not msg.payload or broker.retained_fits(msg)):
             # [MQTT-3.3.1-5] kept cluster-wide; an empty payload deletes it [MQTT-3.3.1-6];
@@ -534,119 +449,11 @@ class ClusterNode(Hook):
             # record again in the log's order, so concurrent updates end the same everywhere
             broker.set_retained(msg.topic, msg if msg.payload else None)
 
-    def _here(self, msg: Message, sender: str, signed: bytes, n: int) -> None:
-        """A message accepted here, to this node's sessions now, as a single broker does
-        (MQTT 5 4.6: a publisher's messages reach a subscriber in order, whatever their topics),
-        and to the new subscriptions still starting (install()): they were made before it.
-        Held (self.local) until its record is read back, which is then skipped (_own): the
-        sessions here have it, and a session that comes here before that takes it from there
-        (_held_for). $share groups get it through their own streams, as every message.
-
-        While nobody here can want it, or cluster.max_held messages are held, it is not held:
-        delivered here from its record, as on the other nodes ("spilled"). Until this node has
-        read every spilled record (_spilling), the next messages are held but delivered only
-        then, in order (a message delivered at once would pass one of its topic)."""
-        if self.spill is not None and self._spilling():
-            if self.deferred is not None or len(self.local) < self.cfg.max_held and \
-                    (self.broker.has_plain_subscribers() or self.waiting_subs):
-                e = self._hold(msg, sender, signed, n)
-                e.deferred = True
-                if self.deferred is None:
-                    self.deferred = []
-                self.deferred.append(e)
-                return
-        elif len(self.local) < self.cfg.max_held and \
-                (self.broker.has_plain_subscribers() or self.waiting_subs):
-            self._deliver_here(self._hold(msg, sender, signed, n))
-            return
-        self.spill = (self.producer.handed, None)  # delivered here when read back
-
-    def _hold(self, msg: Message, sender: str, signed: bytes, n: int) -> _Local:
-        e = _Local(signed, msg, sender, f"{self.node}-{self.inc}".encode(), n, time.monotonic())
-        self.local[signed[-MAC_BYTES:]] = e
-        return e
-
-    def _deliver_here(self, e: _Local) -> None:
-        msg, broker = e.msg, self.broker
-        starting = [sub for sub, _ in self.waiting_subs
-                    if matches(sub.topic_filter, msg.topic)] if self.waiting_subs else None
-        self.placing = e
-        try:
-            got = broker.deliver_with(msg, e.sender, starting) if starting else \
-                broker.deliver(msg, e.sender)
-            if got:
-                self.counters["delivered"] += 1
-        finally:
-            self.placing = None
-
-    def _spilling(self) -> bool:
-        """Whether records of messages spilled (_here) may still be unread here: not all of
-        them were answered by Kafka, or this node has not read up to where Kafka acknowledged
-        them. Once they are all read, the messages held meanwhile are delivered, in order."""
-        mark, need = self.spill  # type: ignore[misc]
-        if need is None:
-            producer = self.producer
-            if producer.answered < mark:
-                return True
-            messages = self.topics.messages
-            need = {p: off for (t, p), off in list(producer.acked_upto.items()) if t == messages}
-            self.spill = (mark, need)
-        upto = self.routed_upto
-        if not all(upto.get(p, 0) >= off for p, off in need.items()):
-            return True
-        self.spill = None
-        deferred, self.deferred = self.deferred, None
-        for e in deferred or ():
-            e.deferred = False
-            self._deliver_here(e)
-        return False
-
-    def _own(self, rec: Scanned, p: int, i: int) -> bool:
-        """Whether record i is one this node delivered here as it accepted it (_deliver_here):
-        the same bytes as it wrote. Its stored copies learn their place in the log; the writer's
-        last message id moves past it (a copy of it read later is a replay: _fresh)."""
-        key = rec.tail(i, MAC_BYTES)
-        e = self.local.get(key)
-        if e is None or rec.body(i) != e.body:
-            return False
-        del self.local[key]
-        pos = (p, rec.offsets[i])
-        e.msg.store_id = pos
-        for h in e.handles:
-            if h.pos is None:
-                h.pos = pos
-        last_key = (self.topics.messages, p, e.writer)
-        if e.n > self.last_ids.get(last_key, 0):
-            self.last_ids[last_key] = e.n
-        return True
-
-    def _held_for(self, cid: str, subs: list) -> list:
-        """(message, qos, retain, sub_ids, _Local) of the messages accepted here whose records are
-        not read back yet, for a session rebuilt here now: it was elsewhere when they were
-        delivered here, and their records will be skipped (_own), past its rebuild's scan."""
-        out, now = [], self.broker.clock()
-        for e in self.local.values():
-            if e.deferred:
-                continue  # delivered here later, to this session too
-            got = _match(subs, e.msg, e.sender, cid, -1, 0)
-            if got is not None and (e.msg.expires_at is None or e.msg.expires_at > now):
-                out.append((e.msg, *got, e))
-        return out
-
-    def _forget_local(self, now: float) -> None:
-        """Drop the held messages whose records never came back (LOCAL_KEEP)."""
-        local = self.local
-        while local:
-            key = next(iter(local))
-            if now - local[key].at < LOCAL_KEEP:
-                return
-            del local[key]
-
     def barrier(self) -> Pending | None:
         """What the acks of this read wait for: every record written so far, the session
         records this read changed (a persistent session's SUBSCRIBE) included. (Kafka answers
         this node's writes in order: the last batch's token stands for the earlier ones.)"""
-        if self.dirty or self.ended:
+        if self.checkpoints.owed():
             self.on_turn_end()
         b = self.batch
         if b is None:
@@ -668,7 +475,8 @@ class ClusterNode(Hook):
             if t.failure is not None:
                 done.resolve(t.failure)
                 return
-            self.dirty.update(cid for cid in cids if cid in self.bound)
+            ck = self.checkpoints
+            ck.dirty.update(cid for cid in cids if cid in ck.bound)
             then = self.barrier()
             if then is None:
                 done.resolve()
@@ -681,222 +489,27 @@ class ClusterNode(Hook):
 
     # ------------------------------------------------------------ reading (on the loop)
     def _apply(self, batches: list) -> None:
-        """A fetch's records, on the loop: control records to the replicated state, retained
-        ones to the retained store, messages to this node's matching sessions. A message is
-        looked at by its key (the MQTT topic) first: its value and headers are read only when
-        someone here wants it, and a fetch is not even scanned when nobody here can want it
-        (no plain subscription on this node and none starting: $share groups read their own
-        streams)."""
-        topics = self.topics
-        broker = self.broker
-        clock_now, wall_now = broker.clock(), self.wall()
-        for topic, _p, rec, start in batches:
-            if topic == topics.control:
-                if not self._since(topic, rec, start):
-                    continue
-                for i in rec.indexes():
-                    r = self._verified(topic, rec, i)
-                    if r is None:
-                        continue
-                    off, key, value, _, ts = r
-                    try:
-                        name, body = R.decode_control(key, value)
-                    except R.Malformed as exc:
-                        self.trust.ignore(MALFORMED, f"{topic} offset {off}", str(exc))
-                        continue
-                    try:
-                        self._act(self.state.apply(off, name, body, ts / 1000.0))
-                    except Exception:  # a bug, not the record's shape: never stops the node
-                        log.exception("cluster: applying the control record at offset %d failed",
-                                      off)
-                        self.trust.ignore(MALFORMED, f"{topic} offset {off}", "could not apply")
-            elif topic == topics.retained:
-                if not self._since(topic, rec, start):
-                    continue
-                for i in rec.indexes():
-                    r = self._verified(topic, rec, i)
-                    if r is None:
-                        continue
-                    off, key, value, headers, ts = r
-                    if not self._fresh(topic, _p, off, headers):
-                        continue
-                    if value is None and key:
-                        broker.set_retained(key.decode(errors="replace"), None)
-                        continue
-                    got = self._decode(topic, off, key, value, headers, ts, clock_now, wall_now)
-                    if got is None:
-                        continue
-                    msg, name = got[0], got[0].topic
-                    if msg.expires_at is not None and msg.expires_at <= clock_now:
-                        broker.set_retained(name, None)  # expired meanwhile
-                    else:
-                        msg.retain = True
-                        broker.set_retained(name, msg)
-        anyone = broker.has_plain_subscribers()
-        for topic, p, rec, start in batches:
-            if topic != topics.messages:
-                continue
-            starting = self._starting(p)
-            if starting:
-                n = self._route_starting(rec, p, starting, clock_now, wall_now) \
-                    if self._since(topic, rec, start) else 0
-            elif not anyone and not self.local:
-                n = 0  # nobody here to deliver to: not even the keys are read
-            else:
-                deliver = broker.deliver
-                subscribers_of = broker.subscribers_of  # cached per topic
-                own = self._own if self.local else None
-                n = 0
-                for i in rec.indexes() if self._since(topic, rec, start) else ():
-                    if own is not None and own(rec, p, i):
-                        continue  # delivered here as it was accepted
-                    topic_name = rec.topic(i)
-                    if topic_name is None or not subscribers_of(topic_name):
-                        continue  # no subscriber here: not decoded (shared groups: their streams)
-                    got = self._message(topic, p, rec, i, clock_now, wall_now)
-                    if got is None:
-                        continue
-                    msg, sender = got
-                    msg.store_id = (p, rec.offsets[i])  # its place in the log
-                    deliver(msg, sender)
-                    n += 1
-            self.routed_upto[p] = rec.end
-            self.counters["delivered"] += n
-            self.counters["read"] += len(rec) if rec.scanned else rec.end - start
-        if self.waiting_subs:
-            self._start_waiting_subs()
-        if self.deferred is not None:
-            self._spilling()  # delivers the held messages once the spilled ones are read
+        """A fetch's records, on the loop (cluster/reading.py)."""
+        self.reading.apply(batches)
 
-    def _since(self, topic: str, rec: Scanned, start: int) -> bool:
-        """rec.since(start); False, counted, when its batches are not what they say they are
-        (the fetch's records are skipped, the position moves past them)."""
-        try:
-            rec.since(start)
-        except CorruptBatchError as exc:
-            self.trust.ignore(MALFORMED, f"{topic} from offset {start}", str(exc))
-            return False
-        return True
+    def _apply_control(self, off: int, name: str, body: dict | None, at: float) -> None:
+        self._act(self.state.apply(off, name, body, at))
 
-    def _verified(self, topic: str, rec: Scanned, i: int) -> tuple | None:
-        """(offset, key, value, headers, timestamp) of record i when a node of this cluster
-        wrote it (signed with the cluster's key); else None, counted."""
-        try:
-            r = rec.record(i)
-            why = self.trust.check(topic, rec.body(i), r[4])
-        except CorruptBatchError as exc:
-            self.trust.ignore(MALFORMED, f"{topic} offset {rec.offsets[i]}", str(exc))
-            return None
+    # ------------------------------------------------------------ for the share streams (ShareHost)
+    def share_start(self) -> dict[int, int]:
+        return {p: self.routed_upto.get(p, 0) for p in range(self.partitions)}
+
+    def share_message(self, topic: str, offset: int, key: bytes | None, value: bytes | None,
+                      headers: list, ts: int) -> Message | None:
+        why = self.trust.check_fields(topic, key, value, headers, ts)
         if why is not None:
-            self.trust.ignore(why, f"{topic} offset {r[0]}")
+            self.trust.ignore(why, f"{topic} offset {offset}")
             return None
-        return r
-
-    def _message(self, topic: str, p: int, rec: Scanned, i: int, clock_now: float,
-                 wall_now: float) -> tuple[Message, str] | None:
-        """_verified() then _decode() of record i."""
-        r = self._verified(topic, rec, i)
-        if r is None or not self._fresh(topic, p, r[0], r[3]) or handover.to_one(r[3]):
-            return None  # (addressed to one session: only its rebuild takes it, cluster/handover.py)
-        return self._decode(topic, r[0], r[1], r[2], r[3], r[4], clock_now, wall_now)
-
-    def _fresh(self, topic: str, p: int, off: int, headers: list) -> bool:
-        """Whether a message or retained record is not a copy of one read before: each node
-        numbers the records it writes (mqtt.message_id `<node>-<incarnation>-<n>`, n increasing
-        in each partition's log), so a record whose n is not above the last one of its writer
-        was written again (a copied signed record, a retried write) and is ignored, counted."""
-        mid = None
-        again = False
-        for name, val in headers:
-            if name == H_MESSAGE_ID:
-                mid = val
-            elif name == H_AGAIN:
-                again = True
-        writer, _, n = bytes(mid or b"").rpartition(b"-")
-        if not writer or not n.isdigit() or len(n) > 18:
-            self.trust.ignore(MALFORMED, f"{topic} offset {off}", "no message id")
-            return False
-        last_key = (topic, p, writer)
-        seq = int(n)
-        window = self.window
-        if again:
-            # a copy its writer wrote again after Kafka lost its data (cluster/keep.py): new here
-            # unless it was read before the loss or, in the new log, before its copies, or it
-            # was delivered here as this node accepted it
-            if self.here_lost and (writer, int(n)) in self.here_lost:
-                self.here_lost.discard((writer, int(n)))
-                self.counters["resent_skipped"] += 1
-                return False
-            if window is None:  # (no loss seen here: a copy read first where it is not lost)
-                before, seen = self.last_ids.get(last_key, 0), None
-            else:
-                before, seen = self.lost_marks.get(last_key, 0), window.get(last_key)
-            if seq <= before or (seen is not None and seen[0] <= seq <= seen[1]) or \
-                    any(lo <= seq <= hi for lo, hi in self.read_before.get(last_key, ())):
-                self.counters["resent_skipped"] += 1
-                return False
-            if seq <= self.again_last.get(last_key, 0):
-                self.trust.ignore(REPLAYED, f"{topic} offset {off}")
-                return False
-            self.again_last[last_key] = seq
-            return True
-        if seq <= self.last_ids.get(last_key, 0):
-            self.trust.ignore(REPLAYED, f"{topic} offset {off}")
-            return False
-        self.last_ids[last_key] = seq
-        if window is not None:
-            seen = window.get(last_key)
-            window[last_key] = (seq, seq) if seen is None else (seen[0], seq)
-        return True
-
-    def _decode(self, topic: str, off: int, key: bytes | None, value: bytes | None,
-                headers: list, ts: int, clock_now: float,
-                wall_now: float) -> tuple[Message, str] | None:
-        """(Message, publisher) of a messages or retained record, checked as a PUBLISH is
-        (records.decode_message with this broker's limits); None, counted, if it is not one."""
-        try:
-            msg, sender, _ = R.decode_message(key, value, headers, ts, clock_now, wall_now,
-                                              self.broker.cfg)
-        except R.Malformed as exc:
-            self.trust.ignore(MALFORMED, f"{topic} offset {off}", str(exc))
-            return None
-        return msg, sender
+        got = self.reading.decode(topic, offset, key, value, headers, ts, self.broker.clock(),
+                                  self.wall())
+        return None if got is None else got[0]
 
     # ------------------------------------------------------------ new subscriptions
-    def _starting(self, p: int) -> list:
-        """(subscription, first offset) of the new subscriptions that take partition p's
-        records from a known position but are not routed yet."""
-        return [(sub, since[p]) for sub, since in self.waiting_subs if p in since]
-
-    def _route_starting(self, rec: Scanned, p: int, starting: list, clock_now: float,
-                        wall_now: float) -> int:
-        """The slow path while new subscriptions start: record by record, each also goes to the
-        new subscriptions it matches at or after their first offset (so none misses a record of
-        a batch that crosses its start, whatever the other partitions have reached)."""
-        broker, subscribers_of, n = self.broker, self.broker.subscribers_of, 0
-        for i in rec.indexes():
-            if self.local and self._own(rec, p, i):
-                continue  # delivered here as it was accepted, to the starting ones too
-            topic = rec.topic(i)
-            if topic is None:
-                continue
-            off = rec.offsets[i]
-            new = [sub for sub, first in starting
-                   if off >= first and matches(sub.topic_filter, topic)]
-            if not new and not subscribers_of(topic):
-                continue
-            got = self._message(self.topics.messages, p, rec, i, clock_now, wall_now)
-            if got is None:
-                continue
-            msg, sender = got
-            msg.store_id = (p, off)
-            if new:
-                broker.deliver_with(msg, sender, new)
-            else:
-                broker.deliver(msg, sender)
-            n += 1
-        return n
-
     def install(self, sub: Subscription) -> None:
         """A new subscription takes the log's messages from where this node knows it ends at
         the SUBSCRIBE: past what it has routed, what its last fetch saw and what Kafka has
@@ -911,24 +524,8 @@ class ClusterNode(Hook):
                  for p, upto in self.routed_upto.items()}
         s = sub.session
         if isinstance(s, Session) and s.store is not None:  # a persistent session's checkpoint records it
-            self.since[(s.client_id, sub.filter)] = since
-        self.waiting_subs.append((sub, since))
-        self._start_waiting_subs()
-
-    def _start_waiting_subs(self) -> None:
-        """Route the new subscriptions the reader has caught up with in every partition (until
-        then _route_starting() gives them their records)."""
-        still, broker = [], self.broker
-        for w in self.waiting_subs:
-            sub, since = w
-            s = sub.session
-            if s.subscriptions.get(sub.filter) is not sub or broker.session_of(s.client_id) is not s:
-                continue  # unsubscribed, replaced or ended meanwhile
-            if all(self.routed_upto[p] >= off for p, off in since.items()):
-                broker.route_from_now(sub)
-            else:
-                still.append(w)
-        self.waiting_subs = still
+            self.checkpoints.since[(s.client_id, sub.filter)] = since
+        self.reading.start(sub, since)
 
     # ------------------------------------------------------------ control effects
     def _act(self, effects: list) -> None:
@@ -939,77 +536,45 @@ class ClusterNode(Hook):
             elif kind is C.Superseded:
                 self._superseded(ev)
             elif kind is C.HandedOver:
-                claim = self.handoffs.pop(ev.cid, None)
-                if claim is not None:
-                    self._rebuild(claim)
+                self.claims.handed_over(ev.cid)
             elif kind is C.WillDue:
-                self.firing.discard((ev.cid, "will"))
-                if ev.by == self.node:
-                    self._publish_will(ev)
+                self.membership.will_due(ev)
             elif kind is C.Ended:
-                self.firing.discard((ev.cid, "expire"))
-                self.firing.discard((ev.cid, "will"))
+                self.membership.ended(ev.cid)
             elif kind is C.Evicted:
                 self.counters["evictions"] += 1
                 if ev.me:
                     if not self.stopping:  # (its own `leave` at shutdown is not a fencing)
                         self._fenced()
-                elif ev.left:  # a clean stop: expected, not a warning
-                    log.info("cluster: node %s (incarnation %s) left; its clients' sessions "
-                             "and wills are taken over by the live nodes", ev.node, ev.inc)
                 else:
-                    log.warning("cluster: node %s (incarnation %s) is gone; its clients' "
-                                "sessions and wills are taken over by the live nodes",
-                                ev.node, ev.inc)
+                    self.membership.evicted(ev)
             elif kind is C.BanChanged:
                 self._ban_changed(ev)
             elif kind is C.Copy:
                 self.trust.ignore(REPLAYED, f"{self.topics.control} offset {ev.offset}", ev.kind)
             elif kind is C.Stale:
-                if self.broker.session_of(ev.cid) is not None and self.bound.get(ev.cid) is not None:
-                    self.dirty.add(ev.cid)  # write this node's state again: it is the current one
+                self.checkpoints.stale(ev.cid)  # this node's state is the current one
 
     def _claimed(self, ev: C.Claimed) -> None:
         c = ev.client
         if c.node != self.node or c.inc != self.inc:
             return
-        if c.cid in self.bound and self.broker.session_of(c.cid) is not None:
-            # this node's own session, claimed again here: it is the new epoch's from now on,
-            # whether or not the CONNECT that claimed it takes it (it may have gone meanwhile);
-            # its state, written again under this epoch, says whether it is connected
-            self.bound[c.cid] = c.epoch
-            self.dirty.add(c.cid)
-        claim = self.claims.pop(ev.req, None)
-        if claim is None:
-            return
-        claim.client = c
-        self.counters["claims"] += 1
-        if ev.prev is not None and (ev.prev.node != self.node or ev.prev.inc != self.inc):
-            self.counters["takeovers"] += 1
-        local = self.broker.session_of(c.cid)
-        if not claim.clean and local is None and c.session is not None:
-            if c.handed_over:
-                self._rebuild(claim)
-            else:
-                claim.deadline = time.monotonic() + self.cfg.handoff_timeout
-                self.handoffs[c.cid] = claim
-            return
-        claim.token.resolve()
+        # this node's own session, claimed again here: it is the new epoch's from now on,
+        # whether or not the CONNECT that claimed it takes it (it may have gone meanwhile);
+        # its state, written again under this epoch, says whether it is connected
+        self.checkpoints.rebind(c.cid, c.epoch)
+        self.claims.claimed(ev)
 
     def _superseded(self, ev: C.Superseded) -> None:
         """This node's session of `cid` is another node's now (or ended there)."""
         broker = self.broker
         s = broker.session_of(ev.cid)
-        epoch = self.bound.pop(ev.cid, None)
-        self.dirty.discard(ev.cid)
-        self.progress.discard(ev.cid)
+        epoch = self.checkpoints.unbind(ev.cid)
         if s is not None and ev.final and epoch == ev.epoch:
-            rec = self._state_record(s, ev.epoch, final=True, connected=False)
+            rec = self.checkpoints.state_record(s, ev.epoch, final=True, connected=False)
             if not handover.give(self, s, rec):  # (what the log no longer has goes with it)
                 self._write_control(f"c:{ev.cid}", rec)
-        self.handles.pop(ev.cid, None)
-        for k in [k for k in self.since if k[0] == ev.cid]:
-            del self.since[k]
+        self.checkpoints.drop(ev.cid)
         if s is not None:
             broker.release_session(ev.cid, ev.publish_will,
                                    "session taken over by a connection on another node")
@@ -1022,20 +587,14 @@ class ClusterNode(Hook):
                   self.node, self.cfg.node_timeout)
         broker = self.broker
         for cid in [s.client_id for s in broker.every_session()]:
-            self.bound.pop(cid, None)
+            self.checkpoints.unbind(cid)
             broker.release_session(cid, False, "this node rejoins the cluster: reconnect")
-        self.handles.clear()
-        self.dirty.clear()
-        self.progress.clear()
+        self.checkpoints.reset()
         self.qos2_in.clear()
-        for claim in list(self.claims.values()) + list(self.handoffs.values()):
-            claim.token.resolve(UNAVAILABLE)
-        self.claims.clear()
-        self.handoffs.clear()
+        self.claims.fail_all()
         self.inc = uuid.uuid4().hex[:12]
         self.state.inc = self.inc
-        self._write_control(f"n:{self.node}", C.node_record("join", self.node, self.inc,
-                                                            at=self.wall()))
+        self.membership.join()
 
     # ------------------------------------------------------------ admission (CONNECT)
     def admit(self, client_id: str, clean_start: bool, expiry: int, will: Will | None, username: str | None,
@@ -1044,235 +603,27 @@ class ClusterNode(Hook):
         if not self.ready or self.fenced:
             token.resolve("this cluster node is not ready yet; try again")
             return token
-        if self.broker.cfg.session_owner_check and self._others_session(client_id, username):
-            # as the core refuses it for a session on this node (Connection.accept), before the
-            # claim: a claim would take the session from its owner, wherever it is
-            return AdmitRefused(NOT_AUTHORIZED, "this client id is in use by another user's "
-                                                "session")
-        req = f"{self.inc}:{next(self.ids)}"
-        self.claims[req] = _Claim(token, client_id, clean_start,
-                                  time.monotonic() + self.cfg.connect_timeout)
-        rec = C.claim_record(self.node, self.inc, req, clean_start, expiry,
-                             R.will_to_dict(will, self.wall()), username)
-        self._write_control(f"c:{client_id}", rec)
-        return token
-
-    def _others_session(self, client_id: str, username: str | None) -> bool:
-        """The client id has a session in the cluster (connected, or offline and not expired)
-        that another user made."""
-        c = self.state.clients.get(client_id)
-        if c is None or c.user == username:
-            return False
-        return c.connected or (c.expiry > 0 and (c.expires_at is None or c.expires_at > self.wall()))
-
-    def _rebuild(self, claim: _Claim) -> None:
-        """Bring a session that lived on another node here: its subscriptions from its last
-        checkpoint, then what the messages topic holds for it from the checkpoint's positions
-        on (queued, and in flight with their packet ids [MQTT-4.4.0-1])."""
-        c = claim.client
-        ck = c.session or {}
-        broker = self.broker
-        cid = c.cid
-        s = broker.restore_session(cid, int(ck.get("expiry") or c.expiry), None,
-                                   ck.get("user"), None, int(ck.get("next_pid") or 1))
-        if s is None:  # expired under the current caps
-            claim.token.resolve()
-            return
-        self.bound[cid] = c.epoch
-        subs = []
-        for row in ck.get("subs", ()):
-            filt, qos, nl, rap, rh, sub_id = row[:6]
-            try:
-                sub = broker.restore_subscription(cid, filt, qos, bool(nl), bool(rap), rh, sub_id)
-            except ValueError:
-                continue
-            if sub is None:
-                continue
-            since = {int(k): v for k, v in (row[6] if len(row) > 6 and row[6] else {}).items()}
-            self.since[(cid, filt)] = since
-            if sub.group is None:
-                subs.append((sub, since))
-        for pid in ck.get("qos2", ()):
-            # as of the checkpoint: the client may have released and reused them since
-            broker.restore_qos2(cid, pid, unsure=True)
-        self.counters["rebuilt_sessions"] += 1
-        start = {int(k): v for k, v in (ck.get("pos") or {}).items()}
-        stop = dict(self.routed_upto)  # from here on the live stream delivers to it
-        carried = handover.upto(ck)  # and the records its last node handed over, to their end
-        end = {p: max(o, carried.get(p, 0)) for p, o in stop.items()}
-        ranges = {p: (start.get(p, stop[p]), end[p]) for p in stop if start.get(p, stop[p]) < end[p]}
-        wrote = ck.get("wrote")
-        if wrote and not subs and not carried:
-            # only its own QoS 2 PUBLISHes written after the checkpoint are looked for: the
-            # dead node wrote them in its last moments (each is followed by a checkpoint), so
-            # the newest records of each partition, not everything since an idle client's
-            # last checkpoint (a resend of an older one would be routed again)
-            ranges = {p: (max(lo, hi - PUBLISHER_SCAN), hi) for p, (lo, hi) in ranges.items()}
-        # past `stop`: what this node accepted and delivered here before the session came
-        held = self._held_for(cid, subs) if self.local and subs else []
-        if not (subs or wrote or carried) or not ranges and not held:
-            claim.token.resolve()
-            return
-        inflight = {(p, off): (pid, rel) for p, off, pid, rel in ck.get("inflight", ())}
-        # below these, what is not in flight was delivered and acknowledged (_checkpoint)
-        handed = {int(k): v for k, v in (ck.get("next") or {}).items()}
-        if not ranges:
-            self._rebuilt(claim, s, subs, inflight, handed, wrote, [], None, held)
-            return
-        filters = [sub.topic_filter for sub, _ in subs] + (["#"] if carried else [])
-
-        def scan() -> None:
-            try:
-                found = handover.arrange(self._scan(ranges, filters, cid if wrote else None),
-                                         cid, ck, stop, inflight)
-                err = None
-            except Exception as exc:  # Kafka unreachable: the CONNECT fails, nothing half-done
-                found, err = [], exc
-            self.loop.call_soon_threadsafe(self._rebuilt, claim, s, subs, inflight, handed,
-                                           wrote, found, err, held)
-
-        threading.Thread(target=scan, name=f"cluster-rebuild-{cid}", daemon=True).start()
-
-    def _scan(self, ranges: dict, filters: list, publisher: str | None = None) -> list:
-        """(partition, offset, key, value, headers, timestamp) of the records in `ranges` whose
-        MQTT topic matches one of `filters`, or (`publisher`) that client id's QoS 2 PUBLISHes
-        of a persistent session (H_QOS2_ID) (another consumer, on this thread)."""
-        from kafka import TopicPartition
-        consumer = make_consumer(self.bootstrap, self.cfg.kafka, self.cfg.fetch_wait_ms)
-        try:
-            tps = {TopicPartition(self.topics.messages, p): r for p, r in ranges.items()}
-            consumer.assign(list(tps))
-            for tp, (lo, _) in tps.items():
-                consumer.seek(tp, lo)
-            left = set(tps)
-            out = []
-            deadline = time.monotonic() + self.cfg.connect_timeout
-            while left:
-                if time.monotonic() > deadline:
-                    raise TimeoutError("reading the session's messages took too long")
-                recs = consumer.poll(timeout_ms=200)
-                for tp, rs in recs.items():
-                    hi = tps[tp][1]
-                    for r in rs:
-                        if r.offset >= hi:
-                            break
-                        topic = (r.key or b"").decode(errors="replace")
-                        if any(matches(f, topic) for f in filters) or \
-                                publisher is not None and _qos2_of(r.headers, publisher):
-                            out.append((tp.partition, r.offset, r.key, r.value, r.headers,
-                                        r.timestamp))
-                for tp in list(left):
-                    if consumer.position(tp) >= tps[tp][1]:
-                        left.discard(tp)
-                        consumer.pause(tp)
-            return out
-        finally:
-            consumer.close()
-
-    def _rebuilt(self, claim: _Claim, s: Session, subs: list[tuple[Subscription, dict[int, int]]], inflight: dict,
-                 handed: dict[int, int], wrote: str | None, found: list, err: Exception | None,
-                 here: list | None = None) -> None:
-        broker = self.broker
-        cid = claim.cid
-        if err is not None:
-            log.warning("cluster: could not rebuild the session of %r: %s", cid[:100], err)
-            claim.token.resolve(UNAVAILABLE)
-            return
-        if broker.session_of(cid) is not s:
-            claim.token.resolve(UNAVAILABLE)  # taken over again meanwhile
-            return
-        clock_now, wall_now = broker.clock(), self.wall()
-        queued = []
-        messages = self.topics.messages
-        for p, off, key, value, headers, ts in found:
-            why = self.trust.check_fields(messages, key, value, headers, ts)
-            if why is not None:
-                self.trust.ignore(why, f"{messages} offset {off}")
-                continue
-            if wrote is not None:
-                pid = _qos2_after(headers, cid, wrote)
-                if pid is not None:
-                    # written after the checkpoint, by the node that died: a DUP resend of it
-                    # is acknowledged, not routed again [MQTT-4.3.3-9]
-                    broker.restore_qos2(cid, pid, unsure=True)
-            decoded = self._decode(messages, off, key, value, headers, ts, clock_now, wall_now)
-            if decoded is None:
-                continue
-            msg, sender = decoded
-            msg.store_id = (p, off)  # (partition, offset), as in _apply
-            to = handover.addressed(headers)  # (handed over by its last node: as it was carried)
-            got = _match(subs, msg, sender, cid, p, off) if to is None else handover.delivery(to)
-            if got is None:
-                continue
-            qos, retain, sub_ids = got
-            if msg.expires_at is not None and msg.expires_at <= clock_now:
-                continue  # [MQTT-3.3.2-5]
-            held = inflight.get((p, off))
-            if held is not None and qos:
-                pid, released = held
-                h = self.on_message_stored(cid, msg, qos, retain, sub_ids, pid)
-                if released:
-                    h.released = True
-                broker.restore_outbound(cid, msg, qos, retain, sub_ids, pid, bool(released), h)
-            elif to is None and off < handed.get(p, 0):
-                continue  # delivered and acknowledged before the checkpoint: not again as new
-            elif qos or s.queue_qos0:
-                queued.append((msg, qos, retain, sub_ids))
-        local = {}  # newer than the scan's: accepted here, their records not read back then
-        for m, q, r, ids, e in here or ():
-            if q or s.queue_qos0:
-                queued.append((m, q, r, ids))
-                local[id(m)] = e
-        room = max(0, s.max_queued - len(s.queue))
-        if len(queued) > room:  # the oldest are kept, as the newest are dropped when full
-            broker.count_dropped("queue_full", len(queued) - room)
-            queued = queued[:room]
-        entries = [(m, q, r, ids, self.on_message_stored(cid, m, q, r, ids)) for m, q, r, ids in queued]
-        for m, *_, h in entries if local else ():
-            e = local.get(id(m))
-            if e is not None and h.pos is None:
-                e.handles.append(h)  # its place in the log once read back (_own)
-        # older than what the live stream queued meanwhile: in front, each counted in the bounds
-        broker.restore_queued(cid, entries, front=True)
-        self.counters["rebuilt_messages"] += len(entries) + len(s.inflight_out)
-        claim.token.resolve()
+        return self.claims.admit(client_id, clean_start, expiry, will, username)
 
     # ------------------------------------------------------------ the hook: clients
     def on_client_connected(self, session: Session, present: bool) -> None:
-        c = self.state.clients.get(session.client_id)
-        if c is None or c.node != self.node or c.inc != self.inc:
-            return
-        self.bound[session.client_id] = c.epoch
-        self.dirty.add(session.client_id)
+        self.checkpoints.connected(session)
 
     def on_client_disconnected(self, session: Session, publish_will: bool) -> None:
-        cid = session.client_id
-        if cid in self.bound:
-            self.dirty.add(cid)
-            if session.expiry_interval == 0:
-                self.ended.add(cid)  # a clean session ends with its connection
-            # written at the end of this turn, not of the next one (a dropped connection of a
-            # clean session writes nothing else: its end would wait for the next CONNECT)
-            flush = self.broker.schedule_flush
-            if flush is not None:
-                flush()
+        self.checkpoints.disconnected(session)
 
-    # persistence events (persistent sessions only)
+    # persistence events (persistent sessions only): their state records (cluster/checkpoints.py)
     def on_session_saved(self, session: Session) -> None:
-        self.dirty.add(session.client_id)
+        self.checkpoints.dirty.add(session.client_id)
 
     def on_session_deleted(self, client_id: str) -> None:
-        self.ended.add(client_id)
-        self.handles.pop(client_id, None)
+        self.checkpoints.deleted(client_id)
 
     def on_subscribed(self, client_id: str, sub: Subscription) -> None:
-        # (a new subscription's start was set by install(); a replaced one keeps its own)
-        self.since.setdefault((client_id, sub.filter), dict(self.routed_upto))
-        self.dirty.add(client_id)
+        self.checkpoints.subscribed(client_id, sub.filter)
 
     def on_unsubscribed(self, client_id: str, filt: str) -> None:
-        self.since.pop((client_id, filt), None)
-        self.dirty.add(client_id)
+        self.checkpoints.unsubscribed(client_id, filt)
 
     def on_qos2_received(self, client_id: str, pid: int) -> None:
         # (before route(): its record carries the id) its PUBREC waits for a checkpoint naming
@@ -1284,204 +635,57 @@ class ClusterNode(Hook):
     def on_qos2_released(self, client_id: str, pid: int) -> None:
         # the PUBCOMP waits for the checkpoint without the id (barrier()): the client reuses
         # it only once no node can take a reuse for a resend of the message released
-        self.dirty.add(client_id)
+        self.checkpoints.dirty.add(client_id)
 
     def on_message_stored(self, client_id: str, msg: Message, qos: int, retain: bool,
-                          sub_ids: tuple[int, ...] | None, pid: int | None = None) -> _Handle:
-        h = _Handle(client_id, msg.store_id if isinstance(msg.store_id, tuple) else None, pid, qos)
-        placing = self.placing
+                          sub_ids: tuple[int, ...] | None, pid: int | None = None) -> Handle:
+        h = Handle(client_id, msg.store_id if isinstance(msg.store_id, tuple) else None, pid, qos)
+        placing = self.held.placing
         if placing is not None and h.pos is None and msg is placing.msg:
-            placing.handles.append(h)  # its place in the log once read back (_own)
-        hs = self.handles.get(client_id)
-        if hs is None:
-            hs = self.handles[client_id] = set()
-        hs.add(h)
-        if pid is not None and qos == 2:
-            self.dirty.add(client_id)  # sent: its packet id in the checkpoint of this turn
+            placing.handles.append(h)  # its place in the log once read back (Held.own)
+        self.checkpoints.stored(h)
         return h
 
-    def on_stored_sending(self, handle: _Handle, pid: int) -> None:
+    def on_stored_sending(self, handle: Handle, pid: int) -> None:
         handle.pid = pid
         if handle.qos == 2:
             # a QoS 2 PUBLISH leaves with this id: the checkpoint written at the end of this
             # turn names it, so a node that rebuilds the session resends it with this id and
             # DUP 1 [MQTT-4.4.0-1] instead of as a new message the client would deliver again
-            self.dirty.add(handle.cid)
+            self.checkpoints.dirty.add(handle.cid)
 
-    def on_stored_released(self, handle: _Handle) -> None:
+    def on_stored_released(self, handle: Handle) -> None:
         # [MQTT-4.3.3-6] PUBREC came: the PUBREL waits for the checkpoint saying so (the ack
         # gate, barrier()), so no node ever sends this message again as a PUBLISH
         handle.released = True
-        self.dirty.add(handle.cid)
+        self.checkpoints.dirty.add(handle.cid)
 
-    def on_stored_done(self, handle: _Handle) -> None:
-        hs = self.handles.get(handle.cid)
-        if hs is not None:
-            hs.discard(handle)
-        self.progress.add(handle.cid)
+    def on_stored_done(self, handle: Handle) -> None:
+        self.checkpoints.done(handle)
 
     # ------------------------------------------------------------ writing session state
     def on_turn_end(self) -> None:
         if self.ready:
             self.shares.reconcile()  # a $share group gained its first member here, or lost its last
-        if not (self.dirty or self.ended):
-            return
-        broker = self.broker
-        for cid in self.ended:
-            epoch = self.bound.get(cid)
-            s = broker.session_of(cid)
-            if epoch is None or s is not None:
-                continue  # a new session took its place (Clean Start): its own state follows
-            del self.bound[cid]
-            self.dirty.discard(cid)
-            self.progress.discard(cid)
-            c = self.state.clients.get(cid)
-            if c is not None and c.epoch == epoch:
-                self._write_control(f"c:{cid}", C.end_record(c, self.node, self.inc))
-        self.ended.clear()
-        for cid in self.dirty:
-            s = broker.session_of(cid)
-            epoch = self.bound.get(cid)
-            if s is None or epoch is None:
-                continue
-            self._write_control(f"c:{cid}", self._state_record(s, epoch))
-            self.progress.discard(cid)
-        self.dirty.clear()
-
-    def _state_record(self, s: Session, epoch: int, final: bool = False, connected: bool | None = None) -> dict:
-        broker = self.broker
-        now, wall = broker.clock(), self.wall()
-        connected = s.connection is not None if connected is None else connected
-        expires_at = None if connected or s.expires_at is None else wall + (s.expires_at - now)
-        will_at = None if s.will_at is None else wall + (s.will_at - now)
-        rec = {"t": "state", "epoch": epoch, "node": self.node, "inc": self.inc,
-               "connected": connected, "expiry": s.expiry_interval, "expires_at": expires_at,
-               "will": R.will_to_dict(s.will, wall), "will_at": will_at, "user": s.username,
-               "session": self._checkpoint(s) if (s.expiry_interval or final) else None}
-        if final:
-            rec["final"] = True
-        return rec
-
-    def _checkpoint(self, s: Session) -> dict:
-        cid = s.client_id
-        pos = dict(self.routed_upto)
-        # per partition, the first record not handed to the client yet (its first queued
-        # message, else the end of what this node read): below it, a matching record is either
-        # in `inflight` or was delivered and acknowledged, and is never sent again as new
-        nxt = dict(self.routed_upto)
-        inflight = []
-        pid_of = {}
-        for pid, e in s.inflight_out.items():
-            if e.handle is not None:
-                pid_of[id(e.handle)] = (pid, e.released)
-        for h in self.handles.get(cid, ()):
-            if h.pos is None:
-                continue
-            p, off = h.pos
-            if off < pos.get(p, off + 1):
-                pos[p] = off
-            held = pid_of.get(id(h))
-            if held is not None:
-                inflight.append([p, off, held[0], int(held[1])])
-            elif off < nxt.get(p, off + 1):
-                nxt[p] = off
-        subs = []
-        for sub in s.subscriptions.values():
-            since = self.since.get((cid, sub.filter)) or {}
-            since = {str(p): o for p, o in since.items() if o > pos.get(p, 0)}
-            subs.append([sub.filter, sub.qos, int(sub.no_local), int(sub.retain_as_published),
-                         sub.retain_handling, sub.sub_id, since or None])
-        return {"subs": subs, "pos": {str(p): o for p, o in pos.items()}, "inflight": inflight,
-                "next": {str(p): o for p, o in nxt.items() if o > pos.get(p, 0)},
-                # the last message id this node wrote: the QoS 2 PUBLISHes of the client written
-                # after it are not in "qos2" (_rebuilt finds them in the log)
-                "wrote": f"{self.node}-{self.inc}-{self.last_mid}",
-                "next_pid": s.next_pid, "qos2": sorted(s.inflight_in | s.qos2_unsure),
-                "expiry": s.expiry_interval,
-                "user": s.username}
+        self.checkpoints.write_owed()
 
     # ------------------------------------------------------------ timers
     def on_tick(self) -> None:
         self.shares.tick()
         now = time.monotonic()
-        if self.local:
-            self._forget_local(now)
-        for req, claim in list(self.claims.items()):
-            if now > claim.deadline:
-                del self.claims[req]
-                claim.token.resolve(UNAVAILABLE)
-        for cid, claim in list(self.handoffs.items()):
-            if now > claim.deadline:  # the last owner said nothing: from its last checkpoint
-                del self.handoffs[cid]
-                log.info("cluster: no final state for %r from its last node within %.1f s; "
-                         "resuming it from its last checkpoint", cid[:100], self.cfg.handoff_timeout)
-                self._rebuild(claim)
-        if self.progress and now - self.last_checkpoint >= self.cfg.checkpoint_seconds:
-            self.last_checkpoint = now
-            self.dirty |= {cid for cid in self.progress if cid in self.bound}
-            self.progress.clear()
+        if self.held.local:
+            self.held.forget(now)
+        self.claims.expire(now)
+        if self.checkpoints.due(now):
             self.on_turn_end()
 
     def _beat(self) -> None:
+        """The heartbeat timer (cluster/membership.py)."""
         try:
-            st = self.state
-            self._write_control(f"n:{self.node}", C.node_record(
-                "beat", self.node, self.inc, read={str(p): o for p, o in self.routed_upto.items()}))
-            self._trim_kept()
-            if st.me_alive():
-                for m in st.silent(self.cfg.node_timeout):
-                    log.warning("cluster: node %s not heard from for %.1f s: declaring it gone",
-                                m.node, self.cfg.node_timeout)
-                    self._write_control(f"n:{m.node}", C.node_record(
-                        "evict", m.node, m.inc, by=self.node, by_inc=self.inc, at=self.wall()))
-                    m.seen = time.monotonic()  # once per timeout, until the record is applied
-                self._fire_timers()
+            self.membership.beat()
         except Exception:
             log.exception("cluster: heartbeat failed")
         self.beat_handle = self.loop.call_later(self.cfg.heartbeat_seconds, self._beat)
-
-    def _trim_kept(self) -> None:
-        """Let go of the kept messages every live node has read (their heartbeats say how far)."""
-        self.keep.trim(self._read_floor())
-
-    def _read_floor(self) -> dict[int, int] | None:
-        """Per messages partition, the lowest position read by the live nodes (this one: where
-        it is; the others: their last heartbeat); None when one has not said."""
-        floor = dict(self.routed_upto)
-        for m in self.state.members.values() if self.state is not None else ():
-            if not m.alive or (m.node == self.node and m.inc == self.inc):
-                continue
-            read = m.read
-            if read is None:
-                return None
-            for p, o in floor.items():
-                floor[p] = min(o, read.get(p, 0))
-        return floor
-
-    def _fire_timers(self) -> None:
-        """Wills and expiry of sessions whose node is gone, this node being their executor."""
-        for kind, c in self.state.due(self.wall()):
-            if (c.cid, kind) in self.firing:
-                continue
-            self.firing.add((c.cid, kind))
-            if kind == "expire":
-                self._write_control(f"c:{c.cid}", C.end_record(c, self.node, self.inc,
-                                                               fired=c.will is not None))
-            else:
-                self._write_control(f"c:{c.cid}", C.state_record(
-                    c, self.node, self.inc, will=None, will_at=None, fired=True))
-
-    def _publish_will(self, ev: C.WillDue) -> None:
-        """A will of a client whose node is gone: published as that client's message."""
-        broker = self.broker
-        d = ev.will
-        msg = R.will_message(d, ev.cid, broker.clock(), self.wall())
-        if msg.topic.startswith("$SYS") or not broker.auth.allow_publish(ev.cid, ev.user, msg.topic):
-            return
-        self.counters["wills_fired"] += 1
-        if broker.accepting and not broker.offer(msg, ev.cid, ev.user, 5):
-            return
-        broker.publish(msg, None)
 
     # ------------------------------------------------------------ bans
     def share_bans(self, bans: BanList) -> None:
@@ -1514,57 +718,3 @@ class ClusterNode(Hook):
         for cid, user, peer in broker.client_ids():
             if bans.matches(ban, cid, user, peer):
                 broker.kick(cid, "banned by the broker's administrator")
-
-def _qos2_of(headers: Iterable[tuple[str, bytes]], client_id: str) -> bool:
-    """A record of a persistent session's QoS 2 PUBLISH from `client_id` (H_QOS2_ID)."""
-    cid = client_id.encode()
-    found = mine = False
-    for name, val in headers or ():
-        if name == R.H_QOS2_ID:
-            found = True
-        elif name == H_CLIENT_ID:
-            mine = bytes(val or b"") == cid
-    return found and mine
-
-
-def _qos2_after(headers: Iterable[tuple[str, bytes]], client_id: str, wrote: str) -> int | None:
-    """The packet id of `client_id`'s QoS 2 PUBLISH whose record its node wrote after the
-    message id `wrote` (node-incarnation-number), else None."""
-    if not _qos2_of(headers, client_id):
-        return None
-    writer, _, last = wrote.rpartition("-")
-    pid = mid = None
-    for name, val in headers:
-        if name == R.H_QOS2_ID:
-            pid = bytes(val or b"")
-        elif name == H_MESSAGE_ID:
-            mid = bytes(val or b"").decode(errors="replace")
-    if pid is None or mid is None or not pid.isdigit() or not last.isdigit():
-        return None
-    w, _, n = mid.rpartition("-")
-    if w != writer or not n.isdigit() or int(n) <= int(last) or not 0 < int(pid) <= 0xFFFF:
-        return None
-    return int(pid)
-
-
-def _match(subs: Iterable[tuple[Subscription, dict[int, int] | None]], msg: Message, sender: str, cid: str, p: int,
-           off: int) -> tuple[int, bool, tuple[int, ...] | None] | None:
-    """(qos, retain, sub_ids) of a message for a session's subscriptions (as Broker.route), or
-    None. A subscription made after the message was in the log does not take it."""
-    qos, retain, ids = -1, False, []
-    for sub, since in subs:
-        if not matches(sub.topic_filter, msg.topic):
-            continue
-        if sub.no_local and sender == cid:  # [MQTT-3.8.3-3]
-            continue
-        if since and off < since.get(p, 0):
-            continue
-        if sub.qos > qos:
-            qos = sub.qos
-        retain = retain or (msg.retain and sub.retain_as_published)
-        if sub.sub_id:
-            ids.append(sub.sub_id)
-    if qos < 0:
-        return None
-    return min(qos, msg.qos), retain, tuple(ids) or None
-

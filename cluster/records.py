@@ -33,7 +33,7 @@ from kafka_client.record import encode_message_body, sink_record, to_kafka
 
 H_NODE = "mqtt.node"
 # a persistent session's QoS 2 PUBLISH: its packet id (a node that takes the session over after
-# this one died knows a DUP resend of it is no new message, cluster/node.py _rebuilt)
+# this one died knows a DUP resend of it is no new message, cluster/rebuild.py)
 H_QOS2_ID = "mqtt.qos2_id"
 
 

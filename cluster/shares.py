@@ -19,18 +19,20 @@ import hashlib
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable, Protocol
 
 from mqtt_topics import matches
 
 from . import handover
-from .link import Reader
+from .link import Reader, Topics
 
 if TYPE_CHECKING:
+    import asyncio
+
+    from broker.core.hookhost import HookHost
     from broker.core.message import Message
     from broker.core.session import Session
-
-    from .node import ClusterNode
+    from settings import ClusterConfig
 
 log = logging.getLogger(__name__)
 
@@ -40,11 +42,39 @@ def group_id(prefix: str, group: str, topic_filter: str) -> str:
     return f"{prefix}.share.{group}.{h}"
 
 
+class ShareHost(Protocol):
+    """What the share streams use of their node (cluster/node.py ClusterNode): its settings,
+    its Kafka, its broker and loop, where it has read the messages topic to, and the check and
+    decoding of a record it reads."""
+
+    @property
+    def cfg(self) -> ClusterConfig: ...  # topic_prefix, kafka, node_timeout, fetch_wait_ms
+    @property
+    def bootstrap(self) -> str: ...
+    @property
+    def node(self) -> str: ...  # this node's id (the consumers' client id)
+    @property
+    def broker(self) -> HookHost: ...  # deliver_shared, session_of, shared_groups, clock
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop: ...
+
+    def share_start(self) -> dict[int, int]:
+        """Per messages partition, the next offset this node reads: where a new group starts."""
+        ...
+
+    def share_message(self, topic: str, offset: int, key: bytes | None, value: bytes | None,
+                      headers: list, ts: int) -> Message | None:
+        """The message of a record read by a share stream: signed by the cluster and well
+        formed, else None (counted by the node)."""
+        ...
+
+
 class ShareStream:
     """This node's member of one share group's consumer group, and what it owes its members."""
 
-    def __init__(self, node: ClusterNode, key: tuple) -> None:
+    def __init__(self, node: ShareHost, key: tuple) -> None:
         self.node = node
+        self.topic = Topics(node.cfg.topic_prefix).messages
         self.key = key                    # (group, topic filter): Router's group key
         self.group, self.filter = key
         self.outstanding: dict = {}       # (partition, offset) -> (Message, member Session)
@@ -62,7 +92,7 @@ class ShareStream:
         from kafka.consumer.subscription_state import ConsumerRebalanceListener
         cfg = self.node.cfg
         gid = group_id(cfg.topic_prefix, self.group, self.filter)
-        topic = self.node.topics.messages
+        topic = self.topic
         opts = dict(cfg.kafka)
         opts.update(group_id=gid, auto_offset_reset="latest",
                     session_timeout_ms=int(max(cfg.node_timeout, 1.0) * 1000),
@@ -103,10 +133,10 @@ class ShareStream:
         c = KafkaConsumer(bootstrap_servers=self.node.bootstrap, group_id=gid,
                           enable_auto_commit=False, **self.node.cfg.kafka)
         try:
-            tps = [TopicPartition(topic, p) for p in range(self.node.partitions)]
+            upto = self.node.share_start()
+            tps = [TopicPartition(topic, p) for p in upto]
             if any(c.committed(tp) is not None for tp in tps):
                 return
-            upto = dict(self.node.routed_upto)
             c.commit({tp: OffsetAndMetadata(upto.get(tp.partition, 0), "", -1) for tp in tps})
         except Exception as exc:  # the group exists and is rebalancing: it has offsets then
             log.debug("cluster: seeding offsets of share group %s: %s", gid, exc)
@@ -120,7 +150,7 @@ class ShareStream:
             return
         from kafka import TopicPartition
         from kafka.structs import OffsetAndMetadata
-        topic = self.node.topics.messages
+        topic = self.topic
         try:
             self.consumer.commit({TopicPartition(topic, p): OffsetAndMetadata(o, "", -1)
                                   for p, o in todo.items()})
@@ -131,21 +161,15 @@ class ShareStream:
     def _apply(self, recs: dict) -> None:
         node = self.node
         broker = node.broker
-        clock_now, wall_now = broker.clock(), node.wall()
         for tp, rs in recs.items():
             p = tp.partition
             for r in rs:
                 topic = (r.key or b"").decode(errors="replace")
                 if matches(self.filter, topic) and not handover.to_one(r.headers):
-                    why = node.trust.check_fields(tp.topic, r.key, r.value, r.headers, r.timestamp)
-                    if why is not None:
-                        node.trust.ignore(why, f"{tp.topic} offset {r.offset}")
+                    msg = node.share_message(tp.topic, r.offset, r.key, r.value, r.headers,
+                                             r.timestamp)
+                    if msg is None:
                         continue
-                    got = node._decode(tp.topic, r.offset, r.key, r.value, r.headers, r.timestamp,
-                                       clock_now, wall_now)
-                    if got is None:
-                        continue
-                    msg = got[0]
                     msg.store_id = (p, r.offset)  # (partition, offset), as cluster.node
                     member = broker.deliver_shared(msg, self.key)
                     if member is not None and msg.qos:
@@ -205,7 +229,7 @@ def _holds(s: Session, msg: Message) -> bool:
 class Shares:
     """The share streams this node runs: one per group with members here."""
 
-    def __init__(self, node: ClusterNode) -> None:
+    def __init__(self, node: ShareHost) -> None:
         self.node = node
         self.streams: dict[tuple, ShareStream] = {}
         self.seen_version = -1

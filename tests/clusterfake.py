@@ -111,7 +111,7 @@ class FakeCluster:
         n.producer = FakeProducer(self, n.trust.sign)  # type: ignore[assignment]
         n.fetcher = FakeFetcher()  # type: ignore[assignment]
         n.loop = _Loop(self)  # type: ignore[assignment]
-        n._scan = lambda ranges, filters, publisher=None, n=n: self._scan(  # type: ignore[method-assign]
+        n.rebuilds.scan = lambda ranges, filters, publisher=None, n=n: self._scan(  # type: ignore[method-assign]
             n, ranges, filters, publisher)
         n.routed_upto = {0: len(self.logs.get(n.topics.messages, ()))}
         for topic in (n.topics.control, n.topics.retained):
@@ -153,7 +153,7 @@ class FakeCluster:
             for n in self.nodes:
                 if n.node not in self.down:
                     self._read(n)
-            for t in threading.enumerate():  # a session rebuilt from the log (_rebuild)
+            for t in threading.enumerate():  # a session rebuilt from the log (cluster/rebuild.py)
                 if t.name.startswith("cluster-rebuild-"):
                     t.join(5)
             calls, self.calls = self.calls, []
@@ -163,8 +163,8 @@ class FakeCluster:
                 return
 
     def _scan(self, n: ClusterNode, ranges: dict, filters: list, publisher: str | None = None) -> list:
-        """ClusterNode._scan over the shared messages log."""
-        from cluster.node import _qos2_of
+        """Rebuild.scan (cluster/rebuild.py) over the shared messages log."""
+        from cluster.rebuild import qos2_of
         from mqtt_topics import matches
         log = self.logs.get(n.topics.messages, [])
         lo, hi = ranges[0]
@@ -177,7 +177,7 @@ class FakeCluster:
         for i in rec.indexes():
             off, key, value, headers, ts = rec.record(i)
             if any(matches(f, (key or b"").decode()) for f in filters) or \
-                    publisher is not None and _qos2_of(headers, publisher):
+                    publisher is not None and qos2_of(headers, publisher):
                 out.append((0, off, key, value, headers, ts))
         return out
 

@@ -243,7 +243,7 @@ def test_a_will_without_delay_is_published_once_when_its_client_comes_back_on_an
     c2 = ClusterClient(n2)
     c2.send(P.Connect("dev", 5, clean_start=clean, properties=EXPIRY))
     cluster.pump()
-    for claim in n2.handoffs.values():  # a dead node's last word never comes: do not wait
+    for claim in n2.claims.handoffs.values():  # a dead node's last word never comes: do not wait
         claim.deadline = 0
     n2.on_tick()
     cluster.pump()
@@ -301,7 +301,7 @@ def test_qos2_ids_released_after_the_last_checkpoint_are_new_messages_on_the_nex
     c2 = ClusterClient(n2)
     c2.send(P.Connect("qp", 5, clean_start=False, properties=EXPIRY))
     cluster.pump()
-    for claim in n2.handoffs.values():
+    for claim in n2.claims.handoffs.values():
         claim.deadline = 0
     n2.on_tick()
     cluster.pump()
@@ -356,7 +356,7 @@ def test_a_reconnect_to_the_same_node_that_goes_away_before_its_claim_leaves_a_c
     cluster.pump(rounds=50)
     assert len(log) == size, "records written again and again"
     st = n1.state.clients["dev"]
-    assert (st.node, st.connected) == ("n1", False) and n1.bound["dev"] == st.epoch
+    assert (st.node, st.connected) == ("n1", False) and n1.checkpoints.bound["dev"] == st.epoch
     back = ClusterClient(n1)
     assert back.connect("dev", clean=False, props=EXPIRY, cluster=cluster).session_present
     cluster.pump()

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-import cluster.node as node_module
+import cluster.recovery as recovery_module
 from broker.protocol import packets as P
 from broker.protocol import properties as PR
 from tests.clusterfake import ClusterClient, FakeCluster
@@ -18,7 +18,7 @@ WHY = "mqtt.cluster.control-0 ends at offset 0, below the 12 already read"
 
 @pytest.fixture
 def cluster(monkeypatch):
-    monkeypatch.setattr(node_module, "ensure_topics", lambda *a: {a[1].messages: 1})
+    monkeypatch.setattr(recovery_module, "ensure_topics", lambda *a: {a[1].messages: 1})
     return FakeCluster()
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-import cluster.node as node_module
+import cluster.recovery as recovery_module
 from broker.admin.bans import BanList
 from broker.protocol import packets as P
 from broker.protocol import properties as PR
@@ -92,7 +92,7 @@ def test_a_new_cluster_id_means_another_kafka():
 @pytest.fixture
 def cluster(monkeypatch):
     made: list = []
-    monkeypatch.setattr(node_module, "ensure_topics", lambda *a: made.append(a[1]) or {a[1].messages: 1})
+    monkeypatch.setattr(recovery_module, "ensure_topics", lambda *a: made.append(a[1]) or {a[1].messages: 1})
     c = FakeCluster()
     c.topics_made = made  # type: ignore[attr-defined]
     return c

@@ -66,7 +66,7 @@ def test_a_subscriber_on_the_accepting_node_gets_the_message_before_kafka_acknow
     assert payloads(there) == [b"m1"]
     cluster.pump()
     assert nothing(here) and nothing(there)
-    assert n1.local == {}  # read back: nothing held any more
+    assert n1.held.local == {}  # read back: nothing held any more
 
 
 def test_a_publishers_messages_reach_a_subscriber_on_its_node_in_order_across_topics(cluster):
@@ -154,13 +154,13 @@ def test_a_session_that_comes_to_the_node_before_the_read_back_still_gets_the_me
     pub.send(P.Publish("t/1", b"m1", 1, packet_id=1))
     c2 = ClusterClient(n1)
     c2.send(P.Connect("dev", 5, clean_start=False, properties=EXPIRY))
-    assert n1.local  # delivered here (to nobody), its record not read back
+    assert n1.held.local  # delivered here (to nobody), its record not read back
     cluster.pump()
     assert recv_type(c2, P.CONNACK).session_present
     got = [p for p in c2.received() if p.type == P.PUBLISH]
     assert [(p.topic, p.payload) for p in got] == [("t/1", b"m1")]
     cluster.pump()
-    assert nothing(c2) and n1.local == {}
+    assert nothing(c2) and n1.held.local == {}
 
 
 def test_a_message_delivered_here_before_the_read_back_is_checkpointed_with_its_place_in_the_log(
@@ -176,10 +176,10 @@ def test_a_message_delivered_here_before_the_read_back_is_checkpointed_with_its_
     pub = client(cluster, n1, "pub")
     pub.send(P.Publish("t/1", b"m1", 1, packet_id=1))
     first = recv_publish(c)  # not acknowledged
-    assert n1._checkpoint(n1.broker.sessions["dev"])["inflight"] == []  # its place: not known
+    assert n1.checkpoints.checkpoint(n1.broker.sessions["dev"])["inflight"] == []  # its place: not known
     cluster.pump()
     off = len(cluster.logs[n1.topics.messages]) - 1
-    assert n1._checkpoint(n1.broker.sessions["dev"])["inflight"] == [[0, off, first.packet_id, 0]]
+    assert n1.checkpoints.checkpoint(n1.broker.sessions["dev"])["inflight"] == [[0, off, first.packet_id, 0]]
     n1.on_tick()
     cluster.pump()
     c2 = ClusterClient(n2)
@@ -194,7 +194,7 @@ def test_a_message_kafka_never_acknowledged_is_failed_to_its_publisher(cluster):
     refused it (v5: PUBACK 0x80); the held copy is dropped after LOCAL_KEEP seconds."""
     import time as _time
 
-    from cluster import node as N
+    from cluster import held as H
     n1, _ = cluster.node("n1")
     sub = client(cluster, n1, "sub", "t")
     pub = client(cluster, n1, "pub")
@@ -205,9 +205,9 @@ def test_a_message_kafka_never_acknowledged_is_failed_to_its_publisher(cluster):
     n1._completed([(tag, "refused") for *_, tag in sent])
     ack = recv_type(pub, P.PUBACK)
     assert (ack.packet_id, ack.reason_code) == (3, 0x80)
-    assert len(n1.local) == 1
-    n1._forget_local(_time.monotonic() + N.LOCAL_KEEP + 1)
-    assert n1.local == {}
+    assert len(n1.held.local) == 1
+    n1.held.forget(_time.monotonic() + H.LOCAL_KEEP + 1)
+    assert n1.held.local == {}
 
 
 def test_a_subscriber_that_comes_while_a_message_is_on_its_way_gets_the_topic_in_order(cluster):
@@ -226,7 +226,7 @@ def test_a_subscriber_that_comes_while_a_message_is_on_its_way_gets_the_topic_in
     pub.send(P.Publish("t", b"m3", 1, packet_id=3))
     assert payloads(sub) == [b"m3"]  # all read: at once again
     cluster.pump()
-    assert nothing(sub) and n1.local == {} and n1.spill is None
+    assert nothing(sub) and n1.held.local == {} and n1.held.spill is None
 
 
 @pytest.mark.parametrize("max_held", [0, 2])
@@ -241,12 +241,12 @@ def test_beyond_max_held_messages_are_delivered_from_the_log_each_once_in_order(
     for i in range(6):
         pub.send(P.Publish(f"t/{i % 2}", b"%d" % i, 1, packet_id=i + 1))
     assert payloads(sub) == [b"0", b"1"][:max_held]
-    assert len(n1.local) == max_held
+    assert len(n1.held.local) == max_held
     cluster.pump()
     got = [b"0", b"1"][:max_held] + payloads(sub)
     for t in (0, 1):
         assert [g for g in got if int(g) % 2 == t] == [b"%d" % i for i in range(t, 6, 2)]
-    assert n1.local == {}
+    assert n1.held.local == {}
 
 
 def test_a_subscription_still_starting_gets_a_message_accepted_after_its_subscribe_at_once(cluster):
@@ -258,9 +258,9 @@ def test_a_subscription_still_starting_gets_a_message_accepted_after_its_subscri
     messages = n1.topics.messages
     n1.fetcher.high[(messages, 0)] = len(cluster.logs.get(messages, ())) + 100  # not read yet
     sub = client(cluster, n1, "sub", "t")
-    assert [w[0].filter for w in n1.waiting_subs] == ["t"]
+    assert [w[0].filter for w in n1.reading.waiting_subs] == ["t"]
     pub = client(cluster, n1, "pub")
     pub.send(P.Publish("t", b"m", 1, packet_id=1))
     assert payloads(sub) == [b"m"]
     cluster.pump()
-    assert nothing(sub) and n1.local == {}
+    assert nothing(sub) and n1.held.local == {}

@@ -63,7 +63,7 @@ def move(cluster: FakeCluster, to, cid: str = "sub", props: dict | None = None) 
     c = ClusterClient(to)
     c.send(P.Connect(cid, 5, clean_start=False, properties=props or EXPIRY))
     cluster.pump()
-    for claim in to.handoffs.values():
+    for claim in to.claims.handoffs.values():
         claim.deadline = 0
     to.on_tick()
     cluster.pump()

@@ -1,4 +1,4 @@
-"""How a cluster node reads the messages topic (cluster/node.py, ClusterNode._apply): each record
+"""How a cluster node reads the messages topic (cluster/reading.py, Reading.apply): each record
 is looked at by its key (the MQTT topic) first; only the records some session on the node wants
 are decoded and delivered, with every property; a fetch nobody on the node can want is not even
 scanned; $share groups take theirs from their own streams; a new subscription takes the records
@@ -54,7 +54,7 @@ def node():
     broker, _ = make()
     n = ClusterNode(ClusterConfig(enabled=True, node_id="n2"), "127.0.0.1:1", wall=lambda: 1000.0,
                     key=KEY)
-    n.broker = broker
+    n.attach(broker)
     n.routed_upto = {0: 0}
     return n
 
@@ -136,11 +136,11 @@ def test_a_starting_subscription_takes_the_records_from_its_start_on(node, decod
     c = client(node, "new", "t/#")
     sub = c.conn.session.subscriptions["t/#"]
     node.broker.router.remove(sub)  # as install() leaves it: waiting, not routed yet
-    node.waiting_subs.append((sub, {0: 21}))
+    node.reading.waiting_subs.append((sub, {0: 21}))
     rec = fetched([body("t/1", b"before"), body("t/2", b"after"), body("u/1", b"other")], base=20)
     node._apply([(node.topics.messages, 0, rec, 20)])
     assert recv_publish(c).payload == b"after"
     assert nothing(c) and decoded == [21]
-    assert node.waiting_subs == [] and node.broker.router.count == 1  # routed from now on
+    assert node.reading.waiting_subs == [] and node.broker.router.count == 1  # routed from now on
     node._apply([(node.topics.messages, 0, fetched([body("t/3", b"live")], base=23), 23)])
     assert recv_publish(c).payload == b"live"

@@ -32,7 +32,7 @@ def node():
     broker, _ = make()
     n = ClusterNode(ClusterConfig(enabled=True, node_id="n2"), "127.0.0.1:1", wall=lambda: 1000.0,
                     key=KEY)
-    n.broker = broker
+    n.attach(broker)
     n.routed_upto = {0: 0}
     n.state = C.ControlState("n2", n.inc, time.monotonic)
     return n
