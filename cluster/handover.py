@@ -78,7 +78,7 @@ def give(node: Any, s: Any, rec: dict) -> bool:
     to it, then `rec` (carrying them) once Kafka has them. False when nothing needs carrying:
     the caller writes `rec` as it is."""
     ck = rec.get("session")
-    coming = {id(h) for e in node.local.values() for h in e.handles}
+    coming = {id(h) for e in node.held.local.values() for h in e.handles}
     if ck is None or not needed(s, coming):
         return False
     cid = s.client_id

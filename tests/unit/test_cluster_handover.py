@@ -193,7 +193,7 @@ def test_messages_queued_on_their_accepting_node_move_with_the_session_once(clus
     # n1 has not read its own records back yet (its reader lags): it skips the messages topic
     n1._apply = lambda batches: apply([b for b in batches if b[0] != n1.topics.messages])
     publish(cluster, pub, [(b"m%d" % i, 1 + i % 2) for i in range(6)], 1)
-    assert len(n1.local) == 6
+    assert len(n1.held.local) == 6
     back = ClusterClient(n2)
     assert back.connect("sub", clean=False, props=EXPIRY, cluster=cluster).session_present
     cluster.pump()
