@@ -216,7 +216,7 @@ def test_sink_query_answers_through_the_jobs_spark_connect_server(stack):
     dead = f"sc://127.0.0.1:{free_port()}"
     p = sink_query("SELECT count(*) AS n FROM messages WHERE client_id LIKE 'dev-%'", dead,
                    "--table", stack.table, data_dir=stack.tmp)
-    assert rows(p)[0]["n"] == DEVICES * (READINGS + 1)
+    assert rows(p)[0]["n"] == DEVICES * (READINGS + 1 + JSON_READINGS + 1)
     assert "starting a local Spark session (--table" in p.stderr
     assert "answered by a local Spark session" in p.stderr
 
