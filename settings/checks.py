@@ -210,6 +210,23 @@ class Rules(Spec):
         return tuple(Rule(r["filter"], r["topic"]) for r in rules)
 
 
+class HistoryRules(Spec):
+    """[[history.rules]]: continuous rules (settings/rules.py); not settable with --set."""
+    allowed = 'a list of [[history.rules]] tables with name, sql and publish and/or table'
+
+    def check(self, value: Any, text: bool) -> Any:
+        from . import rules
+        if text or not isinstance(value, (list, tuple)):
+            self.bad()
+        out = tuple(r if isinstance(r, rules.RuleSpec) else rules.check(r, rules.CONFIG)
+                    for r in value)
+        names = [r.name for r in out]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"rule names must differ: {', '.join(dup)} given more than once")
+        return out
+
+
 class Check(Str):
     """A string checked by fn (raises ValueError); "" allowed when empty_ok."""
 

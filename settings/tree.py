@@ -22,6 +22,7 @@ from .checks import (
     Check,
     ConfigError,
     Enum,
+    HistoryRules,
     HostPorts,
     Int,
     IntList,
@@ -216,6 +217,8 @@ class HistoryConfig(Section):
                                                 "a duration like '24 hours' or '30 minutes'"))
     dedup_max_prefixes: int = key(100_000, Int(1))  # id prefixes the de-duplication remembers
     sparkplug_max_nodes: int = key(100_000, Int(1))  # Sparkplug B edge nodes + devices whose aliases are kept
+    # continuous rules (settings/rules.py, docs/rules.md); more are added at run time (broker.admin rules)
+    rules: tuple = key((), HistoryRules())
     starting_offsets: str = key("earliest", Check(
         starting_offsets, "'earliest', 'latest' or a JSON offsets object", empty_ok=False))
     connect: bool = True

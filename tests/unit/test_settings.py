@@ -18,11 +18,12 @@ from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
 import settings
-from settings import Config, ConfigError, ListenerConfig, SinkConfig, load, sections
+from settings import Config, ConfigError, ListenerConfig, SinkConfig, load, rules, sections
 from settings.checks import (
     Bool,
     Check,
     Enum,
+    HistoryRules,
     HostPorts,
     IntList,
     Num,
@@ -170,6 +171,12 @@ def valid(spec):
     if isinstance(spec, Rules):
         rule = st.fixed_dictionaries({"filter": TEXT.filter(bool), "topic": TEXT.filter(bool)})
         return st.lists(rule, max_size=3), lambda v: tuple(Rule(r["filter"], r["topic"]) for r in v)
+    if isinstance(spec, HistoryRules):
+        name = st.from_regex(r"[a-z][a-z0-9_]{0,8}", fullmatch=True)
+        rule = st.fixed_dictionaries({"name": name, "sql": st.just("SELECT topic FROM messages"),
+                                      "publish": st.just("out/t")})
+        return (st.lists(rule, max_size=3, unique_by=lambda r: r["name"]),
+                lambda v: tuple(rules.check(r, rules.CONFIG) for r in v))
     if isinstance(spec, Table):
         return st.dictionaries(TEXT.filter(bool), st.integers() | TEXT | st.booleans(),
                                max_size=3), same
