@@ -56,6 +56,11 @@ DEFAULT_CONF = {
     # field reads instead of every payload (bench/history_month.py --json-rows); micro-batches
     # turn it off in the stream's session (writer.py). Spark 4.3's defaults, set here so that a
     # session configured otherwise still writes the table this way.
+    # accepted_at as Parquet INT64 microseconds, not Spark's default INT96, which Parquet keeps no
+    # min/max statistics for: a filter on a time range then skips the row groups and files
+    # outside it (a compacted day is sorted by accepted_at). Files written before stay INT96;
+    # Spark and the replay reader (reader.py) read both.
+    "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
     "spark.sql.variant.writeShredding.enabled": "true",
     "spark.sql.variant.inferShreddingSchema": "true",
     "spark.sql.variant.allowReadingShredded": "true",

@@ -19,7 +19,7 @@ H = 3_600_000
 UP = pa.list_(pa.struct([("key", pa.string()), ("value", pa.string())]))
 
 
-def write(table: Table, rel: str, rows: list[dict], hour) -> FileEntry:
+def write(table: Table, rel: str, rows: list[dict], hour, int96: bool = False) -> FileEntry:
     cols = {
         "message_id": pa.array([r["id"] for r in rows], pa.string()),
         "topic": pa.array([r["topic"] for r in rows], pa.string()),
@@ -39,7 +39,7 @@ def write(table: Table, rel: str, rows: list[dict], hour) -> FileEntry:
     }
     path = table.abs(rel)
     path.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(pa.table(cols), path, row_group_size=2)
+    pq.write_table(pa.table(cols), path, row_group_size=2, use_deprecated_int96_timestamps=int96)
     return FileEntry(rel, rel.split("/")[0][5:], hour, path.stat().st_size, len(rows))
 
 
@@ -70,6 +70,22 @@ def test_history_read_an_hour_at_a_time_in_time_order_with_every_property(tmp_pa
     only = [it[1] for b in read_history(str(tmp_path / "h"), "s/0", DAY, None,
                                         columns=TABLE_COLUMNS) for it in from_rows(b)]
     assert only == ["s/0"] * 25
+
+
+def test_files_with_int96_and_int64_accept_times_read_together_in_time_order(tmp_path):
+    """A table whose older files hold accepted_at as INT96 (Spark's default before) and newer
+    ones as INT64 microseconds (with statistics): one hour of both, merged in time order."""
+    t = Table(tmp_path / "h")
+    old = [{"id": f"o-{i}", "topic": "s/1", "at": DAY + i * 60_000, "offset": i} for i in range(0, 60, 2)]
+    new = [{"id": f"n-{i}", "topic": "s/1", "at": DAY + i * 60_000, "offset": i} for i in range(1, 60, 2)]
+    f1 = write(t, "date=2024-05-01/a1-h00.parquet", old, 0, int96=True)
+    f2 = write(t, "date=2024-05-01/a2-h00.parquet", new, 0)
+    assert pq.ParquetFile(t.abs(f1.path)).metadata.row_group(0).column(6).physical_type == "INT96"
+    t.commit(Change("append", add=[f1, f2]))
+    items = [it for b in read_history(str(tmp_path / "h"), "s/#", DAY + 10 * 60_000, DAY + H,
+                                      columns=TABLE_COLUMNS) for it in from_rows(b)]
+    assert [it[5] for it in items] == [DAY + i * 60_000 for i in range(10, 60)]
+    assert [it[0] for it in items[:3]] == [b"o-10", b"n-11", b"o-12"]
 
 
 # ---------------------------------------------------------------- the filter pushed down, memory
