@@ -301,7 +301,7 @@ def remote(args: argparse.Namespace, cfg: Config) -> int:
             print(f"(the history job's status is {'missing' if age is None else f'{age:g} s old'}"
                   f": is the job running? python -m sink.job --config <your broker.toml>)")
     elif cmd == "rules" and op == "add":
-        body: dict[str, Any] = {"name": args.name, "sql": args.sql}
+        body = {"name": args.name, "sql": args.sql}
         if args.publish:
             body["publish"] = args.publish
         if args.table:

@@ -15,6 +15,7 @@ import atexit
 import json
 import logging
 import os
+import re
 import sys
 import threading
 import time
@@ -121,10 +122,25 @@ def check_sql(spark: Any, sql: str) -> dict:
         except Exception as exc:
             if _connection_problem(exc):
                 raise
-            raise SQLRefused(str(exc).strip()[:4000]) from None
+            raise SQLRefused(spark_message(str(exc))) from None
         return {"columns": [[f.name, f.dataType.simpleString()] for f in schema.fields]}
     finally:
         spark.catalog.dropTempView(col.TABLE)  # the history questions read the table again
+
+
+def spark_message(text: str) -> str:
+    """Spark's error for a person: its first line (the analysed plan and a JVM stack trace
+    left out), the SQL excerpt of a syntax error, line numbers those of the rule's SQL (it was
+    checked one line down, inside a subquery)."""
+    lines = text.strip().split("\n")
+    keep = lines[:1]
+    if "== SQL ==" in lines:
+        i = lines.index("== SQL ==")
+        keep += [ln for ln in lines[i + 2:i + 20] if ln != ") AS rule"
+                 and not ln.startswith("JVM stacktrace")][:8]
+    out = "\n".join(keep).replace("; line", " (line").rstrip(";")
+    out = re.sub(r"\bline (\d+)", lambda m: f"line {max(1, int(m.group(1)) - 1)}", out)
+    return out[:4000]
 
 
 def _field_answer(rows: list, q: dict, started: float) -> dict:
