@@ -324,3 +324,11 @@ def test_sparks_error_is_shown_without_its_plan_and_with_the_rules_line_numbers(
     assert spark_message(syntax) == ("[PARSE_SYNTAX_ERROR] Syntax error at or near 'messages'. "
                                      "SQLSTATE: 42601 (line 1, pos 11)\nDROP TABLE messages\n"
                                      "-----------^^^")
+
+
+def test_history_rules_are_read_by_the_broker_too():
+    """A broker started alone reads [[history.rules]] (its rules' client may publish to their
+    topics), so giving them to it is not refused as a setting nobody reads."""
+    from settings import Config, parts
+    assert parts.readers("history", "rules") == {parts.JOB, parts.BROKER}
+    parts.check_used(Config(), [("history", "rules", "--config")], ["broker"], "python -m broker")
