@@ -236,8 +236,11 @@ const clients = {
           ${x.source === "store" ? `<button type="button" class="small danger" data-rule-remove="${esc(x.name)}">Remove</button>` : ""}</td></tr>`).join("") ||
         `<tr><td colspan="8" class="note">No rules.</td></tr>`;
       $("#rules-table").dataset.rows = String(r.rules.length);
-      $("#rules-note").textContent = r.rules.length && r.status_stale
-        ? "The history job has not reported on the rules for a while (is it running?)." : $("#rules-note").textContent;
+      const note = $("#rules-note");
+      note.dataset.text = note.dataset.text || note.textContent;
+      note.textContent = r.rules.length && r.status_stale
+        ? "The history job has not reported on the rules for a while: is it running? (python -m sink.job --config <your broker.toml>)"
+        : note.dataset.text;
     } catch (e) {
       tbody.innerHTML = `<tr><td colspan="8" class="error">${esc(e.message)}</td></tr>`;
     }
