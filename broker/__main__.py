@@ -144,7 +144,8 @@ def main(argv: list[str] | None = None) -> int:
         # the continuous rules' MQTT client ($rules): its password (made here when missing, so
         # the history job finds it) and the topics its rules publish to (broker/auth/rules.py)
         from .auth.rules import RulesAccount
-        rules_account = RulesAccount.from_files(cfg.data_dir, cfg.history.rules)
+        rules_account = RulesAccount.from_files(cfg.data_dir, cfg.history.rules,
+                                                job_may_run=cfg.sink.enabled)
         if auth is None:
             auth = auth_from_config(cfg.auth, rules_account)
         else:

@@ -270,8 +270,9 @@ def test_check_sql_analyses_a_subquery_and_drops_the_view():
 
 
 async def test_check_sql_without_the_job_says_it_must_run_and_how():
-    from broker.dashboard.history import HistoryClient, JobNotRunning
     import socket
+
+    from broker.dashboard.history import HistoryClient, JobNotRunning
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]    # nothing listens there
@@ -281,8 +282,9 @@ async def test_check_sql_without_the_job_says_it_must_run_and_how():
 
 
 async def test_check_sql_returns_sparks_refusal_as_bad_request(tmp_path):
-    from broker.dashboard.history import BadRequest, HistoryClient
     import socket
+
+    from broker.dashboard.history import BadRequest, HistoryClient
     fake = ("import json, sys\nfor line in sys.stdin:\n    q = json.loads(line)\n"
             "    print(json.dumps({'error': 'sql', 'detail': 'UNRESOLVED_COLUMN ' + q['check_sql']})"
             " if 'nope' in q['check_sql'] else json.dumps({'answer': {'columns': [['a', 'int']]}}),"
@@ -332,3 +334,15 @@ def test_history_rules_are_read_by_the_broker_too():
     from settings import Config, parts
     assert parts.readers("history", "rules") == {parts.JOB, parts.BROKER}
     parts.check_used(Config(), [("history", "rules", "--config")], ["broker"], "python -m broker")
+
+
+def test_a_broker_with_no_job_and_no_rules_makes_no_password_but_reads_the_jobs(tmp_path):
+    """No sink (so no job) and no rules: nothing is read or made at start; a password the job
+    made later logs in, a wrong one still gets 0x86."""
+    d = str(tmp_path)
+    a = RulesAccount.from_files(d, (), job_may_run=False)
+    assert not os.path.exists(os.path.join(d, "secrets")) and a.topics == frozenset()
+    assert a.authenticate(b"anything") == BAD_USER_NAME_OR_PASSWORD
+    made = spec.password(d, create=True)   # the job, starting later
+    assert a.authenticate(b"anything") == BAD_USER_NAME_OR_PASSWORD
+    assert a.authenticate(made.encode()) == 0
