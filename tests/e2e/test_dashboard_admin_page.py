@@ -104,7 +104,7 @@ def test_rules_panel_shows_the_jobs_status_and_pauses_resumes_and_removes(make_b
     wait(lambda: d.find_element("id", "rules-table").get_attribute("data-rows") == "2",
          "the rules listed")
     text = d.find_element("id", "rules-table").text
-    assert "alerts/hot" in text and "running" in text and "1.5" in text and "42" in text
+    assert "alerts/hot" in text and "running" in text and "1.50" in text and "42" in text
     assert "table cold_rows" in text and "STREAMING_AGGREGATION needs a window" in text
     # a config rule has no Remove button: it is removed from the file
     assert not d.find_elements("css selector", 'button[data-rule-remove="hot"]')

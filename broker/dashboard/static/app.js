@@ -230,7 +230,7 @@ const clients = {
       tbody.innerHTML = r.rules.map((x) => `<tr data-rule="${esc(x.name)}"><td class="mono">${esc(x.name)}</td>
         <td>${esc(x.source)}</td>
         <td class="mono">${esc([x.publish, x.table ? "table " + x.table : ""].filter(Boolean).join(", "))}</td>
-        <td class="rule-state">${esc(x.state)}</td><td class="num">${x.rows_per_second ?? ""}</td>
+        <td class="rule-state">${esc(x.state)}</td><td class="num">${typeof x.rows_per_second === "number" ? x.rows_per_second.toFixed(2) : ""}</td>
         <td class="num">${x.rows ?? ""}</td><td class="error">${esc(x.last_error ?? "")}</td>
         <td class="admin-only"><button type="button" class="small" data-rule-${x.paused ? "resume" : "pause"}="${esc(x.name)}">${x.paused ? "Resume" : "Pause"}</button>
           ${x.source === "store" ? `<button type="button" class="small danger" data-rule-remove="${esc(x.name)}">Remove</button>` : ""}</td></tr>`).join("") ||
