@@ -26,7 +26,7 @@ from settings import history_columns as col
 
 from .history import COUNTS_SQL, FIELD_SQL, LATEST_SQL, VALUES_SQL, iso
 
-#: the live stream a rule reads, empty, with the table's columns (a temp view while checking)
+#: the live stream a rule reads, empty, with the table's columns (checking a rule's SQL)
 EMPTY_MESSAGES = "SELECT " + ", ".join(f"CAST(NULL AS {t}) AS {c}" for c, t in col.COLUMN_TYPES) \
     + " WHERE false"
 
@@ -114,18 +114,17 @@ class Worker:
 def check_sql(spark: Any, sql: str) -> dict:
     """The columns of a rule's SQL over an empty ``messages`` (SQLRefused: Spark's error). The
     SQL is only analysed, as a subquery (so that it cannot be a command, which spark.sql would
-    run at once); the view lives in this session only, and only while checking."""
-    spark.sql(EMPTY_MESSAGES).createOrReplaceTempView(col.TABLE)
+    run at once) under a WITH that makes ``messages`` an empty relation with the table's
+    columns: one query, as the job's read-only Spark Connect sessions allow (no temporary
+    view), and its guard checks the rule's SQL too (no user code, no files)."""
     try:
-        try:
-            schema = spark.sql(f"SELECT * FROM (\n{sql}\n) AS rule").schema
-        except Exception as exc:
-            if _connection_problem(exc):
-                raise
-            raise SQLRefused(spark_message(str(exc))) from None
-        return {"columns": [[f.name, f.dataType.simpleString()] for f in schema.fields]}
-    finally:
-        spark.catalog.dropTempView(col.TABLE)  # the history questions read the table again
+        schema = spark.sql(f"WITH {col.TABLE} AS ({EMPTY_MESSAGES}) SELECT * FROM (\n{sql}\n) "
+                           f"AS rule").schema
+    except Exception as exc:
+        if _connection_problem(exc):
+            raise
+        raise SQLRefused(spark_message(str(exc))) from None
+    return {"columns": [[f.name, f.dataType.simpleString()] for f in schema.fields]}
 
 
 def spark_message(text: str) -> str:

@@ -232,17 +232,13 @@ class FakeSpark:
     """What check_sql uses of a SparkSession; `refuse` makes the analysis fail."""
 
     def __init__(self, refuse=None):
-        self.refuse, self.sql_seen, self.views = refuse, [], set()
-        self.catalog = self
+        self.refuse, self.sql_seen = refuse, []
 
     def sql(self, text):
         self.sql_seen.append(text)
         spark = self
 
         class DF:
-            def createOrReplaceTempView(self, name):
-                spark.views.add(name)
-
             @property
             def schema(self):
                 if spark.refuse:
@@ -253,20 +249,19 @@ class FakeSpark:
                 return type("S", (), {"fields": [F()]})()
         return DF()
 
-    def dropTempView(self, name):
-        self.views.discard(name)
 
-
-def test_check_sql_analyses_a_subquery_and_drops_the_view():
+def test_check_sql_analyses_one_query_over_an_empty_messages():
+    """One query (the job's Spark Connect sessions run no command): the rule's SQL as a
+    subquery under WITH messages AS (an empty relation with the table's columns)."""
     from broker.dashboard.history_worker import EMPTY_MESSAGES, SQLRefused, check_sql
     s = FakeSpark()
     assert check_sql(s, "SELECT topic FROM messages") == {"columns": [["topic", "string"]]}
-    assert s.sql_seen[0] == EMPTY_MESSAGES and "CAST(NULL AS VARIANT) AS payload_json" in EMPTY_MESSAGES
-    assert s.sql_seen[1].startswith("SELECT * FROM (") and s.views == set()
+    assert s.sql_seen == [f"WITH messages AS ({EMPTY_MESSAGES}) SELECT * FROM (\n"
+                          f"SELECT topic FROM messages\n) AS rule"]
+    assert "CAST(NULL AS VARIANT) AS payload_json" in EMPTY_MESSAGES
     s = FakeSpark(refuse="[UNRESOLVED_COLUMN] nope")
     with pytest.raises(SQLRefused, match="UNRESOLVED_COLUMN"):
         check_sql(s, "SELECT nope FROM messages")
-    assert s.views == set()
 
 
 async def test_check_sql_without_the_job_says_it_must_run_and_how():
