@@ -335,8 +335,9 @@ class HistoryClient:
         if r.get("error") == "not_running":
             raise JobNotRunning(self.not_running())
         if r.get("error") == "no_spark_client":
+            what = "checking a rule's SQL needs" if sql_check else "history charts need"
             raise JobNotRunning(
-                f"history charts need the Spark Connect client in the broker's Python "
+                f"{what} the Spark Connect client in the broker's Python "
                 f"environment (pip install 'pyspark[connect]'), which has none "
                 f"({r.get('detail')}); query the history where the job runs: python -m sink.query")
         if r.get("error") == "sql" and sql_check:
