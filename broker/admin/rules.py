@@ -61,7 +61,9 @@ class RulesAdmin:
             st = st if isinstance(st, dict) else {}
             state = st.get("state") or "not started"
             if r.paused and state != "paused":
-                state = "pausing" if st else "paused"
+                state = "pausing" if st else "paused"     # until the job says it paused
+            elif not r.paused and state == "paused":
+                state = "resuming"
             out.append({**r.as_dict(), "state": state, "rows": st.get("rows"),
                         "rows_per_second": st.get("rows_per_second"),
                         "last_error": st.get("last_error") or None,

@@ -209,6 +209,9 @@ def test_list_merges_the_jobs_status_and_says_how_old_it_is(tmp_path):
     assert r["status_age_seconds"] == 5 and not r["status_stale"]
     ra.pause("hot")   # until the job says so: pausing
     assert {x["name"]: x["state"] for x in ra.list()["rules"]}["hot"] == "pausing"
+    spec.write_status(str(tmp_path), {"hot": {"state": "paused", "rows": 12}})
+    ra.pause("hot", False)
+    assert {x["name"]: x["state"] for x in ra.list()["rules"]}["hot"] == "resuming"
 
 
 def test_a_store_that_is_not_a_store_refuses_changes_naming_the_file(tmp_path):
