@@ -141,6 +141,15 @@ def main(argv: list[str] | None = None) -> int:
     sink = store = None
     try:  # directories that cannot be created, a spool locked by another broker: one line
         lock_data_dir(cfg.data_dir)
+        # the continuous rules' MQTT client ($rules): its password (made here when missing, so
+        # the history job finds it) and the topics its rules publish to (broker/auth/rules.py)
+        from .auth.rules import RulesAccount
+        rules_account = RulesAccount.from_files(cfg.data_dir, cfg.history.rules,
+                                                job_may_run=cfg.sink.enabled)
+        if auth is None:
+            auth = auth_from_config(cfg.auth, rules_account)
+        else:
+            auth.rules = rules_account
         if cfg.sink.enabled:
             from sink.forward.service import Sink
             sink = Sink.from_config(cfg.sink, cfg.data_dir, history=cfg.history)

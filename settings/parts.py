@@ -58,6 +58,8 @@ ALSO = {
     ("history", "verify_records"): {REPLAY},
     ("history", "connect_host"): {DASHBOARD},  # where the dashboard's history charts ask
     ("history", "connect_port"): {DASHBOARD},
+    # the rules' MQTT client may publish to their topics; the admin API lists them
+    ("history", "rules"): {BROKER},
 }
 
 

@@ -23,19 +23,16 @@ knows that account by itself: it may publish to the topics the rules name in ``p
 nothing else (no subscribe). The name is reserved: a password file's entry of that name is
 ignored.
 
-A leaf module: the standard library only.
+A leaf module: the standard library only (json and secrets imported when used: a plain broker,
+with no rules, loads neither).
 """
 from __future__ import annotations
 
-import json
 import os
 import re
-import secrets as _random
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
-
-from . import secrets
 
 RULES_USER = "$rules"
 PASSWORD_FILE = "rules.password"
@@ -126,7 +123,7 @@ def read_store(data_dir: str) -> Store:
     path = store_path(data_dir)
     try:
         with open(path, encoding="utf-8") as f:
-            doc = json.load(f)
+            doc = _json().load(f)
     except FileNotFoundError:
         return Store()
     except (OSError, ValueError) as exc:
@@ -167,6 +164,9 @@ def publish_topics(rules: list[RuleSpec]) -> set[str]:
 
 def password(data_dir: str, create: bool = True) -> str | None:
     """The rules client's MQTT password (``<data_dir>/secrets/rules.password``)."""
+    import secrets as _random
+
+    from . import secrets
     return secrets.read_or_create(secrets.secret_path(data_dir, PASSWORD_FILE),
                                   lambda: _random.token_urlsafe(32), create)
 
@@ -182,7 +182,7 @@ def read_status(data_dir: str) -> dict[str, Any]:
     """{"written_at": ..., "rules": {name: {...}}}; empty rules when the job wrote none."""
     try:
         with open(status_path(data_dir), encoding="utf-8") as f:
-            doc = json.load(f)
+            doc = _json().load(f)
         if isinstance(doc, dict) and isinstance(doc.get("rules"), dict):
             return doc
     except (OSError, ValueError):
@@ -194,7 +194,12 @@ def _write_json(path: str, doc: Any) -> None:
     os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
     tmp = f"{path}.new{os.getpid()}"
     with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(doc, f, indent=1, sort_keys=True)
+        _json().dump(doc, f, indent=1, sort_keys=True)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+def _json() -> Any:
+    import json
+    return json

@@ -13,6 +13,8 @@ A running broker, over its dashboard's admin API (/api/v1/...):
     python -m broker.admin publish TOPIC PAYLOAD [--qos N] [--retain] [--base64]
     python -m broker.admin retained list [--filter F] | delete TOPIC
     python -m broker.admin bans list | add KIND VALUE [--reason R] [--seconds S] | delete KIND VALUE
+    python -m broker.admin rules list | add NAME --sql SQL [--publish TOPIC] [--table T]
+    python -m broker.admin rules pause NAME | resume NAME | remove NAME
     python -m broker.admin reload | stats
 
 Credentials for the API: --url / BROKER_ADMIN_URL (default http://127.0.0.1:18083), --user /
@@ -131,6 +133,25 @@ def build_parser() -> argparse.ArgumentParser:
     bd = bo.add_parser("delete")
     bd.add_argument("kind", choices=KINDS)
     bd.add_argument("value")
+
+    ru = sub.add_parser("rules", help="continuous rules: Spark SQL over the live messages, "
+                        "published to a topic or appended to a table (docs/rules.md)")
+    ruo = ru.add_subparsers(dest="op", metavar="OPERATION", required=True)
+    ruo.add_parser("list", help="rules of the config and added here, with the job's status")
+    rua = ruo.add_parser("add", help="add a rule (its SQL is checked by the running history "
+                         "job's Spark first)")
+    rua.add_argument("name", help="a letter, then letters, digits, '_' or '-'")
+    rua.add_argument("--sql", required=True, help="a query over the stream `messages`, e.g. "
+                     "\"SELECT topic, payload_text FROM messages WHERE qos > 0\"")
+    rua.add_argument("--publish", default="", metavar="TOPIC",
+                     help="publish each row as a JSON object to this topic (QoS 1)")
+    rua.add_argument("--table", default="", metavar="NAME",
+                     help="append the rows to this table of the catalog")
+    rua.add_argument("--paused", action="store_true", help="add it paused")
+    for op, text in (("pause", "stop running a rule (kept; resume starts it again)"),
+                     ("resume", "run a paused rule again"),
+                     ("remove", "remove a rule added here (a config rule: edit the config)")):
+        ruo.add_parser(op, help=text).add_argument("name")
 
     sub.add_parser("reload", help="re-read the MQTT password file, the ACL and the accounts")
     sub.add_parser("stats", help="the broker's figures")
@@ -268,6 +289,31 @@ def remote(args: argparse.Namespace, cfg: Config) -> int:
         _print(args, api.call("POST", "/api/v1/bans", body))
     elif cmd == "bans" and op == "delete":
         _print(args, api.call("DELETE", "/api/v1/bans", kind=args.kind, value=args.value))
+    elif cmd == "rules" and op == "list":
+        r = api.call("GET", "/api/v1/rules")
+        rows = [{**x, "target": ", ".join(filter(None, (x.get("publish"), x.get("table") and
+                                                        "table " + x["table"]))),
+                 "rows/s": x.get("rows_per_second"), "error": x.get("last_error")}
+                for x in r["rules"]]
+        _print(args, r, rows, ("name", "source", "target", "state", "rows/s", "rows", "error"))
+        if not args.json and r["rules"] and r.get("status_stale"):
+            age = r.get("status_age_seconds")
+            print(f"(the history job's status is {'missing' if age is None else f'{age:g} s old'}"
+                  f": is the job running? python -m sink.job --config <your broker.toml>)")
+    elif cmd == "rules" and op == "add":
+        body = {"name": args.name, "sql": args.sql}
+        if args.publish:
+            body["publish"] = args.publish
+        if args.table:
+            body["table"] = args.table
+        if args.paused:
+            body["paused"] = True
+        _print(args, api.call("POST", "/api/v1/rules", body))
+    elif cmd == "rules":
+        if op == "remove":
+            _print(args, api.call("DELETE", "/api/v1/rules/" + _quote(args.name)))
+        else:
+            _print(args, api.call("POST", f"/api/v1/rules/{_quote(args.name)}/{op}", {}))
     elif cmd == "reload":
         r = api.call("POST", "/api/v1/reload", {})
         _print(args, r)

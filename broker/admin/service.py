@@ -22,6 +22,7 @@ from .bans import BanError, BanList
 if TYPE_CHECKING:
     from ..core.view import RetainedRecord
     from .accounts import Accounts
+    from .rules import RulesAdmin
 
 audit_log = logging.getLogger("broker.audit")
 
@@ -60,11 +61,13 @@ def audit(who: str, address: str, action: str, outcome: str = "ok", **details: o
 
 
 class AdminService:
-    def __init__(self, broker: Any, bans: BanList | None = None, accounts: Accounts | None = None) -> None:
+    def __init__(self, broker: Any, bans: BanList | None = None, accounts: Accounts | None = None,
+                 rules: RulesAdmin | None = None) -> None:
         self.broker = broker    # the Broker: its commands only (everything read: the view)
         self.view = BrokerView(broker)
         self.bans = bans
         self.accounts = accounts
+        self.rules = rules      # continuous rules (admin/rules.py), or None
         if bans is not None:
             self.broker.bans = bans.check
 

@@ -22,6 +22,11 @@ CONNECT outcome (MQTT 5 reason code / MQTT 3.1.1 return code):
 * user name, no password file (anonymous allowed) -> accepted; the user name is NOT verified,
   so ``user`` sections of the ACL trust whatever name the client claims.
 
+The continuous rules' client (user name ``$rules``, broker/auth/rules.py) is the broker's own
+account, whatever the files say: its password is in ``<data_dir>/secrets/rules.password``, it
+may publish to its rules' ``publish`` topics only and subscribe to nothing; a wrong password is
+0x86 also when anonymous clients are allowed.
+
 Topic access: see broker/auth/acl.py. Without an ACL file every connected client may publish
 and subscribe to everything.
 
@@ -42,11 +47,12 @@ from settings import AuthConfig, ConfigError
 from ..core.hooks import AUTH_CHECKS, Hook
 from .acl import ACL, AuthFileError, covers, file_signature, overlaps
 from .passwords import PasswordFile, hash_password, verify_password
+from .rules import RULES_USER, RulesAccount
 
 if TYPE_CHECKING:
     from ..core.hookhost import HookHost
 
-__all__ = ["AccessControl", "from_config", "ACL", "AuthFileError", "PasswordFile",
+__all__ = ["AccessControl", "from_config", "ACL", "AuthFileError", "PasswordFile", "RulesAccount",
            "hash_password", "verify_password", "covers", "overlaps",
            "BAD_USER_NAME_OR_PASSWORD", "NOT_AUTHORIZED"]
 
@@ -71,7 +77,9 @@ class AccessControl(Hook):
                  reload_interval: float = _DEFAULT.reload_interval,
                  decision_cache_size: int = _DEFAULT.decision_cache_size,
                  client_id_pattern: str = _DEFAULT.client_id_pattern,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 rules: RulesAccount | None = None) -> None:
+        """rules: the continuous rules' client (None: nobody logs in as RULES_USER)."""
         if allow_anonymous is None:
             allow_anonymous = not password_file
         if not allow_anonymous and not password_file:
@@ -92,6 +100,15 @@ class AccessControl(Hook):
         self._read_cache: dict = {}
         self.client_id_pattern = client_id_pattern
         self.on_acl_reload: Callable[[], None] | None = None  # set by the broker: re-flag subscriptions after a reload
+        self.rules = rules
+        self._warn_reserved()
+
+    def _warn_reserved(self) -> None:
+        if self.passwords is not None and RULES_USER in self.passwords.users:
+            log.warning("password file %s: the entry %r is ignored: that name is the continuous "
+                        "rules' client, whose password is the broker's own "
+                        "(<data_dir>/secrets/rules.password); remove the entry",
+                        self.passwords.path, RULES_USER)
 
     def attach(self, broker: HookHost) -> None:
         self.on_acl_reload = broker.flag_read_checks  # re-flag subscriptions after a reload
@@ -101,6 +118,9 @@ class AccessControl(Hook):
         """Re-read both files now (SIGHUP). Invalid files keep the previous contents."""
         if self.passwords is not None:
             self.passwords.reload()
+            self._warn_reserved()
+        if self.rules is not None:
+            self.rules.refresh()
         if self.acl_file:
             self._reload_acl()
 
@@ -130,6 +150,9 @@ class AccessControl(Hook):
 
     # ---------------------------------------------------------------- the core's interface
     def authenticate(self, client_id: str, username: str | None, password: bytes | None) -> int:
+        if username == RULES_USER:  # the broker's own account, whatever the files say
+            return self.rules.authenticate(password) if self.rules is not None \
+                else BAD_USER_NAME_OR_PASSWORD
         if username is None:
             return 0 if self.allow_anonymous else NOT_AUTHORIZED
         if self.passwords is None:
@@ -141,20 +164,24 @@ class AccessControl(Hook):
     def authenticate_cached(self, client_id: str, username: str | None,
                             password: bytes | None) -> int | None:
         """authenticate()'s answer when it needs no password hash, else None."""
-        if username is None or self.passwords is None:
-            return self.authenticate(client_id, username, password)
+        if username is None or self.passwords is None or username == RULES_USER:
+            return self.authenticate(client_id, username, password)  # no hash to compute
         if password is not None and not isinstance(password, bytes):
             password = bytes(password)
         ok = self.passwords.cached(username, password)
         return None if ok is None else (0 if ok else BAD_USER_NAME_OR_PASSWORD)
 
     def allow_publish(self, client_id: str, username: str | None, topic: str) -> bool:
+        if username == RULES_USER:
+            return self.rules is not None and self.rules.may_publish(topic)
         if self.acl is None:
             return True
         self._maybe_reload_acl()
         return self._decide(self._pub_cache, self.acl.can_write, client_id, username, topic)
 
     def allow_subscribe(self, client_id: str, username: str | None, topic_filter: str) -> bool:
+        if username == RULES_USER:
+            return False  # the rules' client only publishes
         if self.acl is None:
             return True
         self._maybe_reload_acl()
@@ -168,6 +195,8 @@ class AccessControl(Hook):
         one, and a reload clears this cache."""
         r = self._read_cache.get((client_id, username, topic))
         if r is None:
+            if username == RULES_USER:
+                return False
             if self.acl is None:
                 return True
             r = self._decide(self._read_cache, self.acl.can_read, client_id, username, topic)
@@ -175,12 +204,13 @@ class AccessControl(Hook):
 
     def needs_read_check(self, client_id: str, username: str | None, topic_filter: str) -> bool:
         """Whether a granted subscription overlaps deny rules (so each message is checked)."""
-        return self.acl is not None and self.acl.needs_read_check(client_id, username, topic_filter)
+        return self.acl is not None and username != RULES_USER \
+            and self.acl.needs_read_check(client_id, username, topic_filter)
 
     def check_client_id(self, client_id: str, username: str | None) -> int:
         """0, or 0x85 when client_id_pattern is set and the client id does not fit it."""
         pat = self.client_id_pattern
-        if not pat:
+        if not pat or username == RULES_USER:  # (its password proves who it is)
             return 0
         if "%u" in pat and username is None:
             return CLIENT_IDENTIFIER_NOT_VALID  # the pattern names the user: anonymous never fits
@@ -202,8 +232,10 @@ class AccessControl(Hook):
         return r
 
 
-def from_config(cfg: AuthConfig | dict | None) -> AccessControl | None:
-    """AccessControl from the [auth] section; None when it configures nothing (allow all).
+def from_config(cfg: AuthConfig | dict | None,
+                rules: RulesAccount | None = None) -> AccessControl | None:
+    """AccessControl from the [auth] section; None when it configures nothing (allow all)
+    and no rules' client is given (``rules``: the broker's, RulesAccount.from_files).
 
     A dict is checked as an [auth] table. Raises ConfigError naming the key (and, for a bad
     file, its first problems).
@@ -212,13 +244,14 @@ def from_config(cfg: AuthConfig | dict | None) -> AccessControl | None:
         cfg = AuthConfig.from_table(cfg)
     pw, acl = cfg.password_file or None, cfg.acl_file or None
     if pw is None and acl is None and cfg.allow_anonymous in (None, True) \
-            and not cfg.client_id_pattern:
+            and not cfg.client_id_pattern and rules is None:
         return None
     try:
         return AccessControl(
             password_file=pw, acl_file=acl, allow_anonymous=cfg.allow_anonymous,
             cache_seconds=cfg.cache_seconds, reload_interval=cfg.reload_interval,
-            decision_cache_size=cfg.decision_cache_size, client_id_pattern=cfg.client_id_pattern)
+            decision_cache_size=cfg.decision_cache_size, client_id_pattern=cfg.client_id_pattern,
+            rules=rules)
     except AuthFileError as exc:
         key, path = ("acl_file", acl) if acl and exc.errors and exc.errors[0].startswith(acl) \
             else ("password_file", pw)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from settings import DashboardConfig, HistoryConfig
 
@@ -28,6 +28,15 @@ def settings(dash: DashboardConfig | None = None,
     return dataclasses.replace(dash, connect_url=dash.connect_url or history.connect_url)
 
 
+def rules_account(auth: Any) -> Any:
+    """The rules' MQTT client (broker/auth/rules.py) of the broker's auth hook(s), or None."""
+    for h in (auth, *getattr(auth, "hooks", ())):
+        account = getattr(h, "rules", None)
+        if account is not None:
+            return account
+    return None
+
+
 async def start(server: ServerState) -> Dashboard:
     """Start the dashboard of a running server (its shared state); returns the Dashboard (``.port``, ``.stop()``).
 
@@ -35,13 +44,15 @@ async def start(server: ServerState) -> Dashboard:
     administrator is created (broker/admin/accounts.py) and the log says where its password is.
     """
     from ..admin.accounts import Accounts, users_file
+    from ..admin.rules import RulesAdmin
     from ..admin.service import AdminService
     from .api import Dashboard, _url_host
     cfg = server.config
     s = settings(cfg.dashboard, cfg.history)
     accounts = Accounts(users_file(cfg.data_dir, s.users_file))
     where = accounts.ensure_first_admin(s.initial_admin, s.initial_admin_password, cfg.data_dir)
-    d = Dashboard(server, s, accounts, AdminService(server.broker, server.bans, accounts))
+    rules = RulesAdmin(cfg.data_dir, cfg.history.rules, rules_account(server.broker.auth))
+    d = Dashboard(server, s, accounts, AdminService(server.broker, server.bans, accounts, rules))
     await d.start()
     url = f"http://{_url_host(s.host)}:{d.port}/"
     if where:   # the first start's routine (scripts/run.sh says it too): not a warning

@@ -676,6 +676,51 @@ class Dashboard:
                     errors=len(out["errors"]))
         return web.json_response(out)
 
+    # ------------------------------------------------------------ continuous rules
+    def _rules(self) -> Any:
+        if self.admin.rules is None:
+            raise AdminError("this broker manages no continuous rules")
+        return self.admin.rules
+
+    async def v1_rules(self, request: web.Request) -> web.StreamResponse:
+        Params(request)
+        out = self._rules().list()
+        for r in out["rules"]:
+            if r.get("last_row_at"):
+                r["last_row_at"] = live.iso(r["last_row_at"])
+        return web.json_response(out)
+
+    async def v1_rule_add(self, request: web.Request) -> web.StreamResponse:
+        """Add a rule: its shape and name here, its SQL by the job's Spark (400 with Spark's
+        message; 503 when the job is not running), then stored (the job starts it)."""
+        Params(request)
+        rules = self._rules()
+        rule = rules.prepare(await _body(request, 64 * 1024))
+        columns = await self.history.check_sql(rule.sql)
+        added = rules.add(rule)
+        self._audit(request, "rule-add", "ok", name=rule.name, publish=rule.publish,
+                    table=rule.table, sql=rule.sql)
+        return web.json_response({"rule": added, "columns": columns})
+
+    async def _rule_change(self, request: web.Request, action: str) -> web.StreamResponse:
+        Params(request)
+        name = request.match_info["name"]
+        rules = self._rules()
+        ok = rules.remove(name) if action == "remove" else rules.pause(name, action == "pause")
+        self._audit(request, f"rule-{action}", "ok" if ok else "no such rule", name=name)
+        if not ok:
+            return _json_error(404, f"no rule named {name!r} (python -m broker.admin rules list)")
+        return web.json_response({action + "d": name})
+
+    async def v1_rule_pause(self, request: web.Request) -> web.StreamResponse:
+        return await self._rule_change(request, "pause")
+
+    async def v1_rule_resume(self, request: web.Request) -> web.StreamResponse:
+        return await self._rule_change(request, "resume")
+
+    async def v1_rule_remove(self, request: web.Request) -> web.StreamResponse:
+        return await self._rule_change(request, "remove")
+
     # ------------------------------------------------------------ lifecycle
     def app(self) -> web.Application:
         app = web.Application(middlewares=[self._host, self._errors, self._auth],
@@ -710,7 +755,12 @@ class Dashboard:
                 ("GET", "/api/v1/bans", self.v1_bans),
                 ("POST", "/api/v1/bans", self.v1_ban),
                 ("DELETE", "/api/v1/bans", self.v1_unban),
-                ("POST", "/api/v1/reload", self.v1_reload))
+                ("POST", "/api/v1/reload", self.v1_reload),
+                ("GET", "/api/v1/rules", self.v1_rules),
+                ("POST", "/api/v1/rules", self.v1_rule_add),
+                ("POST", "/api/v1/rules/{name}/pause", self.v1_rule_pause),
+                ("POST", "/api/v1/rules/{name}/resume", self.v1_rule_resume),
+                ("DELETE", "/api/v1/rules/{name}", self.v1_rule_remove))
 
     async def start(self) -> None:
         self.runner = web.AppRunner(self.app(), access_log=None)

@@ -267,12 +267,32 @@ class HistoryClient:
         self._waiting += 1
         try:
             async with self._lock:
-                answer = await self._ask(q)
+                answer = await self._ask(question(q))
         finally:
             self._waiting -= 1
         log.info("history %s over %g s answered in %.2f s (%d messages)", q.filter,
                  q.end - q.start, answer["seconds"], answer["total"])
         return answer
+
+    async def check_sql(self, sql: str) -> list:
+        """The columns [[name, type], ...] of a continuous rule's SQL, analysed by the job's
+        Spark over an empty ``messages``; BadRequest with Spark's message when it refuses it,
+        JobNotRunning when the job is not running (nothing else can check it)."""
+        if not await self.job_up():
+            raise JobNotRunning(
+                f"the history job must run to check a rule's SQL (its Spark analyses it): start "
+                f"it with {self.start_hint}, then add the rule again; nothing was stored "
+                f"(the broker asks the job's Spark Connect server at {self.url})")
+        if self._waiting >= 2:
+            raise BadRequest("the history job is busy with earlier questions: try again in a "
+                             "moment")
+        self._waiting += 1
+        try:
+            async with self._lock:
+                answer = await self._ask({"check_sql": sql}, sql_check=True)
+        finally:
+            self._waiting -= 1
+        return answer["columns"]
 
     async def _worker(self) -> asyncio.subprocess.Process:
         if self._idle is not None:
@@ -292,10 +312,10 @@ class HistoryClient:
         log.info("history: started the worker process (pid %d) for %s", self.proc.pid, self.url)
         return self.proc
 
-    async def _ask(self, q: HistoryQuery) -> dict:
+    async def _ask(self, q: dict, sql_check: bool = False) -> dict:
         proc = await self._worker()
         try:
-            proc.stdin.write(json.dumps(question(q)).encode() + b"\n")  # type: ignore[union-attr]  # PIPE
+            proc.stdin.write(json.dumps(q).encode() + b"\n")  # type: ignore[union-attr]  # PIPE
             await proc.stdin.drain()  # type: ignore[union-attr]
             line = await asyncio.wait_for(proc.stdout.readline(), self.timeout)  # type: ignore[union-attr]
         except asyncio.TimeoutError:
@@ -315,10 +335,13 @@ class HistoryClient:
         if r.get("error") == "not_running":
             raise JobNotRunning(self.not_running())
         if r.get("error") == "no_spark_client":
+            what = "checking a rule's SQL needs" if sql_check else "history charts need"
             raise JobNotRunning(
-                f"history charts need the Spark Connect client in the broker's Python "
+                f"{what} the Spark Connect client in the broker's Python "
                 f"environment (pip install 'pyspark[connect]'), which has none "
                 f"({r.get('detail')}); query the history where the job runs: python -m sink.query")
+        if r.get("error") == "sql" and sql_check:
+            raise BadRequest(f"Spark refused the rule's SQL: {r.get('detail')}")
         if "error" in r:
             raise RuntimeError(r["error"])
         return r["answer"]

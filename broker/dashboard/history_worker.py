@@ -3,7 +3,9 @@
     python -m broker.dashboard.history_worker sc://HOST:PORT
 
 Reads one question a line on stdin (JSON, made by history.question()), writes one answer a line
-on stdout: {"answer": {...}}, {"error": "not_running"} or {"error": "what went wrong"}. Exits at
+on stdout: {"answer": {...}}, {"error": "not_running"} or {"error": "what went wrong"}; a
+continuous rule's SQL to check ({"check_sql": SQL}) is answered {"answer": {"columns": [[name,
+type], ...]}} or {"error": "sql", "detail": Spark's message}. Exits at
 the end of its input. The Spark Connect client (pyspark, grpc, pyarrow) lives here, never in
 the broker process (broker/dashboard/history.py starts and ends this process).
 """
@@ -13,13 +15,24 @@ import atexit
 import json
 import logging
 import os
+import re
 import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
+from settings import history_columns as col
+
 from .history import COUNTS_SQL, FIELD_SQL, LATEST_SQL, VALUES_SQL, iso
+
+#: the live stream a rule reads, empty, with the table's columns (checking a rule's SQL)
+EMPTY_MESSAGES = "SELECT " + ", ".join(f"CAST(NULL AS {t}) AS {c}" for c, t in col.COLUMN_TYPES) \
+    + " WHERE false"
+
+
+class SQLRefused(Exception):
+    """Spark's analysis refused a rule's SQL: the message is Spark's."""
 
 log = logging.getLogger(__spec__.name if __name__ == "__main__" else __name__)  # (python -m: its module path)
 
@@ -49,7 +62,11 @@ class Worker:
             except ImportError as exc:  # e.g. the broker's container image: no Spark in it
                 return {"error": "no_spark_client", "detail": str(exc)}
             try:
+                if "check_sql" in q:
+                    return {"answer": check_sql(spark, q["check_sql"])}
                 return {"answer": self._run(spark, q, started)}
+            except SQLRefused as exc:
+                return {"error": "sql", "detail": str(exc)}
             except Exception as exc:
                 if not _connection_problem(exc):
                     raise
@@ -92,6 +109,37 @@ class Worker:
     def close(self) -> None:
         if self._spark is not None:
             _drop(self._spark)
+
+
+def check_sql(spark: Any, sql: str) -> dict:
+    """The columns of a rule's SQL over an empty ``messages`` (SQLRefused: Spark's error). The
+    SQL is only analysed, as a subquery (so that it cannot be a command, which spark.sql would
+    run at once) under a WITH that makes ``messages`` an empty relation with the table's
+    columns: one query, as the job's read-only Spark Connect sessions allow (no temporary
+    view), and its guard checks the rule's SQL too (no user code, no files)."""
+    try:
+        schema = spark.sql(f"WITH {col.TABLE} AS ({EMPTY_MESSAGES}) SELECT * FROM (\n{sql}\n) "
+                           f"AS rule").schema
+    except Exception as exc:
+        if _connection_problem(exc):
+            raise
+        raise SQLRefused(spark_message(str(exc))) from None
+    return {"columns": [[f.name, f.dataType.simpleString()] for f in schema.fields]}
+
+
+def spark_message(text: str) -> str:
+    """Spark's error for a person: its first line (the analysed plan and a JVM stack trace
+    left out), the SQL excerpt of a syntax error, line numbers those of the rule's SQL (it was
+    checked one line down, inside a subquery)."""
+    lines = text.strip().split("\n")
+    keep = lines[:1]
+    if "== SQL ==" in lines:
+        i = lines.index("== SQL ==")
+        keep += [ln for ln in lines[i + 2:i + 20] if ln != ") AS rule"
+                 and not ln.startswith("JVM stacktrace")][:8]
+    out = "\n".join(keep).replace("; line", " (line").rstrip(";")
+    out = re.sub(r"\bline (\d+)", lambda m: f"line {max(1, int(m.group(1)) - 1)}", out)
+    return out[:4000]
 
 
 def _field_answer(rows: list, q: dict, started: float) -> dict:

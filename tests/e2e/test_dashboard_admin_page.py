@@ -85,6 +85,44 @@ def test_admin_buttons_kick_ban_unban_and_delete_retained(make_broker, tmp_path,
             c.loop_stop()
 
 
+def test_rules_panel_shows_the_jobs_status_and_pauses_resumes_and_removes(make_broker, tmp_path,
+                                                                        browser):
+    """The continuous rules on the clients page: each rule with its source, target, the job's
+    state, rate, rows and last error; Pause / Resume / Remove go through /api/v1/rules."""
+    from settings import rules as spec
+    cfg = tmp_path / "broker.toml"
+    cfg.write_text('[[history.rules]]\nname = "hot"\nsql = "SELECT topic FROM messages"\n'
+                   'publish = "alerts/hot"\n')
+    spec.write_store(str(tmp_path), spec.Store([spec.check(
+        {"name": "cold", "sql": "SELECT topic FROM messages", "table": "cold_rows"})]))
+    spec.write_status(str(tmp_path), {
+        "hot": {"state": "running", "rows": 42, "rows_per_second": 1.5, "last_error": ""},
+        "cold": {"state": "failed", "rows": 0, "last_error": "STREAMING_AGGREGATION needs a window"}})
+    b = start_dashboard(make_broker, tmp_path, args=["--config", str(cfg)])
+    d = browser
+    log_in(d, b.dashboard + "/#clients", ADMIN, ADMIN_PW)
+    wait(lambda: d.find_element("id", "rules-table").get_attribute("data-rows") == "2",
+         "the rules listed")
+    text = d.find_element("id", "rules-table").text
+    assert "alerts/hot" in text and "running" in text and "1.50" in text and "42" in text
+    assert "table cold_rows" in text and "STREAMING_AGGREGATION needs a window" in text
+    # a config rule has no Remove button: it is removed from the file
+    assert not d.find_elements("css selector", 'button[data-rule-remove="hot"]')
+    _click(d, 'button[data-rule-pause="hot"]')
+    wait(lambda: d.find_elements("css selector", 'button[data-rule-resume="hot"]'),
+         "the Resume button of the paused rule")
+    assert spec.read_store(str(tmp_path)).paused == {"hot"}
+    _click(d, 'button[data-rule-resume="hot"]')
+    wait(lambda: spec.read_store(str(tmp_path)).paused == set(), "the rule resumed")
+    _click(d, 'button[data-rule-remove="cold"]')
+    wait(lambda: d.find_element("id", "rules-table").get_attribute("data-rows") == "1",
+         "the rule removed from the list")
+    assert spec.read_store(str(tmp_path)).rules == []
+    logs = b.logs()
+    for action in ("action=rule-pause", "action=rule-resume", "action=rule-remove"):
+        assert f"audit: user='{ADMIN}' from='127.0.0.1' {action}" in logs, action
+
+
 def test_a_viewer_sees_no_admin_buttons(make_broker, tmp_path, browser):
     b = start_dashboard(make_broker, tmp_path)
     c = _client(b.port, "someone", [])

@@ -315,6 +315,29 @@ def test_history_api_answers_from_spark(stack):
     assert "sensors/dev-0/status" not in {s["topic"] for s in r["values"]}
 
 
+def test_a_rules_sql_is_checked_by_the_jobs_spark_before_it_is_stored(stack):
+    """POST /api/v1/rules: Spark analyses the SQL over an empty `messages` with the table's
+    columns (payload_json a VARIANT): refused with Spark's message (400, nothing stored), else
+    stored with its columns; the history questions afterwards still read the table."""
+    from tests.integration.dashboard_http import as_admin
+    status, r = as_admin(f"{stack.dashboard}/api/v1/rules", "POST", {
+        "name": "typo", "sql": "SELECT nope FROM messages", "publish": "alerts/typo"})
+    assert status == 400, r
+    assert "Spark refused the rule's SQL" in r["error"] and "nope" in r["error"]
+    assert "UNRESOLVED_COLUMN" in r["error"] and "Project" not in r["error"]
+    status, r = as_admin(f"{stack.dashboard}/api/v1/rules", "POST", {
+        "name": "warm", "publish": "alerts/warm",
+        "sql": "SELECT topic, payload_json:temp::double AS temp FROM messages "
+               "WHERE payload_json:temp::double > 21"})
+    assert status == 200, r
+    assert r["columns"] == [["topic", "string"], ["temp", "double"]]
+    _, listed = as_admin(f"{stack.dashboard}/api/v1/rules")
+    assert [x["name"] for x in listed["rules"]] == ["warm"]
+    assert as_admin(f"{stack.dashboard}/api/v1/rules/warm", "DELETE")[0] == 200
+    status, h = http_json(f"{stack.dashboard}/api/history?filter=sensors/%2B/temp")
+    assert status == 200 and h["total"] > 0   # the table, not the check's empty view
+
+
 def test_field_history_api_reads_a_json_field_from_spark(stack):
     """/api/field/history: avg/min/max per interval of a JSON field (try_variant_get over
     payload_json); payloads that are not JSON are left out; a bad field path is a 400."""

@@ -221,6 +221,29 @@ const clients = {
       tbody.innerHTML = `<tr><td colspan="9" class="error">${esc(e.message)}</td></tr>`;
     }
     clients.loadBans();
+    clients.loadRules();
+  },
+  async loadRules() {
+    const tbody = $("#rules-table tbody");
+    try {
+      const r = await api("api/v1/rules");
+      tbody.innerHTML = r.rules.map((x) => `<tr data-rule="${esc(x.name)}"><td class="mono">${esc(x.name)}</td>
+        <td>${esc(x.source)}</td>
+        <td class="mono">${esc([x.publish, x.table ? "table " + x.table : ""].filter(Boolean).join(", "))}</td>
+        <td class="rule-state">${esc(x.state)}</td><td class="num">${typeof x.rows_per_second === "number" ? x.rows_per_second.toFixed(2) : ""}</td>
+        <td class="num">${x.rows ?? ""}</td><td class="error">${esc(x.last_error ?? "")}</td>
+        <td class="admin-only"><button type="button" class="small" data-rule-${x.paused ? "resume" : "pause"}="${esc(x.name)}">${x.paused ? "Resume" : "Pause"}</button>
+          ${x.source === "store" ? `<button type="button" class="small danger" data-rule-remove="${esc(x.name)}">Remove</button>` : ""}</td></tr>`).join("") ||
+        `<tr><td colspan="8" class="note">No rules.</td></tr>`;
+      $("#rules-table").dataset.rows = String(r.rules.length);
+      const note = $("#rules-note");
+      note.dataset.text = note.dataset.text || note.textContent;
+      note.textContent = r.rules.length && r.status_stale
+        ? "The history job has not reported on the rules for a while: is it running? (python -m sink.job --config <your broker.toml>)"
+        : note.dataset.text;
+    } catch (e) {
+      tbody.innerHTML = `<tr><td colspan="8" class="error">${esc(e.message)}</td></tr>`;
+    }
   },
   async loadBans() {
     const tbody = $("#bans-table tbody");
@@ -276,6 +299,19 @@ document.addEventListener("click", (ev) => {
     act(`Remove the ban of ${kind} ${value}?`, async () => {
       await api("api/v1/bans?" + new URLSearchParams({kind, value}), "DELETE");
       return `Unbanned ${kind} ${value}.`;
+    }, clients.load);
+  } else if (b.dataset.rulePause !== undefined || b.dataset.ruleResume !== undefined) {
+    const pause = b.dataset.rulePause !== undefined;
+    const name = pause ? b.dataset.rulePause : b.dataset.ruleResume;
+    act(`${pause ? "Pause" : "Resume"} rule ${name}?`, async () => {
+      await api(`api/v1/rules/${encodeURIComponent(name)}/${pause ? "pause" : "resume"}`, "POST", {});
+      return `${pause ? "Paused" : "Resumed"} rule ${name}.`;
+    }, clients.load);
+  } else if (b.dataset.ruleRemove !== undefined) {
+    const name = b.dataset.ruleRemove;
+    act(`Remove rule ${name}? The job stops it.`, async () => {
+      await api("api/v1/rules/" + encodeURIComponent(name), "DELETE");
+      return `Removed rule ${name}.`;
     }, clients.load);
   } else if (b.dataset.deleteRetained !== undefined) {
     const topic = b.dataset.deleteRetained;
