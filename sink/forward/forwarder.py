@@ -36,7 +36,7 @@ goes backwards in a produce acknowledgement, or a topic id that changes in the m
 ids and last offsets are kept in the checkpoint so this also works across restarts). Then:
 
 * ``keep_until = "history"``: every record the history job has not committed yet
-  (sink/progress.py; the forwarder remembers, per acknowledged chunk, the next offset of
+  (sink/history/commits.py; the forwarder remembers, per acknowledged chunk, the next offset of
   each partition it wrote and the topic id, and keeps that list in its checkpoint) is sent
   again. Spool segments are deleted only once committed.
 * ``keep_until = "kafka"``: the replay window is re-sent: records already forwarded whose
@@ -67,7 +67,7 @@ from kafka_client.produce import BatchSender, ChunkFuture, NotReady
 from kafka_client.record import entry_fields, entry_shard, entry_timestamp, sign_body
 from settings import HistoryConfig, SinkConfig, secrets
 
-from .. import progress
+from ..history import commits
 from .commit_watch import AckedChunk, CommitWatcher
 from .loss import LossDetector
 from .sources import MemorySource, SpoolSource
@@ -214,7 +214,7 @@ class Runtime:
 
     @property
     def job_file(self) -> str | None:
-        return progress.job_file(self.data_dir, self.table) if self.data_dir else None
+        return commits.job_file(self.data_dir, self.table) if self.data_dir else None
 
     def to_json(self) -> dict:
         out = {f: getattr(self, f) for f in self.__slots__}
@@ -259,7 +259,7 @@ class Forwarder:
             self._kid = secrets.key_id(rt.sink_key)
             committed_key = secrets.derive(rt.sink_key, secrets.COMMITTED)
         # keep_until = "history": records stay (and are re-sent after Kafka lost them) until the
-        # history job's committed file (sink/progress.py) says the table has them
+        # history job's committed file (sink/history/commits.py) says the table has them
         self.commits = CommitWatcher(rt.committed_file, committed_key, rt.job_file, sink.history_stale_seconds,
                                      clock) if sink.keep_until == "history" else None
         self.loss = LossDetector()

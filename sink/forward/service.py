@@ -27,7 +27,7 @@ from kafka_client.record import Buffer, MessageEncoder, SinkRecord, encode_recor
 from mqtt_topics import matches as topic_matches  # one topic-filter matcher for the project
 from settings import HistoryConfig, SinkConfig
 
-from .. import progress
+from ..history import commits
 from .forwarder import Forwarder, Runtime, ThreadControl, encode_setup
 from .sources import MemorySource, SpoolSource
 from .spool import DirLock, SpoolWriter
@@ -54,11 +54,11 @@ def normalize_config(cfg: SinkConfig | dict | None, data_dir: str) -> SinkConfig
 
 def committed_file(cfg: SinkConfig, history: HistoryConfig | None) -> str:
     """Where the history job reports what the table has committed: [sink] committed_file, else
-    found from [history] table/checkpoint the way the job finds it (sink/progress.py)."""
+    found from [history] table/checkpoint the way the job finds it (sink/history/commits.py)."""
     if cfg.committed_file:
         return cfg.committed_file
     h = history or HistoryConfig()
-    return progress.committed_path(h.table, h.checkpoint or None)
+    return commits.committed_path(h.table, h.checkpoint or None)
 
 
 class Sink:
@@ -66,7 +66,7 @@ class Sink:
                  history: HistoryConfig | None = None) -> None:
         self.cfg = normalize_config(cfg, data_dir)
         self.committed_file = committed_file(self.cfg, history) if self.cfg.keep_until == "history" else None
-        self.table = (history or HistoryConfig()).table   # the job writing it says so (progress.job_file)
+        self.table = (history or HistoryConfig()).table   # the job writing it says so (commits.job_file)
         self.data_dir = data_dir
         self.key: bytes | None = None   # settings/secrets.py: signs records, checks the committed file
         self.durable = self.cfg.durability == "spool"          # acks wait for the fsync

@@ -44,7 +44,7 @@ import zlib
 from typing import Any, Callable, Iterable, Iterator, NamedTuple
 
 from kafka_client.record import entry_timestamp
-from sink.progress import fsync_dir
+from sink.history.commits import fsync_dir
 
 log = logging.getLogger(__name__)
 
