@@ -33,7 +33,7 @@ from .events import NO_EVENTS, AcksHeld, AdmitRequested, AuthRequested, HeldAck
 from .hooks import ALLOW_ALL, REPLAY_PREFIX, AdmitRefused
 from .message import Message
 from .empties import NO_ENTRIES
-from .session import NEVER, ReplayBudget, Subscription
+from .session import NEVER, RetainedBudget, Subscription
 from mqtt_topics import parse_shared, valid_topic_filter
 
 if TYPE_CHECKING:
@@ -151,8 +151,8 @@ class Connection:
         self.out = None
         self.is_dirty = False
         s = self.session
-        if s is not None and s.replay and not self.paused and s.connection is self:
-            s.pump(self.broker.clock())  # a paced retained replay: its next burst, for the next turn
+        if s is not None and s.feeds and not self.paused and s.connection is self:
+            s.pump(self.broker.clock())  # paced retained messages: their next burst, for the next turn
         return NO_OUTPUT if out is None else out
 
     def emit(self, event: object) -> None:
@@ -920,7 +920,7 @@ class Connection:
         codes = []
         # filter -> (send retained, new before this packet, topic filter, qos, sub ids): a filter
         # repeated in one SUBSCRIBE replaces the earlier one [MQTT-3.8.4-3], so it is stored and
-        # its retained messages replayed once, with the last occurrence's options
+        # its retained messages sent once, with the last occurrence's options
         subscribed: dict[str, tuple[bool, bool, str, int, tuple[int] | None]] = {}
         session = self.session
         why = None  # a Reason String for the SUBACK (a refused history replay says why)
@@ -968,10 +968,10 @@ class Connection:
             if not send:
                 continue
             if budget is None:
-                budget = ReplayBudget(cfg.max_retained_replay)
+                budget = RetainedBudget(cfg.max_retained_replay)
             # [MQTT-3.3.1-9]: sent with RETAIN=1, paced like other traffic (Session.pump); the
             # ACL's deny rules of this client checked per message (docs/security.md "Access control")
-            session.replay_retained(b.retained_matching(topic_filter), qos, sid,
+            session.deliver_retained(b.retained_matching(topic_filter), qos, sid,
                                     session.subscriptions[filt].read_check, budget, now)
 
     def quota_reason(self, filt: str) -> str:

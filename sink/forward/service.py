@@ -112,7 +112,7 @@ class Sink:
         self._stop_ev = threading.Event()
         self._bg: threading.Thread | None = None
         self.kafka_recycles = 0       # embedded Kafka restarts to give back what the table holds
-        self._sent_at_recycle = 0     # records sent to Kafka (new + replayed) at the last one
+        self._sent_at_recycle = 0     # records sent to Kafka (new + refilled) at the last one
 
     @classmethod
     def from_config(cls, cfg: SinkConfig | dict | None, data_dir: str,
@@ -150,7 +150,7 @@ class Sink:
             self._kept_pos, self._kept_seq = self._writer.kept_pos, self._writer.kept_seq
             backlog = self._writer.next_seq - self._fwd_seq
             if backlog > 0:
-                log.info("%d unforwarded records in the spool %s will be replayed",
+                log.info("%d unforwarded records in the spool %s will be forwarded",
                          backlog, c.spool_dir)
         else:
             self._mem = MemorySource(self.max_bytes)
@@ -469,7 +469,7 @@ class Sink:
                 next_stats = now + interval
                 s = self.stats()
                 log.info("sink stats: accepted=%d spooled=%d forwarded=%d failed=%d dropped=%d excluded=%d "
-                         "spool=%d msgs/%d bytes lag=%.1fs kafka_up=%s replays=%d",
+                         "spool=%d msgs/%d bytes lag=%.1fs kafka_up=%s refills=%d",
                          s["accepted"], s["spooled"], s["forwarded"], s["failed"], s["dropped"],
                          s["excluded"], s["spool_messages"], s["spool_bytes"], s["lag_seconds"],
                          s["kafka_up"], s["replays"])
@@ -480,7 +480,7 @@ class Sink:
                 log.warning("embedded Kafka exited (code %s); restarting it on %s (it restarts empty: "
                             "the forwarder sends again %s)", k.proc.returncode, k.bootstrap,
                             "what the history table has not committed" if self.cfg.keep_until == "history"
-                            else "the records of the replay window")
+                            else "the records of the refill window")
                 try:
                     k.start()
                 except Exception as exc:
