@@ -209,8 +209,8 @@ class Connection:
             out = self.out = []
         level = self.level
         for a in acks:
-            if isinstance(a, tuple):
-                out.append(encode_ack(a[0], a[1], a[2], None, level))
+            if isinstance(a, int):  # events.held_ack(type, packet id, reason code)
+                out.append(encode_ack(a >> 24, (a >> 8) & 0xFFFF, a & 0xFF, None, level))
             elif not self.send_fitting(a):  # (its size without a Reason String was checked)
                 self.unsendable(P.SUBACK, len(encode(a, level)))
         if not self.is_dirty:
@@ -226,14 +226,14 @@ class Connection:
         unsendable = False
         closes = False  # a PUBACK/PUBREC failed: a 3.1.x client is disconnected
         for a in acks:
-            if not isinstance(a, tuple):
+            if not isinstance(a, int):
                 # a SUBACK: the subscriptions could not be made durable: each filter failed
                 # ([MQTT-3.9.3-1] one code per filter; 0x80 is a failure in 3.1.1 and 5)
                 if not self.send_fitting(P.Suback(a.packet_id, [0x80] * len(a.reason_codes),
                                                   props if v5 else None)):
                     unsendable = True
                 continue
-            ptype, pid, _ = a
+            ptype, pid = a >> 24, (a >> 8) & 0xFFFF  # (events.ack_fields)
             if ptype == P.PUBREL or ptype == P.PUBCOMP:
                 # the release is this session's state here whatever the store did: the flow
                 # goes on (only a move before the next checkpoint could send the PUBLISH again)
@@ -409,7 +409,7 @@ class Connection:
                     # until the hooks providing barrier() hold the release (the cluster's
                     # checkpoint: a node that takes the session over sends PUBREL, not PUBLISH)
                     # (not counted against Receive Maximum, as a SUBACK)
-                    self.hold((P.PUBREL, pkt.packet_id, code), suback=True)
+                    self.hold((P.PUBREL << 24) | (pkt.packet_id << 8) | code, suback=True)
                 else:
                     self.write(encode_ack(P.PUBREL, pkt.packet_id, code, None, self.level))
         elif t == P.PUBREL:
@@ -825,10 +825,10 @@ class Connection:
             if ev is not None:
                 held = ev[-1]
                 if type(held) is AcksHeld:
-                    held.acks.append((ptype, pid, code))
+                    held.acks.append((ptype << 24) | (pid << 8) | code)  # events.held_ack
                     self.pending_acks += 1
                     return
-            self.hold((ptype, pid, code))
+            self.hold((ptype << 24) | (pid << 8) | code)
         else:
             self.write(encode_ack(ptype, pid, code, None, self.level))
 
@@ -902,7 +902,7 @@ class Connection:
             # the client may reuse the id once PUBCOMP came: the hooks providing barrier() hold
             # its release first, so a broker that takes the session over never takes a reuse of
             # it for a resend of the message released [MQTT-4.3.3-9]
-            self.hold((P.PUBCOMP, pkt.packet_id, code), suback=True)
+            self.hold((P.PUBCOMP << 24) | (pkt.packet_id << 8) | code, suback=True)
         else:
             self.write(encode_ack(P.PUBCOMP, pkt.packet_id, code, None, self.level))  # [MQTT-4.3.3-11]
 
