@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 from job_footprint import show, tree  # noqa: E402  (beside this script)
 
-from sink import progress  # noqa: E402
+from sink.history import commits  # noqa: E402
 
 
 def free_port() -> int:
@@ -75,7 +75,7 @@ def main() -> int:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
     marks: dict[str, float] = {}
-    committed = progress.committed_path(table)
+    committed = commits.committed_path(table)
     try:
         while time.monotonic() - t0 < args.timeout and proc.poll() is None:
             now = time.monotonic() - t0

@@ -28,7 +28,7 @@ class Handle:
 
     def __init__(self, cid: str, pos: tuple[int, int] | None, pid: int | None, qos: int = 1) -> None:
         self.cid = cid
-        self.pos = pos           # (partition, offset), or None (not from the log: a retained replay)
+        self.pos = pos           # (partition, offset), or None (not from the log: a retained delivery)
         self.pid = pid
         self.released = False
         self.qos = qos

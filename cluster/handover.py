@@ -4,7 +4,7 @@ holds them (the cluster's Kafka lost its data).
 A moved session is rebuilt from the log: its last node's final state names the positions in the
 messages topic below which everything was delivered and acknowledged, and the new node reads the
 session's messages from there (cluster/rebuild.py). A message its node read from a log Kafka
-has since lost (or a retained message replayed to the session, never in the log) has no such
+has since lost (or a retained message delivered on subscribe, never in the log) has no such
 position. When the session a node gives up holds one, queued or in flight, the node writes what
 it owes the session (in flight first, with packet ids and PUBREC state, then the queue, in
 order) to the messages topic as records addressed to the session (header `mqtt.to`: the client

@@ -13,7 +13,7 @@ the data directory from the same config, ``data_dir``, or ``--data-dir``):
     32 random bytes (hex): the broker's key. Made by the broker's sink when missing; read by the
     history job. Two keys are derived from it: one signs every Kafka record the forwarder sends
     (header ``mqtt.sig``, checked by the job, which drops records without a valid one), one
-    signs the job's committed file (sink/progress.py; the broker ignores a file whose signature
+    signs the job's committed file (sink/history/commits.py; the broker ignores a file whose signature
     fails). ``$MQTT_SINK_KEY`` (64 hex digits) overrides it everywhere.
 
 ``cluster.key``

@@ -253,8 +253,8 @@ class Broker:
         session.connection = None
         for f in self.hooks.on_client_disconnected:
             f(session, publish_will)
-        if session.replay:
-            session.replay_to_queue()
+        if session.feeds:
+            session.feeds_to_queue()
         will = session.will
         if publish_will and will is not None:
             delay = _will_delay(will)
@@ -643,7 +643,7 @@ class Broker:
 
     def retained_matching(self, topic_filter: str) -> Iterator[tuple[Any, Message]]:
         """Lazily, the retained messages matching a filter (RetainedStore.walk): a new
-        subscription's replay [MQTT-3.3.1-9]."""
+        subscription's retained delivery [MQTT-3.3.1-9]."""
         return self.retained.walk(topic_filter)
 
     def retained_count(self) -> int:

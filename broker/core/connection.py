@@ -29,11 +29,11 @@ from ..protocol.codec import Decoder, decode_one, encode, encode_ack, is_one_pac
 from ..protocol.errors import MalformedPacket, MQTTError, ProtocolError
 from ..protocol.properties import encode_vbi
 from .connect_checks import client_id_refusal, login_refusal, will_refusal
-from .events import NO_EVENTS, AcksHeld, AdmitRequested, AuthRequested
+from .events import NO_EVENTS, AcksHeld, AdmitRequested, AuthRequested, HeldAck
 from .hooks import ALLOW_ALL, REPLAY_PREFIX, AdmitRefused
 from .message import Message
 from .empties import NO_ENTRIES
-from .session import NEVER, ReplayBudget, Subscription
+from .session import NEVER, RetainedBudget, Subscription
 from mqtt_topics import parse_shared, valid_topic_filter
 
 if TYPE_CHECKING:
@@ -56,6 +56,7 @@ NO_OUTPUT: tuple[()] = ()  # take_output() when there is none
 KEEP_OPEN, BROKER_ENDS, CLIENT_DONE = 0, 1, 2
 NO_PROPERTIES: MappingProxyType[int, Any] = MappingProxyType({})  # a packet without properties (3.1.1, or none sent)
 NO_CLIENT_LIMIT = 268435460  # a client that states no Maximum Packet Size (3.1.2.11.4)
+ACK_WITH_CODE = 6  # bytes of a v5 PUBACK, PUBREC, PUBREL or PUBCOMP with a Reason Code (3.4.2.1)
 
 
 class Connection:
@@ -150,8 +151,8 @@ class Connection:
         self.out = None
         self.is_dirty = False
         s = self.session
-        if s is not None and s.replay and not self.paused and s.connection is self:
-            s.pump(self.broker.clock())  # a paced retained replay: its next burst, for the next turn
+        if s is not None and s.feeds and not self.paused and s.connection is self:
+            s.pump(self.broker.clock())  # paced retained messages: their next burst, for the next turn
         return NO_OUTPUT if out is None else out
 
     def emit(self, event: object) -> None:
@@ -178,7 +179,7 @@ class Connection:
         self.events = None
         return ev
 
-    def hold(self, ack: bytes, suback: bool = False) -> None:
+    def hold(self, ack: HeldAck, suback: bool = False) -> None:
         """An ack that waits for durability: into this read's AcksHeld event (one per read)."""
         ev = self.events
         if ev is not None and type(ev[-1]) is AcksHeld:
@@ -192,47 +193,53 @@ class Connection:
         else:
             self.pending_acks += 1
 
-    def acks_done(self, acks: list[bytes], failure: str | None = None, subacks: int = 0) -> None:
+    def acks_done(self, acks: list[HeldAck], failure: str | None = None, subacks: int = 0) -> None:
         """The acks of an AcksHeld event, decided: failure None means the messages are
-        durable, send the acks as they are; otherwise never a success: v5 the same ack with
-        0x80 Unspecified error, 3.1.x has no failure ack: close. [MQTT-4.3.2-4], [MQTT-4.3.3-8]:
-        the PUBACK/PUBREC goes out only once the broker owns the message."""
+        durable, send the acks; otherwise never a success: v5 the same ack with 0x80
+        Unspecified error, 3.1.x has no failure ack: close. [MQTT-4.3.2-4], [MQTT-4.3.3-8]:
+        the PUBACK/PUBREC goes out only once the broker owns the message. Each ack is encoded
+        here, once, as what it turned out to be."""
         self.pending_acks -= len(acks) - subacks
         if self.state == _CLOSED:
             return
         if failure is not None:
             return self.fail_acks(acks, failure)
-        out = self.out  # write(a) for each, in one step: a read's acks are many
-        if out is not None:
-            out.extend(acks)
-        else:
-            self.out = list(acks)
+        out = self.out  # write() for each, in one step: a read's acks are many
+        if out is None:
+            out = self.out = []
+        level = self.level
+        for a in acks:
+            if isinstance(a, int):  # events.held_ack(type, packet id, reason code)
+                out.append(encode_ack(a >> 24, (a >> 8) & 0xFFFF, a & 0xFF, None, level))
+            elif not self.send_fitting(a):  # (its size without a Reason String was checked)
+                self.unsendable(P.SUBACK, len(encode(a, level)))
         if not self.is_dirty:
             self.is_dirty = True
             self.broker.mark_dirty(self)
 
-    def fail_acks(self, acks: list[bytes], why: str) -> None:
+    def fail_acks(self, acks: list[HeldAck], why: str) -> None:
         """The held acks become failures: v5 the same ack with 0x80 Unspecified error; 3.1.x has
         no failure acknowledgement, so the connection is closed."""
         v5 = self.level == P.MQTT_5
         props = {PR.REASON_STRING: why} if v5 and self.request_problem_info else None
         session = self.session
         unsendable = False
+        closes = False  # a PUBACK/PUBREC failed: a 3.1.x client is disconnected
         for a in acks:
-            ptype, pid = a[0] >> 4, (a[2] << 8) | a[3]  # an encoded PUBACK/PUBREC (or SUBACK, PUBREL, PUBCOMP)
-            if ptype == P.PUBREL or ptype == P.PUBCOMP:
-                # the release is this session's state here whatever the store did: the flow
-                # goes on (only a move before the next checkpoint could send the PUBLISH again)
-                self.write(a)
-                continue
-            if ptype == P.SUBACK:
-                # the subscriptions could not be made durable: each filter failed
+            if not isinstance(a, int):
+                # a SUBACK: the subscriptions could not be made durable: each filter failed
                 # ([MQTT-3.9.3-1] one code per filter; 0x80 is a failure in 3.1.1 and 5)
-                (suback,), _ = decode_one(bytes(a), self.level)
-                if not self.send_fitting(P.Suback(pid, [0x80] * len(suback.reason_codes),
+                if not self.send_fitting(P.Suback(a.packet_id, [0x80] * len(a.reason_codes),
                                                   props if v5 else None)):
                     unsendable = True
                 continue
+            ptype, pid = a >> 24, (a >> 8) & 0xFFFF  # (events.ack_fields)
+            if ptype == P.PUBREL or ptype == P.PUBCOMP:
+                # the release is this session's state here whatever the store did: the flow
+                # goes on (only a move before the next checkpoint could send the PUBLISH again)
+                self.write(encode_ack(ptype, pid, rc.SUCCESS, None, self.level))
+                continue
+            closes = True
             if ptype == P.PUBREC and pid in session.inflight_in:
                 # [MQTT-4.3.3-9]: after a PUBREC >= 0x80 a PUBLISH with this id is a new message
                 session.inflight_in.discard(pid)
@@ -248,7 +255,7 @@ class Connection:
                     self.write(data)
         if unsendable and self.state != _CLOSED:
             self.unsendable(P.PUBACK, 6)
-        if not v5 and self.state != _CLOSED and any(a[0] >> 4 in (P.PUBACK, P.PUBREC) for a in acks):
+        if not v5 and closes and self.state != _CLOSED:
             self.note(logging.WARNING, "closing %s (%s): %s; a 3.1.x client has no failure "
                       "acknowledgement", self.client_id, self.peer, why)
             self.close(publish_will=True)
@@ -395,17 +402,16 @@ class Connection:
                 raise ProtocolError(f"PUBREC for packet id {pkt.packet_id}, a QoS 1 delivery")
             if code is not None:
                 # [MQTT-4.3.3-4] PUBREL with the PUBLISH's id (none after a PUBREC >= 0x80)
-                data = encode_ack(P.PUBREL, pkt.packet_id, code, None, self.level)
-                if code and len(data) > self.max_packet_size:  # [MQTT-3.1.2-24]
-                    return self.unsendable(P.PUBREL, len(data))
+                if code and self.max_packet_size < ACK_WITH_CODE:  # [MQTT-3.1.2-24]
+                    return self.unsendable(P.PUBREL, ACK_WITH_CODE)
                 if code == 0 and self.broker.durable and self.session.store is not None:
                     # [MQTT-4.3.3-6] once PUBREL is sent the PUBLISH never is again: it waits
                     # until the hooks providing barrier() hold the release (the cluster's
                     # checkpoint: a node that takes the session over sends PUBREL, not PUBLISH)
                     # (not counted against Receive Maximum, as a SUBACK)
-                    self.hold(data, suback=True)
+                    self.hold((P.PUBREL << 24) | (pkt.packet_id << 8) | code, suback=True)
                 else:
-                    self.write(data)
+                    self.write(encode_ack(P.PUBREL, pkt.packet_id, code, None, self.level))
         elif t == P.PUBREL:
             self.on_pubrel(pkt)
         elif t == P.PINGREQ:
@@ -808,22 +814,23 @@ class Connection:
     def ack(self, qos: int, pid: int, code: int) -> None:
         if self.level != P.MQTT_5:
             code = 0
-        data = encode_ack(P.PUBACK if qos == 1 else P.PUBREC, pid, code, None, self.level)
-        if code and len(data) > self.max_packet_size:  # [MQTT-3.1.2-24] (a reason code: 6 bytes)
-            return self.unsendable(P.PUBACK if qos == 1 else P.PUBREC, len(data))
+        ptype = P.PUBACK if qos == 1 else P.PUBREC
+        if code and self.max_packet_size < ACK_WITH_CODE:  # [MQTT-3.1.2-24]
+            return self.unsendable(ptype, ACK_WITH_CODE)
         if code < 0x80 and self.broker.durable:
             # sent by the caller once the hooks providing barrier() say the message is durable
-            # (the ack gate calls acks_done); hold(data), inline for the read's later acks
+            # (the ack gate calls acks_done, which encodes it); hold(), inline for the read's
+            # later acks
             ev = self.events
             if ev is not None:
                 held = ev[-1]
                 if type(held) is AcksHeld:
-                    held.acks.append(data)
+                    held.acks.append((ptype << 24) | (pid << 8) | code)  # events.held_ack
                     self.pending_acks += 1
                     return
-            self.hold(data)
+            self.hold((ptype << 24) | (pid << 8) | code)
         else:
-            self.write(data)
+            self.write(encode_ack(ptype, pid, code, None, self.level))
 
     def check_publish_properties(self, props: dict[int, Any]) -> dict[int, Any] | None:
         """Validate a client PUBLISH's properties; return those forwarded unaltered."""
@@ -889,16 +896,15 @@ class Connection:
                 session.store.qos2_remove(session.client_id, pkt.packet_id)
         else:  # not awaited
             code = rc.PACKET_IDENTIFIER_NOT_FOUND  # 0x92
-        data = encode_ack(P.PUBCOMP, pkt.packet_id, code, None, self.level)  # [MQTT-4.3.3-11]
-        if code and len(data) > self.max_packet_size:  # [MQTT-3.1.2-24]
-            return self.unsendable(P.PUBCOMP, len(data))
+        if code and self.max_packet_size < ACK_WITH_CODE:  # [MQTT-3.1.2-24]
+            return self.unsendable(P.PUBCOMP, ACK_WITH_CODE)
         if code == 0 and self.broker.durable and session.store is not None:
             # the client may reuse the id once PUBCOMP came: the hooks providing barrier() hold
             # its release first, so a broker that takes the session over never takes a reuse of
             # it for a resend of the message released [MQTT-4.3.3-9]
-            self.hold(data, suback=True)
+            self.hold((P.PUBCOMP << 24) | (pkt.packet_id << 8) | code, suback=True)
         else:
-            self.write(data)
+            self.write(encode_ack(P.PUBCOMP, pkt.packet_id, code, None, self.level))  # [MQTT-4.3.3-11]
 
     # ------------------------------------------------------------ SUBSCRIBE
     def on_subscribe(self, s: P.Subscribe) -> None:
@@ -914,7 +920,7 @@ class Connection:
         codes = []
         # filter -> (send retained, new before this packet, topic filter, qos, sub ids): a filter
         # repeated in one SUBSCRIBE replaces the earlier one [MQTT-3.8.4-3], so it is stored and
-        # its retained messages replayed once, with the last occurrence's options
+        # its retained messages sent once, with the last occurrence's options
         subscribed: dict[str, tuple[bool, bool, str, int, tuple[int] | None]] = {}
         session = self.session
         why = None  # a Reason String for the SUBACK (a refused history replay says why)
@@ -946,27 +952,26 @@ class Connection:
             for i, (filt, _) in enumerate(s.topics):
                 if codes[i] < 0:
                     codes[i] = codes[replays[filt]]
-        suback = encode(P.Suback(s.packet_id, codes), self.level)  # one code per filter [MQTT-3.8.4-6]
-        if why and v5 and self.request_problem_info:  # [MQTT-3.1.2-29]
-            with_why = encode(P.Suback(s.packet_id, codes, {PR.REASON_STRING: why}), self.level)
-            if len(with_why) <= self.max_packet_size:  # [MQTT-3.1.2-24]: else without it
-                suback = with_why
+        # one code per filter [MQTT-3.8.4-6]; a Reason String [MQTT-3.1.2-29] only if it fits
+        # (send_fitting: [MQTT-3.1.2-24]; the SUBACK without it does, checked above)
+        suback = P.Suback(s.packet_id, codes,
+                          {PR.REASON_STRING: why} if why and v5 and self.request_problem_info else None)
         if b.durable and subscribed and session.store is not None:
             # a persistent session's subscriptions are acknowledged once they are durable (the
             # hooks providing barrier(): the store's commit, the cluster's Kafka write)
             self.hold(suback, suback=True)
         else:
-            self.write(suback)
+            self.send_fitting(suback)
         now = b.clock()
         budget = None
         for filt, (send, _, topic_filter, qos, sid) in subscribed.items():
             if not send:
                 continue
             if budget is None:
-                budget = ReplayBudget(cfg.max_retained_replay)
+                budget = RetainedBudget(cfg.max_retained_replay)
             # [MQTT-3.3.1-9]: sent with RETAIN=1, paced like other traffic (Session.pump); the
             # ACL's deny rules of this client checked per message (docs/security.md "Access control")
-            session.replay_retained(b.retained_matching(topic_filter), qos, sid,
+            session.deliver_retained(b.retained_matching(topic_filter), qos, sid,
                                     session.subscriptions[filt].read_check, budget, now)
 
     def quota_reason(self, filt: str) -> str:

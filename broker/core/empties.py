@@ -45,4 +45,4 @@ class _NoDeque(deque[Any]):
 
 NO_ENTRIES: dict[Any, Any] = _NoEntries()  # Session.subscriptions, inflight_out; Connection aliases
 NO_IDS: set[int] = _NoIds()                # Session.inflight_in
-NOTHING: deque[Any] = _NoDeque()           # Session.queue, replay, resend_pending
+NOTHING: deque[Any] = _NoDeque()           # Session.queue, feeds, resend_pending

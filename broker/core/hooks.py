@@ -120,7 +120,7 @@ class Hook:
                sub_id: int | None) -> tuple[int, str | None]:
         """A SUBSCRIBE names `filt` under REPLAY_PREFIX on connection `conn`: (the SUBACK reason
         code, a Reason String or None). The hook installs the subscription (session.subscriptions,
-        Broker.router) and sends what it replays through the session (Session.replay)."""
+        Broker.router) and sends what it replays through the session (Session.add_feed)."""
         return 0x83, None
 
     # ---------------------------------------------------------------- lifecycle

@@ -89,7 +89,7 @@ def publish_problem(topic: object, payload: object, props: dict[int, Any] | None
                     max_levels: int = 0) -> str | None:
     """Why a message cannot enter the broker as a PUBLISH, None when it can: the checks the
     decoder and Connection.on_publish make on a client's PUBLISH, for every other way in (the
-    admin API, a replay, a restored store). A PUBLISH of this topic and payload must fit
+    admin API, a history replay, a restored store). A PUBLISH of this topic and payload must fit
     `max_packet_size` (mqtt.maximum_packet_size for new messages)."""
     problem = topic_name_problem(topic, "the topic", max_topic_length, max_levels)
     if problem is not None:

@@ -100,7 +100,7 @@ class RetainedStore:
 
     def walk(self, filt: str) -> Iterator[tuple[_Node, Message]]:
         """Lazily, (node, message) for each retained message matching `filt` that was stored
-        before this call, in depth-first topic order: a subscription's replay takes a few at a
+        before this call, in depth-first topic order: a subscription's retained delivery takes a few at a
         time (Session.pump), so matching a filter against a large store never holds the event
         loop. Changes while it is suspended are safe: a message replaced or deleted since is not
         yielded (the newer one was routed live), topics added since are not visited; the caller

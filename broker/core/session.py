@@ -29,15 +29,15 @@ if TYPE_CHECKING:
 NEVER = 0xFFFFFFFF  # Session Expiry Interval meaning "does not expire"
 # a queued message: (message, qos, retain, subscription ids, its handle in the store or None)
 QueueEntry = tuple["Message", int, bool, Any, Any]
-REPLAY_BURST = 1 << 20  # bytes of retained replay written per pump: the rest waits for the next turn
-REPLAY_STEPS = 1000     # retained messages looked at per pump (sent, skipped or over the budget)
-REPLAY_LEFT_STEPS = 2 * REPLAY_STEPS  # looked at when the connection ends mid-replay (to the queue)
+RETAINED_BURST = 1 << 20  # bytes of retained messages written per pump: the rest waits for the next turn
+RETAINED_STEPS = 1000     # retained messages looked at per pump (sent, skipped or over the budget)
+RETAINED_LEFT_STEPS = 2 * RETAINED_STEPS  # looked at when the connection ends before all went (to the queue)
 
 
-class ReplayBudget:
-    """What the retained replays of one SUBSCRIBE may send together (mqtt.max_retained_replay):
+class RetainedBudget:
+    """What the retained deliveries of one SUBSCRIBE may send together (mqtt.max_retained_replay):
     `left` more messages; beyond it they are counted (`dropped`) and, when the last of its
-    replays ends (`open` 0), logged once."""
+    deliveries ends (`open` 0), logged once."""
     __slots__ = ("left", "dropped", "open", "limit")
 
     def __init__(self, limit: int) -> None:
@@ -46,7 +46,7 @@ class ReplayBudget:
         self.open = 0
 
 
-class Replay:
+class RetainedDelivery:
     """The retained messages one new subscription still has to be sent [MQTT-3.3.1-9]: a lazy
     walk of the retained store (RetainedStore.walk), so a SUBSCRIBE costs nothing up front
     however many messages match; `held` is one taken from the walk and waiting for the client's
@@ -54,7 +54,7 @@ class Replay:
     __slots__ = ("walk", "qos", "sub_ids", "check", "budget", "held")
 
     def __init__(self, walk: Iterator[tuple[Any, Message]], qos: int, sub_ids: Any, check: bool,
-                 budget: ReplayBudget) -> None:
+                 budget: RetainedBudget) -> None:
         self.walk = walk
         self.qos = qos
         self.sub_ids = sub_ids
@@ -149,7 +149,7 @@ class Session:
     __slots__ = ("client_id", "subscriptions", "inflight_out", "queue", "inflight_in",
                  "expiry_interval", "expires_at", "will", "will_at", "connection", "next_pid",
                  "max_queued", "queue_qos0", "stats", "username", "link_level", "sent",
-                 "store", "resend_pending", "replay", "queues", "queue_room", "acl_gen",
+                 "store", "resend_pending", "feeds", "queues", "queue_room", "acl_gen",
                  "qos2_unsure", "filter_bytes", "shapes", "wildcard_levels")
 
     def __init__(self, client_id: str, max_queued: int = 1000, queue_qos0: bool = False,
@@ -197,10 +197,11 @@ class Session:
         # (hooks.Persistence: its methods are bound when the hooks change, so Any)
         self.store: Any = None
         self.resend_pending: deque[int] = NOTHING  # in-flight packet ids waiting to be resent
-        # retained messages for new subscriptions, sent by pump() under backpressure: a Replay
-        # (a lazy walk of the retained store) per subscription; or a history replay (a replay
-        # hook's feed: pump(session, link, now) sends what the window allows, True when done)
-        self.replay: deque[Any] = NOTHING
+        # what pump() sends before the queue, in order, under backpressure ("feeds"): the retained
+        # messages of new subscriptions, a RetainedDelivery (a lazy walk of the retained store)
+        # each; and history replays ($replay/...: the replay hook's feed, whose pump(session,
+        # link, now) sends what the window allows, True when done)
+        self.feeds: deque[Any] = NOTHING
         self.queues = queues if queues is not None else Queues()
         self.queue_room = self.queues.per_session  # bytes its queue may still take (entry_size())
         self.acl_gen = self.queues.acl_gen  # the ACL its queue was checked against (pump)
@@ -399,26 +400,26 @@ class Session:
         self.sent[qos] += 1
         return True
 
-    def replay_retained(self, walk: Iterator[tuple[Any, Message]], qos: int, sub_ids: Any,
-                        check: bool, budget: ReplayBudget,
+    def deliver_retained(self, walk: Iterator[tuple[Any, Message]], qos: int, sub_ids: Any,
+                        check: bool, budget: RetainedBudget,
                         now: float) -> None:
         """Retained messages for a new subscription [MQTT-3.3.1-9] (`walk`: RetainedStore.walk()),
         sent with RETAIN=1 by pump() like any other traffic: a burst per event-loop turn (at most
-        REPLAY_BURST bytes, REPLAY_STEPS messages), nothing while the transport is paused, QoS 1/2
+        RETAINED_BURST bytes, RETAINED_STEPS messages), nothing while the transport is paused, QoS 1/2
         within the client's Receive Maximum; at most `budget.limit` for one SUBSCRIBE, the excess
         counted (dropped_retained_replay) and logged. Holds no list of messages."""
-        self.add_replay(Replay(walk, qos, sub_ids, check, budget))
+        self.add_feed(RetainedDelivery(walk, qos, sub_ids, check, budget))
         self.pump(now)
 
-    def add_replay(self, replay: Any) -> None:
-        """A Replay, or a history replay's feed (sink/replay/feed.py), for pump() to send after
-        those before it."""
-        if self.replay is NOTHING:
-            self.replay = deque()
-        self.replay.append(replay)
+    def add_feed(self, feed: Any) -> None:
+        """A RetainedDelivery, or a history replay's feed (sink/replay/feed.py), for pump() to
+        send after those before it."""
+        if self.feeds is NOTHING:
+            self.feeds = deque()
+        self.feeds.append(feed)
 
-    def _next_replayed(self, r: Replay, now: float) -> tuple[Any, Message] | None:
-        """The next message of a replay that may be sent (held, or from the walk), or None at the
+    def _next_retained(self, r: RetainedDelivery, now: float) -> tuple[Any, Message] | None:
+        """The next retained message of a delivery that may be sent (held, or from the walk), or None at the
         end of the walk; skips what was replaced, deleted, expired, not readable or over budget."""
         allow = self.queues.allow_read
         while True:
@@ -439,27 +440,27 @@ class Session:
                 continue
             return held
 
-    def _pump_replay(self, link: Connection, now: float) -> None:
-        replay = self.replay
+    def _pump_feeds(self, link: Connection, now: float) -> None:
+        feeds = self.feeds
         inflight = self.inflight_out
         limit = link.receive_max
-        budget = REPLAY_BURST
-        steps = REPLAY_STEPS
-        while replay and not link.paused and budget > 0:
+        budget = RETAINED_BURST
+        steps = RETAINED_STEPS
+        while feeds and not link.paused and budget > 0:
             if steps <= 0:
                 link.wake()  # more next turn, even if this one wrote nothing
                 return
-            r = replay[0]
-            if r.__class__ is not Replay:  # a history replay (core/hooks.py REPLAY): it sends
+            r = feeds[0]
+            if r.__class__ is not RetainedDelivery:  # a history replay (core/hooks.py REPLAY): sends
                 if not r.pump(self, link, now):  # what it may now; True once it is done
                     return
-                replay.popleft()
+                feeds.popleft()
                 continue
             steps -= 1
-            held = self._next_replayed(r, now)
+            held = self._next_retained(r, now)
             if held is None:
-                replay.popleft()
-                self._replay_done(r, link)
+                feeds.popleft()
+                self._retained_done(r, link)
                 continue
             msg = held[1]
             q = r.qos if r.qos < msg.qos else msg.qos
@@ -469,33 +470,33 @@ class Session:
             r.budget.left -= 1
             if self._send(msg, q, True, r.sub_ids, now):
                 budget -= len(msg.payload) + len(msg.topic_bytes) + 16
-        if not replay and self.replay is replay:
-            self.replay = NOTHING  # an empty deque holds 624 bytes: not kept by every session
+        if not feeds and self.feeds is feeds:
+            self.feeds = NOTHING  # an empty deque holds 624 bytes: not kept by every session
 
-    def _replay_done(self, r: Replay, link: Connection | None) -> None:
+    def _retained_done(self, r: RetainedDelivery, link: Connection | None) -> None:
         b = r.budget
         b.open -= 1
         if b.open == 0 and b.dropped and link is not None:
             link.note(logging.WARNING, "%s: %d retained messages not sent: its SUBSCRIBE matched "
                       "more than mqtt.max_retained_replay (%d)", self.client_id, b.dropped, b.limit)
 
-    def replay_to_queue(self) -> None:
-        """The connection went away mid-replay: what is left joins the queue like any message
+    def feeds_to_queue(self) -> None:
+        """The connection went away before its retained deliveries ended: what is left joins the queue like any message
         for an offline session (QoS 0 only with queue_qos0_messages), as far as the queue's
         bounds allow: the walk stops at the first message the queue refuses, or after
-        REPLAY_LEFT_STEPS messages."""
-        replay, self.replay = self.replay, NOTHING
-        steps = REPLAY_LEFT_STEPS
+        RETAINED_LEFT_STEPS messages."""
+        feeds, self.feeds = self.feeds, NOTHING
+        steps = RETAINED_LEFT_STEPS
         now = -1.0  # (expiry is checked again when the queue is sent)
-        for r in replay:
-            if r.__class__ is not Replay:
+        for r in feeds:
+            if r.__class__ is not RetainedDelivery:
                 continue  # a history replay ends with its connection (its hook ends it)
             r.budget.open -= 1
             if not (r.qos or self.queue_qos0):
                 continue
             while steps > 0:
                 steps -= 1
-                held = self._next_replayed(r, now)
+                held = self._next_retained(r, now)
                 if held is None:
                     break
                 msg = held[1]
@@ -509,16 +510,16 @@ class Session:
                     break  # the queue is full: the rest would be dropped too
 
     def pump(self, now: float) -> None:
-        """Send pending retained replays, then queued messages, while the transport and
-        the client's Receive Maximum allow."""
+        """Send pending feeds (retained deliveries, history replays), then queued messages,
+        while the transport and the client's Receive Maximum allow."""
         link = self.connection
         if link is None:
             return
         queues = self.queues
         if self.acl_gen != queues.acl_gen:
             self.recheck_read()
-        if self.replay:
-            self._pump_replay(link, now)
+        if self.feeds:
+            self._pump_feeds(link, now)
         queue = self.queue
         limit = link.receive_max
         while queue and not link.paused:
@@ -535,7 +536,7 @@ class Session:
 
     def recheck_read(self) -> int:
         """The ACL changed since this session's queue was last checked: drop the queued
-        messages (and retained messages waiting to be replayed) its client may no longer read,
+        messages (and retained messages waiting to be delivered) its client may no longer read,
         before any is sent. Returns how many were dropped (counted as not_authorized)."""
         q = self.queues
         self.acl_gen = q.acl_gen
@@ -557,8 +558,8 @@ class Session:
                     if e[4] is not None:
                         self.store.remove(e[4])
             self.queue = keep
-        for r in self.replay:
-            r.check = True  # retained messages still to be replayed: checked as they are sent
+        for r in self.feeds:
+            r.check = True  # retained messages still to be delivered: checked as they are sent
         if dropped:
             self.stats["dropped_not_authorized"] = self.stats.get("dropped_not_authorized", 0) + dropped
         return dropped
@@ -612,7 +613,7 @@ class Session:
             pid = held.popleft()
             if pid in self.inflight_out and self._resend(pid, now):
                 return
-        if self.queue or self.replay:
+        if self.queue or self.feeds:
             self.pump(now)
 
     def acked(self, pid: int, qos: int, now: float) -> bool | None:
@@ -629,7 +630,7 @@ class Session:
         del self.inflight_out[pid]
         if entry.handle is not None:
             self.store.remove(entry.handle)
-        if self.resend_pending or self.queue or self.replay:  # (else _freed() has nothing to do)
+        if self.resend_pending or self.queue or self.feeds:  # (else _freed() has nothing to do)
             self._freed(now)
         return True
 

@@ -2,7 +2,7 @@
 
 The forwarder remembers, per chunk Kafka acknowledged, the next offset of each partition it
 wrote and the topic id (:class:`AckedChunk`, kept in its checkpoint). The history job reports
-what its table has in its committed file (sink/progress.py); a chunk it covers is committed,
+what its table has in its committed file (sink/history/commits.py); a chunk it covers is committed,
 and the spool may let its records go. :class:`CommitWatcher` holds that list and the committed
 position, reads the file, and says what keeps records waiting (no file and no job, an unsigned
 file, a job writing another table, a job that stopped committing).
@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from .. import progress
+from ..history import commits
 from .spool import SpoolPosition
 
 log = logging.getLogger(__name__)
@@ -117,7 +117,7 @@ class CommitWatcher:
         if key == self._progress_key:
             return
         self._progress_key = key
-        data = progress.read_committed(path, self.committed_key)
+        data = commits.read_committed(path, self.committed_key)
         if data is None:
             self._file_state = "unreadable"
             return
@@ -139,7 +139,7 @@ class CommitWatcher:
         self.read()
         state = self.progress
         pend = self.pending
-        is_committed = progress.is_committed
+        is_committed = commits.is_committed
         moved = False
         while pend:
             c = pend[0]
@@ -210,7 +210,7 @@ class CommitWatcher:
             n = max(0, acked_seq - self.committed_seq)
             path = self.committed_file
             fs = self._file_state
-            job = progress.running_job(self.job_file) if fs != "ok" or waited > self.stale_after else None
+            job = commits.running_job(self.job_file) if fs != "ok" or waited > self.stale_after else None
             other = self._other_table(job)
             if other:
                 status, problem = "other_table", other

@@ -24,10 +24,10 @@ that chunk one record per request and is dropped alone.
 
 The loop is a state machine (:class:`State`, one :meth:`Forwarder.step` per turn):
 CONNECTING -> FORWARDING; a failed chunk -> RESENDING -> FORWARDING (from that chunk, after a
-back-off); Kafka lost data -> REPLAYING -> PROBING (fresh metadata) -> FORWARDING (from the
-replay start). Chunks in flight are :class:`InFlight` records; with keep_until = "history"
-acknowledged chunks wait as AckedChunk records until committed (sink/forward/commit_watch.py:
-:class:`CommitWatcher` follows the history job's commits). Every time is read from the
+back-off); Kafka lost data -> REFILLING -> PROBING (fresh metadata) -> FORWARDING (from the
+first record Kafka may have lost: the refill). Chunks in flight are :class:`InFlight` records;
+with keep_until = "history" acknowledged chunks wait as AckedChunk records until committed
+(sink/forward/commit_watch.py: :class:`CommitWatcher` follows the history job's commits). Every time is read from the
 Forwarder's injected clocks (``clock``, ``wall_clock``).
 
 Kafka losing data (embedded Tansu restarted empty, topic re-created) is
@@ -36,12 +36,12 @@ goes backwards in a produce acknowledgement, or a topic id that changes in the m
 ids and last offsets are kept in the checkpoint so this also works across restarts). Then:
 
 * ``keep_until = "history"``: every record the history job has not committed yet
-  (sink/progress.py; the forwarder remembers, per acknowledged chunk, the next offset of
+  (sink/history/commits.py; the forwarder remembers, per acknowledged chunk, the next offset of
   each partition it wrote and the topic id, and keeps that list in its checkpoint) is sent
   again. Spool segments are deleted only once committed.
-* ``keep_until = "kafka"``: the replay window is re-sent: records already forwarded whose
+* ``keep_until = "kafka"``: the refill window is re-sent: records already forwarded whose
   accept time is within ``replay_window_seconds`` and that are among the last
-  ``replay_window_messages``.
+  ``replay_window_messages`` (the settings keep their names).
 
 Each record keeps its ``mqtt.message_id``, so consumers can drop the duplicates; per MQTT
 topic, the last occurrence of each message id is in submit order.
@@ -67,7 +67,7 @@ from kafka_client.produce import BatchSender, ChunkFuture, NotReady
 from kafka_client.record import entry_fields, entry_shard, entry_timestamp, sign_body
 from settings import HistoryConfig, SinkConfig, secrets
 
-from .. import progress
+from ..history import commits
 from .commit_watch import AckedChunk, CommitWatcher
 from .loss import LossDetector
 from .sources import MemorySource, SpoolSource
@@ -169,13 +169,13 @@ class State(enum.Enum):
     FORWARDING = "forwarding"  # read the spool, send chunks (up to 4 in flight, lingering for fuller ones)
     RESENDING = "resending"    # a chunk failed (resend_at): once nothing is in flight, rewind to its
                                # first record, back off, forward again (duplicates, never gaps)
-    REPLAYING = "replaying"    # Kafka lost data (lost_reason): once nothing is in flight, probe
+    REFILLING = "refilling"    # Kafka lost data (lost_reason): once nothing is in flight, probe
     PROBING = "probing"        # metadata asked at probe_since_ms: when it describes the new Kafka (or
                                # after 15 s), rewind to what Kafka may have lost, forward again
 
 
-REWINDING = frozenset({State.RESENDING, State.REPLAYING, State.PROBING})  # nothing new is read
-LOST = frozenset({State.REPLAYING, State.PROBING})
+REWINDING = frozenset({State.RESENDING, State.REFILLING, State.PROBING})  # nothing new is read
+LOST = frozenset({State.REFILLING, State.PROBING})
 
 
 @dataclass(slots=True, eq=False)
@@ -214,7 +214,7 @@ class Runtime:
 
     @property
     def job_file(self) -> str | None:
-        return progress.job_file(self.data_dir, self.table) if self.data_dir else None
+        return commits.job_file(self.data_dir, self.table) if self.data_dir else None
 
     def to_json(self) -> dict:
         out = {f: getattr(self, f) for f in self.__slots__}
@@ -259,7 +259,7 @@ class Forwarder:
             self._kid = secrets.key_id(rt.sink_key)
             committed_key = secrets.derive(rt.sink_key, secrets.COMMITTED)
         # keep_until = "history": records stay (and are re-sent after Kafka lost them) until the
-        # history job's committed file (sink/progress.py) says the table has them
+        # history job's committed file (sink/history/commits.py) says the table has them
         self.commits = CommitWatcher(rt.committed_file, committed_key, rt.job_file, sink.history_stale_seconds,
                                      clock) if sink.keep_until == "history" else None
         self.loss = LossDetector()
@@ -278,8 +278,8 @@ class Forwarder:
         self.status_interval = status_interval
         # -- state (see State) and its data
         self.state = State.CONNECTING
-        self.resend_at: SpoolPosition | None = None  # RESENDING (or a replay's end): the failed chunk
-        self.lost_reason: str | None = None           # REPLAYING, PROBING: why Kafka lost data
+        self.resend_at: SpoolPosition | None = None  # RESENDING (or a refill's end): the failed chunk
+        self.lost_reason: str | None = None           # REFILLING, PROBING: why Kafka lost data
         self._lost_routine = False                    # ... because the embedded Kafka restarted
         self.probe_since_ms: float | None = None      # PROBING: when fresh metadata was asked (clock)
         self.retry_at = 0.0                           # back-off: nothing is sent or rewound before
@@ -299,7 +299,7 @@ class Forwarder:
         self._lingering = False
         self._read_empty = False
         self._single_until = -1          # send one record per request up to here (find a refused one)
-        self._replay_until = -1          # records sent from below here are counted as replayed
+        self._refill_until = -1          # records sent from below here are counted as refilled
         self._stalled_ts: int | None = None           # accept time of the oldest unsent record (lag)
         self._stall_probe = 0.0
         self._last_check = 0.0
@@ -312,8 +312,8 @@ class Forwarder:
         self.forwarded = 0
         self.failed = 0
         self.poisoned = 0
-        self.replayed = 0
-        self.replays = 0
+        self.refilled = 0    # records sent again after Kafka lost data (stats: "replayed")
+        self.refills = 0     # times Kafka lost data and records were sent again ("replays")
         self.stopped = False
         self.exit_reason = ""
 
@@ -346,7 +346,7 @@ class Forwarder:
         rpos, rseq = self.retained()
         commits = self.commits
         return dict(pos=self.acked_pos, seq=self.acked_seq, forwarded=self.forwarded, failed=self.failed,
-                    poisoned=self.poisoned, replayed=self.replayed, replays=self.replays,
+                    poisoned=self.poisoned, replayed=self.refilled, replays=self.refills,
                     kafka_up=bool(self.kafka_up), lag_seconds=round(lag, 3), inflight=self.inflight_records,
                     retained_pos=rpos, retained_seq=rseq,
                     committed_seq=commits.committed_seq if commits is not None else None,
@@ -375,7 +375,7 @@ class Forwarder:
             return
         if self.state in LOST:
             commits.read()
-            return                             # pending is about to be replayed and cleared
+            return                             # pending is about to be refilled and cleared
         idle = not self.inflight and self.state not in REWINDING and self.source.pos >= self.acked_pos
         lost = commits.advance(SpoolPosition(self.acked_pos, self.acked_seq), idle, self.loss.topic_ids)
         if lost:
@@ -394,7 +394,7 @@ class Forwarder:
         except Exception as exc:  # NoBrokersAvailable / KafkaTimeoutError / config errors
             self._set_down(f"{type(exc).__name__}: {exc}")
             return False
-        self.state = State.FORWARDING                 # CONNECTING -> FORWARDING (or at once REPLAYING:)
+        self.state = State.FORWARDING                 # CONNECTING -> FORWARDING (or at once REFILLING:)
         # load metadata of topics we produced to before, to notice re-created topics
         for t in list(self.loss.topic_ids):
             try:
@@ -423,18 +423,18 @@ class Forwarder:
 
     # -- transitions ---------------------------------------------------------------------------------
     def _lost(self, reason: str, routine: bool = False) -> None:
-        """Kafka lost data: -> REPLAYING (kept while a replay is already under way). `routine`:
-        the embedded Kafka restarted empty, as it does whenever the broker starts it (the replay
+        """Kafka lost data: -> REFILLING (kept while a refill is already under way). `routine`:
+        the embedded Kafka restarted empty, as it does whenever the broker starts it (the refill
         logs one INFO line); anything else is a WARNING."""
         if self.state not in LOST:
-            self.state = State.REPLAYING
+            self.state = State.REFILLING
             self.lost_reason = reason
             self._lost_routine = routine and self.embedded
             if not self._lost_routine:
                 log.warning("Kafka lost data: %s", reason)
 
     def _chunk_failed(self, c: InFlight) -> None:
-        """-> RESENDING from the chunk's first record (a replay under way ends there instead)."""
+        """-> RESENDING from the chunk's first record (a refill under way ends there instead)."""
         self.resend_at = SpoolPosition(c.start, c.first_seq)
         if self.state not in LOST:
             self.state = State.RESENDING
@@ -576,25 +576,25 @@ class Forwarder:
                     return True
                 raise
         self._not_ready_since = None
-        if start < self._replay_until:
-            self.replayed += n_own
+        if start < self._refill_until:
+            self.refilled += n_own
         self.inflight.append(InFlight(fut, start, batch.end, first_seq, batch.last_seq, first_ts,
                                       self.clock(), n_own))
         self.inflight_records += n_own
         return True
 
     def _rewind(self) -> None:
-        """RESENDING, REPLAYING, PROBING: act once nothing is in flight."""
+        """RESENDING, REFILLING, PROBING: act once nothing is in flight."""
         if self.inflight:
             return                            # wait until nothing is in flight
         if self.state in LOST:
             # Tansu acknowledges records produced to a topic it no longer has (after a restart)
             # and drops them; only a Metadata request re-creates the topic. So refresh the
-            # metadata first (PROBING) and replay only once it describes the new Kafka.
+            # metadata first (PROBING) and refill only once it describes the new Kafka.
             md = self._metadata()
             mono_ms = self.clock() * 1000
             if md is not None and hasattr(md, "request_update"):
-                if self.state is State.REPLAYING:
+                if self.state is State.REFILLING:
                     self.state = State.PROBING
                     self.probe_since_ms = mono_ms
                     md.request_update()
@@ -619,16 +619,17 @@ class Forwarder:
                                                   now_ms - int(self.window_s * 1000), upto)
             else:
                 start = upto
-            self.replays += 1
-            self._replay_until = max(self._replay_until, upto)
+            self.refills += 1
+            self._refill_until = max(self._refill_until, upto)
             what = ("not yet committed by the history job" if self.commits is not None
-                    else "forwarded in the replay window")
+                    else "forwarded in the refill window")
             if self._lost_routine:   # one line says what was recovered
                 log.info("the embedded Kafka started empty (memory storage, %s): sending again the "
                          "records %s (spool positions %d-%d, %d bytes)", self.lost_reason, what,
                          start, upto, upto - start)
             else:
-                log.warning("replaying the records %s (from spool position %d to %d, %d bytes)",
+                log.warning("Kafka lost records: sending again the records %s (from spool position %d to "
+                            "%d, %d bytes)",
                             what, start, upto, upto - start)
             self.loss.forget_offsets()
             self._forward_from(start, None)
@@ -649,7 +650,7 @@ class Forwarder:
             # sent before the restart, not yet committed: the chunks saved with their offsets
             self.commits.load(committed, kstate.get("pending") if committed.pos < self.acked_pos else ())
             if committed.pos < self.acked_pos and not self.commits.pending:
-                self._replay_until = self.acked_pos   # unknown offsets: send them again
+                self._refill_until = self.acked_pos   # unknown offsets: send them again
                 self.source.seek(committed.pos, None)
         last_status = last_ckpt = last_house = 0.0
         timeout = 0.0
@@ -733,7 +734,7 @@ class Forwarder:
 
     def _resume_pos(self) -> int:
         """Where a restarted forwarder must start reading: the first record not acknowledged
-        (below acked_pos only while a replay is in progress)."""
+        (below acked_pos only while a refill is in progress)."""
         if self.resend_at is not None:
             p = self.resend_at.pos
         elif self.inflight:

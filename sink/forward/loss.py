@@ -3,7 +3,7 @@
 Detected, not assumed: a partition's offset that goes back in a produce acknowledgement, or a
 topic id that changes in the metadata. Both are kept in the forwarder's checkpoint (``state``),
 so a restarted forwarder notices a Kafka that lost data while it was down. What to do about it
-(replay, sink/forward/forwarder.py) is not decided here: each check returns why data was lost,
+(the refill, sink/forward/forwarder.py) is not decided here: each check returns why data was lost,
 or None.
 """
 from __future__ import annotations
@@ -60,7 +60,7 @@ class LossDetector:
         if metadata is None or not hasattr(metadata, "topic_id"):
             return None
         if getattr(metadata, "_last_successful_refresh_ms", 0) < self.ids_valid_after:
-            return None                 # ids cached from before the last replay: wait for fresh ones
+            return None                 # ids cached from before the last refill: wait for fresh ones
         lost = None
         for t, known in list(self.topic_ids.items()):
             try:

@@ -27,7 +27,7 @@ from kafka_client.record import Buffer, MessageEncoder, SinkRecord, encode_recor
 from mqtt_topics import matches as topic_matches  # one topic-filter matcher for the project
 from settings import HistoryConfig, SinkConfig
 
-from .. import progress
+from ..history import commits
 from .forwarder import Forwarder, Runtime, ThreadControl, encode_setup
 from .sources import MemorySource, SpoolSource
 from .spool import DirLock, SpoolWriter
@@ -54,11 +54,11 @@ def normalize_config(cfg: SinkConfig | dict | None, data_dir: str) -> SinkConfig
 
 def committed_file(cfg: SinkConfig, history: HistoryConfig | None) -> str:
     """Where the history job reports what the table has committed: [sink] committed_file, else
-    found from [history] table/checkpoint the way the job finds it (sink/progress.py)."""
+    found from [history] table/checkpoint the way the job finds it (sink/history/commits.py)."""
     if cfg.committed_file:
         return cfg.committed_file
     h = history or HistoryConfig()
-    return progress.committed_path(h.table, h.checkpoint or None)
+    return commits.committed_path(h.table, h.checkpoint or None)
 
 
 class Sink:
@@ -66,7 +66,7 @@ class Sink:
                  history: HistoryConfig | None = None) -> None:
         self.cfg = normalize_config(cfg, data_dir)
         self.committed_file = committed_file(self.cfg, history) if self.cfg.keep_until == "history" else None
-        self.table = (history or HistoryConfig()).table   # the job writing it says so (progress.job_file)
+        self.table = (history or HistoryConfig()).table   # the job writing it says so (commits.job_file)
         self.data_dir = data_dir
         self.key: bytes | None = None   # settings/secrets.py: signs records, checks the committed file
         self.durable = self.cfg.durability == "spool"          # acks wait for the fsync
@@ -112,7 +112,7 @@ class Sink:
         self._stop_ev = threading.Event()
         self._bg: threading.Thread | None = None
         self.kafka_recycles = 0       # embedded Kafka restarts to give back what the table holds
-        self._sent_at_recycle = 0     # records sent to Kafka (new + replayed) at the last one
+        self._sent_at_recycle = 0     # records sent to Kafka (new + refilled) at the last one
 
     @classmethod
     def from_config(cls, cfg: SinkConfig | dict | None, data_dir: str,
@@ -150,7 +150,7 @@ class Sink:
             self._kept_pos, self._kept_seq = self._writer.kept_pos, self._writer.kept_seq
             backlog = self._writer.next_seq - self._fwd_seq
             if backlog > 0:
-                log.info("%d unforwarded records in the spool %s will be replayed",
+                log.info("%d unforwarded records in the spool %s will be forwarded",
                          backlog, c.spool_dir)
         else:
             self._mem = MemorySource(self.max_bytes)
@@ -469,7 +469,7 @@ class Sink:
                 next_stats = now + interval
                 s = self.stats()
                 log.info("sink stats: accepted=%d spooled=%d forwarded=%d failed=%d dropped=%d excluded=%d "
-                         "spool=%d msgs/%d bytes lag=%.1fs kafka_up=%s replays=%d",
+                         "spool=%d msgs/%d bytes lag=%.1fs kafka_up=%s refills=%d",
                          s["accepted"], s["spooled"], s["forwarded"], s["failed"], s["dropped"],
                          s["excluded"], s["spool_messages"], s["spool_bytes"], s["lag_seconds"],
                          s["kafka_up"], s["replays"])
@@ -480,7 +480,7 @@ class Sink:
                 log.warning("embedded Kafka exited (code %s); restarting it on %s (it restarts empty: "
                             "the forwarder sends again %s)", k.proc.returncode, k.bootstrap,
                             "what the history table has not committed" if self.cfg.keep_until == "history"
-                            else "the records of the replay window")
+                            else "the records of the refill window")
                 try:
                     k.start()
                 except Exception as exc:

@@ -1,6 +1,6 @@
 """Where the forwarder reads records from: the on-disk spool (:class:`SpoolSource`, with its
 checkpoint and segment retention) or, with durability = "none", memory (:class:`MemorySource`).
-Both keep what the replay window needs and take the wall clock (``clock``) they compare the
+Both keep what the refill window needs and take the wall clock (``clock``) they compare the
 records' accept times with."""
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ class SpoolSource:
     def __init__(self, spool_dir: str, retain_max_bytes: int, shard: int = 0, shards: int = 1,
                  clock: Callable[[], float] = time.time) -> None:
         self.dir = spool_dir
-        self.clock = clock          # wall clock: the replay window, the checkpoint's updated_ms
+        self.clock = clock          # wall clock: the refill window, the checkpoint's updated_ms
         self.shard, self.shards = shard, shards
         self.ckpt_name = checkpoint_name(shard, shards)
         self.all_ckpts = [checkpoint_name(i, shards) for i in range(shards)]
@@ -59,7 +59,8 @@ class SpoolSource:
             pos = segs[0] if segs else 0
         resume = min(pos, int(ck.get("resume", pos)))
         if resume < pos:
-            log.info("resuming an interrupted replay at spool position %d", resume)
+            log.info("resuming an interrupted refill (records Kafka lost, sent again) at spool "
+                     "position %d", resume)
         self.reader.seek(resume)
         self._last_ckpt = (pos, seq, resume)
         return Checkpoint(pos, seq, ck.get("kafka") or {})
@@ -103,7 +104,7 @@ class SpoolSource:
 
     def housekeeping(self, acked_pos: int, acked_seq: int, window_s: float, window_n: int,
                      keep_from: int | None = None) -> None:
-        """Delete segments every forwarder is done with: sent (and inside no replay window), or,
+        """Delete segments every forwarder is done with: sent (and inside no refill window), or,
         with keep_from (keep_until = "history"), wholly before keep_from (committed)."""
         if self.shards > 1:  # a segment goes only when every forwarder has sent its share of it
             slowest = read_min_checkpoint(self.dir, self.all_ckpts)
@@ -123,7 +124,7 @@ class SpoolSource:
         for i in range(len(segs) - 1):           # the last segment is live: never deleted
             b, nxt = segs[i], segs[i + 1]
             if nxt > acked_pos or nxt > self.reader.pos:
-                break                             # not fully forwarded (or being replayed)
+                break                             # not fully forwarded (or being refilled)
             m = self.reader.segment_meta(b, True)
             if m["last_seq"] is not None and window_s > 0 and window_n > 0:
                 keep = (m["last_ts"] >= now_ms - window_s * 1000
@@ -146,10 +147,10 @@ class SpoolSource:
 
 class MemorySource:
     """durability = "none": records only in memory (this process), same interface.
-    Positions are cumulative bytes; forwarded records are kept for the replay window."""
+    Positions are cumulative bytes; forwarded records are kept for the refill window."""
 
     def __init__(self, retain_max_bytes: int, clock: Callable[[], float] = time.time) -> None:
-        self.clock = clock          # wall clock: the replay window
+        self.clock = clock          # wall clock: the refill window
         self._lock = threading.Lock()
         # (start, end, seq, payload) like a SpoolEntry, as a plain tuple: built on the event loop
         self._items: list[tuple[int, int, int, bytes]] = []

@@ -17,8 +17,8 @@ Frame (little-endian)::
 
 ``seq`` is a per-spool monotonically increasing record number; the payload is a
 spool entry from :func:`kafka_client.record.encode_entry` (Kafka topic, key, value,
-headers, timestamp -- including the ``mqtt.message_id`` header, so a replay
-re-sends the same id).
+headers, timestamp -- including the ``mqtt.message_id`` header, so a record
+sent again keeps its id).
 
 Group commit: :class:`SpoolWriter.append` only queues (cheap, event-loop safe);
 a writer thread drains the queue, writes all queued frames with one write and
@@ -44,7 +44,7 @@ import zlib
 from typing import Any, Callable, Iterable, Iterator, NamedTuple
 
 from kafka_client.record import entry_timestamp
-from sink.progress import fsync_dir
+from sink.history.commits import fsync_dir
 
 log = logging.getLogger(__name__)
 
@@ -216,7 +216,7 @@ def read_checkpoint(spool_dir: str, name: str = CHECKPOINT) -> dict | None:
     except FileNotFoundError:
         return None
     except (ValueError, KeyError, TypeError) as exc:
-        log.warning("spool checkpoint %s unreadable (%s): replaying every retained segment", p, exc)
+        log.warning("spool checkpoint %s unreadable (%s): sending every retained segment again", p, exc)
         return None
 
 
@@ -632,7 +632,7 @@ class SpoolReader:
             self.pos = nxt
         return out
 
-    # -- replay / retention helpers --------------------------------------------------------------
+    # -- refill / retention helpers --------------------------------------------------------------
     def segment_meta(self, base: int, sealed: bool) -> dict:
         m = self._meta.get(base)
         if m is None:

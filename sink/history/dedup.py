@@ -41,7 +41,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sink.progress import atomic_write
+from sink.history.commits import atomic_write
 
 log = logging.getLogger(__name__)
 

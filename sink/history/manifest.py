@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Callable, Iterable, overload
 
 from settings import environment
-from sink.progress import fsync_dir as _fsync_dir  # (a module name: benches stub it)
+from sink.history.commits import fsync_dir as _fsync_dir  # (a module name: benches stub it)
 
 log = logging.getLogger(__name__)
 

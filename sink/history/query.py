@@ -254,9 +254,9 @@ def connect_session(url: str, token: str | None = None) -> SparkSession:
 def running_job(data_dir: str | None, url: str | None = None,
                 table: str = DEFAULT_TABLE) -> dict | None:
     """The running history job that announced itself in the data directory (its status file,
-    one per table: sink/progress.py) and serves Spark Connect at `url`; else the one writing
+    one per table: sink/history/commits.py) and serves Spark Connect at `url`; else the one writing
     `table`; else any (open_session says where it serves)."""
-    from sink.progress import running_jobs
+    from sink.history.commits import running_jobs
     jobs = running_jobs(data_dir) if data_dir else []
     here = [j for j in jobs if url and j.get("serves_connect_at") == url]
     mine = [j for j in jobs if "table" in j and j["table"] in (table, os.path.abspath(table))]
@@ -298,7 +298,7 @@ def wait_for_server(url: str, job: dict | None, wait: float,
         time.sleep(0.5)
         if connect_reachable(url):
             return True
-        from sink.progress import job_alive
+        from sink.history.commits import job_alive
         if not job_alive(job):
             return False
     return False

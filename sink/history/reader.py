@@ -18,7 +18,7 @@ whose matching rows would take more is read again in halves, down to a second (a
 matching rows over ``max_bytes``: HistoryTooLarge, saying which second and the setting).
 
 Continuing from Kafka without a gap: the table holds everything below the offsets in the
-progress file (sink/progress.py, ``history_committed.json``: written after each committed
+progress file (sink/history/commits.py, ``history_committed.json``: written after each committed
 batch), and possibly a little more (a batch between its table commit and that file). A replay
 reads the table, then Kafka from those offsets, and drops message ids it has already sent
 (``mqtt.message_id``: the table's ``message_id``).

@@ -10,7 +10,7 @@ can never drop a file, see manifest.py). Per micro-batch:
 3. move the files into their ``date=`` directory and commit them (manifest.Table.commit).
 
 Spark commits the batch to its checkpoint after this returns; the progress file the broker
-reads (sink/progress.py) follows the checkpoint, so it never runs ahead of the table.
+reads (sink/history/commits.py) follows the checkpoint, so it never runs ahead of the table.
 """
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 A HistoryFeed plays two parts:
 
-* the session's **feed** (it sits in ``Session.replay``, broker/core/session.py): ``pump()`` sends
+* the session's **feed** (it sits in ``Session.feeds``, broker/core/session.py): ``pump()`` sends
   the replayed messages as the client's window allows - nothing while the transport is paused,
   QoS 1/2 within its Receive Maximum and after the session's own queue, at most a burst per
   event-loop turn - and asks its source for more (``control.want()``) when it runs low, so a

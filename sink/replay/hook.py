@@ -193,7 +193,7 @@ class ReplayHook(Hook):
             control.feed = feed
             self.feeds[feed] = None
             self.by_session.setdefault(session, []).append(feed)
-            session.add_replay(feed)
+            session.add_feed(feed)
             feed.start()
         except Exception:  # nothing of it is left: refused (replay())
             if feed is not None:

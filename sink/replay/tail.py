@@ -1,7 +1,7 @@
 """The Kafka part of a replay, inside the worker process: the sink's records from the history
 table's committed offsets on, read on a thread into a bounded queue (sink/replay/worker.py).
 
-- **Start.** From the offsets in the job's committed file (``sink.progress``) when its topic id
+- **Start.** From the offsets in the job's committed file (``sink.history.commits``) when its topic id
   is Kafka's current one; from 0 when it is not (the embedded Kafka restarted: the table has
   everything of the old log), when there is no file, or for a partition it does not name.
 - **The boundary.** The end of each partition (its high watermark) when the reading starts:

@@ -110,9 +110,9 @@ class Worker:
 
     def run(self) -> None:
         from settings import secrets
+        from sink.history.commits import read_committed
         from sink.history.manifest import Table
         from sink.history.reader import read_history
-        from sink.progress import read_committed
 
         from .tail import Tail
         c = self.cfg

@@ -12,9 +12,9 @@ import urllib.request
 
 import pytest
 
+from sink.history.commits import committed_path
 from sink.history.job import Job, run
 from sink.history.query import run_sql
-from sink.progress import committed_path
 from tests.conftest import BrokerProcess, free_port
 from tests.e2e.test_history_retention import publish
 from tests.integration.test_sink_kafka import wait_for

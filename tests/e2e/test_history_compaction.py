@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from sink.history.commits import committed_path, read_committed
 from sink.history.job import Job, run
 from sink.history.maintenance import Settings, maintain_once, open_table
 from sink.history.manifest import Table
-from sink.progress import committed_path, read_committed
 from tests.e2e.test_spark_history import produce, simple_message
 
 pytestmark = [pytest.mark.e2e, pytest.mark.kafka, pytest.mark.timeout(900)]

@@ -13,9 +13,9 @@ import time
 import pytest
 
 from sink.forward.spool import read_min_checkpoint
+from sink.history.commits import committed_path
 from sink.history.job import Job, run
 from sink.history.query import run_sql
-from sink.progress import committed_path
 from tests.conftest import ROOT, BrokerProcess
 from tests.integration.test_sink_kafka import consume, wait_for
 

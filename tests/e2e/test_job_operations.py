@@ -18,8 +18,8 @@ import pytest
 from kafka_client.embedded import EmbeddedKafka
 from kafka_client.record import SinkRecord, to_kafka
 from settings import secrets
-from sink import progress
 from sink.forward.service import Sink
+from sink.history import commits
 from tests.conftest import ROOT, free_port
 from tests.e2e.test_dashboard_history import wait_for
 
@@ -104,7 +104,7 @@ def rows(p: subprocess.CompletedProcess) -> list[dict]:
 def test_a_query_made_while_the_job_starts_waits_for_it(job):
     """Right after the job was started (its Spark needs 10-30 s): sink.query waits for its
     Spark Connect server with a progress line, and answers from it, not from a second Spark."""
-    announced = Path(progress.job_file(str(job.data), job.table))  # at once, before its Spark
+    announced = Path(commits.job_file(str(job.data), job.table))  # at once, before its Spark
     wait_for(lambda: announced.exists() and json.loads(announced.read_text())["pid"] == job.proc.pid,
              60, "the job to announce itself", 0.1)
     p = job.query("SELECT count(*) AS n FROM messages", "--wait", "400")
@@ -172,11 +172,11 @@ def test_spark_connect_needs_the_token(job):
 
 
 def test_the_committed_file_is_signed_and_names_the_table(job):
-    path = progress.committed_path(job.table)
+    path = commits.committed_path(job.table)
     key = secrets.derive(secrets.sink_key(str(job.data)), secrets.COMMITTED)
-    st = wait_for(lambda: progress.read_committed(path, key), 60, "a committed file")
+    st = wait_for(lambda: commits.read_committed(path, key), 60, "a committed file")
     assert st["signature"] == "ok" and st["table"] == os.path.abspath(job.table)
-    announced = json.loads(Path(progress.job_file(str(job.data), job.table)).read_text())
+    announced = json.loads(Path(commits.job_file(str(job.data), job.table)).read_text())
     assert announced["pid"] == job.proc.pid and announced["committed_file"] == os.path.abspath(path)
 
 
@@ -193,6 +193,6 @@ def test_ctrl_c_then_sigterm_stops_cleanly_and_reports_the_last_commit(job):
     assert code == 0, text[-3000:]
     assert "already stopping" in text and "history job stopped" in text
     from sink.history.job import committed_from_checkpoint
-    last = committed_from_checkpoint(progress.committed_path(job.table).rsplit("/", 1)[0])
-    reported = progress.read_committed(progress.committed_path(job.table))
+    last = committed_from_checkpoint(commits.committed_path(job.table).rsplit("/", 1)[0])
+    reported = commits.read_committed(commits.committed_path(job.table))
     assert last is not None and reported["batch_id"] == last[0]

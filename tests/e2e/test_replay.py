@@ -23,8 +23,8 @@ import pytest
 from broker.auth import hash_password
 from broker.protocol import packets as P
 from broker.protocol import properties as PR
+from sink.history.commits import committed_path
 from sink.history.job import Job, run
-from sink.progress import committed_path
 from tests.conftest import BrokerProcess
 from tests.integration.test_sink_kafka import consume
 from tests.mqtt_raw import RawClient

@@ -15,7 +15,7 @@ from pathlib import Path
 import paho.mqtt.client as mqtt
 import pytest
 
-from sink import progress
+from sink.history import commits
 from tests.conftest import ROOT, free_port
 
 pytestmark = [pytest.mark.e2e, pytest.mark.kafka, pytest.mark.timeout(600)]
@@ -58,7 +58,7 @@ def stop_everything(proc: subprocess.Popen, data: Path, table: str) -> None:
     import json
     pids = []
     for path, read in ((data / "broker.lock", lambda t: int(t.split()[0])),
-                       (Path(progress.job_file(str(data), table)), lambda t: json.loads(t)["pid"])):
+                       (Path(commits.job_file(str(data), table)), lambda t: json.loads(t)["pid"])):
         try:
             pids.append(read(path.read_text()))
         except (OSError, ValueError, IndexError, KeyError):
@@ -111,11 +111,11 @@ def test_run_sh_gives_every_part_its_arguments_and_a_ctrl_c_run_prints_no_warnin
         wait_for(lambda: "run.sh: MQTT listens" in log.read_text(errors="replace"), 120, proc, log)
         publish(mqtt_port, MESSAGES)
         from settings import secrets
-        committed = progress.committed_path(table)
+        committed = commits.committed_path(table)
 
         def in_table() -> bool:
             key = secrets.sink_key(str(data))
-            state = progress.read_committed(committed, secrets.derive(key, secrets.COMMITTED)
+            state = commits.read_committed(committed, secrets.derive(key, secrets.COMMITTED)
                                             if key else None)
             return bool(state and state["signature"] == "ok" and
                         sum(sum(t["offsets"].values()) for t in state["topics"].values()) >= MESSAGES)
@@ -127,7 +127,7 @@ def test_run_sh_gives_every_part_its_arguments_and_a_ctrl_c_run_prints_no_warnin
                             "SELECT count(*) FROM messages"], cwd=ROOT, env=env, timeout=180,
                            capture_output=True, text=True)
         assert q.returncode == 0 and q.stdout.split() == ["count(1)", str(MESSAGES)], q
-        status = Path(progress.job_file(str(data), table))
+        status = Path(commits.job_file(str(data), table))
         assert status.name.startswith("history_job.history-") and status.exists()
         os.killpg(proc.pid, signal.SIGINT)   # Ctrl-C: the terminal signals run.sh's group
         proc.wait(120)

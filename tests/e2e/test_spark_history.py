@@ -428,8 +428,8 @@ def test_kafka_restart_offsets_go_backwards(spark, kafka, tmp_path):
     assert ids_and_count(spark, cfg.history.table)[0] == 40
     commits = [f for f in (Path(cfg.history.checkpoint_dir) / "commits").iterdir() if f.name.isdigit()]
     assert len(commits) >= 2  # 40 records, at most 30 per micro-batch
-    # What the table holds, for the broker's spool (sink/progress.py): every offset, topic id
-    from sink.progress import committed_path, read_committed
+    # What the table holds, for the broker's spool (sink/history/commits.py): every offset, topic id
+    from sink.history.commits import committed_path, read_committed
     done = read_committed(committed_path(cfg.history.table))
     assert done["batch_id"] == max(int(f.name) for f in commits)
     first_id = done["topics"][TOPIC]["topic_id"]

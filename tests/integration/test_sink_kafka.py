@@ -354,7 +354,7 @@ def test_embedded_kafka_restart_between_runs_replays_window(tmp_path):
 
 # ---------------------------------------------------------------------------------------------
 # keep_until = "history": the spool keeps every record until the history job's committed file
-# (sink/progress.py) covers it; this test plays the job by writing that file itself.
+# (sink/history/commits.py) covers it; this test plays the job by writing that file itself.
 def topic_id(bootstrap: str, topic: str = "mqtt.messages", wait_ms: int = 5000) -> str | None:
     """The topic's id as Kafka's metadata gives it now (None: not known)."""
     from kafka.net.compat import KafkaNetClient
@@ -373,12 +373,12 @@ def commit_what_kafka_has(bootstrap: str, path: str, key: bytes, topic: str = "m
     """Write the committed file the way the job does: next offset of every partition, under the
     current topic id, signed with the broker's key. -> records covered."""
     from settings import secrets
-    from sink import progress
+    from sink.history import commits
     got = consume(bootstrap, topic, 1, timeout=30)
     ends: dict[int, int] = {}
     for r in got:
         ends[r.partition] = max(ends.get(r.partition, 0), r.offset + 1)
-    progress.write_committed(path, 1, {topic: {"topic_id": topic_id(bootstrap, topic), "offsets": ends}},
+    commits.write_committed(path, 1, {topic: {"topic_id": topic_id(bootstrap, topic), "offsets": ends}},
                              key=secrets.derive(key, secrets.COMMITTED))
     return len(got)
 

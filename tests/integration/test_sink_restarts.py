@@ -15,8 +15,8 @@ from kafka import KafkaConsumer, TopicPartition
 
 from kafka_client.embedded import free_port
 from settings import secrets
-from sink import progress
 from sink.forward.service import Sink
+from sink.history import commits
 from tests.integration.test_sink_kafka import rec, topic_id, wait_for
 
 pytestmark = [pytest.mark.kafka]
@@ -25,7 +25,7 @@ TOPIC = "mqtt.messages"
 
 class Job(threading.Thread):
     """Every 0.3 s: read what Kafka has under its current topic id and report it committed, as
-    sink.job does after each micro-batch (a signed sink/progress.py file)."""
+    sink.job does after each micro-batch (a signed sink/history/commits.py file)."""
 
     def __init__(self, bootstrap: str, path: str, key: bytes):
         super().__init__(daemon=True)
@@ -61,7 +61,7 @@ class Job(threading.Thread):
                 return                    # Kafka restarted meanwhile: commit nothing this time
             self.table |= got
             self.batch += 1
-            progress.write_committed(self.path, self.batch, {TOPIC: {"topic_id": before, "offsets": offsets}},
+            commits.write_committed(self.path, self.batch, {TOPIC: {"topic_id": before, "offsets": offsets}},
                                      key=secrets.derive(self.key, secrets.COMMITTED))
         finally:
             c.close()
@@ -84,7 +84,7 @@ def kill(proc) -> None:
                                    ("forwarder", "kafka", "forwarder", "kafka")],
                          ids=lambda o: "-then-".join(o))
 def test_spool_drains_after_the_forwarder_and_kafka_are_killed(tmp_path, order):
-    committed = str(tmp_path / "ckpt" / progress.FILE_NAME)
+    committed = str(tmp_path / "ckpt" / commits.FILE_NAME)
     s = Sink.from_config({"embedded_port": free_port(), "forwarder": "process", "keep_until": "history",
                           "committed_file": committed, "replay_window_seconds": 0,
                           "spool_segment_bytes": 4096, "stats_interval": 0}, str(tmp_path))

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from broker.core.broker import Broker
 from broker.core.connection import Connection
 from broker.core.durability import Pending, when_all
-from broker.core.events import NO_EVENTS, AcksHeld, AuthRequested
+from broker.core.events import NO_EVENTS, AcksHeld, AuthRequested, ack_fields, held_ack
 from broker.core.hooks import AllowAll
 from broker.core.message import Message
 from broker.protocol import packets as P
@@ -23,6 +23,9 @@ from tests.unit.test_core import Clock
 CONNECT_V5 = encode(P.Connect("c", 5, keep_alive=10), 5)
 PUBACK_7 = b"\x40\x02\x00\x07"   # v5 success without properties, and 3.1.1
 PUBACK_7_NO_MATCH = b"\x40\x04\x00\x07\x10\x00"  # v5: 0x10 No matching subscribers
+# the same acks held for durability: (type, packet id, reason code), encoded once when sent
+HELD_PUBACK_7 = held_ack(P.PUBACK, 7, rc.SUCCESS)
+HELD_PUBACK_7_NO_MATCH = held_ack(P.PUBACK, 7, rc.NO_MATCHING_SUBSCRIBERS)
 
 
 class Sink:
@@ -146,7 +149,7 @@ def test_deferred_publish_with_durable_sink_returns_message_accepted_from_auth_d
     (ev,) = conn.data_received(encode(P.Connect("c", 5, username="bob", password=b"x"), 5)
                                + publish(1))
     (acc,) = conn.auth_done(*ev, 0)
-    assert type(acc) is AcksHeld and acc.acks == [PUBACK_7_NO_MATCH]
+    assert type(acc) is AcksHeld and acc.acks == [HELD_PUBACK_7_NO_MATCH]
     assert [p.type for p in decode(output(conn))] == [P.CONNACK]
 
 
@@ -191,7 +194,9 @@ def test_acks_held_then_success():
     b, _ = broker(Sink())
     conn = connected(b)
     (held,) = conn.data_received(publish(1, 7) + publish(2, 8))
-    assert type(held) is AcksHeld and len(held.acks) == 2 and held.subacks == 0
+    assert type(held) is AcksHeld and held.subacks == 0
+    assert [ack_fields(a) for a in held.acks] == [(P.PUBACK, 7, rc.NO_MATCHING_SUBSCRIBERS),
+                                                  (P.PUBREC, 8, rc.NO_MATCHING_SUBSCRIBERS)]
     assert output(conn) == b"" and conn.pending_acks == 2  # nothing before durability
     conn.acks_done(held.acks)
     assert output(conn) == PUBACK_7_NO_MATCH + b"\x50\x04\x00\x08\x10\x00"
@@ -217,7 +222,7 @@ def test_acks_held_failure_closes_a_311_connection():
     b, _ = broker(Sink())
     conn = connected(b, 4)
     (ev,) = conn.data_received(publish(1, 7, level=4))
-    assert ev.acks == [PUBACK_7]
+    assert ev.acks == [HELD_PUBACK_7]
     conn.acks_done(ev.acks, "disk full")
     assert output(conn, 4) == b"" and conn.close_requested  # 3.1.x has no failure ack
     assert conn not in b.connections
@@ -293,7 +298,7 @@ def test_failed_acks_311_close_the_connection():
     b, _ = broker()
     conn = connected(b, 4)
     conn.pending_acks = 1
-    conn.acks_done([PUBACK_7], "disk full")
+    conn.acks_done([HELD_PUBACK_7], "disk full")
     assert output(conn, 4) == b"" and conn.close_requested  # 3.1.x has no failure ack
 
 
@@ -332,3 +337,26 @@ def test_a_persistent_sessions_suback_waits_for_durability_and_fails_per_filter(
     clean = connected(b)
     assert clean.data_received(encode(P.Subscribe(4, [("c", P.SubscriptionOptions(1))]), 5)) \
         is NO_EVENTS  # a clean session's SUBACK does not wait
+
+
+def test_a_long_held_suback_fails_with_its_own_packet_id(tmp_path):
+    """A SUBACK of more than 127 bytes (a two-byte Remaining Length) held for durability and
+    then failed keeps the SUBSCRIBE's packet id [MQTT-3.8.4-2], one 0x80 per filter
+    [MQTT-3.9.3-1]; held and sent as a success, it is the SUBACK the filters got."""
+    from broker.store.sqlite import Store
+    b, _ = broker()
+    b.add_hook(Store(str(tmp_path / "state.db")))
+    conn = Connection(b)
+    conn.data_received(encode(P.Connect("keeper", 5, clean_start=False,
+                                        properties={PR.SESSION_EXPIRY_INTERVAL: 60}), 5))
+    output(conn)
+    filters = [(f"f/{i}", P.SubscriptionOptions(1)) for i in range(200)]
+    (ev,) = conn.data_received(encode(P.Subscribe(0x1234, filters), 5))
+    conn.acks_done(ev.acks, "disk full", ev.subacks)
+    (ack,) = decode(output(conn))
+    assert (ack.type, ack.packet_id, ack.reason_codes) == (P.SUBACK, 0x1234, [0x80] * 200)
+    assert ack.properties[PR.REASON_STRING] == "disk full"
+    (ev,) = conn.data_received(encode(P.Subscribe(0x1235, filters), 5))
+    conn.acks_done(ev.acks, None, ev.subacks)
+    (ack,) = decode(output(conn))
+    assert (ack.type, ack.packet_id, ack.reason_codes) == (P.SUBACK, 0x1235, [1] * 200)

@@ -312,24 +312,24 @@ def test_max_subscriptions_per_client_quota_exceeded():
 def test_retained_replay_is_paced_and_waits_while_paused():
     """Many large retained messages: written a burst per turn (take_output), nothing while the
     transport is paused, every one exactly once in the end."""
-    from broker.core.session import REPLAY_BURST
+    from broker.core.session import RETAINED_BURST
     b, _ = make()
     _retained(b, 40, size=100_000)
     sub = Client(b)
     sub.connect("s")
     sub.send(P.Subscribe(1, [("r/#", P.SubscriptionOptions(0))]))
     first = b"".join(bytes(x) for x in sub.conn.out)
-    assert REPLAY_BURST <= len(first) < REPLAY_BURST + 200_000  # one burst, not 4 MB
+    assert RETAINED_BURST <= len(first) < RETAINED_BURST + 200_000  # one burst, not 4 MB
     sub.conn.paused = True
     seen = sub.received()  # takes the first burst; paused: no refill
-    assert not sub.conn.out and sub.conn.session.replay  # the rest waits
+    assert not sub.conn.out and sub.conn.session.feeds  # the rest waits
     sub.conn.resume_writing()
     while sub.conn.out:
         seen += sub.received()
     assert seen[0].type == P.SUBACK
     assert sorted(p.topic for p in seen[1:]) == sorted(f"r/{i}" for i in range(40))
     assert all(p.retain and len(p.payload) == 100_000 for p in seen[1:])
-    assert not sub.conn.session.replay
+    assert not sub.conn.session.feeds
 
 
 def test_retained_replay_qos1_respects_receive_maximum_and_skips_replaced():
@@ -368,7 +368,7 @@ def test_retained_replay_left_on_disconnect_goes_to_the_queue():
     assert len(pubs) == 2
     sub.conn.connection_lost()
     s = b.sessions["s"]
-    assert not s.replay and len(s.queue) == 8
+    assert not s.feeds and len(s.queue) == 8
     again = Client(b)
     ack = again.connect("s", clean=False, props={PR.SESSION_EXPIRY_INTERVAL: 100})
     assert ack.session_present
@@ -424,7 +424,7 @@ def test_max_retained_replay_bounds_the_backlog(caplog):
     sub.send(P.Subscribe(1, [("r/#", P.SubscriptionOptions(0)), ("r/+", P.SubscriptionOptions(0)),
                              ("#", P.SubscriptionOptions(0))]))
     s = sub.conn.session
-    assert len(s.replay) == 3 and b.stats["dropped_retained_replay"] == 0
+    assert len(s.feeds) == 3 and b.stats["dropped_retained_replay"] == 0
     sub.conn.resume_writing()
     got = []
     while True:
@@ -433,30 +433,30 @@ def test_max_retained_replay_bounds_the_backlog(caplog):
             break
         got += pkts
     assert len([p for p in got if p.type == P.PUBLISH]) == 25
-    assert b.stats["dropped_retained_replay"] == 60 - 25 and not s.replay
+    assert b.stats["dropped_retained_replay"] == 60 - 25 and not s.feeds
     (line,) = [r.getMessage() for r in caplog.records if "max_retained_replay" in r.getMessage()]
     assert "35 retained messages not sent" in line
 
 
 def test_retained_replay_of_a_large_store_is_taken_a_few_at_a_time():
-    """SUBSCRIBE '#' on 5,000 retained messages: the SUBACK's turn sends at most REPLAY_STEPS of
+    """SUBSCRIBE '#' on 5,000 retained messages: the SUBACK's turn sends at most RETAINED_STEPS of
     them (before: the whole store was matched at once, 100 ms for 100,000); each later turn the
     next ones, until all are sent exactly once."""
-    from broker.core.session import REPLAY_STEPS
+    from broker.core.session import RETAINED_STEPS
     b, _ = make()
     _retained(b, 5000)
     sub = Client(b)
     sub.connect("s")
     sub.send(P.Subscribe(1, [("#", P.SubscriptionOptions(0))]))
     first = sub.received()
-    assert first[0].type == P.SUBACK and len(first) - 1 == REPLAY_STEPS
+    assert first[0].type == P.SUBACK and len(first) - 1 == RETAINED_STEPS
     got = first[1:]
     turns = 1
     while sub.conn.is_dirty or sub.conn.out:
         got += sub.received()
         turns += 1
     assert sorted(p.topic for p in got) == sorted(f"r/{i}" for i in range(5000))
-    assert turns >= 5000 // REPLAY_STEPS
+    assert turns >= 5000 // RETAINED_STEPS
 
 
 def test_connect_limit_lasts_until_the_connect_is_accepted():

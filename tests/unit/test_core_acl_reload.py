@@ -89,11 +89,11 @@ def test_retained_replay_waiting_is_checked_again_after_reload(tmp_path):
     c = bob(b)
     c.conn.pause_writing()  # the client reads slowly: the replay waits
     subscribe(c, "secret/#", qos=0)
-    assert b.sessions["bob"].replay  # (nothing sent yet)
+    assert b.sessions["bob"].feeds  # (nothing sent yet)
     acl.write_text("user alice\ntopic write #\nuser bob\ntopic read public/#\n")
     ac.reload()
     c.conn.resume_writing()
-    assert nothing(c) and not b.sessions["bob"].replay
+    assert nothing(c) and not b.sessions["bob"].feeds
 
 
 def test_unchanged_acl_drops_nothing_and_checks_no_message(tmp_path, monkeypatch):

@@ -165,10 +165,10 @@ def test_a_session_keeps_no_empty_replay_or_queue_once_they_are_sent():
     subscribe(c, "r/#", qos=1)
     for i in range(3):
         publish_ok(pub, "r/0", b"q%d" % i, qos=1, pid=10 + i)   # queued behind the replay
-    assert s.replay is not NOTHING or s.queue is not NOTHING   # waiting for the window
+    assert s.feeds is not NOTHING or s.queue is not NOTHING   # waiting for the window
     got = drain_acking(c)
     assert [p for p, _, _ in got] == [b"0", b"1", b"2", b"q0", b"q1", b"q2"]
-    assert s.replay is NOTHING and s.queue is NOTHING   # the shared read-only empty
+    assert s.feeds is NOTHING and s.queue is NOTHING   # the shared read-only empty
     # and a later replay or queue makes its deque again
     publish_ok(pub, "r/0", b"q3", qos=1, pid=20)
     publish_ok(pub, "r/0", b"q4", qos=1, pid=21)

@@ -4,9 +4,9 @@ waiting."""
 import json
 import os
 
-from sink import progress
 from sink.forward.commit_watch import AckedChunk, CommitWatcher
 from sink.forward.spool import SpoolPosition
+from sink.history import commits
 
 
 class Clock:
@@ -18,13 +18,13 @@ class Clock:
 
 
 def watcher(tmp_path, clock, **kw):
-    return CommitWatcher(str(tmp_path / progress.FILE_NAME), job_file=str(tmp_path / progress.JOB_FILE),
+    return CommitWatcher(str(tmp_path / commits.FILE_NAME), job_file=str(tmp_path / commits.JOB_FILE),
                          stale_after=60, clock=clock, **kw)
 
 
 def job_commits(tmp_path, batch, offset, tid="A"):
-    path = str(tmp_path / progress.FILE_NAME)
-    progress.write_committed(path, batch, {"m": {"topic_id": tid, "offsets": {0: offset}}})
+    path = str(tmp_path / commits.FILE_NAME)
+    commits.write_committed(path, batch, {"m": {"topic_id": tid, "offsets": {0: offset}}})
     os.utime(path, ns=(batch * 10**9, batch * 10**9))     # a new file by its stat
 
 
@@ -63,8 +63,8 @@ def test_no_file_and_no_job_is_said_at_once_a_starting_job_is_given_time(tmp_pat
     w.acked(AckedChunk(100, 10, {("m", 0): 10}, {"m": "A"}))
     w.advance(SpoolPosition(100, 10), False, {"m": "A"})
     assert w.status == "missing" and "no history job running" in w.problem
-    (tmp_path / progress.JOB_FILE).write_text(json.dumps({
-        "pid": os.getpid(), "table": "/t", "committed_file": str(tmp_path / progress.FILE_NAME)}))
+    (tmp_path / commits.JOB_FILE).write_text(json.dumps({
+        "pid": os.getpid(), "table": "/t", "committed_file": str(tmp_path / commits.FILE_NAME)}))
     w.advance(SpoolPosition(100, 10), False, {"m": "A"})
     assert w.status == "ok"
     clock.now += 61

@@ -21,11 +21,11 @@ from hypothesis import strategies as st
 
 from kafka_client.produce import NotReady
 from kafka_client.record import decode_body, encode_message
-from sink import progress
 from sink.forward import commit_watch, sources
 from sink.forward import forwarder as fw
 from sink.forward.forwarder import Runtime
 from sink.forward.sources import Checkpoint, MemorySource
+from sink.history import commits
 from tests.unit.test_forwarder_states import Clock, KafkaTimeoutError, NoRealClock, make
 
 TOPIC = "mqtt.messages"
@@ -59,12 +59,12 @@ class World:
         self.log = []
 
     def job_commits(self) -> None:
-        """The history job: reads what Kafka has and reports it committed (sink/progress.py)."""
+        """The history job: reads what Kafka has and reports it committed (sink/history/commits.py)."""
         if not (self.up and self.exists):
             return
         self.table.update(self.log)
         self.batch += 1
-        progress.write_committed(self.committed, self.batch,
+        commits.write_committed(self.committed, self.batch,
                                  {TOPIC: {"topic_id": self.tid(), "offsets": {0: len(self.log)}}})
         self._mtime += 1_000_000   # the forwarder notices a new file by its stat
         os.utime(self.committed, ns=(self._mtime, self._mtime))
@@ -194,7 +194,7 @@ class Rig:
     def __init__(self, clock: Clock, tmp_path):
         self.clock = clock
         tmp = tempfile.mkdtemp(dir=tmp_path)   # hypothesis runs many examples in one tmp_path
-        self.world = Producer.world = World(clock, os.path.join(tmp, progress.FILE_NAME))
+        self.world = Producer.world = World(clock, os.path.join(tmp, commits.FILE_NAME))
         self.disk = Disk(clock)
         self.added = 0
         self.f = None
@@ -405,7 +405,7 @@ def test_a_job_that_commits_without_covering_the_oldest_records_is_an_alarm(cloc
     rig = watched(clock, tmp_path)
     rig.run(2.0, job_every=1000)
     for batch in range(70):
-        progress.write_committed(rig.world.committed, batch, {"other.topic": {"topic_id": "x",
+        commits.write_committed(rig.world.committed, batch, {"other.topic": {"topic_id": "x",
                                                                                 "offsets": {0: batch}}})
         os.utime(rig.world.committed, ns=(batch * 10**9, batch * 10**9))
         rig.run(1.0, job_every=1000)
@@ -425,7 +425,7 @@ def test_an_unsigned_or_foreign_committed_file_releases_nothing(clock, tmp_path)
     assert st["commit_status"] == "unsigned" and rig.f.commits.committed_seq == 0
     from settings import secrets
     for key, status in ((b"o" * 32, "bad_signature"), (b"k" * 32, "ok")):
-        progress.write_committed(rig.world.committed, 99, {TOPIC: {"topic_id": rig.world.tid(),
+        commits.write_committed(rig.world.committed, 99, {TOPIC: {"topic_id": rig.world.tid(),
                                                                    "offsets": {0: 9}}},
                                  key=secrets.derive(key, secrets.COMMITTED))
         os.utime(rig.world.committed, ns=(len(status) * 10**9,) * 2)
@@ -437,7 +437,7 @@ def test_an_unsigned_or_foreign_committed_file_releases_nothing(clock, tmp_path)
 def test_a_job_writing_another_table_is_named(clock, tmp_path):
     """The job announces in the data directory where it reports its commits (sink.job --table
     elsewhere): the broker, finding no committed file of its own, says where the job's is."""
-    job_file = tmp_path / progress.JOB_FILE
+    job_file = tmp_path / commits.JOB_FILE
     job_file.write_text(json.dumps({"pid": os.getpid(), "table": "/elsewhere/history",
                                     "committed_file": "/elsewhere/history_checkpoint/x.json"}))
     rig = watched(clock, tmp_path, data_dir=str(tmp_path))
@@ -451,7 +451,7 @@ def test_a_job_writing_another_table_is_named(clock, tmp_path):
 def test_a_job_that_is_starting_is_given_time_to_commit(clock, tmp_path, caplog):
     """No committed file yet, but a job runs and will write it (it announced itself): a normal
     start, nothing to warn about until stale_after seconds pass without a commit."""
-    job_file = tmp_path / progress.JOB_FILE
+    job_file = tmp_path / commits.JOB_FILE
     rig = watched(clock, tmp_path, data_dir=str(tmp_path))
     job_file.write_text(json.dumps({"pid": os.getpid(), "table": "/t",
                                     "committed_file": rig.world.committed}))

@@ -1,13 +1,13 @@
 """keep_until = "history": the forwarder's committed position follows the job's committed file
-(sink/progress.py) over acknowledged chunks, never past one the table does not have."""
+(sink/history/commits.py) over acknowledged chunks, never past one the table does not have."""
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from settings import SinkConfig
-from sink import progress
 from sink.forward.commit_watch import AckedChunk, CommitWatcher
 from sink.forward.forwarder import Forwarder, Runtime, ThreadControl
 from sink.forward.sources import MemorySource
+from sink.history import commits
 
 
 def fwd(tmp_path):
@@ -25,7 +25,7 @@ def fwd(tmp_path):
 
 
 def commit(tmp_path, offsets, tid="A"):
-    progress.write_committed(str(tmp_path / "c.json"), 1, {"m": {"topic_id": tid, "offsets": offsets}})
+    commits.write_committed(str(tmp_path / "c.json"), 1, {"m": {"topic_id": tid, "offsets": offsets}})
 
 
 def test_committed_position_follows_the_table(tmp_path):

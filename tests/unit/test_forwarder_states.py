@@ -219,7 +219,7 @@ def test_kafka_losing_data_probes_metadata_then_replays_the_window(clock):
     steps(f, clock, 2)                      # 6-8 and 9 in flight
     k.ack(2, base=0)                        # the offset went back: Kafka restarted empty
     steps(f, clock)
-    assert f.state is State.REPLAYING and "went back from 5 to 0" in f.lost_reason
+    assert f.state is State.REFILLING and "went back from 5 to 0" in f.lost_reason
     assert len(k.sent) == 4 and k.cluster.updates == 0   # nothing sent, waits for the one in flight
     k.ack(3)
     steps(f, clock)
@@ -230,10 +230,10 @@ def test_kafka_losing_data_probes_metadata_then_replays_the_window(clock):
     k.cluster._last_successful_refresh_ms = clock.monotonic() * 1000 + 10
     clock.advance(0.05)
     steps(f, clock)
-    assert f.state is State.FORWARDING and f.replays == 1 and f.loss.offsets == {}
+    assert f.state is State.FORWARDING and f.refills == 1 and f.loss.offsets == {}
     steps(f, clock, 4)
     assert [fut.values() for fut in k.sent[4:]] == [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9]]
-    assert f.replayed == 10 and f.acked_seq == 10
+    assert f.refilled == 10 and f.acked_seq == 10
 
 
 def test_probing_gives_up_waiting_for_fresh_metadata_after_15_seconds(clock):
@@ -247,10 +247,10 @@ def test_probing_gives_up_waiting_for_fresh_metadata_after_15_seconds(clock):
     assert f.state is State.PROBING
     clock.advance(14)
     steps(f, clock)
-    assert f.state is State.PROBING and f.replays == 0
+    assert f.state is State.PROBING and f.refills == 0
     clock.advance(1.01)
     steps(f, clock)
-    assert f.state is State.FORWARDING and f.replays == 1
+    assert f.state is State.FORWARDING and f.refills == 1
 
 
 def test_connecting_retries_once_a_second(clock):

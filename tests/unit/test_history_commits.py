@@ -1,11 +1,11 @@
-"""What the history job reports as committed (sink/progress.py contract), from query progress and
+"""What the history job reports as committed (sink/history/commits.py contract), from query progress and
 from the checkpoint; no Spark or Kafka needed."""
 from __future__ import annotations
 
 import json
 
+from sink.history.commits import committed_path, is_committed, read_committed, write_committed
 from sink.history.job import committed_from_checkpoint, committed_offsets
-from sink.progress import committed_path, is_committed, read_committed, write_committed
 
 
 def test_python_source_offsets_carry_topic_ids():

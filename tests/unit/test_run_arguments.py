@@ -10,7 +10,7 @@ import os
 import pytest
 
 from settings import ConfigError
-from sink import progress
+from sink.history import commits
 
 RUN_ARGS = ["--config", "config/broker.toml", "--sink", "--set", "sink.keep_until=history",
             "--set", "dashboard.enabled=true", "--set", "dashboard.port=18099"]
@@ -116,10 +116,10 @@ def test_the_broker_and_the_job_check_config_say_one_line_and_exit_2(capsys):
 # ---- the job's status file ----------------------------------------------------------------------
 
 def announce(data_dir, table, pid=None):
-    path = progress.job_file(str(data_dir), table)
+    path = commits.job_file(str(data_dir), table)
     with open(path, "w") as f:
         json.dump({"pid": pid or os.getpid(), "started_at": 1.0, "table": table,
-                   "committed_file": progress.committed_path(table)}, f)
+                   "committed_file": commits.committed_path(table)}, f)
     return path
 
 
@@ -129,8 +129,8 @@ def test_two_jobs_on_one_data_directory_keep_a_status_file_each(tmp_path):
     a, b = str(tmp_path / "a" / "history"), str(tmp_path / "b" / "history")
     fa, fb = announce(tmp_path, a), announce(tmp_path, b)
     assert fa != fb and os.path.basename(fa).startswith("history_job.history-")
-    assert progress.running_job(fa)["table"] == a
-    assert progress.running_job(fb)["table"] == b
+    assert commits.running_job(fa)["table"] == a
+    assert commits.running_job(fb)["table"] == b
     from sink.history.query import running_job  # sink.query: the one of its table
     assert running_job(str(tmp_path), table=a)["table"] == a
     assert running_job(str(tmp_path), table=b)["table"] == b
@@ -156,28 +156,28 @@ def test_the_job_announces_itself_in_its_tables_status_file(tmp_path):
     from sink.history.job import announce as job_announce
     job = Job.of(table=str(tmp_path / "t"), data_dir=str(tmp_path / "d"))
     job_announce(job)
-    info = json.loads(open(progress.job_file(str(tmp_path / "d"), str(tmp_path / "t"))).read())
+    info = json.loads(open(commits.job_file(str(tmp_path / "d"), str(tmp_path / "t"))).read())
     assert info["pid"] == os.getpid() and info["table"] == str(tmp_path / "t")
-    assert not (tmp_path / "d" / progress.JOB_FILE).exists()
+    assert not (tmp_path / "d" / commits.JOB_FILE).exists()
 
 
 def test_a_broker_finds_a_job_of_another_table_and_the_file_of_before(tmp_path):
     """No job of its own table: the running job of another one (the broker then names it), or
     one that wrote history_job.json as before."""
-    mine = progress.job_file(str(tmp_path), str(tmp_path / "mine"))
-    assert progress.running_job(mine) is None
+    mine = commits.job_file(str(tmp_path), str(tmp_path / "mine"))
+    assert commits.running_job(mine) is None
     announce(tmp_path, str(tmp_path / "other"))
-    assert progress.running_job(mine)["table"] == str(tmp_path / "other")
-    assert progress.running_job(mine, others=False) is None
+    assert commits.running_job(mine)["table"] == str(tmp_path / "other")
+    assert commits.running_job(mine, others=False) is None
     legacy = tmp_path / "legacy"
     legacy.mkdir()
-    (legacy / progress.JOB_FILE).write_text(json.dumps(
+    (legacy / commits.JOB_FILE).write_text(json.dumps(
         {"pid": os.getpid(), "table": "/x", "committed_file": "/x_checkpoint/c.json"}))
-    assert progress.running_job(progress.job_file(str(legacy), "/x"))["table"] == "/x"
+    assert commits.running_job(commits.job_file(str(legacy), "/x"))["table"] == "/x"
 
 
 def test_the_forwarder_reads_the_status_file_of_its_table(tmp_path):
     from settings import HistoryConfig, SinkConfig
     from sink.forward.service import Sink
     s = Sink(SinkConfig(keep_until="history"), str(tmp_path), HistoryConfig(table="/srv/h"))
-    assert s.runtime().job_file == progress.job_file(str(tmp_path), "/srv/h")
+    assert s.runtime().job_file == commits.job_file(str(tmp_path), "/srv/h")

@@ -1,5 +1,5 @@
 """Shared secrets (settings/secrets.py): made once, 0600 in a 0700 directory, read by everyone from
-the same data directory; the committed file the broker trusts is signed (sink/progress.py)."""
+the same data directory; the committed file the broker trusts is signed (sink/history/commits.py)."""
 from __future__ import annotations
 
 import os
@@ -7,7 +7,7 @@ import stat
 import threading
 
 from settings import secrets
-from sink import progress
+from sink.history import commits
 
 
 def mode(path) -> int:
@@ -62,19 +62,19 @@ def test_client_url_sends_the_token_to_localhost_only():
 def test_committed_file_signature(tmp_path):
     """The broker trusts only a committed file signed with its key: an unsigned file, one signed
     with another key, or one edited after signing is reported as such."""
-    path = str(tmp_path / progress.FILE_NAME)
+    path = str(tmp_path / commits.FILE_NAME)
     key, other = b"k" * 32, b"o" * 32
     topics = {"m": {"topic_id": "A", "offsets": {0: 10}}}
-    progress.write_committed(path, 3, topics, key=key, table="/t")
-    st = progress.read_committed(path, key)
+    commits.write_committed(path, 3, topics, key=key, table="/t")
+    st = commits.read_committed(path, key)
     assert st["signature"] == "ok" and st["table"] == "/t" and st["topics"]["m"]["offsets"] == {0: 10}
-    assert progress.read_committed(path, other)["signature"] == "bad"
+    assert commits.read_committed(path, other)["signature"] == "bad"
     raw = open(path).read().replace('"0":10', '"0":99999')
     open(path, "w").write(raw)
-    assert progress.read_committed(path, key)["signature"] == "bad"
-    progress.write_committed(path, 3, topics)
-    assert progress.read_committed(path, key)["signature"] == "unsigned"
-    assert progress.read_committed(path)["signature"] == "unchecked"
+    assert commits.read_committed(path, key)["signature"] == "bad"
+    commits.write_committed(path, 3, topics)
+    assert commits.read_committed(path, key)["signature"] == "unsigned"
+    assert commits.read_committed(path)["signature"] == "unchecked"
 
 
 def test_the_cluster_key_is_made_once_private_or_taken_from_the_environment(tmp_path, monkeypatch):

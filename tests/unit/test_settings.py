@@ -271,8 +271,8 @@ def test_sink_takes_its_section(tmp_path):
     assert section.forwarder_cpus == (0,) and section.rules == (("a/#", "ka"),)  # serializes it
     assert (rt.spool_dir, rt.data_dir, rt.sink_key, rt.shard, rt.shards) == \
         (str(tmp_path / "spool"), str(tmp_path), b"k" * 32, 1, 2)
-    from sink import progress  # the status file of the job writing [history] table
-    assert rt.job_file == progress.job_file(str(tmp_path), settings.HistoryConfig().table)
+    from sink.history import commits  # the status file of the job writing [history] table
+    assert rt.job_file == commits.job_file(str(tmp_path), settings.HistoryConfig().table)
     with pytest.raises(ConfigError, match=r"sink\.spool_max_byte = 1.*did you mean sink\.spool_max_bytes"):
         Sink({"spool_max_byte": 1}, str(tmp_path))
     with pytest.raises(ConfigError, match="sink.durability"):

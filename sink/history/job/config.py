@@ -212,7 +212,7 @@ def table_notes(configured: HistoryConfig, used: HistoryConfig, keep_until: str,
     """A warning when the broker keeps records until the table has them ([sink] keep_until =
     "history") and --table / --checkpoint make the job report its commits somewhere else than
     the config's [history] says, which is where the broker looks for them."""
-    from sink.progress import committed_path
+    from sink.history.commits import committed_path
     mine = committed_path(used.table, used.checkpoint or None)
     theirs = committed_path(configured.table, configured.checkpoint or None)
     if keep_until != "history" or os.path.abspath(mine) == os.path.abspath(theirs):

@@ -53,7 +53,7 @@ def describe_progress(p: dict) -> str:
             f"backlog {lag if lag is not None else 'unknown'} records")
 
 
-# ---- what the table has committed (sink/progress.py: read by the broker's spool) -------------
+# ---- what the table has committed (sink/history/commits.py: read by the broker's spool) -------------
 
 def committed_offsets(end_offsets: Iterable[object]) -> dict[str, dict[str, Any]]:
     """{kafka_topic: {"topic_id", "offsets": {partition: next offset}}} from the end offsets of

@@ -1,4 +1,4 @@
-"""What the job tells the broker in its data directory (sink/progress.py): that it runs
+"""What the job tells the broker in its data directory (sink/history/commits.py): that it runs
 (announce), and what the table has committed (report_commits), signed with the broker's key."""
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def report_commits(job: Job) -> Callable[[], None] | None:
     classes up through the class path (about 5% of the job's JVM CPU, bench/spark_bench.py)."""
     if not is_local_path(job.history.checkpoint_dir):
         return None  # the broker reads a local file only
-    from sink.progress import committed_path, write_committed
+    from sink.history.commits import committed_path, write_committed
     path = committed_path(job.history.table, str(_local(job.history.checkpoint_dir)))
     newest = [-1, False]    # last batch written, and whether it was signed
     key = committed_key(job)
@@ -75,7 +75,7 @@ def announce(job: Job) -> None:
     that waits for the first commit knows a job is starting (sink/forward/forwarder.py)."""
     if not job.data_dir or not is_local_path(job.history.checkpoint_dir):
         return
-    from sink.progress import atomic_write, committed_path, job_file
+    from sink.history.commits import atomic_write, committed_path, job_file
     committed_file = committed_path(job.history.table, str(_local(job.history.checkpoint_dir)))
     table = job.history.table
     info = {"pid": os.getpid(), "started_at": time.time(),

@@ -5,4 +5,7 @@
 - ``decode.py``: topic + payload -> one row per metric (pure Python, the ``protobuf`` package);
 - ``aliases.py``: alias -> metric name, from the last birth of each edge node and device;
 - ``table.py``: the job's writer of the table, beside ``messages``, in the same micro-batch.
+
+All of it runs in the history job's Spark driver (the micro-batch writer reads the staged
+Parquet files back without Spark); sink.query and sink.maintain use table.py too.
 """

@@ -23,7 +23,10 @@ the broker's secret, settings/secrets.py) and the broker ignores, and warns abou
 signature fails. The job also names its table (``"table"``), so a broker reading another
 table's file can say so.
 
-A leaf module: it imports nothing from broker/ or from the rest of sink/.
+Written in the history job (sink/history/job/report.py); read in the forwarder
+(sink/forward/commit_watch.py), the replay worker (sink/replay/tail.py) and by sink.query (which
+job runs: the status file). A leaf module: it imports nothing from broker/ or from the rest of
+sink/, so each of those processes imports only this of the job's side.
 """
 from __future__ import annotations
 
