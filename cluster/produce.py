@@ -31,9 +31,10 @@ log = logging.getLogger(__name__)
 class Producer:
     def __init__(self, loop: asyncio.AbstractEventLoop, bootstrap: str, kafka: dict,
                  done: Callable[[list[tuple[Any, str | None]]], None], delivery_timeout: float = 30.0,
-                 sign: Callable[[str, bytes, int], bytes] | None = None) -> None:
+                 sign: Callable[[str, bytes, int], bytes] | None = None, sender: Any = None) -> None:
         """done(list of (tag, failure or None)) is called on the loop for every record sent;
-        sign(topic, body, timestamp) gives each record body its signature (cluster/trust.py)."""
+        sign(topic, body, timestamp) gives each record body its signature (cluster/trust.py);
+        `sender` (tests): what sends the requests instead of a BatchSender on `bootstrap`."""
         self.sign = sign
         self.loop = loop
         self.user_done = done
@@ -41,9 +42,11 @@ class Producer:
         self.handed = 0                  # records handed to send() since the start
         self.answered = 0                # ... answered (in the order they were handed)
         self.delivery_timeout = delivery_timeout
-        cfg = {"bootstrap_servers": bootstrap.split(","), "client_id": "mqtt-cluster"}
-        cfg.update(kafka)
-        self.sender = BatchSender(cfg)
+        if sender is None:
+            cfg = {"bootstrap_servers": bootstrap.split(","), "client_id": "mqtt-cluster"}
+            cfg.update(kafka)
+            sender = BatchSender(cfg)
+        self.sender = sender
         self.pending: list = []          # on the loop: (topic, ts, body, tag) not yet handed over
         # (topic, partition) -> the offset after the last record Kafka acknowledged from here
         self.acked_upto: dict[tuple[str, int], int] = {}
