@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Sequence
 
 from sink.history.job.config import UsageError, config_from_args
@@ -86,9 +87,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
                 # the table is still written; check_active below then serves no endpoint
                 log.error("cannot build the read-only guard of Spark Connect and JDBC: %s", exc)
+        started = time.monotonic()
         spark = get_spark("mqtt-history-job", quiet_start=True, conf={
             **({} if launched_by_spark_submit() else JOB_LOCAL_CONF),
             **conf, **catalog.session_conf(job.history), **guard_conf})
+        log.info("Spark session ready in %.1f s (JVM and SparkContext)", time.monotonic() - started)
         if serving:
             guard.trust(spark)   # first: its clients' sessions are read-only, not the job's
         catalog.register_in_session(spark, job.history)  # `messages` for Spark Connect and JDBC
