@@ -111,6 +111,8 @@ def main() -> int:
                 marks["spark connect"] = now
             if "committed" not in marks and os.path.exists(committed):
                 marks["committed"] = now
+            for name in marks.keys() - cpu.keys():
+                cpu[name] = cpu_seconds(proc.pid)
             if "committed" in marks and "spark connect" in marks:
                 before = _children_cpu()
                 q = subprocess.run([sys.executable, "-m", "sink.query", "--data-dir", str(data),
@@ -121,8 +123,6 @@ def main() -> int:
                     marks["queryable"] = time.monotonic() - t0
                     cpu["queryable"] = cpu_seconds(proc.pid) + _children_cpu() - before
                     break
-            for name in marks.keys() - cpu.keys():
-                cpu[name] = cpu_seconds(proc.pid)
             time.sleep(0.1)
         load = os.getloadavg()
         print(f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} (1, 5, 15 min)")
