@@ -23,14 +23,9 @@ fi
 args=(--config "$CONFIG" --sink --set sink.keep_until=history "${dash[@]}" "$@")
 
 # A bad setting stops everything here, before anything starts: one line naming the key, exit 2
-# (also a --set that no part reads, naming the part that would). Both checks at once: each is
-# a Python start, and they are the only wait before the parts start.
-"$PY" -m broker "${args[@]}" --with-job --check-config &
-check_broker=$!
-"$PY" -m sink.job "${args[@]}" --with-broker --check-config &
-check_job=$!
-wait "$check_broker"
-wait "$check_job"
+# (also a --set that no part reads, naming the part that would).
+"$PY" -m broker "${args[@]}" --with-job --check-config
+"$PY" -m sink.job "${args[@]}" --with-broker --check-config
 
 # Each part in a process group of its own: a terminal's Ctrl-C reaches this script only, which
 # asks every part to stop once (SIGTERM); Ctrl-C again passes it on (the job's third signal ends
