@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -31,6 +32,10 @@ from job_footprint import show, tree  # noqa: E402  (beside this script)
 
 from sink.history import commits  # noqa: E402
 
+#: The job's log lines that mark its steps (sink/history/job/): printed with their time.
+JOB_STEPS = ("running at niceness", "Spark session ready", "Spark Connect on",
+             "history job started", "batch 0:")
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -42,6 +47,24 @@ def port_open(port: int) -> bool:
     with socket.socket() as s:
         s.settimeout(0.2)
         return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU time (user + system) of pid and its descendants so far, with the children they have
+    reaped: the start-up work, which a loaded machine stretches but does not change."""
+    total = 0.0
+    for _depth, p, _rss, _pss, _what in tree(pid):
+        try:
+            fields = open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
+def _children_cpu() -> float:
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
 
 
 def publish_one(port: int) -> None:
@@ -70,11 +93,12 @@ def main() -> int:
            "--set", f"sink.embedded_port={free_port()}", "--set", f"history.connect_port={connect_port}",
            "--set", f"history.table={table}", "--set", "history.trigger_seconds=1"]
     log = tmp / "run.log"
-    t0 = time.monotonic()
+    t0, wall0 = time.monotonic(), time.time()
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
     marks: dict[str, float] = {}
+    cpu: dict[str, float] = {}
     committed = commits.committed_path(table)
     try:
         while time.monotonic() - t0 < args.timeout and proc.poll() is None:
@@ -87,17 +111,31 @@ def main() -> int:
                 marks["spark connect"] = now
             if "committed" not in marks and os.path.exists(committed):
                 marks["committed"] = now
+            for name in marks.keys() - cpu.keys():
+                cpu[name] = cpu_seconds(proc.pid)
             if "committed" in marks and "spark connect" in marks:
+                before = _children_cpu()
                 q = subprocess.run([sys.executable, "-m", "sink.query", "--data-dir", str(data),
                                     "--connect", f"sc://127.0.0.1:{connect_port}", "--wait", "0",
                                     "--format", "csv", "SELECT count(*) FROM messages"],
                                    cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
                 if q.returncode == 0 and q.stdout.split()[-1:] == ["1"]:
                     marks["queryable"] = time.monotonic() - t0
+                    cpu["queryable"] = cpu_seconds(proc.pid) + _children_cpu() - before
                     break
             time.sleep(0.1)
+        load = os.getloadavg()
+        print(f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} (1, 5, 15 min)")
         for name, t in marks.items():
-            print(f"{name:>20}: {t:6.1f} s")
+            print(f"{name:>20}: {t:6.1f} s  (CPU of the stack so far: {cpu.get(name, 0):6.1f} s)")
+        print("the job's log (seconds from the start):")
+        for line in log.read_text(errors="replace").splitlines():
+            if any(k in line for k in JOB_STEPS):
+                try:
+                    at = time.mktime(time.strptime(line[:19], "%Y-%m-%d %H:%M:%S")) + int(line[20:23]) / 1000
+                except ValueError:
+                    continue
+                print(f"  {at - wall0:6.1f} s  {line[24:].split(': ', 1)[-1][:90]}")
         if "queryable" not in marks:
             print(f"not queryable within {args.timeout:.0f} s; see {log}")
             return 1

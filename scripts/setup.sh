@@ -53,4 +53,8 @@ done
 .venv/bin/python scripts/build_native.py
 # The history job's read-only guard (Scala, sink/history/guard.py), compiled now rather than at
 # the job's first start (about 40 s of JVM work); rebuilt only when its sources changed.
-.venv/bin/python -c "from sink.history.guard import classes_dir; from sink.history.job import guard_build_root; print('history guard:', classes_dir(guard_build_root(None)))"
+# The history job JVM's class-data archive (sink/history/job/class_archive.py): its start-up
+# classes parsed once, mapped at every start (a third of the JVM's start-up CPU); made now, once
+# (about a minute of one job start), again only for another JVM, Spark or guard. (One Python
+# start for both: this runs at every scripts/run.sh.)
+.venv/bin/python -m sink.history.job.class_archive --with-guard

@@ -64,9 +64,24 @@ def classes_dir(build_root: Path) -> Path:
     return out
 
 
+def classes_jar(build_root: Path) -> Path:
+    """classes_dir() as a jar beside it (made when missing): Java's class-data archive of the
+    job's JVM (sink/history/job/class_archive.py) takes jars only, no class directories."""
+    import zipfile
+    classes = classes_dir(build_root)
+    jar = classes.with_name(classes.name + ".jar")
+    if not jar.is_file():
+        tmp = jar.with_name(f".{jar.name}.tmp")
+        with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as z:
+            for f in sorted(classes.rglob("*.class")):
+                z.write(f, f.relative_to(classes).as_posix())
+        tmp.rename(jar)
+    return jar
+
+
 def launch_conf(build_root: Path) -> dict[str, str]:
     """Spark settings the JVM needs at launch for the guard (and the JDBC authenticator)."""
-    return {"spark.driver.extraClassPath": str(classes_dir(build_root)),
+    return {"spark.driver.extraClassPath": str(classes_jar(build_root)),
             "spark.sql.extensions": EXTENSION,
             # no `format`.`path` in SQL (the guard refuses it too; this stops it before the
             # analyser lists or samples the path)

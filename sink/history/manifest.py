@@ -476,11 +476,11 @@ class Table:
               level: int) -> list[FileEntry]:
         """Move staged Parquet files (path, date, hour) into their ``date=`` directory under
         fresh names; their rows come from the Parquet footers. Returns their entries."""
-        import pyarrow.parquet as pq
+        from sink.history.parquet_rows import parquet_rows  # not pyarrow: the job's driver stays small
         tag = uuid.uuid4().hex[:12]
         out = []
         for i, (src, date, hour) in enumerate(sorted(staged, key=lambda s: (s[1], s[2], str(s[0])))):
-            rows = pq.read_metadata(src).num_rows
+            rows = parquet_rows(src)
             if rows == 0:
                 continue
             hh = "xx" if hour is None else f"{hour:02d}"

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Sequence
 
 from sink.history.job.config import UsageError, config_from_args
@@ -63,6 +64,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             log.info("history job stopped before it started")
             return 0
         from sink.history import catalog, guard, thrift
+        from sink.history.job import class_archive
         from sink.history.spark import (
             JOB_LOCAL_CONF,
             JOB_LOCAL_ENV,
@@ -86,9 +88,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
                 # the table is still written; check_active below then serves no endpoint
                 log.error("cannot build the read-only guard of Spark Connect and JDBC: %s", exc)
+        local_conf: dict[str, str] = {}
+        if not launched_by_spark_submit():
+            local_conf = dict(JOB_LOCAL_CONF)
+            archive = class_archive.java_options(guard_build_root(job.data_dir),
+                                                 guard_conf.get("spark.driver.extraClassPath", ""))
+            if archive:   # the classes of a start mapped from a file (scripts/setup.sh made it)
+                local_conf["spark.driver.extraJavaOptions"] += " " + archive
+        started = time.monotonic()
         spark = get_spark("mqtt-history-job", quiet_start=True, conf={
-            **({} if launched_by_spark_submit() else JOB_LOCAL_CONF),
-            **conf, **catalog.session_conf(job.history), **guard_conf})
+            **local_conf, **conf, **catalog.session_conf(job.history), **guard_conf})
+        log.info("Spark session ready in %.1f s (JVM and SparkContext)", time.monotonic() - started)
         if serving:
             guard.trust(spark)   # first: its clients' sessions are read-only, not the job's
         catalog.register_in_session(spark, job.history)  # `messages` for Spark Connect and JDBC
