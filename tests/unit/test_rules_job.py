@@ -126,3 +126,15 @@ def test_the_job_publishes_to_the_brokers_listener_on_loopback_when_it_listens_e
     from sink.history.job.config import Job
     assert broker_address(Job(broker_host="0.0.0.0", broker_port=1884)) == ("127.0.0.1", 1884)
     assert broker_address(Job(broker_host="10.0.0.5", broker_port=1883)) == ("10.0.0.5", 1883)
+
+
+def test_the_job_learns_the_brokers_port_and_the_rules_watermark_from_the_config(tmp_path):
+    from sink.history.job.config import load_job
+    cfg = tmp_path / "broker.toml"
+    cfg.write_text('[broker]\nhost = "0.0.0.0"\nport = 1884\n[history]\nrules_watermark = "2 minutes"\n'
+                   '[[history.rules]]\nname = "hot"\nsql = "SELECT topic FROM messages"\n'
+                   'publish = "alerts/hot"\n')
+    job, _ = load_job(str(cfg))
+    assert broker_address(job) == ("127.0.0.1", 1884)
+    assert job.history.rules_watermark == "2 minutes"
+    assert [r.name for r in job.history.rules] == ["hot"]
