@@ -12,7 +12,7 @@ from typing import Any
 
 from settings import rules as R
 from sink.history.job.config import Job
-from sink.history.rules.supervise import FAILED, RUNNING, Supervisor, definition
+from sink.history.rules.supervise import FAILED, RUNNING, STOPPED, Supervisor, definition
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +59,10 @@ class RulesRunner(threading.Thread):
                 log.exception("rules: a pass failed (tried again)")
             self.stop_event.wait(self.poll_seconds)
         for name, handle in self.sup.running().items():
-            self._stop(name, handle)
+            self._stop_rule(name, handle)
+        for e in self.sup.entries.values():   # the job stops: so does every rule
+            if e.state == RUNNING:
+                e.state = STOPPED
         self.write_status()
 
     def stop(self, timeout: float = 60.0) -> None:
@@ -76,13 +79,13 @@ class RulesRunner(threading.Thread):
                 err = short_error(exc) if exc is not None else "the query ended"
                 log.error("rule %s failed: %s (started again after a pause)", name, err)
                 self.sup.failed(name, err, now)
-                self._stop(name, handle)
+                self._stop_rule(name, handle)
         before = {n: definition(e.spec) for n, e in self.sup.entries.items()}
         handles = self.sup.running()
         stop, start = self.sup.step(desired, now)
         wanted = {r.name: definition(r) for r in desired}
         for name in stop:
-            self._stop(name, handles[name])
+            self._stop_rule(name, handles[name])
         for name, d in before.items():   # removed or redefined: its checkpoint goes
             if name not in wanted or wanted[name] != d:
                 from sink.history.rules.query import remove_checkpoint
@@ -114,7 +117,7 @@ class RulesRunner(threading.Thread):
                                        spec.table and f"table {spec.table}") if x))
         self.sup.started(spec.name, handle, now)
 
-    def _stop(self, name: str, handle: Any) -> None:
+    def _stop_rule(self, name: str, handle: Any) -> None:
         try:
             handle.stop()
         except Exception as exc:

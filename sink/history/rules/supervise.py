@@ -18,6 +18,7 @@ from settings.rules import RuleSpec
 
 BACKOFF_FIRST, BACKOFF_MAX, HEALTHY_AFTER = 5.0, 300.0, 60.0
 RUNNING, PAUSED, FAILED, STARTING = "running", "paused", "failed", "starting"
+STOPPED = "stopped"   # written once as the job stops
 
 
 def definition(spec: RuleSpec) -> tuple[str, str, str]:
