@@ -22,8 +22,10 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "bench"))
 
-from bench.pipeline import cpu_s, descendants, free_port, wait_port  # noqa: E402
+from pipeline import cpu_s, descendants, free_port, wait_port  # noqa: E402
+
 from kafka_client.embedded import EmbeddedKafka  # noqa: E402
 
 PY = sys.executable
