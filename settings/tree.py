@@ -219,6 +219,9 @@ class HistoryConfig(Section):
     sparkplug_max_nodes: int = key(100_000, Int(1))  # Sparkplug B edge nodes + devices whose aliases are kept
     # continuous rules (settings/rules.py, docs/rules.md); more are added at run time (broker.admin rules)
     rules: tuple = key((), HistoryRules())
+    # the rules' watermark on accepted_at: a window is published once this long after its end
+    rules_watermark: str = key("10 seconds", Pattern(r"\s*\d+\s+(second|minute|hour|day|week)s?\s*",
+                                                     "a duration like '10 seconds' or '2 minutes'"))
     starting_offsets: str = key("earliest", Check(
         starting_offsets, "'earliest', 'latest' or a JSON offsets object", empty_ok=False))
     connect: bool = True

@@ -114,9 +114,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         # must win so that Ctrl-C stops the query cleanly.
         signal.signal(signal.SIGINT, on_signal)
         signal.signal(signal.SIGTERM, on_signal)
+        from sink.history.rules.runner import start_rules
+        rules = start_rules(spark, job)   # each rule its own query; never the job's end
         try:
             return run_restarting(spark, job, stop)
         finally:
+            if rules:
+                rules.stop()
             stop_connect(spark, job)
             spark.stop()
     except UsageError as exc:

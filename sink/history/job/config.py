@@ -37,6 +37,9 @@ class Job:
     available_now: bool = False   # --available-now: what Kafka holds now, then exit
     embedded_kafka: bool = False  # the broker's embedded Kafka (empty after each restart: routine)
     log_level: str = "INFO"       # [broker] log_level (the job's own: --log-level, $SINK_LOG_LEVEL)
+    # the broker's MQTT listener ([broker] host and port): the rules publish through it
+    broker_host: str = "127.0.0.1"
+    broker_port: int = 1883
 
     @classmethod
     def of(cls, **values: Any) -> Job:
@@ -116,7 +119,8 @@ def load_job(path: str | None, flags: Iterable[Flag] = (), available_now: bool =
                          "the whole history over JDBC. Give the operators a file of their own "
                          "(python -m broker.auth passwd FILE add USER)")
     job = Job(hist, bootstrap, topics, data_dir=cfg.data_dir, available_now=available_now,
-              embedded_kafka=embedded, log_level=cfg.log_level)
+              embedded_kafka=embedded, log_level=cfg.log_level,
+              broker_host=cfg.host, broker_port=cfg.port)
     return job.validate(), notes
 
 

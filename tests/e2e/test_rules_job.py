@@ -1,0 +1,112 @@
+"""Continuous rules in the history job (docs/rules.md "How the job runs rules"): records in Kafka
+-> each rule's streaming query -> its rows published QoS 1 through a running broker and appended
+to a derived table; a rule added to the store at run time starts without a restart."""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import threading
+import time
+
+import pytest
+
+from settings import rules as R
+from settings.rules import RuleSpec
+from tests.e2e.test_spark_history import history_job, produce
+
+pytestmark = [pytest.mark.timeout(600), pytest.mark.e2e, pytest.mark.kafka]
+
+T0 = int(dt.datetime(2024, 5, 2, 10, 0, tzinfo=dt.timezone.utc).timestamp() * 1000)
+HOT = "SELECT topic, payload_json:temp::double AS temp FROM messages WHERE payload_json:temp::double > 30"
+COUNT = ("SELECT window.start AS start, topic, count(*) AS n FROM messages "
+         "GROUP BY window(accepted_at, '1 minute'), topic")
+
+
+def reading(i: int, temp: float, at_ms: int, topic: str = "plant/t1") -> dict:
+    return {"message_id": f"r-{i:04d}", "topic": topic, "payload": json.dumps({"temp": temp}).encode(),
+            "client_id": "dev", "username": None, "qos": 1, "retain": False, "protocol": 5,
+            "accepted_ms": at_ms}
+
+
+class Alerts:
+    def __init__(self, port: int) -> None:
+        import paho.mqtt.client as mqtt
+        from paho.mqtt.enums import CallbackAPIVersion
+        self.got: list[tuple[str, dict]] = []
+        self.lock = threading.Lock()
+        subscribed = threading.Event()
+        self.c = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="alerts-sub", protocol=mqtt.MQTTv5)
+        self.c.on_message = lambda c, u, m: self._add(m.topic, json.loads(m.payload))
+        self.c.on_subscribe = lambda *a: subscribed.set()
+        self.c.connect("127.0.0.1", port)
+        self.c.loop_start()
+        self.c.subscribe("alerts/#", qos=1)
+        assert subscribed.wait(10)
+
+    def _add(self, topic: str, doc: dict) -> None:
+        with self.lock:
+            self.got.append((topic, doc))
+
+    def on(self, topic: str) -> list[dict]:
+        with self.lock:
+            return [d for t, d in self.got if t == topic]
+
+
+def wait_for(what, timeout: float = 180.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = what()
+        if got:
+            return got
+        time.sleep(0.5)
+    return what()
+
+
+def test_rules_publish_through_the_broker_append_to_a_table_and_start_at_run_time(
+        spark, kafka, tmp_path, make_broker):
+    from sink.history.rules.query import derived_dir
+    from sink.history.rules.runner import RulesRunner
+    broker = make_broker()
+    data = tmp_path / "data"
+    rules = (RuleSpec("hot", HOT, publish="alerts/hot", table="hot_rows"),
+             RuleSpec("per_minute", COUNT, publish="alerts/count"))
+    job = history_job(kafka.bootstrap, tmp_path, data_dir=str(data), broker_port=broker.port,
+                      verify_records=False, rules=rules, rules_watermark="10 seconds")
+    produce(kafka.bootstrap, [reading(0, 99.0, T0)])   # makes the topic; before the rules: not seen
+    alerts = Alerts(broker.port)
+    runner = RulesRunner(spark, job, poll_seconds=1.0)
+    runner.start()
+    try:
+        def all_running(names):
+            st = R.read_status(str(data))["rules"]
+            return all(st.get(n, {}).get("state") == "running" for n in names) and all(
+                h.query.lastProgress for h in runner.sup.running().values())
+        assert wait_for(lambda: all_running(["hot", "per_minute"])), R.read_status(str(data))
+        produce(kafka.bootstrap, [reading(1, 35.5, T0 + 1000), reading(2, 20.0, T0 + 2000),
+                                  reading(3, 31.0, T0 + 3000, "plant/t2")])
+        hot = wait_for(lambda: len(alerts.on("alerts/hot")) >= 2 and alerts.on("alerts/hot"))
+        assert sorted((d["topic"], d["temp"]) for d in hot) == [("plant/t1", 35.5), ("plant/t2", 31.0)]
+        # the window [T0, T0+1 min) closes when a message 10 s past its end moves the watermark
+        produce(kafka.bootstrap, [reading(4, 1.0, T0 + 75_000)])
+        counts = wait_for(lambda: len(alerts.on("alerts/count")) >= 2 and alerts.on("alerts/count"))
+        assert sorted((d["start"], d["topic"], d["n"]) for d in counts) == [
+            ("2024-05-02T10:00:00.000Z", "plant/t1", 2), ("2024-05-02T10:00:00.000Z", "plant/t2", 1)]
+        # a rule added to the store starts without a restart; the job's other rules go on
+        R.write_store(str(data), R.Store([RuleSpec("cold", "SELECT topic, payload_json:temp::double AS "
+                                                   "temp FROM messages WHERE payload_json:temp::double < 0",
+                                                   publish="alerts/cold", source=R.STORE)], set()))
+        assert wait_for(lambda: all_running(["cold"])), R.read_status(str(data))
+        produce(kafka.bootstrap, [reading(5, -4.0, T0 + 80_000), reading(6, 40.0, T0 + 81_000)])
+        assert wait_for(lambda: alerts.on("alerts/cold")) == [{"topic": "plant/t1", "temp": -4.0}]
+        assert wait_for(lambda: len(alerts.on("alerts/hot")) >= 3)
+        time.sleep(3)   # every window once: nothing more arrives for the closed window
+        assert len(alerts.on("alerts/count")) == 2
+        assert len(alerts.on("alerts/hot")) == 3 and len(alerts.on("alerts/cold")) == 1
+        rows = spark.read.parquet(str(derived_dir(job, "hot_rows"))).collect()
+        assert sorted(r.temp for r in rows) == [31.0, 35.5, 40.0]   # each row once
+        st = R.read_status(str(data))["rules"]
+        assert st["hot"]["rows"] >= 1 and st["hot"]["last_error"] == "" and st["cold"]["source"] == "store"
+    finally:
+        runner.stop()
+        alerts.c.loop_stop()
+    assert R.read_status(str(data))["rules"]["hot"]["state"] == "stopped"   # the job's last word
