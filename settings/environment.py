@@ -93,6 +93,9 @@ ADMIN_PASSWORD = EnvVar(
 ADMIN_PASSWORD_FILE = EnvVar(
     "BROKER_ADMIN_PASSWORD_FILE", "a file whose first line is that password (default "
     "<data_dir>/dashboard-admin-password); --password-file overrides it", (ADMIN,))
+JAVA_HOME = EnvVar(
+    "JAVA_HOME", "Java's own: the JVM the history job runs (Spark's choice); its class-data archive "
+    "is made for that JVM (sink/history/job/class_archive.py)", (JOB,))
 PYTHONPATH = EnvVar(
     "PYTHONPATH", "Python's own: passed on, with the project's root first, to the processes the "
     "broker and the job start (forwarder, history worker, Spark's Python workers)", ())

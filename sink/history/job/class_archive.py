@@ -19,14 +19,16 @@ import shutil
 import sys
 from pathlib import Path
 
-log = logging.getLogger(__name__)
+from settings import environment
+
+log = logging.getLogger(__spec__.name if __name__ == "__main__" else __name__)  # (python -m: its module path)
 
 ARCHIVE_DIR = "jvm-class-archive"
 
 
 def _java() -> Path | None:
-    java = shutil.which("java", path=os.path.join(os.environ["JAVA_HOME"], "bin")
-                        if os.environ.get("JAVA_HOME") else None)
+    home = environment.JAVA_HOME.get()
+    java = shutil.which("java", path=os.path.join(home, "bin") if home else None)
     return Path(java).resolve() if java else None
 
 
