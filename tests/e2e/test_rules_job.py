@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import signal
 import threading
 import time
 
@@ -66,10 +67,16 @@ def test_rules_publish_through_the_broker_append_to_a_table_and_start_at_run_tim
         spark, kafka, tmp_path, make_broker):
     from sink.history.rules.query import derived_dir
     from sink.history.rules.runner import RulesRunner
-    broker = make_broker()
-    data = tmp_path / "data"
     rules = (RuleSpec("hot", HOT, publish="alerts/hot", table="hot_rows"),
              RuleSpec("per_minute", COUNT, publish="alerts/count"))
+    # the broker and the job share the config's rules and the data directory, as run.sh starts
+    # them: the broker lets the $rules client in with the password the job reads there, and
+    # publish to the rules' topics only
+    config = tmp_path / "rules.toml"
+    config.write_text("".join(f'[[history.rules]]\nname = "{r.name}"\nsql = "{r.sql}"\n'
+                              f'publish = "{r.publish}"\n' for r in rules))
+    broker = make_broker(args=["--config", str(config)])
+    data = tmp_path
     job = history_job(kafka.bootstrap, tmp_path, data_dir=str(data), broker_port=broker.port,
                       verify_records=False, rules=rules, rules_watermark="10 seconds")
     produce(kafka.bootstrap, [reading(0, 99.0, T0)])   # makes the topic; before the rules: not seen
@@ -95,6 +102,8 @@ def test_rules_publish_through_the_broker_append_to_a_table_and_start_at_run_tim
         R.write_store(str(data), R.Store([RuleSpec("cold", "SELECT topic, payload_json:temp::double AS "
                                                    "temp FROM messages WHERE payload_json:temp::double < 0",
                                                    publish="alerts/cold", source=R.STORE)], set()))
+        broker.proc.send_signal(signal.SIGHUP)   # the broker re-reads the store (the admin API
+        # writes it in the broker's own process; a store written by another process needs this)
         assert wait_for(lambda: all_running(["cold"])), R.read_status(str(data))
         produce(kafka.bootstrap, [reading(5, -4.0, T0 + 80_000), reading(6, 40.0, T0 + 81_000)])
         assert wait_for(lambda: alerts.on("alerts/cold")) == [{"topic": "plant/t1", "temp": -4.0}]
