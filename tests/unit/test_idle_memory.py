@@ -13,9 +13,13 @@ from broker.transport.connection_protocol import MQTTProtocol
 from settings import Config
 
 N = 1000
-# bytes (879 now: 843 before the Session's three slots for what its subscriptions cost and the
-# protocol's one for its read budget; 1,239 before the containers were made at first use)
-BOUND = 900
+# bytes per connection, measured over the second half of the connections: 883 compiled and 896
+# on the pure-Python core (2026-11-28; 903 pure at the commit before, measured the old way over
+# all of them); 843 before the Session's three slots for what its subscriptions cost and the
+# protocol's one for its read budget; 1,239 before the containers were made at first use. The
+# tables that hold every connection (sessions, ...) grow by steps, so a run lands 10-20 bytes
+# either side depending on where those steps fall: the bound leaves that much room.
+BOUND = 920
 
 
 class Transport:
@@ -49,8 +53,13 @@ def test_idle_connection_holds_little():
         gc.collect()
         tracemalloc.start()
         try:
-            before = tracemalloc.take_snapshot()
-            for p, t, data in zip(protocols, transports, connects):
+            before = None
+            for i, (p, t, data) in enumerate(zip(protocols, transports, connects)):
+                if i == N // 2:
+                    # measured over the second half: what the first connections made once
+                    # (caches, interned names, a grown table) is not counted per connection
+                    gc.collect()
+                    before = tracemalloc.take_snapshot()
                 p.connection_made(t)
                 p.data_received(data)
                 await asyncio.sleep(0)  # the flush the server scheduled writes the CONNACK
@@ -59,7 +68,8 @@ def test_idle_connection_holds_little():
         finally:
             tracemalloc.stop()
         assert len(server.broker.sessions) == N and all(p.conn.session for p in protocols)
-        per_conn = sum(s.size_diff for s in after.compare_to(before, "filename")) / N
+        assert before is not None
+        per_conn = sum(s.size_diff for s in after.compare_to(before, "filename")) / (N - N // 2)
         per_conn += MQTTProtocol.__basicsize__ + 16  # made before the first snapshot (+ GC header)
         assert per_conn <= BOUND, f"{per_conn:.0f} bytes per idle connection"
     asyncio.run(run())
