@@ -317,9 +317,8 @@ def test_keep_alive_timeout_on_the_fake_clock():
     assert (d.type, d.reason_code) == (P.DISCONNECT, rc.KEEP_ALIVE_TIMEOUT) and conn.close_requested
 
 
-def test_a_persistent_sessions_suback_waits_for_durability_and_fails_per_filter(tmp_path):
-    """A SUBACK says the subscriptions exist: for a persistent session it waits for the hooks
-    providing barrier(), like a PUBACK; if they fail, every filter gets 0x80 [MQTT-3.9.3-1]."""
+def persistent_with_store(tmp_path):
+    """A broker with the SQLite store and a connected v5 persistent session "keeper"."""
     from broker.store.sqlite import Store
     b, _ = broker()
     b.add_hook(Store(str(tmp_path / "state.db")))
@@ -327,6 +326,13 @@ def test_a_persistent_sessions_suback_waits_for_durability_and_fails_per_filter(
     conn.data_received(encode(P.Connect("keeper", 5, clean_start=False,
                                         properties={PR.SESSION_EXPIRY_INTERVAL: 60}), 5))
     output(conn)
+    return b, conn
+
+
+def test_a_persistent_sessions_suback_waits_for_durability_and_fails_per_filter(tmp_path):
+    """A SUBACK says the subscriptions exist: for a persistent session it waits for the hooks
+    providing barrier(), like a PUBACK; if they fail, every filter gets 0x80 [MQTT-3.9.3-1]."""
+    b, conn = persistent_with_store(tmp_path)
     (ev,) = conn.data_received(encode(P.Subscribe(3, [("a/#", P.SubscriptionOptions(1)),
                                                       ("b", P.SubscriptionOptions(0))]), 5))
     assert isinstance(ev, AcksHeld) and ev.subacks == 1 and output(conn) == b""
@@ -343,13 +349,7 @@ def test_a_long_held_suback_fails_with_its_own_packet_id(tmp_path):
     """A SUBACK of more than 127 bytes (a two-byte Remaining Length) held for durability and
     then failed keeps the SUBSCRIBE's packet id [MQTT-3.8.4-2], one 0x80 per filter
     [MQTT-3.9.3-1]; held and sent as a success, it is the SUBACK the filters got."""
-    from broker.store.sqlite import Store
-    b, _ = broker()
-    b.add_hook(Store(str(tmp_path / "state.db")))
-    conn = Connection(b)
-    conn.data_received(encode(P.Connect("keeper", 5, clean_start=False,
-                                        properties={PR.SESSION_EXPIRY_INTERVAL: 60}), 5))
-    output(conn)
+    b, conn = persistent_with_store(tmp_path)
     filters = [(f"f/{i}", P.SubscriptionOptions(1)) for i in range(200)]
     (ev,) = conn.data_received(encode(P.Subscribe(0x1234, filters), 5))
     conn.acks_done(ev.acks, "disk full", ev.subacks)
