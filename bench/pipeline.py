@@ -26,7 +26,7 @@ gives the steady-state figures. Reported:
   forwarder's live cost, without the idle seconds spent waiting for the table).
 
 CPU per message is the robust figure on a busy machine; wall-clock times are not. The job logs
-at WARN; JOB_LOG_LEVEL=INFO in the environment gives its full log (with --keep, in the work
+at WARNING; JOB_LOG_LEVEL=INFO in the environment gives its full log (with --keep, in the work
 directory).
 """
 from __future__ import annotations
@@ -315,7 +315,7 @@ def run_one(a, rate: int) -> dict:
         job = subprocess.Popen([PY, "-m", "sink.job", "--kafka-bootstrap", kafka.bootstrap, "--table", table,
                                 "--data-dir", os.path.join(work, "data"),  # checks the broker's signatures
                                 "--trigger-seconds", str(a.trigger),
-                                "--log-level", os.environ.get("JOB_LOG_LEVEL", "WARN"),
+                                "--log-level", os.environ.get("JOB_LOG_LEVEL", "WARNING"),
                                 "--connect-port", str(free_port())],  # Spark Connect on, as by default
                                cwd=ROOT, env=env, stdout=logs["job"], stderr=subprocess.STDOUT,
                                start_new_session=True)

@@ -25,7 +25,7 @@ from sink.history.writer import adopt_file_sink
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-    from sink.history.writer import BatchWriter
+    from sink.history.writer import BatchHook, BatchWriter
 
 log = logging.getLogger(__name__)
 
@@ -63,13 +63,15 @@ def job_table(spark: Any, hist: HistoryConfig) -> Table:  # a SparkSession (keep
     return table
 
 
-def batch_writer(spark: SparkSession, hist: HistoryConfig, parquet_options: dict) -> BatchWriter:
-    """The job's foreachBatch function (writer.BatchWriter) for hist.table."""
+def batch_writer(spark: SparkSession, hist: HistoryConfig, parquet_options: dict,
+                 rules: BatchHook | None = None) -> BatchWriter:
+    """The job's foreachBatch function (writer.BatchWriter) for hist.table; ``rules``: the
+    stateless rules, run on each batch's staged files (sink/history/rules/shared.py)."""
     from sink.history.sparkplug.table import SparkplugWriter, table_path
     from sink.history.writer import BatchWriter
     sparkplug = SparkplugWriter(table_path(hist.table), hist.sparkplug_max_nodes)
     return BatchWriter(job_table(spark, hist), hist.checkpoint_dir, parquet_options,
-                       settings_of(hist).retention_ms, sparkplug)
+                       settings_of(hist).retention_ms, sparkplug, rules)
 
 
 def start_maintainer(spark: SparkSession, hist: HistoryConfig, parquet_options: dict,

@@ -18,7 +18,7 @@ import json
 import logging
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Protocol
 
 from sink.history.manifest import Change, FileEntry, Snapshot, Table, crash_point, date_of, staged_files
 from sink.history.retention import first_kept_date
@@ -40,12 +40,21 @@ def checkpoint_stream_id(checkpoint: str) -> str | None:
         return None
 
 
+class BatchHook(Protocol):
+    """What runs on each batch beside the table (the stateless rules: rules/shared.py)."""
+
+    def wanted(self) -> bool: ...
+
+    def __call__(self, df: DataFrame, batch_id: int, staged: Path) -> None: ...
+
+
 class BatchWriter:
     """``foreachBatch`` function writing micro-batches into ``table`` exactly once."""
 
     def __init__(self, table: Table, checkpoint: str, parquet_options: dict | None = None,
                  retention_ms: int | None = None,
-                 sparkplug: Callable[[SparkSession, Path, int, str], object] | None = None) -> None:
+                 sparkplug: Callable[[SparkSession, Path, int, str], object] | None = None,
+                 rules: BatchHook | None = None) -> None:
         self.table = table
         self.checkpoint = checkpoint
         self.parquet_options = dict(parquet_options or {})
@@ -54,6 +63,10 @@ class BatchWriter:
         # sparkplug_metrics (sink/history/sparkplug/table.py): from the batch's staged files,
         # committed before the batch's own commit (a re-run batch skips what it holds)
         self.sparkplug = sparkplug
+        # the stateless rules (sink/history/rules/shared.py): the batch, kept in memory while it
+        # is written when some run, before the commit (a batch run again after a crash gives
+        # their rows again: at least once)
+        self.rules = rules
         self.last: Snapshot | None = None
 
     def __call__(self, df: DataFrame, batch_id: int) -> None:
@@ -66,6 +79,9 @@ class BatchWriter:
                      batch_id, snap.id)
             return
         staging = self.table.staging(f"b{batch_id}")
+        rules = self.rules if self.rules is not None and self.rules.wanted() else None
+        if rules is not None:
+            df = df.persist()   # written, then read by the rules: Kafka is read once
         # payload_json unshredded in a micro-batch's small files (inferring and writing the
         # shredded columns was the larger part of the column's cost per row): compaction,
         # which merges them within the hour, writes it shredded. The stream's own session (a
@@ -84,6 +100,8 @@ class BatchWriter:
             if self.sparkplug is not None:
                 self.sparkplug(df.sparkSession, staging / "out", batch_id, self.stream_id)
                 crash_point("append:after-sparkplug")
+            if rules is not None:
+                rules(df, batch_id, staging / "out")
             files = self.table.place(staged_files(staging / "out"), f"b{batch_id:08d}",
                                      batch_id, 0)
             crash_point("append:after-place")
@@ -94,6 +112,8 @@ class BatchWriter:
                 detail={"batch": batch_id, "rows": sum(f.rows for f in files)}))
             crash_point("append:after-commit")
         finally:
+            if rules is not None:
+                df.unpersist()
             shutil.rmtree(staging, ignore_errors=True)
 
 

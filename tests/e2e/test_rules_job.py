@@ -119,3 +119,71 @@ def test_rules_publish_through_the_broker_append_to_a_table_and_start_at_run_tim
         runner.stop()
         alerts.c.loop_stop()
     assert R.read_status(str(data))["rules"]["hot"]["state"] == "stopped"   # the job's last word
+
+
+def test_a_stateless_rule_runs_on_the_historys_batches_and_a_windowed_one_as_its_own_query(
+        spark, kafka, tmp_path, make_broker):
+    """One read of Kafka for the table and every stateless rule: the filter rule runs on the
+    batches the history query writes (its table rows once each, in hbatch-<id> files), the
+    windowed rule, which needs state, as its own streaming query."""
+    from sink.history.job.runner import run
+    from sink.history.rules.query import RuleQuery, derived_dir
+    from sink.history.rules.runner import RulesRunner
+    from sink.history.rules.shared import BatchRule, BatchRules
+    from tests.e2e.test_spark_history import ids_and_count
+    rules = (RuleSpec("hot", HOT, publish="alerts/hot", table="hot_rows"),
+             RuleSpec("per_minute", COUNT, publish="alerts/count"))
+    config = tmp_path / "rules.toml"
+    config.write_text("".join(f'[[history.rules]]\nname = "{r.name}"\nsql = "{r.sql}"\n'
+                              f'publish = "{r.publish}"\n' for r in rules))
+    broker = make_broker(args=["--config", str(config)])
+    job = history_job(kafka.bootstrap, tmp_path, data_dir=str(tmp_path), broker_port=broker.port,
+                      verify_records=False, rules=rules, rules_watermark="10 seconds")
+    produce(kafka.bootstrap, [reading(0, 99.0, T0)])   # before the rules: in the table only
+    alerts = Alerts(broker.port)
+    batch_rules, stop = BatchRules(), threading.Event()
+    history = threading.Thread(target=run, args=(spark, job, stop), kwargs={"batch_rules": batch_rules},
+                               daemon=True)
+    history.start()
+
+    def in_table() -> int:
+        from sink.history.query import TableMissing
+        try:
+            return ids_and_count(spark, job.history.table)[0]
+        except TableMissing:   # before the first commit
+            return 0
+    assert wait_for(lambda: in_table() == 1), "the history query wrote nothing"
+    runner = RulesRunner(spark, job, poll_seconds=1.0, batch_rules=batch_rules)
+    runner.start()
+    try:
+        def started():
+            running = runner.sup.running()
+            return len(running) == 2 and running
+        running = wait_for(started)
+        assert running, R.read_status(str(tmp_path))
+        assert isinstance(running["hot"], BatchRule) and isinstance(running["per_minute"], RuleQuery)
+        assert len(batch_rules) == 1
+        assert wait_for(lambda: running["per_minute"].query.lastProgress)
+        produce(kafka.bootstrap, [reading(1, 35.5, T0 + 1000), reading(2, 20.0, T0 + 2000),
+                                  reading(3, 31.0, T0 + 3000, "plant/t2")])
+        hot = wait_for(lambda: len(alerts.on("alerts/hot")) >= 2 and alerts.on("alerts/hot"))
+        assert sorted((d["topic"], d["temp"]) for d in hot) == [("plant/t1", 35.5), ("plant/t2", 31.0)]
+        produce(kafka.bootstrap, [reading(4, 1.0, T0 + 75_000)])
+        counts = wait_for(lambda: len(alerts.on("alerts/count")) >= 2 and alerts.on("alerts/count"))
+        assert sorted((d["start"], d["topic"], d["n"]) for d in counts) == [
+            ("2024-05-02T10:00:00.000Z", "plant/t1", 2), ("2024-05-02T10:00:00.000Z", "plant/t2", 1)]
+        time.sleep(3)
+        assert len(alerts.on("alerts/hot")) == 2   # each row once; 99.0 came before the rule
+        files = sorted(p.name for p in derived_dir(job, "hot_rows").glob("*.parquet"))
+        assert files and all(f.startswith("hbatch-") for f in files)
+        rows = spark.read.parquet(str(derived_dir(job, "hot_rows"))).collect()
+        assert sorted(r.temp for r in rows) == [31.0, 35.5]
+        st = R.read_status(str(tmp_path))["rules"]
+        assert st["hot"]["state"] == "running" and st["hot"]["rows"] == 2
+        assert st["hot"]["input_rows_per_second"] > 0 and st["hot"]["last_error"] == ""
+    finally:
+        runner.stop()
+        stop.set()
+        history.join(120)
+        alerts.c.loop_stop()
+    assert not history.is_alive()

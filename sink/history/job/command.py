@@ -114,10 +114,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         # must win so that Ctrl-C stops the query cleanly.
         signal.signal(signal.SIGINT, on_signal)
         signal.signal(signal.SIGTERM, on_signal)
+        from sink.history.paths import is_local_path
         from sink.history.rules.runner import start_rules
-        rules = start_rules(spark, job)   # each rule its own query; never the job's end
+        from sink.history.rules.shared import BatchRules
+        # stateless rules run on the history's batches, the others as their own queries; a
+        # rule's failure is never the job's end
+        batch_rules = BatchRules() if is_local_path(job.history.table) else None
+        rules = start_rules(spark, job, batch_rules)
         try:
-            return run_restarting(spark, job, stop)
+            return run_restarting(spark, job, stop, batch_rules)
         finally:
             if rules:
                 rules.stop()

@@ -31,9 +31,9 @@ class QueryRun:
     before the job exits at once: sink/history/job/process.py)."""
 
     def __init__(self, spark: Spark, job: Job, stop_event: threading.Event,
-                 poll_seconds: float = 1.0) -> None:
+                 poll_seconds: float = 1.0, batch_rules: Any = None) -> None:
         self.spark, self.job, self.stop_event, self.poll_seconds = spark, job, stop_event, poll_seconds
-        self.query, _ = start_query(spark, job)
+        self.query, _ = start_query(spark, job, batch_rules)
         self.commit_catch_up: Callable[[], None] | None = report_commits(job)
         if self.commit_catch_up:
             on_hard_exit("report commits", self.commit_catch_up)
@@ -108,16 +108,17 @@ class QueryRun:
 
 
 def run(spark: Spark, job: Job, stop_event: threading.Event | None = None,
-        poll_seconds: float = 1.0) -> int:
-    """Run the query until it ends (available-now) or stop_event is set. Returns an exit code."""
-    return QueryRun(spark, job, stop_event or threading.Event(), poll_seconds).run()
+        poll_seconds: float = 1.0, batch_rules: Any = None) -> int:
+    """Run the query until it ends (available-now) or stop_event is set. Returns an exit code.
+    ``batch_rules``: called with each batch's staged files (sink/history/rules/shared.py)."""
+    return QueryRun(spark, job, stop_event or threading.Event(), poll_seconds, batch_rules).run()
 
 
-def run_restarting(spark: Spark, job: Job, stop: threading.Event) -> int:
+def run_restarting(spark: Spark, job: Job, stop: threading.Event, batch_rules: Any = None) -> int:
     """run(), started again (with the same checkpoint: exactly once holds) after a failure in
     TRANSIENT_FAILURES, up to RESTARTS times in a row, waiting a little longer each time."""
     for attempt in range(1, RESTARTS + 1):
-        rc = run(spark, job, stop)
+        rc = run(spark, job, stop, batch_rules=batch_rules)
         if rc != RESTART or stop.is_set():
             return 0 if rc == RESTART else rc
         log.warning("starting the history query again (%d/%d) in %d s", attempt, RESTARTS,

@@ -141,8 +141,9 @@ PARQUET_OPTIONS = {
 }
 
 
-def start_query(spark: Spark, job: Job) -> tuple[StreamingQuery, str]:
-    """Start the streaming query (file sink + checkpoint). Returns (query, source used)."""
+def start_query(spark: Spark, job: Job, batch_rules: Any = None) -> tuple[StreamingQuery, str]:
+    """Start the streaming query (file sink + checkpoint). Returns (query, source used).
+    ``batch_rules``: run on each batch a local table's writer stages (rules/shared.py)."""
     from sink.history.schema import PARTITION_COLUMN
     spark.conf.set("spark.sql.session.timeZone", "UTC")  # `date` is the UTC day
     in_source = dedup_in_source(job)  # decided before the marker below is written
@@ -158,7 +159,8 @@ def start_query(spark: Spark, job: Job) -> tuple[StreamingQuery, str]:
         # our own commit log (sink/history/manifest.py): compaction and retention can take
         # files out of the table, which Spark's file sink log cannot
         from sink.history.maintenance import batch_writer
-        writer = history.writeStream.foreachBatch(batch_writer(spark, job.history, PARQUET_OPTIONS))
+        writer = history.writeStream.foreachBatch(
+            batch_writer(spark, job.history, PARQUET_OPTIONS, batch_rules))
     else:
         writer = history.writeStream.format("parquet")
         for key, value in PARQUET_OPTIONS.items():

@@ -100,24 +100,31 @@ def rule_frame(session: Any, job: Job, spec: RuleSpec, watermark: str) -> Any:
     return df
 
 
+def rule_session(spark: Any, job: Job, spec: RuleSpec, watermark: str) -> tuple[Any, Any]:
+    """(a session of the rule's own, its streaming DataFrame); raises RuleSQLError."""
+    if spec.table and not is_local_path(job.history.table):
+        raise RuleSQLError(f"rule {spec.name}: table rules need a local history table "
+                           f"(not {job.history.table})")
+    session = spark.newSession()
+    session.conf.set("spark.sql.session.timeZone", "UTC")
+    return session, rule_frame(session, job, spec, watermark)
+
+
 class RuleQuery:
     """A running rule: the query, its publisher, what it put out."""
 
     def __init__(self, spark: Any, job: Job, spec: RuleSpec, publisher: Publisher | None,
-                 watermark: str, trigger_seconds: float) -> None:
+                 watermark: str, trigger_seconds: float, frame: tuple[Any, Any] | None = None
+                 ) -> None:
+        """``frame``: (session, streaming DataFrame) made by rule_session (else made here)."""
         self.spec, self.job, self.publisher = spec, job, publisher
         self.rows: int = 0
         self.last_row_at: float | None = None
         self._lock = threading.Lock()
-        if spec.table and not is_local_path(job.history.table):
-            raise RuleSQLError(f"rule {spec.name}: table rules need a local history table "
-                               f"(not {job.history.table})")
-        session = spark.newSession()
-        session.conf.set("spark.sql.session.timeZone", "UTC")
+        session, df = frame or rule_session(spark, job, spec, watermark)
         self.session = session
         ck = checkpoint_dir(job, spec.name)
         prepare_checkpoint(ck, spec)
-        df = rule_frame(session, job, spec, watermark)
         from pyspark.errors import PySparkException
         writer = (df.writeStream.foreachBatch(self._batch).outputMode("append")
                   .option("checkpointLocation", ck).queryName(f"rule_{spec.name}")
@@ -155,13 +162,15 @@ class RuleQuery:
                 self.publisher.close()
 
 
-def append_once(session: Any, job: Job, table: str, batch_df: Any, batch_id: int) -> None:
-    """The batch's rows as one file ``batch-<id>.parquet`` of the table's directory, made by an
+def append_once(session: Any, job: Job, table: str, batch_df: Any, batch_id: int,
+                prefix: str = "batch") -> None:
+    """The batch's rows as one file ``<prefix>-<id>.parquet`` of the table's directory (prefix
+    ``hbatch`` for a rule run on the history's batches: shared.py), made by an
     atomic rename: a batch run again after a crash finds its file and adds nothing (exactly
     once). The table is registered in the catalog (database [history] database) on first use."""
     from sink.history.catalog import quote_ident
     d = derived_dir(job, table)
-    final = d / f"batch-{batch_id:012d}.parquet"
+    final = d / f"{prefix}-{batch_id:012d}.parquet"
     if not final.exists():
         tmp = d / f"_tmp-{batch_id:012d}"
         shutil.rmtree(tmp, ignore_errors=True)

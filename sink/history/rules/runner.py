@@ -42,9 +42,12 @@ class StoreWatch:
 
 class RulesRunner(threading.Thread):
     def __init__(self, spark: Any, job: Job, poll_seconds: float = 2.0,
-                 clock: Any = time.monotonic) -> None:
+                 clock: Any = time.monotonic, batch_rules: Any = None) -> None:
+        """``batch_rules``: shared.BatchRules, which the history query's batch writer calls
+        (stateless rules run there); None: every rule its own query."""
         super().__init__(name="rules", daemon=True)
         self.spark, self.job, self.poll_seconds, self.clock = spark, job, poll_seconds, clock
+        self.batch_rules = batch_rules
         self.data_dir = job.data_dir or "."
         self.watch = StoreWatch(self.data_dir)
         self.sup = Supervisor()
@@ -95,15 +98,22 @@ class RulesRunner(threading.Thread):
         self.write_status()
 
     def _start(self, spec: R.RuleSpec, now: float) -> None:
-        from sink.history.rules.query import RuleQuery, RuleSQLError, short_error
+        from sink.history.rules.query import RuleQuery, RuleSQLError, rule_session, short_error
+        from sink.history.rules.shared import BatchRule, is_stateless
         publisher = None
         if spec.publish:
             from sink.history.rules.publish import Publisher
             publisher = Publisher(*broker_address(self.job), R.RULES_USER,
                                   R.password(self.data_dir) or "", f"$rules-{spec.name}")
+        handle: Any
         try:
-            handle = RuleQuery(self.spark, self.job, spec, publisher,
-                               self.job.history.rules_watermark, self.job.history.trigger_seconds)
+            frame = rule_session(self.spark, self.job, spec, self.job.history.rules_watermark)
+            if self.batch_rules is not None and is_stateless(frame[1]):
+                handle = BatchRule(self.job, spec, publisher, self.batch_rules)
+            else:
+                handle = RuleQuery(self.spark, self.job, spec, publisher,
+                                   self.job.history.rules_watermark,
+                                   self.job.history.trigger_seconds, frame)
         except RuleSQLError as exc:
             log.error("rule %s not started: %s", spec.name, exc)
             self.sup.failed(spec.name, str(exc), now, permanent=True)
@@ -112,9 +122,10 @@ class RulesRunner(threading.Thread):
             log.error("rule %s not started: %s", spec.name, short_error(exc))
             self.sup.failed(spec.name, short_error(exc), now)
             return
-        log.info("rule %s started (%s)", spec.name,
+        log.info("rule %s started (%s; %s)", spec.name,
                  ", ".join(x for x in (spec.publish and f"publish {spec.publish}",
-                                       spec.table and f"table {spec.table}") if x))
+                                       spec.table and f"table {spec.table}") if x),
+                 "on the history's batches" if isinstance(handle, BatchRule) else "its own query")
         self.sup.started(spec.name, handle, now)
 
     def _stop_rule(self, name: str, handle: Any) -> None:
@@ -147,7 +158,8 @@ def status_of(sup: Supervisor, wall: float, rates: dict[str, tuple[float, int]]
             "source": e.spec.source, "publish": e.spec.publish, "table": e.spec.table,
             "rows": rows, "rows_per_second": round(rate, 3),
             "input_rows_per_second": round(h.input_rate(), 3) if h is not None else 0.0,
-            "last_error": e.error, "last_row_at": h.last_row_at if h is not None else None,
+            "last_error": e.error or (getattr(h, "error", "") if h is not None else ""),
+            "last_row_at": h.last_row_at if h is not None else None,
         }
     return out
 
@@ -159,10 +171,10 @@ def broker_address(job: Job) -> tuple[str, int]:
     return host, job.broker_port
 
 
-def start_rules(spark: Any, job: Job) -> RulesRunner | None:
+def start_rules(spark: Any, job: Job, batch_rules: Any = None) -> RulesRunner | None:
     """The rules thread (not with --available-now: rules are continuous)."""
     if job.available_now:
         return None
-    runner = RulesRunner(spark, job)
+    runner = RulesRunner(spark, job, batch_rules=batch_rules)
     runner.start()
     return runner
