@@ -171,6 +171,10 @@ class AccessControl(Hook):
         ok = self.passwords.cached(username, password)
         return None if ok is None else (0 if ok else BAD_USER_NAME_OR_PASSWORD)
 
+    def needs_publish_check(self, client_id: str, username: str | None) -> bool:
+        """Only the rules' client and, with an ACL file, everyone (core/hooks.py)."""
+        return username == RULES_USER or bool(self.acl_file)
+
     def allow_publish(self, client_id: str, username: str | None, topic: str) -> bool:
         if username == RULES_USER:
             return self.rules is not None and self.rules.may_publish(topic)

@@ -30,7 +30,7 @@ from ..protocol.errors import MalformedPacket, MQTTError, ProtocolError
 from ..protocol.properties import encode_vbi
 from .connect_checks import client_id_refusal, login_refusal, will_refusal
 from .events import NO_EVENTS, AcksHeld, AdmitRequested, AuthRequested, HeldAck
-from .hooks import ALLOW_ALL, REPLAY_PREFIX, AdmitRefused
+from .hooks import ALLOW_ALL, REPLAY_PREFIX, AdmitRefused, needs_publish_check
 from .message import Message
 from .empties import NO_ENTRIES
 from .session import NEVER, RetainedBudget, Subscription
@@ -65,7 +65,7 @@ class Connection:
                  "alias_max", "request_problem_info", "in_aliases", "in_alias_bytes", "out_aliases", "out",
                  "is_dirty", "close_requested", "events", "pending_acks",
                  "connect_seen", "owner", "paused", "identity", "deferred",
-                 "deferred_bytes", "connect_expiry", "log_at", "check_at")
+                 "deferred_bytes", "connect_expiry", "log_at", "check_at", "publish_check")
 
     def __init__(self, broker: Broker, peer: str | None = "?") -> None:
         self.broker = broker
@@ -105,6 +105,7 @@ class Connection:
         self.connect_expiry = 0            # the Session Expiry Interval the CONNECT asked for
         self.log_at = 0.0                  # this connection's log-line budget (clientlog.py)
         self.check_at: int | None = None   # its slot in broker.connections (core/timeouts.py)
+        self.publish_check = True          # PUBLISHes asked of auth.allow_publish (set at accept)
         broker.connections.file(self, self.last_rx + broker.cfg.connect_timeout)
         broker.stats["connections_total"] += 1
 
@@ -569,6 +570,7 @@ class Connection:
                                                   "try again later")
         self.client_id = client_id
         self.username = c.username
+        self.publish_check = needs_publish_check(b.auth, client_id, c.username)
         if props:  # else the defaults set in __init__ (max_packet_size: set in on_connect)
             self.receive_max = props.get(PR.RECEIVE_MAXIMUM, 65535)
             self.alias_max = props.get(PR.TOPIC_ALIAS_MAXIMUM, 0)
@@ -756,7 +758,7 @@ class Connection:
             return self.ack(qos, pid, rc.TOPIC_NAME_INVALID) if qos else None
         b.received_by_qos[qos] += 1
         if topic[0] == "$" and topic.startswith("$SYS") or \
-                not (b.auth is ALLOW_ALL or b.auth.allow_publish(self.client_id, self.username, topic)):
+                self.publish_check and not b.auth.allow_publish(self.client_id, self.username, topic):
             # $SYS belongs to the broker: clients may not publish there (as Mosquitto)
             b.stats["dropped_not_authorized"] = b.stats.get("dropped_not_authorized", 0) + 1
             if new_alias:

@@ -213,6 +213,19 @@ class AllowAll(Hook):
 ALLOW_ALL = AllowAll()  # the one the broker uses without an auth hook: callers skip its checks
 
 
+def needs_publish_check(auth: Any, client_id: str, username: str | None) -> bool:
+    """Whether a connection's PUBLISHes go through auth.allow_publish, decided once when its
+    CONNECT is accepted. An auth hook may say no with an optional
+    ``needs_publish_check(client_id, username)`` (the broker's own AccessControl does for every
+    client but the rules' one when no ACL file is configured); a hook without it is asked
+    every time. A call per PUBLISH that can only answer yes cost a plain broker 10-30 % of its
+    QoS 0 and QoS 1 fan-in (bench/bench.py: 339-444k -> 299-315k msg/s QoS 0)."""
+    if auth is ALLOW_ALL:
+        return False
+    decide = getattr(auth, "needs_publish_check", None)
+    return True if decide is None else bool(decide(client_id, username))
+
+
 class Checks:
     """The checks of several auth hooks: a refusal by any of them refuses (deny wins)."""
     # bound in __init__ (setattr): the one hook's method, or a combination
@@ -236,9 +249,14 @@ class Checks:
             setattr(self, name, fns[0] if len(fns) == 1 else _all(fns))
         fns = by["needs_read_check"]
         self.needs_read_check = fns[0] if len(fns) == 1 else _any(fns)
+        # the hooks that check PUBLISHes, each asked whether it must (needs_publish_check)
+        self._publish_checkers = [h for h in hooks if "allow_publish" in h.provides]
         # the password file, if any (the server then checks passwords off the event loop)
         self.passwords = next((h.passwords for h in hooks
                                if getattr(h, "passwords", None) is not None), None)
+
+    def needs_publish_check(self, client_id: str, username: str | None) -> bool:
+        return any(needs_publish_check(h, client_id, username) for h in self._publish_checkers)
 
     def reload(self) -> None:
         for h in self.hooks:

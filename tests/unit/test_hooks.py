@@ -496,3 +496,43 @@ def test_hook_figures_reach_metrics_and_sys_topics_with_labels():
                                     "$SYS/broker/cluster/ready": "true",
                                     "$SYS/broker/cluster/clients/n1": "3",
                                     "$SYS/broker/cluster/clients/n2": "5"}
+
+
+class PublishRules(Hook):
+    """An auth hook that checks PUBLISHes; ``checks``: its needs_publish_check answer (None: it
+    has no such method and is asked about every PUBLISH)."""
+    provides = frozenset({"allow_publish"})
+
+    def __init__(self, checks: bool | None) -> None:
+        self.asked: list[str] = []
+        if checks is not None:
+            self.needs_publish_check = lambda client_id, username: checks
+
+    def allow_publish(self, client_id, username, topic):
+        self.asked.append(topic)
+        return topic != "denied"
+
+
+def test_whether_publishes_are_checked_is_each_auth_hooks_answer_and_yes_without_one():
+    """needs_publish_check: no auth hook, no check; a hook without the method is asked about
+    every PUBLISH; several hooks: checked when any of them must."""
+    from broker.core.hooks import ALLOW_ALL, Checks, needs_publish_check
+    assert not needs_publish_check(ALLOW_ALL, "c", None)
+    assert needs_publish_check(PublishRules(None), "c", None)
+    assert not needs_publish_check(PublishRules(False), "c", None)
+    assert not needs_publish_check(Checks([PublishRules(False), PublishRules(False)]), "c", None)
+    assert needs_publish_check(Checks([PublishRules(False), PublishRules(None)]), "c", None)
+
+
+@pytest.mark.parametrize("checks, asked", [(None, ["denied"]), (False, [])])
+def test_a_hook_that_says_no_check_is_not_asked_about_a_publish(checks, asked):
+    """[MQTT-3.3.4-1] the PUBLISH's ack says the check's outcome: with the hook asked, 0x87."""
+    hook = PublishRules(checks)
+    clock = Clock()
+    b = Broker(MQTTConfig(), clock=clock, wall=clock, hooks=[hook])
+    c = Client(b)
+    c.connect("c")
+    c.send(P.Publish(topic="denied", payload=b"x", qos=1, packet_id=1))
+    ack = c.received()[-1]
+    assert hook.asked == asked
+    assert ack.type == P.PUBACK and ack.reason_code == (0x87 if asked else 0x10)

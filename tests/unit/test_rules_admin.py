@@ -125,6 +125,51 @@ def test_rules_client_publish_outside_its_topics_is_refused_and_subscribe_too():
     assert subscribe(c, "alerts/hot", qos=1, pid=3).reason_codes == [0x87]
 
 
+class CountingAccess(AccessControl):
+    """AccessControl counting the PUBLISHes it is asked about."""
+
+    def __init__(self, **kw) -> None:
+        super().__init__(**kw)
+        self.asked: list[str] = []
+
+    def allow_publish(self, client_id, username, topic):
+        self.asked.append(topic)
+        return super().allow_publish(client_id, username, topic)
+
+
+def test_without_an_acl_only_the_rules_clients_publishes_are_checked():
+    """The rules' account alone puts AccessControl on a broker: an ordinary client's PUBLISHes
+    are not asked about (there is nothing to refuse them), the rules client's are
+    [MQTT-3.3.4-1]."""
+    clock = Clock()
+    auth = CountingAccess(rules=account())
+    b = Broker(MQTTConfig(), clock=clock, wall=clock, auth=auth)
+    dev, job = Client(b), Client(b)
+    assert dev.connect("dev").reason_code == 0
+    assert job.connect("rules-job", username=RULES, password=PW.encode()).reason_code == 0
+    publish(dev, "plant/t1", b"{}", qos=1, pid=1)
+    assert recv(dev).reason_code in (0, 0x10)
+    publish(job, "alerts/cold", b"{}", qos=1, pid=1)
+    assert recv(job).reason_code == 0x87
+    assert auth.asked == ["alerts/cold"]
+
+
+def test_with_an_acl_file_every_publish_is_checked(tmp_path):
+    """An ACL file (reloaded while the broker runs) makes every client's PUBLISH a check."""
+    acl = tmp_path / "acl"
+    acl.write_text("topic write plant/#\n")
+    clock = Clock()
+    auth = CountingAccess(rules=account(), acl_file=str(acl))
+    b = Broker(MQTTConfig(), clock=clock, wall=clock, auth=auth)
+    dev = Client(b)
+    assert dev.connect("dev").reason_code == 0
+    publish(dev, "plant/t1", b"{}", qos=1, pid=1)
+    assert recv(dev).reason_code in (0, 0x10)
+    publish(dev, "office/t1", b"{}", qos=1, pid=2)
+    assert recv(dev).reason_code == 0x87
+    assert auth.asked == ["plant/t1", "office/t1"]
+
+
 # ------------------------------------------------------------------ the admin service
 def admin(tmp_path, config=(), clock=lambda: 1000.0):
     acct = account(())
