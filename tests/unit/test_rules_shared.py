@@ -101,8 +101,30 @@ def test_the_outbox_holds_a_bounded_backlog_and_says_what_it_dropped():
     box.put([b"1", b"2"])
     box.put([b"3", b"4"])      # 4 > 3: dropped, counted
     assert box.dropped == 2 and box.queued == 2
-    assert "2 rows dropped" in box.error and "at most 3" in box.error
+    box.put([b"5", b"6"])
+    box.put([b"7", b"8"])
+    assert box.dropped == 6 and box.queued == 2
+    assert wait(lambda: "cannot reach the broker" in box.error)
+    assert box.error == ("6 rows dropped: the broker did not take them and at most 3 wait; "
+                         "cannot reach the broker at 127.0.0.1:1883")   # one line, not one per drop
     box.stop(timeout=0.05)
+
+
+def test_an_error_the_client_raises_is_tried_again_not_the_threads_end():
+    class Broken(FlakyPublisher):
+        def publish_all(self, topic, payloads):
+            if not self.calls:
+                self.calls += 1
+                raise OSError("[Errno 32] Broken pipe")
+            return super().publish_all(topic, payloads)
+
+    pub = Broken()
+    box = Outbox("hot", "alerts/hot", pub, retry_seconds=0.01)
+    box.start()
+    box.put([b"1"])
+    assert wait(lambda: pub.sent == [("alerts/hot", b"1")])
+    assert box.error == "" and box.is_alive()
+    box.stop()
 
 
 def test_stopping_the_outbox_publishes_what_waits_first():

@@ -82,7 +82,7 @@ class Outbox(threading.Thread):
         self.queue: collections.deque[list[bytes]] = collections.deque()
         self.queued = 0
         self.dropped = 0
-        self.error = ""
+        self.publish_error = ""   # why the broker did not take the last try ("": it did)
         self.cond = threading.Condition()
         self.stopping = False
 
@@ -90,9 +90,6 @@ class Outbox(threading.Thread):
         with self.cond:
             if self.queued + len(payloads) > self.max_rows:
                 self.dropped += len(payloads)
-                self.error = (f"{self.dropped} rows dropped: the broker did not take them and "
-                              f"{self.queued} were waiting (at most {self.max_rows}); "
-                              f"last: {self.error or 'no error'}")
                 log.error("rule %s: %d rows dropped (%d waiting for the broker)", self.name,
                           len(payloads), self.queued)
                 return
@@ -110,10 +107,11 @@ class Outbox(threading.Thread):
                 batch = self.queue[0]
             try:
                 self.publisher.publish_all(self.topic, batch)
-            except PublishError as exc:
-                if self.error != str(exc):
-                    log.error("%s: %s (retried every %g s)", self.name, exc, self.retry_seconds)
-                self.error = str(exc)
+            except Exception as exc:   # PublishError, or the client's own: tried again
+                why = str(exc) if isinstance(exc, PublishError) else f"{type(exc).__name__}: {exc}"
+                if self.publish_error != why:
+                    log.error("%s: %s (retried every %g s)", self.name, why, self.retry_seconds)
+                self.publish_error = why
                 with self.cond:
                     if self.stopping:
                         return
@@ -122,15 +120,21 @@ class Outbox(threading.Thread):
             with self.cond:
                 self.queue.popleft()
                 self.queued -= len(batch)
-                if not self.dropped:
-                    self.error = ""
+                self.publish_error = ""
+
+    @property
+    def error(self) -> str:
+        """What the rule's status says: the rows dropped, and why the broker does not take them."""
+        dropped = (f"{self.dropped} rows dropped: the broker did not take them and at most "
+                   f"{self.max_rows} wait" if self.dropped else "")
+        return "; ".join(x for x in (dropped, self.publish_error) if x)
 
     def stop(self, timeout: float = 10.0) -> None:
         """Publish what waits (up to ``timeout``), then end."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             with self.cond:
-                if not self.queue or self.error:
+                if not self.queue or self.publish_error:
                     break
             time.sleep(0.05)
         with self.cond:
