@@ -17,17 +17,17 @@ class NoWait(threading.Event):
 def test_a_transient_failure_restarts_the_query_a_bounded_number_of_times(monkeypatch):
     answers = [runner.RESTART, runner.RESTART, 0]
     calls = []
-    monkeypatch.setattr(runner, "run", lambda spark, cfg, stop: calls.append(1) or answers.pop(0))
+    monkeypatch.setattr(runner, "run", lambda spark, cfg, stop, batch_rules=None: calls.append(1) or answers.pop(0))
     assert runner.run_restarting(None, None, NoWait()) == 0 and len(calls) == 3
     calls.clear()
-    monkeypatch.setattr(runner, "run", lambda spark, cfg, stop: calls.append(1) or runner.RESTART)
+    monkeypatch.setattr(runner, "run", lambda spark, cfg, stop, batch_rules=None: calls.append(1) or runner.RESTART)
     assert runner.run_restarting(None, None, NoWait()) == 1 and len(calls) == runner.RESTARTS
     calls.clear()
-    monkeypatch.setattr(runner, "run", lambda spark, cfg, stop: calls.append(1) or 1)
+    monkeypatch.setattr(runner, "run", lambda spark, cfg, stop, batch_rules=None: calls.append(1) or 1)
     assert runner.run_restarting(None, None, NoWait()) == 1 and len(calls) == 1  # a real failure
     stop = NoWait()
     stop.set()
-    monkeypatch.setattr(runner, "run", lambda spark, cfg, stop: runner.RESTART)
+    monkeypatch.setattr(runner, "run", lambda spark, cfg, stop, batch_rules=None: runner.RESTART)
     assert runner.run_restarting(None, None, stop) == 0   # stopping: no restart
 
 
@@ -81,7 +81,7 @@ def run_with(monkeypatch, query: FakeQuery, stop: threading.Event, available_now
     import sink.history.catalog as catalog
     import sink.history.maintenance as maintenance
     import sink.history.spark as spark
-    monkeypatch.setattr(runner, "start_query", lambda s, j: (query, "python"))
+    monkeypatch.setattr(runner, "start_query", lambda s, j, rules=None: (query, "python"))
     monkeypatch.setattr(runner, "report_commits", lambda j: None)
     monkeypatch.setattr(maintenance, "start_maintainer", lambda *a: None)
     monkeypatch.setattr(catalog, "start_registration", lambda *a: None)
@@ -147,7 +147,7 @@ def test_a_restarted_query_replaces_its_hard_exit_hook_rather_than_adding_one(tm
     monkeypatch.setattr(process, "hard_exit_hooks", {})
     starts = []
     monkeypatch.setattr(runner, "start_query",
-                        lambda s, j: starts.append(1) or (FakeQuery(ends_alone_after=1), "python"))
+                        lambda s, j, rules=None: starts.append(1) or (FakeQuery(ends_alone_after=1), "python"))
     monkeypatch.setattr(maintenance, "start_maintainer", lambda *a: None)
     monkeypatch.setattr(catalog, "start_registration", lambda *a: None)
     monkeypatch.setattr(spark, "launched_by_spark_submit", lambda: True)
