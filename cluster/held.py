@@ -73,12 +73,15 @@ class Held:
         self.deferred: list[Local] | None = None  # held meanwhile, to deliver then, in order
 
     def lost(self) -> None:
-        """Kafka lost its data: the messages delivered here whose records were not read back
-        are let go (their copies do not match the bytes held; cluster/copies.py knows them)."""
-        for key, e in list(self.local.items()):
+        """Kafka lost its data: cluster/copies.py is told of the messages delivered here whose
+        records were not read back, so their copies written again (other bytes: mqtt.again)
+        are skipped here. They stay held: a record written after Kafka restarted and before
+        this node saw it is in the new log, the same bytes, and is skipped here as its own
+        when read (else its subscribers here would get it twice); one that went with the old
+        log is forgotten after LOCAL_KEEP."""
+        for e in self.local.values():
             if not e.deferred:
                 self.copies.lost_here(e.writer, e.n)
-                del self.local[key]
 
     def here(self, msg: Message, sender: str, signed: bytes, n: int) -> None:
         """A message accepted here, to this node's sessions now, as a single broker does

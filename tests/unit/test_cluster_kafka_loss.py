@@ -578,3 +578,34 @@ def test_a_message_delivered_on_its_accepting_node_is_not_delivered_there_again_
     assert delivered(here) == []
     assert delivered(there) == [b"m0", b"m1"]
     assert n1.counters["resent"] == 2
+
+
+@pytest.mark.parametrize("qos", [1, 2])
+def test_a_message_accepted_after_kafka_restarted_empty_is_not_delivered_again_on_its_node(
+        cluster, qos):
+    """[MQTT-4.3.3-3] exactly once for QoS 2 (and no duplicate at QoS 1) across the loss:
+    Kafka restarted empty and, before n1 saw it, messages published on n1 went into the new log
+    and reached n1's subscriber at once. n1 then reads the new log from its start and writes
+    its kept messages again: neither those records nor their copies reach that subscriber
+    again; n2's subscriber, which never had them, gets each once."""
+    n1, _ = cluster.node("n1")
+    n2, _ = cluster.node("n2")
+    here = ClusterClient(n1)
+    here.connect("here", clean=False, props=EXPIRY, cluster=cluster)
+    there = ClusterClient(n2)
+    there.connect("there", clean=False, props=EXPIRY, cluster=cluster)
+    for c in (here, there):
+        c.send(P.Subscribe(1, [("t/#", P.SubscriptionOptions(qos))]))
+    cluster.pump()
+    pub = ClusterClient(n1)
+    pub.connect("pub", cluster=cluster)
+    lose_logs(cluster)
+    read = cluster._read
+    cluster._read = lambda n: None  # each reader is above the new log's end until it sees the loss
+    publish_acked(cluster, pub, [b"m0", b"m1"], qos)
+    assert delivered(here) == [b"m0", b"m1"]  # at once, on the accepting node
+    cluster._read = read
+    tell_lost(cluster, n1, n2)
+    cluster.pump()
+    assert delivered(here) == []
+    assert delivered(there) == [b"m0", b"m1"]
