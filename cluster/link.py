@@ -92,6 +92,8 @@ def make_consumer(bootstrap: str, kafka: dict, fetch_wait_ms: int) -> Any:  # a 
             "max_partition_fetch_bytes": 1 << 20, "receive_message_max_bytes": 256 << 20}
     opts.update(_consumer_options(kafka))
     opts["group_id"] = None  # every node reads every partition: no consumer group here
+    # never a topic made by Kafka with its default partition count (ensure_topics makes them)
+    opts["allow_auto_create_topics"] = False
     return KafkaConsumer(bootstrap_servers=bootstrap, **opts)
 
 

@@ -192,7 +192,8 @@ class ClusterNode(Hook):
         # one ordered log each, read from partition 0 only: a Kafka that lost its data may
         # create them again with more partitions (at the first write, before ensure_topics)
         self.producer.sender.pinned = {self.topics.control: 0, self.topics.retained: 0}
-        f = self.fetcher = Fetcher(self.bootstrap, self.cfg.kafka, self.cfg.fetch_wait_ms, Scanned)
+        f = self.fetcher = Fetcher(self.bootstrap, self.cfg.kafka, self.cfg.fetch_wait_ms, Scanned,
+                                   create_topics=False)
         msgs = [(self.topics.messages, p) for p in range(self.partitions)]
         replay = [(self.topics.retained, p) for p in range(counts[self.topics.retained])] + \
             [(self.topics.control, 0)]

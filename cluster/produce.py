@@ -45,7 +45,7 @@ class Producer:
         if sender is None:
             cfg = {"bootstrap_servers": bootstrap.split(","), "client_id": "mqtt-cluster"}
             cfg.update(kafka)
-            sender = BatchSender(cfg)
+            sender = BatchSender(cfg, create_topics=False)  # (cluster/link.py ensure_topics)
         self.sender = sender
         self.pending: list = []          # on the loop: (topic, ts, body, tag) not yet handed over
         # (topic, partition) -> the offset after the last record Kafka acknowledged from here

@@ -16,6 +16,7 @@ import logging
 import time
 from typing import Any, Callable
 
+from .net import no_topic_creation
 from .recordbatch import Decoded, decode
 from .recordscan import Scanned
 
@@ -30,19 +31,32 @@ class Fetcher:
     # back to the start of the new logs (take_lost() says so); a reader that must not read a
     # record twice (sink/replay) says False and keeps its positions
     restart_on_loss = True
+    create_topics = True
+    _meta: Any = None
 
     def __init__(self, bootstrap: str, kafka: dict, wait_ms: int,
-                 decoder: Callable[[bytes], Any] | None = None) -> None:
+                 decoder: Callable[[bytes], Any] | None = None, create_topics: bool = True) -> None:
         """decoder(records bytes): kafka_client.recordbatch's columns by default, or a
-        kafka_client.recordscan.Scanned (Scanned itself: the cluster's keys-first reading)."""
+        kafka_client.recordscan.Scanned (Scanned itself: the cluster's keys-first reading);
+        create_topics False: this client's metadata requests never create a missing topic
+        (kafka_client.net.no_topic_creation)."""
         from kafka.net.compat import KafkaNetClient
         cfg = {k: v for k, v in kafka.items() if k in _CLIENT_OPTIONS}
         cfg.setdefault("client_id", "mqtt-cluster-reader")
         cfg["receive_message_max_bytes"] = RECEIVE_MAX
         self.client = KafkaNetClient(metrics=None, metric_group_prefix="consumer",
                                      bootstrap_servers=bootstrap.split(","), **cfg)
+        self.create_topics = create_topics
+        if not create_topics:
+            no_topic_creation(self.client)
         self.client._manager.bootstrap(int(kafka.get("request_timeout_ms", 10000)))
         self.cluster = self.client.cluster
+        # after a failed request: the metadata update asked for then, answered before the next
+        # fetch (a Kafka that restarted empty would be asked for partitions it no longer has;
+        # Tansu answers with what was written there since, which vanishes when the topic is
+        # created again); and the id Kafka gave each followed topic (another id: recreated)
+        self._meta: Any = None
+        self.topic_ids: dict[str, Any] = {}
         self.wait_ms = wait_ms
         self.decoder = decoder
         self.positions: dict[tuple[str, int], int] = {}   # (topic, partition) -> next offset
@@ -126,6 +140,19 @@ class Fetcher:
                 self.lost_data(f"its cluster id changed from {self.cluster_id} to {cid}")
                 self.cluster_id = cid
                 return out
+        if self._meta is not None:
+            if not self._meta.is_done:
+                self.client.poll(timeout_ms=self.wait_ms, future=self._meta)
+                if not self._meta.is_done:
+                    return out
+            self._meta = None
+            if self.restart_on_loss and not self.create_topics and self._gone():
+                return out
+        elif not self.create_topics:
+            ids = getattr(self.cluster, "_topic_ids", {})
+            for topic in {t for t, _ in self.positions} - self.topic_ids.keys():
+                if ids.get(topic) is not None:
+                    self.topic_ids[topic] = ids[topic]
         by_leader = self._by_leader(list(self.positions))
         if not by_leader:
             self._refresh(0.2)
@@ -141,7 +168,11 @@ class Fetcher:
                                forgotten_topics_data=[], rack_id="",
                                topics=[F(topic=t, partitions=ps) for t, ps in topics.items()],
                                min_version=4, max_version=12)
-            resp = self._ask(node, req, self.wait_ms + 30_000)
+            try:
+                resp = self._ask(node, req, self.wait_ms + 30_000)
+            except Exception:
+                self._meta = self.cluster.request_update()
+                raise
             for t in resp.responses:
                 for p in t.partitions:
                     tp = (t.topic, p.partition_index)
@@ -172,6 +203,26 @@ class Fetcher:
                         if (d.end > start) if isinstance(d, Scanned) else len(d):
                             out.append((t.topic, p.partition_index, d, start))
         return out
+
+    def _gone(self) -> bool:
+        """After fresh metadata (create_topics False): True, and lost_data(), when a topic read
+        from is no longer in Kafka or has another id (deleted, recreated, or Kafka restarted
+        empty); it is not made again here (ensure_topics is the cluster's to call)."""
+        ids = getattr(self.cluster, "_topic_ids", {})
+        for topic in {t for t, _ in self.positions}:
+            tid = ids.get(topic)
+            known = self.topic_ids.get(topic)
+            if self.cluster.partitions_for_topic(topic) is None and known is not None:
+                self.lost_data(f"the topic {topic} is no longer in Kafka")
+            elif tid is not None and known is not None and tid != known:
+                self.lost_data(f"the topic {topic} was created again (its id changed)")
+            else:
+                if tid is not None:
+                    self.topic_ids[topic] = tid
+                continue
+            self.topic_ids.clear()
+            return True
+        return False
 
     def _out_of_range(self, tp: tuple[str, int]) -> bool:
         """The log starts later (records deleted): from its start again. True when it ends

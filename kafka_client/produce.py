@@ -10,6 +10,7 @@ import logging
 import time
 from typing import Any
 
+from .net import no_topic_creation
 from .record import body_key, build_batch
 
 log = logging.getLogger(__name__)
@@ -63,7 +64,13 @@ class ChunkFuture:
 
 
 class BatchSender:
-    def __init__(self, pcfg: dict) -> None:
+    create_topics = True
+    _meta: Any = None
+
+    def __init__(self, pcfg: dict, create_topics: bool = True) -> None:
+        """create_topics False: a topic missing from Kafka is not created by this client's
+        metadata requests (Kafka would make it with its default partition count); records
+        for it wait (NotReady) until someone creates it (kafka_client.net.no_topic_creation)."""
         from kafka.net.compat import KafkaNetClient
         cfg = {k: v for k, v in pcfg.items() if k not in _PRODUCER_ONLY}
         cfg.setdefault("client_id", "mqtt-sink-forwarder")
@@ -81,6 +88,14 @@ class BatchSender:
             from kafka.errors import NoBrokersAvailable
             raise NoBrokersAvailable("no Kafka broker answered")
         self.cluster = self.client.cluster
+        self.create_topics = create_topics
+        # (create_topics False) the metadata update asked for last: nothing is sent before it
+        # is answered, so a Kafka that restarted empty is not written to with what was known of
+        # the old one (Tansu takes records for a partition of a topic it no longer has, and
+        # they vanish when the topic is created again)
+        self._meta: Any = None
+        if not create_topics:
+            no_topic_creation(self.client)
         self._parts: dict[str, tuple[int, list[int], dict]] = {}   # topic -> (n, partitions, key -> p)
         # topic -> the one partition all its records go to, whatever its partition count (a
         # topic read as one ordered log that a Kafka may have created with more partitions)
@@ -92,7 +107,10 @@ class BatchSender:
 
     def request_update(self) -> Any:
         self._refresh_at = time.monotonic()
-        return self.cluster.request_update()
+        fut = self.cluster.request_update()
+        if not self.create_topics:
+            self._meta = fut
+        return fut
 
     def maybe_refresh(self) -> None:
         """Metadata at least every metadata_max_age_ms (how a re-created topic is noticed)."""
@@ -130,6 +148,10 @@ class BatchSender:
         from kafka.partitioner.default import murmur2
         from kafka.protocol.producer import ProduceRequest
         from kafka.structs import TopicPartition
+        if self._meta is not None:
+            if not self._meta.is_done:
+                raise NotReady("waiting for Kafka's metadata")
+            self._meta = None
         by_tp: dict[tuple[str, int], list] = {}
         for topic, recs in groups.items():
             n, parts, cache = self._partitions(topic)
