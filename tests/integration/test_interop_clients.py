@@ -37,6 +37,14 @@ def ports(request, broker):
     return broker.port, getattr(broker, "ports", {}).get(request.param, broker.port)
 
 
+def retained_wait(broker) -> float:
+    """How long a later subscriber may need to see the retained message the test set (or
+    cleared) last: none on one broker; on a cluster a node that did not accept it knows it once
+    it has read it from Kafka, milliseconds later (docs/cluster.md, "What is guaranteed, and
+    what is not"), so there a subscriber subscribes again until it does, within 5 s."""
+    return 5.0 if cluster_targets.on_cluster(broker) else 0.0
+
+
 def in_order_per_topic(broker, got: list, expected: list) -> tuple[list, list]:
     """Through the balancer a publisher and its subscriber are on different nodes, which keep
     the order per topic only: the specification requires order per topic [MQTT-4.6.0-5]
@@ -84,16 +92,27 @@ class MqttJs:
         self.proc.stdin.write(json.dumps(command) + "\n")
         self.proc.stdin.flush()
 
+    def poll(self, kind: str, timeout: float) -> dict | None:
+        """The next event of this kind not yet taken, or None if none comes within `timeout`."""
+        with self.cond:
+            self.cond.wait_for(lambda: len(self.events[kind]) > self.taken[kind] or self.exited,
+                               timeout)
+            if len(self.events[kind]) <= self.taken[kind]:
+                if self.exited:
+                    raise AssertionError(f"MQTT.js exited before a {kind}: {self.proc.stderr.read()}")
+                return None
+            self.taken[kind] += 1
+            e = self.events[kind][self.taken[kind] - 1]
+        if kind == "message":
+            e["payload"] = bytes.fromhex(e["payload"]["hex"])
+        return e
+
     def next(self, kind: str, timeout: float = 10.0) -> dict:
         """The next event of this kind not yet taken."""
-        with self.cond:
-            if not self.cond.wait_for(lambda: len(self.events[kind]) > self.taken[kind]
-                                      or self.exited, timeout):
-                raise AssertionError(f"MQTT.js: no {kind} within {timeout} s; saw {dict(self.events)}")
-            if len(self.events[kind]) <= self.taken[kind]:
-                raise AssertionError(f"MQTT.js exited before a {kind}: {self.proc.stderr.read()}")
-            self.taken[kind] += 1
-            return self.events[kind][self.taken[kind] - 1]
+        e = self.poll(kind, timeout)
+        if e is None:
+            raise AssertionError(f"MQTT.js: no {kind} within {timeout} s; saw {dict(self.events)}")
+        return e
 
     def none(self, kind: str = "message", timeout: float = 0.3) -> bool:
         """No (further) event of this kind within `timeout`."""
@@ -117,9 +136,7 @@ class MqttJs:
         return done
 
     def message(self, timeout: float = 10.0) -> dict:
-        m = self.next("message", timeout)
-        m["payload"] = bytes.fromhex(m["payload"]["hex"])
-        return m
+        return self.next("message", timeout)
 
     def end(self) -> None:
         """A normal DISCONNECT (0x00), then the process ends."""
@@ -211,16 +228,28 @@ def test_mqttjs_retained_message_reaches_later_subscriber_until_cleared(broker, 
     pub = mqttjs(broker.port)
     pub.publish(topic, b"state", 1, retain=True)
     s1 = mqttjs(broker.port)
-    assert s1.subscribe(topic, 1) == [1]
-    m = s1.message()
-    assert (m["topic"], m["payload"], m["retain"], m["qos"]) == (topic, b"state", True, 1)
+    m = js_retained(broker, s1, topic, b"state")
+    assert m is not None and (m["topic"], m["payload"], m["retain"], m["qos"]) == \
+        (topic, b"state", True, 1)
     pub.publish(topic, b"", 1, retain=True)
     # the clearing message itself reaches the existing subscriber (RETAIN=0: a live message)
     m = s1.message()
     assert (m["payload"], m["retain"]) == (b"", False)
     s2 = mqttjs(broker.port)
-    assert s2.subscribe(topic, 1) == [1]
-    assert s2.none(timeout=0.5)
+    assert js_retained(broker, s2, topic, None) is None
+    assert s1.none() and s2.none()
+
+
+def js_retained(broker, sub: MqttJs, topic: str, expect: bytes | None) -> dict | None:
+    """The retained message a subscription to `topic` brings (None: none within 0.5 s); on a
+    cluster subscribing again until it is the `expect`ed one (retained_wait)."""
+    deadline = time.monotonic() + retained_wait(broker)
+    while True:
+        assert sub.subscribe(topic, 1) == [1]
+        m = sub.poll("message", 0.5)
+        if (m is None if expect is None else m is not None and m["payload"] == expect) or \
+                time.monotonic() >= deadline:
+            return m
 
 
 def persistent_js(mqttjs, port: int, client_id: str) -> MqttJs:
@@ -353,13 +382,12 @@ def test_mqttjs_and_gmqtt_exchange_properties(broker, mqttjs):
 # ---------------------------------------------------------------- gmqtt
 
 class Gmqtt:
-    """A gmqtt client; received messages go to a queue. It does not reconnect by itself within
-    a test (a reconnection delay of 60 s): the test decides when a client comes back."""
+    """A gmqtt client; received messages go to a queue. It does not reconnect by itself: the
+    test decides when a client comes back."""
 
     def __init__(self, client_id: str | None, clean: bool, will, props: dict):
         self.c = gmqtt.Client(client_id or cid("gmqtt"), clean_session=clean, will_message=will,
                               **props)
-        self.c.set_config({"reconnect_delay": 60})
         self.messages: asyncio.Queue = asyncio.Queue()
         self.subacks: dict[int, asyncio.Future] = {}
         self.session_present: bool | None = None
@@ -375,6 +403,7 @@ class Gmqtt:
         g = cls(client_id, clean, will, props)
         await asyncio.wait_for(g.c.connect("127.0.0.1", port, keepalive=30, version=MQTTv50), 10)
         assert g.c.is_connected
+        g.c._is_active = False  # gmqtt's switch for its automatic reconnection, which it lacks in its API
         return g
 
     def _on_connect(self, client, flags, rc, properties):
@@ -458,25 +487,43 @@ async def test_gmqtt_retained_message_reaches_later_subscriber_until_cleared(bro
     pub = await Gmqtt.connect(broker.port)
     await pub.publish(topic, b"state", 1, retain=True)
     s1 = await Gmqtt.connect(broker.port)
-    assert await s1.subscribe(topic, 1) == [1]
-    t, payload, qos, p = await s1.message()
+    m = await g_retained(broker, s1, topic, b"state")
+    assert m is not None
+    t, payload, qos, p = m
     assert (t, payload, qos, p["retain"]) == (topic, b"state", 1, 1)
     await pub.publish(topic, b"", 1, retain=True)
     t, payload, qos, p = await s1.message()
     assert (payload, p["retain"]) == (b"", 0)
     s2 = await Gmqtt.connect(broker.port)
-    assert await s2.subscribe(topic, 1) == [1]
-    assert await s2.none(0.5)
+    assert await g_retained(broker, s2, topic, None) is None
+    assert await s1.none() and await s2.none()
     for c in (pub, s1, s2):
         await c.close()
 
 
+async def g_retained(broker, sub: Gmqtt, topic: str, expect: bytes | None):
+    """The retained message a subscription to `topic` brings (None: none within 0.5 s); on a
+    cluster subscribing again until it is the `expect`ed one (retained_wait)."""
+    deadline = time.monotonic() + retained_wait(broker)
+    while True:
+        assert await sub.subscribe(topic, 1) == [1]
+        try:
+            m = await sub.message(0.5)
+        except TimeoutError:
+            m = None
+        if (m is None if expect is None else m is not None and m[1] == expect) or \
+                time.monotonic() >= deadline:
+            return m
+
+
 @pytest.mark.parametrize("how", ["disconnect", "dropped"])
-async def test_gmqtt_persistent_session_resumes_with_its_queued_messages(ports, how):
+async def test_gmqtt_persistent_session_resumes_with_its_queued_messages(broker, ports, how):
     """[MQTT-3.1.2-5] [MQTT-3.2.2-3]: gmqtt (Clean Start 0, session expiry 300 s) subscribes at
     QoS 1 and 2, goes away (DISCONNECT, or the connection drops), QoS 1 and 2 messages are
     published, and it comes back (a cluster: to the same node or the other one): session
-    present, every queued message once, in order per topic [MQTT-4.6.0-6]."""
+    present, every queued message once, in order (on a cluster: per topic [MQTT-4.6.0-6], as a
+    session rebuilt on another node gets them from Kafka, where each topic has its own order:
+    docs/cluster.md, "What is guaranteed, and what is not")."""
     first, back = ports
     t1, t2, client_id = uniq("gpersist1"), uniq("gpersist2"), cid("gpersist")
     a = await Gmqtt.connect(first, client_id, clean=False, session_expiry_interval=300)
@@ -495,6 +542,8 @@ async def test_gmqtt_persistent_session_resumes_with_its_queued_messages(ports, 
     b = await Gmqtt.connect(back, client_id, clean=False, session_expiry_interval=300)
     assert b.session_present is True
     got = [(await b.message())[:3] for _ in sent]
+    if cluster_targets.on_cluster(broker):
+        got, sent = sorted(got, key=lambda m: m[0]), sorted(sent, key=lambda m: m[0])
     assert got == sent
     assert await b.none(0.5)
     await pub.publish(t1, b"live", 1)
@@ -502,8 +551,6 @@ async def test_gmqtt_persistent_session_resumes_with_its_queued_messages(ports, 
     assert b.disconnects == [] and b.c.is_connected
     await pub.close()
     await b.close()
-    if how == "dropped":
-        await a.close()  # (its reconnection, scheduled for later, is called off)
 
 
 async def test_gmqtt_takeover_disconnects_the_old_connection(ports):
@@ -525,7 +572,7 @@ async def test_gmqtt_takeover_disconnects_the_old_connection(ports):
     assert (await b.message())[:2] == (topic, b"to-new")
     assert await a.none(0.3)
     assert b.disconnects == [] and b.c.is_connected
-    for c in (pub, b, a):
+    for c in (pub, b):
         await c.close()
 
 
@@ -545,6 +592,4 @@ async def test_gmqtt_will_sent_on_abnormal_end_only(broker, how):
     else:
         await w.close()
         assert await sub.none(1.0)
-    if how == "dropped":
-        await w.close()  # (its reconnection, scheduled for later, is called off)
     await sub.close()
