@@ -201,9 +201,9 @@ def test_mqttjs_v5_message_keeps_its_properties(broker, mqttjs, qos):
 @pytest.mark.parametrize("pub_level,sub_level", [(4, 5), (5, 4), (4, 4)])
 @pytest.mark.parametrize("qos", [0, 1, 2])
 def test_mqttjs_v311_and_v5_exchange(broker, mqttjs, pub_level, sub_level, qos):
-    """MQTT.js at protocol level 4 (3.1.1) and 5 exchange messages both ways at QoS 0-2; a 3.1.1
-    subscriber gets the payload of a v5 message with properties, a v5 subscriber a 3.1.1
-    message without any (but the payload format indicator 0 a 3.1.1 message has)."""
+    """MQTT.js at protocol level 4 (3.1.1) and 5 exchange messages both ways at QoS 0-2, in
+    order: a 3.1.1 subscriber gets the payload of a v5 message with a user property, a v5
+    subscriber a 3.1.1 message without user properties."""
     topic = uniq(f"mqttjs{pub_level}{sub_level}")
     sub = mqttjs(broker.port, level=sub_level)
     assert sub.subscribe(topic, 2) == [2]
