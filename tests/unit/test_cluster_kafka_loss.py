@@ -609,3 +609,103 @@ def test_a_message_accepted_after_kafka_restarted_empty_is_not_delivered_again_o
     cluster.pump()
     assert delivered(here) == []
     assert delivered(there) == [b"m0", b"m1"]
+
+
+# ------------------------------------------------------------------ metadata after a failure
+class _Future:
+    def __init__(self) -> None:
+        self.is_done = False
+
+
+class _Meta:
+    """kafka-python's ClusterMetadata as the reader and the producer see it: each
+    request_update() gives a future the test answers by setting `topics` ({topic: id})."""
+
+    def __init__(self, topics: dict[str, str]) -> None:
+        self._topic_ids = dict(topics)
+        self.asked: list[_Future] = []
+        self.cluster_id = "c1"
+
+    def request_update(self) -> _Future:
+        self.asked.append(_Future())
+        return self.asked[-1]
+
+    def answer(self, topics: dict[str, str]) -> None:
+        self._topic_ids = dict(topics)
+        for fut in self.asked:
+            fut.is_done = True
+
+    def partitions_for_topic(self, topic: str) -> set | None:
+        return {0} if topic in self._topic_ids else None
+
+
+def metadata_fetcher(meta: _Meta, fail_first: bool = True) -> tuple[Fetcher, list]:
+    """A Fetcher that makes no topic (as the cluster's), on `meta`; its second Fetch request
+    fails as one to a Kafka that just died does; it records the requests it sends."""
+    f = fetcher({C: 12, M: 40}, [{C: (0, 12), M: (0, 40)}] * 10)
+    f.create_topics, f.topic_ids, f.cluster = False, {}, meta  # type: ignore[assignment]
+    f.client = NS(poll=lambda **kw: None)  # type: ignore[assignment]
+    sent: list = []
+    answer = f._ask
+
+    def ask(node: int, req: Any, timeout_ms: int = 0) -> Any:
+        sent.append(req)
+        if fail_first and len(sent) == 2:
+            raise ConnectionError("socket disconnected")
+        return answer(node, req, timeout_ms)
+    f._ask = ask  # type: ignore[method-assign]
+    return f, sent
+
+
+def test_after_a_failed_fetch_the_reader_asks_for_metadata_before_it_fetches_again():
+    """A Kafka that restarted empty answers fetches for partitions it no longer has (Tansu
+    answers with what was written there since, which vanishes once the topic is made again):
+    after a failed request the reader fetches nothing until fresh metadata came back."""
+    meta = _Meta({C[0]: "id-c", M[0]: "id-m"})
+    f, sent = metadata_fetcher(meta)
+    assert f.fetch() == [] and f.topic_ids == {C[0]: "id-c", M[0]: "id-m"}
+    with pytest.raises(ConnectionError):
+        f.fetch()
+    assert len(meta.asked) == 1
+    assert f.fetch() == [] and len(sent) == 2  # the metadata is not back: no fetch
+    meta.answer({C[0]: "id-c", M[0]: "id-m"})
+    f.fetch()
+    assert len(sent) == 3 and f.take_lost() is None and f.positions == {C: 12, M: 40}
+
+
+@pytest.mark.parametrize("after,why", [
+    ({C[0]: "id-c"}, "the topic mqtt.cluster.messages is no longer in Kafka"),
+    ({C[0]: "id-c", M[0]: "id-m2"}, "the topic mqtt.cluster.messages was created again"),
+])
+def test_a_followed_topic_gone_or_made_again_is_a_loss_of_data(after, why):
+    """The fresh metadata after a failed request says a topic read from is gone (Kafka
+    restarted empty: the cluster makes it again itself, with its partition count) or has
+    another id (made again): every position goes back to the new logs' start, and
+    take_lost() says why."""
+    meta = _Meta({C[0]: "id-c", M[0]: "id-m"})
+    f, _ = metadata_fetcher(meta)
+    f.fetch()
+    with pytest.raises(ConnectionError):
+        f.fetch()
+    meta.answer(after)
+    assert f.fetch() == []
+    assert f.positions == {C: 0, M: 0}
+    assert (f.take_lost() or "").startswith(why)
+
+
+def test_a_producer_that_makes_no_topic_sends_nothing_until_fresh_metadata_came_back():
+    """The cluster's producer after a failed write (it asks for metadata then): its next
+    records wait (NotReady, sent again shortly) until the metadata is back, so nothing is
+    written to a restarted Kafka's topic that is not there."""
+    from kafka_client.produce import BatchSender, NotReady
+    meta = _Meta({M[0]: "id-m"})
+    s = BatchSender.__new__(BatchSender)
+    s.cluster, s.create_topics, s._refresh_at = meta, False, 0.0
+    s.request_update()
+    with pytest.raises(NotReady, match="metadata"):
+        s.send({M[0]: [(1, b"\x02k\x02v\x00")]})
+    meta.answer({})
+    with pytest.raises(NotReady, match="no metadata for topic"):  # gone: not made here
+        s._parts, s.client, s.pinned = {}, None, {}
+        s.partitions_for = lambda topic: None  # type: ignore[method-assign]
+        s.send({M[0]: [(1, b"\x02k\x02v\x00")]})
