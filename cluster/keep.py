@@ -99,14 +99,25 @@ class Keep:
         return len(entries)
 
     def again(self) -> list[tuple[list, list]]:
-        """Kafka lost its data: (kept record, its copy) of every record kept, in order, to
-        write again. The copies take the records' places here (each gets a mark when it is
-        acknowledged); a record still on its way keeps its acknowledgement's batch, which its
-        copy takes over when the record is taken back before it was sent (ClusterNode._recover)."""
-        pairs = [(e, [e[BODY], e[TS], e[AT], None, None]) for e in self.entries
-                 if e[MARK] is not FAILED]
-        self.entries = deque(new for _, new in pairs)
-        self.bytes = sum(len(e[BODY]) + OVERHEAD for e in self.entries)
+        """Kafka lost its data: (kept record, its copy) of every record kept that Kafka had
+        acknowledged (it was in the lost log), in order, to write again; the copies take those
+        records' places here (each gets a mark when it is acknowledged). A record still on its
+        way (no answer yet) stays as it is: it is written as it is, after the copies (the
+        producer sends them first: cluster/produce.py send_again), so the new log has each
+        publisher's messages in their order, and once."""
+        kept: deque[list] = deque()
+        pairs = []
+        for e in self.entries:
+            if e[MARK] is FAILED:
+                continue
+            if e[MARK] is None:
+                kept.append(e)
+                continue
+            copy = [e[BODY], e[TS], e[AT], None, None]
+            pairs.append((e, copy))
+            kept.append(copy)
+        self.entries = kept
+        self.bytes = sum(len(e[BODY]) + OVERHEAD for e in kept)
         return pairs
 
     def _pop(self) -> None:

@@ -165,6 +165,7 @@ class ClusterNode(Hook):
         self.ready = False
         self.stopping = False
         self.fenced = False
+        self.recovering = False  # Kafka lost its data and _recover() has not run yet
         self.beat_handle: asyncio.TimerHandle | None = None
 
     # ------------------------------------------------------------ lifecycle
@@ -222,7 +223,7 @@ class ClusterNode(Hook):
                  len(self.state.clients), self.broker.retained_count())
         self.ready = True
         self.reader = FetchReader(f, self.loop, self._apply, lost=self._kafka_lost,
-                                  lost_elsewhere=self.producer.take_went_back)
+                                  lost_elsewhere=self._lost_elsewhere)
         self.reader.start()
         self.beat_handle = self.loop.call_later(self.cfg.heartbeat_seconds, self._beat)
 
@@ -257,6 +258,12 @@ class ClusterNode(Hook):
             self.fetcher.close()
 
     # ------------------------------------------------------------ Kafka lost its data
+    def _lost_elsewhere(self) -> str | None:
+        """On the reader's thread: a loss the producer saw (its records' offsets went back, or
+        a topic it wrote to was made again), unless it is the one being recovered from."""
+        why = self.producer.take_went_back()
+        return None if self.recovering else why
+
     def _kafka_lost(self, why: str) -> None:
         """On the reader's thread: Kafka lost the data this node had read (an in-memory Kafka
         restarted empty, a Kafka replaced or its topics recreated; kafka_client/fetch.py saw it).
@@ -267,6 +274,7 @@ class ClusterNode(Hook):
                   "its join, the state of the sessions it holds, the retained messages and bans, "
                   "and the %d messages it wrote that not every node had read",
                   self.bootstrap, why, self.node, len(self.keep.entries))
+        self.recovering = True  # until _recover() ran: the producer's view of it is this loss
         partitions = recovery.topics_again(self.bootstrap, self.topics, self.cfg, self.partitions,
                                            lambda: self.fetcher.positions,  # (this thread's)
                                            lambda: self.stopping)
@@ -301,6 +309,7 @@ class ClusterNode(Hook):
         self.producer.acked_upto.clear()
         self.held.spill = (self.producer.handed, None)  # (their offsets named the old log)
         self.producer.take_went_back()  # the same loss, seen by the producer meanwhile
+        self.recovering = False
         self.reading.waiting_subs = [(sub, dict.fromkeys(range(partitions), 0))
                                      for sub, _ in self.reading.waiting_subs]
         self.checkpoints.lost(partitions)

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 if TYPE_CHECKING:
     import asyncio
 
-from kafka_client.produce import BatchSender, NotReady
+from kafka_client.produce import BatchSender, NotReady, TopicMoved
 from kafka_client.record import encode_body
 
 log = logging.getLogger(__name__)
@@ -56,6 +56,8 @@ class Producer:
         self.kicked = False
         self.cond = threading.Condition()
         self.queue: list = []            # handed to the thread
+        self.front: list = []            # handed to the thread, to send before anything else
+        self.resume = False              # with front: topics made again may be written to
         self.stopping = False
         self.thread = threading.Thread(target=self._run, name="cluster-producer", daemon=True)
         self.thread.start()
@@ -80,31 +82,21 @@ class Producer:
             self.loop.call_soon(self.kick)
         return body
 
-    def send_first(self, topic: str, items: list[tuple[bytes, int, Any]]) -> None:
-        """send_body() of (body, ts, tag) records, in order, before every record appended this
-        turn (records written again after Kafka lost its data, cluster/keep.py)."""
+    def send_again(self, topic: str, items: list[tuple[bytes, int, Any]]) -> None:
+        """After Kafka lost its data: send_body() of (body, ts, tag) records (cluster/keep.py's
+        copies of what the lost log had), in order, before every other record not written yet:
+        those appended this turn, those handed to the thread, and the run it is sending (sent
+        again after these: it is newer). From then on records go to the topics under the ids
+        Kafka gives them now (until then, a topic made again is not written to: TopicMoved)."""
         sign = self.sign
-        self.pending[:0] = [(topic, ts, sign(topic, body, ts) if sign is not None else body, tag)
-                            for body, ts, tag in items]
+        front = [(topic, ts, sign(topic, body, ts) if sign is not None else body, tag)
+                 for body, ts, tag in items]
         self.backlog += len(items)
         self.handed += len(items)
-        if items and not self.kicked:
-            self.kicked = True
-            self.loop.call_soon(self.kick)
-
-    def take_pending(self, topic: str, which: Callable[[Any], bool]) -> list:
-        """Take back the records of `topic` appended this turn (not handed to the thread yet)
-        whose tag `which` picks: their tags, in order."""
-        keep, taken = [], []
-        for rec in self.pending:
-            if rec[0] == topic and which(rec[3]):
-                taken.append(rec[3])
-            else:
-                keep.append(rec)
-        self.pending = keep
-        self.backlog -= len(taken)
-        self.handed -= len(taken)
-        return taken
+        with self.cond:  # (together: the thread takes both at once, before its next attempt)
+            self.front.extend(front)
+            self.resume = True
+            self.cond.notify()
 
     def take_went_back(self) -> str | None:
         """Why Kafka lost data, seen by the offsets it gave this producer's records (once)."""
@@ -133,7 +125,7 @@ class Producer:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             with self.cond:
-                if not self.queue and not self.busy:
+                if not self.queue and not self.front and not self.busy:
                     return True
             time.sleep(0.01)
         return False
@@ -147,17 +139,21 @@ class Producer:
 
     # ------------------------------------------------------------ on the thread
     busy = False
+    resume = False
 
     def _run(self) -> None:
         while True:
             with self.cond:
-                while not self.queue and not self.stopping:
+                while not self.queue and not self.front and not self.stopping:
                     self.cond.wait(0.5)
-                    if not self.queue:
+                    if not self.queue and not self.front:
                         self._idle()
-                if self.stopping and not self.queue:
+                if self.stopping and not self.queue and not self.front:
                     return
-                work, self.queue = self.queue, []
+                work, self.queue, self.front = self.front + self.queue, [], []
+                if self.resume:
+                    self.resume = False
+                    self.sender.forget_ids()
                 self.busy = True
             try:
                 for chunk in _chunks(work, CHUNK_BYTES):
@@ -180,6 +176,14 @@ class Producer:
         failure = None
         err: Exception  # the last attempt's
         while True:
+            if self.front or self.resume:  # after Kafka lost its data: what it had, first
+                with self.cond:
+                    front, self.front = self.front, []
+                    if self.resume:
+                        self.resume = False
+                        self.sender.forget_ids()
+                for chunk in _chunks(front, CHUNK_BYTES):
+                    self._send(chunk)
             try:
                 fut = self.sender.send(groups)
                 while not fut.poll():
@@ -201,6 +205,12 @@ class Producer:
                 raise fut.exception
             except NotReady as exc:
                 err = exc
+                if isinstance(exc, TopicMoved):
+                    # Kafka lost its data: nothing goes to the new log before the node wrote
+                    # again what the old one had (send_again); said once (not after that)
+                    with self.cond:
+                        if not self.resume and self.went_back is None:
+                            self.went_back = str(exc)
             except Exception as exc:  # retriable Kafka errors and lost connections: again
                 err = exc
                 # also again: an unknown error (-1), which Tansu answers when two writers race

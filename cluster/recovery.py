@@ -12,7 +12,7 @@ import time
 from typing import TYPE_CHECKING, Any, Callable
 
 from . import records as R
-from .keep import BATCH, BODY, TS, with_again
+from .keep import BODY, TS, with_again
 from .link import Topics, ensure_topics
 
 if TYPE_CHECKING:
@@ -55,13 +55,11 @@ def topics_again(bootstrap: str, topics: Topics, cfg: ClusterConfig, partitions:
 
 
 def resend_kept(keep: Keep, producer: Producer, messages: str) -> int:
-    """Every message kept is written again, first; those still waiting to be sent are sent
-    only as their copies (which their acknowledgements then wait for). Returns how many."""
+    """Every message kept that Kafka had acknowledged (in the lost log) is written again, before
+    anything else this node writes, the records on their way included (they come after: newer).
+    Returns how many."""
     again = keep.again()
-    copy_of = {id(e): copy for e, copy in again}
-    for e in producer.take_pending(messages, lambda tag: id(tag) in copy_of):
-        copy_of[id(e)][BATCH] = e[BATCH]
-    producer.send_first(messages, [(with_again(c[BODY]), c[TS], c) for _, c in again])
+    producer.send_again(messages, [(with_again(c[BODY]), c[TS], c) for _, c in again])
     return len(again)
 
 

@@ -27,6 +27,11 @@ class NotReady(Exception):
     retriable = True
 
 
+class TopicMoved(NotReady):
+    """(create_topics False) A topic written to before has another id in Kafka now: it was made
+    again (Kafka lost its data). Nothing is sent to it until forget_ids()."""
+
+
 class ChunkFuture:
     """The outcome of one chunk (one ProduceRequest per leader)."""
 
@@ -94,6 +99,8 @@ class BatchSender:
         # the old one (Tansu takes records for a partition of a topic it no longer has, and
         # they vanish when the topic is created again)
         self._meta: Any = None
+        # (create_topics False) topic -> the id Kafka gave it when records were first sent to it
+        self.sent_ids: dict[str, Any] = {}
         if not create_topics:
             no_topic_creation(self.client)
         self._parts: dict[str, tuple[int, list[int], dict]] = {}   # topic -> (n, partitions, key -> p)
@@ -104,6 +111,10 @@ class BatchSender:
 
     def poll(self, timeout_ms: int = 0) -> None:
         self.client.poll(timeout_ms=timeout_ms)
+
+    def forget_ids(self) -> None:
+        """Records may go to the topics under the ids Kafka gives them now (TopicMoved)."""
+        self.sent_ids.clear()
 
     def request_update(self) -> Any:
         self._refresh_at = time.monotonic()
@@ -152,6 +163,15 @@ class BatchSender:
             if not self._meta.is_done:
                 raise NotReady("waiting for Kafka's metadata")
             self._meta = None
+        if not self.create_topics:
+            ids = getattr(self.cluster, "_topic_ids", {})
+            for topic in groups:
+                now, was = ids.get(topic), self.sent_ids.get(topic)
+                if was is None:
+                    if now is not None:
+                        self.sent_ids[topic] = now
+                elif now is not None and now != was:
+                    raise TopicMoved(f"the topic {topic} was made again in Kafka (its id changed)")
         by_tp: dict[tuple[str, int], list] = {}
         for topic, recs in groups.items():
             n, parts, cache = self._partitions(topic)

@@ -15,6 +15,7 @@ import threading
 import time
 
 from cluster.produce import Producer
+from kafka_client.record import body_key
 
 T = "mqtt.messages"
 WAIT = 5.0
@@ -92,12 +93,15 @@ class FakeSender:
     def maybe_refresh(self) -> None:
         pass
 
+    def forget_ids(self) -> None:
+        pass
+
     def close(self) -> None:
         pass
 
 
-def make() -> tuple[Producer, FakeLoop, FakeSender, list]:
-    loop, sender, outcomes = FakeLoop(), FakeSender(), []
+def make(sender_class: type = FakeSender) -> tuple[Producer, FakeLoop, FakeSender, list]:
+    loop, sender, outcomes = FakeLoop(), sender_class(), []
     p = Producer(loop, "unused:9092", {}, outcomes.append, sender=sender)  # type: ignore[arg-type]
     return p, loop, sender, outcomes
 
@@ -171,5 +175,52 @@ def test_a_refused_request_fails_the_acknowledgements_of_all_its_records():
         assert [t for t, _ in outcomes[0]] == ["a", "b", "c"]
         assert all(f is not None and "refused" in f for _, f in outcomes[0])
         assert p.acked_upto == {}
+    finally:
+        p.close()
+
+
+class MadeAgainSender(FakeSender):
+    """A Kafka that lost its data and whose topic was made again: every send is refused
+    (TopicMoved) until the producer forgets the ids it wrote under (forget_ids())."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.moved = False
+
+    def send(self, groups: dict) -> Answer:
+        from kafka_client.produce import TopicMoved
+        if self.moved:
+            raise TopicMoved(f"the topic {T} was made again in Kafka (its id changed)")
+        return super().send(groups)
+
+    def forget_ids(self) -> None:
+        self.moved = False
+
+
+def test_records_written_again_after_a_loss_leave_before_the_run_the_producer_was_sending():
+    """[MQTT-4.6.0-5] a publisher's messages keep their order across a Kafka that lost its
+    data: the run the producer was sending is not written to the topic made again (the loss
+    is reported), and the copies of the older records the lost log had leave first."""
+    p, loop, sender, outcomes = make(MadeAgainSender)
+    try:
+        sender.moved = True  # type: ignore[attr-defined]
+        append(p, ["new1", "new2"])
+        loop.end_turn()
+        deadline = time.monotonic() + WAIT
+        while p.went_back is None and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert "made again" in (p.take_went_back() or "")
+        assert sender.requests == []
+        p.send_again(T, [(b"old1", 900, "old1"), (b"old2", 950, "old2")])
+        sender.wait_requests(1)
+        assert bodies(sender.requests[0]) == [b"old1", b"old2"]
+        sender.answer(0)
+        loop.run_answer()
+        sender.wait_requests(2)
+        assert [body_key(b) for b in bodies(sender.requests[1])] == [b"new1", b"new2"]
+        sender.answer(1)
+        loop.run_answer()
+        assert outcomes == [[("old1", None), ("old2", None)], [("new1", None), ("new2", None)]]
+        assert p.backlog == 0
     finally:
         p.close()
