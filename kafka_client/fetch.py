@@ -22,6 +22,7 @@ from .recordscan import Scanned
 
 log = logging.getLogger(__name__)
 
+GONE_AFTER = 2.0               # seconds a followed topic is missing from Kafka before it is a loss
 MAX_BYTES = 4 << 20            # per partition and per response (Tansu may return whole batches)
 RECEIVE_MAX = 256 << 20        # the largest response accepted (kafka-python's default: 100 MB)
 
@@ -57,6 +58,7 @@ class Fetcher:
         # created again); and the id Kafka gave each followed topic (another id: recreated)
         self._meta: Any = None
         self.topic_ids: dict[str, Any] = {}
+        self.missing: dict[str, float] = {}  # topic -> since when Kafka's metadata lacks it
         self.wait_ms = wait_ms
         self.decoder = decoder
         self.positions: dict[tuple[str, int], int] = {}   # (topic, partition) -> next offset
@@ -146,13 +148,8 @@ class Fetcher:
                 if not self._meta.is_done:
                     return out
             self._meta = None
-            if self.restart_on_loss and not self.create_topics and self._gone():
-                return out
-        elif not self.create_topics:
-            ids = getattr(self.cluster, "_topic_ids", {})
-            for topic in {t for t, _ in self.positions} - self.topic_ids.keys():
-                if ids.get(topic) is not None:
-                    self.topic_ids[topic] = ids[topic]
+        if not self.create_topics and self.restart_on_loss and self._gone():
+            return out
         by_leader = self._by_leader(list(self.positions))
         if not by_leader:
             self._refresh(0.2)
@@ -205,22 +202,32 @@ class Fetcher:
         return out
 
     def _gone(self) -> bool:
-        """After fresh metadata (create_topics False): True, and lost_data(), when a topic read
-        from is no longer in Kafka or has another id (deleted, recreated, or Kafka restarted
-        empty); it is not made again here (ensure_topics is the cluster's to call)."""
+        """(create_topics False) True, and lost_data(), when a topic read from has another id in
+        Kafka's metadata (deleted and made again, or Kafka restarted empty and the topic made
+        again), or has been missing from it for GONE_AFTER seconds (not made again: a topic
+        Kafka has no leader for yet is missing for a moment too); it is not made here
+        (ensure_topics is the cluster's to call)."""
         ids = getattr(self.cluster, "_topic_ids", {})
+        now = time.monotonic()
         for topic in {t for t, _ in self.positions}:
-            tid = ids.get(topic)
-            known = self.topic_ids.get(topic)
-            if self.cluster.partitions_for_topic(topic) is None and known is not None:
-                self.lost_data(f"the topic {topic} is no longer in Kafka")
-            elif tid is not None and known is not None and tid != known:
-                self.lost_data(f"the topic {topic} was created again (its id changed)")
-            else:
+            tid, known = ids.get(topic), self.topic_ids.get(topic)
+            if known is None:
                 if tid is not None:
                     self.topic_ids[topic] = tid
                 continue
+            if tid is not None and tid != known:
+                why = f"the topic {topic} was made again (its id changed)"
+            elif self.cluster.partitions_for_topic(topic) is None:
+                since = self.missing.setdefault(topic, now)
+                if now - since < GONE_AFTER:
+                    continue
+                why = f"the topic {topic} is no longer in Kafka"
+            else:
+                self.missing.pop(topic, None)
+                continue
+            self.lost_data(why)
             self.topic_ids.clear()
+            self.missing.clear()
             return True
         return False
 

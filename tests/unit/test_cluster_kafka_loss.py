@@ -632,7 +632,7 @@ def metadata_fetcher(meta: _Meta, fail_first: bool = True) -> tuple[Fetcher, lis
     """A Fetcher that makes no topic (as the cluster's), on `meta`; its second Fetch request
     fails as one to a Kafka that just died does; it records the requests it sends."""
     f = fetcher({C: 12, M: 40}, [{C: (0, 12), M: (0, 40)}] * 10)
-    f.create_topics, f.topic_ids, f.cluster = False, {}, meta  # type: ignore[assignment]
+    f.create_topics, f.topic_ids, f.missing, f.cluster = False, {}, {}, meta  # type: ignore[assignment]
     f.client = NS(poll=lambda **kw: None)  # type: ignore[assignment]
     sent: list = []
     answer = f._ask
@@ -664,13 +664,15 @@ def test_after_a_failed_fetch_the_reader_asks_for_metadata_before_it_fetches_aga
 
 @pytest.mark.parametrize("after,why", [
     ({C[0]: "id-c"}, "the topic mqtt.cluster.messages is no longer in Kafka"),
-    ({C[0]: "id-c", M[0]: "id-m2"}, "the topic mqtt.cluster.messages was created again"),
+    ({C[0]: "id-c", M[0]: "id-m2"}, "the topic mqtt.cluster.messages was made again"),
 ])
-def test_a_followed_topic_gone_or_made_again_is_a_loss_of_data(after, why):
+def test_a_followed_topic_gone_or_made_again_is_a_loss_of_data(after, why, monkeypatch):
     """The fresh metadata after a failed request says a topic read from is gone (Kafka
     restarted empty: the cluster makes it again itself, with its partition count) or has
     another id (made again): every position goes back to the new logs' start, and
     take_lost() says why."""
+    import kafka_client.fetch as fetch_module
+    monkeypatch.setattr(fetch_module, "GONE_AFTER", 0.0)
     meta = _Meta({C[0]: "id-c", M[0]: "id-m"})
     f, _ = metadata_fetcher(meta)
     f.fetch()
@@ -698,3 +700,20 @@ def test_a_producer_that_makes_no_topic_sends_nothing_until_fresh_metadata_came_
         s._parts, s.client, s.pinned = {}, None, {}
         s.partitions_for = lambda topic: None  # type: ignore[method-assign]
         s.send({M[0]: [(1, b"\x02k\x02v\x00")]})
+
+
+def test_a_topic_missing_from_kafkas_metadata_for_a_moment_is_no_loss():
+    """A topic Kafka has no leader for yet (a moment after it was made, or during a failover)
+    is missing from its metadata too: that is not taken for a loss (which would read every
+    log again from its start) until it stayed missing for GONE_AFTER seconds."""
+    meta = _Meta({C[0]: "id-c", M[0]: "id-m"})
+    f, sent = metadata_fetcher(meta)
+    f.fetch()
+    with pytest.raises(ConnectionError):
+        f.fetch()
+    meta.answer({C[0]: "id-c"})
+    f.fetch()
+    assert f.take_lost() is None and f.positions == {C: 12, M: 40}
+    meta.answer({C[0]: "id-c", M[0]: "id-m"})  # back, the same topic
+    f.fetch()
+    assert f.take_lost() is None and f.missing == {}
