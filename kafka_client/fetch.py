@@ -148,7 +148,10 @@ class Fetcher:
                 if not self._meta.is_done:
                     return out
             self._meta = None
-        if not self.create_topics and self.restart_on_loss and self._gone():
+            failed = True
+        else:
+            failed = False
+        if not self.create_topics and self.restart_on_loss and self._gone(failed):
             return out
         by_leader = self._by_leader(list(self.positions))
         if not by_leader:
@@ -201,12 +204,13 @@ class Fetcher:
                             out.append((t.topic, p.partition_index, d, start))
         return out
 
-    def _gone(self) -> bool:
+    def _gone(self, failed: bool) -> bool:
         """(create_topics False) True, and lost_data(), when a topic read from has another id in
         Kafka's metadata (deleted and made again, or Kafka restarted empty and the topic made
-        again), or has been missing from it for GONE_AFTER seconds (not made again: a topic
-        Kafka has no leader for yet is missing for a moment too); it is not made here
-        (ensure_topics is the cluster's to call)."""
+        again), or is missing from it (not made again) in the first metadata after a failed
+        request (Kafka restarted), or for GONE_AFTER seconds (a topic Kafka has no leader for
+        yet is missing for a moment too); it is not made here (ensure_topics is the cluster's
+        to call)."""
         ids = getattr(self.cluster, "_topic_ids", {})
         now = time.monotonic()
         for topic in {t for t, _ in self.positions}:
@@ -219,7 +223,7 @@ class Fetcher:
                 why = f"the topic {topic} was made again (its id changed)"
             elif self.cluster.partitions_for_topic(topic) is None:
                 since = self.missing.setdefault(topic, now)
-                if now - since < GONE_AFTER:
+                if not failed and now - since < GONE_AFTER:
                     continue
                 why = f"the topic {topic} is no longer in Kafka"
             else:
