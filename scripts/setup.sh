@@ -14,7 +14,7 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
   command -v chromedriver >/dev/null 2>&1 || need+=(chromium-driver)
   # the cluster's load balancer (scripts/cluster.sh and its test)
   command -v haproxy >/dev/null 2>&1 || [ -x /usr/sbin/haproxy ] || need+=(haproxy)
-  # MQTT.js, a client the interop tests drive (tests/clients/mqttjs, installed below with npm)
+  # MQTT.js, a client the interop tests drive (tests/clients/mqttjs: scripts/test.sh runs npm ci)
   command -v node >/dev/null 2>&1 || need+=(nodejs)
   command -v npm >/dev/null 2>&1 || need+=(npm)
   if [ ${#need[@]} -gt 0 ]; then
@@ -52,21 +52,6 @@ for name in beeline spark-sql spark-submit pyspark; do
     cp scripts/spark_command.sh ".venv/bin/$name.tmp" && mv -f ".venv/bin/$name.tmp" ".venv/bin/$name"
   fi
 done
-# MQTT.js for tests/integration/test_interop_clients.py: the versions its package-lock.json pins
-# (npm ci), again only when the lock changed.
-js=tests/clients/mqttjs
-jsstamp=$js/node_modules/.lock.sha
-jswant=$(sha256sum "$js/package-lock.json" | cut -d' ' -f1)
-if [ ! -f "$jsstamp" ] || [ "$(cat "$jsstamp")" != "$jswant" ]; then
-  echo "setup: installing MQTT.js into $js/node_modules (npm ci)"
-  if ! command -v npm >/dev/null 2>&1 || ! npm ci --prefix "$js" --no-audit --no-fund --loglevel=error >/dev/null; then
-    echo "setup: ERROR: could not install MQTT.js (npm's error, if any, is above)." >&2
-    echo "setup: it needs node and npm (as root: apt-get install nodejs npm, or run this script" \
-         "as root) and the npm registry; then run: npm ci --prefix $js" >&2
-    exit 1
-  fi
-  echo "$jswant" > "$jsstamp"
-fi
 # The codec and core compiled with mypyc (broker/native.py); rebuilt only when their sources changed.
 .venv/bin/python scripts/build_native.py
 # The history job's read-only guard (Scala, sink/history/guard.py), compiled now rather than at

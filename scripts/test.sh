@@ -5,6 +5,22 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+# MQTT.js for tests/integration/test_interop_clients.py (a test's client, not needed to run the
+# broker: here rather than in setup.sh): the versions its package-lock.json pins (npm ci), again
+# only when the lock changed.
+js=tests/clients/mqttjs
+jsstamp=$js/node_modules/.lock.sha
+jswant=$(sha256sum "$js/package-lock.json" | cut -d' ' -f1)
+if [ ! -f "$jsstamp" ] || [ "$(cat "$jsstamp")" != "$jswant" ]; then
+  echo "test.sh: installing MQTT.js into $js/node_modules (npm ci)"
+  if ! command -v npm >/dev/null 2>&1 || ! npm ci --prefix "$js" --no-audit --no-fund --loglevel=error >/dev/null; then
+    echo "test.sh: ERROR: could not install MQTT.js (npm's error, if any, is above)." >&2
+    echo "test.sh: it needs node and npm (as root: apt-get install nodejs npm, or run scripts/setup.sh" \
+         "as root) and the npm registry; then run: npm ci --prefix $js" >&2
+    exit 1
+  fi
+  echo "$jswant" > "$jsstamp"
+fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 echo "test.sh: ruff check and mypy (their settings in pyproject.toml)"
 .venv/bin/ruff check .

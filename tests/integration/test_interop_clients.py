@@ -63,7 +63,7 @@ class MqttJs:
     def __init__(self, port: int, client_id: str | None = None, level: int = 5, **connect):
         if not (MQTTJS / "node_modules" / "mqtt").is_dir() or shutil.which("node") is None:
             pytest.fail("MQTT.js is not installed (node and tests/clients/mqttjs/node_modules): "
-                        "run scripts/setup.sh (it runs npm ci --prefix tests/clients/mqttjs)")
+                        "run scripts/test.sh (it runs npm ci --prefix tests/clients/mqttjs)")
         self.proc = subprocess.Popen(["node", str(MQTTJS / "driver.js")], cwd=MQTTJS,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True)
