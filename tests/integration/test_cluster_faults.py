@@ -23,6 +23,28 @@ def kafka(tmp_path_factory):
     k.stop()
 
 
+def settle_and_count(pubs: list[Publisher], subs: list[Subscriber], wait: float) -> dict:
+    """Once every subscriber has every message acknowledged to a publisher of its QoS (at most
+    `wait` seconds) and a while more (anything delivered twice comes then), the subscribers
+    stop; tests/faultload.py's counts per message."""
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+        got = [{(pub, i) for pub, i, _ in s.got} for s in subs]
+        if all((p.cid, i) in g for g, s in zip(got, subs) for p in pubs if p.qos == s.qos
+               for i in p.acked):
+            break
+        time.sleep(0.2)
+    time.sleep(2.0)
+    for s in subs:
+        s.stopping = True
+    for s in subs:
+        s.join(10)
+    assert all(d.error is None for d in subs), [d.error for d in subs]
+    a = account(pubs, subs)
+    a.pop("latencies")
+    return a
+
+
 def test_qos2_is_exactly_once_and_nothing_acknowledged_is_lost_when_nodes_are_killed(kafka, tmp_path):
     """[MQTT-4.3.3-6] [MQTT-4.4.0-1] [MQTT-4.3.3-9]: publishers on n1, subscribers on n2
     (QoS 1 and QoS 2, persistent sessions); n2 is killed (SIGKILL), its subscribers move to n3;
@@ -55,22 +77,8 @@ def test_qos2_is_exactly_once_and_nothing_acknowledged_is_lost_when_nodes_are_ki
             p.join(30)
         assert all(d.error is None for d in pubs), [d.error for d in pubs]
         assert all(d.reconnects for d in pubs + subs), "every client moved"
-        want = sum(len(p.acked) for p in pubs)
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            got = {(pub, i) for s in subs for pub, i, _ in s.got}
-            if all((p.cid, i) in got for p in pubs for i in p.acked):
-                break
-            time.sleep(0.2)
-        time.sleep(1.0)  # anything delivered twice comes now
-        for s in subs:
-            s.stopping = True
-        for s in subs:
-            s.join(10)
-        assert all(d.error is None for d in subs), [d.error for d in subs]
-        a = account(pubs, subs)
-        a.pop("latencies")
-        assert want > 100, a
+        a = settle_and_count(pubs, subs, 20)
+        assert sum(len(p.acked) for p in pubs) > 100, a
         assert (a["lost"], a["qos2_twice"], a["out_of_order"], a["sessions_lost"]) == (0, 0, 0, 0), a
     finally:
         c.stop()
@@ -105,21 +113,7 @@ def test_qos2_is_exactly_once_and_nothing_acknowledged_is_lost_when_kafka_restar
         for p in pubs:
             p.join(60)
         assert all(d.error is None for d in pubs), [d.error for d in pubs]
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            got = [{(pub, i) for pub, i, _ in s.got} for s in subs]
-            if all((p.cid, i) in g for g, s in zip(got, subs) for p in pubs if p.qos == s.qos
-                   for i in p.acked):
-                break
-            time.sleep(0.2)
-        time.sleep(2.0)  # anything delivered twice comes now
-        for s in subs:
-            s.stopping = True
-        for s in subs:
-            s.join(10)
-        assert all(d.error is None for d in subs), [d.error for d in subs]
-        a = account(pubs, subs)
-        a.pop("latencies")
+        a = settle_and_count(pubs, subs, 30)
         assert sum(len(p.acked) for p in pubs) > 200, a
         assert (a["lost"], a["qos2_twice"], a["qos1_dups"], a["out_of_order"],
                 a["sessions_lost"]) == (0, 0, 0, 0, 0), a

@@ -537,13 +537,10 @@ def test_a_loss_seen_twice_by_a_reader_does_not_make_it_skip_copies_it_never_had
     assert delivered(sub) == []
 
 
-@pytest.mark.parametrize("qos", [1, 2])
-def test_a_message_delivered_on_its_accepting_node_is_not_delivered_there_again_from_its_copy(
-        cluster, qos):
-    """[MQTT-4.3.3-3] exactly once for QoS 2 (and no duplicate at QoS 1) across the loss: a
-    subscriber on the publisher's node got the message as it was accepted, before its node read
-    the record back; Kafka then lost it, and the node writes it again: the copy is not delivered
-    again there (the other node, which never read it, gets it from the copy)."""
+def here_there_and_pub(cluster: FakeCluster, qos: int) -> tuple[Any, Any, ClusterClient,
+                                                                ClusterClient, ClusterClient]:
+    """n1 and n2, each with a persistent subscriber of t/# at `qos` ("here" on n1, "there" on
+    n2), and a publisher on n1."""
     n1, _ = cluster.node("n1")
     n2, _ = cluster.node("n2")
     here = ClusterClient(n1)
@@ -555,6 +552,17 @@ def test_a_message_delivered_on_its_accepting_node_is_not_delivered_there_again_
     cluster.pump()
     pub = ClusterClient(n1)
     pub.connect("pub", cluster=cluster)
+    return n1, n2, here, there, pub
+
+
+@pytest.mark.parametrize("qos", [1, 2])
+def test_a_message_delivered_on_its_accepting_node_is_not_delivered_there_again_from_its_copy(
+        cluster, qos):
+    """[MQTT-4.3.3-3] exactly once for QoS 2 (and no duplicate at QoS 1) across the loss: a
+    subscriber on the publisher's node got the message as it was accepted, before its node read
+    the record back; Kafka then lost it, and the node writes it again: the copy is not delivered
+    again there (the other node, which never read it, gets it from the copy)."""
+    n1, n2, here, there, pub = here_there_and_pub(cluster, qos)
     read = cluster._read
     cluster._read = lambda n: None   # written and acknowledged; no node reads it back yet
     publish_acked(cluster, pub, [b"m0", b"m1"], qos)
@@ -577,17 +585,7 @@ def test_a_message_accepted_after_kafka_restarted_empty_is_not_delivered_again_o
     and reached n1's subscriber at once. n1 then reads the new log from its start and writes
     its kept messages again: neither those records nor their copies reach that subscriber
     again; n2's subscriber, which never had them, gets each once."""
-    n1, _ = cluster.node("n1")
-    n2, _ = cluster.node("n2")
-    here = ClusterClient(n1)
-    here.connect("here", clean=False, props=EXPIRY, cluster=cluster)
-    there = ClusterClient(n2)
-    there.connect("there", clean=False, props=EXPIRY, cluster=cluster)
-    for c in (here, there):
-        c.send(P.Subscribe(1, [("t/#", P.SubscriptionOptions(qos))]))
-    cluster.pump()
-    pub = ClusterClient(n1)
-    pub.connect("pub", cluster=cluster)
+    n1, n2, here, there, pub = here_there_and_pub(cluster, qos)
     lose_logs(cluster)
     read = cluster._read
     cluster._read = lambda n: None  # each reader is above the new log's end until it sees the loss
