@@ -795,12 +795,12 @@ def _start_cluster_script(tmp_path, n: int) -> tuple[subprocess.Popen, dict, int
     out.close()
     try:
         wait_for(lambda: _answers(int(env["LB_PORT"])), 60, "the load balancer to reach a node")
-    except AssertionError:
+        for port in range(first, first + n):
+            wait_for(lambda port=port: _answers(port), 60, f"node on {port}")
+    except AssertionError as exc:  # (stopped: its Kafka and nodes outlived the test otherwise)
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(30)
-        raise AssertionError((tmp_path / "cluster.out").read_text()) from None
-    for port in range(first, first + n):
-        wait_for(lambda port=port: _answers(port), 60, f"node on {port}")
+        raise AssertionError(f"{exc}\n{(tmp_path / 'cluster.out').read_text()}") from None
     return proc, env, first
 
 
