@@ -150,16 +150,22 @@ class Producer:
                         self._idle()
                 if self.stopping and not self.queue and not self.front:
                     return
-                work, self.queue, self.front = self.front + self.queue, [], []
-                if self.resume:
-                    self.resume = False
-                    self.sender.forget_ids()
+                work, self.queue = self._take_front() + self.queue, []
                 self.busy = True
             try:
                 for chunk in _chunks(work, CHUNK_BYTES):
                     self._send(chunk)
             finally:
                 self.busy = False
+
+    def _take_front(self) -> list:
+        """(Holding self.cond.) The records send_again() put first, taken; with them, the
+        word that topics made again may now be written to (resume)."""
+        front, self.front = self.front, []
+        if self.resume:
+            self.resume = False
+            self.sender.forget_ids()
+        return front
 
     def _idle(self) -> None:
         try:
@@ -178,10 +184,7 @@ class Producer:
         while True:
             if self.front or self.resume:  # after Kafka lost its data: what it had, first
                 with self.cond:
-                    front, self.front = self.front, []
-                    if self.resume:
-                        self.resume = False
-                        self.sender.forget_ids()
+                    front = self._take_front()
                 for chunk in _chunks(front, CHUNK_BYTES):
                     self._send(chunk)
             try:

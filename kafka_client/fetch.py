@@ -142,15 +142,13 @@ class Fetcher:
                 self.lost_data(f"its cluster id changed from {self.cluster_id} to {cid}")
                 self.cluster_id = cid
                 return out
-        if self._meta is not None:
+        failed = self._meta is not None  # (the metadata asked for after a failed request)
+        if failed:
             if not self._meta.is_done:
                 self.client.poll(timeout_ms=self.wait_ms, future=self._meta)
                 if not self._meta.is_done:
                     return out
             self._meta = None
-            failed = True
-        else:
-            failed = False
         if not self.create_topics and self.restart_on_loss and self._gone(failed):
             return out
         by_leader = self._by_leader(list(self.positions))
