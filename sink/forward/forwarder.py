@@ -33,7 +33,11 @@ Forwarder's injected clocks (``clock``, ``wall_clock``).
 Kafka losing data (embedded Tansu restarted empty, topic re-created) is
 detected, not assumed (sink/forward/loss.py, :class:`LossDetector`): a partition offset that
 goes backwards in a produce acknowledgement, or a topic id that changes in the metadata (topic
-ids and last offsets are kept in the checkpoint so this also works across restarts). Then:
+ids and last offsets are kept in the checkpoint so this also works across restarts). The ids
+are checked in every metadata refresh before the next chunk is sent, and after a failed request
+nothing is sent until metadata refreshed since then came in: otherwise records sent to a Kafka
+that restarted empty go into the new log (a topic another client made again) before the refill
+of what it lost, and per-topic order breaks. Then:
 
 * ``keep_until = "history"``: every record the history job has not committed yet
   (sink/history/commits.py; the forwarder remembers, per acknowledged chunk, the next offset of
@@ -282,6 +286,10 @@ class Forwarder:
         self.lost_reason: str | None = None           # REFILLING, PROBING: why Kafka lost data
         self._lost_routine = False                    # ... because the embedded Kafka restarted
         self.probe_since_ms: float | None = None      # PROBING: when fresh metadata was asked (clock)
+        # a request failed at this time (clock, ms): no chunk is sent before metadata refreshed
+        # since has been checked for topics made again (see _metadata_checked)
+        self.failed_since_ms: float | None = None
+        self._ids_checked_ms: float | None = None     # the metadata refresh topic ids were last checked in
         self.retry_at = 0.0                           # back-off: nothing is sent or rewound before
         self.drain_deadline: float | None = None      # draining: exit once caught up, or then
         # -- Kafka
@@ -328,6 +336,9 @@ class Forwarder:
             self.kafka_up = True
 
     def _set_down(self, why: object) -> None:
+        if self.failed_since_ms is None and self.producer is not None:
+            self.failed_since_ms = self.clock() * 1000
+            self._ask_metadata()
         if self.kafka_up is not False:
             log.warning("Kafka at %s is unavailable (%s); records stay in the spool until it is back",
                         self.bootstrap, why)
@@ -412,6 +423,45 @@ class Forwarder:
         lost = self.loss.check_ids(self._metadata())
         if lost:
             self._lost(lost, routine=True)
+
+    def _ask_metadata(self) -> None:
+        md = self._metadata()
+        if md is not None and hasattr(md, "request_update"):
+            md.request_update()
+
+    def _metadata_since(self, since_ms: float) -> bool:
+        """Metadata refreshed after since_ms names every topic written (or 15 s have passed:
+        go on with what there is). Until then it is asked for again every 50 ms."""
+        md = self._metadata()
+        if md is None or not hasattr(md, "request_update"):
+            return True
+        mono_ms = self.clock() * 1000
+        fresh = getattr(md, "_last_successful_refresh_ms", mono_ms) > since_ms + 1
+        # a topic the restarted Kafka has not re-created yet has no id, and chunks acknowledged
+        # without one could never be matched to a commit
+        if (fresh and self.loss.names_every_topic(md)) or mono_ms - since_ms >= 15000:
+            return True
+        md.request_update()
+        self.retry_at = self.clock() + 0.05
+        return False
+
+    def _metadata_checked(self) -> bool:
+        """FORWARDING: may a chunk be sent now? Tansu acknowledges records produced to a topic
+        it no longer has (after it restarted empty) and drops them, and a topic another client
+        made again takes them (in the new log before the older records the refill sends again:
+        per-topic order lost). So after a failed request nothing is sent before fresh metadata
+        came in, and topic ids are checked in every refresh before the next chunk goes: a topic
+        made again -> REFILLING first."""
+        if self.failed_since_ms is not None:
+            if not self._metadata_since(self.failed_since_ms):
+                return False
+            self.failed_since_ms = None
+        md = self._metadata()
+        refreshed = getattr(md, "_last_successful_refresh_ms", None)
+        if refreshed != self._ids_checked_ms:
+            self._ids_checked_ms = refreshed
+            self._check_topic_ids()
+        return self.state not in LOST
 
     def _metadata_fresh(self) -> bool | None:
         md = self._metadata()
@@ -504,6 +554,8 @@ class Forwarder:
     # -- sending ---------------------------------------------------------------------------------------
     def _fill(self) -> bool:
         if len(self.inflight) >= 4:           # chunks (requests) in flight
+            return False
+        if not self._metadata_checked():
             return False
         now = self.clock()
         if not self._last_full and now - self._last_read < self.linger:
@@ -600,15 +652,10 @@ class Forwarder:
                     md.request_update()
                     return
                 # (PROBING: probe_since_ms is set)
-                fresh = getattr(md, "_last_successful_refresh_ms", mono_ms) > self.probe_since_ms + 1  # type: ignore[operator]
-                # and names every topic: a topic the restarted Kafka has not re-created yet has
-                # no id, and chunks acknowledged without one could never be matched to a commit
-                if not fresh or not self.loss.names_every_topic(md):
-                    if mono_ms - self.probe_since_ms < 15000:  # type: ignore[operator]
-                        md.request_update()
-                        self.retry_at = self.clock() + 0.05
-                        return
+                if not self._metadata_since(self.probe_since_ms):  # type: ignore[arg-type]
+                    return
                 self.loss.restart(md, mono_ms)
+                self.failed_since_ms = None
             now_ms = int(self.wall_clock() * 1000)
             upto = self.acked_pos if self.resend_at is None else self.resend_at.pos
             if self.commits is not None:
@@ -725,7 +772,8 @@ class Forwarder:
         fresh = self._metadata_fresh()
         if fresh is False and now - self._last_ack > self.unreachable_after:
             self._set_down("no metadata from Kafka for a while")
-        elif fresh and self.kafka_up is False and not self.inflight and self.resend_at is None:
+        elif fresh and self.kafka_up is False and not self.inflight and self.resend_at is None \
+                and self.failed_since_ms is None:
             self._set_up()
         oldest = self.inflight[0] if self.inflight else None
         if oldest is not None and now - oldest.sent_at > self.unreachable_after \

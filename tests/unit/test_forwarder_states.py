@@ -53,15 +53,26 @@ class Future:
 
 
 class Cluster:
-    def __init__(self):
+    """Kafka's metadata as the producer knows it: asked for (request_update), it is answered at
+    once unless the test answers it (answers False: set _last_successful_refresh_ms)."""
+
+    def __init__(self, clock):
+        self.clock = clock
         self._last_successful_refresh_ms = 0
         self.updates = 0
+        self.answers = True
+        self.id = "id-1"                  # the topic's id in Kafka
 
     def topic_id(self, topic):
-        return "id-1"
+        return self.id
 
     def request_update(self):
         self.updates += 1
+        if self.answers:
+            self.refreshed()
+
+    def refreshed(self):
+        self._last_successful_refresh_ms = self.clock.monotonic() * 1000 + 2
 
 
 class FakeKafka:
@@ -76,7 +87,7 @@ class FakeKafka:
             raise KafkaTimeoutError("no brokers")
         self.sent: list[Future] = []
         self.log: list[int] = []          # values Kafka has, in order
-        self.cluster = Cluster()
+        self.cluster = Cluster(FakeKafka.clock)
         FakeKafka.last = self
 
     def send(self, groups):
@@ -128,6 +139,7 @@ def clock(monkeypatch):
         monkeypatch.setattr(module, "time", NoRealClock())
     monkeypatch.setattr(fw, "BatchSender", FakeKafka)
     FakeKafka.attempts = FakeKafka.refuse_connect = 0
+    FakeKafka.clock = c
     return c
 
 
@@ -217,6 +229,7 @@ def test_kafka_losing_data_probes_metadata_then_replays_the_window(clock):
     assert f.acked_seq == 6 and f.loss.offsets == {"mqtt.messages/0": 5}
     add(f, clock, 6, 4)
     steps(f, clock, 2)                      # 6-8 and 9 in flight
+    k.cluster.answers = False
     k.ack(2, base=0)                        # the offset went back: Kafka restarted empty
     steps(f, clock)
     assert f.state is State.REFILLING and "went back from 5 to 0" in f.lost_reason
@@ -236,12 +249,75 @@ def test_kafka_losing_data_probes_metadata_then_replays_the_window(clock):
     assert f.refilled == 10 and f.acked_seq == 10
 
 
+def test_after_a_failed_request_nothing_is_sent_before_fresh_metadata(clock):
+    """A Kafka that restarted empty acknowledges records for a topic it no longer has and drops
+    them (Tansu): after a failure the next chunk waits for metadata refreshed since."""
+    f = forwarder(clock, 6, chunk=3)
+    steps(f, clock, 3)
+    k = FakeKafka.last
+    k.ack(0)
+    k.cluster.refreshed()                   # metadata from before the failure
+    clock.advance(0.1)
+    k.cluster.answers = False
+    k.fail(1, KafkaTimeoutError("request timed out"))
+    steps(f, clock)
+    assert f.state is State.FORWARDING and k.cluster.updates == 1   # asked at the failure
+    for _ in range(5):
+        clock.advance(0.5)
+        steps(f, clock)
+    assert len(k.sent) == 2 and k.cluster.updates > 1   # still asking, nothing sent
+    assert f.kafka_up is False              # (the metadata from before the failure is no sign of life)
+    k.cluster.refreshed()
+    clock.advance(0.05)
+    steps(f, clock)
+    assert [fut.values() for fut in k.sent[2:]] == [[3, 4, 5]]
+
+
+def test_without_fresh_metadata_sending_is_tried_again_after_15_seconds(clock):
+    f = forwarder(clock, 4, chunk=2)
+    steps(f, clock, 3)
+    k = FakeKafka.last
+    k.ack(0)
+    k.cluster.answers = False
+    k.fail(1, KafkaTimeoutError("request timed out"))
+    steps(f, clock)
+    clock.advance(14.9)
+    steps(f, clock)
+    assert len(k.sent) == 2
+    clock.advance(0.2)
+    steps(f, clock)
+    assert [fut.values() for fut in k.sent[2:]] == [[2, 3]]
+
+
+def test_a_topic_made_again_in_a_metadata_refresh_is_refilled_before_any_new_record(clock):
+    """Another client (a second forwarder, the history job) made the topic again after Kafka
+    restarted empty: what this forwarder sends next would go into the new log before the
+    records Kafka lost. The ids of every refresh are checked before the next chunk: the refill
+    goes first and per-topic order holds."""
+    f = forwarder(clock, 4, chunk=2)
+    steps(f, clock, 3)
+    k = FakeKafka.last
+    k.ack(0)
+    k.ack(1)
+    steps(f, clock)
+    assert f.acked_seq == 4 and f.loss.topic_ids == {"mqtt.messages": "id-1"}
+    k.cluster.id = "id-2"
+    k.cluster.refreshed()                   # (maybe_refresh, or a refresh kafka-python asked for)
+    add(f, clock, 4, 2)
+    steps(f, clock)
+    assert len(k.sent) == 2 and f.state in (State.REFILLING, State.PROBING)
+    assert "re-created" in f.lost_reason
+    steps(f, clock, 5)
+    assert [fut.values() for fut in k.sent[2:]] == [[0, 1], [2, 3], [4, 5]]
+
+
 def test_probing_gives_up_waiting_for_fresh_metadata_after_15_seconds(clock):
     f = forwarder(clock, 2)
     steps(f, clock, 2)
     k = FakeKafka.last
     k.ack(0)
     steps(f, clock)
+    k.cluster.answers = False
     f._lost("test")
     steps(f, clock)
     assert f.state is State.PROBING
