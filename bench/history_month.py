@@ -28,6 +28,7 @@ N rows of one day (19 in 20 on ``sensors/...`` with a JSON object payload, the r
 job's Parquet options; Spark 4 shreds the variant: each field seen in the rows becomes a
 Parquet column). It prints the CPU (JVM) of writing the rows with and without the column, then
 through Spark Connect: ``count(*)``, a ``payload_json:temp::double > X`` count (and the same
+with ``try_cast(... AS double)``, which the job reads as the typed field (its variant rule),
 with ``variant_get(..., 'decimal(18,2)')``, the type the field is shredded as, and with
 ``try_parse_json(payload_text)`` as before the column), and a one-hour average by topic.
 """
@@ -159,8 +160,14 @@ def json_bench(args: argparse.Namespace) -> int:
     from sink.history.spark import get_spark
     base = Path(args.table or tempfile.mkdtemp(prefix="history-json-"))
     port = free_port()
+    from sink.history import guard
+    from sink.history.job import guard_build_root
+    launch = guard.launch_conf(guard_build_root(None))   # the job's variant field rule, as it runs
     spark = get_spark("history-json", conf={"spark.connect.grpc.binding.address": "127.0.0.1",
-                                            "spark.connect.grpc.binding.port": str(port)})
+                                            "spark.connect.grpc.binding.port": str(port),
+                                            "spark.driver.extraClassPath":
+                                                launch["spark.driver.extraClassPath"],
+                                            "spark.sql.extensions": guard.VARIANT_EXTENSION})
     day, n = "2024-05-01", args.json_rows
 
     def write(df, root: Path) -> tuple[float, float]:
@@ -202,6 +209,8 @@ def json_bench(args: argparse.Namespace) -> int:
             ("temp > 30", "SELECT count(*) FROM messages WHERE payload_json:temp::double > 30"),
             ("temp > 30 (sensors/%)", "SELECT count(*) FROM messages WHERE topic LIKE "
                                       "'sensors/%' AND payload_json:temp::double > 30"),
+            ("temp > 30 (try_cast)", "SELECT count(*) FROM messages WHERE "
+             "try_cast(payload_json:temp AS double) > 30"),
             ("temp > 30 (variant_get as shredded)", "SELECT count(*) FROM messages WHERE "
              "variant_get(payload_json, '$.temp', 'decimal(18,2)') > 30"),
             ("temp > 30 (variant_get double)", "SELECT count(*) FROM messages WHERE "
@@ -210,6 +219,8 @@ def json_bench(args: argparse.Namespace) -> int:
              "try_parse_json(payload_text):temp::double > 30"),
             ("one-hour average by topic", "SELECT topic, avg(payload_json:temp::double) AS t "
              f"FROM messages WHERE {hour} GROUP BY topic ORDER BY topic"),
+            ("one-hour average by topic (try_cast)", "SELECT topic, avg(try_cast(payload_json:temp "
+             f"AS double)) AS t FROM messages WHERE {hour} GROUP BY topic ORDER BY topic"),
             ("one-hour average by topic (variant_get double)", "SELECT topic, "
              "avg(variant_get(payload_json, '$.temp', 'double')) AS t FROM messages WHERE "
              f"{hour} GROUP BY topic ORDER BY topic"),

@@ -25,6 +25,8 @@ log = logging.getLogger(__name__)
 
 JVM_DIR = Path(__file__).with_name("jvm")
 EXTENSION = "mqtthistory.ReadOnlyGuardExtension"
+#: jvm/VariantCastPushdown.scala: `payload_json:temp::double` read as the shredded column
+VARIANT_EXTENSION = "mqtthistory.VariantCastPushdownExtension"
 GUARD = "mqtthistory.ReadOnlyGuard"
 MARKER = "read-only session"   # in every refusal's message
 
@@ -80,9 +82,10 @@ def classes_jar(build_root: Path) -> Path:
 
 
 def launch_conf(build_root: Path) -> dict[str, str]:
-    """Spark settings the JVM needs at launch for the guard (and the JDBC authenticator)."""
+    """Spark settings the JVM needs at launch for the guard (and the JDBC authenticator), and
+    the variant field rule (jvm/VariantCastPushdown.scala)."""
     return {"spark.driver.extraClassPath": str(classes_jar(build_root)),
-            "spark.sql.extensions": EXTENSION,
+            "spark.sql.extensions": f"{EXTENSION},{VARIANT_EXTENSION}",
             # no `format`.`path` in SQL (the guard refuses it too; this stops it before the
             # analyser lists or samples the path)
             "spark.sql.runSQLOnFiles": "false"}

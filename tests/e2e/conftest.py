@@ -13,9 +13,16 @@ if str(ROOT) not in sys.path:
 
 @pytest.fixture(scope="session")
 def spark():
-    """One local SparkSession for the whole run (starting one takes 8-14 s)."""
+    """One local SparkSession for the whole run (starting one takes 8-14 s), with the job's
+    optimizer rule for variant fields (sink/history/jvm/VariantCastPushdown.scala) as the job
+    runs it; not the job's read-only guard (these tests write tables)."""
+    from sink.history import guard
+    from sink.history.job import guard_build_root
     from sink.history.spark import get_spark
-    session = get_spark("mqtt-history-tests")
+    conf = guard.launch_conf(guard_build_root(None))
+    session = get_spark("mqtt-history-tests", conf={
+        "spark.driver.extraClassPath": conf["spark.driver.extraClassPath"],
+        "spark.sql.extensions": guard.VARIANT_EXTENSION})
     yield session
     session.stop()
 

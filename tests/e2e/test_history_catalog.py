@@ -99,10 +99,13 @@ def test_jdbc_endpoint_with_beeline_and_pyhive(kafka, tmp_path):
                    "--outputformat=csv2", "--silent=true"]
         ok = subprocess.run(beeline + ["-n", "alice", "-p", "s3cret", "-e",
                                        "SELECT count(DISTINCT message_id) AS ids, "
-                                       "count_if(payload_json:n::int >= 30) AS hot FROM messages"],
+                                       "count_if(payload_json:n::int >= 30) AS hot, "
+                                       # (read as the typed field: the job's variant rule)
+                                       "count_if(try_cast(payload_json:n AS int) >= 30) AS hot2 "
+                                       "FROM messages"],
                             capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
         assert ok.returncode == 0, ok.stderr[-2000:]
-        assert ok.stdout.split()[-2:] == ["ids,hot", "40,10"], ok.stdout  # (after beeline's prompt)
+        assert ok.stdout.split()[-2:] == ["ids,hot,hot2", "40,10,10"], ok.stdout  # (after beeline's prompt)
         bad = subprocess.run(beeline + ["-n", "mallory", "-p", "s3cret", "-e", "SELECT 1"],
                              capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
         assert "Error validating the login" in bad.stdout + bad.stderr
