@@ -219,13 +219,19 @@ def test_a_record_refused_for_good_is_found_one_by_one_and_dropped_alone(clock):
     assert k.sent[-1].values() == [3, 4, 5, 6]   # past the refused chunk: whole chunks again
 
 
-def test_kafka_losing_data_probes_metadata_then_replays_the_window(clock):
-    f = forwarder(clock, 6, chunk=3)
+def two_chunks_acknowledged(clock, n):
+    """A forwarder that connected and sent n records in two chunks, both acknowledged."""
+    f = forwarder(clock, n, chunk=n // 2)
     steps(f, clock, 3)
     k = FakeKafka.last
     k.ack(0)
     k.ack(1)
     steps(f, clock)
+    return f, k
+
+
+def test_kafka_losing_data_probes_metadata_then_replays_the_window(clock):
+    f, k = two_chunks_acknowledged(clock, 6)
     assert f.acked_seq == 6 and f.loss.offsets == {"mqtt.messages/0": 5}
     add(f, clock, 6, 4)
     steps(f, clock, 2)                      # 6-8 and 9 in flight
@@ -294,12 +300,7 @@ def test_a_topic_made_again_in_a_metadata_refresh_is_refilled_before_any_new_rec
     restarted empty: what this forwarder sends next would go into the new log before the
     records Kafka lost. The ids of every refresh are checked before the next chunk: the refill
     goes first and per-topic order holds."""
-    f = forwarder(clock, 4, chunk=2)
-    steps(f, clock, 3)
-    k = FakeKafka.last
-    k.ack(0)
-    k.ack(1)
-    steps(f, clock)
+    f, k = two_chunks_acknowledged(clock, 4)
     assert f.acked_seq == 4 and f.loss.topic_ids == {"mqtt.messages": "id-1"}
     k.cluster.id = "id-2"
     k.cluster.refreshed()                   # (maybe_refresh, or a refresh kafka-python asked for)
