@@ -50,6 +50,8 @@ def read_schema(spark, sql: str) -> str:
     "try_cast(payload_json:t AS boolean)", "try_cast(payload_json:t AS date)",
     "try_cast(payload_json:t AS timestamp)", "cast(payload_json:t AS string)",
     "try_cast(payload_json[0] AS bigint)", "payload_json::string",
+    "try_cast(payload_json:t AS array<int>)", "try_cast(payload_json:t AS struct<a: int>)",
+    "try_cast(payload_json:t AS map<string, int>)", "try_cast(payload_json:t AS string)",
 ])
 def test_a_cast_of_a_variant_field_gives_the_same_with_the_rule_as_without(spark, table, expr):
     for where in ("", " WHERE id IN (0, 1, 2, 3, 4, 5)"):
