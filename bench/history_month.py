@@ -162,12 +162,10 @@ def json_bench(args: argparse.Namespace) -> int:
     port = free_port()
     from sink.history import guard
     from sink.history.job import guard_build_root
-    launch = guard.launch_conf(guard_build_root(None))   # the job's variant field rule, as it runs
     spark = get_spark("history-json", conf={"spark.connect.grpc.binding.address": "127.0.0.1",
                                             "spark.connect.grpc.binding.port": str(port),
-                                            "spark.driver.extraClassPath":
-                                                launch["spark.driver.extraClassPath"],
-                                            "spark.sql.extensions": guard.VARIANT_EXTENSION})
+                                            # the job's variant field rule, as it runs
+                                            **guard.variant_conf(guard_build_root(None))})
     day, n = "2024-05-01", args.json_rows
 
     def write(df, root: Path) -> tuple[float, float]:

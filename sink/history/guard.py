@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 
 JVM_DIR = Path(__file__).with_name("jvm")
 EXTENSION = "mqtthistory.ReadOnlyGuardExtension"
-#: jvm/VariantCastPushdown.scala: `payload_json:temp::double` read as the shredded column
+#: jvm/VariantCastPushdown.scala: `try_cast(payload_json:temp AS double)` read as the typed field
 VARIANT_EXTENSION = "mqtthistory.VariantCastPushdownExtension"
 GUARD = "mqtthistory.ReadOnlyGuard"
 MARKER = "read-only session"   # in every refusal's message
@@ -81,10 +81,17 @@ def classes_jar(build_root: Path) -> Path:
     return jar
 
 
+def variant_conf(build_root: Path) -> dict[str, str]:
+    """Spark settings the JVM needs at launch for the variant field rule alone
+    (jvm/VariantCastPushdown.scala): a session that writes tables, as tests and benchmarks do."""
+    return {"spark.driver.extraClassPath": str(classes_jar(build_root)),
+            "spark.sql.extensions": VARIANT_EXTENSION}
+
+
 def launch_conf(build_root: Path) -> dict[str, str]:
     """Spark settings the JVM needs at launch for the guard (and the JDBC authenticator), and
-    the variant field rule (jvm/VariantCastPushdown.scala)."""
-    return {"spark.driver.extraClassPath": str(classes_jar(build_root)),
+    the variant field rule."""
+    return {**variant_conf(build_root),
             "spark.sql.extensions": f"{EXTENSION},{VARIANT_EXTENSION}",
             # no `format`.`path` in SQL (the guard refuses it too; this stops it before the
             # analyser lists or samples the path)

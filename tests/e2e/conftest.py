@@ -19,10 +19,7 @@ def spark():
     from sink.history import guard
     from sink.history.job import guard_build_root
     from sink.history.spark import get_spark
-    conf = guard.launch_conf(guard_build_root(None))
-    session = get_spark("mqtt-history-tests", conf={
-        "spark.driver.extraClassPath": conf["spark.driver.extraClassPath"],
-        "spark.sql.extensions": guard.VARIANT_EXTENSION})
+    session = get_spark("mqtt-history-tests", conf=guard.variant_conf(guard_build_root(None)))
     yield session
     session.stop()
 

@@ -32,9 +32,8 @@ object CastOfVariantField extends Rule[LogicalPlan] {
     case _ => None
   }
 
-  override def apply(plan: LogicalPlan): LogicalPlan = plan.transformAllExpressions {
-    case e if typed(e).isDefined => typed(e).get
-  }
+  override def apply(plan: LogicalPlan): LogicalPlan =
+    plan.transformAllExpressions(Function.unlift(typed))
 }
 
 class VariantCastPushdownExtension extends (SparkSessionExtensions => Unit) {
