@@ -46,6 +46,7 @@ class Cluster:
         self.key_file = tmp_path / "cluster.key"  # one key for the nodes (docs/cluster.md "Cluster")
         if not self.key_file.exists():
             self.key_file.write_text(os.urandom(32).hex())
+            self.key_file.chmod(0o600)  # (a key others may read is warned about)
         self.nodes = {}
         for i in range(1, n + 1):
             self.start(f"n{i}")
@@ -606,13 +607,25 @@ def test_killing_one_node_of_three_under_load_loses_no_acknowledged_message(clus
                                if m}
                        for s in subs}
             raise AssertionError(f"missing (count, first, last, highest got): {missing}; reconnects "
-                                 f"{[(s.cid, s.reconnects) for s in subs + pubs]}") from None
+                                 f"{[(s.cid, s.reconnects) for s in subs + pubs]}; subscribers' "
+                                 f"errors {[s.error for s in subs]}; the nodes' warnings: "
+                                 f"{node_warnings(c)}") from None
     finally:
         for s in subs:
             s.stopping = True
     for s in subs:
         s.join(10)
         assert s.error is None, s.error
+
+
+def node_warnings(c: Cluster, most: int = 20) -> dict:
+    """The last WARNING and ERROR lines of each node's log (what a failed test prints)."""
+    out = {}
+    for name, b in c.nodes.items():
+        lines = [ln for ln in b.log_path.read_text(errors="replace").splitlines()
+                 if " WARNING " in ln or " ERROR " in ln]
+        out[name] = [ln[:300] for ln in lines[-most:]]
+    return out
 
 
 # ------------------------------------------------------------------ the cluster against one broker

@@ -144,3 +144,31 @@ def test_a_starting_subscription_takes_the_records_from_its_start_on(node, decod
     assert node.reading.waiting_subs == [] and node.broker.router.count == 1  # routed from now on
     node._apply([(node.topics.messages, 0, fetched([body("t/3", b"live")], base=23), 23)])
     assert recv_publish(c).payload == b"live"
+
+
+def test_a_record_whose_delivery_raises_does_not_cost_the_fetchs_other_records(
+        node, caplog):
+    """A bug delivering one record (here: the broker raises for the first message) is logged
+    with its place in the log and counted; the fetch's later records still reach the sessions
+    here, since the node's read position is already past them (nothing acknowledged is lost)."""
+    sub = client(node, "sub", "t/#")
+    calls = []
+
+    class Failing:  # the broker as the reading sees it, raising for the first message
+        def __getattr__(self, name):
+            return getattr(node.broker, name)
+
+        def deliver(self, msg, sender, shared=False):
+            calls.append(msg.payload)
+            if len(calls) == 1:
+                raise RuntimeError("a bug")
+            return node.broker.deliver(msg, sender, shared)
+    node.reading.broker = Failing()
+    rec = fetched([body("t/1", b"first"), body("t/2", b"second"), body("t/3", b"third")], base=40)
+    with caplog.at_level("ERROR", logger="cluster.reading"):
+        node._apply([(node.topics.messages, 0, rec, 40)])
+    assert [recv_publish(sub).payload for _ in range(2)] == [b"second", b"third"]
+    assert nothing(sub)
+    assert node.counters["deliver_failed"] == 1 and node.counters["delivered"] == 2
+    assert node.routed_upto[0] == 43
+    assert "offset 40 failed" in caplog.text
