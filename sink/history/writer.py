@@ -18,7 +18,7 @@ import json
 import logging
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from sink.history.manifest import Change, FileEntry, Snapshot, Table, crash_point, date_of, staged_files
 from sink.history.retention import first_kept_date
@@ -48,12 +48,23 @@ class BatchHook(Protocol):
     def __call__(self, df: DataFrame, batch_id: int, staged: Path) -> None: ...
 
 
+class SideTable(Protocol):
+    """What writes a table of its own from each batch's staged files, before the batch's commit
+    (sink/history/sparkplug/table.py SparkplugWriter): `topic_prefix` names the rows it wants;
+    called with (session, staged files, batch id, stream id, how many of the batch's rows have
+    such a topic, or None when not counted)."""
+    topic_prefix: str
+
+    def __call__(self, spark: SparkSession, staged: Path, batch_id: int, stream_id: str,
+                 wanted: int | None) -> object: ...
+
+
 class BatchWriter:
     """``foreachBatch`` function writing micro-batches into ``table`` exactly once."""
 
     def __init__(self, table: Table, checkpoint: str, parquet_options: dict | None = None,
                  retention_ms: int | None = None,
-                 sparkplug: Callable[[SparkSession, Path, int, str], object] | None = None,
+                 sparkplug: SideTable | None = None,
                  rules: BatchHook | None = None) -> None:
         self.table = table
         self.checkpoint = checkpoint
@@ -92,13 +103,23 @@ class BatchWriter:
             if self.retention_ms:
                 kept = first_kept_date(self.table.clock(), self.retention_ms)
                 out = out.where(F.col("date") >= F.lit(kept))
+            seen = None
+            if self.sparkplug is not None:
+                # how many of the batch's rows the Sparkplug B table wants, counted while they
+                # are written (no second pass): most batches have none, and then the staged
+                # files are not read again (nor pyarrow loaded into the driver for it)
+                from pyspark.sql import Observation
+                seen = Observation(f"sparkplug-{batch_id}")
+                out = out.observe(seen, F.count_if(
+                    F.col("topic").startswith(self.sparkplug.topic_prefix)).alias("rows"))
             writer = out.write.mode("overwrite")
             for k, v in self.parquet_options.items():
                 writer = writer.option(k, v)
             writer.partitionBy("date", HOUR_COLUMN).parquet(str(staging / "out"))
             crash_point("append:after-write")
             if self.sparkplug is not None:
-                self.sparkplug(df.sparkSession, staging / "out", batch_id, self.stream_id)
+                wanted = int(seen.get["rows"]) if seen is not None else None
+                self.sparkplug(df.sparkSession, staging / "out", batch_id, self.stream_id, wanted)
                 crash_point("append:after-sparkplug")
             if rules is not None:
                 rules(df, batch_id, staging / "out")

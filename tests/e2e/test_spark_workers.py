@@ -104,3 +104,47 @@ spark.stop()
                          timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip().splitlines()[-1] == "[] 5 [1, 2]"
+
+
+def test_a_batch_without_sparkplug_topics_loads_no_pyarrow_and_one_with_them_is_decoded(tmp_path):
+    """The job's writer counts a batch's Sparkplug B rows (spBv1.0/...) while it writes them: a
+    batch with none leaves sparkplug_metrics alone without reading its files back, so the
+    driver never loads pyarrow, pandas or NumPy for it (about 95 MB resident); a batch with one
+    is read and decoded as before (here a payload that is not Sparkplug B: kept in messages,
+    counted as malformed, the batch committed in sparkplug_metrics)."""
+    code = """
+import sys
+from pathlib import Path
+from sink.history.manifest import Table
+from sink.history.schema import HISTORY_SCHEMA
+from sink.history.sparkplug.table import SparkplugWriter, malformed_total
+from sink.history.spark import get_spark
+from sink.history.writer import BatchWriter
+spark = get_spark("sparkplug-count")
+d = Path(sys.argv[1])
+sparkplug = SparkplugWriter(str(d / "sparkplug"))
+write = BatchWriter(Table(str(d / "messages")), str(d / "checkpoint"), sparkplug=sparkplug)
+
+from pyspark.sql import functions as F
+
+def batch(topic, off):  # SQL literals: createDataFrame imports pandas, lit() NumPy
+    given = {"message_id": f"'m{off}'", "topic": f"'{topic}'", "qos": "1",
+             "payload": "X'00AB'", "accepted_at": "TIMESTAMP'2026-11-28 12:00:00'",
+             "kafka_partition": "0", "kafka_offset": str(off), "date": "DATE'2026-11-28'"}
+    return spark.range(1).select(*[
+        F.expr(f"CAST({given.get(f.name, 'NULL')} AS {f.dataType.simpleString()})").alias(f.name)
+        for f in HISTORY_SCHEMA])
+write(batch("sensors/1", 0), 0)
+loaded = sorted(m for m in ("pandas", "pyarrow", "numpy") if m in sys.modules)
+after_plain = sparkplug.table.snapshot().stream_batch(write.stream_id)
+write(batch("spBv1.0/g/NDATA/edge", 1), 1)
+snap = sparkplug.table.snapshot()
+print(loaded, after_plain, snap.stream_batch(write.stream_id), malformed_total(snap),
+      write.last.detail["rows"] if write.last else None)
+spark.stop()
+"""
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip().splitlines()[-1] == "[] -1 1 1 1"

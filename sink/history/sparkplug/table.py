@@ -137,20 +137,26 @@ class SparkplugWriter:
         self.max_nodes = max_nodes   # [history] sparkplug_max_nodes
         self.aliases: Aliases | None = None
 
-    def __call__(self, spark: SparkSession, staged: Path, batch_id: int, stream_id: str) -> int:
+    topic_prefix = NAMESPACE + "/"  # the rows it wants (writer.SideTable)
+
+    def __call__(self, spark: SparkSession, staged: Path, batch_id: int, stream_id: str,
+                 wanted: int | None = None) -> int:
         """Decode and commit the batch's Sparkplug B rows (unless the table has the batch
-        already). Returns the rows written."""
+        already); `wanted`: how many rows of the batch have a Sparkplug B topic, when the
+        writer counted them (0: nothing is read). Returns the rows written."""
+        if wanted == 0:
+            return 0
         snap = self.table.snapshot()
         if snap.stream_batch(stream_id) >= batch_id:
             return 0
-        if self.aliases is None:   # the job's first batch: the maps of what was committed
+        messages = read_messages(staged)
+        if not messages:
+            return 0
+        if self.aliases is None:   # the job's first such batch: the maps of what was committed
             self.aliases = load_aliases(self.table, snap, self.max_nodes)
             if len(self.aliases):
                 log.info("Sparkplug B aliases of %d edge nodes and devices read back from %s",
                          len(self.aliases), self.table.root)
-        messages = read_messages(staged)
-        if not messages:
-            return 0
         work = self.aliases.copy()
         out = decode_batch(messages, work)
         files = []
