@@ -16,6 +16,7 @@ import logging
 import time
 from typing import Any, Callable
 
+from .gaps import HOLE_WAIT, Gaps
 from .net import no_topic_creation
 from .recordbatch import Decoded, decode
 from .recordscan import Scanned
@@ -36,8 +37,9 @@ class Fetcher:
     _meta: Any = None
 
     def __init__(self, bootstrap: str, kafka: dict, wait_ms: int,
-                 decoder: Callable[[bytes], Any] | None = None, create_topics: bool = True) -> None:
-        """decoder(records bytes): kafka_client.recordbatch's columns by default, or a
+                 decoder: Callable[[bytes, int | None], Any] | None = None,
+                 create_topics: bool = True) -> None:
+        """decoder(records bytes, gap_from): kafka_client.recordbatch's columns by default, or a
         kafka_client.recordscan.Scanned (Scanned itself: the cluster's keys-first reading);
         create_topics False: this client's metadata requests never create a missing topic
         (kafka_client.net.no_topic_creation)."""
@@ -70,6 +72,8 @@ class Fetcher:
         # id Kafka gave first (a new one: another, or a recreated, Kafka)
         self.lost: str | None = None
         self.cluster_id: str | None = None
+        # the holes in Kafka's answers this reader asks again for (kafka_client/gaps.py)
+        self.gaps = Gaps()
 
     def take_lost(self) -> str | None:
         """Why Kafka lost data since the last call (every position was set back to the start of
@@ -132,7 +136,6 @@ class Fetcher:
         from kafka.protocol.consumer import FetchRequest
         F = FetchRequest.FetchTopic
         out: list[tuple[str, int, Any, int]] = []
-        decoder = self.decoder
         self.told.clear()
         cid = getattr(self.cluster, "cluster_id", None)
         if cid:
@@ -193,14 +196,29 @@ class Fetcher:
                         self.told.add(tp)
                     if not p.records:
                         continue
-                    d = decode(p.records, check_crcs=False) if decoder is None \
-                        else decoder(p.records)
+                    pos = self.positions[tp]
+                    d = self._decode(p.records, pos)
+                    if d.gap is not None and d.gap[0] == pos:  # the answer skipped offsets
+                        if self.gaps.wait(tp, d.gap):
+                            continue  # asked again from the hole (kafka_client/gaps.py)
+                        d = self._decode(p.records, None)  # read past it
+                    elif tp in self.gaps.waiting:
+                        self.gaps.read(tp, pos)
                     if d.next_offset is not None and d.next_offset > self.positions[tp]:
                         start = self.positions[tp]
                         self.positions[tp] = d.next_offset
                         if (d.end > start) if isinstance(d, Scanned) else len(d):
                             out.append((t.topic, p.partition_index, d, start))
+        if not out and self.gaps.waiting:
+            time.sleep(HOLE_WAIT)  # Kafka answers at once (records follow the hole): not a spin
         return out
+
+    def _decode(self, raw: bytes, gap_from: int | None) -> Any:
+        """The records of a fetch's answer, stopping where it skips offsets after `gap_from`
+        (None: reading past them)."""
+        if self.decoder is None:
+            return decode(raw, check_crcs=False, gap_from=gap_from)
+        return self.decoder(raw, gap_from)
 
     def _gone(self, failed: bool) -> bool:
         """(create_topics False) True, and lost_data(), when a topic read from has another id in

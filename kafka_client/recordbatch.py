@@ -56,6 +56,9 @@ class Decoded:
     hkey: tuple             # per header (start, length)
     hvalue: tuple
     next_offset: int | None = None  # after the last complete batch (control batches included)
+    # (decode(gap_from=...)) where the answer skipped offsets, and the decoding stopped: (the
+    # first offset missing, the offset it went on at, that batch's max timestamp ms); see Gap
+    gap: tuple[int, int, int] | None = None
 
     def __len__(self) -> int:
         return len(self.offset)
@@ -183,19 +186,26 @@ def _decompress_with(codec: int, payload: bytes | memoryview) -> bytes:
     raise CorruptBatchError(f"unknown compression codec {codec}")
 
 
-def decode(raw: bytes | memoryview, check_crcs: bool = True) -> Decoded:
+def decode(raw: bytes | memoryview, check_crcs: bool = True, gap_from: int | None = None) -> Decoded:
     """All data records of the v2 batches in ``raw`` (a Fetch response's records bytes).
 
     A truncated batch at the end (Kafka may cut the last one at the fetch size) is ignored;
-    anything else malformed raises CorruptBatchError."""
+    anything else malformed raises CorruptBatchError. ``gap_from``: the offset the fetch asked
+    from; the records stop where the answer skips offsets (``Decoded.gap``, see Gap)."""
     mv = memoryview(raw)
     chunks, batch_info = [], []   # uncompressed records bytes; (base off, base ts, max ts, type, n)
     pos, total, next_offset = 0, len(mv), None
+    gap = None
     while total - pos >= LOG_OVERHEAD + 5:
         base_offset, length = struct.unpack_from(">qi", mv, pos)
         end = pos + LOG_OVERHEAD + length
         if end > total:
             break  # partial batch at the end of the fetch
+        if gap_from is not None:
+            expected = gap_from if next_offset is None else next_offset
+            if base_offset > expected:
+                gap = (expected, base_offset, _max_ts(mv, pos, end))
+                break
         magic = mv[pos + 16]
         if magic != 2:
             raise CorruptBatchError(
@@ -219,7 +229,15 @@ def decode(raw: bytes | memoryview, check_crcs: bool = True) -> Decoded:
         pos = end
     decoded = _decode_records(chunks, batch_info)
     decoded.next_offset = next_offset
+    decoded.gap = gap
     return decoded
+
+
+def _max_ts(mv: memoryview, pos: int, end: int) -> int:
+    """The max timestamp (ms) of the batch at ``pos`` (-1 when its header is cut)."""
+    if end - pos < BATCH_HEADER.size:
+        return -1
+    return BATCH_HEADER.unpack_from(mv, pos)[8]
 
 
 def _decode_records(chunks: list, batch_info: list) -> Decoded:

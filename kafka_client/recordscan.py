@@ -48,19 +48,29 @@ class Scanned:
     fetched) and next_offset come from those."""
 
     __slots__ = ("_batches", "_raw", "_buf", "offsets", "_ts", "_ks", "_kl", "_rest", "_limits", "first",
-                 "end", "next_offset", "scanned")
+                 "end", "next_offset", "scanned", "gap")
 
-    def __init__(self, raw: bytes | memoryview) -> None:
+    def __init__(self, raw: bytes | memoryview, gap_from: int | None = None) -> None:
+        """``gap_from``: the offset the fetch asked from; the records stop where the answer
+        skips offsets (``gap``: the first offset missing, the offset it went on at, that batch's
+        max timestamp ms; kafka_client/gaps.py)."""
         mv = memoryview(raw)
         batches = []  # (records bytes or (start, end) in raw, base offset, base ts, max ts, log append, n)
         pos, total = 0, len(mv)
         self.end = -1
         self.next_offset: int | None = None
+        self.gap: tuple[int, int, int] | None = None
         while total - pos >= LOG_OVERHEAD + 5:
             base_offset, length = _HEAD.unpack_from(mv, pos)
             end = pos + LOG_OVERHEAD + length
             if end > total:
                 break  # partial batch at the end of the fetch
+            if gap_from is not None:
+                expected = gap_from if self.next_offset is None else self.next_offset
+                if base_offset > expected:
+                    ts = BATCH_HEADER.unpack_from(mv, pos)[8] if end - pos >= BATCH_HEADER.size else -1
+                    self.gap = (expected, base_offset, ts)
+                    break
             magic = mv[pos + 16]
             if magic != 2:
                 raise CorruptBatchError(f"record batch with message format v{magic}: only v2 "

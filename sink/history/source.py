@@ -463,12 +463,20 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     check: SignatureCheck | None = None) -> Iterator:
         from kafka.errors import OffsetOutOfRangeError
 
+        from kafka_client.gaps import HOLE_WAIT, Gaps
         fetcher = _PartitionFetcher(self.opts, partition.topic, partition.partition)
         tp = f"{partition.topic}-{partition.partition}"
         pos, idle_since = partition.start, time.monotonic()
+        holes = Gaps()
         while pos < partition.end:
             try:
                 d, high_watermark = fetcher.fetch(pos)
+                if d is not None and d.gap is not None and d.gap[0] == pos:
+                    # Kafka's answer skipped offsets: asked again from there (not lost)
+                    if holes.wait(tp, d.gap):
+                        time.sleep(HOLE_WAIT)
+                        continue
+                    d, high_watermark = fetcher.fetch(pos, past_holes=True)
             except OffsetOutOfRangeError:
                 first = fetcher.beginning_offset()
                 if pos < first:  # deleted by retention before we read it
@@ -585,10 +593,12 @@ class _PartitionFetcher:
         tp = TopicPartition(self.topic, self.partition)
         return self._client().beginning_offsets([tp])[tp]
 
-    def fetch(self, offset: int, wait_ms: int = 500) -> tuple[Decoded | None, int | None]:
-        """-> (Decoded or None, high watermark or None). Raises OffsetOutOfRangeError; other
-        errors (leader moved, connection lost, Kafka restarting) are retried on a new client
-        until kafkaConsumer.pollTimeoutMs."""
+    def fetch(self, offset: int, wait_ms: int = 500,
+              past_holes: bool = False) -> tuple[Decoded | None, int | None]:
+        """-> (Decoded or None, high watermark or None); the records stop where the answer
+        skips offsets (Decoded.gap, kafka_client/gaps.py) unless `past_holes`. Raises
+        OffsetOutOfRangeError; other errors (leader moved, connection lost, Kafka restarting)
+        are retried on a new client until kafkaConsumer.pollTimeoutMs."""
         import kafka.errors as Errors
         from kafka import TopicPartition
         from kafka.protocol.consumer import FetchRequest
@@ -621,8 +631,8 @@ class _PartitionFetcher:
                     raise error(f"fetch {self.topic}-{self.partition} at {offset}")
                 hw = data.high_watermark
                 raw = data.records
-                return (decode(raw, self.opts.check_crcs) if raw else None,
-                        hw if hw is not None and hw >= 0 else None)
+                return (decode(raw, self.opts.check_crcs, None if past_holes else offset)
+                        if raw else None, hw if hw is not None and hw >= 0 else None)
             except Errors.OffsetOutOfRangeError:
                 raise
             except (Errors.KafkaError, OSError) as exc:

@@ -17,6 +17,7 @@ from broker.admin.bans import BanList
 from broker.protocol import packets as P
 from broker.protocol import properties as PR
 from kafka_client.fetch import Fetcher
+from kafka_client.gaps import Gaps
 from tests.clusterfake import ClusterClient, FakeCluster
 from tests.sansio import recv_publish, recv_type
 
@@ -37,6 +38,7 @@ def fetcher(positions: dict, answers: list[dict], cluster_id: str = "c1",
     f.wait_ms, f.decoder = 5, None
     f.positions, f.high, f.told = dict(positions), {}, set()
     f.lost, f.cluster_id = None, None
+    f.gaps = Gaps()
     f.cluster = _Cluster(cluster_id)  # type: ignore[assignment]
     f._by_leader = lambda tps: {0: list(tps)} if tps else {}  # type: ignore[method-assign]
 
