@@ -12,6 +12,8 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
+from kafka_client.gaps import ConsumerHoles
+
 if TYPE_CHECKING:
     import asyncio
 
@@ -146,10 +148,13 @@ class Reader(_Feeder):
     # quiet spell may wait up to that much, the following ones do not.
 
     def __init__(self, consumer: Any, loop: asyncio.AbstractEventLoop, apply: Callable[[dict], None],
-                 name: str = "cluster-reader", between: Callable[[], None] | None = None) -> None:
+                 name: str = "cluster-reader", between: Callable[[], None] | None = None,
+                 holes: ConsumerHoles | None = None) -> None:
         super().__init__(loop, apply, name)
         self.consumer = consumer
         self.between = between  # called on this thread after each poll (the consumer's thread)
+        # offsets Kafka's answers skipped: asked for again, not read past (kafka_client/gaps.py)
+        self.holes = holes if holes is not None else ConsumerHoles()
         self.error: Exception | None = None
 
     def run(self) -> None:
@@ -167,6 +172,8 @@ class Reader(_Feeder):
                     log.warning("cluster: reading Kafka failed (%s); retrying", exc)
                     time.sleep(1)
                 continue
+            if recs:
+                recs = self.holes.cut(self.consumer, recs)
             if self.between is not None:
                 self.between()
             if not recs or self.stopping:

@@ -21,6 +21,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, Iterable, Protocol
 
+from kafka_client.gaps import ConsumerHoles
 from mqtt_topics import matches
 
 from . import handover
@@ -105,15 +106,18 @@ class ShareStream:
                                           fetch_max_wait_ms=cfg.fetch_wait_ms,
                                           client_id=f"mqtt-cluster-share-{self.node.node}", **opts)
         stream = self
+        holes = ConsumerHoles()  # offsets Kafka's answers skipped (kafka_client/gaps.py)
 
         class Listener(ConsumerRebalanceListener):
             def on_partitions_revoked(self, revoked: Iterable[Any]) -> None:
                 stream._commit_now()      # what was delivered here is not delivered again
+                holes.forget(revoked)     # (read from its committed offset when it comes back)
                 with stream.lock:
                     for tp in revoked:
                         stream.assigned.discard(tp.partition)
 
             def on_partitions_assigned(self, assigned: Iterable[Any]) -> None:
+                holes.forget(assigned)
                 with stream.lock:
                     stream.assigned |= {tp.partition for tp in assigned}
                 log.info("cluster: $share/%s/%s: partitions %s of the messages topic are this "
@@ -122,7 +126,7 @@ class ShareStream:
 
         c.subscribe([topic], listener=Listener())
         self.reader = Reader(c, self.node.loop, self._apply, name=f"cluster-share-{self.group}",
-                             between=self._commit_now)
+                             between=self._commit_now, holes=holes)
         self.reader.start()
 
     def _seed_offsets(self, gid: str, topic: str, TopicPartition: Any) -> None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Callable, Hashable
+from typing import Any, Callable, Hashable, Iterable
 
 log = logging.getLogger(__name__)
 
@@ -73,3 +73,42 @@ class Gaps:
 
 def _name(tp: Hashable) -> str:
     return f"{tp[0]}-{tp[1]}" if isinstance(tp, tuple) and len(tp) == 2 else str(tp)
+
+
+class ConsumerHoles:
+    """The same for what a kafka-python KafkaConsumer's poll() returns (cluster/shares.py's
+    group streams, cluster/rebuild.py's scans): per partition, the records up to the first one
+    beyond the offset expected next are kept, and the consumer is sought back to that offset.
+    `expected` is learnt from the records taken (or seeded by whoever seeks); a partition that
+    changes hands is forgotten (forget())."""
+
+    def __init__(self, gaps: Gaps | None = None) -> None:
+        self.gaps = gaps or Gaps()
+        self.expected: dict[Hashable, int] = {}  # partition -> the offset after the last record taken
+
+    def forget(self, tps: Iterable[Hashable]) -> None:
+        for tp in tps:
+            self.expected.pop(tp, None)
+            self.gaps.waiting.pop(tp, None)
+
+    def cut(self, consumer: Any, polled: dict) -> dict:
+        """`polled` ({partition: [ConsumerRecord]}) without the records from a hole on."""
+        out = {}
+        for tp, records in polled.items():
+            expected = self.expected.get(tp)
+            kept = records
+            for i, r in enumerate(records):
+                if expected is not None and r.offset > expected:
+                    if self.gaps.wait(tp, (expected, r.offset, r.timestamp)):
+                        consumer.seek(tp, expected)  # from the hole, again
+                        kept = records[:i]
+                        break
+                elif expected is not None and r.offset == expected and tp in self.gaps.waiting:
+                    self.gaps.read(tp, r.offset)
+                expected = r.offset + 1
+            if kept:
+                self.expected[tp] = kept[-1].offset + 1
+                out[tp] = kept
+        if not out and self.gaps.waiting:
+            time.sleep(HOLE_WAIT)
+        return out

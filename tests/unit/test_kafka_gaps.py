@@ -163,3 +163,45 @@ def test_the_history_source_reads_a_range_across_a_hole_once_it_fills(monkeypatc
     rows = list(reader._read_range(pa, reader._arrow_schema(), S.KafkaRange("mqtt.messages", 0, 10, 15)))
     assert [o for b in rows for o in b.column("offset").to_pylist()] == [10, 11, 12, 13, 14]
     assert asked == [10, 12, 12]
+
+
+class Consumer:
+    """What ConsumerHoles uses of a kafka-python KafkaConsumer: seek()."""
+
+    def __init__(self) -> None:
+        self.sought: list[tuple[Any, int]] = []
+
+    def seek(self, tp: Any, offset: int) -> None:
+        self.sought.append((tp, offset))
+
+
+def records(*offsets: int) -> list:
+    return [NS(offset=o, timestamp=NOW_MS) for o in offsets]
+
+
+def test_a_consumers_records_stop_at_a_hole_and_the_consumer_is_sought_back_to_it():
+    """The $share group streams and a moved session's scan (kafka-python consumers): a poll
+    giving 5, 6, 9 of a partition last read up to 4 keeps 5 and 6 and seeks back to 7; the next
+    poll, 7-9, is taken whole (the hole filled); another partition is not held up."""
+    from kafka_client.gaps import ConsumerHoles
+    holes, c, other = ConsumerHoles(Gaps(Clock(), lambda: NOW_MS)), Consumer(), ("t", 1)
+    holes.expected[TP] = 5
+    got = holes.cut(c, {TP: records(5, 6, 9), other: records(0, 1)})
+    assert [r.offset for r in got[TP]] == [5, 6] and [r.offset for r in got[other]] == [0, 1]
+    assert c.sought == [(TP, 7)]
+    assert holes.cut(c, {TP: records(9)}) == {} and c.sought == [(TP, 7), (TP, 7)]
+    got = holes.cut(c, {TP: records(7, 8, 9)})
+    assert [r.offset for r in got[TP]] == [7, 8, 9] and holes.gaps.filled == 1
+    assert holes.expected[TP] == 10
+
+
+def test_a_partition_that_changed_hands_is_not_taken_for_a_hole():
+    """A partition revoked and assigned again is read from its committed offset, maybe far past
+    the last record taken here: forgotten on rebalance, its first records are taken as they
+    come."""
+    from kafka_client.gaps import ConsumerHoles
+    holes, c = ConsumerHoles(Gaps(Clock(), lambda: NOW_MS)), Consumer()
+    holes.cut(c, {TP: records(3, 4)})
+    holes.forget([TP])
+    got = holes.cut(c, {TP: records(50, 51)})
+    assert [r.offset for r in got[TP]] == [50, 51] and c.sought == []
