@@ -379,6 +379,10 @@ class MQTTProtocol(asyncio.Protocol):
             t.close()
             return
         cfg = self.server.config.mqtt
-        t.write_eof()
+        try:
+            t.write_eof()
+        except OSError:  # the client's side is gone already (ENOTCONN): nothing to linger for
+            t.abort()
+            return
         self.discard = cfg.close_linger_bytes
         self.linger_timer = self.server.loop.call_later(cfg.close_linger_seconds, t.abort)

@@ -265,6 +265,23 @@ async def test_graceful_close_reads_again_to_discard_input():
     proto.connection_lost(None)
 
 
+async def test_a_server_disconnect_to_a_client_whose_socket_is_gone_closes_it_quietly():
+    """[MQTT-3.14.4-2] the server closes the connection after its DISCONNECT: when the client's
+    side is already gone, the half-close fails (ENOTCONN) and the connection is aborted; the
+    error does not escape the flush (it stopped a broker's shutdown midway, the other
+    connections not closed)."""
+    server, proto, t = serve()
+
+    def gone():
+        raise OSError(107, "Transport endpoint is not connected")
+    t.write_eof = gone
+    proto.conn.server_disconnect(rc.SERVER_SHUTTING_DOWN, "stopping")
+    server.flush()
+    assert t.received()[0].type == P.DISCONNECT
+    assert t.closing and proto.linger_timer is None
+    proto.connection_lost(None)
+
+
 async def test_client_disconnect_closes_at_once_server_disconnect_lingers():
     """After the client's DISCONNECT nothing more comes [MQTT-3.14.4-1]: the socket is closed
     at once, no half-close and linger timer; a broker-ended connection still lingers."""
