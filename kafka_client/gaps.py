@@ -67,9 +67,6 @@ class Gaps:
             del self.waiting[tp]
             self.filled += 1
 
-    def any_waiting(self) -> bool:
-        return bool(self.waiting)
-
 
 def _name(tp: Hashable) -> str:
     return f"{tp[0]}-{tp[1]}" if isinstance(tp, tuple) and len(tp) == 2 else str(tp)

@@ -204,7 +204,7 @@ def decode(raw: bytes | memoryview, check_crcs: bool = True, gap_from: int | Non
         if gap_from is not None:
             expected = gap_from if next_offset is None else next_offset
             if base_offset > expected:
-                gap = (expected, base_offset, _max_ts(mv, pos, end))
+                gap = (expected, base_offset, max_ts_of(mv, pos, end))
                 break
         magic = mv[pos + 16]
         if magic != 2:
@@ -233,7 +233,7 @@ def decode(raw: bytes | memoryview, check_crcs: bool = True, gap_from: int | Non
     return decoded
 
 
-def _max_ts(mv: memoryview, pos: int, end: int) -> int:
+def max_ts_of(mv: memoryview, pos: int, end: int) -> int:
     """The max timestamp (ms) of the batch at ``pos`` (-1 when its header is cut)."""
     if end - pos < BATCH_HEADER.size:
         return -1

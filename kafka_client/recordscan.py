@@ -26,6 +26,7 @@ from .recordbatch import (
     TIMESTAMP_TYPE_MASK,
     CorruptBatchError,
     _decompress,
+    max_ts_of,
 )
 
 _HEAD = struct.Struct(">qi")
@@ -68,8 +69,7 @@ class Scanned:
             if gap_from is not None:
                 expected = gap_from if self.next_offset is None else self.next_offset
                 if base_offset > expected:
-                    ts = BATCH_HEADER.unpack_from(mv, pos)[8] if end - pos >= BATCH_HEADER.size else -1
-                    self.gap = (expected, base_offset, ts)
+                    self.gap = (expected, base_offset, max_ts_of(mv, pos, end))
                     break
             magic = mv[pos + 16]
             if magic != 2:
