@@ -1,5 +1,5 @@
-"""`payload_json:field::type` in the job's Spark: read as the typed (shredded) field, with the
-filter pushed into the scan, and giving exactly what the cast gives
+"""`payload_json:field::type` in the job's Spark: read as the typed (shredded) field, and giving
+exactly what the cast gives, value, NULL or error
 (sink/history/jvm/VariantCastPushdown.scala, the rule mqtthistory.CastOfVariantField)."""
 from __future__ import annotations
 
@@ -77,13 +77,40 @@ def test_a_filter_on_a_try_cast_json_field_reads_the_typed_field_with_the_filter
     assert spark.sql(sql).collect()[0][0] == 2        # 31.5 and 1e300
 
 
-def test_an_ansi_cast_of_a_json_field_is_left_to_run_after_the_filter(spark, table):
-    """Moved into the scan, a cast that fails would run for rows the query filters out: Spark's
-    own typed variant_get does, and fails where `::double` answers."""
+DEFER = "spark.sql.variant.pushVariantIntoScan.deferCastError"
+
+
+def test_an_ansi_cast_of_a_json_field_is_read_typed_and_fails_only_on_a_row_the_query_uses(
+        spark, table):
+    """`payload_json:t::double` reads the typed field with each row's cast error beside it: rows
+    the filter drops ("abc", an object) do not fail the query; a row it keeps does, as the cast
+    would (ANSI)."""
+    assert spark.conf.get(DEFER) == "true"       # the sessions' default (sink/history/spark.py)
     where = "WHERE id IN (0, 1, 2, 3, 4, 5)"
     sql = f"SELECT id, payload_json:t::double FROM {table} {where}"
-    assert "struct<0:variant>" in read_schema(spark, sql)
+    plan = read_schema(spark, sql)
+    assert "struct<0:double,1:string>" in plan, plan
+    assert "struct<0:variant>" in plan_without_rule(spark, sql)
+    assert answer(spark, sql, True) == answer(spark, sql, False)
     assert len(answer(spark, sql, True)) == 6
-    pushed = answer(spark, f"SELECT id, variant_get(payload_json, '$.t', 'double') FROM {table} {where}",
-                    True)
-    assert pushed == ["INVALID_VARIANT_CAST"], pushed
+    assert answer(spark, f"SELECT id, payload_json:t::double FROM {table} WHERE id = 9",
+                  True) == ["INVALID_VARIANT_CAST"]          # "abc"
+    count = (f"SELECT count(*) FROM {table} WHERE id IN (0, 1, 2, 3, 4, 5) AND "
+             "payload_json:t::double > 30")
+    assert answer(spark, count, True) == [(1,)]
+
+
+def test_with_deferred_cast_errors_off_an_ansi_cast_is_left_to_run_after_the_filter(spark, table):
+    """Moved into the scan without the deferred error, a cast that fails would run for rows the
+    query filters out: Spark's own typed variant_get does, and fails where `::double` answers."""
+    where = "WHERE id IN (0, 1, 2, 3, 4, 5)"
+    sql = f"SELECT id, payload_json:t::double FROM {table} {where}"
+    spark.conf.set(DEFER, "false")
+    try:
+        assert "struct<0:variant>" in read_schema(spark, sql)
+        assert len(answer(spark, sql, True)) == 6
+        pushed = answer(spark, f"SELECT id, variant_get(payload_json, '$.t', 'double') FROM "
+                               f"{table} {where}", True)
+        assert pushed == ["INVALID_VARIANT_CAST"], pushed
+    finally:
+        spark.conf.set(DEFER, "true")
