@@ -187,3 +187,34 @@ def test_a_stateless_rule_runs_on_the_historys_batches_and_a_windowed_one_as_its
         history.join(120)
         alerts.c.loop_stop()
     assert not history.is_alive()
+
+
+def test_the_one_statement_of_a_batchs_rules_gives_each_rule_the_rows_of_its_own_query(spark):
+    """union_sql (every stateless rule of a batch in one statement) against each rule's own
+    frame: the same JSON objects, nulls, timestamps and variants included, per rule."""
+    from sink.history.rules.shared import BatchRule, BatchRules, union_sql
+    batches = BatchRules()
+    specs = [RuleSpec("hot", HOT + ";"),
+             RuleSpec("all-fields", "SELECT topic, accepted_at, payload_json, qos, "
+                                    "payload_json:missing::string AS gone FROM messages -- every row"),
+             RuleSpec("none", "SELECT topic FROM messages WHERE qos > 2")]
+    rules = [BatchRule(None, s, None, batches) for s in specs]
+    (spark.createDataFrame(
+        [("plant/t1", '{"temp": 35.5, "tags": ["a"]}', 1, "2024-05-02 10:00:00.25"),
+         ("plant/t2", '{"temp": 20}', 0, "2024-05-02 10:00:01"),
+         ("plant/t3", "not json", 2, "2024-05-02 10:00:02.5")],
+        "topic string, s string, qos int, t string")
+     .selectExpr("topic", "try_parse_json(s) AS payload_json", "qos",
+                 "CAST(t AS TIMESTAMP) AS accepted_at")
+     .createOrReplaceTempView("messages"))
+    one = sorted(map(tuple, spark.sql(union_sql(rules)).collect()))
+    each = sorted(tuple(r) for rule in rules for r in rule.frame(spark).collect())
+    assert one == each
+    got = {}
+    for name, row in one:
+        got.setdefault(name, []).append(json.loads(row))
+    assert got["hot"] == [{"topic": "plant/t1", "temp": 35.5}]
+    first = min(got["all-fields"], key=lambda d: d["topic"])
+    assert first == {"topic": "plant/t1", "accepted_at": "2024-05-02T10:00:00.250Z",
+                     "payload_json": {"tags": ["a"], "temp": 35.5}, "qos": 1, "gone": None}
+    assert len(got["all-fields"]) == 3 and "none" not in got

@@ -12,7 +12,7 @@ import pytest
 
 from settings.rules import RuleSpec
 from sink.history.rules.publish import PublishError
-from sink.history.rules.shared import BatchRule, BatchRules, Outbox, plan_nodes
+from sink.history.rules.shared import BatchRule, BatchRules, Outbox, plan_nodes, union_sql
 
 # Spark 4's analysed plans of rules over the job's stream (df._jdf.queryExecution().analyzed()),
 # lines cut; ``~`` marks a streaming node
@@ -146,9 +146,26 @@ def test_stopping_the_outbox_publishes_what_waits_first():
 
 
 class FakeSession:
-    def __init__(self) -> None:
+    """The stream's session: sql() answers union_sql's statement over the rules it names."""
+
+    def __init__(self, batches: BatchRules | None = None) -> None:
         self.views: list[str] = []
         self.jobs = 0
+        self.statements = 0
+        self.batches = batches
+
+    def sql(self, text: str):
+        import re
+        self.statements += 1
+        names = re.findall(r"^SELECT '([A-Za-z0-9_-]+)' AS rule, to_json\(struct\(\*\), map\(",
+                           text, re.M)
+        rules = [self.batches._rules[n] for n in names]
+        parts = []
+        for rule in rules:
+            if rule.bad_sql:   # the statement does not analyse: none of it runs
+                raise ValueError("[UNRESOLVED_COLUMN] tmep")
+            parts.append((rule.spec.name, rule.rows_out, rule.error_at_run))
+        return Rows(self, parts)
 
 
 class FakeBatch:
@@ -203,10 +220,11 @@ class Rule(BatchRule):
 
 def test_every_rule_of_a_batch_runs_in_one_spark_job(tmp_path: Path):
     (tmp_path / "out").mkdir()
-    batches, session = BatchRules(), FakeSession()
+    batches = BatchRules()
+    session = FakeSession(batches)
     a, b = Rule("a", batches, rows=['{"t":1}']), Rule("b", batches, rows=['{"t":2}', '{"t":3}'])
     batches(FakeBatch(session), 3, tmp_path / "out")
-    assert session.views == ["messages"] and session.jobs == 1
+    assert session.views == ["messages"] and session.jobs == 1 and session.statements == 1
     assert a.taken == [(3, ['{"t":1}'])] and b.taken == [(3, ['{"t":2}', '{"t":3}'])]
 
 
@@ -216,7 +234,7 @@ def test_a_rule_that_fails_on_a_batch_ends_alone_and_the_batch_goes_on(tmp_path:
     good = Rule("good", batches, rows=['{"t":1}'])
     bad = Rule("bad", batches, error="[DIVIDE_BY_ZERO] Division by zero")
     wrong = Rule("wrong", batches, bad_sql=True)
-    session = FakeSession()
+    session = FakeSession(batches)
     batches(FakeBatch(session), 7, tmp_path / "out")        # raises nothing
     assert good.taken == [(7, ['{"t":1}'])] and good.query.isActive
     assert not bad.query.isActive and "DIVIDE_BY_ZERO" in str(bad.query.exception())
@@ -229,7 +247,25 @@ def test_a_rule_that_fails_on_a_batch_ends_alone_and_the_batch_goes_on(tmp_path:
 
 
 def test_without_rules_a_batch_is_not_read_again(tmp_path: Path):
-    session, batches = FakeSession(), BatchRules()
+    batches = BatchRules()
+    session = FakeSession(batches)
     assert not batches.wanted()          # the writer keeps no batch in memory for nobody
     batches(FakeBatch(session), 1, tmp_path)
     assert session.views == [] and session.jobs == 0
+
+
+def test_the_rules_of_a_batch_are_one_statement_each_rule_a_subquery_of_its_own():
+    batches = BatchRules()
+    a = Rule("a", batches)
+    a.spec = RuleSpec("a", "SELECT topic FROM messages WHERE qos = 1;;  ")
+    b = Rule("b-2", batches)
+    b.spec = RuleSpec("b-2", "SELECT 'x''s' AS q FROM messages -- a closing comment")
+    sql = union_sql([a, b])
+    parts = sql.split("\nUNION ALL\n")
+    assert len(parts) == 2
+    # the rule's own text, its final semicolons cut, on lines of its own
+    assert "FROM (\nSELECT topic FROM messages WHERE qos = 1\n) AS `rule_0`" in parts[0]
+    assert parts[1].endswith("-- a closing comment\n) AS `rule_1`")
+    assert parts[0].startswith("SELECT 'a' AS rule, to_json(struct(*), map('ignoreNullFields', "
+                               "'false', 'timestampFormat', 'yyyy-MM-dd\\'T\\'HH:mm:ss.SSS\\'Z\\'')) AS row")
+    assert parts[1].startswith("SELECT 'b-2' AS rule")
