@@ -74,9 +74,9 @@ class BatchWriter:
         # sparkplug_metrics (sink/history/sparkplug/table.py): from the batch's staged files,
         # committed before the batch's own commit (a re-run batch skips what it holds)
         self.sparkplug = sparkplug
-        # the stateless rules (sink/history/rules/shared.py): the batch, kept in memory while it
-        # is written when some run, before the commit (a batch run again after a crash gives
-        # their rows again: at least once)
+        # the stateless rules (sink/history/rules/shared.py): over the batch's staged files,
+        # before the commit (a batch run again after a crash gives their rows again: at least
+        # once)
         self.rules = rules
         self.last: Snapshot | None = None
 
@@ -90,9 +90,11 @@ class BatchWriter:
                      batch_id, snap.id)
             return
         staging = self.table.staging(f"b{batch_id}")
+        # the stateless rules read the batch back from the files it is written to (only the
+        # columns they use): keeping the whole batch in memory for them cost more than the
+        # rules themselves (25,000-row batches: +0.4 s per batch to write, against ~0.1 s to
+        # run a rule)
         rules = self.rules if self.rules is not None and self.rules.wanted() else None
-        if rules is not None:
-            df = df.persist()   # written, then read by the rules: Kafka is read once
         # payload_json unshredded in a micro-batch's small files (inferring and writing the
         # shredded columns was the larger part of the column's cost per row): compaction,
         # which merges them within the hour, writes it shredded. The stream's own session (a
@@ -133,8 +135,6 @@ class BatchWriter:
                 detail={"batch": batch_id, "rows": sum(f.rows for f in files)}))
             crash_point("append:after-commit")
         finally:
-            if rules is not None:
-                df.unpersist()
             shutil.rmtree(staging, ignore_errors=True)
 
 

@@ -152,7 +152,22 @@ class FakeSession:
         self.views: list[str] = []
         self.jobs = 0
         self.statements = 0
+        self.read_paths: list[str] = []
         self.batches = batches
+
+    @property
+    def read(self):
+        """session.read.schema(...).parquet(staged): the batch as staged."""
+        session = self
+
+        class Reader:
+            def schema(self, schema):
+                return self
+
+            def parquet(self, path):
+                session.read_paths.append(path)
+                return FakeBatch(session)
+        return Reader()
 
     def sql(self, text: str):
         import re
@@ -175,6 +190,9 @@ class FakeBatch:
         self.sparkSession = session
 
     def coalesce(self, n):
+        return self
+
+    def drop(self, column):
         return self
 
     def createOrReplaceTempView(self, name):   # noqa: N802 (PySpark's name)
@@ -225,6 +243,7 @@ def test_every_rule_of_a_batch_runs_in_one_spark_job(tmp_path: Path):
     a, b = Rule("a", batches, rows=['{"t":1}']), Rule("b", batches, rows=['{"t":2}', '{"t":3}'])
     batches(FakeBatch(session), 3, tmp_path / "out")
     assert session.views == ["messages"] and session.jobs == 1 and session.statements == 1
+    assert session.read_paths == [str(tmp_path / "out")]   # the batch as staged
     assert a.taken == [(3, ['{"t":1}'])] and b.taken == [(3, ['{"t":2}', '{"t":3}'])]
 
 

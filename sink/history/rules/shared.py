@@ -6,9 +6,9 @@ aggregation, join, de-duplication, limit or sort) gives, batch by batch, the row
 streaming query would give. Its own query would read Kafka again (the Python source decodes
 every record once per query: 5 rules cost 2.7 times the job's CPU per message alone). So such
 a rule runs on the batch the history query has just written: ``BatchRules`` is called by
-sink/history/writer.py with the batch it has just written (kept in memory for them), shows it
-as the view ``messages`` of the stream's session and runs every rule's SQL over it in one
-Spark job. Rules with state
+sink/history/writer.py after it has staged the batch's files, shows those files as the view
+``messages`` of the stream's session (each rule reads the columns it uses) and runs every
+rule's SQL over it as one statement, one Spark job. Rules with state
 (windows, aggregations, joins) keep their own streaming query (sink/history/rules/query.py).
 
 Nothing a rule does can fail or stall the history batch: its SQL errors end only the rule (the
@@ -227,12 +227,12 @@ class BatchRules:
         return len(self._rules)
 
     def wanted(self) -> bool:
-        """Whether a rule runs (the batch writer then keeps the batch in memory for them)."""
+        """Whether a rule runs (else the batch writer does not call them)."""
         return bool(self._rules)
 
     def __call__(self, df: Any, batch_id: int, staged: Path) -> None:
-        """Run every rule over ``df``, a batch the history query has just written (kept in
-        memory by the writer) into ``staged``, whose files' footers count its rows."""
+        """Run every rule over the batch ``df`` the history query has just written into
+        ``staged``: read back from those files (staged_batch), whose footers count its rows."""
         with self._lock:
             rules = list(self._rules.values())
         if not rules:
@@ -242,7 +242,8 @@ class BatchRules:
         session = df.sparkSession   # the stream's own session (a clone): its views are its own
         try:
             input_rows = sum(parquet_rows(p) for p in staged.rglob("*.parquet"))
-            df.coalesce(1).createOrReplaceTempView(VIEW)   # a task per rule, not per rule and partition
+            # a task per rule, not per rule and file
+            staged_batch(session, staged).coalesce(1).createOrReplaceTempView(VIEW)
         except Exception as exc:   # never the history batch's failure
             log.error("rules: batch %d not read for the rules: %s", batch_id, exc)
             return
@@ -271,6 +272,17 @@ class BatchRules:
                     _failed(rule, batch_id, exc)
         log.debug("rules: batch %d: %d rules over %d rows in %.0f ms", batch_id, len(rules),
                   input_rows, (time.monotonic() - started) * 1000)
+
+
+def staged_batch(session: Any, staged: Path) -> Any:
+    """A batch as the writer staged it (partitioned by ``date`` and the hour): the columns of
+    the table, in its order. A rule's query reads only the columns it uses."""
+    from pyspark.sql.types import IntegerType, StructField, StructType
+
+    from sink.history.schema import HISTORY_SCHEMA
+    from sink.history.writer import HOUR_COLUMN
+    schema = StructType([*HISTORY_SCHEMA.fields, StructField(HOUR_COLUMN, IntegerType())])
+    return session.read.schema(schema).parquet(str(staged)).drop(HOUR_COLUMN)
 
 
 def _sql_string(text: str) -> str:
