@@ -248,6 +248,10 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.schema = schema or (HEADER_COLUMNS_SCHEMA if opts.columns else KAFKA_SCHEMA)
         self._target: dict | None = None   # Trigger.AvailableNow target offsets
         self._latest: dict | None = None   # last observed latest offsets (for progress reporting)
+        # initialOffset's answer, given again each time Spark asks (it asks more than once for
+        # a new query: a later snapshot as the first batch's start would be past its end, which
+        # reads as "offsets went backwards" and read every partition from 0)
+        self._initial: dict | None = None
         self._warned: set = set()
         self._down_since: float | None = None   # Kafka not answering since (monotonic)
         self._dedup = None
@@ -311,11 +315,13 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return {tp: max(listed[tp], c.highwater(tp) or 0) for tp in tps}
 
     def initialOffset(self) -> dict:
-        snap = self._snapshot()
-        if self.opts.starting == "earliest":
-            snap["t"] = {t: {p: 0 for p in parts} for t, parts in snap["t"].items()}
-        log.info("starting offsets (%s): %s", self.opts.starting, json.dumps(snap["t"]))
-        return snap
+        if self._initial is None:
+            snap = self._snapshot()
+            if self.opts.starting == "earliest":
+                snap["t"] = {t: {p: 0 for p in parts} for t, parts in snap["t"].items()}
+            log.info("starting offsets (%s): %s", self.opts.starting, json.dumps(snap["t"]))
+            self._initial = snap
+        return json.loads(json.dumps(self._initial))
 
     def getDefaultReadLimit(self) -> ReadLimit:
         return ReadMaxRows(self.opts.max_rows) if self.opts.max_rows else ReadAllAvailable()
