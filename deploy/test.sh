@@ -66,12 +66,14 @@ fi
 # Containers may not raise their limits above the session's hard limits (the default 1048576
 # open files fails: "setrlimit RLIMIT_NOFILE: Operation not permitted"), crun needs cgroups v2
 # here (runc does not), and pip in the builds must trust the CA that PyPI's answers are signed
-# with on this network: the host's CA bundle, mounted into every build and run step.
+# with on this network: the host's CA bundle, mounted into every build and run step. Its pip.conf
+# also retries longer than pip's default (5 tries in ~8 s): a CI build once failed on a name
+# lookup that failed for longer than that.
 nofile=$(ulimit -Hn); [ "$nofile" = unlimited ] && nofile=1048576
 nproc=10000
 mounts=""
 if [ -f /etc/ssl/certs/ca-certificates.crt ]; then
-  printf '[global]\ncert = /etc/ssl/host-ca.pem\n' >"$W/pip.conf"
+  printf '[global]\ncert = /etc/ssl/host-ca.pem\nretries = 10\ntimeout = 60\n' >"$W/pip.conf"
   mounts="\"/etc/ssl/certs/ca-certificates.crt:/etc/ssl/host-ca.pem:ro\", \"$W/pip.conf:/etc/pip.conf:ro\""
 fi
 cat >"$W/containers.conf" <<EOF
