@@ -251,20 +251,17 @@ class BatchRules:
         # from one statement: a DataFrame per rule and their union took the analyser 6 times
         try:
             got = session.sql(union_sql(rules)).collect()
-            branches = [(rule, None) for rule in rules]
         except Exception:   # a rule's SQL or one of its rows failed: each rule alone, and the
-            got, branches = [], []   # failing one ends
+            got = []        # failing one ends (inactive from then on)
             for rule in rules:
                 try:
-                    frame = rule.frame(session)
-                    got.extend(frame.collect())
-                    branches.append((rule, frame))
+                    got.extend(rule.frame(session).collect())
                 except Exception as exc:
                     _failed(rule, batch_id, exc)
         by_rule: dict[str, list[str]] = {}
         for r in got:
             by_rule.setdefault(r[0], []).append(r[1])
-        for rule, _ in branches:
+        for rule in rules:
             if rule.isActive:
                 try:
                     rule.take(session, batch_id, by_rule.get(rule.spec.name, []), input_rows)
