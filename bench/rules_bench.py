@@ -1,6 +1,7 @@
 """Continuous rules under load (docs/rules.md "How the job runs rules"): a broker with its sink
 (Kafka) and the history job, both started with one --config file, JSON readings published at
---rate msg/s, 1 % of them "hot"; stateless rules publish the hot ones to alerts/r<i>.
+--rate msg/s, 1 % of them "hot"; stateless rules publish what they select to alerts/r<i>
+(--mix: five different rules, or the "hot" one N times).
 
 Prints, for 0 and for --rules rules: the job's CPU seconds per 1,000 messages (the JVM and its
 Python workers, from /proc), and with rules the latency from each hot PUBLISH to its alert at a
@@ -30,17 +31,36 @@ from kafka_client.embedded import EmbeddedKafka  # noqa: E402
 PY = sys.executable
 RULE = ("SELECT topic, payload_json:seq::bigint AS seq, payload_json:t::double AS t "
         "FROM messages WHERE payload_json:hot::boolean")
+#: --mix distinct: five different stateless rules as users write them (fields, topic, text),
+#: each taking 0.1-1 % of the readings; the first is RULE (its alerts are the ones timed)
+DISTINCT = [
+    RULE,
+    "SELECT topic, payload_json:seq::bigint AS seq FROM messages "
+    "WHERE payload_json:seq::bigint % 100 = 1",
+    "SELECT topic, payload_json:temp::int AS temp, accepted_at FROM messages "
+    "WHERE topic = 'plant/d7' AND payload_json:temp::int > 33",
+    "SELECT topic, payload_json:temp::int AS temp FROM messages "
+    "WHERE payload_json:temp::int > 35 AND payload_json:seq::bigint % 7 = 0",
+    "SELECT topic, length(payload) AS size, qos FROM messages "
+    "WHERE topic = 'plant/d3' AND payload_text LIKE '%\"temp\": 36}'",
+]
+
+
+def rule_sql(i: int, mix: str) -> str:
+    """Rule i's SQL: --mix same runs RULE N times (what the figures before 2026-11-29 used)."""
+    return RULE if mix == "same" else DISTINCT[i % len(DISTINCT)]
 
 
 def config(work: str, port: int, bootstrap: str, rules: int, log_level: str = "WARNING",
-           trigger: float = 1.0) -> str:
+           trigger: float = 1.0, mix: str = "distinct") -> str:
     path = os.path.join(work, "broker.toml")
     text = (f'[broker]\nport = {port}\ndata_dir = "{work}/data"\nlog_level = "{log_level}"\n'
             f'[sink]\nenabled = true\nbootstrap_servers = "{bootstrap}"\n'
             f'[history]\ntable = "{work}/history"\ntrigger_seconds = {trigger:g}\nconnect = false\n'
             f'starting_offsets = "latest"\n')
     for i in range(rules):
-        text += f'[[history.rules]]\nname = "r{i}"\nsql = "{RULE}"\npublish = "alerts/r{i}"\n'
+        text += (f'[[history.rules]]\nname = "r{i}"\nsql = {json.dumps(rule_sql(i, mix))}\n'
+                 f'publish = "alerts/r{i}"\n')
     with open(path, "w") as f:
         f.write(text)
     return path
@@ -90,7 +110,7 @@ def phase(work: str, bootstrap: str, rules: int, a) -> dict:
     port = free_port()
     work = os.path.join(work, f"rules-{rules}")   # a table, checkpoint and data dir per phase:
     os.makedirs(work)                             # each job starts at the newest records
-    cfg = config(work, port, bootstrap, rules, a.log_level, a.trigger)
+    cfg = config(work, port, bootstrap, rules, a.log_level, a.trigger, a.mix)
     env = {**os.environ, "PYTHONPATH": ROOT}
     logs = open(os.path.join(work, f"run-{rules}.log"), "wb")
     broker = subprocess.Popen([PY, "-m", "broker", "--config", cfg], cwd=ROOT, env=env,
@@ -120,7 +140,8 @@ def phase(work: str, bootstrap: str, rules: int, a) -> dict:
 
         def pct(p: float) -> float | None:
             return round(lat_ms[min(len(lat_ms) - 1, int(p * len(lat_ms)))], 1) if lat_ms else None
-        return {"rules": rules, "trigger_s": a.trigger, "msgs": s1 - s0, "rate": round((s1 - s0) / (w1 - w0)),
+        return {"rules": rules, "mix": a.mix, "trigger_s": a.trigger, "msgs": s1 - s0,
+                "rate": round((s1 - s0) / (w1 - w0)),
                 "job_cpu_s": round(c1 - c0, 2),
                 "job_cpu_ms_per_1000_msgs": round((c1 - c0) * 1e6 / max(1, s1 - s0), 2),
                 "alerts": len(lat_ms), "p50_ms": pct(0.50), "p99_ms": pct(0.99),
@@ -143,6 +164,8 @@ def main() -> int:
     ap.add_argument("--rules", type=int, default=5)
     ap.add_argument("--trigger", type=float, default=1.0,
                     help="[history] trigger_seconds (default 1; the job's own default is 5)")
+    ap.add_argument("--mix", choices=("distinct", "same"), default="distinct",
+                    help="distinct: five different rules (DISTINCT); same: RULE every time")
     ap.add_argument("--only", type=int, help="run only with this many rules (no baseline)")
     ap.add_argument("--log-level", default="WARNING", help="the broker's and the job's (logs in the "
                     "work directory, printed at the end)")

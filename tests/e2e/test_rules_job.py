@@ -8,6 +8,7 @@ import json
 import signal
 import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -218,3 +219,43 @@ def test_the_one_statement_of_a_batchs_rules_gives_each_rule_the_rows_of_its_own
     assert first == {"topic": "plant/t1", "accepted_at": "2024-05-02T10:00:00.250Z",
                      "payload_json": {"tags": ["a"], "temp": 35.5}, "qos": 1, "gone": None}
     assert len(got["all-fields"]) == 3 and "none" not in got
+
+
+def test_a_batchs_rules_read_their_json_fields_typed_from_the_staged_files(spark, tmp_path):
+    """BatchRules shows the staged files as ``messages`` with nothing between the scan and the
+    rules: each rule's casts of JSON fields are read in the scan as typed values (the plan's
+    read schema asks for the fields, not the whole variant), with the rows its SQL gives over
+    the batch itself."""
+    from sink.history.rules.shared import VIEW, BatchRule, BatchRules, union_sql
+    from sink.history.schema import HEADER_COLUMNS, to_history
+    from sink.history.writer import HOUR_COLUMN
+    payloads = ['{"temp": 35.5, "hot": true}', '{"temp": 20}', "not json", '{"temp": "abc"}']
+    batch = to_history(spark.createDataFrame(list(enumerate(payloads)), "id bigint, p string")
+                       .selectExpr("CAST(concat('t/', id) AS BINARY) AS key",
+                                   "CAST(p AS BINARY) AS value", "'mqtt.messages' AS topic",
+                                   "0 AS partition", "id AS offset",
+                                   f"timestamp_millis({T0} + id) AS timestamp", "0 AS timestampType",
+                                   *[f"CAST(NULL AS BINARY) AS {c}" for _, c in HEADER_COLUMNS],
+                                   "CAST(array() AS ARRAY<STRUCT<key: STRING, value: BINARY>>) "
+                                   "AS user_headers", f"timestamp_millis({T0} + id) AS ingested_at"))
+    (batch.selectExpr("*", f"hour(accepted_at) AS {HOUR_COLUMN}")
+     .write.partitionBy("date", HOUR_COLUMN).parquet(str(tmp_path / "out")))
+    batches = BatchRules()
+    rules = [BatchRule(None, RuleSpec("hot", "SELECT topic, payload_json:temp::double AS temp "
+                                             "FROM messages WHERE payload_json:hot::boolean"),
+                       None, batches),
+             BatchRule(None, RuleSpec("warm", "SELECT topic FROM messages WHERE "
+                                              "try_cast(payload_json:temp AS double) > 30"),
+                       None, batches)]
+    batches(SimpleNamespace(sparkSession=spark), 1, tmp_path / "out")   # as the writer calls it
+    assert [(r.rows, r.input_rows) for r in rules] == [(1, 4), (1, 4)]
+    stmt = spark.sql(union_sql(rules))   # over the view of the staged files the call made
+    plan = stmt._jdf.queryExecution().executedPlan().toString()
+    scans = [ln for ln in plan.splitlines() if "ReadSchema" in ln]
+    assert len(scans) == 2 and all("payload_json:struct<0:" in s for s in scans), plan
+    assert not any("0:variant" in s for s in scans), plan   # the fields, not the whole variant
+    got = sorted(tuple(r) for r in stmt.collect())
+    batch.createOrReplaceTempView(VIEW)
+    assert got == sorted(tuple(r) for r in spark.sql(union_sql(rules)).collect())
+    assert [(n, json.loads(r)) for n, r in got] == [("hot", {"topic": "t/0", "temp": 35.5}),
+                                                  ("warm", {"topic": "t/0"})]

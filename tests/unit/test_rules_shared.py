@@ -189,9 +189,6 @@ class FakeBatch:
     def __init__(self, session) -> None:
         self.sparkSession = session
 
-    def coalesce(self, n):
-        return self
-
     def drop(self, column):
         return self
 

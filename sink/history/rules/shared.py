@@ -242,8 +242,7 @@ class BatchRules:
         session = df.sparkSession   # the stream's own session (a clone): its views are its own
         try:
             input_rows = sum(parquet_rows(p) for p in staged.rglob("*.parquet"))
-            # a task per rule, not per rule and file
-            staged_batch(session, staged).coalesce(1).createOrReplaceTempView(VIEW)
+            staged_batch(session, staged).createOrReplaceTempView(VIEW)
         except Exception as exc:   # never the history batch's failure
             log.error("rules: batch %d not read for the rules: %s", batch_id, exc)
             return
@@ -273,7 +272,10 @@ class BatchRules:
 
 def staged_batch(session: Any, staged: Path) -> Any:
     """A batch as the writer staged it (partitioned by ``date`` and the hour): the columns of
-    the table, in its order. A rule's query reads only the columns it uses."""
+    the table, in its order. A rule's query reads only the columns it uses, and the JSON fields
+    it casts as typed values from the scan (nothing between the scan and the rule's query: a
+    ``coalesce(1)`` here kept the field extractions above it, and each rule read and rebuilt
+    whole variants; Spark packs a batch's small files into one task without it)."""
     from pyspark.sql.types import IntegerType, StructField, StructType
 
     from sink.history.schema import HISTORY_SCHEMA
