@@ -98,6 +98,13 @@ def check(d: Any, source: str = STORE) -> RuleSpec:
     return RuleSpec(name, sql.strip(), publish, table, paused, source)
 
 
+def client_id(name: str) -> str:
+    """The MQTT client id rule ``name`` publishes with (as ``RULES_USER``): the rule's input
+    leaves out its own messages by it (a rule whose rows match its own SQL would otherwise read
+    its alerts again, batch after batch, without end)."""
+    return f"{RULES_USER}-{name}"
+
+
 def rules_dir(data_dir: str) -> str:
     return os.path.join(data_dir or ".", DIR_NAME)
 

@@ -24,10 +24,19 @@ COUNT = ("SELECT window.start AS start, topic, count(*) AS n FROM messages "
          "GROUP BY window(accepted_at, '1 minute'), topic")
 
 
-def reading(i: int, temp: float, at_ms: int, topic: str = "plant/t1") -> dict:
+def reading(i: int, temp: float, at_ms: int, topic: str = "plant/t1", client_id: str = "dev") -> dict:
     return {"message_id": f"r-{i:04d}", "topic": topic, "payload": json.dumps({"temp": temp}).encode(),
-            "client_id": "dev", "username": None, "qos": 1, "retain": False, "protocol": 5,
+            "client_id": client_id, "username": None, "qos": 1, "retain": False, "protocol": 5,
             "accepted_ms": at_ms}
+
+
+#: messages the rules published themselves, as the broker puts them in Kafka: an alert of the
+#: rule "hot" (hot again, but a rule never reads its own messages; the others do) and one of
+#: the rule "per_minute" (not counted by itself)
+OWN = [reading(7, 50.0, T0 + 1500, "alerts/hot", client_id="$rules-hot"),
+       reading(8, 1.0, T0 + 1600, "plant/t2", client_id="$rules-per_minute")]
+OWN_COUNTS = [("2024-05-02T10:00:00.000Z", "alerts/hot", 1),
+              ("2024-05-02T10:00:00.000Z", "plant/t1", 2), ("2024-05-02T10:00:00.000Z", "plant/t2", 1)]
 
 
 class Alerts:
@@ -91,14 +100,13 @@ def test_rules_publish_through_the_broker_append_to_a_table_and_start_at_run_tim
                 h.query.lastProgress for h in runner.sup.running().values())
         assert wait_for(lambda: all_running(["hot", "per_minute"])), R.read_status(str(data))
         produce(kafka.bootstrap, [reading(1, 35.5, T0 + 1000), reading(2, 20.0, T0 + 2000),
-                                  reading(3, 31.0, T0 + 3000, "plant/t2")])
+                                  reading(3, 31.0, T0 + 3000, "plant/t2"), *OWN])
         hot = wait_for(lambda: len(alerts.on("alerts/hot")) >= 2 and alerts.on("alerts/hot"))
         assert sorted((d["topic"], d["temp"]) for d in hot) == [("plant/t1", 35.5), ("plant/t2", 31.0)]
         # the window [T0, T0+1 min) closes when a message 10 s past its end moves the watermark
         produce(kafka.bootstrap, [reading(4, 1.0, T0 + 75_000)])
-        counts = wait_for(lambda: len(alerts.on("alerts/count")) >= 2 and alerts.on("alerts/count"))
-        assert sorted((d["start"], d["topic"], d["n"]) for d in counts) == [
-            ("2024-05-02T10:00:00.000Z", "plant/t1", 2), ("2024-05-02T10:00:00.000Z", "plant/t2", 1)]
+        counts = wait_for(lambda: len(alerts.on("alerts/count")) >= 3 and alerts.on("alerts/count"))
+        assert sorted((d["start"], d["topic"], d["n"]) for d in counts) == OWN_COUNTS
         # a rule added to the store starts without a restart; the job's other rules go on
         R.write_store(str(data), R.Store([RuleSpec("cold", "SELECT topic, payload_json:temp::double AS "
                                                    "temp FROM messages WHERE payload_json:temp::double < 0",
@@ -110,7 +118,7 @@ def test_rules_publish_through_the_broker_append_to_a_table_and_start_at_run_tim
         assert wait_for(lambda: alerts.on("alerts/cold")) == [{"topic": "plant/t1", "temp": -4.0}]
         assert wait_for(lambda: len(alerts.on("alerts/hot")) >= 3)
         time.sleep(3)   # every window once: nothing more arrives for the closed window
-        assert len(alerts.on("alerts/count")) == 2
+        assert len(alerts.on("alerts/count")) == 3
         assert len(alerts.on("alerts/hot")) == 3 and len(alerts.on("alerts/cold")) == 1
         rows = spark.read.parquet(str(derived_dir(job, "hot_rows"))).collect()
         assert sorted(r.temp for r in rows) == [31.0, 35.5, 40.0]   # each row once
@@ -166,13 +174,12 @@ def test_a_stateless_rule_runs_on_the_historys_batches_and_a_windowed_one_as_its
         assert len(batch_rules) == 1
         assert wait_for(lambda: running["per_minute"].query.lastProgress)
         produce(kafka.bootstrap, [reading(1, 35.5, T0 + 1000), reading(2, 20.0, T0 + 2000),
-                                  reading(3, 31.0, T0 + 3000, "plant/t2")])
+                                  reading(3, 31.0, T0 + 3000, "plant/t2"), *OWN])
         hot = wait_for(lambda: len(alerts.on("alerts/hot")) >= 2 and alerts.on("alerts/hot"))
         assert sorted((d["topic"], d["temp"]) for d in hot) == [("plant/t1", 35.5), ("plant/t2", 31.0)]
         produce(kafka.bootstrap, [reading(4, 1.0, T0 + 75_000)])
-        counts = wait_for(lambda: len(alerts.on("alerts/count")) >= 2 and alerts.on("alerts/count"))
-        assert sorted((d["start"], d["topic"], d["n"]) for d in counts) == [
-            ("2024-05-02T10:00:00.000Z", "plant/t1", 2), ("2024-05-02T10:00:00.000Z", "plant/t2", 1)]
+        counts = wait_for(lambda: len(alerts.on("alerts/count")) >= 3 and alerts.on("alerts/count"))
+        assert sorted((d["start"], d["topic"], d["n"]) for d in counts) == OWN_COUNTS
         time.sleep(3)
         assert len(alerts.on("alerts/hot")) == 2   # each row once; 99.0 came before the rule
         files = sorted(p.name for p in derived_dir(job, "hot_rows").glob("*.parquet"))
@@ -192,8 +199,9 @@ def test_a_stateless_rule_runs_on_the_historys_batches_and_a_windowed_one_as_its
 
 def test_the_one_statement_of_a_batchs_rules_gives_each_rule_the_rows_of_its_own_query(spark):
     """union_sql (every stateless rule of a batch in one statement) against each rule's own
-    frame: the same JSON objects, nulls, timestamps and variants included, per rule."""
-    from sink.history.rules.shared import BatchRule, BatchRules, union_sql
+    frame: the same JSON objects, nulls, timestamps and variants included, per rule; a rule's
+    own messages (its client id) are not in its input."""
+    from sink.history.rules.shared import BATCH_VIEW, BatchRule, BatchRules, union_sql
     batches = BatchRules()
     specs = [RuleSpec("hot", HOT + ";"),
              RuleSpec("all-fields", "SELECT topic, accepted_at, payload_json, qos, "
@@ -201,13 +209,14 @@ def test_the_one_statement_of_a_batchs_rules_gives_each_rule_the_rows_of_its_own
              RuleSpec("none", "SELECT topic FROM messages WHERE qos > 2")]
     rules = [BatchRule(None, s, None, batches) for s in specs]
     (spark.createDataFrame(
-        [("plant/t1", '{"temp": 35.5, "tags": ["a"]}', 1, "2024-05-02 10:00:00.25"),
-         ("plant/t2", '{"temp": 20}', 0, "2024-05-02 10:00:01"),
-         ("plant/t3", "not json", 2, "2024-05-02 10:00:02.5")],
-        "topic string, s string, qos int, t string")
+        [("plant/t1", '{"temp": 35.5, "tags": ["a"]}', 1, "2024-05-02 10:00:00.25", "dev"),
+         ("plant/t2", '{"temp": 20}', 0, "2024-05-02 10:00:01", None),
+         ("plant/t3", "not json", 2, "2024-05-02 10:00:02.5", "dev"),
+         ("alerts/hot", '{"temp": 35.5}', 1, "2024-05-02 10:00:03", "$rules-hot")],  # hot's own
+        "topic string, s string, qos int, t string, client_id string")
      .selectExpr("topic", "try_parse_json(s) AS payload_json", "qos",
-                 "CAST(t AS TIMESTAMP) AS accepted_at")
-     .createOrReplaceTempView("messages"))
+                 "CAST(t AS TIMESTAMP) AS accepted_at", "client_id")
+     .createOrReplaceTempView(BATCH_VIEW))
     one = sorted(map(tuple, spark.sql(union_sql(rules)).collect()))
     each = sorted(tuple(r) for rule in rules for r in rule.frame(spark).collect())
     assert one == each
@@ -215,10 +224,11 @@ def test_the_one_statement_of_a_batchs_rules_gives_each_rule_the_rows_of_its_own
     for name, row in one:
         got.setdefault(name, []).append(json.loads(row))
     assert got["hot"] == [{"topic": "plant/t1", "temp": 35.5}]
-    first = min(got["all-fields"], key=lambda d: d["topic"])
+    first = min(got["all-fields"], key=lambda d: d["accepted_at"])
     assert first == {"topic": "plant/t1", "accepted_at": "2024-05-02T10:00:00.250Z",
                      "payload_json": {"tags": ["a"], "temp": 35.5}, "qos": 1, "gone": None}
-    assert len(got["all-fields"]) == 3 and "none" not in got
+    # the rule "hot" never reads its own message; another rule does
+    assert len(got["all-fields"]) == 4 and "none" not in got
 
 
 def test_a_batchs_rules_read_their_json_fields_typed_from_the_staged_files(spark, tmp_path):
@@ -226,7 +236,7 @@ def test_a_batchs_rules_read_their_json_fields_typed_from_the_staged_files(spark
     rules: each rule's casts of JSON fields are read in the scan as typed values (the plan's
     read schema asks for the fields, not the whole variant), with the rows its SQL gives over
     the batch itself."""
-    from sink.history.rules.shared import VIEW, BatchRule, BatchRules, union_sql
+    from sink.history.rules.shared import BATCH_VIEW, BatchRule, BatchRules, union_sql
     from sink.history.schema import HEADER_COLUMNS, to_history
     from sink.history.writer import HOUR_COLUMN
     payloads = ['{"temp": 35.5, "hot": true}', '{"temp": 20}', "not json", '{"temp": "abc"}']
@@ -255,7 +265,7 @@ def test_a_batchs_rules_read_their_json_fields_typed_from_the_staged_files(spark
     assert len(scans) == 2 and all("payload_json:struct<0:" in s for s in scans), plan
     assert not any("0:variant" in s for s in scans), plan   # the fields, not the whole variant
     got = sorted(tuple(r) for r in stmt.collect())
-    batch.createOrReplaceTempView(VIEW)
+    batch.createOrReplaceTempView(BATCH_VIEW)
     assert got == sorted(tuple(r) for r in spark.sql(union_sql(rules)).collect())
     assert [(n, json.loads(r)) for n, r in got] == [("hot", {"topic": "t/0", "temp": 35.5}),
                                                   ("warm", {"topic": "t/0"})]

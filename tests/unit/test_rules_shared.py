@@ -239,7 +239,7 @@ def test_every_rule_of_a_batch_runs_in_one_spark_job(tmp_path: Path):
     session = FakeSession(batches)
     a, b = Rule("a", batches, rows=['{"t":1}']), Rule("b", batches, rows=['{"t":2}', '{"t":3}'])
     batches(FakeBatch(session), 3, tmp_path / "out")
-    assert session.views == ["messages"] and session.jobs == 1 and session.statements == 1
+    assert session.views == ["_rules_batch"] and session.jobs == 1 and session.statements == 1
     assert session.read_paths == [str(tmp_path / "out")]   # the batch as staged
     assert a.taken == [(3, ['{"t":1}'])] and b.taken == [(3, ['{"t":2}', '{"t":3}'])]
 
@@ -279,9 +279,13 @@ def test_the_rules_of_a_batch_are_one_statement_each_rule_a_subquery_of_its_own(
     sql = union_sql([a, b])
     parts = sql.split("\nUNION ALL\n")
     assert len(parts) == 2
-    # the rule's own text, its final semicolons cut, on lines of its own
-    assert "FROM (\nSELECT topic FROM messages WHERE qos = 1\n) AS `rule_0`" in parts[0]
-    assert parts[1].endswith("-- a closing comment\n) AS `rule_1`")
+    # the rule's own text, its final semicolons cut, on lines of its own, over the batch
+    # without its own messages
+    assert ("FROM (\nWITH messages AS (SELECT * FROM _rules_batch WHERE client_id IS DISTINCT "
+            "FROM '$rules-a')\nSELECT * FROM (\nSELECT topic FROM messages WHERE qos = 1\n)\n"
+            ") AS `rule_0`") in parts[0]
+    assert "WHERE client_id IS DISTINCT FROM '$rules-b-2')" in parts[1]
+    assert parts[1].endswith("-- a closing comment\n)\n) AS `rule_1`")
     assert parts[0].startswith("SELECT 'a' AS rule, to_json(struct(*), map('ignoreNullFields', "
                                "'false', 'timestampFormat', 'yyyy-MM-dd\\'T\\'HH:mm:ss.SSS\\'Z\\'')) AS row")
     assert parts[1].startswith("SELECT 'b-2' AS rule")

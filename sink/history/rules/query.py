@@ -86,11 +86,14 @@ def rule_job(job: Job, spec: RuleSpec) -> Job:
 def rule_frame(session: Any, job: Job, spec: RuleSpec, watermark: str) -> Any:
     """The rule's streaming DataFrame (raises RuleSQLError when its SQL cannot run)."""
     from pyspark.errors import PySparkException
+    from pyspark.sql import functions as F
 
+    from settings.rules import client_id
     from sink.history.job.stream import build_history_stream, kafka_stream
     kafka_df, _ = kafka_stream(session, rule_job(job, spec), dedup=False)
     stream = build_history_stream(kafka_df, deduplicated=True).withWatermark("accepted_at", watermark)
-    stream.createOrReplaceTempView(VIEW)
+    # never the rule's own messages (settings.rules.client_id)
+    stream.where(~F.col("client_id").eqNullSafe(F.lit(client_id(spec.name)))).createOrReplaceTempView(VIEW)
     try:
         df = session.sql(spec.sql)
     except PySparkException as exc:

@@ -104,7 +104,7 @@ class RulesRunner(threading.Thread):
         if spec.publish:
             from sink.history.rules.publish import Publisher
             publisher = Publisher(*broker_address(self.job), R.RULES_USER,
-                                  R.password(self.data_dir) or "", f"$rules-{spec.name}")
+                                  R.password(self.data_dir) or "", R.client_id(spec.name))
         handle: Any
         try:
             frame = rule_session(self.spark, self.job, spec, self.job.history.rules_watermark)

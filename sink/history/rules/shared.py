@@ -6,9 +6,9 @@ aggregation, join, de-duplication, limit or sort) gives, batch by batch, the row
 streaming query would give. Its own query would read Kafka again (the Python source decodes
 every record once per query: 5 rules cost 2.7 times the job's CPU per message alone). So such
 a rule runs on the batch the history query has just written: ``BatchRules`` is called by
-sink/history/writer.py after it has staged the batch's files, shows those files as the view
-``messages`` of the stream's session (each rule reads the columns it uses) and runs every
-rule's SQL over it as one statement, one Spark job. Rules with state
+sink/history/writer.py after it has staged the batch's files, shows those files to the rules
+as ``messages`` (without each rule's own messages; each rule reads the columns it uses) and
+runs every rule's SQL over them as one statement, one Spark job. Rules with state
 (windows, aggregations, joins) keep their own streaming query (sink/history/rules/query.py).
 
 Nothing a rule does can fail or stall the history batch: its SQL errors end only the rule (the
@@ -35,6 +35,9 @@ from sink.history.rules.publish import Publisher, PublishError
 log = logging.getLogger(__name__)
 
 VIEW = "messages"
+#: the batch's rows as the stream's session shows them to the rules: each rule's SQL reads
+#: ``messages`` from it, without the rule's own messages (rule_sql)
+BATCH_VIEW = "_rules_batch"
 #: a row as the JSON object published (as sink/history/rules/rowjson.py writes a rule query's
 #: rows: nulls kept, timestamps ISO-8601 UTC with milliseconds; the stream's session is in UTC)
 ROW_JSON = {"ignoreNullFields": "false", "timestampFormat": "yyyy-MM-dd'T'HH:mm:ss.SSS'Z'"}
@@ -176,11 +179,9 @@ class BatchRule:
         return self.input_rows / elapsed if elapsed > 0 else 0.0
 
     def frame(self, session: Any) -> Any:
-        """The rule's rows over the view ``messages`` as (rule, row): its name and the row as
-        its JSON object (``ROW_JSON``)."""
-        from pyspark.sql import functions as F
-        return session.sql(self.spec.sql).select(
-            F.lit(self.spec.name).alias("rule"), F.to_json(F.struct("*"), ROW_JSON).alias("row"))
+        """The rule's rows over the batch (``BATCH_VIEW``) as (rule, row): its name and the row
+        as its JSON object (``ROW_JSON``)."""
+        return session.sql(union_sql([self]))
 
     def take(self, session: Any, batch_id: int, rows: list[str], input_rows: int) -> None:
         """The rule's rows of a batch: its table first, then its outbox."""
@@ -189,8 +190,8 @@ class BatchRule:
             return
         if self.spec.table:
             from sink.history.rules.query import append_once
-            append_once(session, self.job, self.spec.table, session.sql(self.spec.sql), batch_id,
-                        prefix="hbatch")
+            append_once(session, self.job, self.spec.table, session.sql(rule_sql(self.spec)),
+                        batch_id, prefix="hbatch")
         if self.outbox is not None:
             self.outbox.put([r.encode() for r in rows])
         self.rows += len(rows)
@@ -242,7 +243,7 @@ class BatchRules:
         session = df.sparkSession   # the stream's own session (a clone): its views are its own
         try:
             input_rows = sum(parquet_rows(p) for p in staged.rglob("*.parquet"))
-            staged_batch(session, staged).createOrReplaceTempView(VIEW)
+            staged_batch(session, staged).createOrReplaceTempView(BATCH_VIEW)
         except Exception as exc:   # never the history batch's failure
             log.error("rules: batch %d not read for the rules: %s", batch_id, exc)
             return
@@ -293,15 +294,25 @@ _ROW_JSON_SQL = "map(" + ", ".join(f"{_sql_string(k)}, {_sql_string(v)}"
                                    for k, v in ROW_JSON.items()) + ")"
 
 
-def union_sql(rules: list[BatchRule]) -> str:
-    """Every rule's rows as (rule, row), one statement: what ``BatchRule.frame`` gives for each,
-    united. Each rule's SQL is a subquery of its own, on lines of its own (a closing comment
-    cannot swallow the parenthesis), without its final semicolons."""
+def rule_sql(spec: RuleSpec, source: str = BATCH_VIEW) -> str:
+    """The rule's SQL over ``source``, where ``messages`` is ``source`` without the rule's own
+    messages (settings.rules.client_id): a rule never reads what it published. The rule's SQL
+    is a subquery, on lines of its own (a closing comment cannot swallow the parenthesis),
+    without its final semicolons."""
+    from settings.rules import client_id
+    sql = spec.sql.strip().rstrip(";").rstrip()
+    return (f"WITH {VIEW} AS (SELECT * FROM {source} WHERE client_id IS DISTINCT FROM "
+            f"{_sql_string(client_id(spec.name))})\nSELECT * FROM (\n{sql}\n)")
+
+
+def union_sql(rules: list[BatchRule], source: str = BATCH_VIEW) -> str:
+    """Every rule's rows as (rule, row), one statement: each rule's ``rule_sql`` as a subquery,
+    its rows as JSON objects, united."""
     parts = []
     for i, rule in enumerate(rules):
-        sql = rule.spec.sql.strip().rstrip(";").rstrip()
         parts.append(f"SELECT {_sql_string(rule.spec.name)} AS rule, "
-                     f"to_json(struct(*), {_ROW_JSON_SQL}) AS row FROM (\n{sql}\n) AS `rule_{i}`")
+                     f"to_json(struct(*), {_ROW_JSON_SQL}) AS row FROM (\n"
+                     f"{rule_sql(rule.spec, source)}\n) AS `rule_{i}`")
     return "\nUNION ALL\n".join(parts)
 
 
