@@ -184,8 +184,12 @@ class _NumpyOnlyWhenLoaded:
 
     def can_convert(self, obj: object) -> bool:
         np = sys.modules.get("numpy")
-        return (np is not None and isinstance(obj, (np.generic, np.ndarray))
-                and bool(self.inner.can_convert(obj)))
+        # NumPy's types, once another thread's import of NumPy has made them (a module being
+        # imported is in sys.modules from its first line: asking it for np.generic then failed
+        # the job's start with "partially initialized module 'numpy'")
+        kinds = (getattr(np, "generic", None), getattr(np, "ndarray", None))
+        return (isinstance(kinds[0], type) and isinstance(kinds[1], type)
+                and isinstance(obj, kinds) and bool(self.inner.can_convert(obj)))
 
     def convert(self, obj: object, gateway_client: Any) -> Any:
         return self.inner.convert(obj, gateway_client)

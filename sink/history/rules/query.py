@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from settings.rules import RuleSpec
+from settings.rules import RuleSpec, client_id
 from sink.history.job.config import Job
 from sink.history.paths import is_local_path
 from sink.history.paths import local as _local
@@ -88,7 +88,6 @@ def rule_frame(session: Any, job: Job, spec: RuleSpec, watermark: str) -> Any:
     from pyspark.errors import PySparkException
     from pyspark.sql import functions as F
 
-    from settings.rules import client_id
     from sink.history.job.stream import build_history_stream, kafka_stream
     kafka_df, _ = kafka_stream(session, rule_job(job, spec), dedup=False)
     stream = build_history_stream(kafka_df, deduplicated=True).withWatermark("accepted_at", watermark)

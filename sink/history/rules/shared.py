@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from settings.rules import RuleSpec
+from settings.rules import RuleSpec, client_id
 from sink.history.job.config import Job
 from sink.history.rules.publish import Publisher, PublishError
 
@@ -299,7 +299,6 @@ def rule_sql(spec: RuleSpec, source: str = BATCH_VIEW) -> str:
     messages (settings.rules.client_id): a rule never reads what it published. The rule's SQL
     is a subquery, on lines of its own (a closing comment cannot swallow the parenthesis),
     without its final semicolons."""
-    from settings.rules import client_id
     sql = spec.sql.strip().rstrip(";").rstrip()
     return (f"WITH {VIEW} AS (SELECT * FROM {source} WHERE client_id IS DISTINCT FROM "
             f"{_sql_string(client_id(spec.name))})\nSELECT * FROM (\n{sql}\n)")
