@@ -32,6 +32,7 @@ class Publisher:
         self._lock = threading.Lock()
         self._refused = ""
         self._refusals: dict[int, str] = {}   # PUBACKs with an error reason code, by packet id
+        self._window = max_inflight   # PUBLISHes in flight at most (publish_all)
 
     def _connect(self):
         import paho.mqtt.client as mqtt
@@ -40,11 +41,15 @@ class Publisher:
         c = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=self.client_id,
                         protocol=mqtt.MQTTv5)
         c.username_pw_set(self.username, self.password)
-        c.max_inflight_messages_set(self.max_inflight)
+        # no window in paho (at every PUBACK its window scans every message not yet
+        # acknowledged: quadratic in a batch's rows); publish_all keeps its own
+        c.max_inflight_messages_set(0)
         c.max_queued_messages_set(0)
 
         def on_connect(client, userdata, flags, reason, props):
             self._refused = "" if not reason.is_failure else str(reason)
+            # the broker's Receive Maximum bounds the window [MQTT-3.3.4-7]
+            self._window = max(1, min(self.max_inflight, getattr(props, "ReceiveMaximum", 65535)))
             connected.set()
         def on_publish(client, userdata, mid, reason, props):
             if reason is not None and reason.is_failure:
@@ -69,7 +74,9 @@ class Publisher:
         return c
 
     def publish_all(self, topic: str, payloads: Iterable[bytes]) -> int:
-        """Publish each payload QoS 1 and wait for every PUBACK. Returns how many."""
+        """Publish each payload QoS 1 and wait for every PUBACK, at most a window's worth
+        (``max_inflight``, and the broker's Receive Maximum) in flight. Returns how many."""
+        rows = list(payloads)
         with self._lock:
             if self._client is None or not self._client.is_connected():
                 if self._client is not None:
@@ -78,22 +85,28 @@ class Publisher:
                 self._client = self._connect()
             c = self._client
             self._refusals.clear()
-            infos = [c.publish(topic, p, qos=1) for p in payloads]
-            deadline = time.monotonic() + self.timeout
-            for info in infos:
-                left = deadline - time.monotonic()
-                try:
-                    info.wait_for_publish(max(left, 0.001))
-                except (RuntimeError, ValueError) as exc:
-                    raise PublishError(f"publishing to {topic}: {exc}") from exc
-                if not info.is_published():
-                    raise PublishError(f"publishing to {topic}: no PUBACK in {self.timeout:g} s "
-                                       f"(the broker is not taking the rule's messages)")
-                why = self._refusals.pop(info.mid, "")
-                if why:
-                    raise PublishError(f"the broker refused a PUBLISH to {topic}: {why} (may "
-                                       f"the rules client publish there? docs/rules.md)")
-            return len(infos)
+            for start in range(0, len(rows), self._window):
+                self._acknowledged(topic, [c.publish(topic, p, qos=1)
+                                           for p in rows[start:start + self._window]])
+            return len(rows)
+
+    def _acknowledged(self, topic: str, infos: list[Any]) -> None:
+        """Wait for the PUBACK of each (``timeout`` for them all); PublishError if one does not
+        come or refuses."""
+        deadline = time.monotonic() + self.timeout
+        for info in infos:
+            left = deadline - time.monotonic()
+            try:
+                info.wait_for_publish(max(left, 0.001))
+            except (RuntimeError, ValueError) as exc:
+                raise PublishError(f"publishing to {topic}: {exc}") from exc
+            if not info.is_published():
+                raise PublishError(f"publishing to {topic}: no PUBACK in {self.timeout:g} s "
+                                   f"(the broker is not taking the rule's messages)")
+            why = self._refusals.pop(info.mid, "")
+            if why:
+                raise PublishError(f"the broker refused a PUBLISH to {topic}: {why} (may "
+                                   f"the rules client publish there? docs/rules.md)")
 
     def close(self) -> None:
         with self._lock:
