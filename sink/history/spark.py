@@ -193,9 +193,10 @@ class _NumpyOnlyWhenLoaded:
         # NumPy's types, once another thread's import of NumPy has made them (a module being
         # imported is in sys.modules from its first line: asking it for np.generic then failed
         # the job's start with "partially initialized module 'numpy'")
-        kinds = (getattr(np, "generic", None), getattr(np, "ndarray", None))
-        return (isinstance(kinds[0], type) and isinstance(kinds[1], type)
-                and isinstance(obj, kinds) and bool(self.inner.can_convert(obj)))
+        generic, ndarray = getattr(np, "generic", None), getattr(np, "ndarray", None)
+        if not (isinstance(generic, type) and isinstance(ndarray, type)):
+            return False
+        return isinstance(obj, (generic, ndarray)) and bool(self.inner.can_convert(obj))
 
     def convert(self, obj: object, gateway_client: Any) -> Any:
         return self.inner.convert(obj, gateway_client)
