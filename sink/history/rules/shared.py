@@ -294,24 +294,24 @@ _ROW_JSON_SQL = "map(" + ", ".join(f"{_sql_string(k)}, {_sql_string(v)}"
                                    for k, v in ROW_JSON.items()) + ")"
 
 
-def rule_sql(spec: RuleSpec, source: str = BATCH_VIEW) -> str:
-    """The rule's SQL over ``source``, where ``messages`` is ``source`` without the rule's own
-    messages (settings.rules.client_id): a rule never reads what it published. The rule's SQL
+def rule_sql(spec: RuleSpec) -> str:
+    """The rule's SQL over the batch, where ``messages`` is ``BATCH_VIEW`` without the rule's
+    own messages (settings.rules.client_id): a rule never reads what it published. The rule's SQL
     is a subquery, on lines of its own (a closing comment cannot swallow the parenthesis),
     without its final semicolons."""
     sql = spec.sql.strip().rstrip(";").rstrip()
-    return (f"WITH {VIEW} AS (SELECT * FROM {source} WHERE client_id IS DISTINCT FROM "
+    return (f"WITH {VIEW} AS (SELECT * FROM {BATCH_VIEW} WHERE client_id IS DISTINCT FROM "
             f"{_sql_string(client_id(spec.name))})\nSELECT * FROM (\n{sql}\n)")
 
 
-def union_sql(rules: list[BatchRule], source: str = BATCH_VIEW) -> str:
+def union_sql(rules: list[BatchRule]) -> str:
     """Every rule's rows as (rule, row), one statement: each rule's ``rule_sql`` as a subquery,
     its rows as JSON objects, united."""
     parts = []
     for i, rule in enumerate(rules):
         parts.append(f"SELECT {_sql_string(rule.spec.name)} AS rule, "
                      f"to_json(struct(*), {_ROW_JSON_SQL}) AS row FROM (\n"
-                     f"{rule_sql(rule.spec, source)}\n) AS `rule_{i}`")
+                     f"{rule_sql(rule.spec)}\n) AS `rule_{i}`")
     return "\nUNION ALL\n".join(parts)
 
 
