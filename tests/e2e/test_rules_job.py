@@ -269,3 +269,55 @@ def test_a_batchs_rules_read_their_json_fields_typed_from_the_staged_files(spark
     assert got == sorted(tuple(r) for r in spark.sql(union_sql(rules)).collect())
     assert [(n, json.loads(r)) for n, r in got] == [("hot", {"topic": "t/0", "temp": 35.5}),
                                                   ("warm", {"topic": "t/0"})]
+
+
+#: rules that are one pass over the batch (merge.py), with what each tries: names Spark gives,
+#: an alias of its own, an IN (whose parsed position starts at IN), comments, quotes, qualified
+#: columns, no WHERE
+MERGED = {"hot": HOT,
+          "named": "SELECT upper(topic), payload_json:temp::int + 1 AS `we``ird`, "
+                   "qos IN (0, 1) FROM messages WHERE client_id IN ('dev') /* trailing */",
+          "commented": "SELECT topic -- the topic\n, 'x''s' AS q FROM messages -- rows\n"
+                       "WHERE messages.qos >= 1;",
+          "every": "SELECT topic, accepted_at, payload_json FROM messages"}
+#: rules that keep a subquery of their own: all columns, an alias for messages, a generator,
+#: a subquery
+APART = {"star": "SELECT * FROM messages WHERE qos = 2",
+         "aliased": "SELECT m.topic FROM messages m WHERE m.qos = 1",
+         "exploded": "SELECT explode(array(1, 2)) AS x, topic FROM messages WHERE qos = 2",
+         "subquery": "SELECT topic FROM messages WHERE topic IN "
+                     "(SELECT topic FROM messages WHERE qos = 2)"}
+
+
+def test_simple_rules_are_one_pass_over_the_batch_with_the_rows_of_their_own_queries(spark):
+    """batch_sql: every rule that is SELECT ... FROM messages [WHERE ...] becomes one arm of one
+    pass over the batch, the others subqueries beside it; each rule gets exactly the JSON
+    objects of its own query, without its own messages (the rule "hot" and the alert it
+    published itself)."""
+    from sink.history.rules.shared import BATCH_VIEW, BatchRule, BatchRules, batch_sql
+    batches = BatchRules()
+    rules = [BatchRule(None, RuleSpec(n, s), None, batches) for n, s in {**MERGED, **APART}.items()]
+    (spark.createDataFrame(
+        [("plant/t1", '{"temp": 35.5, "tags": ["a"]}', 1, "2024-05-02 10:00:00.25", "dev"),
+         ("plant/t2", '{"temp": 20}', 0, "2024-05-02 10:00:01", None),
+         ("plant/t3", "not json", 2, "2024-05-02 10:00:02.5", "dev"),
+         ("alerts/hot", '{"temp": 35.5}', 1, "2024-05-02 10:00:03", "$rules-hot")],
+        "topic string, s string, qos int, t string, client_id string")
+     .selectExpr("topic", "try_parse_json(s) AS payload_json", "qos",
+                 "CAST(t AS TIMESTAMP) AS accepted_at", "client_id")
+     .createOrReplaceTempView(BATCH_VIEW))
+    sql = batch_sql(spark, rules)
+    assert {r.spec.name for r in rules if isinstance(r.arm, str)} == set(MERGED)
+    assert sql.count(") AS m FROM messages)") == 1 and sql.count("UNION ALL") == len(APART)
+    one = sorted(map(tuple, spark.sql(sql).collect()))
+    each = sorted(tuple(r) for rule in rules for r in rule.frame(spark).collect())
+    assert one == each
+    got: dict[str, list] = {}
+    for name, row in one:
+        got.setdefault(name, []).append(json.loads(row))
+    assert got["hot"] == [{"topic": "plant/t1", "temp": 35.5}]      # not its own alert
+    assert sorted(got["named"], key=str) == [
+        {"upper(topic)": "PLANT/T1", "we`ird": 36, "(qos IN (0, 1))": True},
+        {"upper(topic)": "PLANT/T3", "we`ird": None, "(qos IN (0, 1))": False}]
+    assert sorted(d["topic"] for d in got["commented"]) == ["alerts/hot", "plant/t1", "plant/t3"]
+    assert got["commented"][0]["q"] == "x's" and len(got["every"]) == 4

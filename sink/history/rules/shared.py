@@ -30,6 +30,7 @@ from typing import Any
 
 from settings.rules import RuleSpec, client_id
 from sink.history.job.config import Job
+from sink.history.rules import merge
 from sink.history.rules.publish import Publisher, PublishError
 
 log = logging.getLogger(__name__)
@@ -42,6 +43,7 @@ BATCH_VIEW = "_rules_batch"
 #: rows: nulls kept, timestamps ISO-8601 UTC with milliseconds; the stream's session is in UTC)
 ROW_JSON = {"ignoreNullFields": "false", "timestampFormat": "yyyy-MM-dd'T'HH:mm:ss.SSS'Z'"}
 MAX_BACKLOG_ROWS = 100_000
+_UNKNOWN = object()   # BatchRule.arm before the rule's first batch
 #: the logical plan nodes of a rule that needs no state: anything else runs as its own query
 STATELESS_NODES = frozenset({
     "Project", "Filter", "SubqueryAlias", "View", "EventTimeWatermark", "Generate",
@@ -161,6 +163,8 @@ class BatchRule:
         if self.outbox is not None:
             self.outbox.start()
         self.query = self   # the rules thread asks query.isActive and query.exception()
+        #: its CASE WHEN arm in the batch's one pass (merge.py), None if it runs as a subquery
+        self.arm: str | None | object = _UNKNOWN
         batches.add(self)
 
     @property
@@ -250,7 +254,7 @@ class BatchRules:
         # every rule in one Spark job (a job per rule cost ~0.2 s each per batch here), planned
         # from one statement: a DataFrame per rule and their union took the analyser 6 times
         try:
-            got = session.sql(union_sql(rules)).collect()
+            got = session.sql(batch_sql(session, rules)).collect()
         except Exception:   # a rule's SQL or one of its rows failed: each rule alone, and the
             got = []        # failing one ends (inactive from then on)
             for rule in rules:
@@ -294,14 +298,18 @@ _ROW_JSON_SQL = "map(" + ", ".join(f"{_sql_string(k)}, {_sql_string(v)}"
                                    for k, v in ROW_JSON.items()) + ")"
 
 
-def rule_sql(spec: RuleSpec) -> str:
-    """The rule's SQL over the batch, where ``messages`` is ``BATCH_VIEW`` without the rule's
-    own messages (settings.rules.client_id): a rule never reads what it published. The rule's SQL
-    is a subquery, on lines of its own (a closing comment cannot swallow the parenthesis),
-    without its final semicolons."""
-    sql = spec.sql.strip().rstrip(";").rstrip()
+def own_messages(spec: RuleSpec) -> str:
+    """The CTE that shows the batch to the rule as ``messages``, without the rule's own messages
+    (settings.rules.client_id): a rule never reads what it published."""
     return (f"WITH {VIEW} AS (SELECT * FROM {BATCH_VIEW} WHERE client_id IS DISTINCT FROM "
-            f"{_sql_string(client_id(spec.name))})\nSELECT * FROM (\n{sql}\n)")
+            f"{_sql_string(client_id(spec.name))})")
+
+
+def rule_sql(spec: RuleSpec) -> str:
+    """The rule's SQL over the batch (own_messages). The rule's SQL is a subquery, on lines of
+    its own (a closing comment cannot swallow the parenthesis), without its final semicolons."""
+    sql = spec.sql.strip().rstrip(";").rstrip()
+    return f"{own_messages(spec)}\nSELECT * FROM (\n{sql}\n)"
 
 
 def union_sql(rules: list[BatchRule]) -> str:
@@ -313,6 +321,19 @@ def union_sql(rules: list[BatchRule]) -> str:
                      f"to_json(struct(*), {_ROW_JSON_SQL}) AS row FROM (\n"
                      f"{rule_sql(rule.spec)}\n) AS `rule_{i}`")
     return "\nUNION ALL\n".join(parts)
+
+
+def batch_sql(session: Any, rules: list[BatchRule]) -> str:
+    """The statement of a batch's rules: the rules that can be one pass over the batch
+    (sink/history/rules/merge.py) as one, the others each a subquery (union_sql)."""
+    for rule in rules:
+        if rule.arm is _UNKNOWN:
+            rule.arm = merge.arm(session, rule.spec, rule_sql(rule.spec), own_messages(rule.spec),
+                                 _ROW_JSON_SQL, BATCH_VIEW)
+    arms = [r.arm for r in rules if isinstance(r.arm, str)]
+    rest = [r for r in rules if not isinstance(r.arm, str)]
+    return "\nUNION ALL\n".join(([merge.merged_sql(arms, BATCH_VIEW)] if arms else [])
+                                 + ([union_sql(rest)] if rest else []))
 
 
 def _failed(rule: BatchRule, batch_id: int, exc: BaseException) -> None:
