@@ -231,15 +231,11 @@ def test_the_one_statement_of_a_batchs_rules_gives_each_rule_the_rows_of_its_own
     assert len(got["all-fields"]) == 4 and "none" not in got
 
 
-def test_a_batchs_rules_read_their_json_fields_typed_from_the_staged_files(spark, tmp_path):
-    """BatchRules shows the staged files as ``messages`` with nothing between the scan and the
-    rules: each rule's casts of JSON fields are read in the scan as typed values (the plan's
-    read schema asks for the fields, not the whole variant), with the rows its SQL gives over
-    the batch itself."""
-    from sink.history.rules.shared import BATCH_VIEW, BatchRule, BatchRules, union_sql
+def stage(spark, out, payloads: list[str]):
+    """A batch of these payloads staged as the history writer stages it (the job's own
+    expressions, partitioned by date and hour) in ``out``; returns the batch."""
     from sink.history.schema import HEADER_COLUMNS, to_history
     from sink.history.writer import HOUR_COLUMN
-    payloads = ['{"temp": 35.5, "hot": true}', '{"temp": 20}', "not json", '{"temp": "abc"}']
     batch = to_history(spark.createDataFrame(list(enumerate(payloads)), "id bigint, p string")
                        .selectExpr("CAST(concat('t/', id) AS BINARY) AS key",
                                    "CAST(p AS BINARY) AS value", "'mqtt.messages' AS topic",
@@ -249,7 +245,18 @@ def test_a_batchs_rules_read_their_json_fields_typed_from_the_staged_files(spark
                                    "CAST(array() AS ARRAY<STRUCT<key: STRING, value: BINARY>>) "
                                    "AS user_headers", f"timestamp_millis({T0} + id) AS ingested_at"))
     (batch.selectExpr("*", f"hour(accepted_at) AS {HOUR_COLUMN}")
-     .write.partitionBy("date", HOUR_COLUMN).parquet(str(tmp_path / "out")))
+     .write.partitionBy("date", HOUR_COLUMN).parquet(str(out)))
+    return batch
+
+
+def test_a_batchs_rules_read_their_json_fields_typed_from_the_staged_files(spark, tmp_path):
+    """BatchRules shows the staged files as ``messages`` with nothing between the scan and the
+    rules: each rule's casts of JSON fields are read in the scan as typed values (the plan's
+    read schema asks for the fields, not the whole variant), with the rows its SQL gives over
+    the batch itself."""
+    from sink.history.rules.shared import BATCH_VIEW, BatchRule, BatchRules, union_sql
+    batch = stage(spark, tmp_path / "out",
+                  ['{"temp": 35.5, "hot": true}', '{"temp": 20}', "not json", '{"temp": "abc"}'])
     batches = BatchRules()
     rules = [BatchRule(None, RuleSpec("hot", "SELECT topic, payload_json:temp::double AS temp "
                                              "FROM messages WHERE payload_json:hot::boolean"),
@@ -321,3 +328,19 @@ def test_simple_rules_are_one_pass_over_the_batch_with_the_rows_of_their_own_que
         {"upper(topic)": "PLANT/T3", "we`ird": None, "(qos IN (0, 1))": False}]
     assert sorted(d["topic"] for d in got["commented"]) == ["alerts/hot", "plant/t1", "plant/t3"]
     assert got["commented"][0]["q"] == "x's" and len(got["every"]) == 4
+
+
+def test_a_rule_that_fails_in_the_one_pass_ends_alone_and_the_others_get_their_rows(spark, tmp_path):
+    """A run-time error of one rule's arm fails the batch's one pass; the batch then runs each
+    rule alone: the failing rule ends (its error kept), the others get their rows."""
+    from sink.history.rules.shared import BatchRule, BatchRules
+    stage(spark, tmp_path / "out", ['{"temp": 35.5}', '{"temp": 20}'])
+    batches = BatchRules()
+    good = BatchRule(None, RuleSpec("good", HOT), None, batches)
+    bad = BatchRule(None, RuleSpec("bad", "SELECT topic FROM messages "
+                                          "WHERE 1 / (payload_json:temp::int - 20) > 0"), None, batches)
+    batches(SimpleNamespace(sparkSession=spark), 1, tmp_path / "out")
+    assert isinstance(good.arm, str) and isinstance(bad.arm, str)     # both were in the pass
+    assert good.rows == 1 and good.query.isActive
+    assert not bad.query.isActive and "DIVIDE_BY_ZERO" in str(bad.query.exception())
+    assert len(batches) == 1

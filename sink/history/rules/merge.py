@@ -5,8 +5,8 @@ A rule that is only ``SELECT <columns> FROM messages [WHERE <condition>]`` becom
 arms of all such rules are one projection over the batch, exploded, so Spark reads the batch
 once and plans one small query, where the union of the rules' subqueries (shared.union_sql)
 read the batch once per rule and planned each: over a batch of 25,000 readings, five rules
-cost 440 ms of the job's CPU that way against 170 ms as one pass (each figure after the JIT
-settled; /tmp experiments recorded in docs/performance.md "Continuous rules").
+cost the JVM 281-292 ms of CPU that way against 132-159 ms as one pass, once the JIT settled
+(bench/rules_pass.py; docs/rules.md "Figures").
 
 Nothing is rewritten by guesswork. Spark's own parser finds the columns and the condition, and
 each is taken from the rule's text as written (their positions in the text), each on lines of

@@ -8,7 +8,9 @@ every record once per query: 5 rules cost 2.7 times the job's CPU per message al
 a rule runs on the batch the history query has just written: ``BatchRules`` is called by
 sink/history/writer.py after it has staged the batch's files, shows those files to the rules
 as ``messages`` (without each rule's own messages; each rule reads the columns it uses) and
-runs every rule's SQL over them as one statement, one Spark job. Rules with state
+runs every rule's SQL over them as one statement, one Spark job: the rules of the form
+``SELECT ... FROM messages [WHERE ...]`` as one pass over the batch (merge.py), the others each
+a subquery beside it. Rules with state
 (windows, aggregations, joins) keep their own streaming query (sink/history/rules/query.py).
 
 Nothing a rule does can fail or stall the history batch: its SQL errors end only the rule (the
