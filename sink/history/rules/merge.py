@@ -30,7 +30,8 @@ log = logging.getLogger(__name__)
 _NOT_ROW_LOCAL = ("Subquery", "Exists", "ListQuery", "Star", "Lateral", "Outer")
 
 
-def _sql_string(text: str) -> str:
+def sql_string(text: str) -> str:
+    """A SQL string literal of the text."""
     return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
@@ -137,9 +138,9 @@ def arm(session: Any, spec: RuleSpec, rule_sql: str, messages: str, row_json: st
             log.info("rule %s keeps a query of its own in each batch: as one pass it would not "
                      "be the same query", spec.name)
             return None
-        keep = f"client_id IS DISTINCT FROM {_sql_string(client_id(spec.name))}"
+        keep = f"client_id IS DISTINCT FROM {sql_string(client_id(spec.name))}"
         when = f"{keep} AND (\n{cond}\n)" if cond is not None else keep
-        out = (f"CASE WHEN {when}\nTHEN named_struct('rule', {_sql_string(spec.name)}, 'row', "
+        out = (f"CASE WHEN {when}\nTHEN named_struct('rule', {sql_string(spec.name)}, 'row', "
                f"to_json(struct({items}), {row_json})) END")
         session.sql(merged_sql([out], view))   # analyses in the pass (a generator would not)
         return out

@@ -33,6 +33,7 @@ from typing import Any
 from settings.rules import RuleSpec, client_id
 from sink.history.job.config import Job
 from sink.history.rules import merge
+from sink.history.rules.merge import sql_string
 from sink.history.rules.publish import Publisher, PublishError
 
 log = logging.getLogger(__name__)
@@ -291,12 +292,8 @@ def staged_batch(session: Any, staged: Path) -> Any:
     return session.read.schema(schema).parquet(str(staged)).drop(HOUR_COLUMN)
 
 
-def _sql_string(text: str) -> str:
-    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
-
-
 #: to_json's options (ROW_JSON) as SQL
-_ROW_JSON_SQL = "map(" + ", ".join(f"{_sql_string(k)}, {_sql_string(v)}"
+_ROW_JSON_SQL = "map(" + ", ".join(f"{sql_string(k)}, {sql_string(v)}"
                                    for k, v in ROW_JSON.items()) + ")"
 
 
@@ -304,7 +301,7 @@ def own_messages(spec: RuleSpec) -> str:
     """The CTE that shows the batch to the rule as ``messages``, without the rule's own messages
     (settings.rules.client_id): a rule never reads what it published."""
     return (f"WITH {VIEW} AS (SELECT * FROM {BATCH_VIEW} WHERE client_id IS DISTINCT FROM "
-            f"{_sql_string(client_id(spec.name))})")
+            f"{sql_string(client_id(spec.name))})")
 
 
 def rule_sql(spec: RuleSpec) -> str:
@@ -319,7 +316,7 @@ def union_sql(rules: list[BatchRule]) -> str:
     its rows as JSON objects, united."""
     parts = []
     for i, rule in enumerate(rules):
-        parts.append(f"SELECT {_sql_string(rule.spec.name)} AS rule, "
+        parts.append(f"SELECT {sql_string(rule.spec.name)} AS rule, "
                      f"to_json(struct(*), {_ROW_JSON_SQL}) AS row FROM (\n"
                      f"{rule_sql(rule.spec)}\n) AS `rule_{i}`")
     return "\nUNION ALL\n".join(parts)
