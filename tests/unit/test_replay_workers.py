@@ -72,10 +72,12 @@ def setup(**cfg):
     return b, hook
 
 
-async def settle(hook, seconds: float = 0.5) -> None:
-    """Event-loop turns until the workers asked for have started and the ended ones are reaped."""
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
+async def settle(hook, seconds: float = 0.5, until=None) -> None:
+    """Event-loop turns until the workers asked for have started and the ended ones are reaped:
+    ``seconds``, or with ``until`` as soon as it holds (at most 15 s: processes start and are
+    reaped in a thread, slower on a loaded machine)."""
+    end = time.monotonic() + (15.0 if until is not None else seconds)
+    while time.monotonic() < end and not (until is not None and until()):
         await asyncio.sleep(0.02)
 
 
@@ -99,7 +101,8 @@ def test_a_filter_repeated_in_one_subscribe_starts_one_worker(monkeypatch, tmp_p
         c.send(P.Subscribe(1, [("$replay/-1m/bob/t0", O(1))] * repeats))
         ack = take(c, P.SUBACK)
         assert ack.reason_codes == [1] * repeats
-        await settle(hook)
+        await settle(hook, until=lambda: len(spawns.procs) >= 1)
+        await settle(hook)   # time for any other process to start
         assert len(spawns.procs) == 1
         assert len(hook.feeds) == 1
         await stop_all(hook)
@@ -122,7 +125,7 @@ def test_worker_processes_never_exceed_max_replays_even_while_being_reaped(monke
             c.send(P.Subscribe(i + 1, [("$replay/-1m/bob/t0", O(1)), ("$replay/-1m/bob/t1", O(1))]))
             assert take(c, P.SUBACK).reason_codes == [1, 1]
             await asyncio.sleep(0.005)
-        await settle(hook)
+        await settle(hook, until=lambda: hook.workers.alive == 2 and len(hook.feeds) == 2)
         assert spawns.procs and max(spawns.unreaped_at_start) < 2
         assert hook.workers.alive == 2 and len(hook.feeds) == 2
         await stop_all(hook)
