@@ -19,20 +19,15 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from harness import schedstat_s  # noqa: E402  (beside this script)
+
 from kafka_client.embedded import EmbeddedKafka  # noqa: E402
 from kafka_client.produce import BatchSender, NotReady  # noqa: E402
 from kafka_client.record import encode_body  # noqa: E402
 
 
 def cpu_seconds(pid: int) -> float:
-    total = 0
-    for task in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{task}/schedstat") as f:
-                total += int(f.read().split()[0])
-        except FileNotFoundError:
-            pass
-    return total / 1e9
+    return schedstat_s(pid) or 0.0
 
 
 def main() -> int:
