@@ -14,7 +14,10 @@ Prints, side by side where it applies:
 * filter: what a node costs for the records it reads: idle (no traffic) in % of a core, and at
   each rate the CPU per message of a bystander node whose subscriber's filter matches none of
   the records (publisher and subscriber on node 1, a subscriber on `elsewhere/#` on node 2)
-  against node 2 with the matching subscriber (publisher on node 1, subscriber on node 2);
+  against node 2 with the matching subscriber (publisher on node 1, subscriber on node 2), with
+  node 1's and Kafka's CPU per message; `--filter-nodes 2,4` measures a cluster of each size
+  (nodes 3.. are bystanders with an `elsewhere/#` subscriber each: what every node pays for
+  every message, whatever it wants);
 * fanin: 8 QoS 0 and QoS 1 publishers into one wildcard subscriber: a 1-node cluster (everything
   on n1) against 2 nodes (publishers spread over n1 and n2, the subscriber on n1), and the same
   broker without the cluster; each scenario starts once the nodes and Kafka are quiet (the QoS 0
@@ -199,37 +202,53 @@ def idle_cpu(pids: dict, seconds: float) -> dict:
     return {k: round(v / seconds * 100, 1) for k, v in cpu.items()}
 
 
-def bench_filter(kafka, tmp, rates, duration):
+def bench_filter(kafka, tmp, rates, duration, nodes=2):
+    """Node 1 publishes; nodes 2..N each have a subscriber on topics nobody publishes to. Node 2
+    is measured with records for nobody on it (the subscriber of the load on node 1) and with
+    records for its own subscriber; nodes 3..N stay bystanders throughout."""
     prefix = f"bench{uuid.uuid4().hex[:6]}"
-    n1, n2 = Node("n1", kafka.bootstrap, tmp, prefix), Node("n2", kafka.bootstrap, tmp, prefix)
+    ns = [Node(f"n{i + 1}", kafka.bootstrap, tmp, prefix) for i in range(nodes)]
+    n1, n2 = ns[0], ns[1]
     rows = []
+    others = []
     try:
-        other = RawClient(n2.port)  # node 2 has a subscriber, on topics nobody publishes
-        assert other.connect(f"elsewhere-{uuid.uuid4().hex[:6]}", keep_alive=0).reason_code == 0
-        other.subscribe("elsewhere/#", qos=1)
+        for n in ns[1:]:  # a subscriber on each node but the publishing one, matching nothing
+            other = RawClient(n.port)
+            assert other.connect(f"elsewhere-{uuid.uuid4().hex[:6]}", keep_alive=0).reason_code == 0
+            other.subscribe("elsewhere/#", qos=1)
+            others.append(other)
         time.sleep(2)  # the nodes' fetch wait becomes the idle one
-        idle = idle_cpu({"n1": n1.proc.pid, "n2": n2.proc.pid, "Kafka": kafka.proc.pid},
-                        max(duration, 5))
+        pids = {f"n{i + 1}": n.proc.pid for i, n in enumerate(ns)}
+        idle = idle_cpu({**pids, "Kafka": kafka.proc.pid}, max(duration, 5))
         for rate in rates:
             for case, sub_port in (("non-matching", n1.port), ("matching", n2.port)):
-                res, cpu = measured({"n2": n2.proc.pid}, lambda: loadgen(
+                res, cpu = measured({**pids, "Kafka": kafka.proc.pid}, lambda: loadgen(
                     "--scenario", "latency", "--port", n1.port, "--sub-port", sub_port,
                     "--rate", rate, "--duration", duration, "--warmup", 1, "--mqtt", 5))
                 n = res["sent_total"] or 1
+                rest = [cpu[f"n{i + 1}"] for i in range(2, nodes)]
                 rows.append({"rate": rate, "case": case,
+                             "n1 us/msg": round(cpu["n1"] / n * 1e6, 1),
                              "n2 us/msg": round(cpu["n2"] / n * 1e6, 1),
+                             "bystanders us/msg": round(sum(rest) / len(rest) / n * 1e6, 1) if rest else None,
+                             "Kafka us/msg": round(cpu["Kafka"] / n * 1e6, 1),
                              "p50_ms": res["lat_ms"]["p50"], "p99_ms": res["lat_ms"]["p99"]})
-        other.close()
     finally:
-        n1.stop()
-        n2.stop()
-    print("\n## reading cost of a node (node 2): records for nobody on it vs for its subscriber")
+        for other in others:
+            other.close()
+        for n in ns:
+            n.stop()
+    print(f"\n## reading cost of a node ({nodes} nodes; node 2): records for nobody on it vs for its "
+          f"subscriber; nodes 3..{nodes}: bystanders")
     print(f"idle, % of a core: {idle}")
-    print("| msg/s | node 2's records | node 2 us/msg | p50 ms | p99 ms |")
-    print("|---|---|---|---|---|")
+    print("| msg/s | node 2's records | node 1 us/msg | node 2 us/msg | nodes 3.. us/msg (mean) "
+          "| Kafka us/msg | p50 ms | p99 ms |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['rate']:,} | {r['case']} | {r['n2 us/msg']} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} |")
-    return {"idle_pct": idle, "rows": rows}
+        print(f"| {r['rate']:,} | {r['case']} | {r['n1 us/msg']} | {r['n2 us/msg']} | "
+              f"{r['bystanders us/msg'] if r['bystanders us/msg'] is not None else '-'} | "
+              f"{r['Kafka us/msg']} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} |")
+    return {"nodes": nodes, "idle_pct": idle, "rows": rows}
 
 
 def bench_fanin(kafka, tmp, duration):
@@ -351,6 +370,8 @@ def main() -> None:
     ap.add_argument("--duration", type=float, default=10.0)
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--node-timeout", type=float, default=3.0)
+    ap.add_argument("--filter-nodes", default="2",
+                    help="filter: cluster sizes to measure, e.g. 2,4 (nodes 3.. are bystanders)")
     ap.add_argument("--fetch-wait", type=int, help="cluster.fetch_wait_ms of the nodes")
     ap.add_argument("--partitions", type=int, help="cluster.partitions (of the messages topic)")
     ap.add_argument("--json", help="write the figures here too")
@@ -375,7 +396,8 @@ def main() -> None:
             out["samenode"] = bench_samenode(kafka, tmp, [int(r) for r in a.rates.split(",")],
                                              a.duration)
         if "filter" in only:
-            out["filter"] = bench_filter(kafka, tmp, [int(r) for r in a.rates.split(",")], a.duration)
+            out["filter"] = [bench_filter(kafka, tmp, [int(r) for r in a.rates.split(",")], a.duration, n)
+                             for n in (int(x) for x in a.filter_nodes.split(","))]
         if "fanin" in only:
             out["fanin"] = bench_fanin(kafka, tmp, a.duration)
         if "takeover" in only:
