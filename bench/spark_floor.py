@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -35,15 +34,10 @@ from typing import Any, Iterator
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from job_footprint import show, tree  # noqa: E402  (beside this script)
+from harness import free_port  # noqa: E402  (beside this script)
+from job_footprint import show, tree  # noqa: E402
 
 from sink.history.spark import JOB_LOCAL_CONF  # noqa: E402  (settings only, not the job)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def main() -> int:
@@ -64,7 +58,7 @@ def main() -> int:
     from pyspark.sql import SparkSession
     from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
     mark("pyspark imported")
-    port = free_port()
+    port = free_port("127.0.0.1")
     builder = SparkSession.builder.master("local[2]").appName("spark-floor")
     for k, v in {**JOB_LOCAL_CONF, "spark.driver.extraJavaOptions": a.java_opts,
                  "spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "1",
