@@ -22,6 +22,8 @@ Records (JSON objects; key `n:<node id>` or `c:<client id>`):
   the current epoch (a late write of an old owner is ignored), or as the previous owner's last
   word (`final`) on its session, which the new owner waits for when that owner is alive.
 * `end` (key c:): the session ended (expired, or a clean session's connection closed).
+* `interest` (key `i:<node id>`): the topic filters a node's sessions subscribe to; `bell`
+  (key `r:<node id>`): wakes that node's reading of the messages topic (cluster/interest.py).
 * `ban`, `unban` (key `b:<kind>:<value>`): a ban added or removed through any node's admin API
   (broker/admin/bans.py): every node applies it to its own ban list (refusing CONNECTs) and
   disconnects the clients it covers. The last record per key wins, so a replay gives the list.
@@ -62,6 +64,9 @@ class Member:
     # read_ok False: its heartbeats may name offsets of a log Kafka lost, until it joins again
     read: dict[int, int] | None = None
     read_ok: bool = True
+    # the topic filters its sessions subscribe to (its last `interest` record); None: not said,
+    # or more than it lists (cluster/interest.py takes it as wanting every message)
+    wants: list[str] | None = None
 
 
 @dataclass
@@ -144,6 +149,17 @@ class Copy(NamedTuple):
     kind: str
 
 
+class InterestChanged(NamedTuple):
+    """A node's topic filters changed (or it joined or left): who wants which topics
+    (cluster/interest.py)."""
+    node: str
+
+
+class Rung(NamedTuple):
+    """A bell for this node: a node wrote messages some session here wants (cluster/interest.py)."""
+    by: str
+
+
 class BanChanged(NamedTuple):
     """A ban was added (`removed` False) or removed through some node: applied on every node."""
     ban: dict
@@ -214,6 +230,14 @@ class ControlState:
             return self._apply_node(kind, rec, at)
         if key.startswith("b:"):
             return [BanChanged(rec, kind == "unban")]
+        if key.startswith("i:"):
+            m = self.members.get(rec.get("node"))
+            if m is None or not m.alive or m.inc != rec.get("inc"):
+                return []
+            m.wants = rec.get("filters")
+            return [InterestChanged(m.node)]
+        if key.startswith("r:"):
+            return [Rung(rec.get("node"))] if rec.get("to") == self.node else []
         if key.startswith("c:"):
             cid = key[2:]
             if kind == "claim":
@@ -232,10 +256,12 @@ class ControlState:
             if m is not None and m.alive and m.inc != inc:
                 out += self._gone(m, at)  # the node restarted: its old incarnation is gone
             self.members[node] = Member(node, inc, True, self.clock())
+            out.append(InterestChanged(node))
         elif kind == "beat":
             if m is None or (not m.alive and m.inc != inc):
                 # an incarnation whose join was compacted away
                 self.members[node] = Member(node, inc, True, self.clock())
+                out.append(InterestChanged(node))
             elif m.alive and m.inc == inc:
                 m.seen = self.clock()
                 read = rec.get("read")
@@ -254,7 +280,8 @@ class ControlState:
         """A node incarnation is gone: its connected clients are disconnected as of `at`
         (an abnormal end: wills after their delay [MQTT-3.1.2-8], expiry from then)."""
         m.alive = False
-        out: list = [Evicted(m.node, m.inc, m.node == self.node and m.inc == self.inc, m.left)]
+        out: list = [Evicted(m.node, m.inc, m.node == self.node and m.inc == self.inc, m.left),
+                     InterestChanged(m.node)]
         for c in list(self.clients.values()):
             if c.prev is not None and c.prev[:2] == (m.node, m.inc) and not c.handed_over:
                 c.handed_over = True  # its last word will never come: rebuild from what is known

@@ -193,15 +193,20 @@ class FetchReader(_Feeder):
 
     def __init__(self, fetcher: Fetcher, loop: asyncio.AbstractEventLoop, apply: Callable[[list], None],
                  name: str = "cluster-reader", lost: Callable[[str], None] | None = None,
-                 lost_elsewhere: Callable[[], str | None] | None = None) -> None:
+                 lost_elsewhere: Callable[[], str | None] | None = None,
+                 gated: frozenset = frozenset(), follow: Callable[[], bool] | None = None) -> None:
         """lost(why): called on this thread when Kafka lost data (the fetcher reads every
         partition again from its new start), before the next records are handed over;
         lost_elsewhere(): why Kafka lost data as seen by another client (the offsets the
-        producer's records were given went back), or None, asked before each fetch."""
+        producer's records were given went back), or None, asked before each fetch;
+        follow(): whether the next fetch includes the topics `gated` (cluster/interest.py),
+        asked before each fetch (they keep their positions while left out)."""
         super().__init__(loop, apply, name)
         self.fetcher = fetcher
         self.lost = lost
         self.lost_elsewhere = lost_elsewhere
+        self.gated = gated
+        self.follow = follow
 
     def run(self) -> None:
         f = self.fetcher
@@ -212,8 +217,12 @@ class FetchReader(_Feeder):
             why = self.lost_elsewhere() if self.lost_elsewhere is not None else None
             if why is not None:
                 f.lost_data(why)
+            asleep = self.follow is not None and not self.follow()
+            f.skip = self.gated if asleep else frozenset()
             try:
                 batches = f.fetch()
+                if asleep:  # where the logs left out end now (a new subscription starts there)
+                    f.sample_ends(self.gated)
             except Exception as exc:  # Kafka unreachable or restarting: again shortly
                 if not self.stopping:
                     log.warning("cluster: reading Kafka failed (%s); retrying", exc)

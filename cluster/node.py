@@ -54,6 +54,7 @@ from .checkpoints import Checkpoints, Handle
 from .claims import Claims
 from .copies import Copies
 from .held import Held
+from .interest import Interest
 from .keep import BATCH, FAILED, MARK, Entry, Keep
 from .link import FetchReader, Topics, ensure_topics
 from .membership import Membership
@@ -163,6 +164,8 @@ class ClusterNode(Hook):
         self.qos2_pid: tuple[str, int] | None = None  # (client id, packet id) of the PUBLISH routed next
         self.last_mid = 0                        # the number of the last message id written
         self.shares = Shares(self)
+        # which nodes want which topics: bells to them, and when this node reads the messages
+        self.interest = Interest(self.node, lambda: self.state, time.monotonic)
         self.ready = False
         self.stopping = False
         self.fenced = False
@@ -224,7 +227,10 @@ class ClusterNode(Hook):
                  len(self.state.clients), self.broker.retained_count())
         self.ready = True
         self.reader = FetchReader(f, self.loop, self._apply, lost=self._kafka_lost,
-                                  lost_elsewhere=self._lost_elsewhere)
+                                  lost_elsewhere=self._lost_elsewhere,
+                                  gated=frozenset((self.topics.messages,)),
+                                  follow=self._reads_messages)
+        self.on_turn_end()  # this node's topic filters, to the others
         self.reader.start()
         self.beat_handle = self.loop.call_later(self.cfg.heartbeat_seconds, self._beat)
 
@@ -315,6 +321,7 @@ class ClusterNode(Hook):
                                      for sub, _ in self.reading.waiting_subs]
         self.checkpoints.lost(partitions)
         self.membership.join()
+        self.interest.again()  # (its filters went with the lost log)
         rewritten = 0
         if C.rendezvous("retained", self.state.alive()) == self.node:
             rewritten = recovery.rewrite_retained(self.broker, self.producer, self.topics.retained,
@@ -344,7 +351,11 @@ class ClusterNode(Hook):
                    kept=len(self.keep.entries), kept_bytes=self.keep.bytes,
                    kept_dropped=self.keep.dropped,
                    backlog=self.producer.backlog if self.producer is not None else 0,
-                   held=len(self.held.local))
+                   held=len(self.held.local),
+                   # cluster/interest.py: bells written to other nodes and read for this one,
+                   # and the reads of the messages topic while asleep
+                   bells_written=self.interest.bells, bells_read=self.interest.rung,
+                   skims=self.interest.skims)
         return {"cluster": out}
 
     def locate(self, client_id: str) -> str | None:
@@ -444,6 +455,9 @@ class ClusterNode(Hook):
         signed = self.producer.send_body(self.topics.messages, body, ts,
                                          b if kept is None else kept)
         self.counters["produced"] += 1
+        for node in self.interest.to_ring(msg.topic, time.monotonic()):
+            self._write_control(f"r:{node}", {"t": "bell", "node": self.node, "inc": self.inc,
+                                              "to": node})
         self.held.here(msg, client_id, signed, n)
         if msg.retain and broker.cfg.retain_available and \
                 (not msg.payload or broker.retained_fits(msg)):
@@ -559,6 +573,10 @@ class ClusterNode(Hook):
                         self._fenced()
                 else:
                     self.membership.evicted(ev)
+            elif kind is C.InterestChanged:
+                self.interest.others_changed()
+            elif kind is C.Rung:
+                self.interest.wake()
             elif kind is C.BanChanged:
                 self._ban_changed(ev)
             elif kind is C.Copy:
@@ -606,6 +624,7 @@ class ClusterNode(Hook):
         self.inc = uuid.uuid4().hex[:12]
         self.state.inc = self.inc
         self.membership.join()
+        self.interest.again()
 
     # ------------------------------------------------------------ admission (CONNECT)
     def admit(self, client_id: str, clean_start: bool, expiry: int, will: Will | None, username: str | None,
@@ -678,7 +697,26 @@ class ClusterNode(Hook):
     def on_turn_end(self) -> None:
         if self.ready:
             self.shares.reconcile()  # a $share group gained its first member here, or lost its last
+            self._say_interest()
         self.checkpoints.write_owed()
+
+    def _say_interest(self) -> None:
+        """This node's topic filters to the others, when one gained its first subscription here
+        or lost its last (cluster/interest.py)."""
+        said = self.interest.changed(*self.broker.plain_filters())
+        if said is not None:
+            self._write_control(f"i:{self.node}", {"t": "interest", "node": self.node,
+                                                   "inc": self.inc, **said})
+            self.producer.kick()
+
+    def _reads_messages(self) -> bool:
+        """On the reader's thread, before each fetch: whether it includes the messages
+        partitions (cluster/interest.py); always while this node holds messages it accepted
+        until their records are read back, starts new subscriptions, spills or recovers."""
+        held = self.held
+        return self.interest.reads_messages(
+            bool(held.local) or held.spill is not None or bool(self.reading.waiting_subs)
+            or self.recovering or not self.ready)
 
     # ------------------------------------------------------------ timers
     def on_tick(self) -> None:
@@ -694,6 +732,8 @@ class ClusterNode(Hook):
         """The heartbeat timer (cluster/membership.py)."""
         try:
             self.membership.beat()
+            if self.ready and not self.fenced:
+                self._say_interest()  # (a session that ended without a turn's output)
         except Exception:
             log.exception("cluster: heartbeat failed")
         self.beat_handle = self.loop.call_later(self.cfg.heartbeat_seconds, self._beat)

@@ -245,6 +245,10 @@ def _partition_key(v: Any) -> bool:
     return isinstance(v, str) and 0 < len(v) <= 6 and v.isascii() and v.isdigit()
 
 
+def _filter(v: Any) -> bool:
+    return isinstance(v, str) and 0 < len(v) <= 65535 and "\x00" not in v
+
+
 def _positions(v: Any) -> bool:
     return type(v) is dict and all(_partition_key(k) and _OFFSET(o) for k, o in v.items())
 
@@ -339,6 +343,10 @@ CONTROL = {  # kind: (key prefix, fields)
                    "at": (_opt(_num), True), "by": (_str(_ID), True)}),
     "unban": ("b:", {**_WRITER, "kind": (lambda v: v in _BAN_KINDS, True),
                      "value": (lambda v: isinstance(v, str) and 0 < len(v) <= _ID, True)}),
+    # the topic filters of a node's sessions (None: more than it lists, take it as wanting
+    # every message), and a bell that wakes a node's reading (cluster/interest.py)
+    "interest": ("i:", {**_WRITER, "filters": (_opt(_list_of(_filter)), True)}),
+    "bell": ("r:", {**_WRITER, "to": (_str(_ID), True)}),
 }
 
 
@@ -349,7 +357,8 @@ def ban_key(kind: str, value: str) -> str:
 def decode_control(key: bytes | None, value: bytes | None) -> tuple[str, dict | None]:
     """(key, record) of a control-topic record, the record None for a tombstone. Raises
     Malformed for anything a node does not write: the key is `n:<node id>` for a node's
-    record, `c:<client id>` for a client's, `b:<kind>:<value>` for a ban's."""
+    record, `c:<client id>` for a client's, `b:<kind>:<value>` for a ban's, `i:<node id>` for
+    a node's interest and `r:<node id>` for a bell to a node."""
     if key is None:
         raise Malformed("null key")
     try:
@@ -357,7 +366,7 @@ def decode_control(key: bytes | None, value: bytes | None) -> tuple[str, dict | 
     except UnicodeDecodeError:
         raise Malformed("key is not UTF-8") from None
     if value is None:
-        if k[:2] not in ("n:", "c:", "b:"):
+        if k[:2] not in ("n:", "c:", "b:", "i:", "r:"):
             raise Malformed("tombstone of an unknown key")
         return k, None
     if len(value) > MAX_CONTROL_BYTES:
@@ -377,8 +386,10 @@ def decode_control(key: bytes | None, value: bytes | None) -> tuple[str, dict | 
         raise Malformed(f"a {kind} record under key {k[:40]!r}")
     if not _fields(fields, rec):
         raise Malformed(f"a {kind} record with missing, unknown or mistyped fields")
-    if prefix == "n:" and k[2:] != rec["node"]:
+    if prefix in ("n:", "i:") and k[2:] != rec["node"]:
         raise Malformed(f"a {kind} record of node {rec['node'][:40]!r} under key {k[:40]!r}")
+    if prefix == "r:" and k[2:] != rec["to"]:
+        raise Malformed(f"a bell for {rec['to'][:40]!r} under key {k[:40]!r}")
     if prefix == "b:" and k != ban_key(rec["kind"], rec["value"]):
         raise Malformed(f"a {kind} record under key {k[:40]!r}")
     return k, rec

@@ -35,6 +35,9 @@ class Fetcher:
     restart_on_loss = True
     create_topics = True
     _meta: Any = None
+    # followed topics the next fetches leave out (their positions kept): a cluster node whose
+    # sessions want nothing there now (cluster/interest.py)
+    skip: frozenset[str] = frozenset()
 
     def __init__(self, bootstrap: str, kafka: dict, wait_ms: int,
                  decoder: Callable[[bytes, int | None], Any] | None = None,
@@ -127,6 +130,13 @@ class Fetcher:
                 self._refresh(0.2)
         return out
 
+    def sample_ends(self, topics: frozenset[str]) -> None:
+        """`high` of the followed partitions of `topics` from their current ends (a ListOffsets
+        request, no records): kept as fresh as a fetch keeps it while they are left out."""
+        tps = [tp for tp in self.positions if tp[0] in topics]
+        if tps:
+            self.high.update(self.offsets(tps, "latest"))
+
     # ------------------------------------------------------------ fetching
     def fetch(self) -> list:
         """One Fetch per leader for every followed partition: [(topic, partition, Decoded or
@@ -154,7 +164,9 @@ class Fetcher:
             self._meta = None
         if not self.create_topics and self.restart_on_loss and self._gone(failed):
             return out
-        by_leader = self._by_leader(list(self.positions))
+        skip = self.skip
+        by_leader = self._by_leader([tp for tp in self.positions if tp[0] not in skip] if skip
+                                    else list(self.positions))
         if not by_leader:
             self._refresh(0.2)
             return out

@@ -636,6 +636,12 @@ class Broker:
         """Whether any subscription here is not a $share one (nothing to route otherwise)."""
         return self.router.has_plain()
 
+    def plain_filters(self) -> tuple[int, dict[str, int]]:
+        """(version, filter -> subscriptions) of the plain subscriptions here; the version
+        changes whenever a filter gains its first subscription or loses its last. The dict is
+        the router's own: read, never changed."""
+        return self.router.plain_version, self.router.plain_filters
+
     def subscribers_of(self, topic: str) -> list[tuple[Subscriber, list[Subscription]]]:
         """The (subscriber, its matching subscriptions) a message on `topic` goes to, $share
         groups aside; cached per topic (Router.match)."""

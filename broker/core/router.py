@@ -39,6 +39,11 @@ class Router:
         self.shared_groups: dict[GroupKey, int] = {}
         self.shared_count = 0  # the $share subscriptions among `count`
         self.shared_version = 0
+        # the filters of the plain (not $share) subscriptions here -> how many have each; the
+        # version changes whenever a filter gains its first one or loses its last (a cluster
+        # node tells the others which topics it wants: cluster/interest.py)
+        self.plain_filters: dict[str, int] = {}
+        self.plain_version = 0
         # emptied caches waiting to be freed (at most one: freeing 100,000 entries at once held
         # the event loop 10-17 ms, in the SUBSCRIBE or PUBLISH that emptied the cache)
         self.retired: list[dict[str, Match]] = []
@@ -69,6 +74,11 @@ class Router:
             self.filter_bytes += len(sub.filter)
             if "+" in sub.topic_filter:
                 self.count_shape(sub.topic_filter, 1)
+        if new and sub.group is None:
+            n = self.plain_filters.get(sub.topic_filter, 0)
+            self.plain_filters[sub.topic_filter] = n + 1
+            if not n:
+                self.plain_version += 1
         if new and sub.group is not None:
             g = (sub.group, sub.topic_filter)
             self.shared_groups[g] = self.shared_groups.get(g, 0) + 1
@@ -108,6 +118,13 @@ class Router:
             self.filter_bytes -= len(sub.filter)
             if "+" in sub.topic_filter:
                 self.count_shape(sub.topic_filter, -1)
+        if removed and sub.group is None:
+            n = self.plain_filters.get(sub.topic_filter, 1) - 1
+            if n:
+                self.plain_filters[sub.topic_filter] = n
+            else:
+                self.plain_filters.pop(sub.topic_filter, None)
+                self.plain_version += 1
         if removed and sub.group is not None:
             g = (sub.group, sub.topic_filter)
             n = self.shared_groups.get(g, 1) - 1

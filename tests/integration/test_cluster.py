@@ -174,6 +174,51 @@ def test_order_per_publisher_and_topic_across_nodes(cluster):
     assert [int(m.payload) for m in got] == list(range(1, 201))
 
 
+def sys_stat(c: RawClient, key: str, after: float, timeout: float = 10.0) -> int:
+    """The node's `$SYS/broker/cluster/<key>` as published after `after` (time.monotonic())."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        p = c.recv(deadline - time.monotonic())
+        if p.type == P.PUBLISH and p.topic == f"$SYS/broker/cluster/{key}" and \
+                time.monotonic() > after:
+            return int(p.payload)
+    raise AssertionError(f"no $SYS/broker/cluster/{key} within {timeout}s")
+
+
+def test_a_node_is_rung_only_for_messages_its_sessions_want_and_still_gets_each_once(cluster):
+    """cluster/interest.py: node 2, whose subscriber wants only `rare/#`, is not rung for the
+    messages on `load/...` that node 1's subscriber takes (it reads them only as it skims),
+    and is rung for the one on `rare/...`, which its subscriber gets once."""
+    c = cluster(2, **{"metrics.sys_interval": 1})
+    load, rare = uniq("load"), uniq("rare")
+    s1 = connect(c.port("n1"))
+    s1.subscribe(load, qos=1)
+    s2 = connect(c.port("n2"))
+    s2.subscribe(rare, qos=1)
+    w1, w2 = connect(c.port("n1")), connect(c.port("n2"))
+    w1.subscribe("$SYS/broker/cluster/bells_written")
+    w2.subscribe("$SYS/broker/cluster/#")
+    time.sleep(2.5)  # each node has read the other's filters, and node 2 fell asleep
+    before = time.monotonic() + 1.2
+    rung_before = sys_stat(w1, "bells_written", before)
+    pub = connect(c.port("n1"))
+    for i in range(1, 201):
+        pub.publish(load, b"%d" % i, qos=1, pid=i)
+        assert pub.recv_type(P.PUBACK).reason_code == 0
+    assert [int(m.payload) for m in publishes(s1, 200)] == list(range(1, 201))
+    after = time.monotonic() + 1.2
+    assert sys_stat(w1, "bells_written", after) == rung_before  # nobody else wanted them
+    assert sys_stat(w2, "skims", after) > 0  # node 2 still read them, asleep
+    heard = sys_stat(w2, "bells_read", after)
+    pub.publish(rare, b"r", qos=1, pid=300)
+    assert pub.recv_type(P.PUBACK).reason_code == 0
+    (m,) = publishes(s2, 1)
+    assert (m.topic, m.payload) == (rare, b"r")
+    assert sys_stat(w2, "bells_read", time.monotonic() + 1.2) > heard
+    with pytest.raises(TimeoutError):
+        s2.recv(0.5)  # once
+
+
 def test_a_subscriber_on_the_publishers_node_gets_its_messages_in_order_across_topics(cluster):
     """MQTT 5 section 4.6: a subscriber on the publisher's node gets its messages in the order
     published, whatever their topics (whose records are in different partitions of the log),
