@@ -8,7 +8,8 @@ message (bench/cluster_bench.py --only filter). So the reading is gated, not the
 
 * Each node tells the others the topic filters its sessions subscribe to: an `interest`
   control record (key `i:<node>`, control.py) whenever a filter gains its first subscription
-  on it or loses its last (Broker.plain_filters()); past MAX_FILTERS it says "everything".
+  on it or loses its last (Broker.plain_filters(); `$SYS/...` aside: only the broker itself
+  publishes there, never through the cluster); past MAX_FILTERS it says "everything".
 * A node that writes a message rings each other node whose filters match its topic: a `bell`
   control record (key `r:<node>`), at most one per BELL_EVERY seconds to each node.
 * A node fetches the messages partitions while it is awake: for AWAKE_FOR seconds after a bell
@@ -56,6 +57,7 @@ class Interest:
         self.bells = 0
         # reading
         self.said: int | None = None            # the version of this node's filters last said
+        self.listed: list[str] | None | bool = False  # what it said then (False: nothing yet)
         self.awake_until = 0.0
         self.next_skim = 0.0
         self.skims = 0
@@ -69,12 +71,19 @@ class Interest:
         if version == self.said:
             return None
         self.said = version
+        # $SYS/... is the broker's own, never a cluster message (clients may not publish there)
+        mine = sorted(f for f in filters if not f.startswith("$SYS"))
+        listed = mine if len(mine) <= MAX_FILTERS else None
+        if listed == self.listed:
+            return None
+        self.listed = listed
         self.awake_until = self.clock() + AWAKE_FOR
-        return {"filters": sorted(filters) if len(filters) <= MAX_FILTERS else None}
+        return {"filters": listed}
 
     def again(self) -> None:
         """Say this node's filters again at the next chance (it joined again)."""
         self.said = None
+        self.listed = False
 
     # ------------------------------------------------------------ writing: whom to ring
     def others_changed(self) -> None:
