@@ -191,6 +191,11 @@ class FetchReader(_Feeder):
     IDLE_AFTER seconds) waits IDLE_WAIT_MS instead: ~10x fewer fetches, and the first record
     after a quiet spell may wait up to that much."""
 
+    # while the gated topics are left out, how often their ends are asked for (a ListOffsets
+    # request, no records): a new subscription starts where the log ended at its SUBSCRIBE, as
+    # this node knew it (ClusterNode.install), so this bounds how far before it that may be
+    SAMPLE_EVERY = 0.1
+
     def __init__(self, fetcher: Fetcher, loop: asyncio.AbstractEventLoop, apply: Callable[[list], None],
                  name: str = "cluster-reader", lost: Callable[[str], None] | None = None,
                  lost_elsewhere: Callable[[], str | None] | None = None,
@@ -207,6 +212,7 @@ class FetchReader(_Feeder):
         self.lost_elsewhere = lost_elsewhere
         self.gated = gated
         self.follow = follow
+        self.next_sample = 0.0
 
     def run(self) -> None:
         f = self.fetcher
@@ -221,7 +227,9 @@ class FetchReader(_Feeder):
             f.skip = self.gated if asleep else frozenset()
             try:
                 batches = f.fetch()
-                if asleep:  # where the logs left out end now (a new subscription starts there)
+                if asleep and time.monotonic() >= self.next_sample:
+                    # where the logs left out end now (a new subscription starts there)
+                    self.next_sample = time.monotonic() + self.SAMPLE_EVERY
                     f.sample_ends(self.gated)
             except Exception as exc:  # Kafka unreachable or restarting: again shortly
                 if not self.stopping:

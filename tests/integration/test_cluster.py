@@ -221,6 +221,38 @@ def test_a_node_is_rung_only_for_messages_its_sessions_want_and_still_gets_each_
         s2.recv(0.5)  # once
 
 
+def test_a_subscription_on_a_node_asleep_starts_where_the_log_ended_at_its_subscribe(cluster):
+    """A node none of whose sessions wanted the messages (not reading them but once every
+    SKIM_EVERY, cluster/interest.py) still knows where the log ends: a new subscription there
+    gets what is published after its SUBSCRIBE, and none of the messages published well before
+    it (more than the log's latency: docs/cluster.md, what is guaranteed). Four rounds, each
+    with node 2 asleep again, its reads of the log falling elsewhere in the gap each time."""
+    c = cluster(2)
+    other = connect(c.port("n2"))
+    other.subscribe(uniq("other"), qos=1)
+    pub = connect(c.port("n1"))
+    pid = 0
+    for shift in (0.0, 0.12, 0.25, 0.37):  # the gap against its reads (SKIM_EVERY apart)
+        topic = uniq("asleep")
+        time.sleep(2.5 + shift)  # node 2 has fallen asleep (its filters changed AWAKE_FOR ago)
+        for i in range(5):
+            pid += 1
+            pub.publish(topic, b"before-%d" % i, qos=1, pid=pid)
+            assert pub.recv_type(P.PUBACK).reason_code == 0
+            time.sleep(0.1)
+        time.sleep(0.3)
+        s = connect(c.port("n2"))
+        s.subscribe(topic, qos=1)
+        pid += 1
+        pub.publish(topic, b"after", qos=1, pid=pid)
+        assert pub.recv_type(P.PUBACK).reason_code == 0
+        (m,) = publishes(s, 1)
+        assert m.payload == b"after"
+        with pytest.raises(TimeoutError):
+            s.recv(0.3)
+        s.close()
+
+
 def test_a_subscriber_on_the_publishers_node_gets_its_messages_in_order_across_topics(cluster):
     """MQTT 5 section 4.6: a subscriber on the publisher's node gets its messages in the order
     published, whatever their topics (whose records are in different partitions of the log),
