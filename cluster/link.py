@@ -227,15 +227,22 @@ class FetchReader(_Feeder):
             f.skip = self.gated if asleep else frozenset()
             try:
                 batches = f.fetch()
-                if asleep and time.monotonic() >= self.next_sample:
-                    # where the logs left out end now (a new subscription starts there)
-                    self.next_sample = time.monotonic() + self.SAMPLE_EVERY
-                    f.sample_ends(self.gated)
             except Exception as exc:  # Kafka unreachable or restarting: again shortly
                 if not self.stopping:
                     log.warning("cluster: reading Kafka failed (%s); retrying", exc)
                     time.sleep(1)
                 continue
+            if asleep and (batches or time.monotonic() >= self.next_sample):
+                # where the logs left out end now (a new subscription starts there), asked
+                # before the records just read are applied too: a retained message read here
+                # was written with its message record, which is then below that end (so a
+                # subscription that gets the retained message is not also given its record)
+                self.next_sample = time.monotonic() + self.SAMPLE_EVERY
+                try:
+                    f.sample_ends(self.gated)
+                except Exception as exc:  # (the fetch's records are still handed over)
+                    log.warning("cluster: asking Kafka where %s ends failed (%s)",
+                                ", ".join(sorted(self.gated)), exc)
             why = f.take_lost()
             if why is not None and self.lost is not None and not self.stopping:
                 self.lost(why)
