@@ -15,9 +15,13 @@ Prints, side by side where it applies:
   each rate the CPU per message of a bystander node whose subscriber's filter matches none of
   the records (publisher and subscriber on node 1, a subscriber on `elsewhere/#` on node 2)
   against node 2 with the matching subscriber (publisher on node 1, subscriber on node 2), with
-  node 1's and Kafka's CPU per message; `--filter-nodes 2,4` measures a cluster of each size
+  node 1's and Kafka's CPU per message (a node none of whose sessions wants the records reads
+  them only every 0.5 s: cluster/interest.py); `--filter-nodes 2,4` measures a cluster of each size
   (nodes 3.. are bystanders with an `elsewhere/#` subscriber each: what every node pays for
   every message, whatever it wants);
+* sparse: a QoS 1 message every 3 s from node 1 to a subscriber on node 2, each the first after
+  a quiet spell (node 2 not reading the messages topic in between: cluster/interest.py, woken by
+  a bell): its latency, p50 and max;
 * fanin: 8 QoS 0 and QoS 1 publishers into one wildcard subscriber: a 1-node cluster (everything
   on n1) against 2 nodes (publishers spread over n1 and n2, the subscriber on n1), and the same
   broker without the cluster; each scenario starts once the nodes and Kafka are quiet (the QoS 0
@@ -222,16 +226,23 @@ def bench_filter(kafka, tmp, rates, duration, nodes=2):
         idle = idle_cpu({**pids, "Kafka": kafka.proc.pid}, max(duration, 5))
         for rate in rates:
             for case, sub_port in (("non-matching", n1.port), ("matching", n2.port)):
+                t0 = time.monotonic()
                 res, cpu = measured({**pids, "Kafka": kafka.proc.pid}, lambda: loadgen(
                     "--scenario", "latency", "--port", n1.port, "--sub-port", sub_port,
                     "--rate", rate, "--duration", duration, "--warmup", 1, "--mqtt", 5))
+                took = time.monotonic() - t0
                 n = res["sent_total"] or 1
                 rest = [cpu[f"n{i + 1}"] for i in range(2, nodes)]
+                # what node 2 and the bystanders spent beyond their idle polling over those seconds
+                above = [cpu[f"n{i + 1}"] - idle[f"n{i + 1}"] / 100 * took for i in range(1, nodes)]
                 rows.append({"rate": rate, "case": case,
                              "n1 us/msg": round(cpu["n1"] / n * 1e6, 1),
                              "n2 us/msg": round(cpu["n2"] / n * 1e6, 1),
                              "bystanders us/msg": round(sum(rest) / len(rest) / n * 1e6, 1) if rest else None,
                              "Kafka us/msg": round(cpu["Kafka"] / n * 1e6, 1),
+                             "n2 above idle us/msg": round(above[0] / n * 1e6, 1),
+                             "bystanders above idle us/msg":
+                                 round(sum(above[1:]) / len(above[1:]) / n * 1e6, 1) if rest else None,
                              "p50_ms": res["lat_ms"]["p50"], "p99_ms": res["lat_ms"]["p99"]})
     finally:
         for other in others:
@@ -241,13 +252,15 @@ def bench_filter(kafka, tmp, rates, duration, nodes=2):
     print(f"\n## reading cost of a node ({nodes} nodes; node 2): records for nobody on it vs for its "
           f"subscriber; nodes 3..{nodes}: bystanders")
     print(f"idle, % of a core: {idle}")
-    print("| msg/s | node 2's records | node 1 us/msg | node 2 us/msg | nodes 3.. us/msg (mean) "
-          "| Kafka us/msg | p50 ms | p99 ms |")
+    print("| msg/s | node 2's records | node 1 us/msg | node 2 us/msg (above idle) | nodes 3.. us/msg "
+          "(mean; above idle) | Kafka us/msg | p50 ms | p99 ms |")
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['rate']:,} | {r['case']} | {r['n1 us/msg']} | {r['n2 us/msg']} | "
-              f"{r['bystanders us/msg'] if r['bystanders us/msg'] is not None else '-'} | "
-              f"{r['Kafka us/msg']} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} |")
+        by = "-" if r["bystanders us/msg"] is None else \
+            f"{r['bystanders us/msg']} ({r['bystanders above idle us/msg']})"
+        print(f"| {r['rate']:,} | {r['case']} | {r['n1 us/msg']} | {r['n2 us/msg']} "
+              f"({r['n2 above idle us/msg']}) | {by} | {r['Kafka us/msg']} | {r['p50_ms']:.2f} | "
+              f"{r['p99_ms']:.2f} |")
     return {"nodes": nodes, "idle_pct": idle, "rows": rows}
 
 
@@ -280,6 +293,46 @@ def bench_fanin(kafka, tmp, duration):
     for r in rows:
         print(f"| {r['setup']} | {r['scenario']} | {r['msgs_per_s']:,.0f} | {r['complete']} | {r['cpu_s']} |")
     return rows
+
+
+def bench_sparse(kafka, tmp, count, gap):
+    """A QoS 1 message every `gap` seconds from node 1 to a subscriber on node 2, which does
+    not read the messages topic in between (cluster/interest.py: asleep once AWAKE_FOR has
+    passed): each is the first after a quiet spell, brought by a bell."""
+    prefix = f"bench{uuid.uuid4().hex[:6]}"
+    n1, n2 = Node("n1", kafka.bootstrap, tmp, prefix), Node("n2", kafka.bootstrap, tmp, prefix)
+    lat = []
+    try:
+        sub, pub = RawClient(n2.port), RawClient(n1.port)
+        assert sub.connect(f"sparse-sub-{uuid.uuid4().hex[:6]}", keep_alive=0).reason_code == 0
+        assert pub.connect(f"sparse-pub-{uuid.uuid4().hex[:6]}", keep_alive=0).reason_code == 0
+        topic = f"sparse/{uuid.uuid4().hex[:6]}"
+        sub.subscribe(topic, qos=1)
+        time.sleep(gap)
+        for i in range(count):
+            t0 = time.perf_counter()
+            pub.publish(topic, b"%d" % i, qos=1, pid=i + 1)
+            while True:
+                p = sub.recv(10)
+                if p.type == P.PUBLISH:
+                    lat.append((time.perf_counter() - t0) * 1000)
+                    sub.send(P.Ack(P.PUBACK, p.packet_id))
+                    break
+            pub.recv_type(P.PUBACK)
+            time.sleep(gap)
+        sub.close()
+        pub.close()
+    finally:
+        n1.stop()
+        n2.stop()
+    lat.sort()
+    row = {"messages": count, "gap_s": gap, "p50_ms": round(lat[len(lat) // 2], 1),
+           "max_ms": round(lat[-1], 1)}
+    print(f"\n## a message after a quiet spell (node 1 -> node 2, one every {gap:g} s)")
+    print("| messages | p50 ms | max ms |")
+    print("|---|---|---|")
+    print(f"| {count} | {row['p50_ms']} | {row['max_ms']} |")
+    return row
 
 
 def bench_takeover(kafka, tmp, rounds):
@@ -365,7 +418,7 @@ def bench_failover(kafka, tmp, node_timeout, rounds):
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--only", default="latency,samenode,filter,fanin,takeover,failover")
+    ap.add_argument("--only", default="latency,samenode,filter,sparse,fanin,takeover,failover")
     ap.add_argument("--rates", default="1000,5000")
     ap.add_argument("--duration", type=float, default=10.0)
     ap.add_argument("--rounds", type=int, default=30)
@@ -398,6 +451,8 @@ def main() -> None:
         if "filter" in only:
             out["filter"] = [bench_filter(kafka, tmp, [int(r) for r in a.rates.split(",")], a.duration, n)
                              for n in (int(x) for x in a.filter_nodes.split(","))]
+        if "sparse" in only:
+            out["sparse"] = bench_sparse(kafka, tmp, 12, 3.0)
         if "fanin" in only:
             out["fanin"] = bench_fanin(kafka, tmp, a.duration)
         if "takeover" in only:
