@@ -10,7 +10,8 @@ Prints, side by side where it applies:
   p50 / p99 / p99.9, and the CPU per message of the sending node, the receiving node and Kafka
   (from /proc, over the measured seconds);
 * samenode: the same latency with publisher and subscriber on one node: the broker without the
-  cluster against a 1-node cluster (delivered as accepted, not through Kafka);
+  cluster against a 1-node cluster (delivered as accepted, not through Kafka), with the node's
+  and Kafka's CPU per message;
 * filter: what a node costs for the records it reads: idle (no traffic) in % of a core, and at
   each rate the CPU per message of a bystander node whose subscriber's filter matches none of
   the records (publisher and subscriber on node 1, a subscriber on `elsewhere/#` on node 2)
@@ -170,20 +171,26 @@ def bench_samenode(kafka, tmp, rates, duration):
         n = Node("n1", kafka.bootstrap, tmp, prefix) if cluster else Node(None, None, tmp, prefix)
         try:
             for rate in rates:
-                res = loadgen("--scenario", "latency", "--port", n.port, "--sub-port", n.port,
-                              "--rate", rate, "--duration", duration, "--warmup", 1, "--mqtt", 5)
+                pids = {"node": n.proc.pid, **({"Kafka": kafka.proc.pid} if cluster else {})}
+                res, cpu = measured(pids, lambda: loadgen(
+                    "--scenario", "latency", "--port", n.port, "--sub-port", n.port,
+                    "--rate", rate, "--duration", duration, "--warmup", 1, "--mqtt", 5))
                 lat = res["lat_ms"]
+                sent = res["sent_total"] or 1
                 rows.append({"setup": label, "rate": rate, "p50_ms": lat["p50"],
                              "p99_ms": lat["p99"], "p99.9_ms": lat["p99.9"],
-                             "delivered": res["delivered_total"], "sent": res["sent_total"]})
+                             "delivered": res["delivered_total"], "sent": res["sent_total"],
+                             "node us/msg": round(cpu["node"] / sent * 1e6, 1),
+                             "Kafka us/msg": round(cpu["Kafka"] / sent * 1e6, 1) if cluster else None})
         finally:
             n.stop()
     print("\n## same-node latency (QoS 0, publisher and subscriber on one node)")
-    print("| setup | msg/s | p50 ms | p99 ms | p99.9 ms | delivered / sent |")
-    print("|---|---|---|---|---|---|")
+    print("| setup | msg/s | p50 ms | p99 ms | p99.9 ms | delivered / sent | node us/msg | Kafka us/msg |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['setup']} | {r['rate']:,} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | "
-              f"{r['p99.9_ms']:.2f} | {r['delivered']} / {r['sent']} |")
+              f"{r['p99.9_ms']:.2f} | {r['delivered']} / {r['sent']} | {r['node us/msg']} | "
+              f"{r['Kafka us/msg'] if r['Kafka us/msg'] is not None else '-'} |")
     return rows
 
 
