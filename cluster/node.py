@@ -230,7 +230,7 @@ class ClusterNode(Hook):
                                   lost_elsewhere=self._lost_elsewhere,
                                   gated=frozenset((self.topics.messages,)),
                                   follow=self._reads_messages)
-        self.on_turn_end()  # this node's topic filters, to the others
+        self._say_interest()  # this node's topic filters, to the others
         self.reader.start()
         self.beat_handle = self.loop.call_later(self.cfg.heartbeat_seconds, self._beat)
 

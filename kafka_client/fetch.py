@@ -102,12 +102,13 @@ class Fetcher:
             pass
 
     # ------------------------------------------------------------ offsets
-    def offsets(self, tps: list, which: str) -> dict:
-        """The earliest ("earliest") or next ("latest") offset of each (topic, partition)."""
+    def offsets(self, tps: list, which: str, timeout: float = 30.0) -> dict:
+        """The earliest ("earliest") or next ("latest") offset of each (topic, partition);
+        TimeoutError when Kafka has not given them all within `timeout` seconds."""
         from kafka.protocol.consumer import ListOffsetsRequest
         ts = -2 if which == "earliest" else -1
         out: dict = {}
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + timeout
         while len(out) < len(tps):
             by_leader = self._by_leader([tp for tp in tps if tp not in out])
             T = ListOffsetsRequest.ListOffsetsTopic
@@ -132,10 +133,11 @@ class Fetcher:
 
     def sample_ends(self, topics: frozenset[str]) -> None:
         """`high` of the followed partitions of `topics` from their current ends (a ListOffsets
-        request, no records): kept as fresh as a fetch keeps it while they are left out."""
+        request, no records): kept as fresh as a fetch keeps it while they are left out. Gives
+        up after a second (the reading thread goes on; the next fetch of them says more)."""
         tps = [tp for tp in self.positions if tp[0] in topics]
         if tps:
-            self.high.update(self.offsets(tps, "latest"))
+            self.high.update(self.offsets(tps, "latest", timeout=1.0))
 
     # ------------------------------------------------------------ fetching
     def fetch(self) -> list:
