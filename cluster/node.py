@@ -54,7 +54,7 @@ from .checkpoints import Checkpoints, Handle
 from .claims import Claims
 from .copies import Copies
 from .held import Held
-from .interest import AWAKE_FOR, Interest
+from .interest import Interest
 from .keep import BATCH, FAILED, MARK, Entry, Keep
 from .link import FetchReader, Topics, ensure_topics
 from .membership import Membership
@@ -455,9 +455,7 @@ class ClusterNode(Hook):
         signed = self.producer.send_body(self.topics.messages, body, ts,
                                          b if kept is None else kept)
         self.counters["produced"] += 1
-        now = time.monotonic()
-        self.interest.awake_until = now + AWAKE_FOR  # (it reads its own records back: held.py)
-        for node in self.interest.to_ring(msg.topic, now):
+        for node in self.interest.to_ring(msg.topic, time.monotonic()):
             self._write_control(f"r:{node}", {"t": "bell", "node": self.node, "inc": self.inc,
                                               "to": node})
         self.held.here(msg, client_id, signed, n)
