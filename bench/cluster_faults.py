@@ -131,8 +131,30 @@ def main() -> None:
         print(f"| {name} | {gap_after(moved, at):.2f} | {ms(prev, at, 1)} / {ms(prev, at, 2)} | "
               f"{ms(at, at + 5, 1)} / {ms(at, at + 5, 2)} |")
         prev = at + 5
+    twice = twice_by_phase(subs, t_start, faults)
+    if any(twice.values()):
+        print("\nQoS 2 delivered twice, by when the repeat came: "
+              + ", ".join(f"{k}: {v}" for k, v in twice.items()))
     if errors:
         print(f"\nclients that failed: {errors}")
+
+
+def twice_by_phase(subs: list, t_start: float, faults: list) -> dict[str, int]:
+    """The QoS 2 repeats counted by the phase their second delivery came in (before the first
+    fault, or after which fault)."""
+    names = ["before the faults"] + [f"after {name.split(' (')[0]}" for name, _, _ in faults]
+    starts = [t_start] + [at for _, at, _ in faults]
+    out = dict.fromkeys(names, 0)
+    for s in subs:
+        if s.qos != 2:
+            continue
+        seen: set = set()
+        for pub, i, t in s.got:
+            if (pub, i) in seen and pub.startswith("p2."):   # a QoS 2 publisher's message
+                phase = sum(1 for at in starts[1:] if t >= at)
+                out[names[phase]] += 1
+            seen.add((pub, i))
+    return out
 
 
 if __name__ == "__main__":

@@ -213,6 +213,17 @@ class FetchReader(_Feeder):
         self.gated = gated
         self.follow = follow
         self.next_sample = 0.0
+        # where the gated partitions ended (as last known) when they were last read: a read of
+        # them goes on to there before the node sleeps again (Tansu answers a fetch with one
+        # batch per partition: a single fetch every SKIM_EVERY fell further behind at each)
+        self.read_to: dict[tuple[str, int], int] = {}
+
+    def behind(self) -> bool:
+        """Whether a gated partition has not been read to where it ended when its reading
+        began (nor to where it ends now, for a log that went back: Kafka lost data)."""
+        f = self.fetcher
+        return any(f.positions.get(tp, 0) < min(end, f.high.get(tp, 0))
+                   for tp, end in self.read_to.items())
 
     def run(self) -> None:
         f = self.fetcher
@@ -224,6 +235,10 @@ class FetchReader(_Feeder):
             if why is not None:
                 f.lost_data(why)
             asleep = self.follow is not None and not self.follow()
+            if not asleep:
+                self.read_to = {tp: f.high.get(tp, 0) for tp in f.positions if tp[0] in self.gated}
+            elif self.behind():
+                asleep = False  # (reading on to where the gated partitions ended)
             f.skip = self.gated if asleep else frozenset()
             try:
                 batches = f.fetch()

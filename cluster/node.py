@@ -156,7 +156,7 @@ class ClusterNode(Hook):
         self.rebuilds = Rebuild(cfg, bootstrap, self.topics.messages, wall, self.trust,
                                 self.checkpoints, self.counters, lambda: self.routed_upto,
                                 self.held.held_for, self.on_message_stored, self.reading.decode,
-                                lambda: self.loop)
+                                lambda: self.loop, self._messages_end, self._claim_current)
         # the CONNECTs waiting for their claims on their client ids
         self.claims = Claims(cfg, wall, lambda: self.state, self._write_control,
                              lambda: next(self.ids), self.rebuilds.rebuild, self.counters)
@@ -709,6 +709,19 @@ class ClusterNode(Hook):
                                                    "inc": self.inc, **said})
             self.producer.kick()
 
+    def _messages_end(self) -> dict[int, int]:
+        """Per messages partition, where its log ends as this node last knew it (its reading's
+        last answer, or the ends it asks for while asleep: cluster/link.py FetchReader)."""
+        high, topic = self.fetcher.high, self.topics.messages
+        return {p: high.get((topic, p), 0) for p in range(self.partitions)}
+
+    def _claim_current(self, claim) -> bool:
+        """A claim applied here is still the client id's current one (not claimed again since)."""
+        st = self.state
+        c = st.clients.get(claim.cid) if st is not None else None
+        return c is not None and claim.client is not None and c.epoch == claim.client.epoch \
+            and c.node == st.node and c.inc == st.inc
+
     def _reads_messages(self) -> bool:
         """On the reader's thread, before each fetch: whether it includes the messages
         partitions (cluster/interest.py); always while this node holds messages it accepted
@@ -716,7 +729,7 @@ class ClusterNode(Hook):
         held = self.held
         return self.interest.reads_messages(
             bool(held.local) or held.spill is not None or bool(self.reading.waiting_subs)
-            or self.recovering or not self.ready)
+            or self.rebuilds.catching_up > 0 or self.recovering or not self.ready)
 
     # ------------------------------------------------------------ timers
     def on_tick(self) -> None:

@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 PUBLISHER_SCAN = 5000  # records per partition a moved session without subscriptions reads back
+CATCH_UP_SECONDS = 5.0  # how long a rebuild waits for this node's reading to reach the log's end
 
 
 class Rebuild:
@@ -45,13 +46,17 @@ class Rebuild:
     per messages partition, the next offset this node delivers (from there the live stream
     delivers to it); `held_for`: the messages accepted here not read back yet that the session's
     subscriptions take; `stored`: the node's on_message_stored (a stored message's handle);
-    `decode`: (Message, publisher) of a record, or None (counted); `loop`: the node's loop."""
+    `decode`: (Message, publisher) of a record, or None (counted); `loop`: the node's loop;
+    `log_end`: per messages partition, where the log ends as this node last knew it;
+    `current`: whether a claim is still the client's current one, held by this node."""
 
     def __init__(self, cfg: ClusterConfig, bootstrap: str, topic: str, wall: Callable[[], float],
                  trust: Trust, checkpoints: Checkpoints, counters: dict[str, int],
                  read_upto: Callable[[], dict[int, int]], held_for: Callable[[str, list], list],
                  stored: Callable[..., Any], decode: Callable[..., tuple[Message, str] | None],
-                 loop: Callable[[], asyncio.AbstractEventLoop]) -> None:
+                 loop: Callable[[], asyncio.AbstractEventLoop],
+                 log_end: Callable[[], dict[int, int]] = dict,
+                 current: Callable[[Claim], bool] = lambda claim: True) -> None:
         self.cfg = cfg
         self.bootstrap = bootstrap
         self.topic = topic
@@ -64,12 +69,61 @@ class Rebuild:
         self.stored = stored
         self.decode = decode
         self.loop = loop
+        self.log_end = log_end
+        self.current = current
+        self.catching_up = 0  # rebuilds waiting for this node's reading (it reads meanwhile)
         self.broker: HookHost = None  # type: ignore[assignment]  # ClusterNode.attach()
 
     def rebuild(self, claim: Claim) -> None:
-        """Bring a session that lived on another node here: its subscriptions from its last
-        checkpoint, then what the messages topic holds for it from the checkpoint's positions
-        on (queued, and in flight with their packet ids [MQTT-4.4.0-1])."""
+        """Bring a session that lived on another node here, once this node has read the
+        messages topic to where it ended (as far as this node knew) when the claim came.
+
+        The live stream delivers to the session from this node's reading position on, and the
+        rebuild scans the log below it from the checkpoint's positions: a node whose reading
+        was behind the checkpoint (asleep, cluster/interest.py, or only slower than the last
+        owner) would give the session again, as new messages, what its last node had already
+        delivered [MQTT-4.3.3-3]; the QoS 2 PUBLISHes the last node wrote after its checkpoint
+        must be below it to be found. Waits at most CATCH_UP_SECONDS (then as it is, said)."""
+        target = self.log_end()
+        if self._reached(target):
+            self._rebuild(claim)
+            return
+        self.catching_up += 1
+        loop = self.loop()
+        deadline = loop.time() + CATCH_UP_SECONDS
+
+        def again() -> None:
+            if claim.token.done:  # failed meanwhile (this node fenced)
+                self.catching_up -= 1
+                return
+            reached = self._reached(target)
+            if not reached and loop.time() < deadline:
+                loop.call_later(0.005, again)
+                return
+            self.catching_up -= 1
+            if not reached:
+                self.counters["rebuild_behind"] = self.counters.get("rebuild_behind", 0) + 1
+                log.warning("cluster: rebuilding the session of %r before this node read the "
+                            "messages topic to its end (%s, read to %s after %.0f s): messages "
+                            "its last node delivered may come again", claim.cid[:100], target,
+                            dict(self.read_upto()), CATCH_UP_SECONDS)
+            if not self.current(claim):
+                claim.token.resolve(UNAVAILABLE)  # claimed again elsewhere meanwhile
+                return
+            self._rebuild(claim)
+
+        loop.call_later(0.005, again)
+
+    def _reached(self, target: dict[int, int]) -> bool:
+        """This node's reading is at `target` in every partition (or at where the log ends now,
+        for a log that went back: Kafka lost data)."""
+        upto, end = self.read_upto(), self.log_end()
+        return all(upto.get(p, 0) >= min(o, end.get(p, 0)) for p, o in target.items())
+
+    def _rebuild(self, claim: Claim) -> None:
+        """The rebuild itself: its subscriptions from its last checkpoint, then what the
+        messages topic holds for it from the checkpoint's positions on (queued, and in flight
+        with their packet ids [MQTT-4.4.0-1])."""
         c = claim.client
         ck = c.session or {}
         broker = self.broker

@@ -14,6 +14,7 @@ to the next live node with its persistent session (Clean Start 0) and goes on as
 """
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from typing import Callable
@@ -58,6 +59,15 @@ class Device(threading.Thread):
 
     def resumed(self, present: bool) -> None:
         pass
+
+    def drop(self) -> None:
+        """Its connection broken from outside (the device reconnects, to the first of ports())."""
+        c = self.c
+        if c is not None:
+            try:
+                c.sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
 
     def run(self) -> None:
         try:

@@ -84,6 +84,44 @@ def test_qos2_is_exactly_once_and_nothing_acknowledged_is_lost_when_nodes_are_ki
         c.stop()
 
 
+def test_a_session_moved_to_a_node_that_was_not_reading_for_it_gets_nothing_again(kafka, tmp_path):
+    """[MQTT-4.3.3-3] [MQTT-4.4.0-1]: persistent QoS 1 and QoS 2 subscribers on n2 move to n3,
+    then back to n2, then to n3 again (their connections dropped, every node alive: handed over),
+    while publishers on n1 go on. Each time the node they move to had no session that wanted
+    the messages, so it read them only now and then (cluster/interest.py) and its reading was
+    behind where the last node had delivered. Counted per message: no QoS 2 message delivered
+    twice, every acknowledged one delivered, the order per publisher kept."""
+    c = Cluster(kafka, tmp_path, 3)
+    try:
+        tag = uuid.uuid4().hex[:6]
+        topic = f"moves/{tag}"
+        at = ["n2"]
+        subs = [Subscriber(f"s{q}-{tag}", q, lambda: [c.port(at[0])], topic) for q in (1, 2)]
+        for s in subs:
+            s.start()
+        time.sleep(1.0)
+        pubs = [Publisher(f"p{q}-{tag}", q, lambda: [c.port("n1")], topic, rate=50) for q in (1, 2)]
+        for p in pubs:
+            p.start()
+        time.sleep(2.0)
+        for node in ("n3", "n2", "n3"):
+            at[0] = node
+            for s in subs:
+                s.drop()
+            time.sleep(3.0)
+        for p in pubs:
+            p.stopping = True
+        for p in pubs:
+            p.join(30)
+        assert all(d.error is None for d in pubs), [d.error for d in pubs]
+        a = settle_and_count(pubs, subs, 20)
+        assert all(len(s.reconnects) == 3 for s in subs), [s.reconnects for s in subs]
+        assert sum(len(p.acked) for p in pubs) > 500, a
+        assert (a["lost"], a["qos2_twice"], a["out_of_order"], a["sessions_lost"]) == (0, 0, 0, 0), a
+    finally:
+        c.stop()
+
+
 def test_qos2_is_exactly_once_and_nothing_acknowledged_is_lost_when_kafka_restarts_empty(
         kafka, tmp_path):
     """[MQTT-4.3.3-6] [MQTT-4.3.2-2] [MQTT-4.3.3-2]: publishers on n1, persistent QoS 1 and
