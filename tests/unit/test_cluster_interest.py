@@ -152,8 +152,8 @@ def test_an_asleep_node_reads_the_messages_topic_once_per_skim_and_awake_at_ever
 
 
 class OneBatchKafka:
-    """A Fetcher's surface over logs that grow: each fetch answers a partition with one batch
-    of at most BATCH records from its position (as Tansu does), and says its end."""
+    """A Fetcher's surface over logs that grow: each fetch answers a partition with at most
+    BATCH records from its position (one fetch does not always reach the end), and its end."""
     BATCH = 10
 
     def __init__(self, ends: dict) -> None:
@@ -184,10 +184,10 @@ class OneBatchKafka:
 
 
 def test_a_skim_reads_the_messages_topic_to_where_it_ended_however_many_fetches_that_takes():
-    """Tansu answers a fetch with one batch per partition: a node asleep that read once per
-    skim fell further behind at each, and a session moved to it got again what its last node
-    had delivered. A skim goes on to the end known when it began, then the node sleeps again
-    (and does not chase what is written meanwhile)."""
+    """A node asleep that read one fetch per skim fell further behind (a fetch does not always
+    reach the end), and a session moved to it got again what its last node had delivered. A
+    skim goes on to the end known when it began, then the node sleeps again (and does not
+    chase what is written meanwhile)."""
     from cluster.link import FetchReader
     ctl, msg = ("ctl", 0), ("msg", 0)
     k = OneBatchKafka({ctl: 0, msg: 0})
