@@ -130,7 +130,7 @@ class ClusterNode(Hook):
         self.counters = {"produced": 0, "read": 0, "delivered": 0, "claims": 0, "takeovers": 0,
                          "rebuilt_sessions": 0, "rebuilt_messages": 0, "wills_fired": 0,
                          "evictions": 0, "produce_errors": 0, "resent": 0, "resent_skipped": 0,
-                         "deliver_failed": 0}
+                         "deliver_failed": 0, "rebuild_behind": 0}
         # heartbeats, evictions, the timers of sessions whose node is gone
         self.membership = Membership(cfg, wall, lambda: self.state, self._write_control,
                                      lambda: self.routed_upto, lambda floor: self.keep.trim(floor),

@@ -102,7 +102,7 @@ class Rebuild:
                 return
             self.catching_up -= 1
             if not reached:
-                self.counters["rebuild_behind"] = self.counters.get("rebuild_behind", 0) + 1
+                self.counters["rebuild_behind"] += 1
                 log.warning("cluster: rebuilding the session of %r before this node read the "
                             "messages topic to its end (%s, read to %s after %.0f s): messages "
                             "its last node delivered may come again", claim.cid[:100], target,
