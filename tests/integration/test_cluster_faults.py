@@ -23,6 +23,16 @@ def kafka(tmp_path_factory):
     k.stop()
 
 
+def stop_publishers(pubs: list[Publisher], wait: float) -> None:
+    """The publishers stop (each finishes the exchange it is in, at most `wait` seconds), none
+    having failed."""
+    for p in pubs:
+        p.stopping = True
+    for p in pubs:
+        p.join(wait)
+    assert all(d.error is None for d in pubs), [d.error for d in pubs]
+
+
 def settle_and_count(pubs: list[Publisher], subs: list[Subscriber], wait: float) -> dict:
     """Once every subscriber has every message acknowledged to a publisher of its QoS (at most
     `wait` seconds) and a while more (anything delivered twice comes then), the subscribers
@@ -71,11 +81,7 @@ def test_qos2_is_exactly_once_and_nothing_acknowledged_is_lost_when_nodes_are_ki
         time.sleep(5.0)
         c.nodes["n1"].kill()
         time.sleep(5.0)
-        for p in pubs:
-            p.stopping = True
-        for p in pubs:
-            p.join(30)
-        assert all(d.error is None for d in pubs), [d.error for d in pubs]
+        stop_publishers(pubs, 30)
         assert all(d.reconnects for d in pubs + subs), "every client moved"
         a = settle_and_count(pubs, subs, 20)
         assert sum(len(p.acked) for p in pubs) > 100, a
@@ -109,11 +115,7 @@ def test_a_session_moved_to_a_node_that_was_not_reading_for_it_gets_nothing_agai
             for s in subs:
                 s.drop()
             time.sleep(3.0)
-        for p in pubs:
-            p.stopping = True
-        for p in pubs:
-            p.join(30)
-        assert all(d.error is None for d in pubs), [d.error for d in pubs]
+        stop_publishers(pubs, 30)
         a = settle_and_count(pubs, subs, 20)
         assert all(len(s.reconnects) == 3 for s in subs), [s.reconnects for s in subs]
         assert sum(len(p.acked) for p in pubs) > 500, a
@@ -146,11 +148,7 @@ def test_qos2_is_exactly_once_and_nothing_acknowledged_is_lost_when_kafka_restar
         time.sleep(4.0)
         kafka.restart(kill=True)
         time.sleep(6.0)
-        for p in pubs:
-            p.stopping = True
-        for p in pubs:
-            p.join(60)
-        assert all(d.error is None for d in pubs), [d.error for d in pubs]
+        stop_publishers(pubs, 60)
         a = settle_and_count(pubs, subs, 30)
         assert sum(len(p.acked) for p in pubs) > 200, a
         assert (a["lost"], a["qos2_twice"], a["qos1_dups"], a["out_of_order"],
