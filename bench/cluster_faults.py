@@ -135,14 +135,39 @@ def main() -> None:
     if any(twice.values()):
         print("\nQoS 2 delivered twice, by when the repeat came: "
               + ", ".join(f"{k}: {v}" for k, v in twice.items()))
+    lost = lost_by_phase(pubs, subs, t_start, faults)
+    if any(v[1] or v[2] for v in lost.values()):
+        print("\nacknowledged and never delivered, by when first sent (QoS 1 / QoS 2): "
+              + ", ".join(f"{k}: {v[1]} / {v[2]}" for k, v in lost.items()))
     if errors:
         print(f"\nclients that failed: {errors}")
+
+
+def phase_names(faults: list) -> list[str]:
+    return ["before the faults"] + [f"after {name.split(' (')[0]}" for name, _, _ in faults]
+
+
+def lost_by_phase(pubs: list, subs: list, t_start: float, faults: list) -> dict[str, dict]:
+    """The acknowledged messages a subscriber never got, per QoS, by the phase they were first
+    sent in."""
+    names = phase_names(faults)
+    starts = [at for _, at, _ in faults]
+    out: dict[str, dict] = {n: {1: 0, 2: 0} for n in names}
+    for s in subs:
+        got = {(pub, i) for pub, i, _ in s.got}
+        for p in pubs:
+            if p.qos != s.qos:
+                continue
+            for i in p.acked:
+                if (p.cid, i) not in got:
+                    out[names[sum(1 for at in starts if p.sent_at[i] >= at)]][p.qos] += 1
+    return out
 
 
 def twice_by_phase(subs: list, t_start: float, faults: list) -> dict[str, int]:
     """The QoS 2 repeats counted by the phase their second delivery came in (before the first
     fault, or after which fault)."""
-    names = ["before the faults"] + [f"after {name.split(' (')[0]}" for name, _, _ in faults]
+    names = phase_names(faults)
     starts = [t_start] + [at for _, at, _ in faults]
     out = dict.fromkeys(names, 0)
     for s in subs:

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 PUBLISHER_SCAN = 5000  # records per partition a moved session without subscriptions reads back
-CATCH_UP_SECONDS = 5.0  # how long a rebuild waits for this node's reading to reach the log's end
+CATCH_UP_SECONDS = 3.0  # how long a rebuild waits for this node's reading to reach its checkpoint
 
 
 class Rebuild:
@@ -76,15 +76,15 @@ class Rebuild:
 
     def rebuild(self, claim: Claim) -> None:
         """Bring a session that lived on another node here, once this node has read the
-        messages topic to where it ended (as far as this node knew) when the claim came.
+        messages topic as far as its last node had when it wrote the session's checkpoint.
 
         The live stream delivers to the session from this node's reading position on, and the
         rebuild scans the log below it from the checkpoint's positions: a node whose reading
         was behind the checkpoint (asleep, cluster/interest.py, or only slower than the last
         owner) would give the session again, as new messages, what its last node had already
-        delivered [MQTT-4.3.3-3]; the QoS 2 PUBLISHes the last node wrote after its checkpoint
-        must be below it to be found. Waits at most CATCH_UP_SECONDS (then as it is, said)."""
-        target = self.log_end()
+        delivered [MQTT-4.3.3-3]. (Those offsets were read by the last node: they are in the
+        log.) Waits at most CATCH_UP_SECONDS (then as it is, said)."""
+        target = checkpoint_upto(claim.client.session or {})
         if self._reached(target):
             self._rebuild(claim)
             return
@@ -104,9 +104,9 @@ class Rebuild:
             if not reached:
                 self.counters["rebuild_behind"] += 1
                 log.warning("cluster: rebuilding the session of %r before this node read the "
-                            "messages topic to its end (%s, read to %s after %.0f s): messages "
-                            "its last node delivered may come again", claim.cid[:100], target,
-                            dict(self.read_upto()), CATCH_UP_SECONDS)
+                            "messages topic as far as its checkpoint (%s, read to %s after "
+                            "%.0f s): messages its last node delivered may come again",
+                            claim.cid[:100], target, dict(self.read_upto()), CATCH_UP_SECONDS)
             if not self.current(claim):
                 claim.token.resolve(UNAVAILABLE)  # claimed again elsewhere meanwhile
                 return
@@ -293,6 +293,19 @@ class Rebuild:
         broker.restore_queued(cid, entries, front=True)
         self.counters["rebuilt_messages"] += len(entries) + len(s.inflight_out)
         claim.token.resolve()
+
+
+def checkpoint_upto(ck: dict) -> dict[int, int]:
+    """Per messages partition, how far the node that wrote a session's checkpoint had read: its
+    positions, where its next message was, where its subscriptions started and what it handed
+    over."""
+    out: dict[int, int] = {}
+    rows = [ck.get("pos"), ck.get("next"), handover.upto(ck)]
+    rows += [row[6] for row in ck.get("subs", ()) if len(row) > 6 and row[6]]
+    for row in rows:
+        for p, o in (row or {}).items():
+            out[int(p)] = max(out.get(int(p), 0), int(o))
+    return out
 
 
 def qos2_of(headers: Iterable[tuple[str, bytes]], client_id: str) -> bool:
