@@ -55,8 +55,7 @@ class Rebuild:
                  read_upto: Callable[[], dict[int, int]], held_for: Callable[[str, list], list],
                  stored: Callable[..., Any], decode: Callable[..., tuple[Message, str] | None],
                  loop: Callable[[], asyncio.AbstractEventLoop],
-                 log_end: Callable[[], dict[int, int]] = dict,
-                 current: Callable[[Claim], bool] = lambda claim: True) -> None:
+                 log_end: Callable[[], dict[int, int]], current: Callable[[Claim], bool]) -> None:
         self.cfg = cfg
         self.bootstrap = bootstrap
         self.topic = topic
@@ -93,14 +92,13 @@ class Rebuild:
         deadline = loop.time() + CATCH_UP_SECONDS
 
         def again() -> None:
-            if claim.token.done:  # failed meanwhile (this node fenced)
-                self.catching_up -= 1
-                return
             reached = self._reached(target)
-            if not reached and loop.time() < deadline:
+            if not claim.token.done and not reached and loop.time() < deadline:
                 loop.call_later(0.005, again)
                 return
             self.catching_up -= 1
+            if claim.token.done:  # failed meanwhile (this node fenced)
+                return
             if not reached:
                 self.counters["rebuild_behind"] += 1
                 log.warning("cluster: rebuilding the session of %r before this node read the "
