@@ -47,11 +47,13 @@ def main() -> None:
     ap.add_argument("--clients", type=int, default=2, help="publishers and subscribers per QoS")
     ap.add_argument("--node-timeout", type=float, default=3.0)
     ap.add_argument("--kafka-kill", action="store_true", help="also SIGKILL Kafka (restarted)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a setting for every node (repeatable), e.g. cluster.fetch_wait_ms=20")
     args = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="cluster-faults-")
     kafka = EmbeddedKafka(log_file=os.path.join(tmp, "tansu.log")).start()
     prefix = f"faults{uuid.uuid4().hex[:6]}"
-    Node.extra = ["--set", "cluster.handoff_timeout=1.0"]
+    Node.extra = ["--set", "cluster.handoff_timeout=1.0"] + [x for kv in args.set for x in ("--set", kv)]
     nodes = {n: Node(n, kafka.bootstrap, tmp, prefix, args.node_timeout) for n in ("n1", "n2", "n3")}
 
     def ports(*order):

@@ -142,7 +142,7 @@ class Reader(_Feeder):
     time: the next poll waits until the loop applied the previous batch."""
 
     # Tansu answers a fetch only when its wait ends, even if records arrive meanwhile, so the
-    # fetch wait (cluster.fetch_wait_ms, 5) bounds the latency; but 200 fetches a second cost
+    # fetch wait (cluster.fetch_wait_ms, 20) bounds the latency; but 200 fetches a second cost
     # ~16% of a core through kafka-python on an idle node. After IDLE_AFTER seconds without a
     # record the fetch wait becomes IDLE_WAIT_MS (~10x fewer fetches); the first record after a
     # quiet spell may wait up to that much, the following ones do not.
@@ -187,7 +187,7 @@ class FetchReader(_Feeder):
     loop one response at a time and waits until the loop applied it (backpressure).
 
     Tansu answers a fetch only when its wait ends, even if records arrive meanwhile, so the
-    fetch wait (cluster.fetch_wait_ms, 5) bounds the latency; an idle node (no record for
+    fetch wait (cluster.fetch_wait_ms, 20) bounds the latency; an idle node (no record for
     IDLE_AFTER seconds) waits IDLE_WAIT_MS instead: ~10x fewer fetches, and the first record
     after a quiet spell may wait up to that much."""
 
