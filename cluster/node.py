@@ -355,7 +355,10 @@ class ClusterNode(Hook):
                    # cluster/interest.py: bells written to other nodes and read for this one,
                    # and the reads of the messages topic while asleep
                    bells_written=self.interest.bells, bells_read=self.interest.rung,
-                   skims=self.interest.skims)
+                   skims=self.interest.skims,
+                   # kafka_client/fetch.py: partitions Kafka answered empty below their end
+                   # for STUCK_WARN seconds (Tansu with a short fetch wait)
+                   fetch_stuck=self.fetcher.stuck if self.fetcher is not None else 0)
         return {"cluster": out}
 
     def locate(self, client_id: str) -> str | None:

@@ -26,6 +26,10 @@ log = logging.getLogger(__name__)
 GONE_AFTER = 2.0               # seconds a followed topic is missing from Kafka before it is a loss
 MAX_BYTES = 4 << 20            # per partition and per response (Tansu may return whole batches)
 RECEIVE_MAX = 256 << 20        # the largest response accepted (kafka-python's default: 100 MB)
+# seconds a partition may be answered with no record while the same answers put its end beyond
+# the position asked, before a warning: Tansu, the embedded Kafka, did so for up to 8 s with
+# several readers fetching every 5 ms (bench/tansu_fetch_stall.py); Apache Kafka does not
+STUCK_WARN = 2.0
 
 
 class Fetcher:
@@ -77,6 +81,9 @@ class Fetcher:
         self.cluster_id: str | None = None
         # the holes in Kafka's answers this reader asks again for (kafka_client/gaps.py)
         self.gaps = Gaps()
+        # partitions answered empty below their end: since when, and whether it was said
+        self.stuck_since: dict[tuple[str, int], tuple[float, bool]] = {}
+        self.stuck = 0   # such spells that lasted STUCK_WARN seconds
 
     def take_lost(self) -> str | None:
         """Why Kafka lost data since the last call (every position was set back to the start of
@@ -209,7 +216,9 @@ class Fetcher:
                         self.high[tp] = p.high_watermark
                         self.told.add(tp)
                     if not p.records:
+                        self._answered_empty(tp)
                         continue
+                    self.stuck_since.pop(tp, None)
                     pos = self.positions[tp]
                     d = self._decode(p.records, pos)
                     if d.gap is not None and d.gap[0] == pos:  # the answer skipped offsets
@@ -226,6 +235,25 @@ class Fetcher:
         if not out and self.gaps.waiting:
             time.sleep(HOLE_WAIT)  # Kafka answers at once (records follow the hole): not a spin
         return out
+
+    def _answered_empty(self, tp: tuple[str, int]) -> None:
+        """`tp` was answered with no record: a spell begins when its end (as the same answer gave
+        it) is beyond the position asked, and one that lasts STUCK_WARN seconds is said once and
+        counted. The reading goes on as before; only the operator learns of it."""
+        pos, end = self.positions[tp], self.high.get(tp, 0)
+        if tp not in self.told or end <= pos:
+            self.stuck_since.pop(tp, None)
+            return
+        now = self.gaps.clock()
+        since, said = self.stuck_since.setdefault(tp, (now, False))
+        if not said and now - since >= STUCK_WARN:
+            self.stuck_since[tp] = (since, True)
+            self.stuck += 1
+            log.warning("%s-%d: Kafka has answered with no records for %.0f s while the partition "
+                        "holds offsets %d to %d; the reading goes on. The embedded Kafka (Tansu) "
+                        "does this while several readers fetch with a short wait: give "
+                        "cluster.fetch_wait_ms 20 or more, or use Apache Kafka", tp[0], tp[1],
+                        now - since, pos, end - 1)
 
     def _decode(self, raw: bytes, gap_from: int | None) -> Any:
         """The records of a fetch's answer, stopping where it skips offsets after `gap_from`

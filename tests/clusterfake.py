@@ -78,6 +78,7 @@ class _Loop:
 class FakeFetcher:
     def __init__(self) -> None:
         self.high: dict = {}
+        self.stuck = 0   # (partitions answered empty below their end: never here)
 
     def close(self) -> None:
         pass

@@ -39,6 +39,7 @@ def fetcher(positions: dict, answers: list[dict], cluster_id: str = "c1",
     f.positions, f.high, f.told = dict(positions), {}, set()
     f.lost, f.cluster_id = None, None
     f.gaps = Gaps()
+    f.stuck_since, f.stuck = {}, 0
     f.cluster = _Cluster(cluster_id)  # type: ignore[assignment]
     f._by_leader = lambda tps: {0: list(tps)} if tps else {}  # type: ignore[method-assign]
 

@@ -100,6 +100,7 @@ def fetcher(answers: list[bytes], position: int, clock: Clock) -> Fetcher:
     f.lost, f.cluster_id, f._meta = None, None, None
     f.create_topics = True
     f.gaps = Gaps(clock, lambda: NOW_MS)
+    f.stuck_since, f.stuck = {}, 0
     f.cluster = NS(cluster_id="c1")  # type: ignore[assignment]
     f._by_leader = lambda tps: {0: list(tps)}  # type: ignore[method-assign]
 
@@ -133,6 +134,29 @@ def test_the_reader_reads_past_a_hole_that_stays_beyond_the_patience():
     assert f.fetch() == [] and f.positions[TP] == 12
     clock.t += PATIENCE + 0.1
     assert offsets_of(f.fetch()) == [14] and f.positions[TP] == 15 and f.gaps.skipped == 1
+
+
+def test_a_partition_answered_empty_below_its_end_is_said_once_after_a_while_and_read_on(caplog):
+    """Tansu answered partitions with no record for up to 8 s while its answers put their end
+    beyond the position asked (several readers fetching every 5 ms): the reader says so once
+    when such a spell has lasted STUCK_WARN seconds, counts it, keeps its position, and takes
+    the records when they come; an empty answer at the end of the log is no spell."""
+    from kafka_client.fetch import STUCK_WARN
+    clock = Clock()
+    f = fetcher([None, None, None, None, batch(12, 2), None], 12, clock)  # (end: 100)
+    with caplog.at_level(logging.WARNING, logger="kafka_client.fetch"):
+        assert f.fetch() == []
+        clock.t += STUCK_WARN - 0.1
+        assert f.fetch() == [] and f.stuck == 0 and "no records" not in caplog.text
+        clock.t += 0.2
+        assert f.fetch() == [] and f.stuck == 1 and f.positions[TP] == 12
+        clock.t += 5
+        assert f.fetch() == [] and f.stuck == 1
+    assert caplog.text.count("has answered with no records for 2 s") == 1, caplog.text
+    assert "holds offsets 12 to 99" in caplog.text and "cluster.fetch_wait_ms" in caplog.text
+    assert offsets_of(f.fetch()) == [12, 13] and f.stuck_since == {}
+    at_end = fetcher([None], 100, clock)
+    assert at_end.fetch() == [] and at_end.stuck_since == {}
 
 
 def test_the_history_source_reads_a_range_across_a_hole_once_it_fills(monkeypatch):
