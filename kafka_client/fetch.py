@@ -251,8 +251,9 @@ class Fetcher:
             self.stuck += 1
             log.warning("%s-%d: Kafka has answered with no records for %.0f s while the partition "
                         "holds offsets %d to %d; the reading goes on. The embedded Kafka (Tansu) "
-                        "does this while several readers fetch with a short wait: give "
-                        "cluster.fetch_wait_ms 20 or more, or use Apache Kafka", tp[0], tp[1],
+                        "does this while several readers fetch with a short wait: give this "
+                        "reader a fetch wait of 20 ms or more (a cluster node: "
+                        "cluster.fetch_wait_ms), or use Apache Kafka", tp[0], tp[1],
                         now - since, pos, end - 1)
 
     def _decode(self, raw: bytes, gap_from: int | None) -> Any:

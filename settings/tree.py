@@ -396,7 +396,7 @@ class ClusterConfig(Section):
     checkpoint_seconds: float = key(1.0, Num(0.05, 3600))  # persistent sessions' progress
     # Kafka fetch wait. Apache Kafka answers a fetch as soon as it has records, whatever the wait;
     # Tansu, the embedded Kafka, holds it to the end, and with 5 ms its partitions answered empty
-    # for up to 5 s while several nodes fetched (bench/tansu_fetch_stall.py)
+    # for up to 8 s while several nodes fetched (bench/tansu_fetch_stall.py)
     fetch_wait_ms: int = key(20, Int(1, 10000))
     max_backlog: int = key(20000, Int(100))        # records not yet in Kafka; beyond, QoS 0 is dropped
     # each node keeps the QoS 1/2 messages it wrote until every live node has read them, to
